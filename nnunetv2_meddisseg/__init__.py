@@ -1,0 +1,2 @@
+"""nnU-Net v2 plugin for Med-DisSeg."""
+__version__ = "0.1.0"

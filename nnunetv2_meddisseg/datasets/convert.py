@@ -1,0 +1,99 @@
+"""``nnUNetv2_meddisseg_convert DATASET SRC -d ID [--resize N] [--split-file F] [--overwrite]``
+
+Converts one of the paper's datasets from its publisher's folder layout into an nnU-Net v2 raw
+dataset ``$nnUNet_raw/DatasetID_Name`` with the paper's split: train + val in imagesTr/labelsTr,
+test in imagesTs/labelsTs, and the train / val lists as fold 0 of ``splits_final.json`` (in the
+raw folder and in ``$nnUNet_preprocessed/DatasetID_Name/``), so that
+``nnUNetv2_train ID 2d 0`` trains on the paper's training set and validates on its validation
+set. See the dataset modules (``kvasir``, ``glas``, ``isic``, ``synapse``, ``cvc_clinicdb``) for
+each layout and split.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+from .common import (ConversionError, ConversionPlan, ConversionResult, OptionError, apply_split,
+                     require_env_folder, validate_dataset_id, validate_resize, write_nnunet_dataset)
+from .cvc_clinicdb import plan_cvc_clinicdb
+from .glas import plan_glas
+from .isic import plan_isic2016, plan_isic2017
+from .kvasir import plan_kvasir_seg, plan_kvasir_sessile
+from .synapse import plan_synapse
+
+__all__ = ["CONVERTERS", "convert", "main"]
+
+PROG = "nnUNetv2_meddisseg_convert"
+
+CONVERTERS: Dict[str, Callable[[Path], ConversionPlan]] = {
+    "kvasir-seg": plan_kvasir_seg,
+    "kvasir-sessile": plan_kvasir_sessile,
+    "glas": plan_glas,
+    "isic2016": plan_isic2016,
+    "isic2017": plan_isic2017,
+    "synapse": plan_synapse,
+    "cvc-clinicdb": plan_cvc_clinicdb,
+}
+
+
+def convert(dataset: str, source, dataset_id: int, resize: Optional[int] = None, split_file=None,
+            overwrite: bool = False, num_processes: int = 1, progress: bool = False) -> ConversionResult:
+    """Convert ``source`` (a folder in the layout of ``dataset``, a key of :data:`CONVERTERS`)
+    into ``$nnUNet_raw/Dataset<dataset_id>_<Name>``; raises :class:`ConversionError` on bad
+    options or sources, before anything is written where the check is cheap."""
+    if dataset not in CONVERTERS:
+        raise OptionError(f"unknown dataset {dataset!r}: expected one of {', '.join(CONVERTERS)}")
+    validate_resize(resize)
+    validate_dataset_id(dataset_id)
+    if num_processes < 1:
+        raise OptionError(f"-np must be at least 1, got {num_processes}")
+    require_env_folder("nnUNet_raw")
+    plan = CONVERTERS[dataset](Path(source))
+    if split_file is not None:
+        plan = apply_split(plan, Path(split_file))
+    return write_nnunet_dataset(plan, dataset_id, resize=resize, overwrite=overwrite, num_processes=num_processes,
+                                progress=progress)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Convert a paper dataset (publisher's layout) into an nnU-Net v2 raw dataset with "
+                               "the paper's split (fold 0 of splits_final.json; test set in imagesTs/labelsTs).")
+    parser.add_argument("dataset", choices=list(CONVERTERS), metavar="DATASET",
+                        help=f"one of: {', '.join(CONVERTERS)}")
+    parser.add_argument("source", metavar="SRC", help="the dataset folder as downloaded and unzipped")
+    parser.add_argument("-d", dest="dataset_id", type=int, required=True, metavar="ID", help="nnU-Net dataset ID")
+    parser.add_argument("--resize", type=int, default=None, metavar="N",
+                        help="resize every image and mask to NxN (paper: 256; images bilinear, masks nearest; "
+                             "Synapse: each axial slice)")
+    parser.add_argument("--split-file", default=None, metavar="F",
+                        help="JSON with lists of case IDs under 'train', 'val', 'test' replacing the default split")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset with this ID")
+    parser.add_argument("-np", dest="num_processes", type=int, default=min(4, os.cpu_count() or 1),
+                        help="worker processes (default: min(4, CPU count))")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Console entry point; returns the exit code (0, 1 for bad sources, 2 for bad options)."""
+    args = _parser().parse_args(argv)
+    try:
+        result = convert(args.dataset, args.source, args.dataset_id, resize=args.resize, split_file=args.split_file,
+                         overwrite=args.overwrite, num_processes=args.num_processes, progress=sys.stderr.isatty())
+    except ConversionError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    for note in result.notes:
+        print(f"{PROG}: note: {note}", file=sys.stderr)
+    split = f"{result.num_train} train / {result.num_val} val" if result.num_val else f"{result.num_train} train"
+    print(f"{result.dataset_name}: {split} (imagesTr), {result.num_test} test (imagesTs) -> {result.raw_folder}")
+    for f in result.splits_files:
+        print(f"fold-0 split: {f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

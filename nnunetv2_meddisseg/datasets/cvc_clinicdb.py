@@ -1,0 +1,45 @@
+"""CVC-ClinicDB (612 colonoscopy frames, Bernal et al. 2015).
+
+Source layout, as published: ``Original/N.tif`` and ``Ground Truth/N.tif`` (the widely shared
+PNG re-release ``Original/N.png`` / ``Ground Truth/N.png`` works too; ``GroundTruth`` is accepted
+as the mask folder name). SRC is the folder holding both. Case IDs are the file stems (``1`` ..
+``612``).
+
+All cases are test cases by default (``imagesTs``/``labelsTs``, ``numTraining`` 0): the usual
+Kvasir -> CVC-ClinicDB generalisation protocol predicts them with a model trained on Kvasir-SEG.
+``--split-file`` turns it into a training dataset.
+"""
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+from .common import (BINARY_RGB_CHANNELS, ConversionPlan, DatasetSpec, MissingSourceError, check_2d_sizes,
+                     pair_images_and_masks, write_binary_2d_case)
+
+__all__ = ["CVC_CLINICDB_SPEC", "plan_cvc_clinicdb"]
+
+_SUFFIXES = (".tif", ".tiff", ".png", ".bmp")
+
+CVC_CLINICDB_SPEC = DatasetSpec(
+    name="CVCClinicDB", channel_names=BINARY_RGB_CHANNELS, labels={"background": 0, "polyp": 1},
+    file_ending=".png", check_case=check_2d_sizes, write_case=partial(write_binary_2d_case, instance_mask=False),
+    reference="Bernal et al., WM-DOVA maps for accurate polyp highlighting in colonoscopy, CMIG 2015",
+    licence="research only (see the publisher)",
+    description="CVC-ClinicDB polyps; all cases are test cases (Kvasir -> CVC-ClinicDB generalisation)",
+)
+
+
+def plan_cvc_clinicdb(source: Path) -> ConversionPlan:
+    """CVC-ClinicDB with every case in the test set."""
+    source = Path(source)
+    if not source.is_dir():
+        raise MissingSourceError(f"cvc-clinicdb: source folder {source} does not exist")
+    truth = next((source / n for n in ("Ground Truth", "GroundTruth") if (source / n).is_dir()), source / "Ground Truth")
+    cases = pair_images_and_masks(source / "Original", truth, "cvc-clinicdb", _SUFFIXES, _SUFFIXES)
+    return ConversionPlan(CVC_CLINICDB_SPEC, source, cases, [], [], sorted(cases, key=_numeric_first),
+                          split_origin="all cases are test cases")
+
+
+def _numeric_first(case_id: str):
+    return (0, int(case_id), "") if case_id.isdigit() else (1, 0, case_id)

@@ -1,0 +1,119 @@
+"""ISIC-2016 and ISIC-2017 lesion segmentation (part 1 of the ISBI challenges).
+
+Source layouts, as published (SRC is the folder holding the unzipped archives):
+
+- ``isic2016``: ``ISBI2016_ISIC_Part1_Training_Data/ISIC_*.jpg`` with
+  ``ISBI2016_ISIC_Part1_Training_GroundTruth/ISIC_*_Segmentation.png`` (900) and
+  ``ISBI2016_ISIC_Part1_Test_Data`` / ``ISBI2016_ISIC_Part1_Test_GroundTruth`` (379). Both pairs
+  are required.
+- ``isic2017``: ``ISIC-2017_Training_Data/ISIC_*.jpg`` (its ``*_superpixels.png`` and metadata
+  CSV are skipped) with ``ISIC-2017_Training_Part1_GroundTruth/ISIC_*_segmentation.png`` (2000),
+  the same for ``Validation`` (150) and ``Test_v2`` (600). Training is required; a missing
+  validation pair is replaced by a seeded 10 % hold-out of the training images and a missing
+  test pair leaves ``imagesTs`` empty, each with a note saying what was used.
+
+Masks are 0/255 PNGs, written as 0/1. Splits: ISIC-2017 uses its official 2000 / 150 / 600.
+ISIC-2016 has no validation set (the paper's 900 / 379): a seeded 10 % of the training images
+(90, :func:`~nnunetv2_meddisseg.datasets.common.make_seeded_split`, seed 12345, drawn from the
+sorted IDs at conversion time) is fold-0 validation, so fold 0 trains on 810.
+"""
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .common import (BINARY_RGB_CHANNELS, SPLIT_SEED, ConversionError, ConversionPlan, DatasetSpec,
+                     MissingSourceError, SourceCase, check_2d_sizes, holdout_count, make_seeded_split,
+                     pair_images_and_masks, write_binary_2d_case)
+
+__all__ = ["ISIC2016_SPEC", "ISIC2017_SPEC", "plan_isic2016", "plan_isic2017"]
+
+_WRITE = partial(write_binary_2d_case, instance_mask=False)
+_IMAGES = (".jpg", ".jpeg")
+_MASKS = (".png",)
+
+ISIC2016_SPEC = DatasetSpec(
+    name="ISIC2016", channel_names=BINARY_RGB_CHANNELS, labels={"background": 0, "lesion": 1}, file_ending=".png",
+    check_case=check_2d_sizes, write_case=_WRITE,
+    reference="Gutman et al., Skin Lesion Analysis toward Melanoma Detection (ISBI 2016), arXiv:1605.01397",
+    licence="CC-BY-NC (ISIC Archive)", description="ISIC-2016 part 1 lesion segmentation; official 900/379",
+)
+
+ISIC2017_SPEC = DatasetSpec(
+    name="ISIC2017", channel_names=BINARY_RGB_CHANNELS, labels={"background": 0, "lesion": 1}, file_ending=".png",
+    check_case=check_2d_sizes, write_case=_WRITE,
+    reference="Codella et al., Skin Lesion Analysis Toward Melanoma Detection (ISBI 2017), arXiv:1710.05006",
+    licence="CC-BY-NC (ISIC Archive)", description="ISIC-2017 part 1 lesion segmentation; official 2000/150/600",
+)
+
+
+def _pair(source: Path, data: str, truth: str, dataset: str, tag: str, required: bool) -> Optional[Dict[str, SourceCase]]:
+    data_dir, truth_dir = source / data, source / truth
+    if not data_dir.is_dir() and not truth_dir.is_dir():
+        if required:
+            raise MissingSourceError(f"{dataset}: folder {data_dir} does not exist (expected the unzipped "
+                                     f"{data} and {truth} archives in {source})")
+        return None
+    if not data_dir.is_dir() or not truth_dir.is_dir():
+        present, absent = (data_dir, truth_dir) if data_dir.is_dir() else (truth_dir, data_dir)
+        raise MissingSourceError(f"{dataset}: {present} exists but {absent} is missing")
+    return pair_images_and_masks(data_dir, truth_dir, dataset, _IMAGES, _MASKS, mask_tag=tag,
+                                 image_exclude=r"_superpixels\.")
+
+
+def _check_source(source: Path, dataset: str) -> Path:
+    source = Path(source)
+    if not source.is_dir():
+        raise MissingSourceError(f"{dataset}: source folder {source} does not exist")
+    return source
+
+
+def _merge(*groups: Dict[str, SourceCase]) -> Dict[str, SourceCase]:
+    merged: Dict[str, SourceCase] = {}
+    for g in groups:
+        for c, case in g.items():
+            if c in merged:
+                raise ConversionError(f"case {c} appears twice: {merged[c].image} and {case.image}")
+            merged[c] = case
+    return merged
+
+
+def plan_isic2016(source: Path) -> ConversionPlan:
+    """ISIC-2016: 900 training images (810 train + 90 seeded val) and 379 test images."""
+    source = _check_source(source, "isic2016")
+    train_all = _pair(source, "ISBI2016_ISIC_Part1_Training_Data", "ISBI2016_ISIC_Part1_Training_GroundTruth",
+                      "isic2016", "_Segmentation", required=True)
+    test = _pair(source, "ISBI2016_ISIC_Part1_Test_Data", "ISBI2016_ISIC_Part1_Test_GroundTruth",
+                 "isic2016", "_Segmentation", required=True)
+    train, val, _ = make_seeded_split(train_all, holdout_count(len(train_all)), 0, SPLIT_SEED)
+    return ConversionPlan(ISIC2016_SPEC, source, _merge(train_all, test), train, val, sorted(test),
+                          split_origin=f"ISIC-2016 official training / test; val = seeded {len(val)} of the "
+                                       f"training images (seed {SPLIT_SEED})")
+
+
+def plan_isic2017(source: Path) -> ConversionPlan:
+    """ISIC-2017: official 2000 train / 150 val / 600 test (val and test optional)."""
+    source = _check_source(source, "isic2017")
+    tag = "_segmentation"
+    train_all = _pair(source, "ISIC-2017_Training_Data", "ISIC-2017_Training_Part1_GroundTruth", "isic2017", tag,
+                      required=True)
+    val_cases = _pair(source, "ISIC-2017_Validation_Data", "ISIC-2017_Validation_Part1_GroundTruth", "isic2017",
+                      tag, required=False)
+    test_cases = _pair(source, "ISIC-2017_Test_v2_Data", "ISIC-2017_Test_v2_Part1_GroundTruth", "isic2017", tag,
+                       required=False)
+    notes: List[str] = []
+    if val_cases is None:
+        train, val, _ = make_seeded_split(train_all, holdout_count(len(train_all)), 0, SPLIT_SEED)
+        notes.append(f"isic2017: no ISIC-2017_Validation_Data in {source}: used a seeded {len(val)} of the "
+                     f"{len(train_all)} training images as validation")
+        origin_val = f"seeded {len(val)} of the training images (seed {SPLIT_SEED})"
+    else:
+        train, val = sorted(train_all), sorted(val_cases)
+        origin_val = "official validation set"
+    if test_cases is None:
+        notes.append(f"isic2017: no ISIC-2017_Test_v2_Data in {source}: no test set written (imagesTs is empty)")
+    test = sorted(test_cases or {})
+    cases = _merge(train_all, val_cases or {}, test_cases or {})
+    return ConversionPlan(ISIC2017_SPEC, source, cases, train, val, test,
+                          split_origin=f"ISIC-2017 official training / test; val = {origin_val}", notes=notes)

@@ -1,0 +1,87 @@
+"""Loss terms of the contrast-driven auxiliary heads and of the Stage I consistency objective.
+
+All functions take logits (never probabilities), compute in fp32 and return a 0-dim tensor.
+"""
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["soft_dice_loss", "dice_bce_loss", "foreground_background_loss", "complementarity_loss",
+           "consistency_loss"]
+
+
+def _check_same_shape(name: str, **tensors: Tensor) -> None:
+    shapes = {key: tuple(t.shape) for key, t in tensors.items()}
+    if len(set(shapes.values())) != 1:
+        raise ValueError(f"{name}: inputs must have the same shape, got {shapes}")
+
+
+def soft_dice_loss(probabilities: Tensor, target: Tensor, smooth: float = 1.0) -> Tensor:
+    """1 - soft Dice, per sample, averaged over the batch.
+
+    probabilities, target: (B, ...) in [0, 1]. ``smooth`` is added to numerator and denominator,
+    so an empty prediction on an empty target scores a loss of 0.
+    """
+    _check_same_shape("soft_dice_loss", probabilities=probabilities, target=target)
+    p = probabilities.float().reshape(probabilities.shape[0], -1)
+    t = target.float().reshape(target.shape[0], -1)
+    intersection = (p * t).sum(dim=1)
+    dice = (2.0 * intersection + smooth) / (p.sum(dim=1) + t.sum(dim=1) + smooth)
+    return (1.0 - dice).mean()
+
+
+def dice_bce_loss(logits: Tensor, target: Tensor, smooth: float = 1.0) -> Tensor:
+    """Binary cross-entropy (mean over pixels) + soft Dice loss of one binary map.
+
+    logits: (B, 1, H, W) map logits; target: (B, 1, H, W) float in [0, 1].
+    """
+    _check_same_shape("dice_bce_loss", logits=logits, target=target)
+    logits = logits.float()
+    target = target.float()
+    bce = F.binary_cross_entropy_with_logits(logits, target)
+    return bce + soft_dice_loss(torch.sigmoid(logits), target, smooth)
+
+
+def foreground_background_loss(fg_logits: Tensor, bg_logits: Tensor, fg_target: Tensor) -> Tensor:
+    """Supervision of the auxiliary foreground and background maps.
+
+    fg_logits, bg_logits: (B, 1, H, W) logits; fg_target: (B, 1, H, W) float in {0, 1} ("any
+    foreground class"). Returns Dice+BCE(fg, target) + Dice+BCE(bg, 1 - target).
+    """
+    _check_same_shape("foreground_background_loss", fg_logits=fg_logits, bg_logits=bg_logits, fg_target=fg_target)
+    target = fg_target.float()
+    return dice_bce_loss(fg_logits, target) + dice_bce_loss(bg_logits, 1.0 - target)
+
+
+def complementarity_loss(fg_logits: Tensor, bg_logits: Tensor, uc_logits: Tensor) -> Tensor:
+    """Pushes every pixel to be claimed by exactly one of foreground, background, uncertainty.
+
+    fg_logits, bg_logits, uc_logits: (B, 1, H, W). With ``(p_f, p_b, p_u)`` the softmax over the three
+    maps at each pixel, returns the mean over pixels of ``p_f p_b + p_f p_u + p_b p_u``: 0 for a
+    one-hot pixel, 1/3 for equal logits.
+    """
+    _check_same_shape("complementarity_loss", fg_logits=fg_logits, bg_logits=bg_logits, uc_logits=uc_logits)
+    p = torch.softmax(torch.stack([fg_logits.float(), bg_logits.float(), uc_logits.float()], dim=0), dim=0)
+    pairwise = p[0] * p[1] + p[0] * p[2] + p[1] * p[2]
+    return pairwise.mean()
+
+
+def consistency_loss(logits_a: Tensor, logits_b: Tensor) -> Tensor:
+    """Symmetric agreement between two predictions of the same images (e.g. clean and perturbed).
+
+    logits_a, logits_b: (B, K, H, W). Each prediction is trained towards the other's hard label
+    (detached): for K >= 2 cross-entropy against the other's argmax, for K = 1 binary cross-entropy
+    against the other's ``logit > 0``. Returns the sum of the two terms, each a mean over pixels.
+    """
+    _check_same_shape("consistency_loss", logits_a=logits_a, logits_b=logits_b)
+    if logits_a.ndim < 2:
+        raise ValueError(f"consistency_loss: logits must be (B, K, ...), got shape {tuple(logits_a.shape)}")
+    a = logits_a.float()
+    b = logits_b.float()
+    if a.shape[1] == 1:
+        target_a = (a.detach() > 0).float()
+        target_b = (b.detach() > 0).float()
+        return F.binary_cross_entropy_with_logits(a, target_b) + F.binary_cross_entropy_with_logits(b, target_a)
+    target_a = a.detach().argmax(dim=1)
+    target_b = b.detach().argmax(dim=1)
+    return F.cross_entropy(a, target_b) + F.cross_entropy(b, target_a)

@@ -1,0 +1,215 @@
+"""Dispersive loss: a regulariser that spreads the features of a batch apart.
+
+Each sample's features are flattened to ``h_i`` in R^D; ``d_ij`` is a distance between two samples
+and the loss runs over the ``P = B (B - 1)`` ordered pairs ``i != j``:
+
+- ``infonce_l2``:     ``d_ij = ||h_i - h_j||^2 / D``,
+  ``L = log( (1/P) sum_{i!=j} exp(-d_ij / tau) + eps )``
+- ``infonce_cosine``: ``d_ij = 1 - <h_i, h_j> / (||h_i|| ||h_j||)`` (norms clamped at 1e-12),
+  same ``L`` as above
+- ``hinge``:          ``d_ij = ||h_i - h_j|| / sqrt(D)``,
+  ``L = (1/P) sum_{i!=j} max(0, margin - d_ij)^2``
+- ``covariance``:     ``H~ = H - mean_batch(H)``, ``C = H~^T H~ / (B - 1)``,
+  ``L = sum_{p!=q} C_pq^2 / D``
+
+The 1/D normalisation is the one of the original Dispersive Loss (Wang & He, 2025): without it the
+distances of high-dimensional features are so large that ``exp(-d / tau)`` underflows and the loss
+has no gradient. Everything is computed in fp32 (autocast is switched off inside) from the B x B
+Gram matrix of the batch, so that D may be 10^6 without a D x D matrix ever being built.
+"""
+import math
+from typing import Dict, Mapping, Tuple
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["DISPERSIVE_VARIANTS", "DISPERSIVE_PLACEMENTS", "dispersive_loss", "DispersiveLoss",
+           "dispersion_diagnostics"]
+
+DISPERSIVE_VARIANTS: Tuple[str, ...] = ("infonce_l2", "infonce_cosine", "hinge", "covariance")
+DISPERSIVE_PLACEMENTS: Tuple[str, ...] = ("early", "middle", "late")
+
+_FP32 = torch.finfo(torch.float32)
+_NORM_CLAMP = 1e-12
+
+
+def _check_options(variant: str, tau: float, eps: float, margin: float) -> None:
+    if variant not in DISPERSIVE_VARIANTS:
+        raise ValueError(f"dispersive loss: unknown variant {variant!r}, expected one of {DISPERSIVE_VARIANTS}")
+    if not (math.isfinite(tau) and tau > 0):
+        raise ValueError(f"dispersive loss: tau must be a finite number > 0, got tau={tau!r}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"dispersive loss: eps must be a finite number >= 0, got eps={eps!r}")
+    if not (math.isfinite(margin) and margin >= 0):
+        raise ValueError(f"dispersive loss: margin must be a finite number >= 0, got margin={margin!r}")
+
+
+def _flatten_fp32(features: Tensor) -> Tensor:
+    """features: (B, ...) -> (B, D) fp32."""
+    if features.ndim < 1:
+        raise ValueError(f"dispersive loss: features must have a batch dimension, got shape {tuple(features.shape)}")
+    return features.float().reshape(features.shape[0], -1)
+
+
+def _centred_sq_distances(h: Tensor) -> Tuple[Tensor, Tensor]:
+    """Scaled squared distances of a batch, from its B x B Gram matrix.
+
+    h: (B, D) fp32. Returns ``(q, s)`` with ``q: (B, B)`` and a detached scalar ``s`` such that
+    ``||h_i - h_j||^2 / D = q_ij * s^2``. The batch is centred (distances are translation invariant,
+    and centring avoids cancellation in ``|a|^2 + |b|^2 - 2<a, b>``) and divided by its largest
+    absolute value ``s`` (so no intermediate overflows); ``q`` lies in [0, 4].
+    """
+    d = h.shape[1]
+    centred = h - h.mean(dim=0, keepdim=True)
+    s = centred.detach().abs().amax().clamp_min(_FP32.tiny)
+    u = centred / s
+    gram = u @ u.transpose(0, 1)
+    sq_norms = gram.diagonal()
+    q = (sq_norms[:, None] + sq_norms[None, :] - 2.0 * gram).clamp_min(0.0) / d
+    return q, s
+
+
+def _off_diagonal(m: Tensor) -> Tensor:
+    """m: (B, B) -> (B (B - 1),) entries with i != j."""
+    b = m.shape[0]
+    return m[~torch.eye(b, dtype=torch.bool, device=m.device)]
+
+
+def _log_mean_exp_plus_eps(logits: Tensor, eps: float) -> Tensor:
+    """log( mean(exp(logits)) + eps ) in log-sum-exp form; logits: (P,)."""
+    # -inf logits (overflowed distances) would give a NaN gradient in logsumexp: keep them finite;
+    # exp() of the clamp value is 0 in fp32 either way.
+    logits = logits.clamp_min(-0.5 * _FP32.max)
+    log_mean = torch.logsumexp(logits, dim=0) - math.log(logits.numel())
+    if eps == 0:
+        return log_mean
+    return torch.logaddexp(log_mean, log_mean.new_tensor(math.log(eps)))
+
+
+def _safe_sqrt(x: Tensor) -> Tensor:
+    """sqrt with a zero (not infinite) gradient at 0."""
+    positive = x > 0
+    return torch.where(positive, torch.sqrt(torch.where(positive, x, torch.ones_like(x))), torch.zeros_like(x))
+
+
+def dispersive_loss(features: Tensor, variant: str = "infonce_l2", tau: float = 0.8, eps: float = 1e-8,
+                    margin: float = 1.0) -> Tensor:
+    """Dispersive loss of one batch of features (formulas in the module docstring).
+
+    features: (B, ...) any float dtype, flattened per sample to (B, D).
+    Returns a 0-dim fp32 tensor. With B < 2 there is no pair: the result is a zero that stays
+    connected to the graph (its gradient is zero). ``tau`` and ``eps`` are used by the two InfoNCE
+    variants, ``margin`` by ``hinge``. Value and gradient stay finite for any finite input in the
+    InfoNCE and hinge variants; ``covariance`` grows with the 4th power of the feature scale and is
+    finite as long as its value fits in fp32.
+    """
+    _check_options(variant, tau, eps, margin)
+    h = _flatten_fp32(features)
+    b = h.shape[0]
+    if b < 2:
+        return (h * 0.0).sum()
+    device_type = h.device.type
+    with torch.autocast(device_type=device_type, enabled=False):
+        h = h.float()
+        d = h.shape[1]
+        if variant == "infonce_cosine":
+            # ||h_i|| computed on the row divided by its max |value| so that it cannot overflow
+            row_scale = h.detach().abs().amax(dim=1, keepdim=True).clamp_min(_FP32.tiny)
+            norms = (torch.linalg.vector_norm(h / row_scale, dim=1, keepdim=True) * row_scale).clamp_min(_NORM_CLAMP)
+            unit = h / norms
+            dist = 1.0 - unit @ unit.transpose(0, 1)
+            return _log_mean_exp_plus_eps(_off_diagonal(-dist / tau), eps)
+        if variant == "covariance":
+            centred = h - h.mean(dim=0, keepdim=True)
+            s = centred.detach().abs().amax().clamp_min(_FP32.tiny)
+            u = centred / s
+            gram = u @ u.transpose(0, 1)
+            # sum_{p,q} C_pq^2 = ||U U^T||_F^2 / (B-1)^2 ;  sum_p C_pp^2 = sum_p (sum_i u_ip^2)^2 / (B-1)^2
+            total = gram.square().sum()
+            diagonal = u.square().sum(dim=0).square().sum()
+            scaled = (total - diagonal).clamp_min(0.0) / ((b - 1) ** 2 * d)
+            return scaled * s * s * s * s
+        q, s = _centred_sq_distances(h)
+        q = _off_diagonal(q)
+        if variant == "infonce_l2":
+            return _log_mean_exp_plus_eps(-(q * s) * (s / tau), eps)
+        # hinge
+        dist = _safe_sqrt(q) * s
+        return torch.relu(margin - dist).square().mean()
+
+
+class DispersiveLoss(nn.Module):
+    """Weighted dispersive loss on one named feature map of the network (or the mean over all three).
+
+    forward(features): features is a mapping with the keys ``early``, ``middle``, ``late`` (as in
+    ``MedDisSegOutput.features``), each (B, C, H, W). Returns ``weight * dispersive_loss(...)`` at
+    ``placement``; ``placement="all"`` uses the mean over the three placements.
+    """
+
+    def __init__(self, variant: str = "infonce_l2", tau: float = 0.8, eps: float = 1e-8, margin: float = 1.0,
+                 weight: float = 1.0, placement: str = "early"):
+        super().__init__()
+        _check_options(variant, tau, eps, margin)
+        if placement not in DISPERSIVE_PLACEMENTS + ("all",):
+            raise ValueError(f"DispersiveLoss: unknown placement {placement!r}, "
+                             f"expected one of {DISPERSIVE_PLACEMENTS + ('all',)}")
+        self.variant = variant
+        self.tau = float(tau)
+        self.eps = float(eps)
+        self.margin = float(margin)
+        self.weight = float(weight)
+        self.placement = placement
+
+    @property
+    def placements(self) -> Tuple[str, ...]:
+        """The feature keys this loss reads."""
+        return DISPERSIVE_PLACEMENTS if self.placement == "all" else (self.placement,)
+
+    def forward(self, features: Mapping[str, Tensor]) -> Tensor:
+        losses = []
+        for name in self.placements:
+            if name not in features:
+                raise ValueError(f"DispersiveLoss(placement={self.placement!r}): no {name!r} entry in the features, "
+                                 f"got keys {sorted(features.keys())}")
+            losses.append(dispersive_loss(features[name], self.variant, self.tau, self.eps, self.margin))
+        return self.weight * torch.stack(losses).mean()
+
+    def extra_repr(self) -> str:
+        return (f"variant={self.variant!r}, tau={self.tau}, eps={self.eps}, margin={self.margin}, "
+                f"weight={self.weight}, placement={self.placement!r}")
+
+
+@torch.no_grad()
+def dispersion_diagnostics(features: Tensor) -> Dict[str, float]:
+    """How spread out a batch of features is (for logging).
+
+    features: (B, ...) flattened per sample to (B, D). Returns
+    - ``mean_pairwise_distance``: mean over i != j of ``||h_i - h_j||^2 / D`` (the ``d_ij`` of
+      ``infonce_l2``); 0.0 when B < 2.
+    - ``effective_rank``: exp of the Shannon entropy of the normalised singular values of the
+      centred (B, D) batch matrix (between 1 and B - 1); 0.0 when the centred batch is zero.
+    Singular values come from the eigenvalues of the B x B Gram matrix, so D may be large.
+    """
+    h = _flatten_fp32(features.detach())
+    b = h.shape[0]
+    if b < 2:
+        return {"mean_pairwise_distance": 0.0, "effective_rank": 0.0}
+    # float64 where the device has it (a few B x D copies once per epoch): the small singular values
+    # of a nearly low-rank batch would otherwise drown in rounding noise
+    dtype = torch.float32 if h.device.type == "mps" else torch.float64
+    with torch.autocast(device_type=h.device.type, enabled=False):
+        q, s = _centred_sq_distances(h.to(dtype))
+        mean_distance = float(_off_diagonal(q).mean()) * float(s) ** 2
+        centred = h.to(dtype) - h.to(dtype).mean(dim=0, keepdim=True)
+        u = centred / s
+        gram = (u @ u.transpose(0, 1)).double().cpu()
+    eigenvalues = torch.linalg.eigvalsh(gram)
+    # eigenvalues at rounding level are zero singular values
+    tolerance = eigenvalues.abs().max() * b * torch.finfo(dtype).eps
+    singular = torch.where(eigenvalues > tolerance, eigenvalues, torch.zeros_like(eigenvalues)).sqrt()
+    total = singular.sum()
+    if total <= 0:
+        return {"mean_pairwise_distance": mean_distance, "effective_rank": 0.0}
+    p = singular[singular > 0] / total
+    entropy = -(p * p.log()).sum()
+    return {"mean_pairwise_distance": mean_distance, "effective_rank": float(entropy.exp())}

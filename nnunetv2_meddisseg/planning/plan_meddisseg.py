@@ -1,0 +1,199 @@
+"""``nnUNetv2_meddisseg_plan``: derive ``nnUNetMedDisSegPlans.json`` from a dataset's ``nnUNetPlans.json``.
+
+Like nnU-Net's ResEnc presets, the derived plan reuses the preprocessed ``nnUNetPlans_2d`` data; only
+the ``2d`` configuration's architecture, patch size and batch size change.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from copy import deepcopy
+from pathlib import Path
+from typing import Optional, Sequence, Tuple
+
+from nnunetv2_meddisseg.cli import UserError, run_command
+
+__all__ = ["build_meddisseg_plans", "plan_meddisseg", "estimate_batch_size", "default_arch_kwargs", "main"]
+
+NETWORK_CLASS_NAME = "nnunetv2_meddisseg.architectures.MedDisSegNet"
+DEFAULT_PLANS_NAME = "nnUNetMedDisSegPlans"
+SIZE_MULTIPLE = 16
+# Peak training memory per input pixel and sample (fp32 activations + gradients of the Stage II
+# network), measured with benchmarks/train_step.py (see benchmarks/RESULTS.md). With mixed precision
+# on CUDA the real figure is lower, so budgets derived from it are conservative.
+TRAINING_BYTES_PER_PIXEL = 48_000
+# Parameters, gradients and two Adam moments of the 45.6 M parameter network, in bytes.
+STATIC_TRAINING_BYTES = 4 * 4 * 45_600_000
+
+
+def default_arch_kwargs(encoder_weights: Optional[str] = None, elat: bool = True, activation: str = "telu",
+                        decoder_fusion: str = "sum") -> dict:
+    """The ``arch_kwargs`` block of a MedDisSeg plan (what ``MedDisSegNet`` receives from nnU-Net)."""
+    return {
+        "encoder_weights": encoder_weights,
+        "elat": elat,
+        "activation": activation,
+        "decoder_fusion": decoder_fusion,
+        "conv_op": "torch.nn.modules.conv.Conv2d",
+        "norm_op": "torch.nn.modules.batchnorm.BatchNorm2d",
+        "norm_op_kwargs": {"eps": 1e-5, "affine": True},
+    }
+
+
+def estimate_batch_size(patch_size: Sequence[int], memory_target_gb: float, min_batch_size: int = 2,
+                        max_batch_size: Optional[int] = None) -> int:
+    """Largest batch whose estimated training memory fits ``memory_target_gb``, clipped to
+    ``[min_batch_size, max_batch_size]``."""
+    per_sample = TRAINING_BYTES_PER_PIXEL * math.prod(patch_size)
+    fitting = int((memory_target_gb * 1024 ** 3 - STATIC_TRAINING_BYTES) // per_sample)
+    batch_size = max(fitting, min_batch_size)
+    if max_batch_size is not None:
+        batch_size = max(min(batch_size, max_batch_size), min_batch_size)
+    return batch_size
+
+
+def _round_to_multiple(size: int) -> int:
+    return max(SIZE_MULTIPLE, int(round(size / SIZE_MULTIPLE)) * SIZE_MULTIPLE)
+
+
+def build_meddisseg_plans(source_plans: dict, plans_name: str = DEFAULT_PLANS_NAME,
+                          patch_size: Optional[Tuple[int, int]] = None, batch_size: Optional[int] = None,
+                          memory_target_gb: float = 8.0, num_training_cases: Optional[int] = None,
+                          **arch_kwargs) -> dict:
+    """Return a new plans dict with one ``2d`` configuration running MedDisSegNet on the source plans'
+    preprocessed 2d data. ``arch_kwargs`` go to :func:`default_arch_kwargs`."""
+    configurations = source_plans.get("configurations", {})
+    if "2d" not in configurations:
+        raise UserError(f"plans '{source_plans.get('plans_name')}' of {source_plans.get('dataset_name')} have no "
+                        f"'2d' configuration (found: {', '.join(configurations) or 'none'}); Med-DisSeg is a 2D "
+                        f"network: run nnUNetv2_plan_and_preprocess with -c 2d")
+    source_2d = configurations["2d"]
+    if "inherits_from" in source_2d:
+        raise UserError("the source plans' 2d configuration inherits from another one; expected a plain 2d "
+                        "configuration as nnUNetv2_plan_and_preprocess writes it")
+    if patch_size is None:
+        patch_size = tuple(_round_to_multiple(s) for s in source_2d["patch_size"])
+    else:
+        patch_size = tuple(int(s) for s in patch_size)
+        if len(patch_size) != 2 or any(s <= 0 or s % SIZE_MULTIPLE for s in patch_size):
+            raise UserError(f"--patch-size must be two positive multiples of {SIZE_MULTIPLE} (H W), got "
+                            f"{' '.join(map(str, patch_size))}")
+    if batch_size is None:
+        max_bs = None
+        if num_training_cases is not None:
+            # as nnU-Net: a batch should not cover more than 5 % of the data set
+            median = source_2d.get("median_image_size_in_voxels", patch_size)
+            max_bs = int(0.05 * num_training_cases * math.prod(median) / math.prod(patch_size))
+        batch_size = estimate_batch_size(patch_size, memory_target_gb, max_batch_size=max_bs)
+    elif batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, got {batch_size}")
+
+    plans = deepcopy(source_plans)
+    plans["plans_name"] = plans_name
+    config = deepcopy(source_2d)
+    config["patch_size"] = list(patch_size)
+    config["batch_size"] = int(batch_size)
+    config["architecture"] = {
+        "network_class_name": NETWORK_CLASS_NAME,
+        "arch_kwargs": default_arch_kwargs(**arch_kwargs),
+        "_kw_requires_import": ["conv_op", "norm_op"],
+    }
+    plans["configurations"] = {"2d": config}
+    return plans
+
+
+def _check_encoder_weights(path: str) -> str:
+    """Load the file into a fresh encoder now, so that a bad file fails at planning, not after hours."""
+    from nnunetv2_meddisseg.blocks.encoder import ResNet50Encoder, load_resnet50_weights
+
+    path = os.path.abspath(path)
+    if not os.path.isfile(path):
+        raise UserError(f"--encoder-weights: file {path} does not exist (expected a torchvision ResNet-50 "
+                        f"state dict saved with torch.save)")
+    try:
+        load_resnet50_weights(ResNet50Encoder(3), path)
+    except ValueError as e:
+        raise UserError(f"--encoder-weights: {e}") from None
+    return path
+
+
+def plan_meddisseg(dataset: str, plans_name: str = DEFAULT_PLANS_NAME, source_plans_name: str = "nnUNetPlans",
+                   encoder_weights: Optional[str] = None, overwrite: bool = True, **kwargs) -> Path:
+    """Write ``$nnUNet_preprocessed/DatasetXXX_Name/<plans_name>.json`` and return its path."""
+    preprocessed = os.environ.get("nnUNet_preprocessed")
+    if not preprocessed:
+        raise UserError("the environment variable nnUNet_preprocessed is not set (see the README's "
+                        "'nnU-Net environment variables')")
+    from nnunetv2.utilities.dataset_name_id_conversion import maybe_convert_to_dataset_name
+
+    try:
+        dataset_name = maybe_convert_to_dataset_name(dataset)
+    except (RuntimeError, ValueError):
+        raise UserError(f"-d {dataset}: no such dataset in nnUNet_preprocessed ({preprocessed}) or nnUNet_raw; "
+                        f"run nnUNetv2_plan_and_preprocess -d {dataset} -c 2d first") from None
+    folder = Path(preprocessed) / dataset_name
+    source_file = folder / f"{source_plans_name}.json"
+    if not source_file.is_file():
+        raise UserError(f"{source_file} not found: the dataset is not planned and preprocessed yet; run "
+                        f"nnUNetv2_plan_and_preprocess -d {dataset} -c 2d first")
+    if plans_name == source_plans_name:
+        raise UserError(f"--plans-name must differ from the source plans '{source_plans_name}'")
+    source = json.loads(source_file.read_text())
+    if encoder_weights is not None:
+        encoder_weights = _check_encoder_weights(encoder_weights)
+    dataset_json_file = folder / "dataset.json"
+    num_training = json.loads(dataset_json_file.read_text()).get("numTraining") if dataset_json_file.is_file() else None
+    plans = build_meddisseg_plans(source, plans_name, encoder_weights=encoder_weights,
+                                  num_training_cases=num_training, **kwargs)
+    if not (folder / source["configurations"]["2d"]["data_identifier"]).is_dir():
+        raise UserError(f"{folder / source['configurations']['2d']['data_identifier']} not found: the 2d data is "
+                        f"not preprocessed yet; run nnUNetv2_plan_and_preprocess -d {dataset} -c 2d")
+    target = folder / f"{plans_name}.json"
+    if target.exists() and not overwrite:
+        raise UserError(f"{target} exists")
+    partial = target.with_suffix(".json.partial")
+    partial.write_text(json.dumps(plans, indent=4))
+    os.replace(partial, target)
+    return target
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nnUNetv2_meddisseg_plan", description=(
+        "Derive a Med-DisSeg plan (nnUNetMedDisSegPlans.json) from a dataset's nnUNetPlans.json, reusing its "
+        "preprocessed 2d data. Train with: nnUNetv2_train ID 2d FOLD -tr nnUNetTrainerMedDisSeg -p "
+        "nnUNetMedDisSegPlans"))
+    p.add_argument("-d", "--dataset", required=True, help="dataset ID or name, e.g. 501 or Dataset501_Kvasir")
+    p.add_argument("--encoder-weights", default=None,
+                   help="torchvision ResNet-50 state dict (.pth) used to initialise the encoder; never downloaded")
+    p.add_argument("--patch-size", nargs=2, type=int, metavar=("H", "W"), default=None,
+                   help="patch size, multiples of 16 (default: nnU-Net's 2d patch size rounded to 16; use 256 256 "
+                        "for the paper protocol on images resized to 256)")
+    p.add_argument("--batch-size", type=int, default=None, help="default: from --gpu-memory-target")
+    p.add_argument("--gpu-memory-target", type=float, default=8.0, dest="memory_target_gb",
+                   help="GB of accelerator memory the batch size is planned for (default 8, as nnU-Net)")
+    p.add_argument("--no-elat", dest="elat", action="store_false", help="ablation: no ELAT attention")
+    p.add_argument("--activation", choices=("telu", "relu"), default="telu")
+    p.add_argument("--decoder-fusion", choices=("sum", "concat"), default="sum",
+                   help="sum = paper Eq. 9; concat = released code / ConDSeg")
+    p.add_argument("--plans-name", default=DEFAULT_PLANS_NAME)
+    p.add_argument("--source-plans", default="nnUNetPlans", dest="source_plans_name")
+    return p
+
+
+def _plan_command(argv: Optional[Sequence[str]]) -> None:
+    args = vars(_parser().parse_args(argv))
+    dataset = args.pop("dataset")
+    target = plan_meddisseg(dataset, **args)
+    plans = json.loads(target.read_text())["configurations"]["2d"]
+    print(f"wrote {target}\n  patch size {plans['patch_size']}, batch size {plans['batch_size']}, "
+          f"arch_kwargs {plans['architecture']['arch_kwargs']}")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    run_command("nnUNetv2_meddisseg_plan", _plan_command, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="nnunetv2_meddisseg",
+    version="0.1.0",
+    description="Med-DisSeg (dispersion-regularised, attention-guided segmentation) as an nnU-Net v2 plugin",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=["nnunetv2_meddisseg", "nnunetv2_meddisseg.*"]),
+    package_data={"nnunetv2_meddisseg": ["datasets/splits/*.json", "evaluation/paper_results.json"]},
+    install_requires=[
+        "nnunetv2>=2.8.1,<2.9",
+        "torch",  # whatever nnunetv2 resolves; never pin above 2.14.1 on these machines
+        "dynamic-network-architectures",
+        "batchgeneratorsv2",
+        "SimpleITK",
+        "numpy",
+        "scipy",
+        "matplotlib",
+        "pillow",
+        "tqdm",
+    ],
+    extras_require={"test": ["pytest"], "synapse": ["h5py"]},
+    entry_points={
+        "console_scripts": [
+            "nnUNetv2_meddisseg_plan=nnunetv2_meddisseg.planning.plan_meddisseg:main",
+            "nnUNetv2_meddisseg_convert=nnunetv2_meddisseg.datasets.convert:main",
+            "nnUNetv2_meddisseg_evaluate=nnunetv2_meddisseg.evaluation.evaluate:main",
+            "nnUNetv2_meddisseg_compare=nnunetv2_meddisseg.evaluation.compare:main",
+            "nnUNetv2_meddisseg_demo=nnunetv2_meddisseg.demo:main",
+        ]
+    },
+)

@@ -1,0 +1,240 @@
+import math
+
+import pytest
+import torch
+
+from nnunetv2_meddisseg.losses.dispersive import (DISPERSIVE_VARIANTS, DispersiveLoss, dispersion_diagnostics,
+                                                  dispersive_loss)
+
+
+def _reference(features: torch.Tensor, variant: str, tau: float, eps: float, margin: float) -> torch.Tensor:
+    """Brute force in float64, one python iteration per ordered pair (or per covariance entry)."""
+    h = features.double().reshape(features.shape[0], -1)
+    b, d = h.shape
+    pairs = [(i, j) for i in range(b) for j in range(b) if i != j]
+    if variant == "infonce_l2":
+        terms = [torch.exp(-((h[i] - h[j]) ** 2).sum() / d / tau) for i, j in pairs]
+        return torch.log(sum(terms) / len(pairs) + eps)
+    if variant == "infonce_cosine":
+        def norm(v):
+            return torch.clamp(torch.sqrt((v * v).sum()), min=1e-12)
+        terms = [torch.exp(-(1 - (h[i] * h[j]).sum() / (norm(h[i]) * norm(h[j]))) / tau) for i, j in pairs]
+        return torch.log(sum(terms) / len(pairs) + eps)
+    if variant == "hinge":
+        terms = [torch.clamp(margin - torch.sqrt(((h[i] - h[j]) ** 2).sum()) / math.sqrt(d), min=0) ** 2
+                 for i, j in pairs]
+        return sum(terms) / len(pairs)
+    assert variant == "covariance"
+    mean = sum(h[i] for i in range(b)) / b
+    total = h.new_zeros(())
+    for p in range(d):
+        for q in range(d):
+            if p != q:
+                c_pq = sum((h[i, p] - mean[p]) * (h[i, q] - mean[q]) for i in range(b)) / (b - 1)
+                total = total + c_pq ** 2
+    return total / d
+
+
+@pytest.mark.parametrize("variant", DISPERSIVE_VARIANTS)
+@pytest.mark.parametrize("shape", [(2, 3), (3, 1), (5, 2, 3, 2), (8, 17)])
+def test_matches_float64_reference(variant, shape):
+    torch.manual_seed(sum(shape))
+    features = torch.randn(*shape) * 1.5 + 0.3
+    for tau, eps, margin in [(0.8, 1e-8, 1.0), (0.3, 0.0, 1.6), (2.0, 1e-2, 0.5)]:
+        ours = dispersive_loss(features, variant, tau=tau, eps=eps, margin=margin)
+        expected = _reference(features, variant, tau, eps, margin)
+        assert ours.dtype == torch.float32 and ours.ndim == 0
+        torch.testing.assert_close(ours.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", DISPERSIVE_VARIANTS)
+def test_gradient_matches_float64_reference(variant):
+    torch.manual_seed(1)
+    features = torch.randn(4, 6)
+    ours = features.clone().requires_grad_(True)
+    dispersive_loss(ours, variant, tau=0.5, margin=1.8).backward()
+    ref = features.double().requires_grad_(True)
+    _reference(ref, variant, 0.5, 1e-8, 1.8).backward()
+    assert ref.grad.abs().max() > 0
+    torch.testing.assert_close(ours.grad.double(), ref.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_hand_computed_two_by_two():
+    # h1 = (0, 0), h2 = (2, 0): ||h1 - h2||^2 = 4, D = 2 -> d = 2 for both ordered pairs.
+    # infonce_l2, tau = 1, eps = 0: log((e^-2 + e^-2) / 2) = -2
+    h = torch.tensor([[0.0, 0.0], [2.0, 0.0]])
+    assert dispersive_loss(h, "infonce_l2", tau=1.0, eps=0.0).item() == pytest.approx(-2.0, abs=1e-6)
+    # same with tau = 0.5, eps = 0.1: log(e^-4 + 0.1)
+    assert dispersive_loss(h, "infonce_l2", tau=0.5, eps=0.1).item() == pytest.approx(math.log(math.exp(-4) + 0.1),
+                                                                                     abs=1e-6)
+    # hinge: d = ||(2, 0)|| / sqrt(2) = sqrt(2); margin 2 -> (2 - sqrt(2))^2 = 6 - 4 sqrt(2)
+    assert dispersive_loss(h, "hinge", margin=2.0).item() == pytest.approx(6 - 4 * math.sqrt(2), abs=1e-6)
+    # margin 1 < sqrt(2): inactive
+    assert dispersive_loss(h, "hinge", margin=1.0).item() == 0.0
+    # cosine: h1 = (1, 0), h2 = (1, 1): cos = 1/sqrt(2), d = 1 - 1/sqrt(2); tau = 0.5, eps = 0 -> -2 (1 - 1/sqrt(2))
+    c = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    assert dispersive_loss(c, "infonce_cosine", tau=0.5, eps=0.0).item() == pytest.approx(-(2 - math.sqrt(2)), abs=1e-6)
+    # covariance: h1 = (0, 0), h2 = (2, 4): centred rows (-1, -2), (1, 2); C = [[2, 4], [4, 8]] (B - 1 = 1)
+    # off-diagonal sum of squares 4^2 + 4^2 = 32, / D = 2 -> 16
+    v = torch.tensor([[0.0, 0.0], [2.0, 4.0]])
+    assert dispersive_loss(v, "covariance").item() == pytest.approx(16.0, abs=1e-5)
+
+
+def test_gradient_alive_in_high_dimension():
+    # D = 2^20 (the released code's failure case): with the 1/D normalisation, d_ij ~ 2 for N(0,1)
+    torch.manual_seed(0)
+    features = torch.randn(8, 2 ** 20)
+    for variant, margin in [("infonce_l2", 1.0), ("infonce_cosine", 1.0), ("covariance", 1.0), ("hinge", 2.0)]:
+        h = features.clone().requires_grad_(True)
+        loss = dispersive_loss(h, variant, tau=0.8, margin=margin)
+        (grad,) = torch.autograd.grad(loss, h)
+        assert torch.isfinite(loss) and torch.isfinite(grad).all(), variant
+        assert grad.abs().max() > 0, variant
+    # not the underflowed constant log(eps)
+    assert dispersive_loss(features, "infonce_l2").item() > math.log(1e-8) + 10
+    # hinge distances are ~sqrt(2) > 1: with margin 1 the hinge is rightly inactive
+    h = features.clone().requires_grad_(True)
+    loss = dispersive_loss(h, "hinge", margin=1.0)
+    (grad,) = torch.autograd.grad(loss, h)
+    assert loss.item() == 0.0
+    assert torch.count_nonzero(grad) == 0
+
+
+@pytest.mark.parametrize("variant", DISPERSIVE_VARIANTS)
+def test_single_sample_gives_connected_zero(variant):
+    h = torch.randn(1, 4, 3, 3, requires_grad=True)
+    loss = dispersive_loss(h, variant)
+    assert loss.item() == 0.0 and loss.dtype == torch.float32
+    assert loss.requires_grad
+    loss.backward()
+    assert h.grad is not None and h.grad.shape == h.shape and torch.count_nonzero(h.grad) == 0
+
+
+@pytest.mark.parametrize("variant", DISPERSIVE_VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_inputs_give_fp32(variant, dtype):
+    torch.manual_seed(2)
+    h32 = torch.randn(6, 3, 5, 5) * 2
+    low = h32.to(dtype).requires_grad_(True)
+    loss = dispersive_loss(low, variant, margin=4.0)  # typical hinge distance here: 2 sqrt(2)
+    assert loss.dtype == torch.float32 and torch.isfinite(loss) and loss != 0
+    torch.testing.assert_close(loss, dispersive_loss(low.detach().float(), variant, margin=4.0), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(loss, dispersive_loss(h32, variant, margin=4.0), rtol=3e-2, atol=3e-2)
+    loss.backward()
+    assert low.grad.dtype == dtype and torch.isfinite(low.grad.float()).all()
+
+
+@pytest.mark.parametrize("variant", DISPERSIVE_VARIANTS)
+def test_autocast_does_not_lower_precision(variant):
+    torch.manual_seed(3)
+    h = torch.randn(6, 300) * 2 + 1
+    expected = dispersive_loss(h, variant, margin=4.0)  # typical hinge distance here: 2 sqrt(2)
+    assert expected != 0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = dispersive_loss(h, variant, margin=4.0)
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", DISPERSIVE_VARIANTS)
+@pytest.mark.parametrize("scale", [1e4, 1e-20])
+def test_extreme_magnitudes_stay_finite(variant, scale):
+    torch.manual_seed(4)
+    h = (torch.randn(5, 40) * scale).requires_grad_(True)
+    margin = 2.0 * scale  # keeps the hinge active
+    loss = dispersive_loss(h, variant, margin=margin)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(h.grad).all()
+    expected = _reference(h.detach(), variant, 0.8, 1e-8, margin)
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", ["infonce_l2", "infonce_cosine", "hinge"])
+def test_bounded_variants_finite_for_huge_inputs(variant):
+    h = (torch.randn(4, 10) * 1e30).requires_grad_(True)
+    loss = dispersive_loss(h, variant)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(h.grad).all()
+
+
+@pytest.mark.parametrize("variant", DISPERSIVE_VARIANTS)
+def test_duplicate_and_zero_samples_have_finite_gradients(variant):
+    h = torch.randn(4, 6)
+    h[1] = h[0]
+    h[3] = 0.0
+    h.requires_grad_(True)
+    loss = dispersive_loss(h, variant, margin=1.6)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(h.grad).all()
+    torch.testing.assert_close(loss.double(), _reference(h.detach(), variant, 0.8, 1e-8, 1.6), rtol=1e-5, atol=1e-6)
+
+
+def test_invalid_options_are_named():
+    h = torch.randn(3, 4)
+    with pytest.raises(ValueError, match="variant.*'l1'"):
+        dispersive_loss(h, "l1")
+    for tau in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="tau"):
+            dispersive_loss(h, tau=tau)
+    with pytest.raises(ValueError, match="eps"):
+        dispersive_loss(h, eps=-1.0)
+    with pytest.raises(ValueError, match="placement.*'decoder'"):
+        DispersiveLoss(placement="decoder")
+    with pytest.raises(ValueError, match="variant"):
+        DispersiveLoss(variant="cos")
+
+
+def _features(seed: int = 5):
+    g = torch.Generator().manual_seed(seed)
+    return {"early": torch.randn(3, 4, 8, 8, generator=g), "middle": torch.randn(3, 16, 2, 2, generator=g),
+            "late": torch.randn(3, 2, 16, 16, generator=g) * 0.5}
+
+
+def test_module_placement_and_weight():
+    feats = _features()
+    module = DispersiveLoss(variant="infonce_l2", tau=0.5, weight=0.2, placement="middle")
+    torch.testing.assert_close(module(feats), 0.2 * dispersive_loss(feats["middle"], tau=0.5))
+    every = DispersiveLoss(variant="hinge", margin=1.7, weight=0.6, placement="all")
+    expected = 0.6 * sum(dispersive_loss(feats[k], "hinge", margin=1.7) for k in ("early", "middle", "late")) / 3
+    torch.testing.assert_close(every(feats), expected)
+    assert "hinge" in repr(every) and "'all'" in repr(every)
+
+
+def test_module_missing_feature_is_named():
+    feats = _features()
+    del feats["late"]
+    with pytest.raises(ValueError, match="'late'"):
+        DispersiveLoss(placement="all")(feats)
+    with pytest.raises(ValueError, match="'late'"):
+        DispersiveLoss(placement="late")(feats)
+    assert torch.isfinite(DispersiveLoss(placement="early")(feats))
+
+
+def test_diagnostics_mean_distance_matches_brute_force():
+    torch.manual_seed(6)
+    h = torch.randn(5, 3, 4) * 2 + 7
+    flat = h.double().reshape(5, -1)
+    pairs = [((flat[i] - flat[j]) ** 2).sum().item() / flat.shape[1] for i in range(5) for j in range(5) if i != j]
+    diag = dispersion_diagnostics(h)
+    assert isinstance(diag["mean_pairwise_distance"], float)
+    assert diag["mean_pairwise_distance"] == pytest.approx(sum(pairs) / len(pairs), rel=1e-5)
+
+
+def test_diagnostics_effective_rank():
+    torch.manual_seed(7)
+    # points on a line (plus an offset): the centred batch has rank 1
+    line = torch.linspace(-2, 3, 6)[:, None] * torch.randn(1, 50) + 5 * torch.randn(1, 50)
+    assert dispersion_diagnostics(line)["effective_rank"] == pytest.approx(1.0, abs=1e-4)
+    # B one-hot rows: centring leaves B - 1 equal singular values (the all-ones direction is removed)
+    one_hot = torch.eye(5, 9)
+    assert dispersion_diagnostics(one_hot)["effective_rank"] == pytest.approx(4.0, abs=1e-4)
+    # identical samples: nothing to spread
+    assert dispersion_diagnostics(torch.ones(4, 10))["effective_rank"] == 0.0
+    # random batch against an SVD of the centred matrix
+    h = torch.randn(6, 40, requires_grad=True)
+    centred = h.detach().double() - h.detach().double().mean(0)
+    s = torch.linalg.svdvals(centred)
+    p = s / s.sum()
+    expected = math.exp(-(p * p.log()).sum().item())
+    assert dispersion_diagnostics(h)["effective_rank"] == pytest.approx(expected, rel=1e-5)
+    assert dispersion_diagnostics(h[:1]) == {"mean_pairwise_distance": 0.0, "effective_rank": 0.0}
