@@ -47,5 +47,6 @@ def preprocessed_synthetic(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("nnunet")
     env = nnunet_env(root)
     make_synthetic_dataset(env["nnUNet_raw"], dataset_id=501, num_train=12, num_test=4, size=64, seed=0)
-    run_cli(["nnUNetv2_plan_and_preprocess", "-d", "501", "-c", "2d", "-np", "2"], env)
+    plan_env = {k: v for k, v in env.items() if k != "nnUNet_n_proc_DA"}  # 0 breaks nnU-Net's VRAM estimate
+    run_cli(["nnUNetv2_plan_and_preprocess", "-d", "501", "-c", "2d", "-np", "2"], plan_env)
     return env

@@ -54,8 +54,8 @@ def estimate_batch_size(patch_size: Sequence[int], memory_target_gb: float, min_
     return batch_size
 
 
-def _round_to_multiple(size: int) -> int:
-    return max(SIZE_MULTIPLE, int(round(size / SIZE_MULTIPLE)) * SIZE_MULTIPLE)
+def _round_up_to_multiple(size: int) -> int:
+    return max(SIZE_MULTIPLE, math.ceil(size / SIZE_MULTIPLE) * SIZE_MULTIPLE)
 
 
 def build_meddisseg_plans(source_plans: dict, plans_name: str = DEFAULT_PLANS_NAME,
@@ -74,7 +74,7 @@ def build_meddisseg_plans(source_plans: dict, plans_name: str = DEFAULT_PLANS_NA
         raise UserError("the source plans' 2d configuration inherits from another one; expected a plain 2d "
                         "configuration as nnUNetv2_plan_and_preprocess writes it")
     if patch_size is None:
-        patch_size = tuple(_round_to_multiple(s) for s in source_2d["patch_size"])
+        patch_size = tuple(_round_up_to_multiple(s) for s in source_2d["patch_size"])
     else:
         patch_size = tuple(int(s) for s in patch_size)
         if len(patch_size) != 2 or any(s <= 0 or s % SIZE_MULTIPLE for s in patch_size):
@@ -168,7 +168,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--encoder-weights", default=None,
                    help="torchvision ResNet-50 state dict (.pth) used to initialise the encoder; never downloaded")
     p.add_argument("--patch-size", nargs=2, type=int, metavar=("H", "W"), default=None,
-                   help="patch size, multiples of 16 (default: nnU-Net's 2d patch size rounded to 16; use 256 256 "
+                   help="patch size, multiples of 16 (default: nnU-Net's 2d patch size rounded up to a multiple of 16; use 256 256 "
                         "for the paper protocol on images resized to 256)")
     p.add_argument("--batch-size", type=int, default=None, help="default: from --gpu-memory-target")
     p.add_argument("--gpu-memory-target", type=float, default=8.0, dest="memory_target_gb",
