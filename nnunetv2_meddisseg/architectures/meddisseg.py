@@ -1,0 +1,206 @@
+"""Med-DisSeg network for nnU-Net v2 (2D): ResNet-50 + ELAT encoder, feature enhancement,
+decoupling, contrast-driven aggregation and three CBAT decoders.
+
+nnU-Net builds it from the plans as
+``MedDisSegNet(input_channels, num_classes, deep_supervision, **arch_kwargs)``.
+"""
+import os
+import pydoc
+from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple, Type, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nnunetv2_meddisseg.blocks.activation import get_activation
+from nnunetv2_meddisseg.blocks.attention import ELAT
+from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation, ContrastGuidancePyramid
+from nnunetv2_meddisseg.blocks.decoder import DECODER_FUSIONS, MultiScaleCBATDecoder
+from nnunetv2_meddisseg.blocks.decoupling import AuxiliaryHead, FeatureDecoupling
+from nnunetv2_meddisseg.blocks.encoder import ENCODER_CHANNELS, ResNet50Encoder, load_resnet50_weights
+from nnunetv2_meddisseg.blocks.enhancement import FeatureEnhancement
+
+__all__ = ["MedDisSegOutput", "MedDisSegNet"]
+
+#: H and W are padded internally to a multiple of this (the encoder's total stride)
+SIZE_DIVISOR = 16
+
+
+class MedDisSegOutput(NamedTuple):
+    """What the network returns with deep supervision on (``logits`` first, as nnU-Net expects)."""
+
+    logits: Tensor  #: (B, K, H, W) final logits (O_S + O_M + O_L with fusion "sum")
+    #: O_S, O_M, O_L logits, each (B, K, H, W); None with decoder_fusion "concat"
+    path_logits: Optional[Tuple[Tensor, Tensor, Tensor]]
+    fg: Optional[Tensor]  #: (B, 1, H, W) foreground-map logits (training only)
+    bg: Optional[Tensor]  #: (B, 1, H, W) background-map logits (training only)
+    uc: Optional[Tensor]  #: (B, 1, H, W) uncertainty-map logits (training only)
+    #: 'early': ELAT-refined x2 (B, 256, H'/4, W'/4); 'middle': x4 (B, 1024, H'/16, W'/16);
+    #: 'late': output of D_s (B, 128, H'/2, W'/2); H', W' = H, W padded to a multiple of 16
+    features: Dict[str, Tensor]
+
+
+def _resolve_op(op: Union[str, Type[nn.Module]], name: str) -> Type[nn.Module]:
+    if isinstance(op, str):
+        located = pydoc.locate(op)
+        if located is None:
+            raise ValueError(f"MedDisSegNet: cannot import {name}={op!r}")
+        op = located
+    if not (isinstance(op, type) and issubclass(op, nn.Module)):
+        raise ValueError(f"MedDisSegNet: {name} must be an nn.Module class, got {op!r}")
+    return op
+
+
+def _is_not_2d(op: Type[nn.Module]) -> bool:
+    return op.__name__.endswith(("1d", "3d", "1D", "3D"))
+
+
+class MedDisSegNet(nn.Module):
+    """Med-DisSeg (2D only).
+
+    Args:
+        input_channels: channels of the input image.
+        num_classes: number of output channels (nnU-Net's label count incl. background).
+        deep_supervision: initial value of ``self.decoder.deep_supervision`` (nnU-Net switches it).
+        encoder_weights: local torchvision ResNet-50 state-dict file to initialise the encoder, or None.
+        elat: ELAT attention on the four encoder outputs (else identity).
+        activation: "telu" (paper) or "relu" (ablation) in every block Med-DisSeg adds; the
+            ResNet-50 encoder keeps its own ReLU.
+        decoder_fusion: "sum" (paper Eq. 9) or "concat" (released code).
+        conv_op, norm_op, norm_op_kwargs: 2D operators (classes or dotted names).
+
+    forward(x): x (B, C, H, W), any H, W (padded to a multiple of 16 internally, outputs cropped back):
+        - ``encoder_only``: [x1 (B,64,H'/2,W'/2), x2 (B,256,H'/4), x3 (B,512,H'/8), x4 (B,1024,H'/16)]
+          ELAT-refined, H' = H padded to a multiple of 16;
+        - ``decoder.deep_supervision`` False: logits (B, num_classes, H, W); auxiliary heads not run;
+        - ``decoder.deep_supervision`` True: :class:`MedDisSegOutput`; fg/bg/uc only in training mode.
+
+    ELAT refines each encoder output on a side path (the ResNet chain itself is unchanged, so
+    pretrained weights see the inputs they were trained on).
+    """
+
+    def __init__(
+        self,
+        input_channels: int,
+        num_classes: int,
+        deep_supervision: bool = False,
+        encoder_weights: Optional[str] = None,
+        elat: bool = True,
+        activation: str = "telu",
+        decoder_fusion: str = "sum",
+        conv_op: Union[str, Type[nn.Module]] = nn.Conv2d,
+        norm_op: Union[str, Type[nn.Module]] = nn.BatchNorm2d,
+        norm_op_kwargs: Optional[dict] = None,
+    ) -> None:
+        super().__init__()
+        conv_op = _resolve_op(conv_op, "conv_op")
+        norm_op = _resolve_op(norm_op, "norm_op")
+        if not issubclass(conv_op, nn.Conv2d):
+            raise ValueError(
+                f"MedDisSegNet is 2D only: conv_op must be a 2D convolution (torch.nn.Conv2d), got "
+                f"{conv_op.__module__}.{conv_op.__name__}; use nnU-Net's 2d configuration"
+            )
+        if _is_not_2d(norm_op):
+            raise ValueError(
+                f"MedDisSegNet is 2D only: norm_op must be a 2D normalisation (e.g. torch.nn.BatchNorm2d), got "
+                f"{norm_op.__module__}.{norm_op.__name__}"
+            )
+        nonlin = get_activation(activation)
+        if decoder_fusion not in DECODER_FUSIONS:
+            raise ValueError(f"unknown decoder_fusion {decoder_fusion!r}: choose one of {list(DECODER_FUSIONS)}")
+        if encoder_weights is not None and not os.path.isfile(encoder_weights):
+            raise FileNotFoundError(f"encoder weights file not found: {encoder_weights}")
+        self.input_channels = input_channels
+        self.num_classes = num_classes
+        self.encoder_only = False
+        ops = dict(conv_op=conv_op, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs)
+        blk = dict(nonlin=nonlin, **ops)
+        dim = 128
+
+        self.encoder = ResNet50Encoder(input_channels, **ops)
+        self.elat = nn.ModuleList(
+            [ELAT(c, nonlin=nonlin, conv_op=conv_op) if elat else nn.Identity() for c in ENCODER_CHANNELS]
+        )
+        self.enhancement = nn.ModuleList([FeatureEnhancement(c, dim, **blk) for c in ENCODER_CHANNELS])
+        self.decoupling = FeatureDecoupling(ENCODER_CHANNELS[-1], 512, dim, **blk)
+        self.auxiliary_heads = nn.ModuleDict({name: AuxiliaryHead(dim, **blk) for name in FeatureDecoupling.BRANCHES})
+        self.guidance = ContrastGuidancePyramid(dim, dim, (3, 2, 1, 0), **blk)
+        # levels 1..4; levels 1..3 see [d_l; Up(CDFA_{l+1})]
+        self.cdfa = nn.ModuleList([ContrastDrivenAggregation(2 * dim, dim, 4, **blk) for _ in range(3)]
+                                  + [ContrastDrivenAggregation(dim, dim, 4, **blk)])
+        self.decoder = MultiScaleCBATDecoder(dim, num_classes, decoder_fusion, deep_supervision, **blk)
+
+        self._init_non_encoder_weights()
+        if encoder_weights is not None:
+            load_resnet50_weights(self.encoder, encoder_weights)
+
+    def _init_non_encoder_weights(self) -> None:
+        # He initialisation as in nnU-Net (the encoder keeps torchvision's)
+        encoder_modules = set(self.encoder.modules())
+        for m in self.modules():
+            if m in encoder_modules:
+                continue
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, a=1e-2)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    def encoder_parameters(self) -> Iterator[nn.Parameter]:
+        """Encoder + ELAT parameters (the low-learning-rate group)."""
+        yield from self.encoder.parameters()
+        yield from self.elat.parameters()
+
+    def non_encoder_parameters(self) -> Iterator[nn.Parameter]:
+        """All parameters not yielded by :meth:`encoder_parameters`."""
+        encoder_ids = {id(p) for p in self.encoder_parameters()}
+        for p in self.parameters():
+            if id(p) not in encoder_ids:
+                yield p
+
+    def encode(self, x: Tensor) -> List[Tensor]:
+        """x: (B, C, H', W'), H', W' multiples of 16 -> the four ELAT-refined encoder features."""
+        return [att(f) for att, f in zip(self.elat, self.encoder(x))]
+
+    def forward(self, x: Tensor) -> Union[Tensor, MedDisSegOutput, List[Tensor]]:
+        if x.ndim != 4:
+            raise ValueError(
+                f"MedDisSegNet is 2D only: expected input of shape (B, C, H, W), got {tuple(x.shape)}"
+            )
+        if x.shape[1] != self.input_channels:
+            raise ValueError(f"MedDisSegNet: expected {self.input_channels} input channels, got {x.shape[1]}")
+        h, w = x.shape[2:]
+        pad_h, pad_w = (-h) % SIZE_DIVISOR, (-w) % SIZE_DIVISOR
+        if pad_h or pad_w:
+            x = F.pad(x, (0, pad_w, 0, pad_h))
+        padded_size = x.shape[2:]
+
+        feats = self.encode(x)
+        if self.encoder_only:
+            return feats
+
+        with_aux = self.decoder.deep_supervision and self.training
+        d = [enh(f) for enh, f in zip(self.enhancement, feats)]
+        f_fg, f_bg, f_uc = self.decoupling(feats[3], with_uncertainty=with_aux)
+        guides = self.guidance(f_fg, f_bg)
+        agg: List[Optional[Tensor]] = [None] * 4
+        agg[3] = self.cdfa[3](d[3], *guides[3])
+        for level in (2, 1, 0):
+            up = F.interpolate(agg[level + 1], size=d[level].shape[2:], mode="bilinear", align_corners=False)
+            agg[level] = self.cdfa[level](torch.cat([d[level], up], dim=1), *guides[level])
+        logits, path_logits, late = self.decoder(agg, padded_size)
+
+        def crop(t: Tensor) -> Tensor:
+            return t[:, :, :h, :w] if (pad_h or pad_w) else t
+
+        logits = crop(logits)
+        if not self.decoder.deep_supervision:
+            return logits
+        if path_logits is not None:
+            path_logits = tuple(crop(p) for p in path_logits)
+        fg = bg = uc = None
+        if with_aux:
+            fg = crop(self.auxiliary_heads["fg"](f_fg))
+            bg = crop(self.auxiliary_heads["bg"](f_bg))
+            uc = crop(self.auxiliary_heads["uc"](f_uc))
+        return MedDisSegOutput(logits, path_logits, fg, bg, uc, {"early": feats[1], "middle": feats[3], "late": late})
+

@@ -1,0 +1,124 @@
+"""Attention blocks: CBAM-style channel / spatial attention, CBAT (decoder side) and ELAT (encoder side)."""
+from typing import Sequence, Type
+
+import torch
+from torch import Tensor, nn
+
+from nnunetv2_meddisseg.blocks.activation import TeLU
+
+__all__ = ["ChannelAttention", "SpatialAttention", "CBAT", "ELAT"]
+
+
+def _hidden(channels: int, reduction: int) -> int:
+    if reduction < 1:
+        raise ValueError(f"reduction must be >= 1, got {reduction}")
+    return max(1, channels // reduction)
+
+
+class ChannelAttention(nn.Module):
+    """CBAM channel attention: a = sigmoid(MLP(avgpool(x)) + MLP(maxpool(x))); out = x * a.
+
+    The MLP (shared by both poolings) is Linear(C, C/r) -> nonlin -> Linear(C/r, C).
+
+    x: (B, C, H, W) -> (B, C, H, W)
+    """
+
+    def __init__(
+        self, channels: int, reduction: int = 16, nonlin: Type[nn.Module] = TeLU, bias: bool = False
+    ) -> None:
+        super().__init__()
+        hidden = _hidden(channels, reduction)
+        self.mlp = nn.Sequential(
+            nn.Linear(channels, hidden, bias=bias), nonlin(), nn.Linear(hidden, channels, bias=bias)
+        )
+
+    def attention(self, x: Tensor) -> Tensor:
+        """Channel weights a: (B, C, 1, 1) in (0, 1)."""
+        avg = self.mlp(x.mean(dim=(2, 3)))
+        mx = self.mlp(x.amax(dim=(2, 3)))
+        return torch.sigmoid(avg + mx)[:, :, None, None]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.attention(x)
+
+
+class SpatialAttention(nn.Module):
+    """CBAM spatial attention: a = sigmoid(conv_kxk([mean_c(x); max_c(x)])); out = x * a.
+
+    x: (B, C, H, W) -> (B, C, H, W)
+    """
+
+    def __init__(self, kernel_size: int = 7, bias: bool = False, conv_op: Type[nn.Module] = nn.Conv2d) -> None:
+        super().__init__()
+        if kernel_size % 2 != 1:
+            raise ValueError(f"kernel_size must be odd, got {kernel_size}")
+        self.conv = conv_op(2, 1, kernel_size, padding=kernel_size // 2, bias=bias)
+
+    def attention(self, x: Tensor) -> Tensor:
+        """Spatial weights a: (B, 1, H, W) in (0, 1)."""
+        pooled = torch.cat([x.mean(dim=1, keepdim=True), x.amax(dim=1, keepdim=True)], dim=1)
+        return torch.sigmoid(self.conv(pooled))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.attention(x)
+
+
+class CBAT(nn.Module):
+    """Med-DisSeg's decoder-side calibration unit: CBAM (channel then spatial attention) with the
+    chosen activation (TeLU) inside the channel MLP; Linear / conv layers with bias.
+
+    x: (B, C, H, W) -> (B, C, H, W)
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        reduction: int = 16,
+        kernel_size: int = 7,
+        nonlin: Type[nn.Module] = TeLU,
+        conv_op: Type[nn.Module] = nn.Conv2d,
+    ) -> None:
+        super().__init__()
+        self.channel = ChannelAttention(channels, reduction, nonlin, bias=True)
+        self.spatial = SpatialAttention(kernel_size, bias=True, conv_op=conv_op)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.spatial(self.channel(x))
+
+
+class ELAT(nn.Module):
+    """Med-DisSeg's encoder-side attention: parallel channel and multi-scale spatial branches.
+
+    - channel: a_c = sigmoid(Linear(C/r, C)(nonlin(Linear(C, C/r)(GAP(x))))), no biases;
+    - spatial: a_s = sigmoid(conv1x1_fuse([conv3x3_d(x) for d in dilations])), each conv C -> 1;
+    - out = x * a_c * a_s.
+
+    x: (B, C, H, W) -> (B, C, H, W)
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        reduction: int = 8,
+        nonlin: Type[nn.Module] = TeLU,
+        dilations: Sequence[int] = (1, 2, 3),
+        conv_op: Type[nn.Module] = nn.Conv2d,
+    ) -> None:
+        super().__init__()
+        hidden = _hidden(channels, reduction)
+        self.channel_mlp = nn.Sequential(
+            nn.Linear(channels, hidden, bias=False), nonlin(), nn.Linear(hidden, channels, bias=False)
+        )
+        self.spatial_convs = nn.ModuleList([conv_op(channels, 1, 3, padding=d, dilation=d) for d in dilations])
+        self.spatial_fuse = conv_op(len(dilations), 1, 1)
+
+    def channel_attention(self, x: Tensor) -> Tensor:
+        """a_c: (B, C, 1, 1)"""
+        return torch.sigmoid(self.channel_mlp(x.mean(dim=(2, 3))))[:, :, None, None]
+
+    def spatial_attention(self, x: Tensor) -> Tensor:
+        """a_s: (B, 1, H, W)"""
+        return torch.sigmoid(self.spatial_fuse(torch.cat([conv(x) for conv in self.spatial_convs], dim=1)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.channel_attention(x) * self.spatial_attention(x)

@@ -1,0 +1,168 @@
+"""ResNet-50 encoder (stem + layer1..layer3) in torchvision's state-dict layout, and its weight loader.
+
+The encoder keeps ResNet's own ReLU (stem and bottlenecks) regardless of the network's
+``activation`` option, so that ImageNet weights stay meaningful; TeLU is used in the blocks that
+Med-DisSeg adds on top. ``layer4`` is not built (Med-DisSeg decodes from x1..x4).
+"""
+import os
+from typing import List, Optional, Type
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["Bottleneck", "ResNet50Encoder", "load_resnet50_weights", "RESNET50_BLOCKS", "ENCODER_CHANNELS"]
+
+#: bottleneck blocks per stage of ResNet-50 (layer1, layer2, layer3; layer4 = 3 is unused)
+RESNET50_BLOCKS = (3, 4, 6)
+#: channels of the four returned features x1..x4
+ENCODER_CHANNELS = (64, 256, 512, 1024)
+
+
+class Bottleneck(nn.Module):
+    """ResNet v1.5 bottleneck (stride on the 3x3 conv), torchvision key names.
+
+    x: (B, in_channels, H, W) -> (B, 4 * width, H / stride, W / stride)
+    """
+
+    expansion = 4
+
+    def __init__(
+        self,
+        in_channels: int,
+        width: int,
+        stride: int = 1,
+        conv_op: Type[nn.Module] = nn.Conv2d,
+        norm_op: Type[nn.Module] = nn.BatchNorm2d,
+        norm_op_kwargs: Optional[dict] = None,
+    ) -> None:
+        super().__init__()
+        nkw = norm_op_kwargs or {}
+        out_channels = width * self.expansion
+        self.conv1 = conv_op(in_channels, width, 1, bias=False)
+        self.bn1 = norm_op(width, **nkw)
+        self.conv2 = conv_op(width, width, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = norm_op(width, **nkw)
+        self.conv3 = conv_op(width, out_channels, 1, bias=False)
+        self.bn3 = norm_op(out_channels, **nkw)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample: Optional[nn.Module] = None
+        if stride != 1 or in_channels != out_channels:
+            self.downsample = nn.Sequential(
+                conv_op(in_channels, out_channels, 1, stride=stride, bias=False), norm_op(out_channels, **nkw)
+            )
+
+    def forward(self, x: Tensor) -> Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + identity)
+
+
+class ResNet50Encoder(nn.Module):
+    """ResNet-50 stem + layer1..layer3 returning four feature maps.
+
+    Keys match torchvision's ``resnet50().state_dict()`` (``conv1``, ``bn1``, ``layer1.0.conv1``, ...)
+    without ``layer4`` and ``fc``.
+
+    x: (B, input_channels, H, W) with H, W divisible by 16 ->
+    [x1 (B, 64, H/2, W/2) after conv1/bn1/relu (before the max-pool),
+     x2 (B, 256, H/4, W/4), x3 (B, 512, H/8, W/8), x4 (B, 1024, H/16, W/16)]
+    """
+
+    def __init__(
+        self,
+        input_channels: int = 3,
+        conv_op: Type[nn.Module] = nn.Conv2d,
+        norm_op: Type[nn.Module] = nn.BatchNorm2d,
+        norm_op_kwargs: Optional[dict] = None,
+    ) -> None:
+        super().__init__()
+        nkw = norm_op_kwargs or {}
+        self.input_channels = input_channels
+        self.conv1 = conv_op(input_channels, 64, 7, stride=2, padding=3, bias=False)
+        self.bn1 = norm_op(64, **nkw)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        in_channels = 64
+        for i, (n_blocks, width, stride) in enumerate(zip(RESNET50_BLOCKS, (64, 128, 256), (1, 2, 2))):
+            blocks = []
+            for b in range(n_blocks):
+                blocks.append(
+                    Bottleneck(in_channels, width, stride if b == 0 else 1, conv_op, norm_op, norm_op_kwargs)
+                )
+                in_channels = width * Bottleneck.expansion
+            setattr(self, f"layer{i + 1}", nn.Sequential(*blocks))
+        self.output_channels = ENCODER_CHANNELS
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        # torchvision's ResNet initialisation
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, (nn.BatchNorm2d, nn.GroupNorm)) and m.weight is not None:
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: Tensor) -> List[Tensor]:
+        x1 = self.relu(self.bn1(self.conv1(x)))
+        x2 = self.layer1(self.maxpool(x1))
+        x3 = self.layer2(x2)
+        x4 = self.layer3(x3)
+        return [x1, x2, x3, x4]
+
+
+def _is_ignored(key: str) -> bool:
+    return key.startswith("fc.") or key.startswith("layer4.")
+
+
+def load_resnet50_weights(encoder: ResNet50Encoder, path: str) -> None:
+    """Load a torchvision ResNet-50 state dict from the local file ``path`` into ``encoder``.
+
+    ``fc.*`` and ``layer4.*`` are ignored; a missing ``num_batches_tracked`` buffer keeps the
+    encoder's value (older torchvision files lack it). If the encoder has ``input_channels != 3``
+    and the file's ``conv1.weight`` has 3, the stem is adapted: mean over the RGB filters, repeated
+    ``input_channels`` times. Never downloads anything.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: the file cannot be read as a state dict, or a key is missing / unexpected /
+            has the wrong shape (the message names the file and the first bad key).
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"encoder weights file not found: {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # pickle errors, zip errors, disallowed globals, ...
+        raise ValueError(f"cannot read encoder weights {path} as a torch state dict: {e}") from e
+    if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
+        raise ValueError(
+            f"encoder weights {path} are not a state dict (expected a dict of tensors, got {type(state).__name__})"
+        )
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"encoder weights {path}: value of key {key!r} is not a tensor (not a state dict)")
+
+    own = encoder.state_dict()
+    new_state = {}
+    for key, target in own.items():
+        if key not in state:
+            if key.endswith("num_batches_tracked"):
+                new_state[key] = target
+                continue
+            raise ValueError(f"encoder weights {path}: missing key {key!r} (expected torchvision resnet50 layout)")
+        value = state[key]
+        if key == "conv1.weight" and value.ndim == 4 and value.shape[1] == 3 and target.shape[1] != 3:
+            value = value.mean(dim=1, keepdim=True).repeat(1, target.shape[1], 1, 1)
+        if value.shape != target.shape:
+            raise ValueError(
+                f"encoder weights {path}: shape mismatch for key {key!r}: "
+                f"file {tuple(value.shape)} vs encoder {tuple(target.shape)}"
+            )
+        new_state[key] = value
+    for key in state:
+        if key not in own and not _is_ignored(key):
+            raise ValueError(f"encoder weights {path}: unexpected key {key!r} (expected torchvision resnet50 layout)")
+    encoder.load_state_dict(new_state, strict=True)

@@ -1,0 +1,70 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nnunetv2_meddisseg.blocks.decoder import CBATDecoder, MultiScaleCBATDecoder, PathHead
+
+
+def _features(b=2, c=16, h=32, w=48):
+    return [torch.randn(b, c, h // 2 ** (i + 1), w // 2 ** (i + 1)) for i in range(4)]
+
+
+def test_cbat_decoder_shape():
+    dec = CBATDecoder(16, 8, 12)
+    assert dec(torch.randn(2, 16, 4, 6), torch.randn(2, 8, 8, 12)).shape == (2, 12, 8, 12)
+
+
+def test_cbat_decoder_residual_steps():
+    # F(t+1) = F(t) + CBT3x3(CBT1x1(F(t))): silencing the last norm of every step makes each step
+    # add act(0) = 0, so the output must equal CBAT(F0)
+    torch.manual_seed(0)
+    dec = CBATDecoder(8, 8, 8).eval()
+    coarse, fine = torch.randn(1, 8, 3, 3), torch.randn(1, 8, 6, 6)
+    with torch.no_grad():
+        f0 = dec.project(torch.cat([F.interpolate(coarse, size=(6, 6), mode="bilinear"), fine], 1))
+        full = dec(coarse, fine)
+        for step in dec.steps:
+            step[1].norm.weight.zero_()
+            step[1].norm.bias.zero_()
+        torch.testing.assert_close(dec(coarse, fine), dec.cbat(f0))
+        assert not torch.allclose(full, dec.cbat(f0))
+    assert len(dec.steps) == 3
+    assert [s[0].conv.kernel_size for s in dec.steps] == [(1, 1)] * 3
+    assert [s[1].conv.kernel_size for s in dec.steps] == [(3, 3)] * 3
+
+
+def test_path_head_upsamples_logits():
+    head = PathHead(16, 3)
+    assert head(torch.randn(2, 16, 4, 6), (32, 48)).shape == (2, 3, 32, 48)
+
+
+def test_sum_fusion_is_sum_of_paths():
+    torch.manual_seed(0)
+    dec = MultiScaleCBATDecoder(16, 3, "sum").eval()
+    with torch.no_grad():
+        logits, paths, late = dec(_features(), (32, 48))
+    assert logits.shape == (2, 3, 32, 48)
+    assert len(paths) == 3 and all(p.shape == (2, 3, 32, 48) for p in paths)
+    torch.testing.assert_close(logits, paths[0] + paths[1] + paths[2])
+    assert late.shape == (2, 16, 16, 24)  # D_s at H/2
+
+
+def test_concat_fusion():
+    dec = MultiScaleCBATDecoder(16, 3, "concat")
+    logits, paths, late = dec(_features(), (32, 48))
+    assert logits.shape == (2, 3, 32, 48) and paths is None and late.shape == (2, 16, 16, 24)
+    assert not hasattr(dec, "path_heads")
+
+
+def test_deep_supervision_flag_and_bad_fusion():
+    assert MultiScaleCBATDecoder(16, 2, deep_supervision=True).deep_supervision is True
+    assert MultiScaleCBATDecoder(16, 2).deep_supervision is False
+    with pytest.raises(ValueError, match="decoder_fusion"):
+        MultiScaleCBATDecoder(16, 2, "mean")
+
+
+def test_relu_variant():
+    dec = MultiScaleCBATDecoder(16, 2, nonlin=nn.ReLU)
+    assert isinstance(dec.small.cbat.channel.mlp[1], nn.ReLU)
+    assert dec(_features(), (32, 48))[0].shape == (2, 2, 32, 48)
