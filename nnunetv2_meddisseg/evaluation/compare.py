@@ -445,6 +445,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             dataset_name = maybe_convert_to_dataset_name(args.d)
         except (RuntimeError, ValueError) as e:
+            if str(e).startswith("Could not find a dataset"):
+                raise ValueError(f"-d {args.d}: no dataset with this ID in nnUNet_raw ({nnUNet_raw.get()}), "
+                                 f"nnUNet_preprocessed or nnUNet_results") from None
             raise ValueError(f"-d {args.d}: {str(e).splitlines()[0]}") from None
         raw = os.path.join(nnUNet_raw.get(), dataset_name)
         labels, file_ending = load_dataset_json_labels(os.path.join(raw, "dataset.json"))

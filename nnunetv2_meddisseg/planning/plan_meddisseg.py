@@ -9,6 +9,7 @@ import argparse
 import json
 import math
 import os
+import zipfile
 from copy import deepcopy
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
@@ -112,9 +113,17 @@ def _check_encoder_weights(path: str) -> str:
     if not os.path.isfile(path):
         raise UserError(f"--encoder-weights: file {path} does not exist (expected a torchvision ResNet-50 "
                         f"state dict saved with torch.save)")
+    with open(path, "rb") as f:
+        is_pickle = f.read(1) == b"\x80"  # torch.save's legacy format; the default one is a zip archive
+    if not (is_pickle or zipfile.is_zipfile(path)):
+        raise UserError(f"--encoder-weights: {path} is not a file written by torch.save (expected a torchvision "
+                        f"ResNet-50 state dict)")
     try:
         load_resnet50_weights(ResNet50Encoder(3), path)
     except ValueError as e:
+        if "Weights only load failed" in str(e):  # torch's explanation runs over many lines
+            raise UserError(f"--encoder-weights: {path} holds pickled objects, not a plain state dict (a whole "
+                            f"model? save model.state_dict() instead)") from None
         raise UserError(f"--encoder-weights: {e}") from None
     return path
 

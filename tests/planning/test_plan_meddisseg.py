@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_cli
+from nnunet_cli import run_cli
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.planning.plan_meddisseg import (NETWORK_CLASS_NAME, build_meddisseg_plans,
                                                         estimate_batch_size)
@@ -101,7 +101,7 @@ def test_plan_command_errors_are_one_line(preprocessed_synthetic, tmp_path):
 
 
 def test_unpreprocessed_dataset_is_refused(preprocessed_synthetic, tmp_path):
-    from conftest import nnunet_env
+    from nnunet_cli import nnunet_env
     from nnunetv2_meddisseg.datasets.synthetic import make_synthetic_dataset
 
     env = nnunet_env(tmp_path)

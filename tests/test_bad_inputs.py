@@ -1,0 +1,517 @@
+"""Bad input, one row per case, each through the real command's entry point (issue 6).
+
+Every row names a command (``convert``, ``plan``, ``evaluate``, ``compare``), a setup that builds
+the input under ``tmp_path`` and returns the command's argv, the expected exit code and the
+substrings the error must contain. A failing row (exit code != 0) must print exactly one line
+``<prog>: error: ...`` on stderr, naming the file or option, with no traceback, and must leave
+nothing behind: the set of paths under ``tmp_path`` is the same before and after the command (no
+dataset folder, no plans JSON, no summary, no comparison folder). Rows with exit code 0 are the
+documented graceful paths (a JPEG-noisy mask is thresholded, ``--overwrite`` replaces a dataset)
+and controls showing that the inputs the failing rows break are otherwise accepted.
+
+Nothing here runs nnU-Net's planning, preprocessing or training: plan rows use a hand-written
+``nnUNetPlans.json`` with an empty ``nnUNetPlans_2d`` folder. The train rows of issue 6 live in
+the trainer's tests.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import pytest
+import SimpleITK as sitk
+import torch
+from PIL import Image
+
+_DATASETS_TESTS = str(Path(__file__).resolve().parent / "datasets")
+if _DATASETS_TESTS not in sys.path:
+    sys.path.append(_DATASETS_TESTS)
+
+from convert_trees import expected_binary, make_kvasir_tree, read_png, save, write_split  # noqa: E402
+from nnunetv2_meddisseg.datasets.convert import main as convert_main  # noqa: E402
+from nnunetv2_meddisseg.evaluation.compare import main as compare_main  # noqa: E402
+from nnunetv2_meddisseg.evaluation.evaluate import main as evaluate_main  # noqa: E402
+from nnunetv2_meddisseg.planning.plan_meddisseg import main as plan_main  # noqa: E402
+
+Env = Dict[str, Path]
+
+COMMANDS: Dict[str, tuple] = {
+    # name: (entry point, program name in the error line)
+    "convert": (convert_main, "nnUNetv2_meddisseg_convert"),
+    "plan": (plan_main, "nnUNetv2_meddisseg_plan"),
+    "evaluate": (evaluate_main, "nnUNetv2_meddisseg_evaluate"),
+    "compare": (compare_main, "nnUNetv2_meddisseg_compare"),
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One case: ``setup(tmp, env)`` builds the input and returns argv; ``check(tmp, env)`` (rows with
+    exit code 0) verifies the result."""
+
+    name: str
+    command: str
+    setup: Callable[[Path, Env], List[str]]
+    exit_code: int
+    expected: Sequence[str] = ()
+    check: Optional[Callable[[Path, Env], None]] = None
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch) -> Env:
+    """nnUNet_raw / nnUNet_preprocessed / nnUNet_results under ``tmp_path`` (nnunetv2.paths reads the
+    environment on every access, so setting it here is enough)."""
+    dirs = {}
+    for name in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results"):
+        dirs[name] = tmp_path / "nnunet" / name
+        dirs[name].mkdir(parents=True)
+        monkeypatch.setenv(name, str(dirs[name]))
+    return dirs
+
+
+def run_entry_point(command: str, argv: List[str]) -> int:
+    """Call the command's ``main`` in this process; its exit code whether returned or raised."""
+    entry_point, _ = COMMANDS[command]
+    try:
+        code = entry_point(argv)
+    except SystemExit as e:
+        code = e.code
+    return 0 if code is None else int(code)
+
+
+def _tree(root: Path) -> set:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*")}
+
+
+# ------------------------------------------------------------------------------------------------
+# converter (Kvasir-SEG layout: images/*.jpg + masks/*.jpg, 24x20 RGB; BTCV NIfTI for labels)
+
+KVASIR_IDS = ["k0", "k1", "k2", "k3"]
+KVASIR_DATASET = "Dataset031_KvasirSEG"
+
+
+def _kvasir(tmp: Path) -> List[str]:
+    src = make_kvasir_tree(tmp / "Kvasir-SEG", KVASIR_IDS)
+    split = write_split(tmp / "split.json", ["k0", "k1"], ["k2"], ["k3"])
+    return ["kvasir-seg", str(src), "-d", "31", "--split-file", str(split), "-np", "1"]
+
+
+def conv_source_missing(tmp, env):
+    return ["kvasir-seg", str(tmp / "nowhere"), "-d", "31", "-np", "1"]
+
+
+def conv_image_without_mask(tmp, env):
+    argv = _kvasir(tmp)
+    (tmp / "Kvasir-SEG" / "masks" / "k1.jpg").unlink()
+    return argv
+
+
+def conv_mask_without_image(tmp, env):
+    argv = _kvasir(tmp)
+    (tmp / "Kvasir-SEG" / "images" / "k2.jpg").unlink()
+    return argv
+
+
+def conv_size_mismatch(tmp, env):
+    argv = _kvasir(tmp)
+    save(np.zeros((10, 12, 3), np.uint8), tmp / "Kvasir-SEG" / "masks" / "k1.jpg")
+    return argv
+
+
+def conv_corrupt_image(tmp, env):
+    argv = _kvasir(tmp)
+    (tmp / "Kvasir-SEG" / "images" / "k3.jpg").write_bytes(b"this is not a JPEG file")
+    return argv
+
+
+def conv_empty_source(tmp, env):
+    (tmp / "Kvasir-SEG" / "images").mkdir(parents=True)
+    (tmp / "Kvasir-SEG" / "masks").mkdir()
+    return ["kvasir-seg", str(tmp / "Kvasir-SEG"), "-d", "31", "-np", "1"]
+
+
+def conv_undeclared_label(tmp, env):
+    """BTCV layout; case0006's label holds 14, which is none of the 13 organs."""
+    base = tmp / "RawData" / "Training"
+    (base / "img").mkdir(parents=True)
+    (base / "label").mkdir()
+    for n, value in (("0005", 1), ("0006", 14), ("0001", 1)):
+        sitk.WriteImage(sitk.GetImageFromArray(np.zeros((2, 4, 4), np.int16)), str(base / "img" / f"img{n}.nii.gz"))
+        label = np.zeros((2, 4, 4), np.uint8)
+        label[0, 0, 0] = value
+        sitk.WriteImage(sitk.GetImageFromArray(label), str(base / "label" / f"label{n}.nii.gz"))
+    split = write_split(tmp / "split.json", ["case0005"], ["case0006"], ["case0001"])
+    return ["synapse", str(tmp), "-d", "31", "--split-file", str(split), "-np", "1"]
+
+
+def conv_dataset_exists(tmp, env):
+    argv = _kvasir(tmp)
+    assert convert_main(argv) == 0
+    return [*argv, "--resize", "8"]
+
+
+def conv_resize_zero(tmp, env):
+    return [*_kvasir(tmp), "--resize", "0"]
+
+
+def conv_overwrite_replaces(tmp, env):
+    argv = _kvasir(tmp)
+    assert convert_main(argv) == 0
+    return [*argv, "--resize", "8", "--overwrite"]
+
+
+def check_overwrite_replaced(tmp, env):
+    labels = env["nnUNet_raw"] / KVASIR_DATASET / "labelsTr"
+    assert read_png(labels / "k0.png").shape == (8, 8)
+    assert sorted(p.name for p in env["nnUNet_raw"].iterdir()) == [KVASIR_DATASET]
+
+
+def conv_noisy_jpeg_mask(tmp, env):
+    argv = _kvasir(tmp)
+    grey = np.asarray(Image.open(tmp / "Kvasir-SEG" / "masks" / "k0.jpg").convert("L"))
+    assert len(np.unique(grey)) > 2  # JPEG really left grey values between 0 and 255
+    return argv
+
+
+def check_noisy_mask_thresholded(tmp, env):
+    raw = env["nnUNet_raw"] / KVASIR_DATASET
+    for folder, ids in (("labelsTr", ["k0", "k1", "k2"]), ("labelsTs", ["k3"])):
+        for case in ids:
+            label = read_png(raw / folder / f"{case}.png")
+            assert set(np.unique(label).tolist()) <= {0, 1}
+            np.testing.assert_array_equal(label, expected_binary(tmp / "Kvasir-SEG" / "masks" / f"{case}.jpg"))
+    assert json.loads((raw / "dataset.json").read_text())["labels"] == {"background": 0, "polyp": 1}
+
+
+# ------------------------------------------------------------------------------------------------
+# plan (a hand-written nnUNetPlans.json: no nnUNetv2_plan_and_preprocess)
+
+PLAN_DATASET = "Dataset801_Fake"
+
+
+def _fake_preprocessed(env: Env, configurations=("2d",), data_folder: bool = True) -> Path:
+    """``$nnUNet_preprocessed/Dataset801_Fake`` with nnUNetPlans.json (the given configurations),
+    dataset.json and (``data_folder``) the empty preprocessed folders the plans name."""
+    folder = env["nnUNet_preprocessed"] / PLAN_DATASET
+    folder.mkdir()
+    configs = {}
+    for c in configurations:
+        configs[c] = {
+            "data_identifier": f"nnUNetPlans_{c}",
+            "preprocessor_name": "DefaultPreprocessor",
+            "batch_size": 12,
+            "patch_size": [72, 60] if c == "2d" else [32, 72, 60],
+            "median_image_size_in_voxels": [72, 60] if c == "2d" else [40, 72, 60],
+            "spacing": [1.0, 1.0] if c == "2d" else [1.0, 1.0, 1.0],
+            "normalization_schemes": ["ZScoreNormalization"] * 3,
+            "use_mask_for_norm": [False] * 3,
+            "architecture": {"network_class_name": "dynamic_network_architectures.architectures.unet.PlainConvUNet",
+                             "arch_kwargs": {}, "_kw_requires_import": []},
+        }
+        if data_folder:
+            (folder / f"nnUNetPlans_{c}").mkdir()
+    plans = {"dataset_name": PLAN_DATASET, "plans_name": "nnUNetPlans", "configurations": configs,
+             "original_median_spacing_after_transp": [999.0, 1.0, 1.0], "image_reader_writer": "NaturalImage2DIO",
+             "transpose_forward": [0, 1, 2], "transpose_backward": [0, 1, 2]}
+    (folder / "nnUNetPlans.json").write_text(json.dumps(plans, indent=2))
+    (folder / "dataset.json").write_text(json.dumps({
+        "channel_names": {"0": "R", "1": "G", "2": "B"}, "labels": {"background": 0, "polyp": 1},
+        "numTraining": 4, "file_ending": ".png"}))
+    return folder
+
+
+def _encoder_state_dict() -> dict:
+    from nnunetv2_meddisseg.blocks.encoder import ResNet50Encoder
+
+    return ResNet50Encoder(3).state_dict()
+
+
+def plan_ok(tmp, env):
+    _fake_preprocessed(env)
+    return ["-d", "801", "--batch-size", "2"]
+
+
+def check_plan_written(tmp, env):
+    plans = json.loads((env["nnUNet_preprocessed"] / PLAN_DATASET / "nnUNetMedDisSegPlans.json").read_text())
+    config = plans["configurations"]["2d"]
+    assert config["patch_size"] == [80, 64] and config["batch_size"] == 2
+    assert config["data_identifier"] == "nnUNetPlans_2d"
+
+
+def plan_unknown_dataset(tmp, env):
+    return ["-d", "777"]
+
+
+def plan_not_preprocessed(tmp, env):
+    (env["nnUNet_raw"] / PLAN_DATASET).mkdir()  # converted, never planned
+    return ["-d", "801"]
+
+
+def plan_2d_data_missing(tmp, env):
+    _fake_preprocessed(env, data_folder=False)  # planned, preprocessing never ran
+    return ["-d", "801"]
+
+
+def plan_3d_only(tmp, env):
+    _fake_preprocessed(env, configurations=("3d_fullres",))
+    return ["-d", "801"]
+
+
+def plan_patch_not_multiple_of_16(tmp, env):
+    _fake_preprocessed(env)
+    return ["-d", "801", "--patch-size", "50", "64"]
+
+
+def plan_batch_size_zero(tmp, env):
+    _fake_preprocessed(env)
+    return ["-d", "801", "--batch-size", "0"]
+
+
+def plan_weights_missing(tmp, env):
+    _fake_preprocessed(env)
+    return ["-d", "801", "--encoder-weights", str(tmp / "nope.pth")]
+
+
+def plan_weights_not_a_state_dict(tmp, env):
+    _fake_preprocessed(env)
+    torch.save([1, 2, 3], tmp / "list.pth")
+    return ["-d", "801", "--encoder-weights", str(tmp / "list.pth")]
+
+
+def plan_weights_not_a_torch_file(tmp, env):
+    _fake_preprocessed(env)
+    (tmp / "weights.pth").write_text("<html>404 Not Found</html>")
+    return ["-d", "801", "--encoder-weights", str(tmp / "weights.pth")]
+
+
+def plan_weights_pickled_model(tmp, env):
+    _fake_preprocessed(env)
+    torch.save(torch.nn.Conv2d(3, 4, 1), tmp / "model.pth")  # the module, not its state_dict()
+    return ["-d", "801", "--encoder-weights", str(tmp / "model.pth")]
+
+
+def plan_weights_wrong_shapes(tmp, env):
+    _fake_preprocessed(env)
+    state = _encoder_state_dict()
+    state["layer2.0.conv1.weight"] = torch.zeros(3, 3, 1, 1)  # the first bad key in the encoder's order
+    state["layer3.0.conv1.weight"] = torch.zeros(3, 3, 1, 1)
+    torch.save(state, tmp / "wrong.pth")
+    return ["-d", "801", "--encoder-weights", str(tmp / "wrong.pth")]
+
+
+def plan_weights_ok(tmp, env):
+    _fake_preprocessed(env)
+    torch.save(_encoder_state_dict(), tmp / "good.pth")
+    return ["-d", "801", "--batch-size", "2", "--encoder-weights", str(tmp / "good.pth")]
+
+
+def check_plan_names_weights(tmp, env):
+    plans = json.loads((env["nnUNet_preprocessed"] / PLAN_DATASET / "nnUNetMedDisSegPlans.json").read_text())
+    assert plans["configurations"]["2d"]["architecture"]["arch_kwargs"]["encoder_weights"] == str(tmp / "good.pth")
+
+
+# ------------------------------------------------------------------------------------------------
+# evaluate (three 4x4 binary PNG cases; -o points at a summary that must not appear on errors)
+
+
+def _write_png(path: Path, arr) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.asarray(arr, dtype=np.uint8)).save(path)
+
+
+def _eval_folders(tmp: Path) -> List[str]:
+    mask = np.zeros((4, 4))
+    mask[:2] = 1
+    for case in "abc":
+        _write_png(tmp / "ref" / f"{case}.png", mask)
+        _write_png(tmp / "pred" / f"{case}.png", mask)
+    return ["-ref", str(tmp / "ref"), "-pred", str(tmp / "pred"), "-o", str(tmp / "out" / "summary.json")]
+
+
+def eval_ok(tmp, env):
+    return _eval_folders(tmp)
+
+
+def check_eval_summary(tmp, env):
+    summary = json.loads((tmp / "out" / "summary.json").read_text())
+    assert [c["case"] for c in summary["metric_per_case"]] == ["a", "b", "c"]
+    assert summary["mean"]["dice"] == 1.0
+
+
+def eval_missing_cases(tmp, env):
+    argv = _eval_folders(tmp)
+    (tmp / "pred" / "b.png").unlink()
+    (tmp / "pred" / "c.png").unlink()
+    return argv
+
+
+def eval_different_endings(tmp, env):
+    argv = _eval_folders(tmp)
+    for case in "abc":
+        (tmp / "pred" / f"{case}.png").unlink()
+        sitk.WriteImage(sitk.GetImageFromArray(np.zeros((4, 4), np.uint8)), str(tmp / "pred" / f"{case}.nii.gz"))
+    return argv
+
+
+def eval_mask_0_255(tmp, env):
+    argv = _eval_folders(tmp)
+    _write_png(tmp / "pred" / "c.png", np.full((4, 4), 255))
+    return argv
+
+
+def eval_label_not_declared(tmp, env):
+    argv = _eval_folders(tmp)
+    _write_png(tmp / "pred" / "b.png", np.full((4, 4), 2))
+    (tmp / "dataset.json").write_text(json.dumps({"labels": {"background": 0, "polyp": 1}, "file_ending": ".png"}))
+    return [*argv, "-djfile", str(tmp / "dataset.json")]
+
+
+def eval_ref_folder_missing(tmp, env):
+    argv = _eval_folders(tmp)
+    return [*argv[:1], str(tmp / "labelsTs_nope"), *argv[2:]]
+
+
+def eval_shape_mismatch(tmp, env):
+    argv = _eval_folders(tmp)
+    _write_png(tmp / "pred" / "a.png", np.zeros((5, 4)))
+    return argv
+
+
+def eval_corrupt_prediction(tmp, env):
+    argv = _eval_folders(tmp)
+    (tmp / "pred" / "a.png").write_bytes(b"not a png")
+    return argv
+
+
+# ------------------------------------------------------------------------------------------------
+# compare (a raw dataset with a test set; models missing under nnUNet_results)
+
+COMPARE_DATASET = "Dataset802_Cmp"
+
+
+def _raw_with_test_set(env: Env, labels_ts: bool = True) -> Path:
+    raw = env["nnUNet_raw"] / COMPARE_DATASET
+    (raw / "dataset.json").parent.mkdir(parents=True)
+    (raw / "dataset.json").write_text(json.dumps({
+        "channel_names": {"0": "R", "1": "G", "2": "B"}, "labels": {"background": 0, "polyp": 1},
+        "numTraining": 0, "file_ending": ".png"}))
+    _write_png(raw / "imagesTs" / "t0_0000.png", np.zeros((8, 8, 3)))
+    if labels_ts:
+        _write_png(raw / "labelsTs" / "t0.png", np.zeros((8, 8)))
+    return raw
+
+
+def _compare_argv(tmp: Path, dataset: str) -> List[str]:
+    return ["-d", dataset, "--device", "cpu", "-o", str(tmp / "comparison")]
+
+
+def cmp_unknown_dataset(tmp, env):
+    return _compare_argv(tmp, "777")
+
+
+def cmp_no_test_labels(tmp, env):
+    _raw_with_test_set(env, labels_ts=False)
+    return _compare_argv(tmp, "802")
+
+
+def cmp_baseline_model_missing(tmp, env):
+    _raw_with_test_set(env)
+    return _compare_argv(tmp, "802")
+
+
+def cmp_meddisseg_model_missing(tmp, env):
+    _raw_with_test_set(env)
+    fold = env["nnUNet_results"] / COMPARE_DATASET / "nnUNetTrainer__nnUNetPlans__2d" / "fold_0"
+    fold.mkdir(parents=True)
+    (fold / "checkpoint_final.pth").write_bytes(b"")  # only its existence is checked before the error
+    return _compare_argv(tmp, "802")
+
+
+# ------------------------------------------------------------------------------------------------
+
+ROWS = [
+    Row("convert/source_missing", "convert", conv_source_missing, 1, ["nowhere", "does not exist"]),
+    Row("convert/image_without_mask", "convert", conv_image_without_mask, 1,
+        ["images/k1.jpg", "has no mask", "masks/k1.jpg"]),
+    Row("convert/mask_without_image", "convert", conv_mask_without_image, 1, ["masks/k2.jpg", "has no image"]),
+    Row("convert/size_mismatch", "convert", conv_size_mismatch, 1, ["masks/k1.jpg", "12x10", "expected the same size"]),
+    Row("convert/corrupt_image", "convert", conv_corrupt_image, 1, ["cannot read image", "images/k3.jpg"]),
+    Row("convert/empty_source", "convert", conv_empty_source, 1, ["no images", "Kvasir-SEG/images"]),
+    Row("convert/undeclared_label", "convert", conv_undeclared_label, 1, ["label0006.nii.gz", "14"]),
+    Row("convert/dataset_exists", "convert", conv_dataset_exists, 1, [KVASIR_DATASET, "already exists", "--overwrite"]),
+    Row("convert/resize_zero", "convert", conv_resize_zero, 2, ["--resize", "0", "positive"]),
+    Row("convert/overwrite_replaces", "convert", conv_overwrite_replaces, 0, check=check_overwrite_replaced),
+    Row("convert/noisy_jpeg_mask_thresholded", "convert", conv_noisy_jpeg_mask, 0, check=check_noisy_mask_thresholded),
+    Row("plan/ok", "plan", plan_ok, 0, check=check_plan_written),
+    Row("plan/unknown_dataset", "plan", plan_unknown_dataset, 2, ["-d 777", "nnUNetv2_plan_and_preprocess"]),
+    Row("plan/not_preprocessed", "plan", plan_not_preprocessed, 2,
+        [f"{PLAN_DATASET}/nnUNetPlans.json", "not planned and preprocessed", "nnUNetv2_plan_and_preprocess -d 801"]),
+    Row("plan/2d_data_missing", "plan", plan_2d_data_missing, 2, ["nnUNetPlans_2d", "not preprocessed"]),
+    Row("plan/3d_only", "plan", plan_3d_only, 2, ["no '2d' configuration", "3d_fullres", "-c 2d"]),
+    Row("plan/patch_not_multiple_of_16", "plan", plan_patch_not_multiple_of_16, 2,
+        ["--patch-size", "multiples of 16", "50 64"]),
+    Row("plan/batch_size_zero", "plan", plan_batch_size_zero, 2, ["--batch-size", "at least 1", "0"]),
+    Row("plan/weights_missing", "plan", plan_weights_missing, 2, ["--encoder-weights", "nope.pth", "does not exist"]),
+    Row("plan/weights_not_a_state_dict", "plan", plan_weights_not_a_state_dict, 2,
+        ["--encoder-weights", "list.pth", "not a state dict", "list"]),
+    Row("plan/weights_not_a_torch_file", "plan", plan_weights_not_a_torch_file, 2,
+        ["--encoder-weights", "weights.pth", "not a file written by torch.save"]),
+    Row("plan/weights_pickled_model", "plan", plan_weights_pickled_model, 2,
+        ["--encoder-weights", "model.pth", "not a plain state dict", "state_dict()"]),
+    Row("plan/weights_wrong_shapes", "plan", plan_weights_wrong_shapes, 2,
+        ["--encoder-weights", "wrong.pth", "'layer2.0.conv1.weight'", "(3, 3, 1, 1)"]),
+    Row("plan/weights_ok", "plan", plan_weights_ok, 0, check=check_plan_names_weights),
+    Row("evaluate/ok", "evaluate", eval_ok, 0, check=check_eval_summary),
+    Row("evaluate/missing_cases", "evaluate", eval_missing_cases, 1,
+        ["prediction folder", "lacks 2 of 3 cases", "first missing: b.png"]),
+    Row("evaluate/different_file_endings", "evaluate", eval_different_endings, 1,
+        ["prediction folder", ".nii.gz", ".png", "same file ending"]),
+    Row("evaluate/mask_0_255", "evaluate", eval_mask_0_255, 1, ["c.png", "{255}", "outside the declared set", "0/255"]),
+    Row("evaluate/label_not_declared", "evaluate", eval_label_not_declared, 1,
+        ["b.png", "{2}", "outside the declared set {0, 1}"]),
+    Row("evaluate/ref_folder_missing", "evaluate", eval_ref_folder_missing, 1,
+        ["reference folder not found", "labelsTs_nope"]),
+    Row("evaluate/shape_mismatch", "evaluate", eval_shape_mismatch, 1, ["a.png", "shape"]),
+    Row("evaluate/corrupt_prediction", "evaluate", eval_corrupt_prediction, 1, ["cannot read label image", "a.png"]),
+    Row("compare/unknown_dataset", "compare", cmp_unknown_dataset, 1, ["-d 777", "no dataset with this ID", "nnUNet_raw"]),
+    Row("compare/no_test_labels", "compare", cmp_no_test_labels, 1, [f"{COMPARE_DATASET}/labelsTs", "not found"]),
+    Row("compare/baseline_model_missing", "compare", cmp_baseline_model_missing, 1,
+        ["no trained model", "nnUNetTrainer__nnUNetPlans__2d/fold_0/checkpoint_final.pth"]),
+    Row("compare/meddisseg_model_missing", "compare", cmp_meddisseg_model_missing, 1,
+        ["no trained model", "nnUNetTrainerMedDisSeg__nnUNetMedDisSegPlans__2d/fold_0/checkpoint_final.pth",
+         "nnUNetTrainerMedDisSeg__nnUNetPlans__2d"]),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_bad_input(row: Row, tmp_path, env, capsys):
+    work = tmp_path / "work"
+    work.mkdir()
+    argv = row.setup(work, env)
+    capsys.readouterr()  # drop what a setup's own command printed
+    before = _tree(tmp_path)
+    code = run_entry_point(row.command, argv)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and "Traceback" not in out
+    assert code == row.exit_code, f"exit code {code}, expected {row.exit_code}; stderr: {err}"
+    if row.exit_code == 0:
+        row.check(work, env)
+        return
+    lines = err.strip().splitlines()
+    prefix = f"{COMMANDS[row.command][1]}: error: "
+    assert len(lines) == 1 and lines[0].startswith(prefix), f"expected one '{prefix}...' line, got:\n{err}"
+    for text in row.expected:
+        assert text in lines[0], f"{text!r} not in {lines[0]!r}"
+    after = _tree(tmp_path)
+    assert after == before, f"left behind: {sorted(after - before)}, removed: {sorted(before - after)}"
+
+
+def test_table_covers_issue_6():
+    failing = [r for r in ROWS if r.exit_code != 0]
+    assert len(failing) >= 20
+    assert {r.command for r in failing} == set(COMMANDS)
+    assert all(r.expected for r in failing) and all(r.check for r in ROWS if r.exit_code == 0)
