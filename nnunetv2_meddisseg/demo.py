@@ -1,0 +1,108 @@
+"""``nnUNetv2_meddisseg_demo``: the whole job on an embedded default, through nnU-Net's own commands.
+
+Generates a small polyp-like dataset (or converts a real Kvasir-SEG folder with ``--kvasir``),
+preprocesses it with nnU-Net, trains default nnU-Net and Med-DisSeg for the same short schedule,
+predicts the test set with both, and writes the side-by-side comparison (table, chart, overlays).
+Everything lives under the output folder; nothing is downloaded.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from nnunetv2_meddisseg.cli import UserError, run_command
+
+__all__ = ["main"]
+
+BASELINE_TRAINER = "nnUNetTrainerBaseline_demo"
+MEDDISSEG_TRAINER = "nnUNetTrainerMedDisSeg_demo"
+PLANS = "nnUNetMedDisSegPlans"
+
+
+def _trainer_folder() -> str:
+    return str(Path(__file__).resolve().parent / "nnunet_trainers")
+
+
+def _run(command: List[str], env: dict, log_dir: Path) -> None:
+    """Run one console command (from this Python's bin folder), its output going to a log file."""
+    executable = Path(sys.executable).parent / command[0]
+    log_file = log_dir / f"{len(list(log_dir.glob('*.log'))):02d}_{command[0]}.log"
+    print(f"  $ {' '.join(command)}   (log: {log_file})", flush=True)
+    start = time.time()
+    with open(log_file, "w") as log:
+        proc = subprocess.run([str(executable), *command[1:]], env=env, stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        tail = log_file.read_text().strip().splitlines()[-1:] or ["(no output)"]
+        raise UserError(f"'{' '.join(command)}' failed with exit code {proc.returncode}: {tail[0]} "
+                        f"(full log: {log_file})")
+    print(f"    done in {time.time() - start:.0f} s", flush=True)
+
+
+def _demo(argv: Optional[Sequence[str]]) -> None:
+    p = argparse.ArgumentParser(prog="nnUNetv2_meddisseg_demo", description=__doc__.splitlines()[0])
+    p.add_argument("-o", "--output", default="meddisseg_demo",
+                   help="folder for nnU-Net's raw/preprocessed/results folders, logs and the comparison "
+                        "(default: ./meddisseg_demo)")
+    p.add_argument("--kvasir", default=None, metavar="PATH",
+                   help="a Kvasir-SEG folder (images/, masks/) to use instead of the generated dataset")
+    p.add_argument("--size", type=int, default=64, help="image size in pixels (default 64)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    args = p.parse_args(argv)
+    if args.size < 32 or args.size % 16:
+        raise UserError(f"--size must be a multiple of 16 and at least 32, got {args.size}")
+
+    out = Path(args.output).resolve()
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    for name in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results"):
+        (out / name).mkdir(exist_ok=True)
+        env[name] = str(out / name)
+    env["nnUNet_extTrainer"] = _trainer_folder()
+    env.setdefault("nnUNet_def_n_proc", "2")
+    env.setdefault("nnUNet_n_proc_DA", "2")
+    start = time.time()
+
+    print(f"[1/5] dataset -> {out / 'nnUNet_raw'}")
+    if args.kvasir:
+        dataset_id = "502"
+        _run(["nnUNetv2_meddisseg_convert", "kvasir-seg", args.kvasir, "-d", dataset_id, "--resize",
+              str(args.size), "--overwrite"], env, logs)
+    else:
+        from nnunetv2_meddisseg.datasets.synthetic import make_synthetic_dataset
+
+        dataset_id = "501"
+        make_synthetic_dataset(env["nnUNet_raw"], dataset_id=int(dataset_id), num_train=24, num_test=10,
+                               size=args.size, seed=0, overwrite=True)
+    print("[2/5] nnU-Net planning and preprocessing, Med-DisSeg plan")
+    _run(["nnUNetv2_plan_and_preprocess", "-d", dataset_id, "-c", "2d", "-np", "2"], env, logs)
+    _run(["nnUNetv2_meddisseg_plan", "-d", dataset_id], env, logs)
+    print(f"[3/5] training default nnU-Net ({BASELINE_TRAINER})")
+    _run(["nnUNetv2_train", dataset_id, "2d", "0", "-tr", BASELINE_TRAINER, "-device", args.device], env, logs)
+    print(f"[4/5] training Med-DisSeg ({MEDDISSEG_TRAINER}: Stage I then Stage II)")
+    _run(["nnUNetv2_train", dataset_id, "2d", "0", "-tr", MEDDISSEG_TRAINER, "-p", PLANS, "-device", args.device],
+         env, logs)
+    print("[5/5] predicting the test set with both and comparing")
+    comparison = out / "comparison"
+    _run(["nnUNetv2_meddisseg_compare", "-d", dataset_id, "-f", "0", "--baseline-trainer", BASELINE_TRAINER,
+          "--trainer", MEDDISSEG_TRAINER, "--plans", PLANS, "-o", str(comparison), "--device", args.device],
+         env, logs)
+    table = comparison / "comparison.md"
+    if table.is_file():
+        print("\n" + table.read_text())
+    print(f"Finished in {(time.time() - start) / 60:.1f} min. Comparison (table, chart, overlays): {comparison}")
+    print("These are short demo schedules on a tiny dataset: the numbers show that the pipeline works, "
+          "not which method is better.")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    run_command("nnUNetv2_meddisseg_demo", _demo, argv)
+
+
+if __name__ == "__main__":
+    main()

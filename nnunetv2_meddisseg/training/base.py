@@ -1,0 +1,236 @@
+"""What both of our trainers add to nnU-Net's ``nnUNetTrainer``, whatever their network and losses.
+
+- Checkpoints are written atomically (a temporary file in the same folder, then ``os.replace``), so
+  a kill during a save never leaves a truncated ``checkpoint_latest.pth``; subclasses add their own
+  state through ``_checkpoint_extras`` / ``_restore_checkpoint_extras``.
+- Every training and validation batch is checked for NaN / inf before it reaches the network: a
+  clear ``RuntimeError`` naming the cases instead of a NaN model.
+- A batch of one sample is reported once (a dispersive loss has no pairs and is zero).
+- Per-epoch curves of every loss term, each group's learning rate and the dispersion diagnostics
+  (``TrainingCurves``), stored in the checkpoints and plotted beside nnU-Net's ``progress.png``.
+"""
+import glob
+import os
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from torch import autocast, nn
+from torch import distributed as dist
+from torch._dynamo import OptimizedModule
+from torch.nn.parallel import DistributedDataParallel as DDP
+from batchgenerators.utilities.file_and_folder_operations import join
+from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
+from nnunetv2.utilities.collate_outputs import collate_outputs
+from nnunetv2.utilities.helpers import dummy_context
+
+from nnunetv2_meddisseg.training.logging import PLOT_FILENAME, TrainingCurves
+
+__all__ = ["atomic_torch_save", "check_finite_input", "unwrap_module", "CURVE_PREFIXES", "ExtendedTrainerBase"]
+
+#: train_step output keys with these prefixes are averaged per epoch into ``TrainingCurves``
+CURVE_PREFIXES = ("loss_", "dispersion_")
+
+
+def atomic_torch_save(obj: object, filename: str) -> None:
+    """``torch.save(obj, filename)`` that never leaves a partial ``filename`` behind.
+
+    The object is written to ``<filename>.<pid>.tmp`` in the same folder, flushed to disk and moved
+    over ``filename`` with ``os.replace`` (atomic on POSIX and Windows). Leftover temporary files of
+    earlier, killed saves of the same ``filename`` are removed first.
+    """
+    filename = os.path.abspath(filename)
+    for stale in glob.glob(glob.escape(filename) + ".*.tmp"):
+        try:
+            os.remove(stale)
+        except OSError:
+            pass
+    temporary = f"{filename}.{os.getpid()}.tmp"
+    try:
+        with open(temporary, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, filename)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
+
+
+def check_finite_input(data: torch.Tensor, keys: Optional[Sequence[str]] = None, where: str = "") -> None:
+    """Raise a ``RuntimeError`` naming the offending cases if ``data`` (B, C, ...) holds NaN or inf.
+
+    keys: the case identifiers of the batch (nnU-Net's dataloader gives them as ``batch['keys']``).
+    """
+    finite = torch.isfinite(data.detach().reshape(data.shape[0], -1)).all(dim=1)
+    if bool(finite.all()):
+        return
+    bad = [i for i, ok in enumerate(finite.tolist()) if not ok]
+    if keys is not None and len(keys) == data.shape[0]:
+        cases = ", ".join(str(keys[i]) for i in bad)
+    else:
+        cases = "batch positions " + ", ".join(map(str, bad))
+    raise RuntimeError(f"input with NaN or inf values{where}: {cases}. Check these cases' images (and their "
+                       f"preprocessed files in nnUNet_preprocessed): training on them would give a NaN model.")
+
+
+def unwrap_module(module: Optional[nn.Module]) -> Optional[nn.Module]:
+    """The plain module inside DistributedDataParallel and / or torch.compile wrappers."""
+    if isinstance(module, DDP):
+        module = module.module
+    if isinstance(module, OptimizedModule):
+        module = module._orig_mod
+    return module
+
+
+class ExtendedTrainerBase(nnUNetTrainer):
+    """nnUNetTrainer + atomic checkpoints, input checks, per-epoch curves (see the module docstring).
+
+    Not meant to be used on its own (its network and losses are nnU-Net's); subclasses override
+    ``_checkpoint_extras`` / ``_restore_checkpoint_extras`` / ``_before_restoring_checkpoint`` and
+    ``_stage_boundaries`` as needed and return ``loss_*`` / ``dispersion_*`` floats from ``train_step``.
+    """
+
+    def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
+                 device: torch.device = torch.device("cuda")):
+        super().__init__(plans, configuration, fold, dataset_json, device)
+        self.curves = TrainingCurves()
+        self._warned_small_batch = False
+
+    # ------------------------------------------------------------------ helpers
+    def _plain_network(self) -> nn.Module:
+        return unwrap_module(self.network)
+
+    def _autocast(self):
+        """nnU-Net's rule: autocast on CUDA only (slow on CPU, unsupported on MPS)."""
+        return autocast(self.device.type, enabled=True) if self.device.type == "cuda" else dummy_context()
+
+    def _batch_to_device(self, batch: dict, training: bool) -> Tuple[torch.Tensor, Union[torch.Tensor, List]]:
+        """Check ``batch['data']`` for NaN / inf (naming the cases), warn once about single-sample
+        batches, and move data and target to the device."""
+        data, target = batch["data"], batch["target"]
+        check_finite_input(data, batch.get("keys"),
+                           f" in a {'training' if training else 'validation'} batch of epoch {self.current_epoch}")
+        if training and data.shape[0] < 2 and not self._warned_small_batch:
+            self._warned_small_batch = True
+            self.print_to_log_file("WARNING: a training batch holds a single sample: the dispersive loss needs at "
+                                   "least two samples and is zero for such batches. Use a batch size >= 2 in the "
+                                   "plans to get dispersion regularisation.")
+        data = data.to(self.device, non_blocking=True)
+        if isinstance(target, list):
+            target = [t.to(self.device, non_blocking=True) for t in target]
+        else:
+            target = target.to(self.device, non_blocking=True)
+        return data, target
+
+    def _trained_parameters(self) -> List[nn.Parameter]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def _optimizer_step(self, loss: torch.Tensor) -> None:
+        """Backward, gradient clipping at 12 (of every parameter the optimizer holds) and step, with
+        nnU-Net's GradScaler on CUDA."""
+        params = self._trained_parameters()
+        if self.grad_scaler is not None:
+            self.grad_scaler.scale(loss).backward()
+            self.grad_scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(params, 12)
+            self.grad_scaler.step(self.optimizer)
+            self.grad_scaler.update()
+        else:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 12)
+            self.optimizer.step()
+
+    # ------------------------------------------------------------------ curves
+    def _stage_boundaries(self) -> Sequence[int]:
+        return ()
+
+    def on_train_epoch_end(self, train_outputs: List[dict]) -> None:
+        super().on_train_epoch_end(train_outputs)
+        outputs = collate_outputs(train_outputs)
+        means: Dict[str, float] = {}
+        for key, values in outputs.items():
+            if key.startswith(CURVE_PREFIXES):
+                finite = [v for v in values if np.isfinite(v)]
+                means[key] = float(np.mean(finite)) if finite else float("nan")
+        if self.is_ddp:
+            gathered: List[Optional[Dict[str, float]]] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, means)
+            means = {k: float(np.nanmean([g.get(k, np.nan) for g in gathered])) for k in means}
+        self.curves.log_many(means, self.current_epoch)
+        terms = ", ".join(f"{k[len('loss_'):]} {v:.4f}" for k, v in sorted(means.items()) if k.startswith("loss_"))
+        if terms:
+            self.print_to_log_file(f"loss terms: {terms}")
+        diagnostics = {k: v for k, v in means.items() if k.startswith("dispersion_")}
+        if diagnostics:
+            self.print_to_log_file("dispersion: " + ", ".join(f"{k[len('dispersion_'):]} {v:.4g}"
+                                                              for k, v in sorted(diagnostics.items())))
+
+    def on_epoch_end(self) -> None:
+        plotted_epoch = self.current_epoch
+        super().on_epoch_end()
+        if self.local_rank == 0:
+            self.curves.plot(join(self.output_folder, PLOT_FILENAME), num_epochs=plotted_epoch + 1,
+                             stage_boundaries=self._stage_boundaries())
+
+    # ------------------------------------------------------------------ checkpoints
+    def _checkpoint_extras(self) -> Dict[str, object]:
+        return {}
+
+    def _before_restoring_checkpoint(self, checkpoint: Mapping[str, object]) -> None:
+        """Called by ``load_checkpoint`` after ``initialize`` and before any state is restored."""
+
+    def _restore_checkpoint_extras(self, checkpoint: Mapping[str, object]) -> None:
+        """Called by ``load_checkpoint`` after nnU-Net's state (network, optimizer, ...) is restored."""
+
+    def save_checkpoint(self, filename: str) -> None:
+        if self.local_rank != 0:
+            return
+        if self.disable_checkpointing:
+            self.print_to_log_file("No checkpoint written, checkpointing is disabled")
+            return
+        checkpoint = {
+            "network_weights": self._plain_network().state_dict(),
+            "optimizer_state": self.optimizer.state_dict(),
+            "grad_scaler_state": self.grad_scaler.state_dict() if self.grad_scaler is not None else None,
+            "logging": self.logger.get_checkpoint(),
+            "_best_ema": self._best_ema,
+            "current_epoch": self.current_epoch + 1,
+            "init_args": self.my_init_kwargs,
+            "trainer_name": self.__class__.__name__,
+            "inference_allowed_mirroring_axes": self.inference_allowed_mirroring_axes,
+            "training_curves": self.curves.get_checkpoint(),
+        }
+        checkpoint.update(self._checkpoint_extras())
+        atomic_torch_save(checkpoint, filename)
+
+    def load_checkpoint(self, filename_or_checkpoint: Union[dict, str]) -> None:
+        if not self.was_initialized:
+            self.initialize()
+        if isinstance(filename_or_checkpoint, str):
+            checkpoint = torch.load(filename_or_checkpoint, map_location=self.device, weights_only=False)
+        else:
+            checkpoint = filename_or_checkpoint
+        self._before_restoring_checkpoint(checkpoint)
+
+        network = self._plain_network()
+        own_keys = network.state_dict().keys()
+        weights = {}
+        for key, value in checkpoint["network_weights"].items():
+            if key not in own_keys and key.startswith("module."):
+                key = key[len("module."):]
+            weights[key] = value
+        network.load_state_dict(weights)
+
+        self.my_init_kwargs = checkpoint["init_args"]
+        self.current_epoch = checkpoint["current_epoch"]
+        self.logger.load_checkpoint(checkpoint["logging"])
+        self._best_ema = checkpoint["_best_ema"]
+        self.inference_allowed_mirroring_axes = checkpoint.get("inference_allowed_mirroring_axes",
+                                                               self.inference_allowed_mirroring_axes)
+        self.curves.load_checkpoint(checkpoint.get("training_curves"))
+        self.optimizer.load_state_dict(checkpoint["optimizer_state"])
+        if self.grad_scaler is not None and checkpoint.get("grad_scaler_state") is not None:
+            self.grad_scaler.load_state_dict(checkpoint["grad_scaler_state"])
+        self._restore_checkpoint_extras(checkpoint)

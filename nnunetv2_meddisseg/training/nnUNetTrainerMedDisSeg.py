@@ -1,0 +1,439 @@
+"""nnUNetTrainerMedDisSeg: Med-DisSeg's two training stages in one ``nnUNetv2_train`` run."""
+import math
+from copy import deepcopy
+from pydoc import locate
+from typing import Dict, Mapping, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from batchgenerators.utilities.file_and_folder_operations import join
+from nnunetv2.training.loss.compound_losses import DC_and_CE_loss
+from nnunetv2.training.loss.dice import MemoryEfficientSoftDiceLoss, get_tp_fp_fn_tn
+from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
+from nnunetv2.utilities.helpers import empty_cache
+from nnunetv2.utilities.plans_handling.plans_handler import ConfigurationManager, PlansManager
+
+from nnunetv2_meddisseg.architectures import MedDisSegNet, MedDisSegOutput
+from nnunetv2_meddisseg.losses import (DispersiveLoss, complementarity_loss, consistency_loss,
+                                       dispersion_diagnostics, foreground_background_loss)
+from nnunetv2_meddisseg.training.base import ExtendedTrainerBase, unwrap_module
+from nnunetv2_meddisseg.training.lr_schedule import PerGroupPolyLRScheduler
+from nnunetv2_meddisseg.training.photometric import photometric_perturbation
+from nnunetv2_meddisseg.training.stage1_head import Stage1Head
+
+__all__ = ["nnUNetTrainerMedDisSeg", "STAGE_1", "STAGE_2", "RGB_CHANNEL_NAMES"]
+
+STAGE_1 = "stage1"
+STAGE_2 = "stage2"
+#: dataset.json channel names (lower case) that mark a 3-channel input as RGB (colour perturbations)
+RGB_CHANNEL_NAMES = frozenset({"r", "g", "b", "red", "green", "blue", "rgb", "rgb_to_0_1"})
+
+
+def _require_2d_configuration(plans: dict, configuration: str, trainer_name: str) -> None:
+    manager = PlansManager(deepcopy(plans)).get_configuration(configuration)
+    patch_size = list(manager.patch_size)
+    if len(patch_size) != 2:
+        raise ValueError(f"{trainer_name} trains 2D networks only, but configuration '{configuration}' has a "
+                         f"{len(patch_size)}D patch size {patch_size}: use the 2d configuration (-c 2d), or "
+                         f"nnUNetTrainerDispersive for 3D.")
+
+
+class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
+    """Med-DisSeg (ResNet-50 + ELAT encoder, CDFA, three CBAT decoders) trained in two stages.
+
+    Stage I, epochs ``[0, stage1_epochs)`` (default ``floor(stage1_fraction * num_epochs)``: 250 of
+    1000): the network runs with ``encoder_only = True``; a light head (``Stage1Head``) turns the four
+    ELAT-refined features into logits. Every batch is also seen under a strong photometric
+    perturbation drawn per sample (colour operations for RGB inputs, channel-wise intensity operations
+    otherwise); clean and perturbed views go through the network as one batch of 2B (one forward, so
+    BatchNorm statistics are shared by both views and DDP sees a single forward). Loss::
+
+        seg(clean) + seg(perturbed) + consistency_weight * consistency(clean, perturbed)
+        + lambda_dispersive_stage1 * (dispersive(clean) + dispersive(perturbed))
+
+    with ``seg`` nnU-Net's Dice+CE. Adam, both groups (head, encoder+ELAT) at ``stage1_lr`` = 1e-4.
+
+    Stage II, epochs ``[stage1_epochs, num_epochs)``: the full network, encoder and ELAT carried over
+    from Stage I; a new Adam with two groups, ``encoder`` (encoder + ELAT, ``stage2_encoder_lr`` =
+    1e-5) and ``decoder`` (everything else, ``stage2_lr`` = 1e-4). Deep supervision is on in training,
+    so the network returns a ``MedDisSegOutput``. Loss::
+
+        seg(logits) + path_supervision_weight * mean(seg(O_S), seg(O_M), seg(O_L))
+        + fg_bg_weight * foreground_background_loss(fg, bg, any foreground class)
+        + complementarity_weight * complementarity_loss(fg, bg, uc)
+        + lambda_dispersive_stage2 * dispersive
+
+    Deep supervision choice: nnU-Net's multi-resolution deep supervision does not apply (all outputs
+    are at full resolution), so ``_get_deep_supervision_scales`` returns None and the dataloader
+    yields full-resolution targets. Instead, each of the three decoder paths (whose sum forms the
+    final logits) is supervised with the same Dice+CE, averaged and weighted 0.5, so that every path
+    is a usable predictor on its own (set ``path_supervision_weight = 0`` to train the final logits
+    only, as the released code does). ``seg`` is ``DC_and_CE_loss`` built as nnU-Net's
+    ``_build_loss`` builds it, without the deep-supervision wrapper.
+
+    Dispersive loss: ``dispersive_variant`` (infonce_l2), ``dispersive_tau`` (0.8) at
+    ``dispersive_placement`` ("early" = ELAT-refined layer1 output x2; "middle" = x4; "late" = the last
+    feature before the logits: the output of D_s in Stage II, the head's fused feature in Stage I;
+    "all" = mean of the three). Its diagnostics (mean pairwise d_ij, effective rank) of the first
+    regularised layer are averaged over each epoch's training batches.
+
+    Learning rates decay ``(1 - t) ** 0.9`` within each stage from each group's own base rate
+    (``PerGroupPolyLRScheduler``); both rates, the stage, every (unweighted) loss term and the
+    diagnostics are logged per epoch to the log file and ``progress_terms.png``.
+
+    Checkpoints record their stage; Stage I checkpoints also hold the head. ``--c`` resumes in the
+    recorded stage with that stage's optimizer groups. A ``checkpoint_latest.pth`` is also written at
+    the end of Stage I. ``checkpoint_best.pth`` is only written in Stage II (the EMA-best is reset at
+    the switch; the pseudo-Dice EMA curve itself continues across the switch).
+
+    Every attribute below is a class attribute: subclasses override them (see ``variants.py``).
+
+    Kept from nnU-Net: network building from the plans (with nnU-Net's default ``nnUNetPlans``, whose
+    architecture is not Med-DisSeg, ``MedDisSegNet`` is built with its default arguments), data
+    loading and augmentation, autocast + GradScaler on CUDA only, gradient clipping at 12,
+    torch.compile (unwrapped via ``_orig_mod``), validation, export, DDP. DDP limitations (not tested
+    on multiple GPUs): in Stage I the head is wrapped in its own DDP and the unused decoder parameters
+    receive zero gradients (added to the loss with weight 0) so that DDP's reducer completes; the
+    loss-term curves are averaged over ranks.
+
+    Not supported: 3D configurations (a ``ValueError`` at construction) and region-based labels.
+    """
+
+    stage1_fraction: float = 0.25
+    stage1_lr: float = 1e-4
+    stage2_lr: float = 1e-4
+    stage2_encoder_lr: float = 1e-5
+    adam_weight_decay: float = 0.0
+    lr_exponent: float = 0.9
+    lambda_dispersive_stage1: float = 0.2
+    lambda_dispersive_stage2: float = 0.6
+    dispersive_variant: str = "infonce_l2"
+    dispersive_tau: float = 0.8
+    dispersive_placement: str = "early"
+    consistency_weight: float = 1.0
+    path_supervision_weight: float = 0.5
+    fg_bg_weight: float = 1.0
+    complementarity_weight: float = 1.0
+    stage1_head_width: int = 64
+    #: None: RGB when the input has 3 channels named R, G, B (or normalised with rgb_to_0_1)
+    photometric_rgb: Optional[bool] = None
+
+    def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
+                 device: torch.device = torch.device("cuda")):
+        _require_2d_configuration(plans, configuration, self.__class__.__name__)
+        super().__init__(plans, configuration, fold, dataset_json, device)
+        self.initial_lr = self.stage2_lr
+        self.training_stage: Optional[str] = None
+        self.stage1_head: Optional[nn.Module] = None
+        self.dispersive: Optional[DispersiveLoss] = None
+
+    # ------------------------------------------------------------------ stages
+    @property
+    def stage1_epochs(self) -> int:
+        """Epochs of Stage I: ``floor(stage1_fraction * num_epochs)`` unless set explicitly."""
+        explicit = self.__dict__.get("_stage1_epochs")
+        if explicit is not None:
+            return explicit
+        return int(math.floor(self.stage1_fraction * self.num_epochs))
+
+    @stage1_epochs.setter
+    def stage1_epochs(self, value: int) -> None:
+        self.__dict__["_stage1_epochs"] = int(value)
+
+    def stage_for_epoch(self, epoch: int) -> str:
+        return STAGE_1 if epoch < self.stage1_epochs else STAGE_2
+
+    def _stage_boundaries(self) -> Sequence[int]:
+        return (self.stage1_epochs,)
+
+    def _plain_head(self) -> Optional[nn.Module]:
+        return unwrap_module(self.stage1_head)
+
+    def _build_stage1_head(self) -> nn.Module:
+        head = Stage1Head(self.label_manager.num_segmentation_heads, width=self.stage1_head_width).to(self.device)
+        if self.is_ddp:
+            head = DDP(nn.SyncBatchNorm.convert_sync_batchnorm(head), device_ids=[self.local_rank])
+        return head
+
+    def configure_optimizers(self, stage: Optional[str] = None):
+        """Optimizer and per-group schedule of ``stage`` (default: the stage of the current epoch).
+
+        Also puts the network into that stage (``encoder_only``), builds the Stage I head when
+        needed and drops it in Stage II.
+        """
+        stage = stage or self.stage_for_epoch(self.current_epoch)
+        network = self._plain_network()
+        if stage == STAGE_1:
+            if self.stage1_head is None:
+                self.stage1_head = self._build_stage1_head()
+            groups = [
+                {"name": "decoder", "params": list(self._plain_head().parameters()), "lr": self.stage1_lr},
+                {"name": "encoder", "params": list(network.encoder_parameters()), "lr": self.stage1_lr},
+            ]
+            start, length = 0, self.stage1_epochs
+        elif stage == STAGE_2:
+            self.stage1_head = None
+            groups = [
+                {"name": "decoder", "params": list(network.non_encoder_parameters()), "lr": self.stage2_lr},
+                {"name": "encoder", "params": list(network.encoder_parameters()), "lr": self.stage2_encoder_lr},
+            ]
+            start, length = self.stage1_epochs, self.num_epochs - self.stage1_epochs
+        else:
+            raise ValueError(f"unknown training stage {stage!r}, expected {STAGE_1!r} or {STAGE_2!r}")
+        network.encoder_only = stage == STAGE_1
+        optimizer = torch.optim.Adam(groups, weight_decay=self.adam_weight_decay)
+        scheduler = PerGroupPolyLRScheduler(optimizer, [g["lr"] for g in groups], start, max(length, 1),
+                                            self.lr_exponent)
+        self.training_stage = stage
+        return optimizer, scheduler
+
+    def _enter_stage(self, stage: str) -> None:
+        previous = self.training_stage
+        self.optimizer, self.lr_scheduler = self.configure_optimizers(stage)
+        if previous == STAGE_1 and stage == STAGE_2:
+            self._best_ema = None
+            self.print_to_log_file(f"Stage II from epoch {self.current_epoch}: full network, Adam lr "
+                                   f"{self.stage2_encoder_lr} (encoder + ELAT) / {self.stage2_lr} (rest)")
+        empty_cache(self.device)
+
+    # ------------------------------------------------------------------ nnU-Net hooks
+    @staticmethod
+    def build_network_architecture(plans_manager: PlansManager,
+                                   configuration_manager: ConfigurationManager,
+                                   num_input_channels: int,
+                                   num_output_channels: int,
+                                   enable_deep_supervision: bool = True) -> nn.Module:
+        """MedDisSegNet from the plans' ``arch_kwargs`` when the plans name it (``nnUNetMedDisSegPlans``),
+        else (e.g. nnU-Net's default ``nnUNetPlans``) MedDisSegNet with its default arguments.
+
+        Training always builds with deep supervision (``initialize`` insists), so a build without it is
+        nnU-Net's prediction, which loads the checkpoint's weights next: the plans' ``encoder_weights``
+        file is not read then, and a trained model predicts where that file does not exist.
+        """
+        class_name = configuration_manager.network_arch_class_name
+        located = locate(class_name) if isinstance(class_name, str) else None
+        if isinstance(located, type) and issubclass(located, MedDisSegNet):
+            arch_kwargs = dict(configuration_manager.network_arch_init_kwargs)
+            if not enable_deep_supervision and "encoder_weights" in arch_kwargs:
+                arch_kwargs["encoder_weights"] = None
+            return get_network_from_plans(class_name, arch_kwargs,
+                                          configuration_manager.network_arch_init_kwargs_req_import,
+                                          num_input_channels, num_output_channels, allow_init=True,
+                                          deep_supervision=enable_deep_supervision)
+        return MedDisSegNet(num_input_channels, num_output_channels, deep_supervision=enable_deep_supervision)
+
+    def _get_deep_supervision_scales(self):
+        # every output of MedDisSegNet is at full resolution: no down-sampled targets
+        return None
+
+    def _build_loss(self) -> nn.Module:
+        if self.label_manager.has_regions:
+            raise ValueError(f"{self.__class__.__name__} does not support region-based labels "
+                             f"(dataset.json 'regions_class_order')")
+        loss = DC_and_CE_loss({"batch_dice": self.configuration_manager.batch_dice, "smooth": 1e-5,
+                               "do_bg": False, "ddp": self.is_ddp}, {}, weight_ce=1, weight_dice=1,
+                              ignore_label=self.label_manager.ignore_label, dice_class=MemoryEfficientSoftDiceLoss)
+        if self._do_i_compile():
+            loss.dc = torch.compile(loss.dc)
+        return loss
+
+    def initialize(self) -> None:
+        if self.label_manager.has_regions:
+            raise ValueError(f"{self.__class__.__name__} does not support region-based labels "
+                             f"(dataset.json 'regions_class_order')")
+        if not self.enable_deep_supervision:
+            raise ValueError(f"{self.__class__.__name__} needs enable_deep_supervision = True: Stage II trains on "
+                             f"the network's auxiliary outputs")
+        if not 0 <= self.stage1_epochs <= self.num_epochs:
+            raise ValueError(f"{self.__class__.__name__}: stage1_epochs must lie in [0, num_epochs={self.num_epochs}], "
+                             f"got {self.stage1_epochs}")
+        self.dispersive = DispersiveLoss(self.dispersive_variant, self.dispersive_tau,
+                                         placement=self.dispersive_placement)
+        super().initialize()
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        self.print_to_log_file(
+            f"Med-DisSeg: Stage I epochs 0-{self.stage1_epochs - 1}, Stage II epochs {self.stage1_epochs}-"
+            f"{self.num_epochs - 1}; dispersive {self.dispersive_variant} tau {self.dispersive_tau} at "
+            f"'{self.dispersive_placement}', lambda {self.lambda_dispersive_stage1} / {self.lambda_dispersive_stage2}; "
+            f"photometric perturbation {'RGB' if self._input_is_rgb() else 'channel-wise'}")
+        if self.stage1_epochs >= self.num_epochs:
+            self.print_to_log_file("WARNING: no Stage II epochs: the decoder of the final network stays untrained")
+
+    def on_train_epoch_start(self) -> None:
+        stage = self.stage_for_epoch(self.current_epoch)
+        if stage != self.training_stage:
+            self._enter_stage(stage)
+        if self.stage1_head is not None:
+            self.stage1_head.train()
+        super().on_train_epoch_start()
+        lrs = {f"lr_{g.get('name', i)}": g["lr"] for i, g in enumerate(self.optimizer.param_groups)}
+        self.curves.log_many(lrs, self.current_epoch)
+        self.curves.log("stage", 1 if stage == STAGE_1 else 2, self.current_epoch)
+        self.print_to_log_file(f"Stage {'I' if stage == STAGE_1 else 'II'}; learning rates: "
+                               + ", ".join(f"{k[3:]} {v:.3g}" for k, v in lrs.items()))
+
+    def on_validation_epoch_start(self) -> None:
+        super().on_validation_epoch_start()
+        if self.stage1_head is not None:
+            self.stage1_head.eval()
+
+    def on_epoch_end(self) -> None:
+        in_stage1 = self.training_stage == STAGE_1
+        end_of_stage1 = in_stage1 and self.current_epoch == self.stage1_epochs - 1
+        saved_periodically = (self.current_epoch + 1) % self.save_every == 0
+        last_epoch = self.current_epoch == self.num_epochs - 1
+        if in_stage1:
+            # no checkpoint_best in Stage I: its network has an untrained decoder
+            self._best_ema = math.inf
+        super().on_epoch_end()  # increments current_epoch
+        if in_stage1:
+            self._best_ema = None
+        if end_of_stage1 and not saved_periodically and not last_epoch:
+            self.current_epoch -= 1  # the checkpoint must record the finished epoch, as nnU-Net's on_train_end does
+            self.save_checkpoint(join(self.output_folder, "checkpoint_latest.pth"))
+            self.current_epoch += 1
+
+    def perform_actual_validation(self, save_probabilities: bool = False) -> None:
+        network = self._plain_network()
+        encoder_only = network.encoder_only
+        network.encoder_only = False
+        if self.training_stage == STAGE_1:
+            self.print_to_log_file("WARNING: validating a network that never reached Stage II (untrained decoder)")
+        try:
+            super().perform_actual_validation(save_probabilities)
+        finally:
+            network.encoder_only = encoder_only
+
+    # ------------------------------------------------------------------ checkpoints
+    def _checkpoint_extras(self) -> Dict[str, object]:
+        extras: Dict[str, object] = {"meddisseg_stage": self.training_stage}
+        if self.training_stage == STAGE_1 and self.stage1_head is not None:
+            extras["stage1_head_weights"] = self._plain_head().state_dict()
+        return extras
+
+    def _before_restoring_checkpoint(self, checkpoint: Mapping[str, object]) -> None:
+        stage = checkpoint.get("meddisseg_stage")
+        if stage is None:  # not written by this trainer: a Stage I checkpoint always holds the head
+            stage = STAGE_1 if "stage1_head_weights" in checkpoint else STAGE_2
+        if stage not in (STAGE_1, STAGE_2):
+            raise RuntimeError(f"checkpoint records an unknown Med-DisSeg stage {stage!r}")
+        if stage == STAGE_1 and "stage1_head_weights" not in checkpoint:
+            raise RuntimeError("a Stage I checkpoint without 'stage1_head_weights' cannot be resumed")
+        if stage != self.training_stage or (stage == STAGE_1 and self.stage1_head is None):
+            self.optimizer, self.lr_scheduler = self.configure_optimizers(stage)
+
+    def _restore_checkpoint_extras(self, checkpoint: Mapping[str, object]) -> None:
+        if self.training_stage == STAGE_1:
+            self._plain_head().load_state_dict(checkpoint["stage1_head_weights"])
+            self._best_ema = None
+
+    # ------------------------------------------------------------------ steps
+    def _input_is_rgb(self) -> bool:
+        if self.photometric_rgb is not None:
+            return bool(self.photometric_rgb)
+        if self.num_input_channels != 3:
+            return False
+        names = self.dataset_json.get("channel_names", self.dataset_json.get("modality", {}))
+        lowered = [str(v).lower() for v in names.values()]
+        return len(lowered) == 3 and all(n in RGB_CHANNEL_NAMES for n in lowered)
+
+    def _foreground_target(self, target: Tensor) -> Tensor:
+        """target: (B, 1, H, W) label map -> (B, 1, H, W) float, 1 where any foreground class is."""
+        foreground = target > 0
+        if self.label_manager.ignore_label is not None:
+            foreground &= target != self.label_manager.ignore_label
+        return foreground.float()
+
+    def _dispersion(self, features: Mapping[str, Tensor]) -> Tuple[Tensor, Tensor]:
+        """(loss, features of the first regularised layer for the diagnostics)."""
+        return self.dispersive(features), features[self.dispersive.placements[0]]
+
+    def _stage1_losses(self, data: Tensor, target: Tensor) -> Tuple[Tensor, Dict[str, Tensor], Tensor]:
+        b, size = data.shape[0], data.shape[-2:]
+        perturbed = photometric_perturbation(data, rgb=self._input_is_rgb())
+        features = self.network(torch.cat([data, perturbed], dim=0))
+        padded = (2 * features[0].shape[-2], 2 * features[0].shape[-1])
+        logits, fused = self.stage1_head(features, padded)
+        logits = logits[..., :size[0], :size[1]]
+        views = []
+        for half in (slice(0, b), slice(b, 2 * b)):
+            views.append({"early": features[1][half], "middle": features[3][half], "late": fused[half]})
+        seg_clean = self.loss(logits[:b], target)
+        seg_perturbed = self.loss(logits[b:], target)
+        consistency = consistency_loss(logits[:b], logits[b:])
+        dispersive_clean, diagnosed = self._dispersion(views[0])
+        dispersive_perturbed, _ = self._dispersion(views[1])
+        dispersive = dispersive_clean + dispersive_perturbed
+        total = (seg_clean + seg_perturbed + self.consistency_weight * consistency
+                 + self.lambda_dispersive_stage1 * dispersive)
+        if isinstance(self.network, DDP):
+            # DDP's reducer expects a gradient for every parameter: the decoder is idle in Stage I
+            idle = [p for p in self._plain_network().non_encoder_parameters() if p.requires_grad]
+            total = total + 0.0 * sum(p.sum() for p in idle)
+        terms = {"seg": seg_clean, "seg_perturbed": seg_perturbed, "consistency": consistency,
+                 "dispersive": dispersive}
+        return total, terms, diagnosed
+
+    def _stage2_losses(self, data: Tensor, target: Tensor) -> Tuple[Tensor, Dict[str, Tensor], Tensor]:
+        output = self.network(data)
+        if not isinstance(output, MedDisSegOutput) or output.fg is None:
+            raise RuntimeError("Stage II expects MedDisSegOutput with auxiliary maps: the network must be in "
+                               "training mode with decoder.deep_supervision = True")
+        seg = self.loss(output.logits, target)
+        terms = {"seg": seg}
+        total = seg
+        if self.path_supervision_weight and output.path_logits is not None:
+            paths = torch.stack([self.loss(p, target) for p in output.path_logits]).mean()
+            terms["seg_paths"] = paths
+            total = total + self.path_supervision_weight * paths
+        fg_bg = foreground_background_loss(output.fg, output.bg, self._foreground_target(target))
+        complementarity = complementarity_loss(output.fg, output.bg, output.uc)
+        dispersive, diagnosed = self._dispersion(output.features)
+        terms.update({"fg_bg": fg_bg, "complementarity": complementarity, "dispersive": dispersive})
+        total = (total + self.fg_bg_weight * fg_bg + self.complementarity_weight * complementarity
+                 + self.lambda_dispersive_stage2 * dispersive)
+        return total, terms, diagnosed
+
+    def train_step(self, batch: dict) -> dict:
+        data, target = self._batch_to_device(batch, training=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        with self._autocast():
+            if self.training_stage == STAGE_1:
+                total, terms, diagnosed = self._stage1_losses(data, target)
+            else:
+                total, terms, diagnosed = self._stage2_losses(data, target)
+        self._optimizer_step(total)
+        values = torch.stack([t.detach().float() for t in terms.values()]).cpu().tolist()
+        result = {"loss": total.detach().cpu().numpy()}
+        result.update({f"loss_{k}": v for k, v in zip(terms.keys(), values)})
+        result.update({f"dispersion_{k}": v for k, v in dispersion_diagnostics(diagnosed).items()})
+        return result
+
+    def _validation_logits(self, data: Tensor) -> Tensor:
+        if self.training_stage == STAGE_1:
+            features = self.network(data)
+            padded = (2 * features[0].shape[-2], 2 * features[0].shape[-1])
+            logits, _ = self.stage1_head(features, padded)
+            return logits[..., :data.shape[-2], :data.shape[-1]]
+        output = self.network(data)
+        return output.logits if isinstance(output, MedDisSegOutput) else output
+
+    def validation_step(self, batch: dict) -> dict:
+        data, target = self._batch_to_device(batch, training=False)
+        with self._autocast():
+            logits = self._validation_logits(data)
+            loss = self.loss(logits, target)
+        # nnU-Net's online pseudo Dice (labels, not regions)
+        axes = [0] + list(range(2, logits.ndim))
+        predicted = torch.zeros(logits.shape, device=logits.device, dtype=torch.float16)
+        predicted.scatter_(1, logits.argmax(1)[:, None], 1)
+        mask = None
+        if self.label_manager.has_ignore_label:
+            mask = (target != self.label_manager.ignore_label).float()
+            target = torch.where(target == self.label_manager.ignore_label, torch.zeros_like(target), target)
+        tp, fp, fn, _ = get_tp_fp_fn_tn(predicted, target, axes=axes, mask=mask)
+        return {"loss": loss.detach().cpu().numpy(), "tp_hard": tp.detach().cpu().numpy()[1:],
+                "fp_hard": fp.detach().cpu().numpy()[1:], "fn_hard": fn.detach().cpu().numpy()[1:]}

@@ -1,0 +1,150 @@
+"""End to end through nnU-Net's real command line, as the README tells users to run it.
+
+nnUNet_extTrainer is set from ``python -m nnunetv2_meddisseg.trainer_path``; every command runs on
+the CPU on the generated 64x64 Dataset501 (conftest's ``preprocessed_synthetic``).
+"""
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+DATASET = "Dataset501_SyntheticPolyps"
+SMOKE = "nnUNetTrainerMedDisSeg_smoke"
+BIN = Path(sys.executable).parent  # the console scripts of this environment
+
+
+def run_cli(args, env: dict) -> subprocess.CompletedProcess:
+    """Run a console command of this environment; fail with its output's tail if it fails."""
+    proc = subprocess.run([str(BIN / args[0]), *map(str, args[1:])], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, (f"{' '.join(map(str, args))} failed ({proc.returncode}):\n"
+                                  f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def cli_env(preprocessed_synthetic, tmp_path_factory) -> dict:
+    env = dict(preprocessed_synthetic)
+    # exactly what the README says: export nnUNet_extTrainer=$(python -m nnunetv2_meddisseg.trainer_path)
+    folder = subprocess.run([sys.executable, "-m", "nnunetv2_meddisseg.trainer_path"], env=env, check=True,
+                            capture_output=True, text=True).stdout.strip()
+    assert Path(folder).is_dir() and Path(folder).name == "nnunet_trainers"
+    env["nnUNet_extTrainer"] = folder
+    env["nnUNet_results"] = str(tmp_path_factory.mktemp("results"))  # our own results, shared with nobody
+    return env
+
+
+def fold_folder(env: dict, trainer: str, plans: str = "nnUNetPlans") -> Path:
+    return Path(env["nnUNet_results"]) / DATASET / f"{trainer}__{plans}__2d" / "fold_0"
+
+
+def predict(env: dict, work: Path, trainer: str, plans: str) -> Path:
+    """nnUNetv2_predict (CPU, no test-time mirroring: the trainer's own validation already ran with it)
+    on two of the test images; returns the folder of their labels (predictions in work/predictions)."""
+    raw = Path(env["nnUNet_raw"]) / DATASET
+    images, labels, out = work / "images", work / "labels", work / "predictions"
+    images.mkdir(parents=True)
+    labels.mkdir()
+    for label in sorted((raw / "labelsTs").glob("*.png"))[:2]:
+        shutil.copy(label, labels / label.name)
+        shutil.copy(raw / "imagesTs" / f"{label.stem}_0000.png", images)
+    run_cli(["nnUNetv2_predict", "-i", images, "-o", out, "-d", "501", "-c", "2d", "-f", "0", "-tr", trainer,
+             "-p", plans, "-npp", "0", "-nps", "0", "-device", "cpu", "--disable_tta"], env)
+    predictions = sorted(out.glob("*.png"))
+    assert [p.name for p in predictions] == sorted(p.name for p in labels.glob("*.png"))
+    for prediction in predictions:
+        values = np.asarray(Image.open(prediction))
+        assert values.shape == (64, 64) and set(np.unique(values)) <= {0, 1}
+    return labels
+
+
+def predict_and_evaluate(env: dict, work: Path, trainer: str, plans: str) -> dict:
+    """``predict``, then nnUNetv2_evaluate_folder against the labels."""
+    labels = predict(env, work, trainer, plans)
+    out = work / "predictions"
+    model = fold_folder(env, trainer, plans).parent
+    run_cli(["nnUNetv2_evaluate_folder", labels, out, "-djfile", model / "dataset.json",
+             "-pfile", model / "plans.json", "-o", out / "summary.json", "-np", "1"], env)
+    summary = json.loads((out / "summary.json").read_text())
+    dice = summary["foreground_mean"]["Dice"]
+    assert math.isfinite(dice) and 0.0 <= dice <= 1.0
+    assert len(summary["metric_per_case"]) == 2
+    return summary
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def test_meddisseg_interrupted_resumed_predicted_evaluated(cli_env, tmp_path):
+    """Train the smoke schedule with nnU-Net's default plans, kill -9 it once the end-of-Stage-I
+    checkpoint is written, resume with --c (it must continue in Stage II), predict, evaluate."""
+    folder = fold_folder(cli_env, SMOKE)
+    latest = folder / "checkpoint_latest.pth"
+    log = tmp_path / "interrupted.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(BIN / "nnUNetv2_train"), "501", "2d", "0", "-tr", SMOKE, "-device", "cpu"],
+                                env=cli_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 600
+            while not latest.exists():
+                assert proc.poll() is None, f"training ended before its Stage I checkpoint:\n{log.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, "no Stage I checkpoint after 600 s"
+                time.sleep(0.2)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert not (folder / "checkpoint_final.pth").exists()
+    stage1 = load(latest)
+    assert stage1["meddisseg_stage"] == "stage1" and stage1["current_epoch"] == 1
+    assert "stage1_head_weights" in stage1
+
+    resumed = run_cli(["nnUNetv2_train", "501", "2d", "0", "-tr", SMOKE, "-device", "cpu", "--c"], cli_env)
+    assert "Stage II from epoch 1" in resumed.stdout
+    assert "Epoch 0" not in resumed.stdout  # Stage I is not repeated
+    final = load(folder / "checkpoint_final.pth")
+    assert final["meddisseg_stage"] == "stage2" and final["current_epoch"] == 2
+    assert "stage1_head_weights" not in final
+    assert final["training_curves"]["stage"] == [1.0, 2.0]  # the Stage I history came back from the checkpoint
+    assert load(folder / "checkpoint_best.pth")["meddisseg_stage"] == "stage2"
+    assert not latest.exists()
+    for name in ("progress.png", "progress_terms.png", "validation/summary.json"):
+        assert (folder / name).is_file(), name
+
+    predict_and_evaluate(cli_env, tmp_path, SMOKE, "nnUNetPlans")
+
+
+def test_meddisseg_plans_train_predict(cli_env, tmp_path):
+    """The Med-DisSeg plan (nnUNetv2_meddisseg_plan), trained and used for prediction via -p."""
+    run_cli(["nnUNetv2_meddisseg_plan", "-d", "501"], cli_env)
+    plans_name = "nnUNetMedDisSegPlans"
+    run_cli(["nnUNetv2_train", "501", "2d", "0", "-tr", SMOKE, "-p", plans_name, "-device", "cpu"], cli_env)
+    folder = fold_folder(cli_env, SMOKE, plans_name)
+    assert (folder / "checkpoint_final.pth").is_file()
+    plans = json.loads((folder.parent / "plans.json").read_text())
+    assert plans["configurations"]["2d"]["architecture"]["network_class_name"] == \
+        "nnunetv2_meddisseg.architectures.MedDisSegNet"
+    # (nnUNetv2_evaluate_folder, which does not depend on the plans, ran in the test above)
+    predict(cli_env, tmp_path, SMOKE, plans_name)
+
+
+def test_dispersive_trainer_trains(cli_env):
+    """nnU-Net's own network and training + the dispersive loss on its first encoder stage."""
+    trainer = "nnUNetTrainerDispersive_smoke"
+    proc = run_cli(["nnUNetv2_train", "501", "2d", "0", "-tr", trainer, "-device", "cpu"], cli_env)
+    folder = fold_folder(cli_env, trainer)
+    assert (folder / "checkpoint_final.pth").is_file() and (folder / "progress_terms.png").is_file()
+    assert "loss terms: dispersive" in proc.stdout
+    curves = load(folder / "checkpoint_final.pth")["training_curves"]
+    assert len(curves["loss_dispersive"]) == 1 and curves["loss_dispersive"][0] < 0

@@ -1,0 +1,350 @@
+"""nnUNetTrainerMedDisSeg and nnUNetTrainerDispersive on tiny in-memory batches (no dataloaders).
+
+The trainers are built from a hand-written 32x32 plan; batches are fed to the same hooks nnU-Net's
+``run_training`` calls, so stages, optimizer groups, schedules and checkpoints are exercised
+without preprocessing a dataset.
+"""
+import math
+from copy import deepcopy
+from pathlib import Path
+
+import pytest
+import torch
+
+from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
+from nnunetv2_meddisseg.architectures import MedDisSegNet
+from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2, nnUNetTrainerMedDisSeg
+from nnunetv2_meddisseg.training.variants import (nnUNetTrainerDispersive, nnUNetTrainerMedDisSeg_100epochs,
+                                                  nnUNetTrainerMedDisSeg_smoke)
+
+DATASET = "Dataset999_Tiny"
+PLAIN_UNET = {
+    "network_class_name": "dynamic_network_architectures.architectures.unet.PlainConvUNet",
+    "arch_kwargs": {"n_stages": 3, "features_per_stage": [4, 8, 16], "conv_op": "torch.nn.modules.conv.Conv2d",
+                    "kernel_sizes": [[3, 3]] * 3, "strides": [[1, 1], [2, 2], [2, 2]], "n_conv_per_stage": [1, 1, 1],
+                    "n_conv_per_stage_decoder": [1, 1], "conv_bias": True,
+                    "norm_op": "torch.nn.modules.instancenorm.InstanceNorm2d",
+                    "norm_op_kwargs": {"eps": 1e-05, "affine": True}, "dropout_op": None, "dropout_op_kwargs": None,
+                    "nonlin": "torch.nn.LeakyReLU", "nonlin_kwargs": {"inplace": True}},
+    "_kw_requires_import": ["conv_op", "norm_op", "dropout_op", "nonlin"],
+}
+MEDDISSEG = {
+    "network_class_name": "nnunetv2_meddisseg.architectures.MedDisSegNet",
+    "arch_kwargs": {"encoder_weights": None, "elat": False, "activation": "relu", "decoder_fusion": "sum",
+                    "conv_op": "torch.nn.modules.conv.Conv2d", "norm_op": "torch.nn.modules.batchnorm.BatchNorm2d",
+                    "norm_op_kwargs": {"eps": 1e-5, "affine": True}},
+    "_kw_requires_import": ["conv_op", "norm_op"],
+}
+DATASET_JSON = {"channel_names": {"0": "R", "1": "G", "2": "B"}, "labels": {"background": 0, "a": 1, "b": 2},
+                "numTraining": 4, "file_ending": ".png"}
+
+
+def tiny_plans(architecture=PLAIN_UNET, patch_size=(32, 32), configuration="2d") -> dict:
+    resampling = {"is_seg": False, "order": 1, "order_z": 0, "force_separate_z": None}
+    return {
+        "dataset_name": DATASET, "plans_name": "nnUNetPlans",
+        "original_median_spacing_after_transp": [999.0, 1.0, 1.0],
+        "original_median_shape_after_transp": [1, 32, 32], "image_reader_writer": "NaturalImage2DIO",
+        "transpose_forward": [0, 1, 2], "transpose_backward": [0, 1, 2],
+        "experiment_planner_used": "ExperimentPlanner", "label_manager": "LabelManager",
+        "foreground_intensity_properties_per_channel": {},
+        "configurations": {configuration: {
+            "data_identifier": "nnUNetPlans_2d", "preprocessor_name": "DefaultPreprocessor", "batch_size": 2,
+            "patch_size": list(patch_size), "median_image_size_in_voxels": list(patch_size),
+            "spacing": [1.0] * len(patch_size), "normalization_schemes": ["ZScoreNormalization"] * 3,
+            "use_mask_for_norm": [False] * 3, "resampling_fn_data": "resample_data_or_seg_to_shape",
+            "resampling_fn_seg": "resample_data_or_seg_to_shape", "resampling_fn_data_kwargs": resampling,
+            "resampling_fn_seg_kwargs": resampling, "resampling_fn_probabilities": "resample_data_or_seg_to_shape",
+            "resampling_fn_probabilities_kwargs": resampling, "architecture": deepcopy(architecture),
+            "batch_dice": True,
+        }},
+    }
+
+
+@pytest.fixture
+def nnunet_dirs(tmp_path, monkeypatch) -> Path:
+    preprocessed = tmp_path / "preprocessed" / DATASET / "nnUNetPlans_2d"
+    preprocessed.mkdir(parents=True)
+    (preprocessed / "case_000.b2nd").touch()  # lets nnU-Net infer its dataset class; never read
+    monkeypatch.setenv("nnUNet_preprocessed", str(tmp_path / "preprocessed"))
+    monkeypatch.setenv("nnUNet_results", str(tmp_path / "results"))
+    torch.set_num_threads(2)
+    return tmp_path
+
+
+def make_trainer(cls=nnUNetTrainerMedDisSeg_smoke, plans=None, initialize=True, **attributes):
+    plans = deepcopy(plans if plans is not None else tiny_plans())
+    plans["continue_training"] = False
+    trainer = cls(plans=plans, configuration="2d", fold=0, dataset_json=deepcopy(DATASET_JSON),
+                  device=torch.device("cpu"))
+    for name, value in attributes.items():
+        setattr(trainer, name, value)
+    if initialize:
+        trainer.initialize()
+    return trainer
+
+
+def make_batch(b=2, size=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    target = torch.zeros(b, 1, size, size)
+    target[:, :, 4:14, 4:14] = 1
+    target[:, :, 18:28, 16:30] = 2
+    return {"data": torch.randn(b, 3, size, size, generator=g), "target": target,
+            "keys": [f"case_{i:03d}" for i in range(b)]}
+
+
+def group_ids(trainer):
+    return {g["name"]: [id(p) for p in g["params"]] for g in trainer.optimizer.param_groups}
+
+
+def run_epoch(trainer, batch):
+    """One epoch the way nnUNetTrainer.run_training runs it, with one given batch."""
+    trainer.on_epoch_start()
+    trainer.on_train_epoch_start()
+    outputs = [trainer.train_step(batch)]
+    trainer.on_train_epoch_end(outputs)
+    with torch.no_grad():
+        trainer.on_validation_epoch_start()
+        trainer.on_validation_epoch_end([trainer.validation_step(batch)])
+    trainer.on_epoch_end()
+    return outputs[0]
+
+
+# ---------------------------------------------------------------------------------------- construction
+def test_3d_configuration_is_refused_before_anything_is_written(nnunet_dirs):
+    plans = tiny_plans(patch_size=(16, 32, 32), configuration="3d_fullres")
+    plans["continue_training"] = False
+    with pytest.raises(ValueError, match=r"2D networks only.*'3d_fullres'.*-c 2d"):
+        nnUNetTrainerMedDisSeg(plans, "3d_fullres", 0, deepcopy(DATASET_JSON), torch.device("cpu"))
+    assert not (nnunet_dirs / "results").exists()
+
+
+def test_default_stage1_length_is_a_quarter(nnunet_dirs):
+    trainer = make_trainer(nnUNetTrainerMedDisSeg, initialize=False)
+    assert (trainer.num_epochs, trainer.stage1_epochs) == (1000, 250)
+
+
+def test_stage1_epochs_follows_the_variants_num_epochs(nnunet_dirs):
+    trainer = make_trainer(nnUNetTrainerMedDisSeg_100epochs, initialize=False)
+    assert (trainer.num_epochs, trainer.stage1_epochs) == (100, 25)
+    trainer.stage1_epochs = 7
+    assert trainer.stage1_epochs == 7
+
+
+def test_network_from_default_plans_and_from_meddisseg_plans():
+    for architecture, elat_is_identity in ((PLAIN_UNET, False), (MEDDISSEG, True)):
+        plans_manager = PlansManager(tiny_plans(architecture))
+        network = nnUNetTrainerMedDisSeg.build_network_architecture(
+            plans_manager, plans_manager.get_configuration("2d"), 3, 3, enable_deep_supervision=False)
+        assert isinstance(network, MedDisSegNet)
+        assert isinstance(network.elat[0], torch.nn.Identity) == elat_is_identity
+        assert network.decoder.deep_supervision is False
+        out = network.eval()(torch.zeros(1, 3, 32, 32))
+        assert out.shape == (1, 3, 32, 32)
+
+
+def test_prediction_build_does_not_need_the_encoder_weights_file(tmp_path):
+    architecture = deepcopy(MEDDISSEG)
+    architecture["arch_kwargs"]["encoder_weights"] = str(tmp_path / "resnet50_on_the_training_machine.pth")
+    plans_manager = PlansManager(tiny_plans(architecture))
+    configuration = plans_manager.get_configuration("2d")
+    # nnU-Net's prediction builds without deep supervision, then loads the checkpoint's weights
+    network = nnUNetTrainerMedDisSeg.build_network_architecture(plans_manager, configuration, 3, 3, False)
+    assert isinstance(network, MedDisSegNet)
+    with pytest.raises(Exception, match="resnet50_on_the_training_machine"):  # training must read it
+        nnUNetTrainerMedDisSeg.build_network_architecture(plans_manager, configuration, 3, 3, True)
+
+
+def test_training_without_deep_supervision_is_refused(nnunet_dirs):
+    trainer = make_trainer(initialize=False, enable_deep_supervision=False)
+    with pytest.raises(ValueError, match="enable_deep_supervision"):
+        trainer.initialize()
+
+
+# ---------------------------------------------------------------------------------------- stages
+def test_stage1_optimizer_holds_head_and_encoder(nnunet_dirs):
+    trainer = make_trainer()
+    network = trainer.network
+    assert trainer.training_stage == STAGE_1 and network.encoder_only
+    assert [g["name"] for g in trainer.optimizer.param_groups] == ["decoder", "encoder"]
+    ids = group_ids(trainer)
+    assert ids["decoder"] == [id(p) for p in trainer.stage1_head.parameters()]
+    assert ids["encoder"] == [id(p) for p in network.encoder_parameters()]
+    assert [g["lr"] for g in trainer.optimizer.param_groups] == [1e-4, 1e-4]
+
+
+def test_stage_switch_groups_and_per_group_schedule(nnunet_dirs):
+    trainer = make_trainer(num_epochs=8, stage1_epochs=2)
+    network = trainer.network
+    encoder_ids = {id(p) for p in network.encoder.parameters()} | {id(p) for p in network.elat.parameters()}
+    seen = []
+    for epoch in range(8):
+        trainer.current_epoch = epoch
+        trainer.on_train_epoch_start()
+        seen.append([g["lr"] for g in trainer.optimizer.param_groups])
+        if epoch == 2:
+            assert trainer.training_stage == STAGE_2 and not network.encoder_only
+            assert trainer.stage1_head is None and trainer._best_ema is None
+            ids = group_ids(trainer)
+            everything = [id(p) for p in network.parameters()]
+            grouped = ids["decoder"] + ids["encoder"]
+            assert sorted(grouped) == sorted(everything)  # every parameter in exactly one group
+            assert len(set(grouped)) == len(grouped)
+            assert set(ids["encoder"]) == encoder_ids
+    for epoch in range(2):
+        expected = 1e-4 * (1 - epoch / 2) ** 0.9
+        assert seen[epoch] == pytest.approx([expected, expected])
+    for epoch in range(2, 8):
+        factor = (1 - (epoch - 2) / 6) ** 0.9
+        assert seen[epoch] == pytest.approx([1e-4 * factor, 1e-5 * factor])
+    assert trainer.curves.get("lr_encoder")[3] == pytest.approx(1e-5 * (1 - 1 / 6) ** 0.9)
+    assert trainer.curves.get("stage") == [1, 1, 2, 2, 2, 2, 2, 2]
+
+
+def test_train_steps_update_the_right_parameters(nnunet_dirs):
+    torch.manual_seed(0)
+    trainer = make_trainer()
+    network = trainer.network
+    batch = make_batch()
+    encoder_before = network.encoder.conv1.weight.detach().clone()
+    decoder_param = next(network.decoder.parameters())
+    decoder_before = decoder_param.detach().clone()
+
+    trainer.on_train_epoch_start()
+    out = trainer.train_step(batch)
+    assert {"loss_seg", "loss_seg_perturbed", "loss_consistency", "loss_dispersive"} <= out.keys()
+    assert math.isfinite(float(out["loss"])) and out["loss_dispersive"] < 0  # log of a mean of exp(-d) < 1
+    expected = (out["loss_seg"] + out["loss_seg_perturbed"] + out["loss_consistency"]
+                + 0.2 * out["loss_dispersive"])
+    assert float(out["loss"]) == pytest.approx(expected, rel=1e-5)
+    assert out["dispersion_effective_rank"] > 0 and out["dispersion_mean_pairwise_distance"] > 0
+    assert not torch.equal(network.encoder.conv1.weight, encoder_before)
+    assert torch.equal(decoder_param, decoder_before)  # Stage I never touches the decoder
+
+    trainer.current_epoch = 1
+    trainer.on_train_epoch_start()
+    out = trainer.train_step(batch)
+    assert {"loss_seg", "loss_seg_paths", "loss_fg_bg", "loss_complementarity", "loss_dispersive"} <= out.keys()
+    expected = (out["loss_seg"] + 0.5 * out["loss_seg_paths"] + out["loss_fg_bg"] + out["loss_complementarity"]
+                + 0.6 * out["loss_dispersive"])
+    assert float(out["loss"]) == pytest.approx(expected, rel=1e-5)
+    assert not torch.equal(decoder_param, decoder_before)
+
+    with torch.no_grad():
+        trainer.on_validation_epoch_start()
+        val = trainer.validation_step(batch)
+    assert val["tp_hard"].shape == (2,)  # two foreground classes
+    assert math.isfinite(float(val["loss"]))
+
+
+def test_foreground_target_is_any_foreground_class(nnunet_dirs):
+    trainer = make_trainer(initialize=False)
+    target = torch.tensor([0.0, 1.0, 2.0, 0.0]).view(1, 1, 2, 2)
+    assert trainer._foreground_target(target).flatten().tolist() == [0.0, 1.0, 1.0, 0.0]
+
+
+def test_nan_input_is_a_clear_error(nnunet_dirs):
+    trainer = make_trainer()
+    trainer.on_train_epoch_start()
+    batch = make_batch()
+    batch["data"][1, 0, 3, 3] = float("nan")
+    weights_before = trainer.network.encoder.conv1.weight.detach().clone()
+    with pytest.raises(RuntimeError, match=r"NaN or inf.*training batch of epoch 0: case_001\."):
+        trainer.train_step(batch)
+    assert torch.equal(trainer.network.encoder.conv1.weight, weights_before)
+    with pytest.raises(RuntimeError, match="validation batch"):
+        trainer.validation_step(batch)
+
+
+def test_batch_size_one_warns_once_and_has_zero_dispersion(nnunet_dirs):
+    trainer = make_trainer()
+    trainer.on_train_epoch_start()
+    outputs = [trainer.train_step(make_batch(b=1, seed=s)) for s in range(2)]
+    assert all(o["loss_dispersive"] == 0.0 for o in outputs)
+    assert all(math.isfinite(float(o["loss"])) for o in outputs)
+    log = Path(trainer.log_file).read_text()
+    assert log.count("single sample") == 1
+
+
+# ---------------------------------------------------------------------------------------- checkpoints
+def test_checkpoint_round_trip_in_stage1_and_stage2(nnunet_dirs):
+    torch.manual_seed(0)
+    batch = make_batch()
+    trainer = make_trainer()
+    trainer.on_train_epoch_start()
+    trainer.train_step(batch)
+    stage1_file = str(nnunet_dirs / "stage1.pth")
+    trainer.save_checkpoint(stage1_file)
+
+    resumed = make_trainer()
+    with torch.no_grad():  # make sure loading really overwrites
+        for p in resumed.stage1_head.parameters():
+            p.add_(1.0)
+    resumed.load_checkpoint(stage1_file)
+    assert resumed.training_stage == STAGE_1 and resumed.network.encoder_only
+    assert resumed.current_epoch == 1
+    for a, b in zip(trainer.stage1_head.state_dict().values(), resumed.stage1_head.state_dict().values()):
+        assert torch.equal(a, b)
+    for a, b in zip(trainer.network.state_dict().values(), resumed.network.state_dict().values()):
+        assert torch.equal(a, b)
+    assert resumed.optimizer.state_dict()["state"][0]["step"] == 1
+    assert [g["name"] for g in resumed.optimizer.param_groups] == ["decoder", "encoder"]
+    # epoch 1 of the smoke schedule is Stage II: the resumed trainer switches there
+    resumed.on_train_epoch_start()
+    assert resumed.training_stage == STAGE_2 and resumed.stage1_head is None
+    resumed.train_step(batch)
+    stage2_file = str(nnunet_dirs / "stage2.pth")
+    resumed.save_checkpoint(stage2_file)
+
+    checkpoint = torch.load(stage2_file, weights_only=False)
+    assert checkpoint["meddisseg_stage"] == STAGE_2 and "stage1_head_weights" not in checkpoint
+    again = make_trainer()
+    again.load_checkpoint(stage2_file)
+    assert again.training_stage == STAGE_2 and again.stage1_head is None and not again.network.encoder_only
+    assert [g["lr"] for g in again.optimizer.param_groups] == pytest.approx([1e-4, 1e-5])
+    for a, b in zip(resumed.network.state_dict().values(), again.network.state_dict().values()):
+        assert torch.equal(a, b)
+
+    # prediction rebuilds the bare network and loads the weights strictly, from either stage's checkpoint
+    again.network.load_state_dict(torch.load(stage1_file, weights_only=False)["network_weights"])
+    again.network.load_state_dict(checkpoint["network_weights"])
+
+
+def test_smoke_schedule_writes_stage_checkpoints_and_best_only_in_stage2(nnunet_dirs):
+    torch.manual_seed(0)
+    trainer = make_trainer()
+    folder = Path(trainer.output_folder)
+    batch = make_batch()
+    run_epoch(trainer, batch)  # Stage I
+    assert (folder / "checkpoint_latest.pth").is_file()
+    assert not (folder / "checkpoint_best.pth").exists()
+    latest = torch.load(folder / "checkpoint_latest.pth", weights_only=False)
+    assert latest["meddisseg_stage"] == STAGE_1 and latest["current_epoch"] == 1
+    assert "stage1_head_weights" in latest and latest["_best_ema"] is None
+    run_epoch(trainer, batch)  # Stage II
+    assert (folder / "checkpoint_best.pth").is_file()
+    assert torch.load(folder / "checkpoint_best.pth", weights_only=False)["meddisseg_stage"] == STAGE_2
+    assert (folder / "progress.png").is_file() and (folder / "progress_terms.png").is_file()
+    curves = trainer.curves
+    assert curves.get("stage") == [1, 2]
+    assert math.isnan(curves.get("loss_fg_bg", 0)) and math.isfinite(curves.get("loss_fg_bg", 1))
+    assert all(math.isfinite(v) for v in curves.get("dispersion_effective_rank"))
+    assert not list(folder.glob("*.tmp"))
+
+
+# ---------------------------------------------------------------------------------------- Dispersive
+def test_dispersive_trainer_adds_the_loss_on_the_first_stage(nnunet_dirs):
+    torch.manual_seed(0)
+    trainer = make_trainer(nnUNetTrainerDispersive, plans=tiny_plans(PLAIN_UNET))
+    trainer.on_train_epoch_start()
+    # nnU-Net's default network, default deep-supervision targets (full resolution + 1/2)
+    batch = make_batch()
+    batch["target"] = [batch["target"], batch["target"][:, :, ::2, ::2]]
+    out = trainer.train_step(batch)
+    assert out["loss_dispersive"] < 0 and math.isfinite(out["loss_dispersive"])
+    assert float(out["loss"]) == pytest.approx(out["loss_seg"] + 0.2 * out["loss_dispersive"], rel=1e-5)
+    assert type(trainer.optimizer).__name__ == "SGD"  # nnU-Net's training otherwise
+    with torch.no_grad():
+        trainer.on_validation_epoch_start()
+        trainer.validation_step(batch)
+    assert trainer._captured == []  # the hook only captures in training mode
