@@ -3,6 +3,7 @@ from typing import Type
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 __all__ = ["TELU_EXP_CLAMP", "telu", "TeLU", "get_activation"]
 
@@ -13,11 +14,49 @@ __all__ = ["TELU_EXP_CLAMP", "telu", "TeLU", "get_activation"]
 TELU_EXP_CLAMP = 10.0
 
 
+def _telu_forward(x: Tensor) -> Tensor:
+    # No clamp needed for the value: where exp(x) overflows to inf, tanh(inf) = 1 = tanh(exp(10)), so
+    # the result equals x * tanh(exp(min(x, 10))) bit for bit; the clamp only matters for the gradient.
+    y = torch.exp(x)
+    y.tanh_()
+    return y.mul_(x)
+
+
+class _TeLUFunction(torch.autograd.Function):
+    """TeLU with a hand-written backward that saves only the input (autograd would keep exp(x) and
+    tanh(exp(x)) as well) and treats the clamp exactly as autograd does (zero slope of the exponent
+    above the clamp)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        ctx.save_for_backward(x)
+        return _telu_forward(x)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (x,) = ctx.saved_tensors
+        e = torch.exp(x.clamp(max=TELU_EXP_CLAMP))
+        t = torch.tanh(e)
+        # d/dx [x tanh(e^x)] = tanh(e^x) + x (1 - tanh^2(e^x)) e^x; the product is formed in this order
+        # (1 - t^2 is 0 first) so that it cannot overflow in fp16
+        inner = t.square().neg_().add_(1).mul_(x).mul_(e)
+        inner.masked_fill_(x > TELU_EXP_CLAMP, 0.0)
+        return grad * inner.add_(t)
+
+
 def telu(x: Tensor) -> Tensor:
     """TeLU(x) = x * tanh(exp(x)), numerically safe in fp32 / fp16 / bf16.
 
     x: any shape; returns the same shape and dtype.
     """
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _TeLUFunction.apply(x)
+    return _telu_forward(x)
+
+
+def _reference_telu(x: Tensor) -> Tensor:
+    """First implementation (plain autograd), kept to test and benchmark :func:`telu` against."""
     return x * torch.tanh(torch.exp(x.clamp(max=TELU_EXP_CLAMP)))
 
 

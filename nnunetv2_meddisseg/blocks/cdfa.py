@@ -1,14 +1,144 @@
-"""Contrast-driven feature aggregation (CDFA, after ConDSeg) and the guidance pyramid feeding it."""
+"""Contrast-driven feature aggregation (CDFA, after ConDSeg) and the guidance pyramid feeding it.
+
+The window attention of CDFA is computed without materialising the k x k windows: the weights of
+all windows that touch a pixel are first summed per displacement between the written pixel and the
+read pixel (:func:`window_displacement_weights`), then the values are accumulated from (2k-1)^2
+shifted views (:func:`displacement_sum`). Both are linear maps with hand-written backward passes.
+The first implementation (unfold -> per-pixel matmul -> fold) is kept as ``_reference_forward`` to
+test and benchmark against.
+"""
 from typing import List, Optional, Sequence, Tuple, Type
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from nnunetv2_meddisseg.blocks.activation import TeLU
 from nnunetv2_meddisseg.blocks.conv import ConvNormAct
 
-__all__ = ["ContrastDrivenAggregation", "GuidanceBranch", "ContrastGuidancePyramid"]
+__all__ = [
+    "ContrastDrivenAggregation",
+    "GuidanceBranch",
+    "ContrastGuidancePyramid",
+    "window_displacement_weights",
+    "displacement_sum",
+]
+
+
+def _overlap(size: int, shift: int) -> Tuple[slice, slice]:
+    """(dst, src) slices of range(size) with src = dst + shift, both inside the range (empty if none)."""
+    lo, hi = max(0, -shift), min(size, size - shift)
+    if hi <= lo:
+        return slice(0, 0), slice(0, 0)
+    return slice(lo, hi), slice(lo + shift, hi + shift)
+
+
+class _WindowDisplacementWeights(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, weights: Tensor, kernel_size: int) -> Tensor:
+        b, heads, _, _, h, w = weights.shape
+        k, r = kernel_size, kernel_size // 2
+        ctx.kernel_size = kernel_size
+        a = weights.view(b, heads, k, k, k, k, h, w)
+        out = weights.new_zeros(b, heads, 2 * k - 1, 2 * k - 1, h, w)
+        for iy in range(k):
+            dst_y, src_y = _overlap(h, r - iy)
+            for ix in range(k):
+                dst_x, src_x = _overlap(w, r - ix)
+                # window position i = (iy, ix), all j: displacements (jy - iy, jx - ix), a k x k block
+                out[:, :, k - 1 - iy:2 * k - 1 - iy, k - 1 - ix:2 * k - 1 - ix, dst_y, dst_x] += \
+                    a[:, :, iy, ix, :, :, src_y, src_x]
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> Tuple[Tensor, None]:
+        b, heads, _, _, h, w = grad.shape
+        k, r = ctx.kernel_size, ctx.kernel_size // 2
+        grad_a = grad.new_zeros(b, heads, k, k, k, k, h, w)
+        for iy in range(k):
+            dst_y, src_y = _overlap(h, r - iy)
+            for ix in range(k):
+                dst_x, src_x = _overlap(w, r - ix)
+                grad_a[:, :, iy, ix, :, :, src_y, src_x] = \
+                    grad[:, :, k - 1 - iy:2 * k - 1 - iy, k - 1 - ix:2 * k - 1 - ix, dst_y, dst_x]
+        return grad_a.view(b, heads, k * k, k * k, h, w), None
+
+
+def window_displacement_weights(weights: Tensor, kernel_size: int) -> Tensor:
+    """Sum the window weights per displacement between written and read pixel.
+
+    With window offsets off_i = (iy - k//2, ix - k//2), the window centred at p writes
+    ``sum_j A_p[i, j] v(p + off_j)`` to q = p + off_i; so q reads v(q + delta) with
+    delta = off_j - off_i in [-(k-1), k-1]^2 and the total weight
+    ``D_delta(q) = sum_{i, j: off_j - off_i = delta} A_{q - off_i}[i, j]`` (windows centred outside the
+    image contribute nothing).
+
+    weights: (B, heads, k*k (i), k*k (j), H, W) -> D: (B, heads, 2k-1, 2k-1, H, W), index delta + k - 1
+    """
+    if weights.ndim != 6 or weights.shape[2] != kernel_size ** 2 or weights.shape[3] != kernel_size ** 2:
+        raise ValueError(f"weights must be (B, heads, {kernel_size ** 2}, {kernel_size ** 2}, H, W), "
+                         f"got {tuple(weights.shape)}")
+    return _WindowDisplacementWeights.apply(weights.contiguous(), kernel_size)
+
+
+class _DisplacementSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, values: Tensor, displacement: Tensor) -> Tensor:
+        b, heads, span, _, h, w = displacement.shape
+        dtype = torch.promote_types(values.dtype, displacement.dtype)
+        v = values.view(b, heads, -1, h, w).to(dtype)
+        d = displacement.to(dtype).unsqueeze(4)  # (B, heads, span, span, 1, H, W)
+        ctx.save_for_backward(v, d)
+        ctx.dtypes = (values.dtype, displacement.dtype)
+        c = span // 2
+        out = v * d[:, :, c, c]
+        for dy in range(span):
+            dst_y, src_y = _overlap(h, dy - c)
+            for dx in range(span):
+                if dy == c and dx == c:
+                    continue
+                dst_x, src_x = _overlap(w, dx - c)
+                out[..., dst_y, dst_x].addcmul_(v[..., src_y, src_x], d[:, :, dy, dx, :, dst_y, dst_x])
+        return out.view(values.shape)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> Tuple[Tensor, Tensor]:
+        v, d = ctx.saved_tensors
+        b, heads, span, _, _, h, w = d.shape
+        c = span // 2
+        g = grad.to(v.dtype).reshape(v.shape)
+        grad_v = g * d[:, :, c, c]
+        grad_d = torch.zeros_like(d.squeeze(4))
+        product = torch.empty_like(v)
+        for dy in range(span):
+            dst_y, src_y = _overlap(h, dy - c)
+            for dx in range(span):
+                dst_x, src_x = _overlap(w, dx - c)
+                gd, vs = g[..., dst_y, dst_x], v[..., src_y, src_x]
+                if dy != c or dx != c:
+                    grad_v[..., src_y, src_x].addcmul_(gd, d[:, :, dy, dx, :, dst_y, dst_x])
+                part = product[..., dst_y, dst_x]
+                torch.mul(gd, vs, out=part)
+                grad_d[:, :, dy, dx, dst_y, dst_x] = part.sum(dim=2)
+        values_dtype, displacement_dtype = ctx.dtypes
+        return grad_v.view(grad.shape).to(values_dtype), grad_d.to(displacement_dtype)
+
+
+def displacement_sum(values: Tensor, displacement: Tensor) -> Tensor:
+    """out(q) = sum_delta D_delta(q) * v(q + delta), per head, zero outside the image.
+
+    values: (B, heads * head_dim, H, W), displacement: (B, heads, S, S, H, W) with S odd (index
+    delta + S // 2) -> (B, heads * head_dim, H, W) in the promoted dtype of both inputs.
+    """
+    if displacement.ndim != 6 or displacement.shape[2] != displacement.shape[3] or displacement.shape[2] % 2 != 1:
+        raise ValueError(f"displacement must be (B, heads, S, S, H, W) with S odd, got {tuple(displacement.shape)}")
+    b, heads, _, _, h, w = displacement.shape
+    if values.ndim != 4 or values.shape[0] != b or values.shape[2:] != (h, w) or values.shape[1] % heads:
+        raise ValueError(f"values {tuple(values.shape)} do not match displacement weights {tuple(displacement.shape)}")
+    return _DisplacementSum.apply(values.contiguous(), displacement.contiguous())
 
 
 class ContrastDrivenAggregation(nn.Module):
@@ -57,36 +187,75 @@ class ContrastDrivenAggregation(nn.Module):
         self.output_convs = nn.Sequential(ConvNormAct(dim, dim, 3, **ops), ConvNormAct(dim, dim, 3, **ops))
 
     @staticmethod
-    def _channels_last_linear(layer: nn.Linear, x: Tensor) -> Tensor:
-        """Apply ``layer`` over the channel axis: (B, C, H, W) -> (B, C_out, H, W)."""
-        return layer(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+    def _pointwise(layer: nn.Linear, x: Tensor) -> Tensor:
+        """Apply ``layer`` over the channel axis as a 1x1 convolution: (B, C, H, W) -> (B, C_out, H, W)."""
+        return F.conv2d(x, layer.weight[:, :, None, None], layer.bias)
 
     def window_weights(self, guidance: Tensor, layer: nn.Linear) -> Tensor:
-        """guidance: (B, dim, H, W) -> softmaxed weights (B, heads, H*W, k*k (i), k*k (j))."""
+        """guidance: (B, dim, H, W) -> softmaxed weights (B, heads, k*k (i), k*k (j), H, W)."""
         b, _, h, w = guidance.shape
         window = self.kernel_size * self.kernel_size
-        logits = layer(guidance.flatten(2).transpose(1, 2))  # (B, HW, heads * window * window)
-        logits = logits.reshape(b, h * w, self.num_heads, window, window).transpose(1, 2)
-        return torch.softmax(logits * self.scale, dim=-1)
+        logits = self._pointwise(layer, guidance).view(b, self.num_heads, window, window, h, w)
+        return torch.softmax(logits.mul_(self.scale), dim=3)
 
     def window_attention(self, values: Tensor, weights: Tensor) -> Tensor:
-        """values: (B, dim, H, W), weights: (B, heads, H*W, k*k, k*k) -> projected (B, dim, H, W)."""
-        b, c, h, w = values.shape
-        k, window = self.kernel_size, self.kernel_size * self.kernel_size
-        # unfold channel index is c * window + j, c = head * head_dim + d
-        v = F.unfold(values, k, padding=k // 2).reshape(b, self.num_heads, self.head_dim, window, h * w)
-        v = v.permute(0, 1, 4, 3, 2)  # (B, heads, HW, j, head_dim)
-        out = torch.matmul(weights, v)  # (B, heads, HW, i, head_dim)
-        out = out.permute(0, 1, 4, 3, 2).reshape(b, c * window, h * w)
-        out = F.fold(out, (h, w), k, padding=k // 2)  # sums the overlapping window contributions
-        return self._channels_last_linear(self.proj, out)
+        """values: (B, dim, H, W), weights: (B, heads, k*k, k*k, H, W) -> projected (B, dim, H, W).
+
+        Equal to unfolding the values into k x k windows (zero padding), applying each pixel's
+        (k*k, k*k) weights per head, folding the windows back (overlaps summed) and projecting, but
+        without materialising the windows (see :func:`window_displacement_weights`).
+        """
+        out = displacement_sum(values, window_displacement_weights(weights, self.kernel_size))
+        return self._pointwise(self.proj, out)
 
     def forward(self, x: Tensor, fg: Tensor, bg: Tensor) -> Tensor:
         x = self.input_convs(x)
-        v = self._channels_last_linear(self.value, x)
+        v = self._pointwise(self.value, x)
         x = self.window_attention(v, self.window_weights(fg, self.attn_fg))
         x = self.window_attention(x, self.window_weights(bg, self.attn_bg))
         return self.output_convs(x)
+
+
+def _reference_window_weights(module: ContrastDrivenAggregation, guidance: Tensor, layer: nn.Linear) -> Tensor:
+    """First implementation, kept to test and benchmark the current one against.
+
+    guidance: (B, dim, H, W) -> (B, heads, H*W, k*k (i), k*k (j))
+    """
+    b, _, h, w = guidance.shape
+    window = module.kernel_size * module.kernel_size
+    logits = layer(guidance.flatten(2).transpose(1, 2))  # (B, HW, heads * window * window)
+    logits = logits.reshape(b, h * w, module.num_heads, window, window).transpose(1, 2)
+    return torch.softmax(logits * module.scale, dim=-1)
+
+
+def _reference_window_attention(module: ContrastDrivenAggregation, values: Tensor, weights: Tensor) -> Tensor:
+    """First implementation (unfold -> per-pixel matmul -> fold), kept as the reference.
+
+    values: (B, dim, H, W), weights: (B, heads, H*W, k*k, k*k) -> (B, dim, H, W)
+    """
+    b, c, h, w = values.shape
+    k, window = module.kernel_size, module.kernel_size * module.kernel_size
+    # unfold channel index is c * window + j, c = head * head_dim + d
+    v = F.unfold(values, k, padding=k // 2).reshape(b, module.num_heads, module.head_dim, window, h * w)
+    v = v.permute(0, 1, 4, 3, 2)  # (B, heads, HW, j, head_dim)
+    out = torch.matmul(weights, v)  # (B, heads, HW, i, head_dim)
+    out = out.permute(0, 1, 4, 3, 2).reshape(b, c * window, h * w)
+    out = F.fold(out, (h, w), k, padding=k // 2)  # sums the overlapping window contributions
+    return _reference_linear(module.proj, out)
+
+
+def _reference_linear(layer: nn.Linear, x: Tensor) -> Tensor:
+    return layer(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+def _reference_forward(module: ContrastDrivenAggregation, x: Tensor, fg: Tensor, bg: Tensor) -> Tensor:
+    """``ContrastDrivenAggregation.forward`` as first implemented (same parameters, same result up to
+    floating-point rounding)."""
+    x = module.input_convs(x)
+    v = _reference_linear(module.value, x)
+    x = _reference_window_attention(module, v, _reference_window_weights(module, fg, module.attn_fg))
+    x = _reference_window_attention(module, x, _reference_window_weights(module, bg, module.attn_bg))
+    return module.output_convs(x)
 
 
 class GuidanceBranch(nn.Module):

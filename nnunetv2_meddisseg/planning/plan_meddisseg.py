@@ -21,12 +21,12 @@ __all__ = ["build_meddisseg_plans", "plan_meddisseg", "estimate_batch_size", "de
 NETWORK_CLASS_NAME = "nnunetv2_meddisseg.architectures.MedDisSegNet"
 DEFAULT_PLANS_NAME = "nnUNetMedDisSegPlans"
 SIZE_MULTIPLE = 16
-# Peak training memory per input pixel and sample (fp32 activations + gradients of the Stage II
-# network), measured with benchmarks/train_step.py (see benchmarks/RESULTS.md). With mixed precision
-# on CUDA the real figure is lower, so budgets derived from it are conservative.
-TRAINING_BYTES_PER_PIXEL = 48_000
-# Parameters, gradients and two Adam moments of the 45.6 M parameter network, in bytes.
-STATIC_TRAINING_BYTES = 4 * 4 * 45_600_000
+# Peak training memory per input pixel and sample of the Stage II network: the slope of peak RSS
+# between batch 1 and batch 4 at 256x256, fp32 on CPU, measured with benchmarks/train_step.py
+# (benchmarks/results/train_step.md). Mixed precision on CUDA needs less, so budgets are conservative.
+TRAINING_BYTES_PER_PIXEL = 22_000
+# Parameters, gradients and two Adam moments of the 46.1 M parameter network, in bytes.
+STATIC_TRAINING_BYTES = 4 * 4 * 46_115_000
 
 
 def default_arch_kwargs(encoder_weights: Optional[str] = None, elat: bool = True, activation: str = "telu",

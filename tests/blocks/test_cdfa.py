@@ -1,7 +1,9 @@
 import pytest
 import torch
 
-from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation, ContrastGuidancePyramid, GuidanceBranch
+from nnunetv2_meddisseg.blocks import cdfa
+from nnunetv2_meddisseg.blocks.cdfa import (ContrastDrivenAggregation, ContrastGuidancePyramid, GuidanceBranch,
+                                            displacement_sum, window_displacement_weights)
 
 
 def _linear(layer, x):
@@ -40,12 +42,17 @@ def _brute_force_cdfa(m, x, fg, bg):
     return m.output_convs(y)
 
 
+IMPLEMENTATIONS = {"current": lambda m, x, fg, bg: m(x, fg, bg), "first": cdfa._reference_forward}
+
+
 @pytest.mark.parametrize(
-    "in_channels,dim,heads,size", [(256, 128, 4, (4, 4)), (8, 16, 2, (3, 5))]
+    "implementation,in_channels,dim,heads,size,kernel",
+    [(impl, *case) for impl in sorted(IMPLEMENTATIONS) for case in [(256, 128, 4, (4, 4), 3), (8, 16, 2, (3, 5), 3)]]
+    + [("current", 8, 16, 2, (4, 6), 5)],
 )
-def test_matches_brute_force(in_channels, dim, heads, size):
+def test_matches_brute_force(implementation, in_channels, dim, heads, size, kernel):
     torch.manual_seed(0)
-    m = ContrastDrivenAggregation(in_channels, dim, heads).double().eval()
+    m = ContrastDrivenAggregation(in_channels, dim, heads, kernel_size=kernel).double().eval()
     with torch.no_grad():
         # sharpen the generated attention so that a wrong window index would show
         for layer in (m.attn_fg, m.attn_bg):
@@ -53,7 +60,7 @@ def test_matches_brute_force(in_channels, dim, heads, size):
         x = torch.randn(2, in_channels, *size, dtype=torch.float64)
         fg = torch.randn(2, dim, *size, dtype=torch.float64)
         bg = torch.randn(2, dim, *size, dtype=torch.float64)
-        ours = m(x, fg, bg)
+        ours = IMPLEMENTATIONS[implementation](m, x, fg, bg)
         ref = _brute_force_cdfa(m, x, fg, bg)
     assert ours.shape == (2, dim, *size)
     torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
@@ -92,3 +99,135 @@ def test_guidance_pyramid_shapes():
     assert len(GuidanceBranch(16, 16, 3).up_convs) == 3
     # the reference's CDFA pre-processing: 20 Conv3x3-BN-act blocks of 128 channels = 2.954 M
     assert sum(p.numel() for p in ContrastGuidancePyramid(128, 128).parameters()) == 20 * (128 * 128 * 9 + 256)
+
+
+# --- the current window attention (shifted views) against the first implementation (unfold / matmul / fold)
+
+def _module_and_inputs(size, in_channels=32, dim=32, heads=4, kernel=3, batch=2, seed=0):
+    torch.manual_seed(seed)
+    m = ContrastDrivenAggregation(in_channels, dim, heads, kernel_size=kernel)
+    with torch.no_grad():
+        for layer in (m.attn_fg, m.attn_bg):
+            layer.weight.mul_(10)  # peaked attention: a misplaced window entry would show
+    x = torch.randn(batch, in_channels, *size)
+    fg, bg = torch.randn(batch, dim, *size), torch.randn(batch, dim, *size)
+    return m, x, fg, bg
+
+
+@pytest.mark.parametrize("size,kernel", [((16, 16), 3), ((7, 11), 3), ((1, 1), 3), ((2, 9), 3), ((9, 6), 5)])
+@pytest.mark.parametrize("training", [False, True])
+def test_forward_equals_first_implementation_fp32(size, kernel, training):
+    m, x, fg, bg = _module_and_inputs(size, kernel=kernel)
+    m.train(training)
+    with torch.no_grad():
+        ours = m(x, fg, bg)
+        ref = cdfa._reference_forward(m, x, fg, bg)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_window_attention_equals_first_implementation_fp32():
+    m, _, fg, _ = _module_and_inputs((12, 10), dim=64, heads=4)
+    v = torch.randn(2, 64, 12, 10)
+    with torch.no_grad():
+        ours = m.window_attention(v, m.window_weights(fg, m.attn_fg))
+        ref = cdfa._reference_window_attention(m, v, cdfa._reference_window_weights(m, fg, m.attn_fg))
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    # the weights are the same numbers in another layout
+    weights = m.window_weights(fg, m.attn_fg)
+    ref_weights = cdfa._reference_window_weights(m, fg, m.attn_fg)  # (B, heads, HW, i, j)
+    b, heads, _, _, h, w = weights.shape
+    torch.testing.assert_close(weights.permute(0, 1, 4, 5, 2, 3).reshape(b, heads, h * w, 9, 9), ref_weights,
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_gradients_equal_first_implementation():
+    # float64: in fp32 the train-mode BatchNorm backward amplifies rounding differences to ~1e-4
+    m, x, fg, bg = _module_and_inputs((10, 13))
+    m.double().train()
+    grads = []
+    for forward in (lambda *a: m(*a), lambda *a: cdfa._reference_forward(m, *a)):
+        m.zero_grad()
+        inputs = [t.double().requires_grad_() for t in (x, fg, bg)]
+        out = forward(*inputs)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)).sum().backward()
+        grads.append([t.grad for t in inputs] + [p.grad.clone() for p in m.parameters()])
+    for ours, ref in zip(*grads):
+        torch.testing.assert_close(ours, ref, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("size,kernel,heads", [((4, 5), 3, 2), ((1, 2), 3, 1), ((3, 2), 5, 1)])
+def test_displacement_functions_gradcheck(size, kernel, heads):
+    # the hand-written backward passes against numerical derivatives (fast mode: random projections)
+    torch.manual_seed(0)
+    k2, span = kernel * kernel, 2 * kernel - 1
+    weights = torch.randn(1, heads, k2, k2, *size, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a: window_displacement_weights(a, kernel), (weights,), fast_mode=True)
+    values = torch.randn(2, heads * 3, *size, dtype=torch.float64, requires_grad=True)
+    displacement = torch.randn(2, heads, span, span, *size, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(displacement_sum, (values, displacement), fast_mode=True)
+
+
+def test_displacement_sum_by_hand():
+    # one head, 1 x 3 image, 3 x 3 displacements: out(q) = sum_delta D_delta(q) v(q + delta), zero outside
+    values = torch.tensor([[[[1.0, 2.0, 4.0]]]])
+    displacement = torch.zeros(1, 1, 3, 3, 1, 3)
+    displacement[0, 0, 1, 2] = 10.0  # delta = (0, +1): reads the right neighbour
+    displacement[0, 0, 1, 1] = 1.0  # delta = 0
+    displacement[0, 0, 0, 1] = 100.0  # delta = (-1, 0): outside the image, contributes nothing
+    out = displacement_sum(values, displacement)
+    torch.testing.assert_close(out, torch.tensor([[[[1.0 + 20.0, 2.0 + 40.0, 4.0]]]]))
+
+
+def test_window_displacement_weights_by_hand():
+    # k = 3, one pixel: only the window centred on it exists, i = j = centre gives delta = 0, and i = centre,
+    # j = right gives delta = (0, +1); window positions i != centre write outside the 1 x 1 image
+    weights = torch.zeros(1, 1, 9, 9, 1, 1)
+    weights[0, 0, 4, 4] = 0.25
+    weights[0, 0, 4, 5] = 0.5
+    weights[0, 0, 0, 0] = 7.0  # i = top-left: writes to a pixel outside the image
+    d = window_displacement_weights(weights, 3)
+    expected = torch.zeros(1, 1, 5, 5, 1, 1)
+    expected[0, 0, 2, 2] = 0.25
+    expected[0, 0, 2, 3] = 0.5
+    torch.testing.assert_close(d, expected)
+
+
+def test_mixed_precision_inputs():
+    # under autocast the values arrive in bf16 and the softmaxed weights in fp32: the sum is formed in fp32
+    torch.manual_seed(0)
+    values = torch.randn(1, 4, 5, 5).bfloat16().requires_grad_()
+    displacement = torch.rand(1, 2, 5, 5, 5, 5, requires_grad=True)
+    out = displacement_sum(values, displacement)
+    assert out.dtype == torch.float32
+    out.sum().backward()
+    assert values.grad.dtype == torch.bfloat16 and displacement.grad.dtype == torch.float32
+    ref = displacement_sum(values.detach().float(), displacement.detach())
+    torch.testing.assert_close(out, ref)
+
+
+def test_displacement_functions_reject_bad_shapes():
+    with pytest.raises(ValueError, match="weights must be"):
+        window_displacement_weights(torch.zeros(1, 1, 9, 8, 2, 2), 3)
+    with pytest.raises(ValueError, match="S odd"):
+        displacement_sum(torch.zeros(1, 2, 3, 3), torch.zeros(1, 1, 4, 4, 3, 3))
+    with pytest.raises(ValueError, match="do not match"):
+        displacement_sum(torch.zeros(1, 3, 3, 3), torch.zeros(1, 2, 5, 5, 3, 3))
+
+
+def test_current_implementation_saves_less_for_backward():
+    # the unfolded windows (k*k copies of the values) are no longer kept for the backward pass
+    m, x, fg, bg = _module_and_inputs((16, 16))
+    m.train()
+
+    def saved_elements(forward):
+        total = []
+
+        def pack(t):
+            total.append(t.numel())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            forward(x.requires_grad_(), fg, bg)
+        return sum(total)
+
+    assert saved_elements(lambda *a: m(*a)) < 0.8 * saved_elements(lambda *a: cdfa._reference_forward(m, *a))

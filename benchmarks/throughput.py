@@ -1,0 +1,259 @@
+"""Forward-only inference throughput of Med-DisSeg vs the 2d networks nnU-Net plans for the same data.
+
+All candidates (networks x variants) are timed in alternating rounds in one run, after warm-up, and
+the median per candidate is reported, so that the ratios stay meaningful on a noisy machine.
+``MedDisSeg-reference`` is the same network with the first, unoptimised block implementations
+(before/after ratio of the optimisations). A CDFA micro-benchmark (finest level, before/after) and a
+``torch.profiler`` breakdown of Med-DisSeg follow.
+
+Variants: ``fp32``; on CUDA also ``bf16`` (autocast), ``channels_last``, ``channels_last_bf16`` and
+``compile`` (torch.compile; skipped with the reason recorded where it fails).
+
+Usage: ``python benchmarks/throughput.py [--batch 4] [--size 256] [--repeats N] [--device cpu|cuda]``
+"""
+import argparse
+import contextlib
+import copy
+import os
+import statistics
+import time
+from typing import Callable, Dict, List
+
+import torch
+from torch import nn
+
+from common import (DEFAULT_OUT, NETWORK_NAMES, alternating_timings, build_network, command_line, machine_info,
+                    markdown_table, parse_device, set_mode, summarize, synchronize, write_results)
+
+CUDA_VARIANTS = ("fp32", "bf16", "channels_last", "channels_last_bf16", "compile")
+
+
+def _variant_callable(net: nn.Module, x: torch.Tensor, variant: str, device: torch.device
+                      ) -> Callable[[], object]:
+    """A no-argument function running one inference forward of ``net`` in ``variant``."""
+    amp = variant.endswith("bf16")
+    if variant.startswith("channels_last"):
+        net = copy.deepcopy(net).to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    if variant == "compile":
+        net = torch.compile(copy.deepcopy(net))
+
+    def run() -> object:
+        ctx = torch.autocast(device.type, dtype=torch.bfloat16) if amp else contextlib.nullcontext()
+        with torch.inference_mode(), ctx:
+            return net(x)
+
+    return run
+
+
+def _try_prepare(run: Callable[[], object], device: torch.device) -> str:
+    """Run once (compiles / allocates); '' on success, else the error in one line."""
+    try:
+        run()
+        synchronize(device)
+        return ""
+    except Exception as e:  # torch.compile may be unavailable (no compiler, unsupported op, ...)
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+
+
+def cdfa_microbenchmark(batch: int, size: int, repeats: int, device: torch.device) -> dict:
+    """Finest CDFA (256 -> 128 channels at size/2): current vs first implementation, forward only."""
+    from nnunetv2_meddisseg.blocks import cdfa
+
+    torch.manual_seed(0)
+    m = cdfa.ContrastDrivenAggregation(256, 128, 4).to(device).eval()
+    h = size // 2
+    x = torch.randn(batch, 256, h, h, device=device)
+    fg, bg = torch.randn(batch, 128, h, h, device=device), torch.randn(batch, 128, h, h, device=device)
+    v = torch.randn(batch, 128, h, h, device=device)
+
+    def new_attention():
+        return m.window_attention(v, m.window_weights(fg, m.attn_fg))
+
+    def old_attention():
+        return cdfa._reference_window_attention(m, v, cdfa._reference_window_weights(m, fg, m.attn_fg))
+
+    fns = {"cdfa_current": lambda: m(x, fg, bg), "cdfa_reference": lambda: cdfa._reference_forward(m, x, fg, bg),
+           "window_attention_current": new_attention, "window_attention_reference": old_attention}
+    with torch.inference_mode():
+        diff = (m(x, fg, bg) - cdfa._reference_forward(m, x, fg, bg)).abs().max().item()
+        times = alternating_timings(fns, repeats, warmup=1, device=device)
+    stats = {k: summarize(v) for k, v in times.items()}
+    return {"input": [batch, 256, h, h], "max_abs_difference": diff, "timings": stats,
+            "speedup_cdfa": stats["cdfa_reference"]["median_s"] / stats["cdfa_current"]["median_s"],
+            "speedup_window_attention": stats["window_attention_reference"]["median_s"]
+            / stats["window_attention_current"]["median_s"]}
+
+
+def profile_network(net: nn.Module, x: torch.Tensor, device: torch.device, rows: int = 15, repeats: int = 3) -> dict:
+    """Top operators (torch.profiler, self time, one forward) and wall time per top-level part (median
+    of ``repeats`` forwards)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch.inference_mode():
+        net(x)
+        with profile(activities=activities) as prof:
+            net(x)
+            synchronize(device)
+    averages = list(prof.key_averages())
+    key = "self_cpu_time_total"
+    if device.type == "cuda":  # renamed in recent torch versions
+        key = "self_device_time_total" if hasattr(averages[0], "self_device_time_total") else "self_cuda_time_total"
+    events = sorted(averages, key=lambda e: getattr(e, key, 0), reverse=True)
+    total = sum(getattr(e, key, 0) for e in events) or 1
+    top = [{"op": e.key, "self_ms": getattr(e, key, 0) / 1e3, "share": getattr(e, key, 0) / total, "calls": e.count}
+           for e in events[:rows]]
+
+    parts: Dict[str, float] = {}
+    handles = []
+    for name, module in net.named_children():
+        children = list(module.children()) if isinstance(module, (nn.ModuleList, nn.ModuleDict)) else [module]
+        for i, child in enumerate(children):
+            label = name if len(children) == 1 else f"{name}.{i}"
+
+            def pre(_m, _i, label=label):
+                synchronize(device)
+                parts[label] = parts.get(label, 0.0) - time.perf_counter()
+
+            def post(_m, _i, _o, label=label):
+                synchronize(device)
+                parts[label] += time.perf_counter()
+
+            handles += [child.register_forward_pre_hook(pre), child.register_forward_hook(post)]
+    runs: List[Dict[str, float]] = []
+    walls = []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            parts.clear()
+            synchronize(device)
+            start = time.perf_counter()
+            net(x)
+            synchronize(device)
+            walls.append(time.perf_counter() - start)
+            runs.append(dict(parts))
+    for h in handles:
+        h.remove()
+    parts = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    wall = statistics.median(walls)
+    return {"top_ops": top, "part_seconds": parts, "forward_seconds": wall}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--size", type=int, default=256, help="image height = width")
+    p.add_argument("--repeats", type=int, default=10, help="timed rounds (median reported)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--networks", nargs="+", default=list(NETWORK_NAMES), choices=NETWORK_NAMES)
+    p.add_argument("--variants", nargs="+", default=None, choices=CUDA_VARIANTS,
+                   help="default: all on CUDA, fp32 on CPU")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--no-profile", action="store_true", help="skip the torch.profiler breakdown")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="folder for throughput.json / .md")
+    args = p.parse_args(argv)
+
+    device = parse_device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    variants = args.variants or (list(CUDA_VARIANTS) if device.type == "cuda" else ["fp32"])
+    torch.manual_seed(0)
+    x = torch.randn(args.batch, 3, args.size, args.size, device=device)
+    nets = {name: set_mode(build_network(name).to(device), training=False, deep_supervision=False)
+            for name in args.networks}
+
+    fns, skipped = {}, {}
+    for name, net in nets.items():
+        for variant in variants:
+            run = _variant_callable(net, x, variant, device)
+            error = _try_prepare(run, device)
+            if error:
+                skipped[f"{name} / {variant}"] = error
+            else:
+                fns[f"{name} / {variant}"] = run
+    times = alternating_timings(fns, args.repeats, args.warmup, device)
+    stats = {k: summarize(v) for k, v in times.items()}
+    for k, s in stats.items():
+        s["images_per_s"] = args.batch / s["median_s"]
+    base = "MedDisSeg / fp32"
+    payload = {"machine": machine_info(str(device)), "command": command_line(), "batch": args.batch,
+               "size": args.size, "repeats": args.repeats, "warmup": args.warmup, "variants": variants,
+               "results": stats, "skipped": skipped,
+               "load_average_after": [round(v, 2) for v in os.getloadavg()]}
+    if base in stats:
+        payload["ratios_vs_meddisseg_fp32"] = {k: stats[base]["median_s"] / s["median_s"] for k, s in stats.items()}
+    if "MedDisSeg-reference / fp32" in stats and base in stats:
+        payload["speedup_meddisseg_vs_reference"] = stats["MedDisSeg-reference / fp32"]["median_s"] / stats[base][
+            "median_s"]
+    payload["cdfa_microbenchmark"] = cdfa_microbenchmark(args.batch, args.size, args.repeats, device)
+    if not args.no_profile and "MedDisSeg" in nets:
+        payload["profile_meddisseg"] = profile_network(nets["MedDisSeg"], x, device)
+        if "MedDisSeg-reference" in nets:
+            payload["profile_meddisseg_reference"] = profile_network(nets["MedDisSeg-reference"], x, device)
+    files = write_results(args.out, "throughput", payload, _markdown(payload))
+    print(files["markdown"].read_text())
+    print(f"written: {files['json']}, {files['markdown']}")
+    return 0
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.1f}"
+
+
+def _markdown(payload: dict) -> str:
+    b, size = payload["batch"], payload["size"]
+    out = [f"Forward-only inference (eval, deep supervision off, `torch.inference_mode`), batch {b}, "
+           f"{size}x{size}, 3 channels; {payload['warmup']} warm-up + {payload['repeats']} timed rounds, all "
+           f"candidates alternating in each round; median. Load average after the run: "
+           f"{payload['load_average_after']}.", ""]
+    ratios = payload.get("ratios_vs_meddisseg_fp32", {})
+    rows = [[k, _ms(s["median_s"]), f"{_ms(s['q1_s'])}-{_ms(s['q3_s'])}", f"{s['images_per_s']:.2f}",
+             f"{ratios[k]:.2f}" if k in ratios else "n/a"] for k, s in payload["results"].items()]
+    out.append(markdown_table(["network / variant", "median ms/batch", "IQR ms", "images/s",
+                               "speed vs MedDisSeg fp32"], rows))
+    if payload["skipped"]:
+        out += ["", "Skipped:", ""] + [f"- {k}: {v}" for k, v in payload["skipped"].items()]
+    if "speedup_meddisseg_vs_reference" in payload:
+        out += ["", f"Optimised blocks (CDFA window attention, TeLU) vs first implementation, whole network: "
+                f"**{payload['speedup_meddisseg_vs_reference']:.2f}x** faster (same run, alternating)."]
+    if payload["variants"] != ["fp32"]:
+        out += ["", "Which variant helps (speed vs fp32 of the same network):", ""]
+        for net in {k.split(" / ")[0] for k in payload["results"]}:
+            f32 = payload["results"].get(f"{net} / fp32")
+            if not f32:
+                continue
+            parts = [f"{v}: {f32['median_s'] / payload['results'][f'{net} / {v}']['median_s']:.2f}x"
+                     for v in payload["variants"] if v != "fp32" and f"{net} / {v}" in payload["results"]]
+            out.append(f"- {net}: " + ", ".join(parts))
+    c = payload["cdfa_microbenchmark"]
+    t = c["timings"]
+    out += ["", "## CDFA at the finest level, before/after", "",
+            f"Input {tuple(c['input'])} (+ fg, bg guidance of 128 channels), forward, alternating; max |difference| "
+            f"of the outputs {c['max_abs_difference']:.2e}.", "",
+            markdown_table(["", "current ms", "first implementation ms", "speed-up"],
+                           [["CDFA forward", _ms(t["cdfa_current"]["median_s"]), _ms(t["cdfa_reference"]["median_s"]),
+                             f"{c['speedup_cdfa']:.2f}x"],
+                            ["window attention (weights + aggregation + projection)",
+                             _ms(t["window_attention_current"]["median_s"]),
+                             _ms(t["window_attention_reference"]["median_s"]),
+                             f"{c['speedup_window_attention']:.2f}x"]])]
+    for key, title in (("profile_meddisseg", "MedDisSeg"), ("profile_meddisseg_reference",
+                                                            "MedDisSeg with the first block implementations")):
+        if key not in payload:
+            continue
+        prof = payload[key]
+        wall = prof["forward_seconds"]
+        out += ["", f"## Profile: {title} (forward {_ms(wall)} ms, median of 3; operators of one forward)", "",
+                markdown_table(["part", "ms", "share"],
+                               [[k, _ms(v), f"{v / wall:.1%}"] for k, v in
+                                sorted(prof["part_seconds"].items(), key=lambda kv: -kv[1])]), "",
+                markdown_table(["operator", "self ms", "share", "calls"],
+                               [[o["op"], f"{o['self_ms']:.1f}", f"{o['share']:.1%}", o["calls"]]
+                                for o in prof["top_ops"]])]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
