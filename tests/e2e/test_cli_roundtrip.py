@@ -137,6 +137,10 @@ def test_meddisseg_plans_train_predict(cli_env, tmp_path):
         "nnunetv2_meddisseg.architectures.MedDisSegNet"
     # (nnUNetv2_evaluate_folder, which does not depend on the plans, ran in the test above)
     predict(cli_env, tmp_path, SMOKE, plans_name)
+    proc = run_cli(["nnUNetv2_find_best_configuration", "501", "-c", "2d", "-tr", SMOKE, "-p", plans_name,
+                    "-f", "0"], cli_env)
+    assert f"-tr {SMOKE}" in proc.stdout and f"-p {plans_name}" in proc.stdout
+    assert (Path(cli_env["nnUNet_results"]) / DATASET / "inference_information.json").is_file()
 
 
 def test_dispersive_trainer_trains(cli_env):
