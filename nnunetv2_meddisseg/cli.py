@@ -4,11 +4,16 @@ from __future__ import annotations
 import sys
 from typing import Callable, Optional, Sequence
 
-__all__ = ["UserError", "run_command"]
+__all__ = ["UserError", "print_error", "run_command"]
 
 
 class UserError(Exception):
     """A mistake in the user's input (a file, folder or option), reported without a traceback."""
+
+
+def print_error(prog: str, error: BaseException | str) -> None:
+    """Print ``prog: error: <message>`` to stderr as exactly one line (whitespace collapsed)."""
+    print(f"{prog}: error: {' '.join(str(error).split())}", file=sys.stderr)
 
 
 def run_command(prog: str, command: Callable[[Optional[Sequence[str]]], None],
@@ -18,6 +23,5 @@ def run_command(prog: str, command: Callable[[Optional[Sequence[str]]], None],
     try:
         command(argv)
     except (UserError, FileNotFoundError) as e:
-        message = " ".join(str(e).split())
-        print(f"{prog}: error: {message}", file=sys.stderr)
+        print_error(prog, e)
         sys.exit(2)

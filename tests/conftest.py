@@ -1,9 +1,24 @@
-"""Fixtures shared by the test tree: a preprocessed tiny dataset in temporary nnU-Net folders."""
+"""Fixtures shared by the test tree: temporary nnU-Net folders, a preprocessed tiny dataset."""
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict
 
 import pytest
 
 from nnunet_cli import nnunet_env, run_cli
+
+
+@pytest.fixture
+def nnunet_dirs(tmp_path, monkeypatch) -> Dict[str, Path]:
+    """nnUNet_raw / nnUNet_preprocessed / nnUNet_results in a temporary folder (environment set;
+    nnunetv2.paths reads the environment on every access, so setting it here is enough)."""
+    dirs = {}
+    for name in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results"):
+        dirs[name] = tmp_path / "nnunet" / name
+        dirs[name].mkdir(parents=True)
+        monkeypatch.setenv(name, str(dirs[name]))
+    return dirs
 
 
 @pytest.fixture(scope="session")

@@ -62,15 +62,9 @@ class Row:
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch) -> Env:
-    """nnUNet_raw / nnUNet_preprocessed / nnUNet_results under ``tmp_path`` (nnunetv2.paths reads the
-    environment on every access, so setting it here is enough)."""
-    dirs = {}
-    for name in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results"):
-        dirs[name] = tmp_path / "nnunet" / name
-        dirs[name].mkdir(parents=True)
-        monkeypatch.setenv(name, str(dirs[name]))
-    return dirs
+def env(nnunet_dirs) -> Env:
+    """nnUNet_raw / nnUNet_preprocessed / nnUNet_results under ``tmp_path`` (see tests/conftest.py)."""
+    return nnunet_dirs
 
 
 def run_entry_point(command: str, argv: List[str]) -> int:

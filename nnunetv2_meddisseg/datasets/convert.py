@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from nnunetv2_meddisseg.cli import print_error
+
 from .common import (ConversionError, ConversionPlan, ConversionResult, OptionError, apply_split,
                      require_env_folder, validate_dataset_id, validate_resize, write_nnunet_dataset)
 from .cvc_clinicdb import plan_cvc_clinicdb
@@ -84,7 +86,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         result = convert(args.dataset, args.source, args.dataset_id, resize=args.resize, split_file=args.split_file,
                          overwrite=args.overwrite, num_processes=args.num_processes, progress=sys.stderr.isatty())
     except ConversionError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
+        print_error(PROG, err)
         return err.exit_code
     for note in result.notes:
         print(f"{PROG}: note: {note}", file=sys.stderr)

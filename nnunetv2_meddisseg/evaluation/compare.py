@@ -34,6 +34,7 @@ import numpy as np
 from scipy import stats
 from tqdm import tqdm
 
+from nnunetv2_meddisseg.cli import print_error
 from nnunetv2_meddisseg.evaluation.evaluate import (METRIC_DISPLAY_NAMES, evaluate_folders, is_multiclass_summary,
                                                     load_dataset_json_labels, match_cases, read_image,
                                                     read_label_map, save_summary)
@@ -475,7 +476,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                             file_ending=file_ending, num_overlays=args.num_overlays,
                                             title=f"{dataset_name}, {args.c}, fold {args.f}")
     except (ValueError, FileNotFoundError, OSError) as e:
-        print(f"nnUNetv2_meddisseg_compare: error: {' '.join(str(e).split())}", file=sys.stderr)
+        print_error("nnUNetv2_meddisseg_compare", e)
         return 1
     with open(result["files"]["table_md"], encoding="utf-8") as f:
         print(f.read())

@@ -19,6 +19,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 import numpy as np
 from tqdm import tqdm
 
+from nnunetv2_meddisseg.cli import print_error
 from nnunetv2_meddisseg.evaluation.metrics import (BINARY_METRICS, binary_metrics, mean_and_std,
                                                    multiclass_dice_hd95)
 
@@ -309,7 +310,7 @@ def main(argv: Optional[Sequence[str]] = None, stdout: TextIO = None) -> int:
         if args.o is not None:
             save_summary(summary, args.o)
     except (ValueError, FileNotFoundError, OSError) as e:
-        print(f"nnUNetv2_meddisseg_evaluate: error: {' '.join(str(e).split())}", file=sys.stderr)
+        print_error("nnUNetv2_meddisseg_evaluate", e)
         return 1
     print(format_summary(summary), file=stdout)
     if args.o is not None:
