@@ -21,7 +21,7 @@ setup(
         "pillow",
         "tqdm",
     ],
-    extras_require={"test": ["pytest"], "synapse": ["h5py"]},
+    extras_require={"test": ["pytest", "h5py"], "synapse": ["h5py"]},
     entry_points={
         "console_scripts": [
             "nnUNetv2_meddisseg_plan=nnunetv2_meddisseg.planning.plan_meddisseg:main",
