@@ -132,3 +132,29 @@ def test_input_unchanged_and_works_in_inference_mode():
         y = telu(x)
     assert torch.equal(x, before)
     torch.testing.assert_close(y, _reference_telu(before), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_large_inputs_finite_values_and_gradients(dtype):
+    # issue 6: under CPU autocast a convolution hands TeLU its output in bf16 / fp16 (fp16: where this torch's
+    # CPU autocast supports it); here an identity 1x1 convolution, so the expected values are known exactly
+    conv = nn.Conv2d(1, 1, 1, bias=False)
+    nn.init.ones_(conv.weight)
+    x = torch.tensor(LARGE).view(1, 1, 1, -1).requires_grad_()
+    try:
+        with torch.autocast("cpu", dtype=dtype):
+            z = conv(x)
+            y = TeLU()(z)
+    except RuntimeError as e:
+        pytest.skip(f"CPU autocast does not support {dtype}: {e}")
+    if z.dtype != dtype:
+        pytest.skip(f"CPU autocast does not support {dtype} (the convolution ran in {z.dtype})")
+    assert y.dtype == dtype and torch.isfinite(y).all()
+    values = [_reference(v) for v in z.detach().double().flatten().tolist()]
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(y.double().flatten(), torch.tensor(values, dtype=torch.float64), rtol=tol, atol=tol)
+    y.float().sum().backward()
+    assert torch.isfinite(x.grad).all() and torch.isfinite(conv.weight.grad).all()
+    grads = [_reference_grad(v) for v in z.detach().double().flatten().tolist()]
+    torch.testing.assert_close(x.grad.double().flatten(), torch.tensor(grads, dtype=torch.float64),
+                               rtol=5 * tol, atol=5 * tol)

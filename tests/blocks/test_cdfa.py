@@ -231,3 +231,77 @@ def test_current_implementation_saves_less_for_backward():
         return sum(total)
 
     assert saved_elements(lambda *a: m(*a)) < 0.8 * saved_elements(lambda *a: cdfa._reference_forward(m, *a))
+
+
+# --- numerics under autocast (issue 6): large-magnitude inputs, where a naive exp() of the logits overflows
+
+def _cpu_autocast_or_skip(dtype: torch.dtype):
+    """``torch.autocast('cpu', dtype)``; skips the test where this torch's CPU autocast lacks ``dtype``
+    (older versions raise, or warn and disable autocast)."""
+    try:
+        with torch.autocast("cpu", dtype=dtype):
+            probe = torch.nn.functional.linear(torch.ones(1, 2), torch.ones(3, 2))
+    except RuntimeError as e:
+        pytest.skip(f"CPU autocast does not support {dtype}: {e}")
+    if probe.dtype != dtype:
+        pytest.skip(f"CPU autocast does not support {dtype} (linear gave {probe.dtype})")
+    return torch.autocast("cpu", dtype=dtype)
+
+
+# (dtype, scale of x, scale of fg / bg). fp16: the guidance (hence the softmax logits) at 1e4, but x at 1e3:
+# with x at 1e4 in eval mode the second window attention sums values ~1e4 from up to k*k windows, past
+# fp16's largest number (65504), which no softmax can prevent.
+AUTOCAST_CASES = [(torch.bfloat16, 1e3, 1e3), (torch.bfloat16, 1e4, 1e4), (torch.float16, 1e3, 1e4)]
+# where exp() overflows: fp32 / bf16 above ~88.7, fp16 above ~11.1
+EXP_OVERFLOW = {torch.float32: 88.8, torch.bfloat16: 88.8, torch.float16: 11.1}
+
+
+@pytest.mark.parametrize("implementation", sorted(IMPLEMENTATIONS))
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("dtype,x_scale,guidance_scale", AUTOCAST_CASES,
+                         ids=[f"{str(d)[6:]}-x{x:.0e}-g{g:.0e}" for d, x, g in AUTOCAST_CASES])
+def test_autocast_large_inputs_finite_values_and_gradients(dtype, x_scale, guidance_scale, training, implementation):
+    torch.manual_seed(0)
+    m = ContrastDrivenAggregation(16, 32, 4).train(training)
+    x = (torch.randn(2, 16, 8, 8) * x_scale).requires_grad_()
+    fg = (torch.randn(2, 32, 8, 8) * guidance_scale).requires_grad_()
+    bg = (torch.randn(2, 32, 8, 8) * guidance_scale).requires_grad_()
+    with _cpu_autocast_or_skip(dtype):
+        logits = m._pointwise(m.attn_fg, fg.detach()) * m.scale
+        weights = m.window_weights(fg.detach(), m.attn_fg)
+        out = IMPLEMENTATIONS[implementation](m, x, fg, bg)
+    # the premise: these logits overflow a naive exp() in the dtype the softmax runs in
+    assert logits.dtype == dtype and logits.abs().max() > EXP_OVERFLOW[dtype]
+    assert not torch.isfinite(torch.exp(logits)).all()
+    # softmax weights: finite, in [0, 1], each row sums to 1
+    assert torch.isfinite(weights).all()
+    assert weights.min() >= 0 and weights.max() <= 1
+    torch.testing.assert_close(weights.float().sum(dim=3), torch.ones(2, 4, 9, 8, 8), rtol=0, atol=2e-2)
+    assert out.shape == (2, 32, 8, 8) and out.dtype == dtype
+    assert torch.isfinite(out).all()
+    # a mean-reduced loss, as in training (a plain sum over 4096 outputs would scale the gradients by 4096)
+    (out.float() * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).mean().backward()
+    for name, t in (("x", x), ("fg", fg), ("bg", bg)):
+        assert t.grad is not None and torch.isfinite(t.grad).all(), name
+    assert x.grad.abs().max() > 0
+    for name, p in m.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_fp32_large_inputs_finite_and_equal_to_first_implementation(training):
+    # no autocast: logits ~1e3 (a naive exp overflows fp32); both implementations give the same finite result
+    torch.manual_seed(0)
+    m = ContrastDrivenAggregation(16, 32, 4).train(training)
+    x, fg, bg = (torch.randn(2, c, 8, 8) * 1e3 for c in (16, 32, 32))
+    assert (m._pointwise(m.attn_fg, fg) * m.scale).abs().max() > EXP_OVERFLOW[torch.float32]
+    results = []
+    for forward in (IMPLEMENTATIONS["current"], IMPLEMENTATIONS["first"]):
+        m.zero_grad()
+        inputs = [t.clone().requires_grad_() for t in (x, fg, bg)]
+        out = forward(m, *inputs)
+        out.mean().backward()
+        results.append([out.detach()] + [t.grad for t in inputs] + [p.grad.clone() for p in m.parameters()])
+        assert all(torch.isfinite(t).all() for t in results[-1])
+    for ours, ref in zip(*results):
+        torch.testing.assert_close(ours, ref, rtol=1e-3, atol=1e-3 * float(ref.abs().max()))

@@ -238,3 +238,34 @@ def test_diagnostics_effective_rank():
     expected = math.exp(-(p * p.log()).sum().item())
     assert dispersion_diagnostics(h)["effective_rank"] == pytest.approx(expected, rel=1e-5)
     assert dispersion_diagnostics(h[:1]) == {"mean_pairwise_distance": 0.0, "effective_rank": 0.0}
+
+
+# (covariance, fp16) is left out: its gradient grows with the cube of the feature scale (~1e12 at 1e4), beyond
+# fp16's range whatever the loss does; its fp32 value at this scale is tested in test_extreme_magnitudes_stay_finite
+AUTOCAST_LARGE_CASES = [(v, d) for v in DISPERSIVE_VARIANTS for d in (torch.bfloat16, torch.float16)
+                        if (v, d) != ("covariance", torch.float16)]
+
+
+@pytest.mark.parametrize("variant,dtype", AUTOCAST_LARGE_CASES)
+def test_autocast_large_low_precision_features_finite(variant, dtype):
+    # issue 6: features of magnitude ~1e3..1e4 that a layer under CPU autocast produced in bf16 / fp16
+    torch.manual_seed(6)
+    layer = torch.nn.Linear(8, 40)
+    x = torch.randn(5, 8) * 3e3
+    try:
+        with torch.autocast("cpu", dtype=dtype):
+            h = layer(x)
+            h.retain_grad()
+            loss = dispersive_loss(h, variant, margin=2e4)  # a margin above the distances keeps the hinge active
+    except RuntimeError as e:
+        pytest.skip(f"CPU autocast does not support {dtype}: {e}")
+    if h.dtype != dtype:
+        pytest.skip(f"CPU autocast does not support {dtype} (the layer ran in {h.dtype})")
+    assert 1e3 < h.abs().max() < 6e4
+    assert loss.dtype == torch.float32 and torch.isfinite(loss) and loss != 0
+    expected = _reference(h.detach(), variant, 0.8, 1e-8, 2e4)
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-4, atol=1e-6)
+    loss.backward()
+    assert h.grad.dtype == dtype and torch.isfinite(h.grad).all()
+    # infonce_l2 saturates here (every exp(-d_ij / tau) underflows, the loss is log(eps)): its true gradient is 0
+    assert (h.grad.abs().max() > 0) == (variant != "infonce_l2")
