@@ -8,9 +8,16 @@
 - A batch of one sample is reported once (a dispersive loss has no pairs and is zero).
 - Per-epoch curves of every loss term, each group's learning rate and the dispersion diagnostics
   (``TrainingCurves``), stored in the checkpoints and plotted beside nnU-Net's ``progress.png``.
+- ``initialize`` and every epoch start by seeding Python's, NumPy's and torch's global generators
+  from ``(run seed, epoch, rank)``. The run seed is the trainer's ``seed`` attribute, else the environment
+  variable ``nnUNet_meddisseg_seed``, else drawn at random; checkpoints store it. An epoch is then a
+  function of the weights and optimizer state it starts from, so ``--c`` replays the rest of an
+  interrupted run exactly where the batches come from this process (``nnUNet_n_proc_DA=0``) and the
+  arithmetic is deterministic (CPU; see the README for what differs otherwise).
 """
 import glob
 import os
+import random
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -26,10 +33,41 @@ from nnunetv2.utilities.helpers import dummy_context
 
 from nnunetv2_meddisseg.training.logging import PLOT_FILENAME, TrainingCurves
 
-__all__ = ["atomic_torch_save", "check_finite_input", "unwrap_module", "CURVE_PREFIXES", "ExtendedTrainerBase"]
+__all__ = ["atomic_torch_save", "check_finite_input", "unwrap_module", "run_seed_from_environment", "seed_epoch",
+           "CURVE_PREFIXES", "SEED_ENVIRONMENT_VARIABLE", "ExtendedTrainerBase"]
 
 #: train_step output keys with these prefixes are averaged per epoch into ``TrainingCurves``
 CURVE_PREFIXES = ("loss_", "dispersion_")
+#: environment variable that fixes the run seed (an integer >= 0)
+SEED_ENVIRONMENT_VARIABLE = "nnUNet_meddisseg_seed"
+
+
+def run_seed_from_environment() -> Optional[int]:
+    """The integer in ``nnUNet_meddisseg_seed``, or None where it is unset or empty."""
+    value = os.environ.get(SEED_ENVIRONMENT_VARIABLE, "").strip()
+    if not value:
+        return None
+    try:
+        seed = int(value)
+    except ValueError:
+        seed = -1
+    if seed < 0:
+        raise ValueError(f"{SEED_ENVIRONMENT_VARIABLE} must be an integer >= 0, got {value!r}")
+    return seed
+
+
+def seed_epoch(run_seed: int, epoch: Optional[int], rank: int = 0) -> None:
+    """Seed ``random``, ``numpy.random`` and torch (CPU and CUDA) from ``(run_seed, epoch, rank)``;
+    ``epoch`` None seeds the initialisation (network weights, heads) before the first epoch.
+
+    Independent streams per epoch and rank (``numpy.random.SeedSequence``), so that no epoch's
+    random numbers depend on how many an earlier epoch drew.
+    """
+    stream = [run_seed, 0, rank] if epoch is None else [run_seed, 1, epoch, rank]
+    words = np.random.SeedSequence(stream).generate_state(4, dtype=np.uint32)
+    random.seed(int(words[0]))
+    np.random.seed(int(words[1]))
+    torch.manual_seed((int(words[2]) << 32) | int(words[3]))
 
 
 def atomic_torch_save(obj: object, filename: str) -> None:
@@ -92,11 +130,16 @@ class ExtendedTrainerBase(nnUNetTrainer):
     ``_stage_boundaries`` as needed and return ``loss_*`` / ``dispersion_*`` floats from ``train_step``.
     """
 
+    #: run seed; None: ``nnUNet_meddisseg_seed`` if set, else random (see the module docstring)
+    seed: Optional[int] = None
+
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
         super().__init__(plans, configuration, fold, dataset_json, device)
         self.curves = TrainingCurves()
         self._warned_small_batch = False
+        seed = self.seed if self.seed is not None else run_seed_from_environment()
+        self.run_seed: int = int(seed) if seed is not None else int.from_bytes(os.urandom(4), "little")
 
     # ------------------------------------------------------------------ helpers
     def _plain_network(self) -> nn.Module:
@@ -141,6 +184,20 @@ class ExtendedTrainerBase(nnUNetTrainer):
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 12)
             self.optimizer.step()
+
+    def initialize(self) -> None:
+        if not self.was_initialized:
+            seed_epoch(self.run_seed, None, self.local_rank)  # the initial weights depend on the run seed only
+        super().initialize()
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        self.print_to_log_file(f"run seed {self.run_seed} (every epoch is seeded from it and the epoch number; "
+                               f"set {SEED_ENVIRONMENT_VARIABLE} to fix it)")
+
+    def on_epoch_start(self) -> None:
+        super().on_epoch_start()
+        seed_epoch(self.run_seed, self.current_epoch, self.local_rank)
 
     # ------------------------------------------------------------------ curves
     def _stage_boundaries(self) -> Sequence[int]:
@@ -201,6 +258,7 @@ class ExtendedTrainerBase(nnUNetTrainer):
             "trainer_name": self.__class__.__name__,
             "inference_allowed_mirroring_axes": self.inference_allowed_mirroring_axes,
             "training_curves": self.curves.get_checkpoint(),
+            "run_seed": self.run_seed,
         }
         checkpoint.update(self._checkpoint_extras())
         atomic_torch_save(checkpoint, filename)
@@ -230,6 +288,8 @@ class ExtendedTrainerBase(nnUNetTrainer):
         self.inference_allowed_mirroring_axes = checkpoint.get("inference_allowed_mirroring_axes",
                                                                self.inference_allowed_mirroring_axes)
         self.curves.load_checkpoint(checkpoint.get("training_curves"))
+        if checkpoint.get("run_seed") is not None:
+            self.run_seed = int(checkpoint["run_seed"])
         self.optimizer.load_state_dict(checkpoint["optimizer_state"])
         if self.grad_scaler is not None and checkpoint.get("grad_scaler_state") is not None:
             self.grad_scaler.load_state_dict(checkpoint["grad_scaler_state"])

@@ -310,8 +310,10 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint_extras(self) -> Dict[str, object]:
         extras: Dict[str, object] = {"meddisseg_stage": self.training_stage}
-        if self.training_stage == STAGE_1 and self.stage1_head is not None:
-            extras["stage1_head_weights"] = self._plain_head().state_dict()
+        if self.training_stage == STAGE_1:
+            extras["_best_ema"] = None  # (on_epoch_end holds it at inf during Stage I to block checkpoint_best)
+            if self.stage1_head is not None:
+                extras["stage1_head_weights"] = self._plain_head().state_dict()
         return extras
 
     def _before_restoring_checkpoint(self, checkpoint: Mapping[str, object]) -> None:

@@ -16,14 +16,16 @@ __all__ = ["nnUNetTrainerMedDisSeg_smoke", "nnUNetTrainerMedDisSeg_250epochs", "
 
 
 class nnUNetTrainerMedDisSeg_smoke(nnUNetTrainerMedDisSeg):
-    """1 epoch of Stage I + 1 epoch of Stage II, 4 training and 2 validation iterations each: for tests
-    and a first run on a new machine (minutes on a CPU)."""
+    """1 epoch of Stage I + 2 epochs of Stage II, 4 training and 2 validation iterations each, a
+    checkpoint after every epoch: for tests (interruption in either stage) and a first run on a new
+    machine (minutes on a CPU)."""
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
         super().__init__(plans, configuration, fold, dataset_json, device)
-        self.num_epochs = 2
+        self.num_epochs = 3
         self.stage1_epochs = 1
+        self.save_every = 1
         self.num_iterations_per_epoch = 4
         self.num_val_iterations_per_epoch = 2
 

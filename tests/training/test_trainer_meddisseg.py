@@ -68,6 +68,7 @@ def nnunet_dirs(tmp_path, monkeypatch) -> Path:
     (preprocessed / "case_000.b2nd").touch()  # lets nnU-Net infer its dataset class; never read
     monkeypatch.setenv("nnUNet_preprocessed", str(tmp_path / "preprocessed"))
     monkeypatch.setenv("nnUNet_results", str(tmp_path / "results"))
+    monkeypatch.delenv("nnUNet_meddisseg_seed", raising=False)  # run seeds are random unless a test sets one
     torch.set_num_threads(2)
     return tmp_path
 
@@ -274,15 +275,17 @@ def test_checkpoint_round_trip_in_stage1_and_stage2(nnunet_dirs):
     trainer.on_train_epoch_start()
     trainer.train_step(batch)
     stage1_file = str(nnunet_dirs / "stage1.pth")
+    trainer.run_seed = 123
     trainer.save_checkpoint(stage1_file)
 
     resumed = make_trainer()
+    assert resumed.run_seed != 123  # drawn at random (1 in 2**32 to fail)
     with torch.no_grad():  # make sure loading really overwrites
         for p in resumed.stage1_head.parameters():
             p.add_(1.0)
     resumed.load_checkpoint(stage1_file)
     assert resumed.training_stage == STAGE_1 and resumed.network.encoder_only
-    assert resumed.current_epoch == 1
+    assert resumed.current_epoch == 1 and resumed.run_seed == 123
     for a, b in zip(trainer.stage1_head.state_dict().values(), resumed.stage1_head.state_dict().values()):
         assert torch.equal(a, b)
     for a, b in zip(trainer.network.state_dict().values(), resumed.network.state_dict().values()):
