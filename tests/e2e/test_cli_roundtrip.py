@@ -3,6 +3,7 @@
 nnUNet_extTrainer is set from ``python -m nnunetv2_meddisseg.trainer_path``; every command runs on
 the CPU on the generated 64x64 Dataset501 (conftest's ``preprocessed_synthetic``).
 """
+import csv
 import json
 import math
 import os
@@ -86,37 +87,60 @@ def load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def test_meddisseg_interrupted_resumed_predicted_evaluated(cli_env, tmp_path):
-    """Train the smoke schedule with nnU-Net's default plans, kill -9 it once the end-of-Stage-I
-    checkpoint is written, resume with --c (it must continue in Stage II), predict, evaluate."""
-    folder = fold_folder(cli_env, SMOKE)
-    latest = folder / "checkpoint_latest.pth"
-    log = tmp_path / "interrupted.log"
+def train_until_killed(env: dict, log: Path, epoch: int, *extra: str) -> None:
+    """Run the smoke training (with ``extra`` options) and SIGKILL it, with its whole process group, as
+    soon as it starts ``epoch`` (nnU-Net logs "Epoch N" after the checkpoint of epoch N-1 is written)."""
+    env = {**env, "PYTHONUNBUFFERED": "1"}
     with open(log, "w") as out:
-        proc = subprocess.Popen([str(BIN / "nnUNetv2_train"), "501", "2d", "0", "-tr", SMOKE, "-device", "cpu"],
-                                env=cli_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen([str(BIN / "nnUNetv2_train"), "501", "2d", "0", "-tr", SMOKE, "-device", "cpu",
+                                 *extra], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             deadline = time.monotonic() + 600
-            while not latest.exists():
-                assert proc.poll() is None, f"training ended before its Stage I checkpoint:\n{log.read_text()[-3000:]}"
-                assert time.monotonic() < deadline, "no Stage I checkpoint after 600 s"
-                time.sleep(0.2)
+            while f"Epoch {epoch}\n" not in log.read_text():
+                assert proc.poll() is None, f"training ended before epoch {epoch}:\n{log.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, f"epoch {epoch} not reached after 600 s"
+                time.sleep(0.1)
         finally:
-            if proc.poll() is None:
+            alive = proc.poll() is None
+            if alive:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert not (folder / "checkpoint_final.pth").exists()
+    assert alive, f"training finished before it could be killed:\n{log.read_text()[-3000:]}"
+
+
+def test_meddisseg_killed_in_both_stages_resumes_exactly(cli_env, tmp_path):
+    """With a fixed run seed and single-process data loading on the CPU, the smoke schedule killed
+    (kill -9) in Stage I and again in Stage II and resumed twice with --c ends with exactly the weights
+    of an uninterrupted run. Then predict and evaluate with the resumed model."""
+    env = {**cli_env, "nnUNet_meddisseg_seed": "0"}
+    assert env["nnUNet_n_proc_DA"] == "0"
+    reference_env = {**env, "nnUNet_results": str(tmp_path / "uninterrupted")}
+    run_cli(["nnUNetv2_train", "501", "2d", "0", "-tr", SMOKE, "-device", "cpu"], reference_env)
+    reference = load(fold_folder(reference_env, SMOKE) / "checkpoint_final.pth")
+
+    folder = fold_folder(env, SMOKE)
+    latest = folder / "checkpoint_latest.pth"
+    train_until_killed(env, tmp_path / "stage1.log", 1)  # killed in Stage II's first epoch
     stage1 = load(latest)
     assert stage1["meddisseg_stage"] == "stage1" and stage1["current_epoch"] == 1
-    assert "stage1_head_weights" in stage1
+    assert "stage1_head_weights" in stage1 and stage1["run_seed"] == 0
 
-    resumed = run_cli(["nnUNetv2_train", "501", "2d", "0", "-tr", SMOKE, "-device", "cpu", "--c"], cli_env)
-    assert "Stage II from epoch 1" in resumed.stdout
-    assert "Epoch 0" not in resumed.stdout  # Stage I is not repeated
+    train_until_killed(env, tmp_path / "stage2.log", 2, "--c")  # resumed, killed in Stage II's second epoch
+    resumed_log = (tmp_path / "stage2.log").read_text()
+    assert "Stage II from epoch 1" in resumed_log and "Epoch 0\n" not in resumed_log  # Stage I is not repeated
+    stage2 = load(latest)
+    assert stage2["meddisseg_stage"] == "stage2" and stage2["current_epoch"] == 2
+    assert "stage1_head_weights" not in stage2
+
+    resumed = run_cli(["nnUNetv2_train", "501", "2d", "0", "-tr", SMOKE, "-device", "cpu", "--c"], env)
+    assert "Epoch 2" in resumed.stdout and "Epoch 1\n" not in resumed.stdout
     final = load(folder / "checkpoint_final.pth")
-    assert final["meddisseg_stage"] == "stage2" and final["current_epoch"] == 2
-    assert "stage1_head_weights" not in final
-    assert final["training_curves"]["stage"] == [1.0, 2.0]  # the Stage I history came back from the checkpoint
+    assert final["meddisseg_stage"] == "stage2" and final["current_epoch"] == 3
+    assert final["training_curves"]["stage"] == [1.0, 2.0, 2.0]  # the history came back from the checkpoints
+    assert final["network_weights"].keys() == reference["network_weights"].keys()
+    different = [k for k, v in final["network_weights"].items() if not torch.equal(v, reference["network_weights"][k])]
+    assert not different, f"{len(different)} tensors differ from the uninterrupted run, e.g. {different[:3]}"
+    assert final["training_curves"]["loss_seg"] == reference["training_curves"]["loss_seg"]
     assert load(folder / "checkpoint_best.pth")["meddisseg_stage"] == "stage2"
     assert not latest.exists()
     for name in ("progress.png", "progress_terms.png", "validation/summary.json"):
@@ -152,3 +176,46 @@ def test_dispersive_trainer_trains(cli_env):
     assert "loss terms: dispersive" in proc.stdout
     curves = load(folder / "checkpoint_final.pth")["training_curves"]
     assert len(curves["loss_dispersive"]) == 1 and curves["loss_dispersive"][0] < 0
+
+
+def ensure_trained(env: dict, trainer: str, plans: str = "nnUNetPlans") -> Path:
+    """The fold-0 model folder of ``trainer``, trained now unless an earlier test trained it."""
+    if not (fold_folder(env, trainer, plans) / "checkpoint_final.pth").is_file():
+        run_cli(["nnUNetv2_train", "501", "2d", "0", "-tr", trainer, "-p", plans, "-device", "cpu"], env)
+    return fold_folder(env, trainer, plans).parent
+
+
+def test_compare_predicts_both_models_like_nnunet_predict(cli_env, tmp_path):
+    """nnUNetv2_meddisseg_compare on two trained models: it predicts the test set with each (the same
+    labels as nnUNetv2_predict with its default test-time mirroring), evaluates, and writes the table,
+    chart, statistics and overlays; a second run predicts only the cases whose predictions are missing."""
+    baseline, model = "nnUNetTrainerDispersive_smoke", SMOKE  # nnU-Net's PlainConvUNet stands in for default
+    folders = [ensure_trained(cli_env, baseline), ensure_trained(cli_env, model)]
+    out = tmp_path / "comparison"
+    command = ["nnUNetv2_meddisseg_compare", "-d", "501", "-f", "0", "--baseline-trainer", baseline,
+               "--trainer", model, "--plans", "nnUNetPlans", "-o", out, "--device", "cpu", "--num-overlays", "2"]
+    proc = run_cli(command, cli_env)
+    images = Path(cli_env["nnUNet_raw"]) / DATASET / "imagesTs"
+    cases = sorted(p.name[:-len("_0000.png")] for p in images.glob("*_0000.png"))
+    assert len(cases) == 4
+    for trainer, folder in zip((baseline, model), folders):
+        assert f"{folder.name}: predicted 4 case(s)" in proc.stdout
+        reference = tmp_path / f"nnunet_predict_{trainer}"
+        run_cli(["nnUNetv2_predict", "-i", images, "-o", reference, "-d", "501", "-c", "2d", "-f", "0",
+                 "-tr", trainer, "-p", "nnUNetPlans", "-npp", "0", "-nps", "0", "-device", "cpu"], cli_env)
+        for case in cases:
+            ours = np.asarray(Image.open(out / "predictions" / folder.name / f"{case}.png"))
+            theirs = np.asarray(Image.open(reference / f"{case}.png"))
+            assert np.array_equal(ours, theirs), f"{trainer}, {case}: compare's prediction differs from nnUNetv2_predict"
+
+    table = (out / "comparison.md").read_text()
+    assert baseline in table and model in table and "Wilcoxon" in table
+    assert (out / "comparison.csv").is_file() and (out / "comparison_bar_chart.png").stat().st_size > 0
+    with open(out / "paired_differences.csv") as f:
+        differing = sum(float(row["dice_diff"]) != 0 for row in csv.DictReader(f))
+    assert len(list((out / "overlays").glob("*.png"))) == min(2, differing)  # the cases that differ most
+
+    (out / "predictions" / folders[1].name / f"{cases[0]}.png").unlink()
+    again = run_cli(command, cli_env)
+    assert f"{folders[0].name}: predicted 0 case(s)" in again.stdout
+    assert f"{folders[1].name}: predicted 1 case(s)" in again.stdout
