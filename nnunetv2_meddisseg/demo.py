@@ -19,8 +19,11 @@ from nnunetv2_meddisseg.cli import UserError, run_command
 
 __all__ = ["main"]
 
-BASELINE_TRAINER = "nnUNetTrainerBaseline_demo"
-MEDDISSEG_TRAINER = "nnUNetTrainerMedDisSeg_demo"
+#: --schedule: (default nnU-Net trainer, Med-DisSeg trainer), equal numbers of training iterations
+SCHEDULES = {
+    "demo": ("nnUNetTrainerBaseline_demo", "nnUNetTrainerMedDisSeg_demo"),  # 8 epochs x 15 iterations
+    "smoke": ("nnUNetTrainerBaseline_smoke", "nnUNetTrainerMedDisSeg_smoke"),  # 3 epochs x 4 iterations
+}
 PLANS = "nnUNetMedDisSegPlans"
 
 
@@ -52,7 +55,11 @@ def _demo(argv: Optional[Sequence[str]]) -> None:
                    help="a Kvasir-SEG folder (images/, masks/) to use instead of the generated dataset")
     p.add_argument("--size", type=int, default=64, help="image size in pixels (default 64)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--schedule", default="demo", choices=sorted(SCHEDULES),
+                   help="training schedule of both models: 'demo' (8 epochs x 15 iterations, default) or 'smoke' "
+                        "(3 x 4: checks the whole pipeline in a few minutes; the tests use it)")
     args = p.parse_args(argv)
+    baseline_trainer, meddisseg_trainer = SCHEDULES[args.schedule]
     if args.size < 32 or args.size % 16:
         raise UserError(f"--size must be a multiple of 16 and at least 32, got {args.size}")
 
@@ -80,18 +87,20 @@ def _demo(argv: Optional[Sequence[str]]) -> None:
         make_synthetic_dataset(env["nnUNet_raw"], dataset_id=int(dataset_id), num_train=24, num_test=10,
                                size=args.size, seed=0, overwrite=True)
     print("[2/5] nnU-Net planning and preprocessing, Med-DisSeg plan")
-    _run(["nnUNetv2_plan_and_preprocess", "-d", dataset_id, "-c", "2d", "-np", "2"], env, logs)
+    # nnU-Net 2.8.1's planning crashes with nnUNet_n_proc_DA=0 (torch.set_num_threads(0)): plan without it
+    plan_env = {k: v for k, v in env.items() if not (k == "nnUNet_n_proc_DA" and v.strip() == "0")}
+    _run(["nnUNetv2_plan_and_preprocess", "-d", dataset_id, "-c", "2d", "-np", "2"], plan_env, logs)
     _run(["nnUNetv2_meddisseg_plan", "-d", dataset_id], env, logs)
-    print(f"[3/5] training default nnU-Net ({BASELINE_TRAINER})")
-    _run(["nnUNetv2_train", dataset_id, "2d", "0", "-tr", BASELINE_TRAINER, "-device", args.device], env, logs)
-    print(f"[4/5] training Med-DisSeg ({MEDDISSEG_TRAINER}: Stage I then Stage II)")
-    _run(["nnUNetv2_train", dataset_id, "2d", "0", "-tr", MEDDISSEG_TRAINER, "-p", PLANS, "-device", args.device],
+    print(f"[3/5] training default nnU-Net ({baseline_trainer})")
+    _run(["nnUNetv2_train", dataset_id, "2d", "0", "-tr", baseline_trainer, "-device", args.device], env, logs)
+    print(f"[4/5] training Med-DisSeg ({meddisseg_trainer}: Stage I then Stage II)")
+    _run(["nnUNetv2_train", dataset_id, "2d", "0", "-tr", meddisseg_trainer, "-p", PLANS, "-device", args.device],
          env, logs)
     print("[5/5] predicting the test set with both and comparing")
     comparison = out / "comparison"
-    _run(["nnUNetv2_meddisseg_compare", "-d", dataset_id, "-f", "0", "--baseline-trainer", BASELINE_TRAINER,
-          "--trainer", MEDDISSEG_TRAINER, "--plans", PLANS, "-o", str(comparison), "--device", args.device],
-         env, logs)
+    _run(["nnUNetv2_meddisseg_compare", "-d", dataset_id, "-f", "0", "--baseline-trainer", baseline_trainer,
+          "--trainer", meddisseg_trainer, "--plans", PLANS, "-o", str(comparison), "--device", args.device,
+          "--names", "nnU-Net", "Med-DisSeg"], env, logs)
     table = comparison / "comparison.md"
     if table.is_file():
         print("\n" + table.read_text())

@@ -10,8 +10,11 @@ documented graceful paths (a JPEG-noisy mask is thresholded, ``--overwrite`` rep
 and controls showing that the inputs the failing rows break are otherwise accepted.
 
 Nothing here runs nnU-Net's planning, preprocessing or training: plan rows use a hand-written
-``nnUNetPlans.json`` with an empty ``nnUNetPlans_2d`` folder. The train rows of issue 6 live in
-the trainer's tests.
+``nnUNetPlans.json`` with an empty ``nnUNetPlans_2d`` folder. The train rows of issue 6 are tested
+elsewhere: ``-c 3d_fullres``, input with NaN and batch size 1 in tests/training/test_trainer_meddisseg.py
+(``test_3d_configuration_is_refused_before_anything_is_written``, ``test_nan_input_is_a_clear_error``,
+``test_batch_size_one_warns_once_and_has_zero_dispersion``); single-channel CT input, 4-channel input
+and ``--c`` without a checkpoint through the real ``nnUNetv2_train`` in tests/e2e/test_train_inputs.py.
 """
 from __future__ import annotations
 
@@ -504,8 +507,25 @@ def test_bad_input(row: Row, tmp_path, env, capsys):
     assert after == before, f"left behind: {sorted(after - before)}, removed: {sorted(before - after)}"
 
 
+# the train rows of issue 6, tested outside this table (see the module docstring): case -> (file, test)
+TRAIN_ROWS = {
+    "-c 3d_fullres": ("training/test_trainer_meddisseg.py",
+                      "test_3d_configuration_is_refused_before_anything_is_written"),
+    "batch size 1": ("training/test_trainer_meddisseg.py", "test_batch_size_one_warns_once_and_has_zero_dispersion"),
+    "input with NaN": ("training/test_trainer_meddisseg.py", "test_nan_input_is_a_clear_error"),
+    "single-channel CT": ("e2e/test_train_inputs.py",
+                          "test_single_channel_ct_trains_and_continue_without_checkpoint_starts_fresh"),
+    "4-channel input": ("e2e/test_train_inputs.py", "test_four_channel_input_trains_with_meddisseg_plans"),
+    "--c without checkpoint": ("e2e/test_train_inputs.py",
+                               "test_single_channel_ct_trains_and_continue_without_checkpoint_starts_fresh"),
+}
+
+
 def test_table_covers_issue_6():
     failing = [r for r in ROWS if r.exit_code != 0]
     assert len(failing) >= 20
     assert {r.command for r in failing} == set(COMMANDS)
     assert all(r.expected for r in failing) and all(r.check for r in ROWS if r.exit_code == 0)
+    tests = Path(__file__).resolve().parent
+    for case, (file, test) in TRAIN_ROWS.items():
+        assert f"\ndef {test}(" in (tests / file).read_text(), f"train row {case!r}: {test} not in tests/{file}"

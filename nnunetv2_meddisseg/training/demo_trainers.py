@@ -5,7 +5,8 @@ from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
 
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 
-__all__ = ["nnUNetTrainerBaseline_demo", "nnUNetTrainerMedDisSeg_demo", "DEMO_EPOCHS", "DEMO_ITERATIONS"]
+__all__ = ["nnUNetTrainerBaseline_demo", "nnUNetTrainerMedDisSeg_demo", "nnUNetTrainerBaseline_smoke", "DEMO_EPOCHS",
+           "DEMO_ITERATIONS"]
 
 DEMO_EPOCHS = 8
 DEMO_ITERATIONS = 15
@@ -34,3 +35,15 @@ class nnUNetTrainerMedDisSeg_demo(nnUNetTrainerMedDisSeg):
                  device: torch.device = torch.device("cuda")):
         super().__init__(plans, configuration, fold, dataset_json, device)
         _demo_schedule(self)
+
+
+class nnUNetTrainerBaseline_smoke(nnUNetTrainer):
+    """Default nnU-Net on the schedule of ``nnUNetTrainerMedDisSeg_smoke`` (3 epochs of 4 training and 2
+    validation iterations): ``nnUNetv2_meddisseg_demo --schedule smoke`` and tests."""
+
+    def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
+                 device: torch.device = torch.device("cuda")):
+        super().__init__(plans, configuration, fold, dataset_json, device)
+        self.num_epochs = 3
+        self.num_iterations_per_epoch = 4
+        self.num_val_iterations_per_epoch = 2

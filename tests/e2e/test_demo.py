@@ -1,0 +1,45 @@
+"""The README's main command, ``nnUNetv2_meddisseg_demo``, end to end on its generated dataset with the
+``smoke`` schedule (the default ``demo`` schedule runs the same steps with longer training: about 11
+minutes on a 2-core CPU, too long for every CI run)."""
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+BIN = Path(sys.executable).parent
+
+
+def test_demo_trains_predicts_evaluates_and_compares(tmp_path):
+    out = tmp_path / "demo"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("nnUNet_")}  # as on a fresh machine
+    env["nnUNet_n_proc_DA"] = "0"  # a user's setting that nnU-Net's planning cannot take: the demo copes
+    proc = subprocess.run([str(BIN / "nnUNetv2_meddisseg_demo"), "-o", str(out), "--schedule", "smoke"], env=env,
+                          capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    comparison = out / "comparison"
+    assert f"Comparison (table, chart, overlays): {comparison}" in proc.stdout
+
+    table = (comparison / "comparison.md").read_text()
+    assert "| nnU-Net |" in table and "| Med-DisSeg |" in table and "Wilcoxon" in table
+    with open(comparison / "comparison.csv") as f:
+        rows = {row["method"]: row for row in csv.DictReader(f)}
+    assert {"nnU-Net", "Med-DisSeg"} <= set(rows)
+    assert (comparison / "comparison_bar_chart.png").stat().st_size > 0
+
+    # every one of the 10 generated test images was predicted by both models, as 0/1 label maps
+    labels = sorted((out / "nnUNet_raw" / "Dataset501_SyntheticPolyps" / "labelsTs").glob("*.png"))
+    assert len(labels) == 10
+    for trainer_folder in ("nnUNetTrainerBaseline_smoke__nnUNetPlans__2d",
+                           "nnUNetTrainerMedDisSeg_smoke__nnUNetMedDisSegPlans__2d"):
+        predictions = sorted((comparison / "predictions" / trainer_folder).glob("*.png"))
+        assert [p.name for p in predictions] == [p.name for p in labels]
+        assert set(np.unique(np.stack([np.asarray(Image.open(p)) for p in predictions]))) <= {0, 1}
+
+    with open(comparison / "paired_differences.csv") as f:
+        differing = sum(float(row["dice_diff"]) != 0 for row in csv.DictReader(f))
+    assert len(list((comparison / "overlays").glob("*.png"))) == min(4, differing)
+    assert len(list((out / "logs").glob("*.log"))) == 5  # plan, Med-DisSeg plan, two trainings, compare
