@@ -9,7 +9,9 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,7 +24,7 @@ __all__ = [
     "NNUNET_ARCHITECTURES", "NETWORK_NAMES", "DEFAULT_OUT", "machine_info", "command_line", "build_network",
     "set_mode", "use_reference_implementations", "alternating_timings", "summarize", "markdown_table",
     "write_results", "synchronize", "parse_device", "peak_rss_bytes", "current_rss_bytes", "reset_peak_rss",
-    "parameters",
+    "parameters", "nnunet_environment", "run_logged",
 ]
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -264,3 +266,61 @@ def reset_peak_rss() -> bool:
 
 def parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
+
+
+# ------------------------------------------------------------------------------------------------
+# driving nnU-Net's console commands (predict.py, quality.py)
+
+
+def nnunet_environment(work: Path, trainer_folders: Sequence[str] = ()) -> Dict[str, str]:
+    """A copy of ``os.environ`` with ``nnUNet_raw`` / ``nnUNet_preprocessed`` / ``nnUNet_results`` in
+    ``work`` (created) and ``nnUNet_extTrainer`` = ``trainer_folders`` + this package's trainer folder
+    (``os.pathsep``-separated)."""
+    from nnunetv2_meddisseg.trainer_path import trainer_folder
+
+    env = dict(os.environ)
+    for name in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results"):
+        folder = Path(work) / name
+        folder.mkdir(parents=True, exist_ok=True)
+        env[name] = str(folder)
+    env["nnUNet_extTrainer"] = os.pathsep.join([*map(str, trainer_folders), trainer_folder()])
+    return env
+
+
+def _executable(name: str) -> str:
+    """A console command of this Python's environment (its bin folder first, then ``PATH``)."""
+    local = Path(sys.executable).parent / name
+    if local.is_file():
+        return str(local)
+    found = shutil.which(name)
+    if found is None:
+        raise SystemExit(f"command {name} not found next to {sys.executable} nor on PATH: install nnunetv2 and "
+                         f"nnunetv2_meddisseg into this environment")
+    return found
+
+
+def run_logged(command: Sequence[str], env: Mapping[str, str], log_file: Path, echo: bool = True,
+               check: bool = True) -> float:
+    """Run ``command`` (``command[0]`` a console command of this environment, or ``python`` for this
+    interpreter) with stdout and stderr going to ``log_file``; return its wall time in seconds.
+
+    ``echo`` prints the command with its log file before and the time after. A non-zero exit raises
+    ``SystemExit`` naming the command, the last line of its log and the log file (unless not ``check``).
+    """
+    log_file = Path(log_file)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    executable = sys.executable if command[0] == "python" else _executable(command[0])
+    if echo:
+        print(f"  $ {' '.join(map(str, command))}   (log: {log_file})", flush=True)
+    start = time.perf_counter()
+    with open(log_file, "w") as log:
+        proc = subprocess.run([executable, *map(str, command[1:])], env=dict(env), stdout=log,
+                              stderr=subprocess.STDOUT)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0 and check:
+        tail = log_file.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+        raise SystemExit(f"'{' '.join(map(str, command))}' failed with exit code {proc.returncode}: {tail[0]} "
+                         f"(full log: {log_file})")
+    if echo:
+        print(f"    done in {seconds:.1f} s", flush=True)
+    return seconds
