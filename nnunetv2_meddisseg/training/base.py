@@ -6,7 +6,7 @@
 - Every training and validation batch is checked for NaN / inf before it reaches the network: a
   clear ``RuntimeError`` naming the cases instead of a NaN model.
 - A batch of one sample is reported once (a dispersive loss has no pairs and is zero).
-- Per-epoch curves of every loss term, each group's learning rate and the dispersion diagnostics
+- Per-epoch curves of every loss term, each group's learning rate and gradient norm, the dispersion diagnostics
   (``TrainingCurves``), stored in the checkpoints and plotted beside nnU-Net's ``progress.png``.
 - ``initialize`` and every epoch start by seeding Python's, NumPy's and torch's global generators
   from ``(run seed, epoch, rank)``. The run seed is the trainer's ``seed`` attribute, else the environment
@@ -37,7 +37,7 @@ __all__ = ["atomic_torch_save", "check_finite_input", "unwrap_module", "run_seed
            "CURVE_PREFIXES", "SEED_ENVIRONMENT_VARIABLE", "ExtendedTrainerBase"]
 
 #: train_step output keys with these prefixes are averaged per epoch into ``TrainingCurves``
-CURVE_PREFIXES = ("loss_", "dispersion_")
+CURVE_PREFIXES = ("loss_", "dispersion_", "grad_norm_")
 #: environment variable that fixes the run seed (an integer >= 0)
 SEED_ENVIRONMENT_VARIABLE = "nnUNet_meddisseg_seed"
 
@@ -170,20 +170,35 @@ class ExtendedTrainerBase(nnUNetTrainer):
     def _trained_parameters(self) -> List[nn.Parameter]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
-    def _optimizer_step(self, loss: torch.Tensor) -> None:
+    def _group_gradient_norms(self) -> Dict[str, float]:
+        """``{"grad_norm_<group name>": L2 norm}`` of every optimizer group's gradients (before clipping)."""
+        names, norms = [], []
+        for i, group in enumerate(self.optimizer.param_groups):
+            grads = [p.grad.detach().float() for p in group["params"] if p.grad is not None]
+            if grads:
+                name = group.get("name", "network" if len(self.optimizer.param_groups) == 1 else i)
+                names.append(f"grad_norm_{name}")
+                norms.append(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+        return dict(zip(names, torch.stack(norms).cpu().tolist())) if norms else {}
+
+    def _optimizer_step(self, loss: torch.Tensor) -> Dict[str, float]:
         """Backward, gradient clipping at 12 (of every parameter the optimizer holds) and step, with
-        nnU-Net's GradScaler on CUDA."""
+        nnU-Net's GradScaler on CUDA. Returns each group's gradient norm before clipping
+        (``_group_gradient_norms``; inf / NaN in a step that the GradScaler skips)."""
         params = self._trained_parameters()
         if self.grad_scaler is not None:
             self.grad_scaler.scale(loss).backward()
             self.grad_scaler.unscale_(self.optimizer)
+            norms = self._group_gradient_norms()
             torch.nn.utils.clip_grad_norm_(params, 12)
             self.grad_scaler.step(self.optimizer)
             self.grad_scaler.update()
         else:
             loss.backward()
+            norms = self._group_gradient_norms()
             torch.nn.utils.clip_grad_norm_(params, 12)
             self.optimizer.step()
+        return norms
 
     def initialize(self) -> None:
         if not self.was_initialized:
@@ -219,6 +234,10 @@ class ExtendedTrainerBase(nnUNetTrainer):
         terms = ", ".join(f"{k[len('loss_'):]} {v:.4f}" for k, v in sorted(means.items()) if k.startswith("loss_"))
         if terms:
             self.print_to_log_file(f"loss terms: {terms}")
+        gradient_norms = {k: v for k, v in means.items() if k.startswith("grad_norm_")}
+        if gradient_norms:
+            self.print_to_log_file("gradient norms (before clipping): " + ", ".join(
+                f"{k[len('grad_norm_'):]} {v:.4g}" for k, v in sorted(gradient_norms.items())))
         diagnostics = {k: v for k, v in means.items() if k.startswith("dispersion_")}
         if diagnostics:
             self.print_to_log_file("dispersion: " + ", ".join(f"{k[len('dispersion_'):]} {v:.4g}"

@@ -1,6 +1,7 @@
 """nnUNetTrainerMedDisSeg: Med-DisSeg's two training stages in one ``nnUNetv2_train`` run."""
 import math
 from copy import deepcopy
+from types import MappingProxyType
 from pydoc import locate
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
@@ -116,6 +117,13 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     fg_bg_weight: float = 1.0
     complementarity_weight: float = 1.0
     stage1_head_width: int = 64
+    #: "adam" (the paper's) or "sgd" (nnU-Net's: Nesterov, momentum ``sgd_momentum``, ``sgd_weight_decay``)
+    optimizer_name: str = "adam"
+    sgd_momentum: float = 0.99
+    sgd_weight_decay: float = 3e-5
+    #: attribute values that replace the ones above when the encoder starts from random initialisation
+    #: (the plans name no ``encoder_weights``); the paper's values above assume an ImageNet encoder
+    scratch_settings: Mapping[str, object] = MappingProxyType({})
     #: None: RGB when the input has 3 channels named R, G, B (or normalised with rgb_to_0_1)
     photometric_rgb: Optional[bool] = None
 
@@ -123,10 +131,36 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
                  device: torch.device = torch.device("cuda")):
         _require_2d_configuration(plans, configuration, self.__class__.__name__)
         super().__init__(plans, configuration, fold, dataset_json, device)
+        self.encoder_pretrained = self._plans_name_encoder_weights()
+        if not self.encoder_pretrained:
+            self._apply_scratch_settings()
         self.initial_lr = self.stage2_lr
         self.training_stage: Optional[str] = None
         self.stage1_head: Optional[nn.Module] = None
         self.dispersive: Optional[DispersiveLoss] = None
+
+    # ------------------------------------------------------------------ settings
+    def _plans_name_encoder_weights(self) -> bool:
+        """True when the plans build MedDisSegNet with ``encoder_weights`` (a file or ``imagenet``)."""
+        class_name = self.configuration_manager.network_arch_class_name
+        located = locate(class_name) if isinstance(class_name, str) else None
+        if not (isinstance(located, type) and issubclass(located, MedDisSegNet)):
+            return False
+        return bool(self.configuration_manager.network_arch_init_kwargs.get("encoder_weights"))
+
+    def _apply_scratch_settings(self) -> None:
+        for name, value in self.scratch_settings.items():
+            if not hasattr(type(self), name):
+                raise AttributeError(f"{self.__class__.__name__}.scratch_settings names an unknown setting {name!r}")
+            setattr(self, name, value)
+
+    def _make_optimizer(self, groups: Sequence[dict]) -> torch.optim.Optimizer:
+        if self.optimizer_name == "adam":
+            return torch.optim.Adam(groups, weight_decay=self.adam_weight_decay)
+        if self.optimizer_name == "sgd":
+            return torch.optim.SGD(groups, momentum=self.sgd_momentum, nesterov=True,
+                                   weight_decay=self.sgd_weight_decay)
+        raise ValueError(f"{self.__class__.__name__}.optimizer_name must be 'adam' or 'sgd', got {self.optimizer_name!r}")
 
     # ------------------------------------------------------------------ stages
     @property
@@ -182,7 +216,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         else:
             raise ValueError(f"unknown training stage {stage!r}, expected {STAGE_1!r} or {STAGE_2!r}")
         network.encoder_only = stage == STAGE_1
-        optimizer = torch.optim.Adam(groups, weight_decay=self.adam_weight_decay)
+        optimizer = self._make_optimizer(groups)
         scheduler = PerGroupPolyLRScheduler(optimizer, [g["lr"] for g in groups], start, max(length, 1),
                                             self.lr_exponent)
         self.training_stage = stage
@@ -193,7 +227,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         self.optimizer, self.lr_scheduler = self.configure_optimizers(stage)
         if previous == STAGE_1 and stage == STAGE_2:
             self._best_ema = None
-            self.print_to_log_file(f"Stage II from epoch {self.current_epoch}: full network, Adam lr "
+            self.print_to_log_file(f"Stage II from epoch {self.current_epoch}: full network, {self.optimizer_name} lr "
                                    f"{self.stage2_encoder_lr} (encoder + ELAT) / {self.stage2_lr} (rest)")
         empty_cache(self.device)
 
@@ -254,6 +288,9 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
 
     def on_train_start(self) -> None:
         super().on_train_start()
+        origin = "pretrained weights" if self.encoder_pretrained else "random initialisation"
+        self.print_to_log_file(f"encoder from {origin}: {self.optimizer_name}, learning rates Stage I {self.stage1_lr}, "
+                               f"Stage II {self.stage2_encoder_lr} (encoder + ELAT) / {self.stage2_lr} (rest)")
         self.print_to_log_file(
             f"Med-DisSeg: Stage I epochs 0-{self.stage1_epochs - 1}, Stage II epochs {self.stage1_epochs}-"
             f"{self.num_epochs - 1}; dispersive {self.dispersive_variant} tau {self.dispersive_tau} at "
@@ -407,9 +444,9 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
                 total, terms, diagnosed = self._stage1_losses(data, target)
             else:
                 total, terms, diagnosed = self._stage2_losses(data, target)
-        self._optimizer_step(total)
+        gradient_norms = self._optimizer_step(total)
         values = torch.stack([t.detach().float() for t in terms.values()]).cpu().tolist()
-        result = {"loss": total.detach().cpu().numpy()}
+        result = {"loss": total.detach().cpu().numpy(), **gradient_norms}
         result.update({f"loss_{k}": v for k, v in zip(terms.keys(), values)})
         result.update({f"dispersion_{k}": v for k, v in dispersion_diagnostics(diagnosed).items()})
         return result

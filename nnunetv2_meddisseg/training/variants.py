@@ -108,9 +108,10 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
             features = self._captured.pop()
             dispersive = dispersive_loss(features, self.dispersive_variant, self.dispersive_tau)
             total = seg + self.dispersive_weight * dispersive
-        self._optimizer_step(total)
+        gradient_norms = self._optimizer_step(total)
         seg_value, dispersive_value = torch.stack([seg.detach().float(), dispersive.detach()]).cpu().tolist()
-        result = {"loss": total.detach().cpu().numpy(), "loss_seg": seg_value, "loss_dispersive": dispersive_value}
+        result = {"loss": total.detach().cpu().numpy(), "loss_seg": seg_value, "loss_dispersive": dispersive_value,
+                  **gradient_norms}
         result.update({f"dispersion_{k}": v for k, v in dispersion_diagnostics(features).items()})
         return result
 

@@ -1,0 +1,92 @@
+"""Settings for an encoder trained from random initialisation, the from-scratch recipe variants,
+and the per-group gradient norms logged by every trainer."""
+import math
+from copy import deepcopy
+from types import MappingProxyType
+
+import pytest
+import torch
+
+from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_2, nnUNetTrainerMedDisSeg
+from nnunetv2_meddisseg.training.scratch_variants import (SCRATCH_SGD, nnUNetTrainerDispersive_cosine,
+                                                          nnUNetTrainerMedDisSeg_paperSettings,
+                                                          nnUNetTrainerMedDisSeg_plainSGD,
+                                                          nnUNetTrainerMedDisSeg_scratchSGD)
+from tests.training.test_trainer_meddisseg import (MEDDISSEG, PLAIN_UNET, make_batch, make_trainer, nnunet_dirs,
+                                                   tiny_plans)
+
+__all__ = ["nnunet_dirs"]
+
+
+def _pretrained_plans() -> dict:
+    architecture = deepcopy(MEDDISSEG)
+    architecture["arch_kwargs"]["encoder_weights"] = "resnet50_imagenet.pth"  # read only at initialize
+    return tiny_plans(architecture)
+
+
+def test_scratch_settings_apply_only_without_encoder_weights(nnunet_dirs):
+    scratch = make_trainer(nnUNetTrainerMedDisSeg_scratchSGD, initialize=False)
+    assert not scratch.encoder_pretrained
+    for name, value in SCRATCH_SGD.items():
+        assert getattr(scratch, name) == value
+    pretrained = make_trainer(nnUNetTrainerMedDisSeg_scratchSGD, plans=_pretrained_plans(), initialize=False)
+    assert pretrained.encoder_pretrained
+    paper = nnUNetTrainerMedDisSeg_paperSettings
+    assert (pretrained.optimizer_name, pretrained.stage1_lr, pretrained.stage2_encoder_lr,
+            pretrained.dispersive_variant) == (paper.optimizer_name, paper.stage1_lr, paper.stage2_encoder_lr,
+                                               paper.dispersive_variant)
+    kept = make_trainer(nnUNetTrainerMedDisSeg_paperSettings, initialize=False)
+    assert (kept.optimizer_name, kept.stage2_encoder_lr) == ("adam", 1e-5)
+
+
+def test_unknown_scratch_setting_is_refused(nnunet_dirs):
+    class Misspelt(nnUNetTrainerMedDisSeg):
+        scratch_settings = MappingProxyType({"stage2_encoder_learning_rate": 1e-3})
+
+    with pytest.raises(AttributeError, match="unknown setting 'stage2_encoder_learning_rate'"):
+        make_trainer(Misspelt, initialize=False)
+
+
+def test_sgd_recipe_builds_nesterov_sgd_for_both_groups(nnunet_dirs):
+    trainer = make_trainer(nnUNetTrainerMedDisSeg_scratchSGD, num_epochs=2)
+    optimizer, _ = trainer.configure_optimizers(STAGE_2)
+    assert isinstance(optimizer, torch.optim.SGD)
+    assert {g["name"]: g["lr"] for g in optimizer.param_groups} == {"decoder": 1e-2, "encoder": 1e-2}
+    assert all(g["nesterov"] and g["momentum"] == 0.99 for g in optimizer.param_groups)
+
+
+def test_plain_variant_trains_the_final_logits_only(nnunet_dirs):
+    trainer = make_trainer(nnUNetTrainerMedDisSeg_plainSGD, num_epochs=2)
+    assert trainer.stage1_epochs == 0
+    trainer.on_train_epoch_start()
+    assert trainer.training_stage == STAGE_2
+    result = trainer.train_step(make_batch())
+    assert math.isclose(float(result["loss"]), result["loss_seg"], rel_tol=1e-5)
+    assert result["loss_fg_bg"] > 0  # still computed and logged, weighted 0
+
+
+@pytest.mark.parametrize("cls, plans_arch, groups", [
+    (nnUNetTrainerMedDisSeg_scratchSGD, PLAIN_UNET, ("decoder", "encoder")),
+    (nnUNetTrainerDispersive_cosine, PLAIN_UNET, ("network",)),
+])
+def test_gradient_norms_are_the_groups_norms_before_clipping(nnunet_dirs, cls, plans_arch, groups):
+    trainer = make_trainer(cls, plans=tiny_plans(plans_arch), num_epochs=2)
+    trainer.on_train_epoch_start()
+    batch = make_batch()
+    if cls is nnUNetTrainerDispersive_cosine:  # nnU-Net's network: deep-supervision targets (full + 1/2)
+        batch["target"] = [batch["target"], batch["target"][:, :, ::2, ::2]]
+    result = trainer.train_step(batch)
+    reported = {name: result[f"grad_norm_{name}"] for name in groups}
+    total = math.sqrt(sum(v * v for v in reported.values()))
+    clip = min(1.0, 12 / (total + 1e-6))  # clip_grad_norm_'s factor
+    for i, group in enumerate(trainer.optimizer.param_groups):
+        name = group.get("name", "network")
+        after = math.sqrt(sum(float(p.grad.float().norm()) ** 2 for p in group["params"] if p.grad is not None))
+        assert reported[name] > 0
+        assert after == pytest.approx(reported[name] * clip, rel=1e-4)
+
+
+def test_plain_training_constants_match_the_plain_variants():
+    for name, value in __import__("nnunetv2_meddisseg.training.scratch_variants",
+                                  fromlist=["PLAIN_TRAINING"]).PLAIN_TRAINING.items():
+        assert getattr(nnUNetTrainerMedDisSeg_plainSGD, name) == value
