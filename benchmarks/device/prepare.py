@@ -19,8 +19,10 @@ Usage: ``python benchmarks/device/prepare.py [--kvasir PATH] [--size 256] [--pyt
 """
 import argparse
 import os
+import re
 import subprocess
 import sys
+import zipfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence
@@ -100,6 +102,66 @@ def download_wheels(target: Path, python_version: str, pins: Sequence[str]) -> L
     return wheels
 
 
+#: what the GPU machine has: the packages it ships and their dependencies (normalised names)
+DEVICE_PROVIDES = frozenset("""
+torch torchvision triton timm scipy scikit-image scikit-learn matplotlib pandas pillow numpy einops tqdm requests
+imageio tifffile seaborn h5py pyyaml psutil opencv-python-headless filelock typing-extensions sympy mpmath networkx
+jinja2 markupsafe fsspec huggingface-hub safetensors packaging lazy-loader joblib threadpoolctl contourpy cycler
+fonttools kiwisolver pyparsing python-dateutil six pytz tzdata charset-normalizer idna urllib3 certifi setuptools
+""".split())
+#: requirements of carried wheels that the run never imports (or replaces), with the reason
+NOT_NEEDED = {
+    "simpleitk": "stand-in module (benchmarks/device/standins)",
+    "graphviz": "network plots only, never imported on the run's code paths",
+    "yacs": "never imported on the run's code paths",
+    "imagecodecs": "optional for tifffile; the run reads PNG/JPEG",
+    "future": "never imported on the run's code paths",
+    "unittest2": "never imported on the run's code paths",
+    "pydantic": "blosc2 schemas, imported lazily",
+    "rich": "httpx's command line, imported lazily",
+    "httpcore": "httpx transports, imported lazily",
+    "anyio": "httpx transports, imported lazily",
+    "sniffio": "httpx transports, imported lazily",
+    "importlib-resources": "nibabel on Python < 3.12 only",
+}
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def check_wheels(wheels: Sequence[Path], python_version: str) -> List[str]:
+    """Problems of ``wheels`` for CPython ``python_version`` on x86-64 Linux: a tag that does not fit, or a
+    requirement (markers evaluated for that Python) that neither the GPU machine, another wheel nor
+    :data:`NOT_NEEDED` covers. Empty when all is well."""
+    from packaging.requirements import Requirement
+    from packaging.utils import parse_wheel_filename
+
+    cp = "cp" + python_version.replace(".", "")
+    names, problems, requirements = set(), [], []
+    for wheel in wheels:
+        name, _, _, tags = parse_wheel_filename(wheel.name)
+        names.add(_normalise(str(name)))
+        if not any((t.interpreter in (cp, "py3", "py2.py3") or (t.abi == "abi3" and t.interpreter <= cp))
+                   and (t.platform == "any" or t.platform.endswith("x86_64") and t.platform.startswith("manylinux"))
+                   for t in tags):
+            problems.append(f"{wheel.name}: no tag for {cp} on manylinux x86_64")
+        with zipfile.ZipFile(wheel) as z:
+            meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+            requirements += [(wheel.name, Requirement(line.split(":", 1)[1].strip()))
+                             for line in z.read(meta).decode().splitlines() if line.startswith("Requires-Dist:")]
+    env = {"python_version": python_version, "python_full_version": python_version + ".0", "sys_platform": "linux",
+           "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
+           "platform_python_implementation": "CPython", "os_name": "posix", "extra": ""}
+    for wheel, req in requirements:
+        if req.marker is not None and not req.marker.evaluate(env):
+            continue
+        n = _normalise(req.name)
+        if n not in names and n not in DEVICE_PROVIDES and n not in NOT_NEEDED:
+            problems.append(f"{wheel}: requires {req}, which is neither on the GPU machine nor carried")
+    return problems
+
+
 def _jpeg_files(folder: Path) -> List[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in (".jpg", ".jpeg"))
 
@@ -171,6 +233,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.skip_wheels:
         for w in download_wheels(wheels_dir, args.python_version, pinned_requirements()):
             print(f"  {w.name}  {w.stat().st_size / 2 ** 20:.2f} MiB")
+    problems = check_wheels(sorted(wheels_dir.glob("*.whl")), args.python_version)
+    for problem in problems:
+        print(f"WHEEL PROBLEM: {problem}", file=sys.stderr)
+    if problems:
+        return 1
+    print(f"wheels checked: tags fit CPython {args.python_version} x86-64 Linux; every requirement is on the GPU "
+          f"machine, carried, or not needed")
     if not args.skip_data:
         kvasir = Path(args.kvasir) if args.kvasir else _default_kvasir()
         if kvasir is None:
