@@ -91,8 +91,8 @@ MODES = {
         "device": "cpu", "budget_s": 3000,
         "caps": {"environment": 120, "throughput": 420, "training": 300, "cli": 900},
         "throughput": [
-            ("batch1", ["--batch", "1", "--size", "128", "--variants", "fp32", "bf16", "channels_last",
-                        "channels_last_bf16", "--repeats", "1", "--warmup", "0", "--threads", "1"], 300),
+            ("batch1", ["--batch", "1", "--size", "128", "--variants", "fp32", "channels_last_bf16", "--repeats", "1",
+                        "--warmup", "0", "--threads", "1"], 300),
             ("batch2", ["--batch", "2", "--size", "128", "--variants", "fp32", "--repeats", "1", "--warmup", "0",
                         "--threads", "1", "--no-profile"], 120)],
         "training": ["--size", "64", "--batch", "2", "--repeats", "2", "--warmup", "1", "--threads", "1"],
