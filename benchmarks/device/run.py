@@ -274,9 +274,12 @@ def step_environment(run: DeviceRun) -> dict:
     call = run.call("1_environment", ["python", DEVICE_DIR / "probes.py", "env", out], run.mode["caps"]["environment"])
     result = {"calls": [call], "probe": _read_json(out)}
     if shutil.which("nvidia-smi"):
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)
-        result["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
+        try:
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                                  "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+            result["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
+        except (OSError, subprocess.SubprocessError) as e:
+            result["nvidia_smi"] = f"failed: {e}"
     probe = result["probe"] or {}
     missing = {k: v["error"] for k, v in probe.get("modules", {}).items() if "error" in v}
     broken = {k: v for k, v in probe.get("entry_points", {}).items() if v != "ok"}
@@ -340,7 +343,8 @@ def _cli_commands(run: DeviceRun, work: Path, kvasir: Path) -> List[tuple]:
     return [
         ("convert", ["nnUNetv2_meddisseg_convert", "kvasir-seg", kvasir, "-d", d, "--resize", size, "--split-file",
                      work / "split.json", "--overwrite", "-np", processes]),
-        ("plan_and_preprocess", ["nnUNetv2_plan_and_preprocess", "-d", d, "-c", "2d", "-np", processes]),
+        ("plan_and_preprocess", ["nnUNetv2_plan_and_preprocess", "-d", d, "-c", "2d", "-np", processes, "-npfp",
+                                 processes]),
         ("meddisseg_plan", ["nnUNetv2_meddisseg_plan", "-d", d]),
         ("train", ["nnUNetv2_train", d, "2d", "0", "-tr", trainer, "-p", plans, "-device", dev]),
         ("predict", ["nnUNetv2_predict", "-i", lambda: _dataset_folder(raw) / "imagesTs", "-o", work / "predictions",
