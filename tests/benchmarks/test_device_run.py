@@ -50,7 +50,7 @@ def test_device_run_tiny_end_to_end(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, str(DEVICE_DIR / "run.py"), str(out), "--tiny", "--kvasir", str(kvasir),
                            "--scratch", str(tmp_path / "scratch")], env=env, capture_output=True, text=True,
-                          timeout=3600)
+                          timeout=6000)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     steps = results["steps"]
