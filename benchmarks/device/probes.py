@@ -15,6 +15,7 @@ disabled, as nnU-Net's trainer does without CUDA.
 """
 import argparse
 import importlib
+import importlib.metadata
 import json
 import math
 import platform
@@ -44,7 +45,13 @@ def _import_report(names) -> dict:
     for name in names:
         try:
             module = importlib.import_module(name)
-            out[name] = {"version": str(getattr(module, "__version__", "")), "file": str(getattr(module, "__file__", ""))}
+            found = getattr(module, "__version__", "")
+            if not found:
+                try:
+                    found = importlib.metadata.version(name)
+                except importlib.metadata.PackageNotFoundError:
+                    found = "?"
+            out[name] = {"version": str(found), "file": str(getattr(module, "__file__", ""))}
         except Exception as e:  # noqa: BLE001 - the report names whatever fails
             out[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
     return out
