@@ -17,7 +17,8 @@ from nnunetv2_meddisseg.blocks.attention import ELAT
 from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation, ContrastGuidancePyramid
 from nnunetv2_meddisseg.blocks.decoder import DECODER_FUSIONS, MultiScaleCBATDecoder
 from nnunetv2_meddisseg.blocks.decoupling import AuxiliaryHead, FeatureDecoupling
-from nnunetv2_meddisseg.blocks.encoder import ENCODER_CHANNELS, ResNet50Encoder, load_resnet50_weights
+from nnunetv2_meddisseg.blocks.encoder import (ENCODER_CHANNELS, ResNet50Encoder, load_resnet50_weights,
+                                               resolve_encoder_weights)
 from nnunetv2_meddisseg.blocks.enhancement import FeatureEnhancement
 
 __all__ = ["MedDisSegOutput", "MedDisSegNet"]
@@ -62,7 +63,8 @@ class MedDisSegNet(nn.Module):
         input_channels: channels of the input image.
         num_classes: number of output channels (nnU-Net's label count incl. background).
         deep_supervision: initial value of ``self.decoder.deep_supervision`` (nnU-Net switches it).
-        encoder_weights: local torchvision ResNet-50 state-dict file to initialise the encoder, or None.
+        encoder_weights: local torchvision ResNet-50 state-dict file to initialise the encoder, "imagenet"
+            (torchvision's IMAGENET1K_V1 file from torch.hub's cache, never downloaded here), or None.
         elat: ELAT attention on the four encoder outputs (else identity).
         activation: "telu" (paper) or "relu" (ablation) in every block Med-DisSeg adds; the
             ResNet-50 encoder keeps its own ReLU.
@@ -108,8 +110,10 @@ class MedDisSegNet(nn.Module):
         nonlin = get_activation(activation)
         if decoder_fusion not in DECODER_FUSIONS:
             raise ValueError(f"unknown decoder_fusion {decoder_fusion!r}: choose one of {list(DECODER_FUSIONS)}")
-        if encoder_weights is not None and not os.path.isfile(encoder_weights):
-            raise FileNotFoundError(f"encoder weights file not found: {encoder_weights}")
+        if encoder_weights is not None:
+            encoder_weights = resolve_encoder_weights(encoder_weights)
+            if not os.path.isfile(encoder_weights):
+                raise FileNotFoundError(f"encoder weights file not found: {encoder_weights}")
         self.input_channels = input_channels
         self.num_classes = num_classes
         self.encoder_only = False

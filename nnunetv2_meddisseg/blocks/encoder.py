@@ -3,19 +3,30 @@
 The encoder keeps ResNet's own ReLU (stem and bottlenecks) regardless of the network's
 ``activation`` option, so that ImageNet weights stay meaningful; TeLU is used in the blocks that
 Med-DisSeg adds on top. ``layer4`` is not built (Med-DisSeg decodes from x1..x4).
+
+Encoder weights are a local torchvision ResNet-50 state-dict file, or :data:`IMAGENET`: torchvision's
+``ResNet50_Weights.IMAGENET1K_V1`` (the weights the paper's code loads) in torch.hub's cache
+(``torch.hub.get_dir()/checkpoints``, which follows ``TORCH_HOME``). Only
+:func:`download_imagenet_weights` (called by the plan command, once) ever downloads; everything else
+reads the cached file and fails with a one-line message naming it when it is missing.
 """
 import os
 from typing import List, Optional, Type
+from urllib.parse import urlparse
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Bottleneck", "ResNet50Encoder", "load_resnet50_weights", "RESNET50_BLOCKS", "ENCODER_CHANNELS"]
+__all__ = ["Bottleneck", "ResNet50Encoder", "load_resnet50_weights", "RESNET50_BLOCKS", "ENCODER_CHANNELS",
+           "IMAGENET", "imagenet_weights_url", "imagenet_weights_file", "resolve_encoder_weights",
+           "download_imagenet_weights"]
 
 #: bottleneck blocks per stage of ResNet-50 (layer1, layer2, layer3; layer4 = 3 is unused)
 RESNET50_BLOCKS = (3, 4, 6)
 #: channels of the four returned features x1..x4
 ENCODER_CHANNELS = (64, 256, 512, 1024)
+#: the ``encoder_weights`` value naming torchvision's ResNet-50 ``IMAGENET1K_V1`` weights
+IMAGENET = "imagenet"
 
 
 class Bottleneck(nn.Module):
@@ -166,3 +177,67 @@ def load_resnet50_weights(encoder: ResNet50Encoder, path: str) -> None:
         if key not in own and not _is_ignored(key):
             raise ValueError(f"encoder weights {path}: unexpected key {key!r} (expected torchvision resnet50 layout)")
     encoder.load_state_dict(new_state, strict=True)
+
+
+def _imagenet_weights():
+    from torchvision.models import ResNet50_Weights
+
+    return ResNet50_Weights.IMAGENET1K_V1
+
+
+def imagenet_weights_url() -> str:
+    """URL of torchvision's ResNet-50 ``IMAGENET1K_V1`` state dict."""
+    return _imagenet_weights().url
+
+
+def imagenet_weights_file() -> str:
+    """Where torchvision keeps that file: ``torch.hub.get_dir()/checkpoints/<file name of the URL>``
+    (``$TORCH_HOME/hub/checkpoints/...`` when ``TORCH_HOME`` is set)."""
+    name = os.path.basename(urlparse(imagenet_weights_url()).path)
+    return os.path.join(torch.hub.get_dir(), "checkpoints", name)
+
+
+def _offline_hint(cached: str) -> str:
+    return (f"put the file from {imagenet_weights_url()} at {cached} (TORCH_HOME sets the folder), or pass "
+            f"--encoder-weights PATH with a local torchvision ResNet-50 state dict")
+
+
+def resolve_encoder_weights(weights: str) -> str:
+    """The local file that ``weights`` (a path or :data:`IMAGENET`) names. Never downloads.
+
+    Raises:
+        FileNotFoundError: :data:`IMAGENET` is not in torch.hub's cache (the one-line message names
+            the expected file, the URL and the ``--encoder-weights PATH`` alternative).
+    """
+    weights = os.fspath(weights)
+    if weights != IMAGENET:
+        return weights
+    cached = imagenet_weights_file()
+    if not os.path.isfile(cached):
+        raise FileNotFoundError(f"encoder weights 'imagenet': torchvision's ResNet-50 IMAGENET1K_V1 file {cached} "
+                                f"is not in the cache and training never downloads; run nnUNetv2_meddisseg_plan "
+                                f"with --encoder-weights imagenet to download it, or {_offline_hint(cached)}")
+    return cached
+
+
+def download_imagenet_weights() -> str:
+    """Return the cached ``IMAGENET1K_V1`` file, downloading it first through torchvision's weights API
+    (``ResNet50_Weights.IMAGENET1K_V1.get_state_dict``: torch.hub's cache, hash checked) when absent.
+
+    Raises:
+        FileNotFoundError: the download failed (offline, ...); one line naming the expected file, the
+            URL and the ``--encoder-weights PATH`` alternative.
+    """
+    cached = imagenet_weights_file()
+    if os.path.isfile(cached):
+        return cached
+    try:
+        _imagenet_weights().get_state_dict(progress=True, check_hash=True)
+    except (OSError, RuntimeError) as e:  # URLError is an OSError; a hash mismatch a RuntimeError
+        reason = " ".join(str(e).split()) or type(e).__name__
+        raise FileNotFoundError(f"cannot download torchvision's ResNet-50 IMAGENET1K_V1 weights ({reason}); "
+                                f"{_offline_hint(cached)}") from None
+    if not os.path.isfile(cached):
+        raise FileNotFoundError(f"torchvision did not leave its ResNet-50 IMAGENET1K_V1 weights at {cached}; "
+                                f"{_offline_hint(cached)}")
+    return cached

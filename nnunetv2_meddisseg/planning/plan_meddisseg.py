@@ -105,8 +105,24 @@ def build_meddisseg_plans(source_plans: dict, plans_name: str = DEFAULT_PLANS_NA
     return plans
 
 
-def _check_encoder_weights(path: str) -> str:
-    """Load the file into a fresh encoder now, so that a bad file fails at planning, not after hours."""
+def _check_encoder_weights(weights: str) -> str:
+    """The ``encoder_weights`` value to record: ``imagenet`` (downloaded into torch.hub's cache now if
+    absent, so that training only reads the cache) or the file's absolute path; either way the file is
+    loaded into a fresh encoder, so that a bad file fails at planning, not after hours."""
+    from nnunetv2_meddisseg.blocks.encoder import IMAGENET, download_imagenet_weights
+
+    if weights != IMAGENET:
+        return _check_weights_file(weights)
+    try:
+        cached = download_imagenet_weights()
+    except FileNotFoundError as e:
+        raise UserError(f"--encoder-weights imagenet: {e}") from None
+    _check_weights_file(cached)
+    return IMAGENET
+
+
+def _check_weights_file(path: str) -> str:
+    """Load the file into a fresh encoder now; return its absolute path."""
     from nnunetv2_meddisseg.blocks.encoder import ResNet50Encoder, load_resnet50_weights
 
     path = os.path.abspath(path)
@@ -174,8 +190,10 @@ def _parser() -> argparse.ArgumentParser:
         "preprocessed 2d data. Train with: nnUNetv2_train ID 2d FOLD -tr nnUNetTrainerMedDisSeg -p "
         "nnUNetMedDisSegPlans"))
     p.add_argument("-d", "--dataset", required=True, help="dataset ID or name, e.g. 501 or Dataset501_Kvasir")
-    p.add_argument("--encoder-weights", default=None,
-                   help="torchvision ResNet-50 state dict (.pth) used to initialise the encoder; never downloaded")
+    p.add_argument("--encoder-weights", default=None, metavar="{imagenet,PATH}",
+                   help="initialise the encoder from torchvision's ResNet-50 IMAGENET1K_V1 weights ('imagenet': "
+                        "downloaded now into torch.hub's cache, $TORCH_HOME, unless already there; training only "
+                        "reads the cache) or from a local torchvision ResNet-50 state dict (.pth)")
     p.add_argument("--patch-size", nargs=2, type=int, metavar=("H", "W"), default=None,
                    help="patch size, multiples of 16 (default: nnU-Net's 2d patch size rounded up to a multiple of 16; use 256 256 "
                         "for the paper protocol on images resized to 256)")
@@ -198,6 +216,10 @@ def _plan_command(argv: Optional[Sequence[str]]) -> None:
     plans = json.loads(target.read_text())["configurations"]["2d"]
     print(f"wrote {target}\n  patch size {plans['patch_size']}, batch size {plans['batch_size']}, "
           f"arch_kwargs {plans['architecture']['arch_kwargs']}")
+    if plans["architecture"]["arch_kwargs"]["encoder_weights"] == "imagenet":
+        from nnunetv2_meddisseg.blocks.encoder import imagenet_weights_file
+
+        print(f"  encoder weights 'imagenet': torchvision's ResNet-50 IMAGENET1K_V1, {imagenet_weights_file()}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -1,8 +1,18 @@
+import os
+import socket
+import urllib.error
+import urllib.request
+
 import pytest
 import torch
 import torchvision
 
-from nnunetv2_meddisseg.blocks.encoder import ResNet50Encoder, load_resnet50_weights
+from nnunetv2_meddisseg.blocks.encoder import (IMAGENET, ResNet50Encoder, download_imagenet_weights,
+                                               imagenet_weights_file, load_resnet50_weights,
+                                               resolve_encoder_weights)
+
+# torchvision's ResNet50_Weights.IMAGENET1K_V1, as its documentation lists it
+IMAGENET_URL = "https://download.pytorch.org/models/resnet50-0676ba61.pth"
 
 
 def _randomise_batchnorms(model: torch.nn.Module) -> None:
@@ -152,3 +162,75 @@ def test_unreadable_file(tmp_path, encoder3):
     path.write_bytes(b"this is not a torch file")
     with pytest.raises(ValueError, match=r"garbage\.pth"):
         load_resnet50_weights(encoder3, path)
+
+
+def _refuse(*args, **kwargs):
+    raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """No network: torch.hub's downloader, urllib and sockets raise (as they do on a machine offline)."""
+    monkeypatch.setattr(torch.hub, "download_url_to_file", _refuse)
+    monkeypatch.setattr(urllib.request, "urlopen", _refuse)
+    monkeypatch.setattr(socket.socket, "connect", _refuse)
+
+
+@pytest.fixture
+def torch_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
+    return tmp_path / "torch_home"
+
+
+def test_imagenet_file_is_where_torchvision_caches_it(torch_home):
+    assert imagenet_weights_file() == str(torch_home / "hub" / "checkpoints" / "resnet50-0676ba61.pth")
+
+
+def test_imagenet_is_read_from_a_seeded_cache_without_network(torchvision_resnet, torch_home, offline):
+    model, path = torchvision_resnet
+    cached = torch_home / "hub" / "checkpoints" / "resnet50-0676ba61.pth"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(path.read_bytes())
+    assert resolve_encoder_weights(IMAGENET) == str(cached)
+    assert download_imagenet_weights() == str(cached)  # present: nothing to fetch
+    enc = ResNet50Encoder(3)
+    load_resnet50_weights(enc, resolve_encoder_weights(IMAGENET))
+    assert torch.equal(enc.layer3[5].bn3.running_var, model.layer3[5].bn3.running_var)
+    assert resolve_encoder_weights(str(path)) == str(path)  # a path stays a path
+
+
+def _assert_offline_message(message: str, cached: str) -> None:
+    assert "\n" not in message
+    assert cached in message and IMAGENET_URL in message and "--encoder-weights PATH" in message
+
+
+def test_imagenet_missing_from_cache_is_never_downloaded_at_resolution(torch_home, monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.hub, "download_url_to_file", lambda *a, **k: calls.append(a))
+    with pytest.raises(FileNotFoundError) as info:
+        resolve_encoder_weights(IMAGENET)
+    _assert_offline_message(str(info.value), str(torch_home / "hub" / "checkpoints" / "resnet50-0676ba61.pth"))
+    assert calls == []
+
+
+def test_imagenet_download_offline_is_one_line(torch_home, offline):
+    with pytest.raises(FileNotFoundError) as info:
+        download_imagenet_weights()
+    _assert_offline_message(str(info.value), str(torch_home / "hub" / "checkpoints" / "resnet50-0676ba61.pth"))
+    assert "Temporary failure in name resolution" in str(info.value)
+
+
+def test_imagenet_download_goes_through_torchvision_once(torchvision_resnet, torch_home, monkeypatch):
+    _, path = torchvision_resnet
+    calls = []
+
+    def fake_download(url, dst, hash_prefix=None, progress=True):
+        calls.append((url, hash_prefix))
+        with open(dst, "wb") as f:
+            f.write(path.read_bytes())
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", fake_download)
+    cached = str(torch_home / "hub" / "checkpoints" / "resnet50-0676ba61.pth")
+    assert download_imagenet_weights() == cached and os.path.isfile(cached)
+    assert download_imagenet_weights() == cached
+    assert calls == [(IMAGENET_URL, "0676ba61")]  # one download, hash checked by torch.hub

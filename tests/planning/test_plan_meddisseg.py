@@ -1,4 +1,7 @@
 import json
+import socket
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -7,7 +10,7 @@ import torch
 from nnunet_cli import run_cli
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.planning.plan_meddisseg import (NETWORK_CLASS_NAME, build_meddisseg_plans,
-                                                        estimate_batch_size)
+                                                        estimate_batch_size, main)
 
 
 def _source_plans(patch=(72, 60), configs=("2d",)) -> dict:
@@ -108,3 +111,91 @@ def test_unpreprocessed_dataset_is_refused(preprocessed_synthetic, tmp_path):
     make_synthetic_dataset(env["nnUNet_raw"], dataset_id=502, num_train=2, num_test=1, size=32)
     proc = run_cli(["nnUNetv2_meddisseg_plan", "-d", "502"], env, check=False)
     assert proc.returncode == 2 and "nnUNetv2_plan_and_preprocess" in proc.stderr
+
+
+IMAGENET_URL = "https://download.pytorch.org/models/resnet50-0676ba61.pth"
+IMAGENET_FILE = ("hub", "checkpoints", "resnet50-0676ba61.pth")  # under TORCH_HOME, as torchvision caches it
+
+
+def _refuse(*args, **kwargs):
+    raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+
+@pytest.fixture
+def in_process_env(preprocessed_synthetic, tmp_path, monkeypatch):
+    """The synthetic dataset's nnU-Net environment and an empty TORCH_HOME in this process, no network."""
+    for key, value in preprocessed_synthetic.items():
+        if key.startswith("nnUNet"):
+            monkeypatch.setenv(key, value)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
+    monkeypatch.setattr(torch.hub, "download_url_to_file", _refuse)
+    monkeypatch.setattr(urllib.request, "urlopen", _refuse)
+    monkeypatch.setattr(socket.socket, "connect", _refuse)
+    return Path(preprocessed_synthetic["nnUNet_preprocessed"]) / "Dataset501_SyntheticPolyps"
+
+
+def _seed_imagenet_cache(torch_home: Path) -> dict:
+    """A ResNet-50 state dict of torchvision's keys and shapes (random values, BN statistics included)
+    at the file torchvision's IMAGENET1K_V1 weights are cached as."""
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(weights=None)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.normal_()
+                m.running_var.uniform_(0.5, 1.5)
+    path = torch_home.joinpath(*IMAGENET_FILE)
+    path.parent.mkdir(parents=True)
+    torch.save(model.state_dict(), path)
+    return model.state_dict()
+
+
+def _trainer(folder: Path, plans_name: str):
+    from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
+
+    plans = json.loads((folder / f"{plans_name}.json").read_text())
+    plans["continue_training"] = False  # what nnUNetv2_train's get_trainer_from_args passes for a new run
+    dataset_json = json.loads((folder / "dataset.json").read_text())
+    return nnUNetTrainerMedDisSeg(plans=plans, configuration="2d", fold=0, dataset_json=dataset_json,
+                                  device=torch.device("cpu"))
+
+
+def test_imagenet_weights_from_seeded_cache_reach_planning_and_training(in_process_env, tmp_path, capsys):
+    folder = in_process_env
+    state = _seed_imagenet_cache(tmp_path / "torch_home")
+    main(["-d", "501", "--encoder-weights", "imagenet", "--plans-name", "ImageNetPlans", "--batch-size", "2"])
+    assert str(tmp_path.joinpath("torch_home", *IMAGENET_FILE)) in capsys.readouterr().out
+    plans = json.loads((folder / "ImageNetPlans.json").read_text())
+    assert plans["configurations"]["2d"]["architecture"]["arch_kwargs"]["encoder_weights"] == "imagenet"
+
+    trainer = _trainer(folder, "ImageNetPlans")
+    trainer.initialize()
+    encoder = trainer.network.encoder.state_dict()
+    for key in ("conv1.weight", "bn1.running_mean", "layer2.0.downsample.0.weight", "layer3.5.bn3.running_var"):
+        assert torch.equal(encoder[key], state[key]), key
+
+
+def test_imagenet_offline_without_cache_is_one_line_error(in_process_env, tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["-d", "501", "--encoder-weights", "imagenet", "--plans-name", "ImageNetOffline"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("nnUNetv2_meddisseg_plan: error: --encoder-weights imagenet")
+    assert str(tmp_path.joinpath("torch_home", *IMAGENET_FILE)) in err and IMAGENET_URL in err
+    assert "--encoder-weights PATH" in err
+    assert not (in_process_env / "ImageNetOffline.json").exists()
+
+
+def test_training_never_downloads_imagenet_weights(in_process_env, tmp_path, monkeypatch):
+    folder = in_process_env
+    _seed_imagenet_cache(tmp_path / "torch_home")
+    main(["-d", "501", "--encoder-weights", "imagenet", "--plans-name", "ImageNetMoved", "--batch-size", "2"])
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "another_torch_home"))  # e.g. another machine
+    trainer = _trainer(folder, "ImageNetMoved")
+    with pytest.raises(FileNotFoundError) as info:
+        trainer.initialize()
+    message = str(info.value)
+    assert "\n" not in message and IMAGENET_URL in message and "--encoder-weights PATH" in message
+    assert str(tmp_path.joinpath("another_torch_home", *IMAGENET_FILE)) in message
