@@ -1,86 +1,106 @@
-"""Budgeted quality comparison on Kvasir-SEG: default nnU-Net vs Med-DisSeg vs nnU-Net + dispersive loss.
+"""Budgeted quality study on Kvasir-SEG: default nnU-Net, nnU-Net + dispersive loss and Med-DisSeg
+(and its training-recipe variants), several seeds each, all through nnU-Net's own commands.
 
-The three methods are trained through nnU-Net's own commands for the same budget: the same number
-of training iterations (``--iterations``, in epochs of ``--iterations-per-epoch``) and the same batch
-size (``--batch``), on the same data, then evaluated on Kvasir-SEG's 120 test images with the
-paper's metrics (mIoU, mDSC, Recall, Precision) by ``nnUNetv2_meddisseg_compare``.
+Every method is trained for the same budget: the same number of training iterations (``--iterations``,
+in epochs of ``--iterations-per-epoch``) at the same batch size (``--batch``), on the same images.
+Each run is scored twice: on the 88 fold-0 validation cases by nnU-Net's own final validation
+(``validation/summary.json``: the numbers to choose settings on) and on the 120 test images
+(predicted with ``nnUNetv2_predict``, scored with the paper's metrics by this package's evaluator:
+the numbers to report, once).
 
 Phases (each subprocess writes a log file under ``WORK/logs``):
 
 1. ``nnUNetv2_meddisseg_convert kvasir-seg KVASIR -d ID --resize SIZE``: the shipped seeded split,
-   792 train / 88 validation (nnU-Net fold 0) / 120 test. Read from ``--kvasir``, written to
-   ``WORK/nnUNet_raw``; nothing is copied into the repository.
-2. ``nnUNetv2_plan_and_preprocess -d ID -c 2d``. Reused on a rerun with the same work folder, data
-   and size.
-3. Plans with the budget's batch size: ``nnUNetPlans_bs<B>`` (a copy of nnUNetPlans with
-   ``configurations['2d']['batch_size'] = B``) and ``nnUNetv2_meddisseg_plan --batch-size B
-   --plans-name nnUNetMedDisSegPlans_bs<B>``. A generated module ``WORK/trainers/
-   meddisseg_budget_trainers.py`` (put first in ``nnUNet_extTrainer``, next to this package's
-   folder) subclasses the three trainers with the budget's schedule: ``nnUNetTrainer_budget``
-   (nnUNetPlans_bs<B>), ``nnUNetTrainerMedDisSeg_budget`` (nnUNetMedDisSegPlans_bs<B>; Stage I is
-   the first ``floor(0.25 * epochs)`` epochs, as the trainer splits any schedule; each Stage I
-   iteration sees its batch twice, clean and photometrically perturbed) and
-   ``nnUNetTrainerDispersive_budget`` (nnUNetPlans_bs<B>). Each validates ``--val-iterations``
-   batches per epoch (nnU-Net's online pseudo Dice only) and skips nnU-Net's final validation of
-   the 88 fold-0 cases unless ``--final-validation``: the test set is what is compared.
-4. ``nnUNetv2_train ID 2d 0 -tr <trainer> -p <plans> -device DEVICE`` for each method; the wall
-   time of the command and the sum of nnU-Net's logged epoch times are recorded.
-5. ``nnUNetv2_meddisseg_compare``: default nnU-Net vs Med-DisSeg, and default nnU-Net vs nnU-Net +
-   dispersive (the baseline's test predictions are reused), each with a Wilcoxon signed-rank test.
-6. One table (``quality.json`` / ``.md``) with the paper's Kvasir-SEG numbers as a reference row.
+   792 train / 88 validation (nnU-Net fold 0) / 120 test. Read from ``--kvasir`` (default:
+   ``$NNUNETV2_MEDDISSEG_TEST_DATA/Kvasir-SEG``), written to ``WORK/nnUNet_raw``.
+2. ``nnUNetv2_plan_and_preprocess -d ID -c 2d``; reused on a rerun with the same work folder.
+3. Plans with the budget's batch size (``nnUNetPlans_bs<B>``, a copy of nnUNetPlans; and
+   ``nnUNetv2_meddisseg_plan --batch-size B --plans-name nnUNetMedDisSegPlans_bs<B>``), and a
+   generated module ``WORK/trainers/meddisseg_budget_trainers.py`` (first in ``nnUNet_extTrainer``)
+   with one ``<trainer>_budget`` subclass per method that sets the schedule.
+4. For every (method, seed), ``--parallel`` at a time, in seed-major order so that a run cut short by
+   ``--deadline-min`` leaves whole seeds: ``nnUNetv2_train ID 2d 0`` with its own ``nnUNet_results``
+   folder per budget and seed and ``nnUNet_meddisseg_seed`` = the seed (nnU-Net's own trainers are not seeded:
+   each of their runs draws its own), then ``nnUNetv2_predict`` on the test images. A finished run
+   (``checkpoint_final.pth`` and its predictions) is reused on a rerun.
+5. One table (``<name>.json`` / ``.md``): per method the mean and spread over seeds of validation mDSC
+   and of the four test metrics, the difference to default nnU-Net's test mDSC with a two-sided
+   Wilcoxon signed-rank p-value over the test images (each image's Dice averaged over the seeds both
+   methods completed), wall time, and training diagnostics read from the logs (per-group gradient
+   norms, dispersion diagnostics, loss terms; first and last epoch).
 
-No ImageNet weights: none can be downloaded here, so Med-DisSeg's ResNet-50 encoder starts from
-random initialisation (the paper starts from ImageNet weights); ``--encoder-weights FILE`` (a local
-torchvision ResNet-50 state dict, passed to ``nnUNetv2_meddisseg_plan``) changes that.
+No ImageNet weights unless ``--encoder-weights`` names a local ResNet-50 state dict (or
+``imagenet`` where the plan command supports it): Med-DisSeg's encoder starts from random
+initialisation. torch.compile is off in the training runs (``nnUNet_compile=f``) unless ``--compile``.
 
-On a shared CPU ``--threads 1`` is much faster than nnUNetv2_train's default of one torch thread
-per core (measured: Med-DisSeg's Stage II step about 4x faster at 64x64 on 2 busy cores).
-
-Paper protocol on a GPU: ``--device cuda --size 256 --batch 4`` (and as many iterations as the
-time allows; nnU-Net compiles the networks with torch.compile on CUDA unless ``nnUNet_compile=f``).
-
-Usage: ``python benchmarks/quality.py [--kvasir PATH] [--size 64] [--iterations N]
-[--iterations-per-epoch N] [--batch 4] [--device cpu|cuda] [--work DIR]``
+Usage: ``python benchmarks/quality.py --kvasir PATH [--size 64] [--iterations N] [--iterations-per-epoch N]
+[--batch 4] [--methods default meddisseg ...] [--seeds 3] [--parallel 1] [--device cpu|cuda] [--work DIR]``
 """
 import argparse
-import csv
 import json
 import math
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
-from common import (DEFAULT_OUT, command_line, machine_info, markdown_table, nnunet_environment, run_logged,
-                    write_results)
+import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_KVASIR = REPO_ROOT.parent / "shared" / "data" / "Kvasir-SEG"
+from common import DEFAULT_OUT, command_line, machine_info, markdown_table, nnunet_environment, write_results
+
 DATASET_ID = 502
 CONFIGURATION = "2d"
 FOLD = "0"
 TRAINER_MODULE = "meddisseg_budget_trainers"
 METRICS = ("iou", "dice", "recall", "precision")
 METRIC_TITLES = {"iou": "mIoU", "dice": "mDSC", "recall": "Recall", "precision": "Precision"}
-NO_IMAGENET = "no ImageNet weights: the ResNet-50 encoder starts from random initialisation"
+DATA_VARIABLE = "NNUNETV2_MEDDISSEG_TEST_DATA"
 
-#: key -> (row name, budget trainer, base trainer (module, class), plans family)
-METHODS = {
-    "default": ("nnU-Net (default)", "nnUNetTrainer_budget",
-                ("nnunetv2.training.nnUNetTrainer.nnUNetTrainer", "nnUNetTrainer"), "nnunet"),
-    "meddisseg": ("Med-DisSeg", "nnUNetTrainerMedDisSeg_budget",
-                  ("nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg", "nnUNetTrainerMedDisSeg"), "meddisseg"),
-    "dispersive": ("nnU-Net + dispersive", "nnUNetTrainerDispersive_budget",
-                   ("nnunetv2_meddisseg.training.variants", "nnUNetTrainerDispersive"), "nnunet"),
+
+class Method(NamedTuple):
+    name: str
+    module: str
+    trainer: str
+    family: str  # "nnunet" (nnU-Net's plans and network) or "meddisseg"
+
+
+_MD = "nnunetv2_meddisseg.training"
+METHODS: Dict[str, Method] = {
+    "default": Method("nnU-Net (default)", "nnunetv2.training.nnUNetTrainer.nnUNetTrainer", "nnUNetTrainer", "nnunet"),
+    "dispersive": Method("nnU-Net + dispersive (InfoNCE-L2)", f"{_MD}.variants", "nnUNetTrainerDispersive", "nnunet"),
+    "dispersive_cosine": Method("nnU-Net + dispersive (InfoNCE-cosine)", f"{_MD}.scratch_variants",
+                                "nnUNetTrainerDispersive_cosine", "nnunet"),
+    "meddisseg": Method("Med-DisSeg", f"{_MD}.nnUNetTrainerMedDisSeg", "nnUNetTrainerMedDisSeg", "meddisseg"),
+    "meddisseg_paper": Method("Med-DisSeg, paper settings", f"{_MD}.scratch_variants",
+                              "nnUNetTrainerMedDisSeg_paperSettings", "meddisseg"),
+    "meddisseg_sgd": Method("Med-DisSeg, SGD 1e-2", f"{_MD}.scratch_variants", "nnUNetTrainerMedDisSeg_scratchSGD",
+                            "meddisseg"),
+    "meddisseg_adam": Method("Med-DisSeg, Adam 1e-3", f"{_MD}.scratch_variants", "nnUNetTrainerMedDisSeg_scratchAdam",
+                             "meddisseg"),
+    "meddisseg_nodispersive": Method("Med-DisSeg, no dispersive loss", f"{_MD}.variants",
+                                     "nnUNetTrainerMedDisSeg_noDispersive", "meddisseg"),
+    "plain_paper": Method("Med-DisSeg network, plain, Adam 1e-4/1e-5", f"{_MD}.scratch_variants",
+                          "nnUNetTrainerMedDisSeg_plainPaper", "meddisseg"),
+    "plain_sgd": Method("Med-DisSeg network, plain, SGD 1e-2", f"{_MD}.scratch_variants",
+                        "nnUNetTrainerMedDisSeg_plainSGD", "meddisseg"),
+    "plain_adam": Method("Med-DisSeg network, plain, Adam 1e-3", f"{_MD}.scratch_variants",
+                         "nnUNetTrainerMedDisSeg_plainAdam", "meddisseg"),
 }
+#: the comparison reference of every p-value
+BASELINE = "default"
 
 _TRAINER_TEMPLATE = '''"""Trainers with the budget of benchmarks/quality.py: generated, rewritten by every run.
 
-{num_epochs} epochs x {iterations_per_epoch} iterations = {iterations} training iterations.
-Validation iterations per epoch: {val_iterations}; nnU-Net's final validation {final_validation_text}.
+{num_epochs} epochs x {iterations_per_epoch} iterations = {iterations} training iterations; validation
+iterations per epoch: {val_iterations}.
 """
 import torch
 {imports}
@@ -89,7 +109,7 @@ NUM_EPOCHS = {num_epochs}
 ITERATIONS_PER_EPOCH = {iterations_per_epoch}
 VAL_ITERATIONS_PER_EPOCH = {val_iterations}
 FINAL_VALIDATION = {final_validation}
-TORCH_THREADS = {threads}  # None: nnUNetv2_train's choice (all cores on CPU)
+TORCH_THREADS = {threads}  # None: nnUNetv2_train's choice
 
 
 def _budget(trainer) -> None:
@@ -114,28 +134,27 @@ class {name}({base}):
         if FINAL_VALIDATION:
             super().perform_actual_validation(save_probabilities)
         else:
-            self.print_to_log_file("final validation skipped (benchmarks/quality.py: the test set is compared)")
+            self.print_to_log_file("final validation skipped (benchmarks/quality.py --no-final-validation)")
 '''
+
+
+def budget_trainer(key: str) -> str:
+    return f"{METHODS[key].trainer}_budget"
 
 
 # ------------------------------------------------------------------------------------------------
 # preparation
 
 
-def write_budget_trainers(folder: Path, num_epochs: int, iterations_per_epoch: int, val_iterations: int,
-                          final_validation: bool, threads: Optional[int] = None) -> Path:
-    """Write ``folder/meddisseg_budget_trainers.py`` with the three budget trainers; returns its path.
-
-    threads: ``torch.set_num_threads`` in each trainer's constructor (after nnUNetv2_train's own
-    setting), or None to keep nnUNetv2_train's choice.
-    """
+def write_budget_trainers(folder: Path, methods: Sequence[str], num_epochs: int, iterations_per_epoch: int,
+                          val_iterations: int, final_validation: bool, threads: Optional[int] = None) -> Path:
+    """Write ``folder/meddisseg_budget_trainers.py`` with one budget trainer per method; returns its path."""
     values = {"num_epochs": num_epochs, "iterations_per_epoch": iterations_per_epoch, "threads": threads,
               "iterations": num_epochs * iterations_per_epoch, "val_iterations": val_iterations,
-              "final_validation": final_validation,
-              "final_validation_text": "runs" if final_validation else "is skipped"}
-    imports = sorted({f"from {module} import {cls}" for _, _, (module, cls), _ in METHODS.values()})
-    classes = "".join(_CLASS_TEMPLATE.format(name=trainer, base=cls, **values)
-                      for _, trainer, (_, cls), _ in METHODS.values())
+              "final_validation": final_validation}
+    imports = sorted({f"from {METHODS[k].module} import {METHODS[k].trainer}" for k in methods})
+    classes = "".join(_CLASS_TEMPLATE.format(name=budget_trainer(k), base=METHODS[k].trainer, **values)
+                      for k in methods)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{TRAINER_MODULE}.py"
     target.write_text(_TRAINER_TEMPLATE.format(imports="\n".join(imports), classes=classes, **values))
@@ -178,113 +197,373 @@ def _dataset_folder(root: str, dataset_id: int) -> Path:
     return found[0]
 
 
-def _epoch_times(log_file: Path) -> List[float]:
-    """nnU-Net's 'Epoch time: X s' lines of a training log, in order."""
-    return [float(m) for m in re.findall(r"Epoch time: ([0-9.]+) s", log_file.read_text(errors="replace"))]
+# ------------------------------------------------------------------------------------------------
+# subprocesses with a deadline
 
 
-def _read_comparison(folder: Path) -> Dict[str, dict]:
-    """``{method: {metric: mean %, metric_std: std %, source, n_cases}}`` from ``comparison.csv``."""
-    rows = {}
-    with open(folder / "comparison.csv", newline="", encoding="utf-8") as f:
-        for r in csv.DictReader(f):
-            rows[r["method"]] = {k: (float(v) if v not in ("", None) and k not in ("method", "source") else v)
-                                 for k, v in r.items()}
-    return rows
+class Deadline:
+    """No new run starts after ``soft`` (epoch seconds); a running command is killed at ``hard``."""
+
+    def __init__(self, soft: float, hard: float):
+        self.soft, self.hard = soft, hard
+
+    def may_start(self) -> bool:
+        return time.time() < self.soft
+
+    def remaining(self) -> float:
+        return self.hard - time.time()
+
+
+def _executable(name: str) -> List[str]:
+    """A console command of this interpreter's environment (its bin folder first, then PATH)."""
+    local = Path(sys.executable).parent / name
+    if local.is_file():
+        return [str(local)]
+    found = shutil.which(name)
+    if found is None:
+        raise SystemExit(f"command {name} not found next to {sys.executable} nor on PATH: install nnunetv2 and "
+                         f"nnunetv2_meddisseg into this environment")
+    return [found]
+
+
+def run_command(command: Sequence[str], env: Dict[str, str], log_file: Path, deadline: Deadline) -> float:
+    """Run a console command with its output in ``log_file``; return the wall time. Raises
+    ``RuntimeError`` (naming the log's last line) on failure or when the deadline kills it."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(log_file, "w") as log:
+        proc = subprocess.Popen([*_executable(command[0]), *map(str, command[1:])], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=max(1.0, deadline.remaining()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise RuntimeError(f"'{command[0]}' killed at the deadline (log: {log_file})")
+    if code != 0:
+        tail = log_file.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+        raise RuntimeError(f"'{' '.join(map(str, command))}' failed with exit code {code}: {tail[0]} (log: {log_file})")
+    return time.perf_counter() - start
+
+
+# ------------------------------------------------------------------------------------------------
+# training logs
+
+_LOG_SECTIONS = {"loss terms: ": "loss", "dispersion: ": "dispersion", "gradient norms (before clipping): ": "grad_norm"}
+
+
+def read_training_log(log_file: Path) -> dict:
+    """Per-epoch figures from an nnU-Net training log: epoch times, pseudo Dice, and our trainers'
+    ``loss terms`` / ``dispersion`` / ``gradient norms`` lines as ``{section_name: [per epoch]}``."""
+    text = log_file.read_text(errors="replace") if log_file.is_file() else ""
+    curves: Dict[str, List[float]] = {}
+    for line in text.splitlines():
+        for prefix, section in _LOG_SECTIONS.items():
+            at = line.find(prefix)
+            if at < 0:
+                continue
+            for item in line[at + len(prefix):].strip().split(", "):
+                name, _, value = item.strip().rpartition(" ")
+                try:
+                    number = float(value)
+                except ValueError:
+                    continue
+                curves.setdefault(f"{section}_{name}", []).append(number)
+    pseudo = [float(v) for v in re.findall(r"Pseudo dice \[(?:np\.float32\()?([0-9.]+)", text)]
+    return {"epoch_times_s": [float(v) for v in re.findall(r"Epoch time: ([0-9.]+) s", text)],
+            "pseudo_dice": pseudo, "curves": curves}
+
+
+def _first_last(values: Sequence[float]) -> Optional[List[float]]:
+    return [values[0], values[-1]] if values else None
+
+
+# ------------------------------------------------------------------------------------------------
+# one run
+
+
+class Study:
+    """Everything the runs share: arguments, environment, folders, the deadline."""
+
+    def __init__(self, args, env: Dict[str, str], work: Path, dataset: str, raw: Path, plans: Dict[str, str],
+                 deadline: Deadline):
+        self.args, self.env, self.work, self.dataset, self.raw = args, env, work, dataset, raw
+        self.plans, self.deadline = plans, deadline
+        self.lock = threading.Lock()
+
+    @property
+    def budget_tag(self) -> str:
+        return f"it{self.args.iterations}_bs{self.args.batch}"
+
+    def results_folder(self, seed: int) -> Path:
+        return self.work / f"nnUNet_results_{self.budget_tag}_seed{seed}"
+
+    def model_folder(self, key: str, seed: int) -> Path:
+        m = METHODS[key]
+        return (self.results_folder(seed) / self.raw.name
+                / f"{budget_trainer(key)}__{self.plans[m.family]}__{CONFIGURATION}")
+
+    def run(self, key: str, seed: int) -> dict:
+        m = METHODS[key]
+        tag = f"{key}_{self.budget_tag}_seed{seed}"
+        result = {"method": key, "seed": seed, "trainer": budget_trainer(key), "plans": self.plans[m.family]}
+        if not self.deadline.may_start():
+            return {**result, "status": "not started (deadline)"}
+        env = dict(self.env, nnUNet_results=str(self.results_folder(seed)), nnUNet_meddisseg_seed=str(seed))
+        Path(env["nnUNet_results"]).mkdir(parents=True, exist_ok=True)
+        fold_dir = self.model_folder(key, seed) / f"fold_{FOLD}"
+        predictions = self.work / "predictions" / tag
+        logs = self.work / "logs"
+        try:
+            self._say(f"start {tag}")
+            if not (fold_dir / "checkpoint_final.pth").is_file():
+                result["train_wall_s"] = run_command(
+                    ["nnUNetv2_train", self.dataset, CONFIGURATION, FOLD, "-tr", budget_trainer(key), "-p",
+                     self.plans[m.family], "-device", self.args.device], env, logs / f"train_{tag}.log", self.deadline)
+            if not (predictions / "done").is_file():
+                shutil.rmtree(predictions, ignore_errors=True)
+                result["predict_wall_s"] = run_command(
+                    ["nnUNetv2_predict", "-i", self.raw / "imagesTs", "-o", predictions, "-d", self.dataset, "-c",
+                     CONFIGURATION, "-f", FOLD, "-tr", budget_trainer(key), "-p", self.plans[m.family], "-device",
+                     self.args.device, "-chk", "checkpoint_final.pth", "-npp", "1", "-nps", "1"],
+                    env, logs / f"predict_{tag}.log", self.deadline)
+                (predictions / "done").touch()
+        except RuntimeError as e:
+            self._say(f"FAILED {tag}: {e}")
+            return {**result, "status": f"failed: {e}"}
+        result.update(self._scores(fold_dir, predictions))
+        result.update(read_training_log(self._training_log(fold_dir, logs / f"train_{tag}.log")))
+        result["status"] = "done"
+        self._say(f"done {tag}: validation mDSC {_pct(result.get('val_dice'))}, test mDSC "
+                  f"{_pct(result['test_mean']['dice'])}")
+        return result
+
+    @staticmethod
+    def _training_log(fold_dir: Path, console_log: Path) -> Path:
+        logs = sorted(fold_dir.glob("training_log_*.txt"))
+        return logs[-1] if logs else console_log
+
+    def _scores(self, fold_dir: Path, predictions: Path) -> dict:
+        from nnunetv2_meddisseg.evaluation.evaluate import evaluate_folders
+
+        summary = evaluate_folders(str(self.raw / "labelsTs"), str(predictions), progress=False)
+        out = {"test_per_case": {c["case"]: {k: c[k] for k in METRICS} for c in summary["metric_per_case"]},
+               "test_mean": {k: summary["mean"][k] for k in METRICS}}
+        validation = fold_dir / "validation" / "summary.json"
+        if validation.is_file():
+            out["val_dice"] = json.loads(validation.read_text())["foreground_mean"]["Dice"]
+        return out
+
+    def _say(self, text: str) -> None:
+        with self.lock:
+            print(f"  [{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# aggregation
+
+
+def _pct(v: Optional[float]) -> str:
+    return f"{100 * v:.1f}" if isinstance(v, (int, float)) and math.isfinite(v) else "–"
+
+
+def _mean_sd(values: Sequence[float]) -> Dict[str, Optional[float]]:
+    v = [x for x in values if x is not None and math.isfinite(x)]
+    if not v:
+        return {"mean": None, "sd": None, "n": 0}
+    return {"mean": float(np.mean(v)), "sd": float(np.std(v, ddof=1)) if len(v) > 1 else None, "n": len(v)}
+
+
+def _seed_mean_dice(runs: Sequence[dict], seeds: Sequence[int]) -> Dict[str, float]:
+    """Each test image's Dice averaged over the runs of ``seeds``."""
+    chosen = [r for r in runs if r["seed"] in seeds]
+    cases = sorted(chosen[0]["test_per_case"])
+    return {c: float(np.mean([r["test_per_case"][c]["dice"] for r in chosen])) for c in cases}
+
+
+def aggregate(runs: Sequence[dict], methods: Sequence[str]) -> Dict[str, dict]:
+    """Per method: seeds done, mean / sd over seeds of validation and test metrics, and the paired
+    comparison of test Dice to ``BASELINE`` over the seeds both completed."""
+    from scipy import stats
+
+    done = {k: [r for r in runs if r["method"] == k and r["status"] == "done"] for k in methods}
+    table = {}
+    for key in methods:
+        rs = done[key]
+        row = {"name": METHODS[key].name, "trainer": budget_trainer(key), "seeds": [r["seed"] for r in rs],
+               "val_dice": _mean_sd([r.get("val_dice") for r in rs]),
+               "test": {k: _mean_sd([r["test_mean"][k] for r in rs]) for k in METRICS},
+               "train_wall_s": _mean_sd([r.get("train_wall_s") for r in rs]),
+               "s_per_iteration": _mean_sd([sum(r["epoch_times_s"]) / max(1, r["iterations"]) for r in rs
+                                            if r.get("epoch_times_s")])}
+        diagnostics = {}
+        for name in sorted({n for r in rs for n in r["curves"]}):
+            firsts_lasts = [_first_last(r["curves"][name]) for r in rs if r["curves"].get(name)]
+            diagnostics[name] = {"first_epoch": float(np.mean([f[0] for f in firsts_lasts])),
+                                 "last_epoch": float(np.mean([f[1] for f in firsts_lasts]))}
+        row["diagnostics"] = diagnostics
+        baseline = done.get(BASELINE, [])
+        common = sorted({r["seed"] for r in rs} & {r["seed"] for r in baseline})
+        if key != BASELINE and common:
+            a, b = _seed_mean_dice(rs, common), _seed_mean_dice(baseline, common)
+            d = np.array([a[c] - b[c] for c in sorted(a)])
+            p = float(stats.wilcoxon(d).pvalue) if np.any(d != 0) else 1.0
+            row["vs_baseline"] = {"seeds": common, "mean_dice_difference": float(d.mean()), "p_value": p,
+                                  "images_better": int((d > 0).sum()), "images_worse": int((d < 0).sum())}
+        table[key] = row
+    return table
+
+
+def _fmt_ms(s: Dict[str, Optional[float]], scale: float = 100.0, digits: int = 1) -> str:
+    if s["mean"] is None:
+        return "–"
+    text = f"{scale * s['mean']:.{digits}f}"
+    return text + (f" ± {scale * s['sd']:.{digits}f}" if s["sd"] is not None else "")
+
+
+def _markdown(payload: dict) -> str:
+    b, d = payload["budget"], payload["data"]
+    out = [f"Kvasir-SEG ({payload['dataset']}) resized to {d['size']}x{d['size']}: {d['train_cases']} training / "
+           f"{d['val_cases']} validation (nnU-Net fold 0) / {d['test_cases']} test images"
+           + (" (**debugging subset**)" if d["subset"] else "") + f"; device {payload['device']}. Budget for every "
+           f"run: **{b['iterations']} training iterations** ({b['epochs']} epochs x {b['iterations_per_epoch']}) at "
+           f"**batch {b['batch']}** = {b['iterations'] * b['batch']} training images; Med-DisSeg's Stage I = the "
+           f"first {b['meddisseg_stage1_epochs']} epochs (none for the plain variants). Seeds per method: "
+           f"{payload['seeds']}; {payload['parallel']} runs at a time; torch.compile "
+           f"{'on' if payload['compile'] else 'off'}. Encoder: {payload['encoder_weights']}.", "",
+           "val mDSC: nnU-Net's final validation of the fold-0 validation cases (choose settings on this). "
+           "Test metrics: this package's evaluator on the test images (percent). Each cell: mean ± standard "
+           "deviation over seeds. Δ, p: test mDSC difference to the default nnU-Net and the two-sided Wilcoxon "
+           "signed-rank p-value over the test images (each image's Dice averaged over the seeds both completed).", ""]
+    rows = []
+    for key, r in payload["table"].items():
+        v = r.get("vs_baseline")
+        rows.append([r["name"], f"`{r['trainer']}`", len(r["seeds"]), _fmt_ms(r["val_dice"]),
+                     *[_fmt_ms(r["test"][k]) for k in METRICS],
+                     f"{100 * v['mean_dice_difference']:+.1f}" if v else "–",
+                     (f"{v['p_value']:.1e}" if v["p_value"] < 1e-3 else f"{v['p_value']:.3f}") if v else "–",
+                     _fmt_ms(r["train_wall_s"], 1 / 60), _fmt_ms(r["s_per_iteration"], 1.0, 3)])
+    out.append(markdown_table(["method", "trainer", "seeds", "val mDSC", *[f"test {METRIC_TITLES[k]}" for k in METRICS],
+                               "Δ mDSC", "p", "train min / run", "s / iteration"], rows))
+    out += ["", "Training diagnostics (mean over seeds; first → last epoch):", ""]
+    diag_rows = []
+    for key, r in payload["table"].items():
+        for name, v in r["diagnostics"].items():
+            if name.startswith(("grad_norm", "dispersion", "loss_fg_bg", "loss_dispersive", "loss_seg")):
+                diag_rows.append([r["name"], name, f"{v['first_epoch']:.4g} → {v['last_epoch']:.4g}"])
+    out.append(markdown_table(["method", "figure", "first → last epoch"], diag_rows))
+    failed = [f"{r['method']} seed {r['seed']}: {r['status']}" for r in payload["runs"] if r["status"] != "done"]
+    if failed:
+        out += ["", "Runs not completed: " + "; ".join(failed) + "."]
+    out += ["", f"Total time {payload['total_wall_s'] / 60:.1f} min."]
+    return "\n".join(out) + "\n"
 
 
 # ------------------------------------------------------------------------------------------------
 # the benchmark
 
 
+def _default_kvasir() -> Optional[str]:
+    root = os.environ.get(DATA_VARIABLE)
+    return str(Path(root) / "Kvasir-SEG") if root else None
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--kvasir", default=str(DEFAULT_KVASIR), help="Kvasir-SEG folder (images/, masks/); read only")
+    p.add_argument("--kvasir", default=_default_kvasir(),
+                   help=f"Kvasir-SEG folder (images/, masks/), read only (default: ${DATA_VARIABLE}/Kvasir-SEG)")
     p.add_argument("--size", type=int, default=64, help="images resized to SIZE x SIZE (paper: 256)")
-    p.add_argument("--iterations", type=int, default=2000, help="training iterations per method (the budget)")
+    p.add_argument("--iterations", type=int, default=2000, help="training iterations per run (the budget)")
     p.add_argument("--iterations-per-epoch", type=int, default=50,
-                   help="iterations per nnU-Net epoch (epochs = iterations / this; Med-DisSeg's Stage I is the first "
-                        "quarter of the epochs)")
-    p.add_argument("--batch", type=int, default=4, help="batch size of all three methods (paper: 4)")
+                   help="iterations per nnU-Net epoch (Med-DisSeg's Stage I is the first quarter of the epochs)")
+    p.add_argument("--batch", type=int, default=4, help="batch size of every method (paper: 4)")
     p.add_argument("--val-iterations", type=int, default=5,
                    help="validation batches per epoch (nnU-Net's online pseudo Dice; nnU-Net's default is 50)")
-    p.add_argument("--final-validation", action="store_true",
-                   help="run nnU-Net's final validation of the fold-0 validation cases after training")
+    p.add_argument("--no-final-validation", action="store_true",
+                   help="skip nnU-Net's final validation of the fold-0 validation cases (no validation scores)")
+    p.add_argument("--methods", nargs="+", default=["default", "meddisseg", "dispersive"], choices=list(METHODS),
+                   help="methods to train")
+    p.add_argument("--seeds", type=int, default=1, help="runs per method (seeds 0 .. N-1)")
+    p.add_argument("--parallel", type=int, default=1, help="runs at a time")
+    p.add_argument("--deadline-min", type=float, default=None,
+                   help="start no run after this many minutes; kill what still runs 3 minutes later")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--compile", action="store_true", help="let nnU-Net torch.compile the networks (CUDA only)")
     p.add_argument("--encoder-weights", default=None,
-                   help="local torchvision ResNet-50 state dict for Med-DisSeg's encoder (default: random "
-                        "initialisation; nothing is downloaded)")
+                   help="passed to nnUNetv2_meddisseg_plan --encoder-weights (default: random initialisation)")
     p.add_argument("--work", default=None,
                    help="folder for the nnU-Net folders, models, predictions and logs (default: a new temporary "
-                        "folder, kept); a rerun with the same folder reuses the converted and preprocessed data")
+                        "folder, kept); a rerun with the same folder reuses data and finished runs")
     p.add_argument("--dataset-id", type=int, default=DATASET_ID)
     p.add_argument("--num-processes", type=int, default=min(8, os.cpu_count() or 1),
                    help="processes for conversion and preprocessing")
     p.add_argument("--da-processes", type=int, default=None,
-                   help="nnUNet_n_proc_DA for training (default: 2 on CPU, nnU-Net's choice on CUDA)")
+                   help="nnUNet_n_proc_DA per training run (default: 2 on CPU, nnU-Net's choice on CUDA)")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch threads of the training processes (default: nnUNetv2_train's choice, all cores on "
-                        "CPU; on a shared CPU 1 is often much faster)")
-    p.add_argument("--max-train-cases", type=int, default=None,
-                   help="debugging: only the first N training cases of the split (default: all 792 + 88 validation)")
-    p.add_argument("--max-test-cases", type=int, default=None,
-                   help="debugging: only the first N test cases (default: all 120)")
-    p.add_argument("--out", default=str(DEFAULT_OUT), help="folder for quality.json / .md")
+                   help="torch threads of the training processes (default: nnUNetv2_train's choice)")
+    p.add_argument("--max-train-cases", type=int, default=None, help="debugging: only the first N training cases")
+    p.add_argument("--max-test-cases", type=int, default=None, help="debugging: only the first N test cases")
+    p.add_argument("--name", default="quality", help="results file name (NAME.json / NAME.md)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="folder for the results files")
     return p
+
+
+def _check_args(args) -> Path:
+    if args.kvasir is None:
+        raise SystemExit(f"quality.py: error: --kvasir is required (or set {DATA_VARIABLE} to the folder holding "
+                         f"Kvasir-SEG/)")
+    if args.size < 32 or args.size % 16:
+        raise SystemExit(f"quality.py: error: --size must be a multiple of 16 and at least 32, got {args.size}")
+    if args.iterations < 1 or args.iterations_per_epoch < 1 or args.iterations % args.iterations_per_epoch:
+        raise SystemExit(f"quality.py: error: --iterations ({args.iterations}) must be a positive multiple of "
+                         f"--iterations-per-epoch ({args.iterations_per_epoch})")
+    if args.batch < 2:
+        raise SystemExit(f"quality.py: error: --batch must be at least 2 (the dispersive loss needs pairs), "
+                         f"got {args.batch}")
+    for name in ("seeds", "parallel", "threads", "max_train_cases", "max_test_cases"):
+        value = getattr(args, name)
+        if value is not None and value < (2 if name.startswith("max") else 1):
+            raise SystemExit(f"quality.py: error: --{name.replace('_', '-')} is too small: {value}")
+    kvasir = Path(args.kvasir).resolve()
+    if not (kvasir / "images").is_dir() or not (kvasir / "masks").is_dir():
+        raise SystemExit(f"quality.py: error: --kvasir {kvasir}: expected a Kvasir-SEG folder with images/ and masks/")
+    if args.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise SystemExit("quality.py: error: --device cuda: CUDA is not available")
+    return kvasir
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    if args.size < 32 or args.size % 16:
-        raise SystemExit(f"--size must be a multiple of 16 and at least 32, got {args.size}")
-    if args.iterations < 1 or args.iterations_per_epoch < 1 or args.iterations % args.iterations_per_epoch:
-        raise SystemExit(f"--iterations ({args.iterations}) must be a positive multiple of --iterations-per-epoch "
-                         f"({args.iterations_per_epoch})")
-    if args.batch < 2:
-        raise SystemExit(f"--batch must be at least 2 (the dispersive loss needs pairs in a batch), got {args.batch}")
-    if args.threads is not None and args.threads < 1:
-        raise SystemExit(f"--threads must be at least 1, got {args.threads}")
-    for name in ("max_train_cases", "max_test_cases"):
-        value = getattr(args, name)
-        if value is not None and value < 2:
-            raise SystemExit(f"--{name.replace('_', '-')} must be at least 2, got {value}")
-    kvasir = Path(args.kvasir).resolve()
-    if not (kvasir / "images").is_dir() or not (kvasir / "masks").is_dir():
-        raise SystemExit(f"--kvasir {kvasir}: expected a Kvasir-SEG folder with images/ and masks/")
-    if args.encoder_weights and not Path(args.encoder_weights).is_file():
-        raise SystemExit(f"--encoder-weights {args.encoder_weights}: file not found")
-    if args.device == "cuda":
-        import torch
-        if not torch.cuda.is_available():
-            raise SystemExit("--device cuda: CUDA is not available on this machine")
-
+    kvasir = _check_args(args)
     work = Path(args.work or tempfile.mkdtemp(prefix="meddisseg_quality_")).resolve()
-    logs = work / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    (work / "logs").mkdir(parents=True, exist_ok=True)
     print(f"work folder (kept): {work}")
     start = time.time()
-    payload = _run(args, kvasir, work, logs)
+    soft = start + 60 * args.deadline_min if args.deadline_min is not None else math.inf
+    payload = _run(args, kvasir, work, Deadline(soft, soft + 180))
     payload["total_wall_s"] = time.time() - start
-    files = write_results(args.out, "quality", payload, _markdown(payload))
+    files = write_results(args.out, args.name, payload, _markdown(payload))
     print(files["markdown"].read_text())
-    print(f"written: {files['json']}, {files['markdown']} (models, predictions, comparisons and logs: {work})")
+    print(f"written: {files['json']}, {files['markdown']} (models, predictions and logs: {work})")
     return 0
 
 
-def _prepare_data(args, kvasir: Path, env: Dict[str, str], logs: Path, work: Path) -> dict:
+def _prepare_data(args, kvasir: Path, env: Dict[str, str], work: Path, deadline: Deadline) -> None:
     """Phases 1-2, skipped when ``work`` already holds the same preprocessed data."""
     stamp_file = work / "prepared.json"
     stamp = {"kvasir": str(kvasir), "size": args.size, "dataset_id": args.dataset_id,
              "max_train_cases": args.max_train_cases, "max_test_cases": args.max_test_cases}
-    dataset = str(args.dataset_id)
+    dataset, logs = str(args.dataset_id), work / "logs"
     if stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp:
         name = _dataset_folder(env["nnUNet_raw"], args.dataset_id).name
         if (Path(env["nnUNet_preprocessed"]) / name / "nnUNetPlans.json").is_file():
-            print(f"[1-2/6] reusing the converted and preprocessed {name} in {work} ({stamp_file})")
-            return stamp
+            print(f"[1-2/5] reusing the converted and preprocessed {name} in {work}")
+            return
     stamp_file.unlink(missing_ok=True)
-    print(f"[1/6] converting Kvasir-SEG ({kvasir}) at {args.size}x{args.size} -> {env['nnUNet_raw']}")
+    print(f"[1/5] converting Kvasir-SEG ({kvasir}) at {args.size}x{args.size}")
     command = ["nnUNetv2_meddisseg_convert", "kvasir-seg", str(kvasir), "-d", dataset, "--resize", str(args.size),
                "--overwrite", "-np", str(args.num_processes)]
     if args.max_train_cases is not None or args.max_test_cases is not None:
@@ -292,183 +571,67 @@ def _prepare_data(args, kvasir: Path, env: Dict[str, str], logs: Path, work: Pat
         print(f"  debugging subset: {len(split['train'])} train / {len(split['val'])} val / {len(split['test'])} test")
         command += ["--split-file", str(work / "subset_split.json")]
     for old in Path(env["nnUNet_preprocessed"]).glob(f"Dataset{args.dataset_id:03d}_*"):
-        shutil.rmtree(old)  # data of an earlier conversion
-    run_logged(command, env, logs / "convert.log")
-    print("[2/6] nnU-Net planning and preprocessing (2d)")
-    run_logged(["nnUNetv2_plan_and_preprocess", "-d", dataset, "-c", CONFIGURATION, "-np", str(args.num_processes)],
-               env, logs / "plan_and_preprocess.log")
+        shutil.rmtree(old)
+    run_command(command, env, logs / "convert.log", deadline)
+    print("[2/5] nnU-Net planning and preprocessing (2d)")
+    run_command(["nnUNetv2_plan_and_preprocess", "-d", dataset, "-c", CONFIGURATION, "-np", str(args.num_processes)],
+                env, logs / "plan_and_preprocess.log", deadline)
     stamp_file.write_text(json.dumps(stamp, indent=1) + "\n")
-    return stamp
 
 
-def _run(args, kvasir: Path, work: Path, logs: Path) -> dict:
+def _run(args, kvasir: Path, work: Path, deadline: Deadline) -> dict:
     from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 
-    trainer_dir = work / "trainers"
-    env = nnunet_environment(work, [str(trainer_dir)])
+    env = nnunet_environment(work, [str(work / "trainers")])
     env.setdefault("nnUNet_def_n_proc", str(args.num_processes))
     if args.da_processes is not None:
         env["nnUNet_n_proc_DA"] = str(args.da_processes)
     elif args.device == "cpu":
         env.setdefault("nnUNet_n_proc_DA", "2")
+    if not args.compile:
+        env["nnUNet_compile"] = "f"
     dataset = str(args.dataset_id)
-    _prepare_data(args, kvasir, env, logs, work)
-    name = _dataset_folder(env["nnUNet_raw"], args.dataset_id).name
-    raw = Path(env["nnUNet_raw"]) / name
-    preprocessed = Path(env["nnUNet_preprocessed"]) / name
+    _prepare_data(args, kvasir, env, work, deadline)
+    raw = _dataset_folder(env["nnUNet_raw"], args.dataset_id)
+    preprocessed = Path(env["nnUNet_preprocessed"]) / raw.name
     splits = json.loads((preprocessed / "splits_final.json").read_text())[0]
     num_test = len([f for f in (raw / "labelsTs").iterdir() if f.name.endswith(".png")])
 
     epochs = args.iterations // args.iterations_per_epoch
     stage1_epochs = int(math.floor(nnUNetTrainerMedDisSeg.stage1_fraction * epochs))
-    print(f"[3/6] budget: {args.iterations} iterations = {epochs} epochs x {args.iterations_per_epoch}, batch "
-          f"{args.batch}; Med-DisSeg Stage I {stage1_epochs} epochs, Stage II {epochs - stage1_epochs}")
-    if stage1_epochs == 0:
-        print("  note: fewer than 4 epochs leave Med-DisSeg without a Stage I (its split is floor(epochs / 4))")
-    trainer_file = write_budget_trainers(trainer_dir, epochs, args.iterations_per_epoch, args.val_iterations,
-                                         args.final_validation, args.threads)
-    print(f"  trainers: {trainer_file}")
+    print(f"[3/5] budget: {args.iterations} iterations = {epochs} epochs x {args.iterations_per_epoch}, batch "
+          f"{args.batch}; Med-DisSeg Stage I {stage1_epochs} epochs")
+    write_budget_trainers(work / "trainers", args.methods, epochs, args.iterations_per_epoch, args.val_iterations,
+                          not args.no_final_validation, args.threads)
     plans = {"nnunet": f"nnUNetPlans_bs{args.batch}", "meddisseg": f"nnUNetMedDisSegPlans_bs{args.batch}"}
-    print(f"  plans: {write_batch_plans(preprocessed, 'nnUNetPlans', plans['nnunet'], args.batch)}")
-    command = ["nnUNetv2_meddisseg_plan", "-d", dataset, "--batch-size", str(args.batch), "--plans-name",
-               plans["meddisseg"]]
-    if args.encoder_weights:
-        command += ["--encoder-weights", str(Path(args.encoder_weights).resolve())]
-    run_logged(command, env, logs / "meddisseg_plan.log")
+    write_batch_plans(preprocessed, "nnUNetPlans", plans["nnunet"], args.batch)
+    if any(METHODS[k].family == "meddisseg" for k in args.methods):
+        command = ["nnUNetv2_meddisseg_plan", "-d", dataset, "--batch-size", str(args.batch), "--plans-name",
+                   plans["meddisseg"]]
+        if args.encoder_weights:
+            command += ["--encoder-weights", args.encoder_weights]
+        run_command(command, env, work / "logs" / "meddisseg_plan.log", deadline)
 
-    methods = {key: _train(key, i, dataset, plans, stage1_epochs, args, env, logs, preprocessed)
-               for i, key in enumerate(METHODS)}
-    print("[5/6] predicting and evaluating the test set")
-    comparisons = _compare(methods, dataset, args.device, env, logs, work)
-
-    print("[6/6] results")
-    for key, m in methods.items():
-        source = comparisons["meddisseg" if key != "dispersive" else "dispersive"]["table"][m["name"]]
-        m["metrics_percent"] = {k: source[k] for k in METRICS}
-        m["std_percent"] = {k: source[f"{k}_std"] for k in METRICS}
-        m["n_test_cases"] = int(source["n_cases"])
-        if key != "default":
-            stats = comparisons[key]["statistics"]["metrics"]
-            m["wilcoxon_vs_default"] = {k: {"p_value": stats[k]["p_value"], "mean_difference_percent":
-                                            100 * stats[k]["mean_difference"], "better": stats[k]["n_better"],
-                                            "worse": stats[k]["n_worse"]} for k in METRICS}
-    paper = [dict(r, method=n) for n, r in comparisons["meddisseg"]["table"].items() if r["source"] != "this run"]
-    weights = (f"encoder initialised from {Path(args.encoder_weights).resolve()}" if args.encoder_weights
-               else NO_IMAGENET)
-    return {"machine": machine_info(args.device), "command": command_line(), "dataset": name,
-            "kvasir": str(kvasir), "work": str(work),
+    study = Study(args, env, work, dataset, raw, plans, deadline)
+    order = [(k, s) for s in range(args.seeds) for k in args.methods]
+    print(f"[4/5] {len(order)} runs, {args.parallel} at a time")
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        runs = list(pool.map(lambda ks: study.run(*ks), order))
+    for r in runs:
+        r["iterations"] = args.iterations
+    print("[5/5] results")
+    return {"machine": machine_info(args.device), "command": command_line(), "dataset": raw.name,
             "data": {"size": args.size, "train_cases": len(splits["train"]), "val_cases": len(splits["val"]),
-                     "test_cases": num_test, "subset": args.max_train_cases is not None
-                     or args.max_test_cases is not None},
+                     "test_cases": num_test,
+                     "subset": args.max_train_cases is not None or args.max_test_cases is not None},
             "budget": {"iterations": args.iterations, "iterations_per_epoch": args.iterations_per_epoch,
                        "epochs": epochs, "batch": args.batch, "val_iterations_per_epoch": args.val_iterations,
-                       "final_validation": args.final_validation, "meddisseg_stage1_epochs": stage1_epochs,
-                       "meddisseg_stage2_epochs": epochs - stage1_epochs},
-            "device": args.device, "encoder_weights": weights, "training_torch_threads": args.threads,
+                       "meddisseg_stage1_epochs": stage1_epochs},
+            "device": args.device, "seeds": args.seeds, "parallel": args.parallel, "compile": args.compile,
+            "encoder_weights": args.encoder_weights or "random initialisation (no ImageNet weights)",
             "environment": {k: env.get(k) for k in ("nnUNet_n_proc_DA", "nnUNet_def_n_proc", "nnUNet_compile")},
-            "methods": methods, "paper_reference": paper[0] if paper else None,
-            "comparisons": {k: c["folder"] for k, c in comparisons.items()}}
-
-
-def _train(key: str, index: int, dataset: str, plans: Dict[str, str], stage1_epochs: int, args,
-           env: Dict[str, str], logs: Path, preprocessed: Path) -> dict:
-    """Phase 4 for one method: ``nnUNetv2_train``, its wall time and logged epoch times."""
-    row_name, trainer, _, family = METHODS[key]
-    print(f"[4/6] training {row_name} ({index + 1}/{len(METHODS)}): {trainer} on {plans[family]}")
-    log_file = logs / f"train_{trainer}.log"
-    wall = run_logged(["nnUNetv2_train", dataset, CONFIGURATION, FOLD, "-tr", trainer, "-p", plans[family],
-                       "-device", args.device], env, log_file)
-    epoch_times = _epoch_times(log_file)
-    epochs = args.iterations // args.iterations_per_epoch
-    if len(epoch_times) != epochs:
-        print(f"  warning: found {len(epoch_times)} epoch times in {log_file}, expected {epochs}")
-    config = json.loads((preprocessed / f"{plans[family]}.json").read_text())["configurations"][CONFIGURATION]
-    result = {"name": row_name, "trainer": trainer, "plans": plans[family], "train_wall_s": wall,
-              "epoch_times_s": epoch_times, "epochs_s": sum(epoch_times),
-              "s_per_iteration": sum(epoch_times) / args.iterations if epoch_times else None,
-              "patch_size": config["patch_size"], "batch_size": config["batch_size"],
-              "network": config["architecture"]["network_class_name"].rsplit(".", 1)[-1], "log": str(log_file)}
-    if key == "meddisseg" and len(epoch_times) == epochs:
-        for stage, times in (("stage1", epoch_times[:stage1_epochs]), ("stage2", epoch_times[stage1_epochs:])):
-            result[f"s_per_iteration_{stage}"] = (sum(times) / (len(times) * args.iterations_per_epoch)
-                                                  if times else None)
-    return result
-
-
-def _compare(methods: Dict[str, dict], dataset: str, device: str, env: Dict[str, str], logs: Path,
-             work: Path) -> Dict[str, dict]:
-    """Phase 5: default vs Med-DisSeg, then default vs nnU-Net + dispersive (reusing the baseline's
-    test predictions of the first comparison)."""
-    comparisons = {}
-    baseline = methods["default"]
-    baseline_folder = f"{baseline['trainer']}__{baseline['plans']}__{CONFIGURATION}"
-    for key in ("meddisseg", "dispersive"):
-        m = methods[key]
-        out = work / f"compare_{key}"
-        if out.exists():
-            shutil.rmtree(out)
-        first = work / "compare_meddisseg" / "predictions" / baseline_folder
-        if key != "meddisseg" and first.is_dir():
-            shutil.copytree(first, out / "predictions" / baseline_folder)
-        run_logged(["nnUNetv2_meddisseg_compare", "-d", dataset, "-f", FOLD, "-c", CONFIGURATION,
-                    "--baseline-trainer", baseline["trainer"], "--baseline-plans", baseline["plans"],
-                    "--trainer", m["trainer"], "--plans", m["plans"], "--device", device,
-                    "--names", baseline["name"], m["name"], "-o", str(out)], env, logs / f"compare_{key}.log")
-        comparisons[key] = {"folder": str(out), "table": _read_comparison(out),
-                            "statistics": json.loads((out / "statistics.json").read_text())}
-    return comparisons
-
-
-def _fmt(v: Optional[float], digits: int = 1) -> str:
-    return f"{v:.{digits}f}" if isinstance(v, (int, float)) else "–"
-
-
-def _epochs(n: int) -> str:
-    return f"{n} epoch" + ("" if n == 1 else "s")
-
-
-def _markdown(payload: dict) -> str:
-    b, d = payload["budget"], payload["data"]
-    out = [f"Kvasir-SEG ({payload['dataset']}) resized to {d['size']}x{d['size']}: {d['train_cases']} training / "
-           f"{d['val_cases']} validation (nnU-Net fold 0) / {d['test_cases']} test images"
-           + (" (**debugging subset**, not the paper's protocol)" if d["subset"] else "") + f"; device "
-           f"{payload['device']}. Budget for every method: **{b['iterations']} training iterations** ({b['epochs']} "
-           f"epochs x {b['iterations_per_epoch']}), **batch {b['batch']}**; validation iterations per epoch: "
-           f"{b['val_iterations_per_epoch']}; Med-DisSeg: Stage I {_epochs(b['meddisseg_stage1_epochs'])}, Stage II "
-           f"{_epochs(b['meddisseg_stage2_epochs'])}. Torch threads per training process: "
-           f"{payload.get('training_torch_threads') or 'nnUNetv2_train default (all cores on CPU)'}.", "",
-           f"- **{payload['encoder_weights']}**" + (" (the paper starts from ImageNet weights; none can be "
-                                                    "downloaded here)." if payload["encoder_weights"] == NO_IMAGENET
-                                                    else "."),
-           "- nnU-Net's networks (PlainConvUNet) start from random initialisation as always.",
-           "- Metrics: mean over test images, percent (± standard deviation), computed by "
-           "`nnUNetv2_meddisseg_compare`; p: two-sided Wilcoxon signed-rank test of the per-image differences to "
-           "the default nnU-Net.", ""]
-    rows = []
-    for key, m in payload["methods"].items():
-        cells = [f"{_fmt(m['metrics_percent'][k])} ± {_fmt(m['std_percent'][k])}" for k in METRICS]
-        p = m.get("wilcoxon_vs_default", {}).get("dice", {}).get("p_value")
-        rows.append([m["name"], f"{m['trainer']} / {m['plans']}", *cells,
-                     "–" if p is None else (f"{p:.1e}" if p < 1e-3 else f"{p:.3f}"),
-                     f"{m['train_wall_s'] / 60:.1f}", _fmt(m["s_per_iteration"], 3), b["iterations"], m["batch_size"],
-                     "x".join(map(str, m["patch_size"]))])
-    ref = payload["paper_reference"]
-    if ref:
-        rows.append([f"{ref['method']}: ImageNet encoder, 256x256", "reference", *[_fmt(ref.get(k)) for k in METRICS],
-                     "", "", "", "", "", ""])
-    out.append(markdown_table(["method", "trainer / plans", *[f"{METRIC_TITLES[k]} %" for k in METRICS],
-                               "p (mDSC)", "train wall min", "s / iteration", "iterations", "batch", "patch"], rows))
-    md = payload["methods"].get("meddisseg", {})
-    out += ["", "train wall = the whole `nnUNetv2_train` command (start-up, data loading, training, per-epoch "
-            "validation" + ("" if b["final_validation"] else "; final validation skipped") + "); s / iteration = "
-            "nnU-Net's logged epoch times (training + validation iterations) / iterations."]
-    if md.get("s_per_iteration_stage1") is not None or md.get("s_per_iteration_stage2") is not None:
-        out.append(f"Med-DisSeg s / iteration: Stage I {_fmt(md.get('s_per_iteration_stage1'), 3)} (clean + "
-                   f"perturbed views, encoder only), Stage II {_fmt(md.get('s_per_iteration_stage2'), 3)}.")
-    out += ["", f"Comparison folders (tables, bar charts, paired differences, overlays): "
-            + ", ".join(f"`{v}`" for v in payload["comparisons"].values()) + f". Total time "
-            f"{payload['total_wall_s'] / 60:.1f} min." if "total_wall_s" in payload else ""]
-    return "\n".join(out) + "\n"
+            "table": aggregate(runs, args.methods),
+            "runs": runs}
 
 
 if __name__ == "__main__":

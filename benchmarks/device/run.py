@@ -454,9 +454,10 @@ def _quality_summary(path: Path) -> Optional[dict]:
     payload = _read_json(path)
     if payload is None:
         return None
-    return {"budget": payload.get("budget"), "data": payload.get("data"),
-            "methods": {k: {"metrics_percent": m.get("metrics_percent"), "train_wall_s": m.get("train_wall_s"),
-                            "s_per_iteration": m.get("s_per_iteration")} for k, m in payload.get("methods", {}).items()}}
+    return {"budget": payload.get("budget"), "data": payload.get("data"), "seeds": payload.get("seeds"),
+            "methods": {k: {"seeds": m.get("seeds"), "val_dice": m.get("val_dice"), "test": m.get("test"),
+                            "vs_baseline": m.get("vs_baseline"), "train_wall_s": m.get("train_wall_s"),
+                            "s_per_iteration": m.get("s_per_iteration")} for k, m in payload.get("table", {}).items()}}
 
 
 STEP_FUNCTIONS = {"environment": step_environment, "throughput": step_throughput, "training": step_training,
