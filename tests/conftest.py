@@ -1,4 +1,6 @@
-"""Fixtures shared by the test tree: temporary nnU-Net folders, a preprocessed tiny dataset."""
+"""Fixtures shared by the test tree (temporary nnU-Net folders, a preprocessed tiny dataset) and the
+test layers: every test under ``tests/e2e`` is marked ``e2e``; tests marked ``real_data`` are skipped
+unless ``NNUNETV2_MEDDISSEG_TEST_DATA`` is set (``tests/real_data.py``)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,6 +9,18 @@ from typing import Dict
 import pytest
 
 from nnunet_cli import nnunet_env, run_cli
+from real_data import SKIP_REASON, data_root
+
+E2E_FOLDER = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_real_data = None if data_root() is not None else pytest.mark.skip(reason=SKIP_REASON)
+    for item in items:
+        if E2E_FOLDER in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.e2e)
+        if skip_real_data is not None and item.get_closest_marker("real_data") is not None:
+            item.add_marker(skip_real_data)
 
 
 @pytest.fixture
