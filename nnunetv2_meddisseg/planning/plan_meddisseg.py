@@ -9,6 +9,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import zipfile
 from copy import deepcopy
 from pathlib import Path
@@ -200,9 +201,9 @@ def _plan_command(argv: Optional[Sequence[str]]) -> None:
           f"arch_kwargs {plans['architecture']['arch_kwargs']}")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    run_command("nnUNetv2_meddisseg_plan", _plan_command, argv)
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return run_command("nnUNetv2_meddisseg_plan", _plan_command, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from convert_trees import case_ids, expected_binary, read_png, write_split
-from nnunetv2_meddisseg.datasets.common import SPLIT_SEED, load_shipped_split, make_seeded_split
+from nnunetv2_meddisseg.datasets.split_lists import SPLIT_SEED, load_shipped_split, make_seeded_split
 from nnunetv2_meddisseg.datasets.convert import main
 
 from real_data import real_dataset

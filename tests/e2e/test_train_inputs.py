@@ -17,7 +17,7 @@ import pytest
 import SimpleITK as sitk
 import torch
 
-from nnunet_cli import nnunet_env, run_cli
+from nnunet_cli import nnunet_env, planning_environment, run_cli
 
 SMOKE = "nnUNetTrainerMedDisSeg_smoke"
 CT_ID, CT_DATASET = 611, "Dataset611_TinyCT"
@@ -69,7 +69,7 @@ def train_env(tmp_path_factory) -> Dict[str, str]:
     raw = Path(env["nnUNet_raw"])
     write_dataset(raw, CT_DATASET, ["CT"], num_slices=4, seed=1)
     write_dataset(raw, MR_DATASET, MR_CHANNELS, num_slices=2, seed=2)
-    plan_env = {k: v for k, v in env.items() if k != "nnUNet_n_proc_DA"}  # 0 breaks nnU-Net's VRAM estimate
+    plan_env = planning_environment(env)
     # -npfp 2: nnU-Net's default of 8 fingerprint workers would each start and import torch on a 2-core machine
     run_cli(["nnUNetv2_plan_and_preprocess", "-d", CT_ID, MR_ID, "-c", "2d", "-np", "2", "-npfp", "2"], plan_env)
     return env

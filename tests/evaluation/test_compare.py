@@ -9,9 +9,11 @@ import SimpleITK as sitk
 from PIL import Image
 from scipy import stats
 
-from nnunetv2_meddisseg.evaluation.compare import (compare_prediction_folders, load_paper_results, main,
-                                                   normalise_name, paper_reference, predict_missing_cases,
-                                                   wilcoxon_p_value)
+from nnunetv2_meddisseg.evaluation.compare import main
+from nnunetv2_meddisseg.evaluation.comparison_report import compare_prediction_folders
+from nnunetv2_meddisseg.evaluation.nnunet_prediction import predict_missing_cases
+from nnunetv2_meddisseg.evaluation.paired_statistics import wilcoxon_p_value
+from nnunetv2_meddisseg.evaluation.paper_reference import load_paper_results, normalise_name, paper_reference
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # reference: a 10x10 square (100 px); model A loses K_A[i] pixels of it, model B K_B[i]
@@ -248,15 +250,15 @@ def nnunet_env(tmp_path, monkeypatch, png_folders):
 
 def test_main_errors_are_one_line(nnunet_env, capsys, monkeypatch):
     ds, results, _, _ = nnunet_env
-    assert main(["-d", "988"]) == 1
+    assert main(["-d", "988"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("nnUNetv2_meddisseg_compare: error: -d 988") and len(err.strip().splitlines()) == 1
-    assert main(["-d", "987", "--device", "cpu"]) == 1
+    assert main(["-d", "987", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "nnUNetTrainer__nnUNetPlans__2d/fold_0/checkpoint_final.pth" in err
     assert len(err.strip().splitlines()) == 1
     monkeypatch.delenv("nnUNet_results")
-    assert main(["-d", "987"]) == 1
+    assert main(["-d", "987"]) == 2
     assert "nnUNet_results is not set" in capsys.readouterr().err
 
 
