@@ -1,4 +1,4 @@
-"""Bad input, one row per case, each through the real command's entry point (issue 6).
+"""Bad input, one row per case, each through the real command's entry point.
 
 Every row names a command (``convert``, ``plan``, ``evaluate``, ``compare``), a setup that builds
 the input under ``tmp_path`` and returns the command's argv, the expected exit code and the
@@ -10,7 +10,7 @@ documented graceful paths (a JPEG-noisy mask is thresholded, ``--overwrite`` rep
 and controls showing that the inputs the failing rows break are otherwise accepted.
 
 Nothing here runs nnU-Net's planning, preprocessing or training: plan rows use a hand-written
-``nnUNetPlans.json`` with an empty ``nnUNetPlans_2d`` folder. The train rows of issue 6 are tested
+``nnUNetPlans.json`` with an empty ``nnUNetPlans_2d`` folder. The train rows of the bad-input table are tested
 elsewhere: ``-c 3d_fullres``, input with NaN and batch size 1 in tests/training/test_trainer_meddisseg.py
 (``test_3d_configuration_is_refused_before_anything_is_written``, ``test_nan_input_is_a_clear_error``,
 ``test_batch_size_one_warns_once_and_has_zero_dispersion``); single-channel CT input, 4-channel input
@@ -507,7 +507,7 @@ def test_bad_input(row: Row, tmp_path, env, capsys):
     assert after == before, f"left behind: {sorted(after - before)}, removed: {sorted(before - after)}"
 
 
-# the train rows of issue 6, tested outside this table (see the module docstring): case -> (file, test)
+# the train rows of the bad-input table, tested outside this table (see the module docstring): case -> (file, test)
 TRAIN_ROWS = {
     "-c 3d_fullres": ("training/test_trainer_meddisseg.py",
                       "test_3d_configuration_is_refused_before_anything_is_written"),
@@ -521,7 +521,7 @@ TRAIN_ROWS = {
 }
 
 
-def test_table_covers_issue_6():
+def test_table_covers_every_command_and_train_row():
     failing = [r for r in ROWS if r.exit_code != 0]
     assert len(failing) >= 20
     assert {r.exit_code for r in failing} == {2}  # one exit code for every command's user mistakes (README)

@@ -1,5 +1,5 @@
-"""The train rows of the issue-6 bad-input table that need real data: single-channel CT input,
-4-channel input, and ``--c`` on a fold without a checkpoint.
+"""The train rows of the bad-input table (tests/test_bad_inputs.py) that need a real training run:
+single-channel CT input, 4-channel input, and ``--c`` on a fold without a checkpoint.
 
 Each runs the real ``nnUNetv2_train`` (``-device cpu``, ``nnUNetTrainerMedDisSeg_smoke``: one Stage I
 epoch, then Stage II, 4 iterations an epoch) in a subprocess on a tiny generated 3D NIfTI dataset that
