@@ -11,7 +11,7 @@ setup(
     package_data={"nnunetv2_meddisseg": ["datasets/splits/*.json", "evaluation/paper_results.json"]},
     install_requires=[
         "nnunetv2>=2.8.1,<2.9",
-        "torch",  # whatever nnunetv2 resolves; never pin above 2.14.1 on these machines
+        "torch",  # whatever version nnunetv2 resolves
         "dynamic-network-architectures",
         "batchgeneratorsv2",
         "SimpleITK",

@@ -9,9 +9,7 @@ import json
 import os
 import platform
 import shlex
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -269,58 +267,25 @@ def parameters(module: nn.Module) -> int:
 
 
 # ------------------------------------------------------------------------------------------------
-# driving nnU-Net's console commands (predict.py, quality.py)
+# driving nnU-Net's console commands (predict.py, quality.py): the package's own helpers
 
 
 def nnunet_environment(work: Path, trainer_folders: Sequence[str] = ()) -> Dict[str, str]:
-    """A copy of ``os.environ`` with ``nnUNet_raw`` / ``nnUNet_preprocessed`` / ``nnUNet_results`` in
-    ``work`` (created) and ``nnUNet_extTrainer`` = ``trainer_folders`` + this package's trainer folder
-    (``os.pathsep``-separated)."""
-    from nnunetv2_meddisseg.trainer_path import trainer_folder
+    """:func:`nnunetv2_meddisseg.nnunet_env.nnunet_environment` (the three folders in ``work``, our
+    trainers in ``nnUNet_extTrainer`` after ``trainer_folders``)."""
+    from nnunetv2_meddisseg.nnunet_env import nnunet_environment as package_environment
 
-    env = dict(os.environ)
-    for name in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results"):
-        folder = Path(work) / name
-        folder.mkdir(parents=True, exist_ok=True)
-        env[name] = str(folder)
-    env["nnUNet_extTrainer"] = os.pathsep.join([*map(str, trainer_folders), trainer_folder()])
-    return env
-
-
-def _executable(name: str) -> str:
-    """A console command of this Python's environment (its bin folder first, then ``PATH``)."""
-    local = Path(sys.executable).parent / name
-    if local.is_file():
-        return str(local)
-    found = shutil.which(name)
-    if found is None:
-        raise SystemExit(f"command {name} not found next to {sys.executable} nor on PATH: install nnunetv2 and "
-                         f"nnunetv2_meddisseg into this environment")
-    return found
+    return package_environment(work, trainer_folders)
 
 
 def run_logged(command: Sequence[str], env: Mapping[str, str], log_file: Path, echo: bool = True,
                check: bool = True) -> float:
-    """Run ``command`` (``command[0]`` a console command of this environment, or ``python`` for this
-    interpreter) with stdout and stderr going to ``log_file``; return its wall time in seconds.
+    """:func:`nnunetv2_meddisseg.logged_command.run_logged`, a failed command ending the script
+    (``SystemExit`` with the one-line message) instead of raising."""
+    from nnunetv2_meddisseg.logged_command import CommandFailed
+    from nnunetv2_meddisseg.logged_command import run_logged as package_run_logged
 
-    ``echo`` prints the command with its log file before and the time after. A non-zero exit raises
-    ``SystemExit`` naming the command, the last line of its log and the log file (unless not ``check``).
-    """
-    log_file = Path(log_file)
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    executable = sys.executable if command[0] == "python" else _executable(command[0])
-    if echo:
-        print(f"  $ {' '.join(map(str, command))}   (log: {log_file})", flush=True)
-    start = time.perf_counter()
-    with open(log_file, "w") as log:
-        proc = subprocess.run([executable, *map(str, command[1:])], env=dict(env), stdout=log,
-                              stderr=subprocess.STDOUT)
-    seconds = time.perf_counter() - start
-    if proc.returncode != 0 and check:
-        tail = log_file.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-        raise SystemExit(f"'{' '.join(map(str, command))}' failed with exit code {proc.returncode}: {tail[0]} "
-                         f"(full log: {log_file})")
-    if echo:
-        print(f"    done in {seconds:.1f} s", flush=True)
-    return seconds
+    try:
+        return package_run_logged(command, env, log_file, echo=echo, check=check)
+    except CommandFailed as e:
+        raise SystemExit(str(e)) from None

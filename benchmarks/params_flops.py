@@ -20,7 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from common import (DEFAULT_OUT, NNUNET_ARCHITECTURES, build_network, command_line, machine_info, markdown_table,
                     parameters, set_mode, use_reference_implementations, write_results)
 
-#: issue 5: Med-DisSeg inference per 256x256 image
+#: target for Med-DisSeg inference per 256x256 image
 INFERENCE_TARGET_GFLOPS = 150.0
 GIGA = 1e9
 

@@ -41,6 +41,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from common import (DEFAULT_OUT, command_line, machine_info, markdown_table, nnunet_environment, run_logged,
                     summarize, write_results)
+from nnunetv2_meddisseg.nnunet_env import planning_environment, trainer_output_folder
+from nnunetv2_meddisseg.trainer_path import trainer_folder
 
 CONFIGURATION = "2d"
 SYNTHETIC_DATASET_ID = 990
@@ -204,8 +206,8 @@ def _prepare_generated(args, work: Path, logs: Path) -> Tuple[Dict[str, str], st
     make_synthetic_dataset(env["nnUNet_raw"], dataset_id=args.dataset_id, num_train=SYNTHETIC_TRAINING_CASES,
                            num_test=args.num_images, size=args.size, seed=0, overwrite=True)
     print("[2/4] nnU-Net planning and preprocessing, Med-DisSeg plan")
-    run_logged(["nnUNetv2_plan_and_preprocess", "-d", dataset, "-c", CONFIGURATION, "-np", "2"], env,
-               logs / "plan_and_preprocess.log")
+    run_logged(["nnUNetv2_plan_and_preprocess", "-d", dataset, "-c", CONFIGURATION, "-np", "2"],
+               planning_environment(env), logs / "plan_and_preprocess.log")
     run_logged(["nnUNetv2_meddisseg_plan", "-d", dataset, "--plans-name", args.plans], env,
                logs / "meddisseg_plan.log")
     print("[3/4] model folders with untrained networks (prediction time does not depend on the weights)")
@@ -217,8 +219,6 @@ def _prepare_generated(args, work: Path, logs: Path) -> Tuple[Dict[str, str], st
 
 
 def _existing_environment() -> Dict[str, str]:
-    from nnunetv2_meddisseg.trainer_path import trainer_folder
-
     env = dict(os.environ)
     for name in ("nnUNet_raw", "nnUNet_results"):
         if not env.get(name):
@@ -312,7 +312,8 @@ def _run(args, work: Path, logs: Path) -> dict:
         print(f"[1-3/4] existing models of dataset {dataset} ({env['nnUNet_results']})")
     results_dataset = _dataset_folder(env["nnUNet_results"], dataset)
     models = {"default": (args.baseline_trainer, args.baseline_plans), "meddisseg": (args.trainer, args.plans)}
-    folders = {k: results_dataset / f"{t}__{pl}__{CONFIGURATION}" for k, (t, pl) in models.items()}
+    folders = {k: trainer_output_folder(results_dataset.name, t, pl, CONFIGURATION, results=str(results_dataset.parent))
+               for k, (t, pl) in models.items()}
     for k, folder in folders.items():
         ckpt = folder / f"fold_{args.fold}" / args.checkpoint
         if not ckpt.is_file():

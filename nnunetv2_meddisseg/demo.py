@@ -8,14 +8,14 @@ Everything lives under the output folder; nothing is downloaded.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
 from nnunetv2_meddisseg.cli import UserError, run_command
+from nnunetv2_meddisseg.logged_command import run_logged
+from nnunetv2_meddisseg.nnunet_env import nnunet_environment, planning_environment
 
 __all__ = ["main"]
 
@@ -27,23 +27,9 @@ SCHEDULES = {
 PLANS = "nnUNetMedDisSegPlans"
 
 
-def _trainer_folder() -> str:
-    return str(Path(__file__).resolve().parent / "nnunet_trainers")
-
-
 def _run(command: List[str], env: dict, log_dir: Path) -> None:
-    """Run one console command (from this Python's bin folder), its output going to a log file."""
-    executable = Path(sys.executable).parent / command[0]
-    log_file = log_dir / f"{len(list(log_dir.glob('*.log'))):02d}_{command[0]}.log"
-    print(f"  $ {' '.join(command)}   (log: {log_file})", flush=True)
-    start = time.time()
-    with open(log_file, "w") as log:
-        proc = subprocess.run([str(executable), *command[1:]], env=env, stdout=log, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        tail = log_file.read_text().strip().splitlines()[-1:] or ["(no output)"]
-        raise UserError(f"'{' '.join(command)}' failed with exit code {proc.returncode}: {tail[0]} "
-                        f"(full log: {log_file})")
-    print(f"    done in {time.time() - start:.0f} s", flush=True)
+    """Run one console command with its output in the next numbered log file of ``log_dir``."""
+    run_logged(command, env, log_dir / f"{len(list(log_dir.glob('*.log'))):02d}_{command[0]}.log")
 
 
 def _demo(argv: Optional[Sequence[str]]) -> None:
@@ -66,11 +52,7 @@ def _demo(argv: Optional[Sequence[str]]) -> None:
     out = Path(args.output).resolve()
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    for name in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results"):
-        (out / name).mkdir(exist_ok=True)
-        env[name] = str(out / name)
-    env["nnUNet_extTrainer"] = _trainer_folder()
+    env = nnunet_environment(out)
     env.setdefault("nnUNet_def_n_proc", "2")
     env.setdefault("nnUNet_n_proc_DA", "2")
     start = time.time()
@@ -87,9 +69,7 @@ def _demo(argv: Optional[Sequence[str]]) -> None:
         make_synthetic_dataset(env["nnUNet_raw"], dataset_id=int(dataset_id), num_train=24, num_test=10,
                                size=args.size, seed=0, overwrite=True)
     print("[2/5] nnU-Net planning and preprocessing, Med-DisSeg plan")
-    # nnU-Net 2.8.1's planning crashes with nnUNet_n_proc_DA=0 (torch.set_num_threads(0)): plan without it
-    plan_env = {k: v for k, v in env.items() if not (k == "nnUNet_n_proc_DA" and v.strip() == "0")}
-    _run(["nnUNetv2_plan_and_preprocess", "-d", dataset_id, "-c", "2d", "-np", "2"], plan_env, logs)
+    _run(["nnUNetv2_plan_and_preprocess", "-d", dataset_id, "-c", "2d", "-np", "2"], planning_environment(env), logs)
     _run(["nnUNetv2_meddisseg_plan", "-d", dataset_id], env, logs)
     print(f"[3/5] training default nnU-Net ({baseline_trainer})")
     _run(["nnUNetv2_train", dataset_id, "2d", "0", "-tr", baseline_trainer, "-device", args.device], env, logs)
@@ -109,9 +89,9 @@ def _demo(argv: Optional[Sequence[str]]) -> None:
           "not which method is better.")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    run_command("nnUNetv2_meddisseg_demo", _demo, argv)
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return run_command("nnUNetv2_meddisseg_demo", _demo, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,4 +1,6 @@
-"""Fixtures shared by the test tree: temporary nnU-Net folders, a preprocessed tiny dataset."""
+"""Fixtures shared by the test tree (temporary nnU-Net folders, a preprocessed tiny dataset) and the
+test layers: every test under ``tests/e2e`` is marked ``e2e``; tests marked ``real_data`` are skipped
+unless ``NNUNETV2_MEDDISSEG_TEST_DATA`` is set (``tests/real_data.py``)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +8,20 @@ from typing import Dict
 
 import pytest
 
-from nnunet_cli import nnunet_env, run_cli
+from nnunet_cli import nnunet_env, planning_environment, run_cli
+from nnunetv2_meddisseg.nnunet_env import NNUNET_FOLDERS
+from real_data import SKIP_REASON, data_root
+
+E2E_FOLDER = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_real_data = None if data_root() is not None else pytest.mark.skip(reason=SKIP_REASON)
+    for item in items:
+        if E2E_FOLDER in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.e2e)
+        if skip_real_data is not None and item.get_closest_marker("real_data") is not None:
+            item.add_marker(skip_real_data)
 
 
 @pytest.fixture
@@ -14,7 +29,7 @@ def nnunet_dirs(tmp_path, monkeypatch) -> Dict[str, Path]:
     """nnUNet_raw / nnUNet_preprocessed / nnUNet_results in a temporary folder (environment set;
     nnunetv2.paths reads the environment on every access, so setting it here is enough)."""
     dirs = {}
-    for name in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results"):
+    for name in NNUNET_FOLDERS:
         dirs[name] = tmp_path / "nnunet" / name
         dirs[name].mkdir(parents=True)
         monkeypatch.setenv(name, str(dirs[name]))
@@ -31,6 +46,5 @@ def preprocessed_synthetic(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("nnunet")
     env = nnunet_env(root)
     make_synthetic_dataset(env["nnUNet_raw"], dataset_id=501, num_train=12, num_test=4, size=64, seed=0)
-    plan_env = {k: v for k, v in env.items() if k != "nnUNet_n_proc_DA"}  # 0 breaks nnU-Net's VRAM estimate
-    run_cli(["nnUNetv2_plan_and_preprocess", "-d", "501", "-c", "2d", "-np", "2"], plan_env)
+    run_cli(["nnUNetv2_plan_and_preprocess", "-d", "501", "-c", "2d", "-np", "2"], planning_environment(env))
     return env

@@ -1,4 +1,4 @@
-"""Bad input, one row per case, each through the real command's entry point (issue 6).
+"""Bad input, one row per case, each through the real command's entry point.
 
 Every row names a command (``convert``, ``plan``, ``evaluate``, ``compare``), a setup that builds
 the input under ``tmp_path`` and returns the command's argv, the expected exit code and the
@@ -10,7 +10,7 @@ documented graceful paths (a JPEG-noisy mask is thresholded, ``--overwrite`` rep
 and controls showing that the inputs the failing rows break are otherwise accepted.
 
 Nothing here runs nnU-Net's planning, preprocessing or training: plan rows use a hand-written
-``nnUNetPlans.json`` with an empty ``nnUNetPlans_2d`` folder. The train rows of issue 6 are tested
+``nnUNetPlans.json`` with an empty ``nnUNetPlans_2d`` folder. The train rows of the bad-input table are tested
 elsewhere: ``-c 3d_fullres``, input with NaN and batch size 1 in tests/training/test_trainer_meddisseg.py
 (``test_3d_configuration_is_refused_before_anything_is_written``, ``test_nan_input_is_a_clear_error``,
 ``test_batch_size_one_warns_once_and_has_zero_dispersion``); single-channel CT input, 4-channel input
@@ -431,15 +431,15 @@ def cmp_meddisseg_model_missing(tmp, env):
 # ------------------------------------------------------------------------------------------------
 
 ROWS = [
-    Row("convert/source_missing", "convert", conv_source_missing, 1, ["nowhere", "does not exist"]),
-    Row("convert/image_without_mask", "convert", conv_image_without_mask, 1,
+    Row("convert/source_missing", "convert", conv_source_missing, 2, ["nowhere", "does not exist"]),
+    Row("convert/image_without_mask", "convert", conv_image_without_mask, 2,
         ["images/k1.jpg", "has no mask", "masks/k1.jpg"]),
-    Row("convert/mask_without_image", "convert", conv_mask_without_image, 1, ["masks/k2.jpg", "has no image"]),
-    Row("convert/size_mismatch", "convert", conv_size_mismatch, 1, ["masks/k1.jpg", "12x10", "expected the same size"]),
-    Row("convert/corrupt_image", "convert", conv_corrupt_image, 1, ["cannot read image", "images/k3.jpg"]),
-    Row("convert/empty_source", "convert", conv_empty_source, 1, ["no images", "Kvasir-SEG/images"]),
-    Row("convert/undeclared_label", "convert", conv_undeclared_label, 1, ["label0006.nii.gz", "14"]),
-    Row("convert/dataset_exists", "convert", conv_dataset_exists, 1, [KVASIR_DATASET, "already exists", "--overwrite"]),
+    Row("convert/mask_without_image", "convert", conv_mask_without_image, 2, ["masks/k2.jpg", "has no image"]),
+    Row("convert/size_mismatch", "convert", conv_size_mismatch, 2, ["masks/k1.jpg", "12x10", "expected the same size"]),
+    Row("convert/corrupt_image", "convert", conv_corrupt_image, 2, ["cannot read image", "images/k3.jpg"]),
+    Row("convert/empty_source", "convert", conv_empty_source, 2, ["no images", "Kvasir-SEG/images"]),
+    Row("convert/undeclared_label", "convert", conv_undeclared_label, 2, ["label0006.nii.gz", "14"]),
+    Row("convert/dataset_exists", "convert", conv_dataset_exists, 2, [KVASIR_DATASET, "already exists", "--overwrite"]),
     Row("convert/resize_zero", "convert", conv_resize_zero, 2, ["--resize", "0", "positive"]),
     Row("convert/overwrite_replaces", "convert", conv_overwrite_replaces, 0, check=check_overwrite_replaced),
     Row("convert/noisy_jpeg_mask_thresholded", "convert", conv_noisy_jpeg_mask, 0, check=check_noisy_mask_thresholded),
@@ -463,22 +463,22 @@ ROWS = [
         ["--encoder-weights", "wrong.pth", "'layer2.0.conv1.weight'", "(3, 3, 1, 1)"]),
     Row("plan/weights_ok", "plan", plan_weights_ok, 0, check=check_plan_names_weights),
     Row("evaluate/ok", "evaluate", eval_ok, 0, check=check_eval_summary),
-    Row("evaluate/missing_cases", "evaluate", eval_missing_cases, 1,
+    Row("evaluate/missing_cases", "evaluate", eval_missing_cases, 2,
         ["prediction folder", "lacks 2 of 3 cases", "first missing: b.png"]),
-    Row("evaluate/different_file_endings", "evaluate", eval_different_endings, 1,
+    Row("evaluate/different_file_endings", "evaluate", eval_different_endings, 2,
         ["prediction folder", ".nii.gz", ".png", "same file ending"]),
-    Row("evaluate/mask_0_255", "evaluate", eval_mask_0_255, 1, ["c.png", "{255}", "outside the declared set", "0/255"]),
-    Row("evaluate/label_not_declared", "evaluate", eval_label_not_declared, 1,
+    Row("evaluate/mask_0_255", "evaluate", eval_mask_0_255, 2, ["c.png", "{255}", "outside the declared set", "0/255"]),
+    Row("evaluate/label_not_declared", "evaluate", eval_label_not_declared, 2,
         ["b.png", "{2}", "outside the declared set {0, 1}"]),
-    Row("evaluate/ref_folder_missing", "evaluate", eval_ref_folder_missing, 1,
+    Row("evaluate/ref_folder_missing", "evaluate", eval_ref_folder_missing, 2,
         ["reference folder not found", "labelsTs_nope"]),
-    Row("evaluate/shape_mismatch", "evaluate", eval_shape_mismatch, 1, ["a.png", "shape"]),
-    Row("evaluate/corrupt_prediction", "evaluate", eval_corrupt_prediction, 1, ["cannot read label image", "a.png"]),
-    Row("compare/unknown_dataset", "compare", cmp_unknown_dataset, 1, ["-d 777", "no dataset with this ID", "nnUNet_raw"]),
-    Row("compare/no_test_labels", "compare", cmp_no_test_labels, 1, [f"{COMPARE_DATASET}/labelsTs", "not found"]),
-    Row("compare/baseline_model_missing", "compare", cmp_baseline_model_missing, 1,
+    Row("evaluate/shape_mismatch", "evaluate", eval_shape_mismatch, 2, ["a.png", "shape"]),
+    Row("evaluate/corrupt_prediction", "evaluate", eval_corrupt_prediction, 2, ["cannot read label image", "a.png"]),
+    Row("compare/unknown_dataset", "compare", cmp_unknown_dataset, 2, ["-d 777", "no dataset with this ID", "nnUNet_raw"]),
+    Row("compare/no_test_labels", "compare", cmp_no_test_labels, 2, [f"{COMPARE_DATASET}/labelsTs", "not found"]),
+    Row("compare/baseline_model_missing", "compare", cmp_baseline_model_missing, 2,
         ["no trained model", "nnUNetTrainer__nnUNetPlans__2d/fold_0/checkpoint_final.pth"]),
-    Row("compare/meddisseg_model_missing", "compare", cmp_meddisseg_model_missing, 1,
+    Row("compare/meddisseg_model_missing", "compare", cmp_meddisseg_model_missing, 2,
         ["no trained model", "nnUNetTrainerMedDisSeg__nnUNetMedDisSegPlans__2d/fold_0/checkpoint_final.pth",
          "nnUNetTrainerMedDisSeg__nnUNetPlans__2d"]),
 ]
@@ -507,7 +507,7 @@ def test_bad_input(row: Row, tmp_path, env, capsys):
     assert after == before, f"left behind: {sorted(after - before)}, removed: {sorted(before - after)}"
 
 
-# the train rows of issue 6, tested outside this table (see the module docstring): case -> (file, test)
+# the train rows of the bad-input table, tested outside this table (see the module docstring): case -> (file, test)
 TRAIN_ROWS = {
     "-c 3d_fullres": ("training/test_trainer_meddisseg.py",
                       "test_3d_configuration_is_refused_before_anything_is_written"),
@@ -521,9 +521,10 @@ TRAIN_ROWS = {
 }
 
 
-def test_table_covers_issue_6():
+def test_table_covers_every_command_and_train_row():
     failing = [r for r in ROWS if r.exit_code != 0]
     assert len(failing) >= 20
+    assert {r.exit_code for r in failing} == {2}  # one exit code for every command's user mistakes (README)
     assert {r.command for r in failing} == set(COMMANDS)
     assert all(r.expected for r in failing) and all(r.check for r in ROWS if r.exit_code == 0)
     tests = Path(__file__).resolve().parent

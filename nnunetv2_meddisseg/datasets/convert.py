@@ -16,10 +16,13 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from nnunetv2_meddisseg.cli import print_error
+from nnunetv2_meddisseg.cli import run_command
 
-from .common import (ConversionError, ConversionPlan, ConversionResult, OptionError, apply_split,
-                     require_env_folder, validate_dataset_id, validate_resize, write_nnunet_dataset)
+from .cases import ConversionPlan, ConversionResult
+from .errors import ConversionError, OptionError
+from .options import require_env_folder, validate_dataset_id, validate_resize
+from .split_lists import apply_split
+from .writer import write_nnunet_dataset
 from .cvc_clinicdb import plan_cvc_clinicdb
 from .glas import plan_glas
 from .isic import plan_isic2016, plan_isic2017
@@ -79,22 +82,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Console entry point; returns the exit code (0, 1 for bad sources, 2 for bad options)."""
+def _convert_command(argv: Optional[List[str]]) -> None:
     args = _parser().parse_args(argv)
-    try:
-        result = convert(args.dataset, args.source, args.dataset_id, resize=args.resize, split_file=args.split_file,
-                         overwrite=args.overwrite, num_processes=args.num_processes, progress=sys.stderr.isatty())
-    except ConversionError as err:
-        print_error(PROG, err)
-        return err.exit_code
+    result = convert(args.dataset, args.source, args.dataset_id, resize=args.resize, split_file=args.split_file,
+                     overwrite=args.overwrite, num_processes=args.num_processes, progress=sys.stderr.isatty())
     for note in result.notes:
         print(f"{PROG}: note: {note}", file=sys.stderr)
     split = f"{result.num_train} train / {result.num_val} val" if result.num_val else f"{result.num_train} train"
     print(f"{result.dataset_name}: {split} (imagesTr), {result.num_test} test (imagesTs) -> {result.raw_folder}")
     for f in result.splits_files:
         print(f"fold-0 split: {f}")
-    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Console entry point; returns the exit code (0, or 2 after a one-line error: see ``cli``)."""
+    return run_command(PROG, _convert_command, argv, user_errors=(ConversionError,))
 
 
 if __name__ == "__main__":

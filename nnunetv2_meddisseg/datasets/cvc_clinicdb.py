@@ -14,8 +14,10 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from .common import (BINARY_RGB_CHANNELS, ConversionPlan, DatasetSpec, MissingSourceError, check_2d_sizes,
-                     pair_images_and_masks, write_binary_2d_case)
+from .cases import BINARY_RGB_CHANNELS, ConversionPlan, DatasetSpec
+from .errors import MissingSourceError
+from .image_io import check_2d_sizes, write_binary_2d_case
+from .source_files import pair_images_and_masks
 
 __all__ = ["CVC_CLINICDB_SPEC", "plan_cvc_clinicdb"]
 

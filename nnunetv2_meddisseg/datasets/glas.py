@@ -6,7 +6,7 @@ Source layout, as published: one folder ``Warwick QU Dataset (Released 2016_07_0
 annotations are instance labels (0 background, 1..K glands): every gland becomes label 1.
 
 Split: the paper's 85 / 80 (train / testA + testB). GlaS has no validation set: a seeded 10 %
-of the training images (8 of 85, :func:`~nnunetv2_meddisseg.datasets.common.make_seeded_split`,
+of the training images (8 of 85, :func:`~nnunetv2_meddisseg.datasets.split_lists.make_seeded_split`,
 seed 12345, drawn from the sorted case IDs at conversion time) is nnU-Net's fold-0 validation
 set, so fold 0 trains on 77; ``--split-file`` sets other lists (e.g. validation on a copy of the
 training set). testA and testB go to ``imagesTs``/``labelsTs`` with their own prefixes.
@@ -17,9 +17,11 @@ import re
 from functools import partial
 from pathlib import Path
 
-from .common import (BINARY_RGB_CHANNELS, SPLIT_SEED, ConversionPlan, DatasetSpec, MissingSourceError,
-                     check_2d_sizes, holdout_count, list_files, make_seeded_split, pair_images_and_masks,
-                     write_binary_2d_case)
+from .cases import BINARY_RGB_CHANNELS, ConversionPlan, DatasetSpec
+from .errors import MissingSourceError
+from .image_io import check_2d_sizes, write_binary_2d_case
+from .source_files import list_files, pair_images_and_masks
+from .split_lists import SPLIT_SEED, holdout_count, make_seeded_split
 
 __all__ = ["GLAS_SPEC", "GLAS_FOLDER", "plan_glas"]
 

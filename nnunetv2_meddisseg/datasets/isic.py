@@ -14,7 +14,7 @@ Source layouts, as published (SRC is the folder holding the unzipped archives):
 
 Masks are 0/255 PNGs, written as 0/1. Splits: ISIC-2017 uses its official 2000 / 150 / 600.
 ISIC-2016 has no validation set (the paper's 900 / 379): a seeded 10 % of the training images
-(90, :func:`~nnunetv2_meddisseg.datasets.common.make_seeded_split`, seed 12345, drawn from the
+(90, :func:`~nnunetv2_meddisseg.datasets.split_lists.make_seeded_split`, seed 12345, drawn from the
 sorted IDs at conversion time) is fold-0 validation, so fold 0 trains on 810.
 """
 from __future__ import annotations
@@ -23,9 +23,11 @@ from functools import partial
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .common import (BINARY_RGB_CHANNELS, SPLIT_SEED, ConversionError, ConversionPlan, DatasetSpec,
-                     MissingSourceError, SourceCase, check_2d_sizes, holdout_count, make_seeded_split,
-                     pair_images_and_masks, write_binary_2d_case)
+from .cases import BINARY_RGB_CHANNELS, ConversionPlan, DatasetSpec, SourceCase
+from .errors import ConversionError, MissingSourceError
+from .image_io import check_2d_sizes, write_binary_2d_case
+from .source_files import pair_images_and_masks
+from .split_lists import SPLIT_SEED, holdout_count, make_seeded_split
 
 __all__ = ["ISIC2016_SPEC", "ISIC2017_SPEC", "plan_isic2016", "plan_isic2017"]
 

@@ -11,7 +11,7 @@ Source layouts, as published:
 Splits. The paper uses 880 / 120 (train / test) for Kvasir-SEG and 156 / 20 / 20 (train / val /
 test) for Kvasir-Sessile. Neither list ships with the data, so the lists in
 ``splits/kvasir_seg.json`` and ``splits/kvasir_sessile.json`` were drawn once from the sorted
-file names with :func:`~nnunetv2_meddisseg.datasets.common.make_seeded_split` (seed 12345) and
+file names with :func:`~nnunetv2_meddisseg.datasets.split_lists.make_seeded_split` (seed 12345) and
 are shipped so that everyone gets the same split. Kvasir-SEG has no validation set: 88 of its
 880 training images (10 %) are held out as nnU-Net's fold-0 validation set, so fold 0 trains on
 792 images. The 120 (Kvasir-SEG) and 20 (Sessile) test images go to ``imagesTs``/``labelsTs``.
@@ -23,8 +23,10 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from .common import (BINARY_RGB_CHANNELS, ConversionPlan, DatasetSpec, check_2d_sizes, find_source_root,
-                     pair_images_and_masks, plan_from_shipped_split, write_binary_2d_case)
+from .cases import BINARY_RGB_CHANNELS, ConversionPlan, DatasetSpec
+from .image_io import check_2d_sizes, write_binary_2d_case
+from .source_files import find_source_root, pair_images_and_masks
+from .split_lists import plan_from_shipped_split
 
 __all__ = ["KVASIR_SEG_SPEC", "KVASIR_SESSILE_SPEC", "plan_kvasir_seg", "plan_kvasir_sessile"]
 

@@ -22,7 +22,7 @@ Cases are named like TransUNet's (``case0001`` for ``img0001``). The standard sp
 TransUNet's ``lists/lists_Synapse``: 18 training volumes (``train.txt``) and 12 test volumes
 (``test_vol.txt``: cases 8, 22, 38, 36, 32, 2, 29, 3, 1, 4, 25, 35), from the BTCV training
 cases 1-10 and 21-40. TransUNet has no validation set: 2 of the 18 training volumes (a seeded
-10 %, :func:`~nnunetv2_meddisseg.datasets.common.make_seeded_split`, seed 12345) are fold-0
+10 %, :func:`~nnunetv2_meddisseg.datasets.split_lists.make_seeded_split`, seed 12345) are fold-0
 validation, so fold 0 trains on 16; ``--split-file`` sets other lists.
 """
 from __future__ import annotations
@@ -34,8 +34,9 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import SimpleITK as sitk
 
-from .common import (SPLIT_SEED, ConversionError, ConversionPlan, DatasetSpec, MissingSourceError, SourceCase,
-                     holdout_count, make_seeded_split)
+from .cases import ConversionPlan, DatasetSpec, SourceCase
+from .errors import ConversionError, MissingSourceError
+from .split_lists import SPLIT_SEED, holdout_count, make_seeded_split
 
 __all__ = [
     "TRANSUNET_TRAIN_CASES",

@@ -19,7 +19,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 import numpy as np
 from tqdm import tqdm
 
-from nnunetv2_meddisseg.cli import print_error
+from nnunetv2_meddisseg.cli import UserError, run_command
 from nnunetv2_meddisseg.evaluation.metrics import (BINARY_METRICS, binary_metrics, mean_and_std,
                                                    multiclass_dice_hd95)
 
@@ -297,25 +297,25 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None, stdout: TextIO = None) -> int:
+def _evaluate_command(argv: Optional[Sequence[str]], stdout: TextIO) -> None:
     args = _parser().parse_args(argv)
-    stdout = stdout or sys.stdout
-    try:
-        labels, file_ending = None, None
-        if args.djfile is not None:
-            labels, file_ending = load_dataset_json_labels(args.djfile)
-        elif args.labels is not None:
-            labels = {("background" if v == 0 else f"label_{v}"): v for v in sorted(set(args.labels))}
-        summary = evaluate_folders(args.ref, args.pred, labels, file_ending, args.hd95_physical)
-        if args.o is not None:
-            save_summary(summary, args.o)
-    except (ValueError, FileNotFoundError, OSError) as e:
-        print_error("nnUNetv2_meddisseg_evaluate", e)
-        return 1
+    labels, file_ending = None, None
+    if args.djfile is not None:
+        labels, file_ending = load_dataset_json_labels(args.djfile)
+    elif args.labels is not None:
+        labels = {("background" if v == 0 else f"label_{v}"): v for v in sorted(set(args.labels))}
+    summary = evaluate_folders(args.ref, args.pred, labels, file_ending, args.hd95_physical)
+    if args.o is not None:
+        save_summary(summary, args.o)
     print(format_summary(summary), file=stdout)
     if args.o is not None:
         print(f"summary written to {args.o}", file=stdout)
-    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None, stdout: TextIO = None) -> int:
+    """Console entry point; returns the exit code (0, or 2 after a one-line error: see ``cli``)."""
+    return run_command("nnUNetv2_meddisseg_evaluate", lambda a: _evaluate_command(a, stdout or sys.stdout), argv,
+                       user_errors=(UserError, ValueError, OSError))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,4 @@
-"""Exposes the demo's short-schedule trainers to nnU-Net's trainer search (nnUNet_extTrainer)."""
-from nnunetv2_meddisseg.training.demo_trainers import (nnUNetTrainerBaseline_demo, nnUNetTrainerBaseline_smoke,
-                                                       nnUNetTrainerMedDisSeg_demo)
+"""Exposes nnUNetTrainerMedDisSeg_demo (a schedule of ``nnUNetv2_meddisseg_demo``) to nnU-Net's trainer search."""
+from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg_demo import nnUNetTrainerMedDisSeg_demo
 
-__all__ = ["nnUNetTrainerBaseline_demo", "nnUNetTrainerMedDisSeg_demo", "nnUNetTrainerBaseline_smoke"]
+__all__ = ["nnUNetTrainerMedDisSeg_demo"]

@@ -9,6 +9,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import zipfile
 from copy import deepcopy
 from pathlib import Path
@@ -222,9 +223,9 @@ def _plan_command(argv: Optional[Sequence[str]]) -> None:
         print(f"  encoder weights 'imagenet': torchvision's ResNet-50 IMAGENET1K_V1, {imagenet_weights_file()}")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    run_command("nnUNetv2_meddisseg_plan", _plan_command, argv)
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return run_command("nnUNetv2_meddisseg_plan", _plan_command, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -8,8 +8,6 @@ from typing import Dict, Iterable, Optional, Sequence, Tuple
 import numpy as np
 from PIL import Image
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 
 def random_rgb(rng: np.random.Generator, height: int, width: int) -> np.ndarray:

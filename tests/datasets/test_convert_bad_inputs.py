@@ -46,31 +46,31 @@ def _btcv(tmp: Path, label_value: int = 3, cases=("case0005", "case0006", "case0
 
 # each builder returns (argv, substrings the message must contain, exit code)
 def row_missing_source(tmp):
-    return ["kvasir-seg", str(tmp / "nowhere"), "-d", "31"], ["nowhere", "does not exist"], 1
+    return ["kvasir-seg", str(tmp / "nowhere"), "-d", "31"], ["nowhere", "does not exist"], 2
 
 
 def row_image_without_mask(tmp):
     src, split = _kvasir(tmp)
     (src / "masks" / "k1.jpg").unlink()
-    return ["kvasir-seg", str(src), "-d", "31", *split], ["images/k1.jpg", "has no mask", "masks/k1.jpg"], 1
+    return ["kvasir-seg", str(src), "-d", "31", *split], ["images/k1.jpg", "has no mask", "masks/k1.jpg"], 2
 
 
 def row_mask_without_image(tmp):
     src, split = _kvasir(tmp)
     (src / "images" / "k2.jpg").unlink()
-    return ["kvasir-seg", str(src), "-d", "31", *split], ["masks/k2.jpg", "has no image"], 1
+    return ["kvasir-seg", str(src), "-d", "31", *split], ["masks/k2.jpg", "has no image"], 2
 
 
 def row_size_mismatch(tmp):
     src, split = _kvasir(tmp)
     save(np.zeros((10, 12, 3), np.uint8), src / "masks" / "k1.jpg")
-    return ["kvasir-seg", str(src), "-d", "31", *split], ["masks/k1.jpg", "12x10", "expected the same size"], 1
+    return ["kvasir-seg", str(src), "-d", "31", *split], ["masks/k1.jpg", "12x10", "expected the same size"], 2
 
 
 def row_corrupt_image(tmp):
     src, split = _kvasir(tmp)
     (src / "images" / "k3.jpg").write_bytes(b"this is not a JPEG file")
-    return ["kvasir-seg", str(src), "-d", "31", *split], ["cannot read image", "images/k3.jpg"], 1
+    return ["kvasir-seg", str(src), "-d", "31", *split], ["cannot read image", "images/k3.jpg"], 2
 
 
 def row_truncated_image(tmp):
@@ -78,12 +78,12 @@ def row_truncated_image(tmp):
     src, split = _kvasir(tmp, size=(200, 240))
     data = (src / "images" / "k2.jpg").read_bytes()
     (src / "images" / "k2.jpg").write_bytes(data[: len(data) // 2])
-    return ["kvasir-seg", str(src), "-d", "31", *split], ["images/k2.jpg", "corrupt or truncated"], 1
+    return ["kvasir-seg", str(src), "-d", "31", *split], ["images/k2.jpg", "corrupt or truncated"], 2
 
 
 def row_undeclared_label_btcv(tmp):
     src, split = _btcv(tmp, label_value=14)
-    return ["synapse", str(src), "-d", "31", *split], ["label0006.nii.gz", "14", "BTCV labels"], 1
+    return ["synapse", str(src), "-d", "31", *split], ["label0006.nii.gz", "14", "BTCV labels"], 2
 
 
 def row_undeclared_label_transunet(tmp):
@@ -91,25 +91,25 @@ def row_undeclared_label_transunet(tmp):
     for case_id, value in (("case0005", 8), ("case0006", 9)):
         np.savez(tmp / "train_npz" / f"{case_id}_slice000.npz", image=np.zeros((3, 3), np.float32),
                  label=np.full((3, 3), value, np.float32))
-    return ["synapse", str(tmp), "-d", "31"], ["case0006_slice*.npz", "9", "organ labels"], 1
+    return ["synapse", str(tmp), "-d", "31"], ["case0006_slice*.npz", "9", "organ labels"], 2
 
 
 def row_empty_source(tmp):
     (tmp / "Kvasir-SEG" / "images").mkdir(parents=True)
     (tmp / "Kvasir-SEG" / "masks").mkdir()
-    return ["kvasir-seg", str(tmp / "Kvasir-SEG"), "-d", "31"], ["no images", "Kvasir-SEG/images"], 1
+    return ["kvasir-seg", str(tmp / "Kvasir-SEG"), "-d", "31"], ["no images", "Kvasir-SEG/images"], 2
 
 
 def row_empty_mask_folder(tmp):
     src, split = _kvasir(tmp)
     for p in (src / "masks").iterdir():
         p.unlink()
-    return ["kvasir-seg", str(src), "-d", "31", *split], ["no masks", "Kvasir-SEG/masks"], 1
+    return ["kvasir-seg", str(src), "-d", "31", *split], ["no masks", "Kvasir-SEG/masks"], 2
 
 
 def row_empty_glas_folder(tmp):
     (tmp / "Warwick QU Dataset (Released 2016_07_08)").mkdir()
-    return ["glas", str(tmp), "-d", "31"], ["no train_N.bmp", str(tmp)], 1
+    return ["glas", str(tmp), "-d", "31"], ["no train_N.bmp", str(tmp)], 2
 
 
 def row_resize_zero(tmp):
@@ -147,37 +147,37 @@ def row_split_file_overlap(tmp):
 
 def row_shipped_split_mismatch(tmp):
     src, _ = _kvasir(tmp)
-    return ["kvasir-seg", str(src), "-d", "31"], ["splits/kvasir_seg.json", "--split-file", "k0"], 1
+    return ["kvasir-seg", str(src), "-d", "31"], ["splits/kvasir_seg.json", "--split-file", "k0"], 2
 
 
 def row_isic2017_truth_folder_missing(tmp):
     make_pairs(tmp / "ISIC-2017_Training_Data", tmp / "ISIC-2017_Training_Part1_GroundTruth", ["ISIC_0000001"],
                ".jpg", ".png", mask_tag="_segmentation")
     (tmp / "ISIC-2017_Test_v2_Data").mkdir()
-    return ["isic2017", str(tmp), "-d", "31"], ["ISIC-2017_Test_v2_Part1_GroundTruth", "is missing"], 1
+    return ["isic2017", str(tmp), "-d", "31"], ["ISIC-2017_Test_v2_Part1_GroundTruth", "is missing"], 2
 
 
 def row_isic2016_required_folder_missing(tmp):
     make_pairs(tmp / "ISBI2016_ISIC_Part1_Training_Data", tmp / "ISBI2016_ISIC_Part1_Training_GroundTruth",
                ["ISIC_0000001"], ".jpg", ".png", mask_tag="_Segmentation")
-    return ["isic2016", str(tmp), "-d", "31"], ["ISBI2016_ISIC_Part1_Test_Data", "does not exist"], 1
+    return ["isic2016", str(tmp), "-d", "31"], ["ISBI2016_ISIC_Part1_Test_Data", "does not exist"], 2
 
 
 def row_synapse_missing_transunet_case(tmp):
     src, _ = _btcv(tmp)
-    return ["synapse", str(src), "-d", "31"], ["img0007.nii.gz", "case0007", "--split-file"], 1
+    return ["synapse", str(src), "-d", "31"], ["img0007.nii.gz", "case0007", "--split-file"], 2
 
 
 def row_synapse_unknown_layout(tmp):
     (tmp / "volumes").mkdir()
-    return ["synapse", str(tmp), "-d", "31"], ["RawData/Training/img", "train_npz"], 1
+    return ["synapse", str(tmp), "-d", "31"], ["RawData/Training/img", "train_npz"], 2
 
 
 def row_h5_without_h5py(tmp):
     """(h5py is hidden from ``import`` for this row: see HIDDEN_MODULES)"""
     (tmp / "test_vol_h5").mkdir()
     (tmp / "test_vol_h5" / "case0001.npy.h5").write_bytes(b"\x89HDF")
-    return ["synapse", str(tmp), "-d", "31"], ["test_vol_h5", "needs h5py", "pip install h5py"], 1
+    return ["synapse", str(tmp), "-d", "31"], ["test_vol_h5", "needs h5py", "pip install h5py"], 2
 
 
 ROWS = [row_missing_source, row_image_without_mask, row_mask_without_image, row_size_mismatch, row_corrupt_image,
@@ -245,7 +245,7 @@ def test_existing_dataset_is_refused_then_replaced_with_overwrite(tmp_path, nnun
     raw = nnunet_dirs["nnUNet_raw"] / "Dataset031_KvasirSEG"
     assert main(["kvasir-seg", str(src), "-d", "31", *split, "-np", "1"]) == 0
     capsys.readouterr()
-    assert main(["kvasir-seg", str(src), "-d", "31", "--resize", "8", *split, "-np", "1"]) == 1
+    assert main(["kvasir-seg", str(src), "-d", "31", "--resize", "8", *split, "-np", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(PREFIX) and str(raw) in err and "--overwrite" in err and len(err.splitlines()) == 1
     assert read_png(raw / "labelsTr" / "k0.png").shape == (24, 20)  # untouched
@@ -271,7 +271,7 @@ def test_differing_preprocessed_split_without_overwrite_is_refused(tmp_path, nnu
     prep = nnunet_dirs["nnUNet_preprocessed"] / "Dataset031_KvasirSEG"
     prep.mkdir()
     (prep / "splits_final.json").write_text(json.dumps([{"train": ["k1"], "val": ["k0"]}]))
-    assert main(["kvasir-seg", str(src), "-d", "31", *split, "-np", "1"]) == 1
+    assert main(["kvasir-seg", str(src), "-d", "31", *split, "-np", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(PREFIX) and "splits_final.json" in err and "--overwrite" in err
     assert _left_behind(nnunet_dirs["nnUNet_raw"]) == []
@@ -280,7 +280,7 @@ def test_differing_preprocessed_split_without_overwrite_is_refused(tmp_path, nnu
 def test_id_taken_by_another_dataset_name_is_refused(tmp_path, nnunet_dirs, capsys):
     (nnunet_dirs["nnUNet_raw"] / "Dataset031_Other").mkdir()
     src, split = _kvasir(tmp_path)
-    assert main(["kvasir-seg", str(src), "-d", "31", *split, "--overwrite"]) == 1
+    assert main(["kvasir-seg", str(src), "-d", "31", *split, "--overwrite"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(PREFIX) and "Dataset031_Other" in err
     assert _left_behind(nnunet_dirs["nnUNet_raw"]) == ["Dataset031_Other"]
@@ -303,7 +303,7 @@ def test_stale_preprocessed_split_is_refused_then_removed_with_overwrite(tmp_pat
     prep = nnunet_dirs["nnUNet_preprocessed"] / "Dataset032_CVCClinicDB"
     prep.mkdir()
     (prep / "splits_final.json").write_text(json.dumps([{"train": ["1"], "val": ["2"]}]))
-    assert main(["cvc-clinicdb", str(tmp_path), "-d", "32", "-np", "1"]) == 1
+    assert main(["cvc-clinicdb", str(tmp_path), "-d", "32", "-np", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(PREFIX) and "splits_final.json" in err and "--overwrite" in err
     assert _left_behind(nnunet_dirs["nnUNet_raw"]) == []

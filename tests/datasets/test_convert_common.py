@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from nnunetv2_meddisseg.datasets.common import (OptionError, holdout_count, make_seeded_split, read_binary_mask,
-                                                read_instance_mask_as_binary, read_split_file)
+from nnunetv2_meddisseg.datasets.errors import OptionError
+from nnunetv2_meddisseg.datasets.image_io import read_binary_mask, read_instance_mask_as_binary
+from nnunetv2_meddisseg.datasets.split_lists import holdout_count, make_seeded_split, read_split_file
 
 
 def _mask(tmp_path, array, name, mode=None, **save_kwargs):

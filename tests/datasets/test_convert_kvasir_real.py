@@ -1,4 +1,5 @@
-"""Kvasir-SEG and Kvasir-Sessile converted from the real data in ``<repo>/../shared/data``.
+"""Kvasir-SEG and Kvasir-Sessile converted from the real data in ``$NNUNETV2_MEDDISSEG_TEST_DATA``
+(skipped without it; see ``tests/real_data.py``).
 
 Each full conversion (--resize 64) runs once per module and is checked by several tests.
 """
@@ -12,19 +13,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from convert_trees import SHARED_DATA, case_ids, expected_binary, read_png, write_split
-from nnunetv2_meddisseg.datasets.common import SPLIT_SEED, load_shipped_split, make_seeded_split
+from convert_trees import case_ids, expected_binary, read_png, write_split
+from nnunetv2_meddisseg.datasets.split_lists import SPLIT_SEED, load_shipped_split, make_seeded_split
 from nnunetv2_meddisseg.datasets.convert import main
 
-KVASIR_SEG = SHARED_DATA / "Kvasir-SEG"
-KVASIR_SESSILE = SHARED_DATA / "Kvasir-Sessile"
+from real_data import real_dataset
 
+pytestmark = pytest.mark.real_data
 
-def _require(folder: Path) -> Path:
-    if not (folder / "images").is_dir():
-        pytest.fail(f"real test data missing: {folder} (expected the shared data folder next to the repository, "
-                    f"<repo>/../shared/data; see its README)")
-    return folder
+KVASIR_SEG = "Kvasir-SEG"
+KVASIR_SESSILE = "Kvasir-Sessile"
 
 
 def _convert(tmp_path_factory, dataset: str, source: Path, dataset_id: int, extra=()) -> dict:
@@ -41,13 +39,13 @@ def _convert(tmp_path_factory, dataset: str, source: Path, dataset_id: int, extr
 
 @pytest.fixture(scope="module")
 def kvasir_seg(tmp_path_factory):
-    env = _convert(tmp_path_factory, "kvasir-seg", _require(KVASIR_SEG), 601)
+    env = _convert(tmp_path_factory, "kvasir-seg", real_dataset(KVASIR_SEG), 601)
     return env, env["nnUNet_raw"] / "Dataset601_KvasirSEG"
 
 
 @pytest.fixture(scope="module")
 def kvasir_sessile(tmp_path_factory):
-    env = _convert(tmp_path_factory, "kvasir-sessile", _require(KVASIR_SESSILE), 602)
+    env = _convert(tmp_path_factory, "kvasir-sessile", real_dataset(KVASIR_SESSILE), 602)
     return env, env["nnUNet_raw"] / "Dataset602_KvasirSessile"
 
 
@@ -56,7 +54,7 @@ def kvasir_sessile(tmp_path_factory):
     ("kvasir_sessile.json", KVASIR_SESSILE, 20, 20),
 ])
 def test_shipped_split_is_the_seeded_draw_from_the_real_file_names(filename, folder, n_val, n_test):
-    ids = sorted(p.stem for p in (_require(folder) / "images").glob("*.jpg"))
+    ids = sorted(p.stem for p in (real_dataset(folder) / "images").glob("*.jpg"))
     shipped = load_shipped_split(filename)
     train, val, test = make_seeded_split(ids, n_val, n_test, SPLIT_SEED)
     assert (shipped["train"], shipped["val"], shipped["test"]) == (train, val, test)
@@ -134,7 +132,7 @@ def test_nnunet_accepts_the_converted_dataset(which, request):
 def test_full_resolution_masks_match_an_independent_threshold(tmp_path_factory):
     """A few real cases without --resize (chosen with --split-file): labels equal the source mask's
     ITU-R 601 grey value > 127 and the images are the decoded JPEG pixels."""
-    source = _require(KVASIR_SEG)
+    source = real_dataset(KVASIR_SEG)
     lists = load_shipped_split("kvasir_seg.json")
     train, val, test = lists["train"][:2], lists["val"][:1], lists["test"][:1]
     root = tmp_path_factory.mktemp("fullres")

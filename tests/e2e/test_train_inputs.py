@@ -1,5 +1,5 @@
-"""The train rows of the issue-6 bad-input table that need real data: single-channel CT input,
-4-channel input, and ``--c`` on a fold without a checkpoint.
+"""The train rows of the bad-input table (tests/test_bad_inputs.py) that need a real training run:
+single-channel CT input, 4-channel input, and ``--c`` on a fold without a checkpoint.
 
 Each runs the real ``nnUNetv2_train`` (``-device cpu``, ``nnUNetTrainerMedDisSeg_smoke``: one Stage I
 epoch, then Stage II, 4 iterations an epoch) in a subprocess on a tiny generated 3D NIfTI dataset that
@@ -17,7 +17,7 @@ import pytest
 import SimpleITK as sitk
 import torch
 
-from nnunet_cli import nnunet_env, run_cli
+from nnunet_cli import nnunet_env, planning_environment, run_cli
 
 SMOKE = "nnUNetTrainerMedDisSeg_smoke"
 CT_ID, CT_DATASET = 611, "Dataset611_TinyCT"
@@ -69,7 +69,7 @@ def train_env(tmp_path_factory) -> Dict[str, str]:
     raw = Path(env["nnUNet_raw"])
     write_dataset(raw, CT_DATASET, ["CT"], num_slices=4, seed=1)
     write_dataset(raw, MR_DATASET, MR_CHANNELS, num_slices=2, seed=2)
-    plan_env = {k: v for k, v in env.items() if k != "nnUNet_n_proc_DA"}  # 0 breaks nnU-Net's VRAM estimate
+    plan_env = planning_environment(env)
     # -npfp 2: nnU-Net's default of 8 fingerprint workers would each start and import torch on a 2-core machine
     run_cli(["nnUNetv2_plan_and_preprocess", "-d", CT_ID, MR_ID, "-c", "2d", "-np", "2", "-npfp", "2"], plan_env)
     return env

@@ -9,12 +9,13 @@ import SimpleITK as sitk
 from PIL import Image
 from scipy import stats
 
-from nnunetv2_meddisseg.evaluation.compare import (compare_prediction_folders, load_paper_results, main,
-                                                   normalise_name, paper_reference, predict_missing_cases,
-                                                   wilcoxon_p_value)
+from nnunetv2_meddisseg.evaluation.compare import main
+from nnunetv2_meddisseg.evaluation.comparison_report import compare_prediction_folders
+from nnunetv2_meddisseg.evaluation.nnunet_prediction import predict_missing_cases
+from nnunetv2_meddisseg.evaluation.paired_statistics import wilcoxon_p_value
+from nnunetv2_meddisseg.evaluation.paper_reference import load_paper_results, normalise_name, paper_reference
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-PAPER_TEX = "/work/shared/paper/Med-DisSeg.tex"
 # reference: a 10x10 square (100 px); model A loses K_A[i] pixels of it, model B K_B[i]
 K_A = [10, 20, 5, 30, 0, 12, 25]
 K_B = [5, 5, 5, 2, 8, 1, 30]
@@ -147,29 +148,39 @@ def test_paper_key_normalisation():
     assert np.mean(list(synapse["per_label_dice"].values())) == pytest.approx(synapse["metrics"]["dice"], abs=0.05)
 
 
-@pytest.mark.skipif(not os.path.isfile(PAPER_TEX), reason="paper source not available")
-def test_paper_results_match_the_paper_tables():
-    tex = open(PAPER_TEX, encoding="utf-8").read()
-    paper = load_paper_results()
+BINARY_PAPER_KEYS = ["KvasirSEG", "KvasirSessile", "GlaS", "ISIC2016", "ISIC2017"]
 
-    def numbers_after(marker, start, count):
-        i = tex.index(marker, start)
-        return [float(x) for x in re.findall(r"\d+\.\d", tex[i:i + 600])[:count]]
 
-    t1 = tex.index(r"\label{tab:compare1}")
-    ours = numbers_after(r"\textbf{Ours}", t1, 12)
-    for j, key in enumerate(["KvasirSessile", "KvasirSEG", "GlaS"]):
-        m = paper[key]["metrics"]
-        assert [m["iou"], m["dice"], m["recall"], m["precision"]] == ours[4 * j:4 * j + 4]
-    t2 = tex.index(r"\label{tab:compare2}")
-    ours = numbers_after(r"\textbf{Ours}", t2, 4)
-    assert [paper["ISIC2016"]["metrics"]["iou"], paper["ISIC2016"]["metrics"]["dice"],
-            paper["ISIC2017"]["metrics"]["iou"], paper["ISIC2017"]["metrics"]["dice"]] == ours
-    t3 = tex.index(r"\label{tab:synapse_organ}")
-    for organ, value in paper["Synapse"]["per_label_dice"].items():
-        row = numbers_after(organ.capitalize() + " ", t3, 8)
-        assert row[-1] == value
-    assert numbers_after("Mean DSC", t3, 8)[-1] == paper["Synapse"]["metrics"]["dice"]
+def test_paper_results_name_the_converters_datasets_and_organs():
+    """Every paper entry is found from the dataset name a converter writes, and every Synapse organ of
+    the paper row is one of the converter's labels (so the reference row is never silently empty)."""
+    from nnunetv2_meddisseg.datasets.glas import GLAS_SPEC
+    from nnunetv2_meddisseg.datasets.isic import ISIC2016_SPEC, ISIC2017_SPEC
+    from nnunetv2_meddisseg.datasets.kvasir import KVASIR_SEG_SPEC, KVASIR_SESSILE_SPEC
+    from nnunetv2_meddisseg.datasets.synapse import SYNAPSE_SPEC
+
+    specs = [KVASIR_SEG_SPEC, KVASIR_SESSILE_SPEC, GLAS_SPEC, ISIC2016_SPEC, ISIC2017_SPEC, SYNAPSE_SPEC]
+    found = {paper_reference(f"Dataset600_{spec.name}")[0] for spec in specs}
+    assert found == set(load_paper_results())
+    def words(organ):  # compare matches organs on their sorted words ('kidney_left' = 'left kidney')
+        return sorted(re.split(r"[^a-z]+", organ.lower()))
+
+    organs = [words(o) for o in SYNAPSE_SPEC.labels if o != "background"]
+    paper_organs = [words(o) for o in load_paper_results()["Synapse"]["per_label_dice"]]
+    assert sorted(paper_organs) == sorted(organs) and len(organs) == 8
+
+
+@pytest.mark.parametrize("key", BINARY_PAPER_KEYS)
+def test_paper_results_obey_the_metric_inequalities(key):
+    """Per image, IoU <= Dice = 2 IoU / (1 + IoU) and Dice <= (recall + precision) / 2 (harmonic <=
+    arithmetic mean); averaged over images, Jensen's inequality (2x / (1 + x) is concave) gives
+    mIoU <= mDSC <= 2 mIoU / (1 + mIoU) and mDSC <= (mRec + mPrec) / 2. A mistyped number breaks them."""
+    m = load_paper_results()[key]["metrics"]
+    iou, dice = m["iou"] / 100, m["dice"] / 100
+    assert 0 < iou <= dice <= 2 * iou / (1 + iou) + 5e-4  # the paper rounds to 0.1 %
+    if "recall" in m:
+        assert dice <= (m["recall"] + m["precision"]) / 200 + 5e-4
+        assert all(0 < m[k] <= 100 for k in ("recall", "precision"))
 
 
 def _write_volume(path, arr):
@@ -239,15 +250,15 @@ def nnunet_env(tmp_path, monkeypatch, png_folders):
 
 def test_main_errors_are_one_line(nnunet_env, capsys, monkeypatch):
     ds, results, _, _ = nnunet_env
-    assert main(["-d", "988"]) == 1
+    assert main(["-d", "988"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("nnUNetv2_meddisseg_compare: error: -d 988") and len(err.strip().splitlines()) == 1
-    assert main(["-d", "987", "--device", "cpu"]) == 1
+    assert main(["-d", "987", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "nnUNetTrainer__nnUNetPlans__2d/fold_0/checkpoint_final.pth" in err
     assert len(err.strip().splitlines()) == 1
     monkeypatch.delenv("nnUNet_results")
-    assert main(["-d", "987"]) == 1
+    assert main(["-d", "987"]) == 2
     assert "nnUNet_results is not set" in capsys.readouterr().err
 
 

@@ -110,7 +110,7 @@ def test_dice_matches_nnunet_evaluator(tmp_path, monkeypatch):
 def _bad(argv, capsys):
     rc = main(argv)
     err = capsys.readouterr().err
-    assert rc == 1
+    assert rc == 2
     assert err.startswith("nnUNetv2_meddisseg_evaluate: error: ")
     assert len(err.strip().splitlines()) == 1
     return err
@@ -169,7 +169,7 @@ def test_real_command_has_no_traceback(hand_folders):
     os.remove(pred / "a.png")
     r = subprocess.run([sys.executable, "-m", "nnunetv2_meddisseg.evaluation.evaluate", "-ref", str(ref),
                         "-pred", str(pred)], capture_output=True, text=True)
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert "Traceback" not in r.stderr
     assert "first missing: a.png" in r.stderr
 

@@ -1,0 +1,76 @@
+"""What a converter produces: the source cases (:class:`SourceCase`), the kind of dataset
+(:class:`DatasetSpec`), the split to write (:class:`ConversionPlan`) and the outcome
+(:class:`ConversionResult`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Optional
+
+__all__ = ["SourceCase", "DatasetSpec", "ConversionPlan", "ConversionResult", "BINARY_RGB_CHANNELS"]
+
+BINARY_RGB_CHANNELS: Mapping[str, str] = {"0": "R", "1": "G", "2": "B"}
+
+
+@dataclass(frozen=True)
+class SourceCase:
+    """One case in the source folder.
+
+    ``image`` and ``label`` are the publisher's files; ``extra`` holds further files of the case
+    where one case spans several (TransUNet's per-slice ``.npz`` files).
+    """
+
+    case_id: str
+    image: Path
+    label: Path
+    extra: Tuple[Path, ...] = ()
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """What an nnU-Net dataset of one kind looks like and how to write one case of it.
+
+    ``check_case(case)`` is a cheap validation run on every case before anything is written
+    (headers, sizes); ``write_case(case, image_file, label_file, resize)`` writes the converted
+    image (``CASE_0000<file_ending>``) and label (``CASE<file_ending>``). Both must be picklable
+    (module-level functions or ``functools.partial`` of them): cases are written in worker
+    processes.
+    """
+
+    name: str
+    channel_names: Mapping[str, str]
+    labels: Mapping[str, int]
+    file_ending: str
+    check_case: Callable[[SourceCase], None]
+    write_case: Callable[[SourceCase, Path, Path, Optional[int]], None]
+    reference: str = ""
+    licence: str = "see the dataset publisher"
+    description: str = ""
+
+
+@dataclass
+class ConversionPlan:
+    """The cases of a source folder and the split to write (lists of case IDs)."""
+
+    spec: DatasetSpec
+    source: Path
+    cases: Dict[str, SourceCase]
+    train: List[str]
+    val: List[str]
+    test: List[str]
+    split_origin: str
+    notes: List[str] = field(default_factory=list)
+    split_problem: Optional[str] = None  # why the default split cannot be used (fine with --split-file)
+
+
+@dataclass
+class ConversionResult:
+    """Where the dataset went and what it holds."""
+
+    dataset_name: str
+    raw_folder: Path
+    splits_files: List[Path]
+    num_train: int
+    num_val: int
+    num_test: int
+    notes: List[str]

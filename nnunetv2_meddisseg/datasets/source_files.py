@@ -1,0 +1,102 @@
+"""Finding a publisher's files: the layout's root folder, file listings, image / mask pairs."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence
+
+from .cases import SourceCase
+from .errors import ConversionError, MissingSourceError
+
+__all__ = ["find_source_root", "list_files", "pair_images_and_masks", "describe_more"]
+
+
+def find_source_root(source: Path, dataset: str, required: Sequence[str],
+                     subfolders: Sequence[str] = ("",)) -> Path:
+    """The folder among ``source / s`` (``s`` in ``subfolders``) that contains all ``required``
+    entries; a clear error naming the first missing one otherwise."""
+    source = Path(source)
+    if not source.is_dir():
+        raise MissingSourceError(f"{dataset}: source folder {source} does not exist")
+    for sub in subfolders:
+        root = source / sub if sub else source
+        if all((root / r).exists() for r in required):
+            return root
+    for sub in subfolders:
+        root = source / sub if sub else source
+        if root.is_dir():
+            missing = next(r for r in required if not (root / r).exists())
+            raise MissingSourceError(f"{dataset}: {root / missing} is missing (expected the publisher's "
+                                     f"layout: {', '.join(required)})")
+    raise MissingSourceError(f"{dataset}: {source} has none of the expected layouts "
+                             f"({', '.join(required)} inside {source} or {', '.join(s for s in subfolders if s)})")
+
+
+def list_files(folder: Path, suffixes: Sequence[str], exclude: Optional[str] = None) -> List[Path]:
+    """Plain files of ``folder`` whose suffix (case-insensitive) is in ``suffixes``, hidden files
+    and names matching the regular expression ``exclude`` left out, sorted by name."""
+    suffixes = tuple(s.lower() for s in suffixes)
+    pattern = re.compile(exclude) if exclude else None
+    files = []
+    for p in folder.iterdir():
+        if not p.is_file() or p.name.startswith(".") or p.suffix.lower() not in suffixes:
+            continue
+        if pattern is not None and pattern.search(p.name):
+            continue
+        files.append(p)
+    return sorted(files, key=lambda p: p.name)
+
+
+def _by_case_id(files: Iterable[Path], tag: str, what: str) -> Dict[str, Path]:
+    found: Dict[str, Path] = {}
+    for p in files:
+        stem = p.stem
+        if tag:
+            if not stem.lower().endswith(tag.lower()):
+                continue
+            stem = stem[: len(stem) - len(tag)]
+        if stem in found:
+            raise ConversionError(f"two {what} files for case {stem}: {found[stem]} and {p}")
+        found[stem] = p
+    return found
+
+
+def describe_more(n: int, what: str) -> str:
+    return f" ({n} more {what})" if n > 0 else ""
+
+
+def pair_images_and_masks(image_dir: Path, mask_dir: Path, dataset: str,
+                          image_suffixes: Sequence[str], mask_suffixes: Sequence[str],
+                          mask_tag: str = "", image_exclude: Optional[str] = None,
+                          image_ids: Optional[Mapping[str, Path]] = None) -> Dict[str, SourceCase]:
+    """Cases ``{case_id: SourceCase}`` from an image folder and a mask folder.
+
+    An image ``ID.<image suffix>`` pairs with the mask ``ID<mask_tag>.<mask suffix>``. Images
+    without a mask, masks without an image, and empty folders are errors naming the file.
+    ``image_ids`` replaces the listing of ``image_dir`` (layouts with images and masks in one
+    folder).
+    """
+    for folder in (image_dir, mask_dir):
+        if not folder.is_dir():
+            raise MissingSourceError(f"{dataset}: folder {folder} does not exist")
+    if image_ids is None:
+        image_files = list_files(image_dir, image_suffixes, image_exclude)
+        images = _by_case_id(image_files, "", "image")
+    else:
+        images = dict(image_ids)
+    if not images:
+        raise ConversionError(f"{dataset}: no images ({'/'.join(image_suffixes)}) found in {image_dir}")
+    masks = _by_case_id(list_files(mask_dir, mask_suffixes), mask_tag, "mask")
+    if not masks:
+        raise ConversionError(f"{dataset}: no masks (*{mask_tag}{'/'.join(mask_suffixes)}) found in {mask_dir}")
+    no_mask = [c for c in images if c not in masks]
+    if no_mask:
+        expected = mask_dir / f"{no_mask[0]}{mask_tag}{mask_suffixes[0]}"
+        raise ConversionError(f"{dataset}: image {images[no_mask[0]]} has no mask (expected {expected})"
+                              + describe_more(len(no_mask) - 1, "images without a mask"))
+    no_image = [c for c in masks if c not in images]
+    if no_image:
+        raise ConversionError(f"{dataset}: mask {masks[no_image[0]]} has no image (expected "
+                              f"{image_dir / (no_image[0] + image_suffixes[0])})"
+                              + describe_more(len(no_image) - 1, "masks without an image"))
+    return {c: SourceCase(c, images[c], masks[c]) for c in sorted(images)}

@@ -1,0 +1,217 @@
+"""Writing an nnU-Net v2 raw dataset atomically.
+
+A converter module (``kvasir``, ``glas``, ...) turns a publisher's folder into a
+:class:`ConversionPlan` (which cases exist, how to write one, which are train / val / test);
+:func:`write_nnunet_dataset` then writes ``$nnUNet_raw/DatasetXXX_Name/`` (``imagesTr``,
+``labelsTr``, ``imagesTs``, ``labelsTs``, ``dataset.json``) into a hidden
+``.DatasetXXX_Name.partial`` sibling and renames it into place only once every case was written,
+so an interrupted or failed conversion never leaves a valid-looking dataset behind. The
+train / val split goes to ``splits_final.json`` (fold 0) both in the raw folder (nnU-Net's
+planner copies it from there) and, when ``nnUNet_preprocessed`` is set, straight into
+``$nnUNet_preprocessed/DatasetXXX_Name/``, where ``nnUNetv2_train ID 2d 0`` reads it.
+
+Every user mistake raises :class:`ConversionError` with a one-line message that names the file or
+option and says what was expected.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence
+
+from .cases import ConversionPlan, ConversionResult, SourceCase
+from .errors import ConversionError
+from .options import optional_env_folder, require_env_folder, validate_dataset_id, validate_resize
+
+__all__ = ["write_nnunet_dataset"]
+
+
+def _existing_with_id(root: Optional[Path], dataset_id: int) -> List[Path]:
+    if root is None or not root.is_dir():
+        return []
+    prefix = f"Dataset{dataset_id:03d}_"
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(prefix))
+
+
+def _splits_final(train: Sequence[str], val: Sequence[str]) -> List[dict]:
+    return [{"train": sorted(train), "val": sorted(val)}]
+
+
+def _write_json_atomic(data, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.write_text(json.dumps(data, indent=4) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _write_one(write_case: Callable, case: SourceCase, image_file: Path, label_file: Path,
+               resize: Optional[int]) -> str:
+    write_case(case, image_file, label_file, resize)
+    return case.case_id
+
+
+def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional[int] = None,
+                         overwrite: bool = False, num_processes: int = 1,
+                         progress: bool = False) -> ConversionResult:
+    """Write the plan as ``$nnUNet_raw/DatasetXXX_<spec.name>`` (see the module docstring).
+
+    Train and val cases go to imagesTr/labelsTr, test cases to imagesTs/labelsTs. An existing
+    dataset with this ID is refused unless ``overwrite`` (and even then when it has another
+    name: nnU-Net needs IDs to be unique). ``num_processes`` > 1 writes cases in parallel.
+    """
+    validate_dataset_id(dataset_id)
+    validate_resize(resize)
+    spec = plan.spec
+    raw_root = require_env_folder("nnUNet_raw")
+    prep_root = optional_env_folder("nnUNet_preprocessed")
+    name = f"Dataset{dataset_id:03d}_{spec.name}"
+    target = raw_root / name
+    _check_target(raw_root, prep_root, name, dataset_id, overwrite)
+    if plan.split_problem:
+        raise ConversionError(plan.split_problem)
+    if not plan.train and not plan.val and not plan.test:
+        raise ConversionError(f"{spec.name}: no cases to convert in {plan.source}")
+    splits = _splits_final(plan.train, plan.val) if plan.train and plan.val else None
+    prep_splits = prep_root / name / "splits_final.json" if prep_root is not None else None
+    stale_splits = _check_preprocessed_splits(splits, prep_splits, overwrite)
+    subsets = [(c, "Tr") for c in plan.train + plan.val] + [(c, "Ts") for c in plan.test]
+    for case_id, _ in subsets:
+        spec.check_case(plan.cases[case_id])
+
+    partial_dir = raw_root / f".{name}.partial"
+    if partial_dir.exists():
+        shutil.rmtree(partial_dir)
+    try:
+        _write_cases(plan, subsets, partial_dir, name, resize, num_processes, progress)
+        if splits is not None:
+            _write_json_atomic(splits, partial_dir / "splits_final.json")
+        _move_into_place(partial_dir, target, raw_root / f".{name}.old")
+    except BaseException:
+        shutil.rmtree(partial_dir, ignore_errors=True)
+        raise
+
+    notes = list(plan.notes)
+    written = [target / "splits_final.json"] if splits is not None else []
+    written += _place_preprocessed_splits(splits, prep_splits, stale_splits, dataset_id, notes)
+    if splits is None and (plan.train or plan.val):
+        notes.append("no validation cases: no splits_final.json was written, nnU-Net will draw its own "
+                     "5-fold cross-validation")
+    return ConversionResult(name, target, written, len(plan.train), len(plan.val), len(plan.test), notes)
+
+
+def _check_target(raw_root: Path, prep_root: Optional[Path], name: str, dataset_id: int, overwrite: bool) -> None:
+    """Refuse an ID used by a dataset of another name, and an existing target without ``overwrite``."""
+    for root in (raw_root, prep_root, optional_env_folder("nnUNet_results")):
+        for other in _existing_with_id(root, dataset_id):
+            if other.name != name:
+                raise ConversionError(f"dataset ID {dataset_id} is already used by {other}: nnU-Net needs unique "
+                                      f"IDs, choose another -d or remove that folder")
+    target = raw_root / name
+    if target.exists() and not overwrite:
+        raise ConversionError(f"{target} already exists: pass --overwrite to replace it or choose another -d")
+
+
+def _check_preprocessed_splits(splits: Optional[List[dict]], prep_splits: Optional[Path], overwrite: bool) -> bool:
+    """Refuse to replace a different ``splits_final.json`` in nnUNet_preprocessed without ``overwrite``;
+    True where one exists that this conversion (without validation set) will remove."""
+    if splits is not None and prep_splits is not None and prep_splits.is_file() and not overwrite:
+        try:
+            same = json.loads(prep_splits.read_text(encoding="utf-8"))[:1] == splits
+        except (OSError, ValueError):
+            same = False
+        if not same:
+            raise ConversionError(f"{prep_splits} already exists with a different split: pass --overwrite "
+                                  f"to replace it")
+    stale_splits = splits is None and prep_splits is not None and prep_splits.is_file()
+    if stale_splits and not overwrite:
+        raise ConversionError(f"{prep_splits} already exists but this conversion has no validation set: pass "
+                              f"--overwrite to remove it")
+    return stale_splits
+
+
+def _write_cases(plan: ConversionPlan, subsets: Sequence[tuple], partial_dir: Path, name: str,
+                 resize: Optional[int], num_processes: int, progress: bool) -> None:
+    """Every case and ``dataset.json`` into ``partial_dir``."""
+    from nnunetv2.dataset_conversion.generate_dataset_json import generate_dataset_json
+
+    spec = plan.spec
+    for sub in ("imagesTr", "labelsTr", "imagesTs", "labelsTs"):
+        (partial_dir / sub).mkdir(parents=True)
+    jobs = [(plan.cases[c], partial_dir / f"images{s}" / f"{c}_0000{spec.file_ending}",
+             partial_dir / f"labels{s}" / f"{c}{spec.file_ending}") for c, s in subsets]
+    _run_jobs(spec.write_case, jobs, resize, num_processes, progress, name)
+    generate_dataset_json(
+        str(partial_dir), dict(spec.channel_names), dict(spec.labels),
+        num_training_cases=len(plan.train) + len(plan.val), file_ending=spec.file_ending,
+        dataset_name=name, reference=spec.reference or None, description=spec.description or None,
+        license=spec.licence, converted_by="nnunetv2_meddisseg_convert",
+        numTest=len(plan.test),
+        meddisseg_conversion={"source": str(Path(plan.source).resolve()), "resize": resize,
+                              "split": plan.split_origin, "num_train": len(plan.train),
+                              "num_val": len(plan.val), "num_test": len(plan.test)},
+    )
+
+
+def _place_preprocessed_splits(splits: Optional[List[dict]], prep_splits: Optional[Path], stale_splits: bool,
+                               dataset_id: int, notes: List[str]) -> List[Path]:
+    """Write (or remove a stale) ``splits_final.json`` in nnUNet_preprocessed; notes go to ``notes``."""
+    if splits is not None and prep_splits is None:
+        notes.append("nnUNet_preprocessed is not set: splits_final.json was written to the raw folder only; "
+                     "nnUNetv2_plan_and_preprocess copies it next to the preprocessed data")
+        return []
+    if splits is not None:
+        if prep_splits.parent.is_dir() and any(p.name != "splits_final.json" for p in prep_splits.parent.iterdir()):
+            notes.append(f"{prep_splits.parent} holds preprocessed data of an earlier conversion: rerun "
+                         f"nnUNetv2_plan_and_preprocess -d {dataset_id} --clean")
+        prep_splits.parent.mkdir(parents=True, exist_ok=True)
+        _write_json_atomic(splits, prep_splits)
+        return [prep_splits]
+    if stale_splits:
+        prep_splits.unlink()
+        notes.append(f"removed {prep_splits} of an earlier conversion (this one has no validation set)")
+    return []
+
+
+def _run_jobs(write_case: Callable, jobs: List[tuple], resize: Optional[int], num_processes: int,
+              progress: bool, desc: str) -> None:
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(jobs), desc=desc, unit="case", disable=not progress)
+    try:
+        if num_processes <= 1 or len(jobs) < 2:
+            for case, img, lbl in jobs:
+                _write_one(write_case, case, img, lbl, resize)
+                bar.update()
+            return
+        with ProcessPoolExecutor(max_workers=min(num_processes, len(jobs)), mp_context=get_context("spawn")) as ex:
+            fn = partial(_write_one, write_case, resize=resize)
+            futures = [ex.submit(fn, case, img, lbl) for case, img, lbl in jobs]
+            try:
+                for fut in futures:
+                    fut.result()
+                    bar.update()
+            except BaseException:
+                for fut in futures:
+                    fut.cancel()
+                raise
+    finally:
+        bar.close()
+
+
+def _move_into_place(partial_dir: Path, target: Path, old: Path) -> None:
+    if not target.exists():
+        os.replace(partial_dir, target)
+        return
+    if old.exists():
+        shutil.rmtree(old)
+    os.replace(target, old)
+    try:
+        os.replace(partial_dir, target)
+    except BaseException:
+        os.replace(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,66 @@
+"""Running a console command of this Python environment with its output in a log file.
+
+The demo and the benchmarks drive nnU-Net's commands (``nnUNetv2_plan_and_preprocess``,
+``nnUNetv2_train``, ...) and ours this way: one log file per command, the command and its log echoed
+before, its wall time after, and a failure reported as one line naming the command, the last line of
+its log and the log file.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from nnunetv2_meddisseg.cli import UserError
+
+__all__ = ["CommandFailed", "console_command", "run_logged"]
+
+
+class CommandFailed(UserError):
+    """A command exited non-zero (or could not be found); the message names it and its log file."""
+
+
+def console_command(name: str) -> str:
+    """The executable of a console command: this Python's bin folder first, then ``PATH``;
+    ``python`` is this interpreter."""
+    if name == "python":
+        return sys.executable
+    local = Path(sys.executable).parent / name
+    if local.is_file():
+        return str(local)
+    found = shutil.which(name)
+    if found is None:
+        raise CommandFailed(f"command {name} not found next to {sys.executable} nor on PATH: install nnunetv2 and "
+                            f"nnunetv2_meddisseg into this environment")
+    return found
+
+
+def run_logged(command: Sequence[str], env: Mapping[str, str], log_file: Path, echo: bool = True,
+               check: bool = True) -> float:
+    """Run ``command`` (``command[0]`` a console command, see :func:`console_command`) with stdout and
+    stderr going to ``log_file``; return its wall time in seconds.
+
+    ``echo`` prints the command with its log file before and the time after. A non-zero exit raises
+    :class:`CommandFailed` naming the command, the last line of its log and the log file (unless not
+    ``check``).
+    """
+    log_file = Path(log_file)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    executable = console_command(command[0])
+    if echo:
+        print(f"  $ {' '.join(map(str, command))}   (log: {log_file})", flush=True)
+    start = time.perf_counter()
+    with open(log_file, "w") as log:
+        proc = subprocess.run([executable, *map(str, command[1:])], env=dict(env), stdout=log,
+                              stderr=subprocess.STDOUT)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0 and check:
+        tail = log_file.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+        raise CommandFailed(f"'{' '.join(map(str, command))}' failed with exit code {proc.returncode}: {tail[0]} "
+                            f"(full log: {log_file})")
+    if echo:
+        print(f"    done in {seconds:.1f} s", flush=True)
+    return seconds

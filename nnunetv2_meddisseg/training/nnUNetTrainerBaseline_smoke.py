@@ -1,0 +1,18 @@
+"""Default nnU-Net on the schedule of ``nnUNetTrainerMedDisSeg_smoke``: ``nnUNetv2_meddisseg_demo
+--schedule smoke`` and the tests."""
+import torch
+from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
+
+__all__ = ["nnUNetTrainerBaseline_smoke"]
+
+
+class nnUNetTrainerBaseline_smoke(nnUNetTrainer):
+    """Default nnU-Net on the schedule of ``nnUNetTrainerMedDisSeg_smoke`` (3 epochs of 4 training and 2
+    validation iterations)."""
+
+    def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
+                 device: torch.device = torch.device("cuda")):
+        super().__init__(plans, configuration, fold, dataset_json, device)
+        self.num_epochs = 3
+        self.num_iterations_per_epoch = 4
+        self.num_val_iterations_per_epoch = 2
