@@ -10,11 +10,16 @@ and the loss runs over the ``P = B (B - 1)`` ordered pairs ``i != j``:
 - ``hinge``:          ``d_ij = ||h_i - h_j|| / sqrt(D)``,
   ``L = (1/P) sum_{i!=j} max(0, margin - d_ij)^2``
 - ``covariance``:     ``H~ = H - mean_batch(H)``, ``C = H~^T H~ / (B - 1)``,
-  ``L = sum_{p!=q} C_pq^2 / D``
+  ``L = sum_{p!=q} C_pq^2 / (D (D - 1))`` (the mean over the off-diagonal entries; 0 when D = 1)
 
-The 1/D normalisation is the one of the original Dispersive Loss (Wang & He, 2025): without it the
-distances of high-dimensional features are so large that ``exp(-d / tau)`` underflows and the loss
-has no gradient. Everything is computed in fp32 (autocast is switched off inside) from the B x B
+The 1/D normalisation of the distances is the one of the original Dispersive Loss (Wang & He, 2025):
+without it the distances of high-dimensional features are so large that ``exp(-d / tau)`` underflows
+and the loss has no gradient. The covariance penalty is averaged over its ``D (D - 1)`` entries for
+the same reason: a sum (the paper's Eq. 6) grows with ``D^2`` and a sum divided by D still with D, so
+for features of the same per-dimension statistics only the mean keeps one value (and one weight)
+whatever the layer's size. Like the paper's sum it grows with the 4th power of the feature scale,
+so when ``D >> B`` (where ``C`` has rank < B and cannot be diagonal) shrinking the features also
+lowers it. Everything is computed in fp32 (autocast is switched off inside) from the B x B
 Gram matrix of the batch, so that D may be 10^6 without a D x D matrix ever being built.
 """
 import math
@@ -125,9 +130,11 @@ def dispersive_loss(features: Tensor, variant: str = "infonce_l2", tau: float = 
             u = centred / s
             gram = u @ u.transpose(0, 1)
             # sum_{p,q} C_pq^2 = ||U U^T||_F^2 / (B-1)^2 ;  sum_p C_pp^2 = sum_p (sum_i u_ip^2)^2 / (B-1)^2
+            if d < 2:  # no off-diagonal entry
+                return (h * 0.0).sum()
             total = gram.square().sum()
             diagonal = u.square().sum(dim=0).square().sum()
-            scaled = (total - diagonal).clamp_min(0.0) / ((b - 1) ** 2 * d)
+            scaled = (total - diagonal).clamp_min(0.0) / ((b - 1) ** 2 * d * (d - 1))
             return scaled * s * s * s * s
         q, s = _centred_sq_distances(h)
         q = _off_diagonal(q)

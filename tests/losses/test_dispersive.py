@@ -32,7 +32,7 @@ def _reference(features: torch.Tensor, variant: str, tau: float, eps: float, mar
             if p != q:
                 c_pq = sum((h[i, p] - mean[p]) * (h[i, q] - mean[q]) for i in range(b)) / (b - 1)
                 total = total + c_pq ** 2
-    return total / d
+    return total / (d * (d - 1)) if d > 1 else total
 
 
 @pytest.mark.parametrize("variant", DISPERSIVE_VARIANTS)
@@ -75,9 +75,27 @@ def test_hand_computed_two_by_two():
     c = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
     assert dispersive_loss(c, "infonce_cosine", tau=0.5, eps=0.0).item() == pytest.approx(-(2 - math.sqrt(2)), abs=1e-6)
     # covariance: h1 = (0, 0), h2 = (2, 4): centred rows (-1, -2), (1, 2); C = [[2, 4], [4, 8]] (B - 1 = 1)
-    # off-diagonal sum of squares 4^2 + 4^2 = 32, / D = 2 -> 16
+    # off-diagonal sum of squares 4^2 + 4^2 = 32, mean over the D (D - 1) = 2 off-diagonal entries -> 16
     v = torch.tensor([[0.0, 0.0], [2.0, 4.0]])
     assert dispersive_loss(v, "covariance").item() == pytest.approx(16.0, abs=1e-5)
+
+
+def test_covariance_value_does_not_depend_on_d():
+    # The same per-dimension statistics at D, 4D and 16D: the features tiled along D. Tiling keeps every
+    # covariance and only turns copies of the diagonal into off-diagonal entries, a share of about
+    # (B + 1) / D of the off-diagonal mean for independent dimensions (2 % at B = 4, D = 256). A sum over
+    # the entries divided by D (instead of their mean) would grow 4- and 16-fold.
+    torch.manual_seed(3)
+    h = torch.randn(4, 256)
+    base = dispersive_loss(h, "covariance").item()
+    for k in (4, 16):
+        assert dispersive_loss(h.repeat(1, k), "covariance").item() == pytest.approx(base, rel=0.03)
+    # independent unit-variance dimensions: E[C_pq^2] = 1 / (B - 1) for p != q, whatever D
+    for d in (64, 16384):
+        torch.manual_seed(d)
+        expected = 1 / 3
+        tolerance = 0.4 if d == 64 else 0.1  # fewer entries, more sampling noise
+        assert dispersive_loss(torch.randn(4, d), "covariance").item() == pytest.approx(expected, rel=tolerance)
 
 
 def test_gradient_alive_in_high_dimension():
