@@ -8,19 +8,19 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from batchgenerators.utilities.file_and_folder_operations import join
-from nnunetv2.training.loss.compound_losses import DC_and_CE_loss
-from nnunetv2.training.loss.dice import MemoryEfficientSoftDiceLoss, get_tp_fp_fn_tn
+from nnunetv2.training.loss.dice import get_tp_fp_fn_tn
 from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 from nnunetv2.utilities.helpers import empty_cache
 from nnunetv2.utilities.plans_handling.plans_handler import ConfigurationManager, PlansManager
 
 from nnunetv2_meddisseg.architectures import MedDisSegNet, MedDisSegOutput
-from nnunetv2_meddisseg.losses import (DispersiveLoss, complementarity_loss, consistency_loss,
-                                       dispersion_diagnostics, foreground_background_loss)
+from nnunetv2_meddisseg.losses import DispersiveLoss, consistency_loss, dispersion_diagnostics
 from nnunetv2_meddisseg.training.base import ExtendedTrainerBase, unwrap_module
 from nnunetv2_meddisseg.training.lr_schedule import PerGroupPolyLRScheduler
 from nnunetv2_meddisseg.training.photometric import photometric_perturbation
 from nnunetv2_meddisseg.training.stage1_head import Stage1Head
+from nnunetv2_meddisseg.training.stage2_loss import (Stage2Weights, dispersive_from_trainer, segmentation_loss,
+                                                     stage2_loss)
 
 __all__ = ["nnUNetTrainerMedDisSeg", "STAGE_1", "STAGE_2", "RGB_CHANNEL_NAMES"]
 
@@ -64,8 +64,9 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         + complementarity_weight * complementarity_loss(fg, bg, uc)
         + lambda_dispersive_stage2 * dispersive
 
-    Deep supervision choice: nnU-Net's multi-resolution deep supervision does not apply (all outputs
-    are at full resolution), so ``_get_deep_supervision_scales`` returns None and the dataloader
+    (``stage2_loss.stage2_loss``; pixels with nnU-Net's ignore label count in no term of the fg/bg
+    maps). Deep supervision choice: nnU-Net's multi-resolution deep supervision does not apply (all
+    outputs are at full resolution), so ``_get_deep_supervision_scales`` returns None and the dataloader
     yields full-resolution targets. Instead, each of the three decoder paths (whose sum forms the
     final logits) is supervised with the same Dice+CE, averaged and weighted 0.5, so that every path
     is a usable predictor on its own (set ``path_supervision_weight = 0`` to train the final logits
@@ -231,9 +232,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         if self.label_manager.has_regions:
             raise ValueError(f"{self.__class__.__name__} does not support region-based labels "
                              f"(dataset.json 'regions_class_order')")
-        loss = DC_and_CE_loss({"batch_dice": self.configuration_manager.batch_dice, "smooth": 1e-5,
-                               "do_bg": False, "ddp": self.is_ddp}, {}, weight_ce=1, weight_dice=1,
-                              ignore_label=self.label_manager.ignore_label, dice_class=MemoryEfficientSoftDiceLoss)
+        loss = segmentation_loss(self.configuration_manager.batch_dice, self.label_manager.ignore_label, self.is_ddp)
         if self._do_i_compile():
             loss.dc = torch.compile(loss.dc)
         return loss
@@ -248,8 +247,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         if not 0 <= self.stage1_epochs <= self.num_epochs:
             raise ValueError(f"{self.__class__.__name__}: stage1_epochs must lie in [0, num_epochs={self.num_epochs}], "
                              f"got {self.stage1_epochs}")
-        self.dispersive = DispersiveLoss(self.dispersive_variant, self.dispersive_tau,
-                                         placement=self.dispersive_placement)
+        self.dispersive = dispersive_from_trainer(self)
         super().initialize()
 
     def on_train_start(self) -> None:
@@ -342,13 +340,6 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         lowered = [str(v).lower() for v in names.values()]
         return len(lowered) == 3 and all(n in RGB_CHANNEL_NAMES for n in lowered)
 
-    def _foreground_target(self, target: Tensor) -> Tensor:
-        """target: (B, 1, H, W) label map -> (B, 1, H, W) float, 1 where any foreground class is."""
-        foreground = target > 0
-        if self.label_manager.ignore_label is not None:
-            foreground &= target != self.label_manager.ignore_label
-        return foreground.float()
-
     def _dispersion(self, features: Mapping[str, Tensor]) -> Tuple[Tensor, Tensor]:
         """(loss, features of the first regularised layer for the diagnostics)."""
         return self.dispersive(features), features[self.dispersive.placements[0]]
@@ -381,23 +372,9 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
 
     def _stage2_losses(self, data: Tensor, target: Tensor) -> Tuple[Tensor, Dict[str, Tensor], Tensor]:
         output = self.network(data)
-        if not isinstance(output, MedDisSegOutput) or output.fg is None:
-            raise RuntimeError("Stage II expects MedDisSegOutput with auxiliary maps: the network must be in "
-                               "training mode with decoder.deep_supervision = True")
-        seg = self.loss(output.logits, target)
-        terms = {"seg": seg}
-        total = seg
-        if self.path_supervision_weight and output.path_logits is not None:
-            paths = torch.stack([self.loss(p, target) for p in output.path_logits]).mean()
-            terms["seg_paths"] = paths
-            total = total + self.path_supervision_weight * paths
-        fg_bg = foreground_background_loss(output.fg, output.bg, self._foreground_target(target))
-        complementarity = complementarity_loss(output.fg, output.bg, output.uc)
-        dispersive, diagnosed = self._dispersion(output.features)
-        terms.update({"fg_bg": fg_bg, "complementarity": complementarity, "dispersive": dispersive})
-        total = (total + self.fg_bg_weight * fg_bg + self.complementarity_weight * complementarity
-                 + self.lambda_dispersive_stage2 * dispersive)
-        return total, terms, diagnosed
+        total, terms = stage2_loss(output, target, self.loss, self.dispersive, Stage2Weights.from_trainer(self),
+                                   self.label_manager.ignore_label)
+        return total, terms, output.features[self.dispersive.placements[0]]
 
     def train_step(self, batch: dict) -> dict:
         data, target = self._batch_to_device(batch, training=True)

@@ -13,7 +13,9 @@ import torch
 
 from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
 from nnunetv2_meddisseg.architectures import MedDisSegNet
+from nnunetv2_meddisseg.losses import foreground_background_loss
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2, nnUNetTrainerMedDisSeg
+from nnunetv2_meddisseg.training.stage2_loss import foreground_target
 from nnunetv2_meddisseg.training.variants import (nnUNetTrainerDispersive, nnUNetTrainerMedDisSeg_100epochs,
                                                   nnUNetTrainerMedDisSeg_smoke)
 
@@ -73,10 +75,11 @@ def nnunet_dirs(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
-def make_trainer(cls=nnUNetTrainerMedDisSeg_smoke, plans=None, initialize=True, **attributes):
+def make_trainer(cls=nnUNetTrainerMedDisSeg_smoke, plans=None, initialize=True, dataset_json=DATASET_JSON,
+                 **attributes):
     plans = deepcopy(plans if plans is not None else tiny_plans())
     plans["continue_training"] = False
-    trainer = cls(plans=plans, configuration="2d", fold=0, dataset_json=deepcopy(DATASET_JSON),
+    trainer = cls(plans=plans, configuration="2d", fold=0, dataset_json=deepcopy(dataset_json),
                   device=torch.device("cpu"))
     for name, value in attributes.items():
         setattr(trainer, name, value)
@@ -238,10 +241,34 @@ def test_train_steps_update_the_right_parameters(nnunet_dirs):
     assert math.isfinite(float(val["loss"]))
 
 
-def test_foreground_target_is_any_foreground_class(nnunet_dirs):
-    trainer = make_trainer(initialize=False)
-    target = torch.tensor([0.0, 1.0, 2.0, 0.0]).view(1, 1, 2, 2)
-    assert trainer._foreground_target(target).flatten().tolist() == [0.0, 1.0, 1.0, 0.0]
+def test_foreground_target_is_any_foreground_class():
+    target = torch.tensor([0.0, 1.0, 2.0, 3.0]).view(1, 1, 2, 2)
+    foreground, mask = foreground_target(target)
+    assert foreground.flatten().tolist() == [0.0, 1.0, 1.0, 1.0] and mask is None
+    foreground, mask = foreground_target(target, ignore_label=3)
+    assert foreground.flatten().tolist() == [0.0, 1.0, 1.0, 0.0]
+    assert mask.flatten().tolist() == [1.0, 1.0, 1.0, 0.0]
+
+
+def test_stage2_fg_bg_term_leaves_the_ignore_label_out(nnunet_dirs):
+    torch.manual_seed(0)
+    dataset_json = deepcopy(DATASET_JSON)
+    dataset_json["labels"]["ignore"] = 3
+    trainer = make_trainer(dataset_json=dataset_json)
+    trainer.current_epoch = 1
+    trainer.on_train_epoch_start()
+    assert trainer.training_stage == STAGE_2
+    batch = make_batch()
+    batch["target"][:, :, 20:32, :] = 3  # rows without a label
+    with torch.no_grad():  # train mode: the same output as the step's forward
+        output = trainer.network(batch["data"])
+    labelled = (batch["target"] != 3).float()
+    expected = foreground_background_loss(output.fg, output.bg, ((batch["target"] > 0) & (labelled > 0)).float(),
+                                          labelled)
+    as_background = foreground_background_loss(output.fg, output.bg, ((batch["target"] > 0) & (labelled > 0)).float())
+    out = trainer.train_step(batch)
+    assert out["loss_fg_bg"] == pytest.approx(expected.item(), rel=1e-5)
+    assert abs(expected.item() - as_background.item()) > 1e-3  # the test can tell the two apart
 
 
 def test_nan_input_is_a_clear_error(nnunet_dirs):
