@@ -31,7 +31,7 @@ from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
 from nnunetv2.utilities.collate_outputs import collate_outputs
 from nnunetv2.utilities.helpers import dummy_context
 
-from nnunetv2_meddisseg.training.logging import PLOT_FILENAME, TrainingCurves
+from nnunetv2_meddisseg.training.curves import PLOT_FILENAME, TrainingCurves
 
 __all__ = ["atomic_torch_save", "check_finite_input", "unwrap_module", "run_seed_from_environment", "seed_epoch",
            "CURVE_PREFIXES", "SEED_ENVIRONMENT_VARIABLE", "ExtendedTrainerBase"]
