@@ -16,7 +16,8 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
     The plans' network (e.g. PlainConvUNet, ResEnc; 2D or 3D) and nnU-Net's loss, optimizer and
     schedule are unchanged. A forward hook on ``network.encoder.stages[0]`` (found behind the
     DDP / torch.compile wrappers) captures that stage's output in training mode, and
-    ``dispersive_weight * dispersive_loss(output, dispersive_variant, dispersive_tau)`` is added to
+    ``dispersive_weight * dispersive_loss(output, dispersive_variant, dispersive_tau, dispersive_eps,
+    dispersive_margin)`` is added to
     nnU-Net's loss. Only the training loss changes: validation and prediction are nnU-Net's.
 
     ``dispersive_weight`` = 0.2: nnU-Net trains a randomly initialised network in one stage, the
@@ -29,6 +30,9 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
     dispersive_weight: float = 0.2
     dispersive_tau: float = 0.8
     dispersive_variant: str = "infonce_l2"
+    #: margin of the ``hinge`` variant, eps of the two InfoNCE variants (``losses.dispersive``)
+    dispersive_margin: float = 1.0
+    dispersive_eps: float = 1e-8
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
@@ -61,7 +65,8 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
             if len(self._captured) != 1:
                 raise RuntimeError(f"expected one output of encoder.stages[0] per forward, got {len(self._captured)}")
             features = self._captured.pop()
-            dispersive = dispersive_loss(features, self.dispersive_variant, self.dispersive_tau)
+            dispersive = dispersive_loss(features, self.dispersive_variant, self.dispersive_tau, self.dispersive_eps,
+                                         self.dispersive_margin)
             total = seg + self.dispersive_weight * dispersive
         self._optimizer_step(total)
         seg_value, dispersive_value = torch.stack([seg.detach().float(), dispersive.detach()]).cpu().tolist()

@@ -73,7 +73,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     only, as the released code does). ``seg`` is ``DC_and_CE_loss`` built as nnU-Net's
     ``_build_loss`` builds it, without the deep-supervision wrapper.
 
-    Dispersive loss: ``dispersive_variant`` (infonce_l2), ``dispersive_tau`` (0.8) at
+    Dispersive loss: ``dispersive_variant`` (infonce_l2), ``dispersive_tau`` (0.8), ``dispersive_eps``
+    (1e-8, InfoNCE variants), ``dispersive_margin`` (1.0, hinge) at
     ``dispersive_placement`` ("early" = ELAT-refined layer1 output x2; "middle" = x4; "late" = the last
     feature before the logits: the output of D_s in Stage II, the head's fused feature in Stage I;
     "all" = mean of the three). Its diagnostics (mean pairwise d_ij, effective rank) of the first
@@ -112,6 +113,9 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     dispersive_variant: str = "infonce_l2"
     dispersive_tau: float = 0.8
     dispersive_placement: str = "early"
+    #: margin of the ``hinge`` variant, eps of the two InfoNCE variants (``losses.dispersive``)
+    dispersive_margin: float = 1.0
+    dispersive_eps: float = 1e-8
     consistency_weight: float = 1.0
     path_supervision_weight: float = 0.5
     fg_bg_weight: float = 1.0

@@ -378,3 +378,16 @@ def test_dispersive_trainer_adds_the_loss_on_the_first_stage(nnunet_dirs):
         trainer.on_validation_epoch_start()
         trainer.validation_step(batch)
     assert trainer._captured == []  # the hook only captures in training mode
+
+
+def test_dispersive_margin_and_eps_are_trainer_settings(nnunet_dirs):
+    trainer = make_trainer(dispersive_variant="hinge", dispersive_margin=3.0, dispersive_eps=0.5)
+    assert (trainer.dispersive.variant, trainer.dispersive.margin, trainer.dispersive.eps) == ("hinge", 3.0, 0.5)
+    # nnUNetTrainerDispersive: eps 1 makes the InfoNCE loss log(mean exp(-d / tau) + 1) > 0 (< 0 with eps 1e-8)
+    torch.manual_seed(0)
+    dispersive = make_trainer(nnUNetTrainerDispersive, plans=tiny_plans(PLAIN_UNET), dispersive_eps=1.0)
+    dispersive.on_train_epoch_start()
+    batch = make_batch()
+    batch["target"] = [batch["target"], batch["target"][:, :, ::2, ::2]]
+    out = dispersive.train_step(batch)
+    assert 0 < out["loss_dispersive"] <= math.log(2)
