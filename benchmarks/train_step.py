@@ -10,9 +10,9 @@ candidates run in alternating rounds on the same batch; the median is reported:
 - ``reference_without_dispersive``: the same step with the first block implementations
   (before/after ratio of the optimisations).
 
-The dispersive loss (forward + backward) and ``dispersion_diagnostics`` (what the trainer logs every
-step) are also timed alone on the same features, which gives an overhead estimate free of the noise
-of the full step.
+The dispersive loss (forward + backward) and ``dispersion_diagnostics`` (what the trainer computes on
+the first step of each epoch) are also timed alone on the same features, which gives an overhead
+estimate free of the noise of the full step.
 
 Peak memory is measured in fresh subprocesses (one per configuration, ``--memory-steps`` steps):
 peak RSS above the RSS before the first step on CPU (VmHWM of /proc/self/status), or
@@ -249,7 +249,7 @@ def _markdown(payload: dict) -> str:
             f"= **{payload['dispersive_overhead_from_isolated_cost']:.3%}** of a step without it "
             f"(target <= {payload['overhead_target']:.0%}: "
             f"**{'met' if payload['overhead_target_met'] else 'MISSED'}**)",
-            f"- `dispersion_diagnostics` (the trainer logs it every step): "
+            f"- `dispersion_diagnostics` (the trainer computes it on the first step of each epoch): "
             f"{a['dispersion_diagnostics']['median_s'] * 1e3:.2f} ms = {payload['diagnostics_share_of_step']:.3%} "
             f"of a step"]
     if "speedup_vs_reference" in payload:

@@ -7,7 +7,8 @@
   clear ``RuntimeError`` naming the cases instead of a NaN model.
 - A batch of one sample is reported once (a dispersive loss has no pairs and is zero).
 - Per-epoch curves of every loss term, each group's learning rate and the dispersion diagnostics
-  (``TrainingCurves``), stored in the checkpoints and plotted beside nnU-Net's ``progress.png``.
+  (``TrainingCurves``), stored in the checkpoints and plotted beside nnU-Net's ``progress.png``. The
+  diagnostics are computed on the first training batch of each epoch (``_dispersion_diagnostics``).
 - ``initialize`` and every epoch start by seeding Python's, NumPy's and torch's global generators
   from ``(run seed, epoch, rank)``. The run seed is the trainer's ``seed`` attribute, else the environment
   variable ``nnUNet_meddisseg_seed``, else drawn at random; checkpoints store it. An epoch is then a
@@ -16,6 +17,7 @@
   arithmetic is deterministic (CPU; see the README for what differs otherwise).
 """
 import glob
+import math
 import os
 import random
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -31,6 +33,7 @@ from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
 from nnunetv2.utilities.collate_outputs import collate_outputs
 from nnunetv2.utilities.helpers import dummy_context
 
+from nnunetv2_meddisseg.losses import DIAGNOSTIC_KEYS, dispersion_diagnostics
 from nnunetv2_meddisseg.training.curves import PLOT_FILENAME, TrainingCurves
 
 __all__ = ["atomic_torch_save", "check_finite_input", "unwrap_module", "run_seed_from_environment", "seed_epoch",
@@ -138,6 +141,7 @@ class ExtendedTrainerBase(nnUNetTrainer):
         super().__init__(plans, configuration, fold, dataset_json, device)
         self.curves = TrainingCurves()
         self._warned_small_batch = False
+        self._diagnostics_due = True
         seed = self.seed if self.seed is not None else run_seed_from_environment()
         self.run_seed: int = int(seed) if seed is not None else int.from_bytes(os.urandom(4), "little")
 
@@ -198,6 +202,19 @@ class ExtendedTrainerBase(nnUNetTrainer):
     def on_epoch_start(self) -> None:
         super().on_epoch_start()
         seed_epoch(self.run_seed, self.current_epoch, self.local_rank)
+
+    def on_train_epoch_start(self) -> None:
+        super().on_train_epoch_start()
+        self._diagnostics_due = True
+
+    def _dispersion_diagnostics(self, features: torch.Tensor) -> Dict[str, float]:
+        """``dispersion_*`` entries of a ``train_step`` result: ``dispersion_diagnostics(features)`` on the
+        first training step of each epoch, NaN on the others (the epoch's curve is the mean of the finite
+        values), so that their cost is paid once per epoch."""
+        if not self._diagnostics_due:
+            return {f"dispersion_{k}": math.nan for k in DIAGNOSTIC_KEYS}
+        self._diagnostics_due = False
+        return {f"dispersion_{k}": v for k, v in dispersion_diagnostics(features).items()}
 
     # ------------------------------------------------------------------ curves
     def _stage_boundaries(self) -> Sequence[int]:

@@ -4,7 +4,7 @@ from typing import List
 import torch
 from torch import Tensor, nn
 
-from nnunetv2_meddisseg.losses import dispersion_diagnostics, dispersive_loss
+from nnunetv2_meddisseg.losses import dispersive_loss
 from nnunetv2_meddisseg.training.base import ExtendedTrainerBase
 
 __all__ = ["nnUNetTrainerDispersive", "nnUNetTrainerDispersive_smoke"]
@@ -71,7 +71,7 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
         self._optimizer_step(total)
         seg_value, dispersive_value = torch.stack([seg.detach().float(), dispersive.detach()]).cpu().tolist()
         result = {"loss": total.detach().cpu().numpy(), "loss_seg": seg_value, "loss_dispersive": dispersive_value}
-        result.update({f"dispersion_{k}": v for k, v in dispersion_diagnostics(features).items()})
+        result.update(self._dispersion_diagnostics(features))
         return result
 
     def on_train_epoch_start(self) -> None:

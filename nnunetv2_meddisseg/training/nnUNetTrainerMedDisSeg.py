@@ -14,7 +14,7 @@ from nnunetv2.utilities.helpers import empty_cache
 from nnunetv2.utilities.plans_handling.plans_handler import ConfigurationManager, PlansManager
 
 from nnunetv2_meddisseg.architectures import MedDisSegNet, MedDisSegOutput
-from nnunetv2_meddisseg.losses import DispersiveLoss, consistency_loss, dispersion_diagnostics
+from nnunetv2_meddisseg.losses import DispersiveLoss, consistency_loss
 from nnunetv2_meddisseg.training.base import ExtendedTrainerBase, unwrap_module
 from nnunetv2_meddisseg.training.lr_schedule import PerGroupPolyLRScheduler
 from nnunetv2_meddisseg.training.photometric import photometric_perturbation
@@ -78,7 +78,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     ``dispersive_placement`` ("early" = ELAT-refined layer1 output x2; "middle" = x4; "late" = the last
     feature before the logits: the output of D_s in Stage II, the head's fused feature in Stage I;
     "all" = mean of the three). Its diagnostics (mean pairwise d_ij, effective rank) of the first
-    regularised layer are averaged over each epoch's training batches.
+    regularised layer are computed on each epoch's first training batch.
 
     Learning rates decay ``(1 - t) ** 0.9`` within each stage from each group's own base rate
     (``PerGroupPolyLRScheduler``); both rates, the stage, every (unweighted) loss term and the
@@ -392,7 +392,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         values = torch.stack([t.detach().float() for t in terms.values()]).cpu().tolist()
         result = {"loss": total.detach().cpu().numpy()}
         result.update({f"loss_{k}": v for k, v in zip(terms.keys(), values)})
-        result.update({f"dispersion_{k}": v for k, v in dispersion_diagnostics(diagnosed).items()})
+        result.update(self._dispersion_diagnostics(diagnosed))
         return result
 
     def _validation_logits(self, data: Tensor) -> Tensor:

@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from nnunetv2_meddisseg.losses import dispersive as dispersive_module
 from nnunetv2_meddisseg.losses.dispersive import (DISPERSIVE_VARIANTS, DispersiveLoss, dispersion_diagnostics,
                                                   dispersive_loss)
 
@@ -287,3 +288,26 @@ def test_autocast_large_low_precision_features_finite(variant, dtype):
     assert h.grad.dtype == dtype and torch.isfinite(h.grad).all()
     # infonce_l2 saturates here (every exp(-d_ij / tau) underflows, the loss is log(eps)): its true gradient is 0
     assert (h.grad.abs().max() > 0) == (variant != "infonce_l2")
+
+
+def test_diagnostics_convert_one_block_at_a_time(monkeypatch):
+    # blocks of 6 values = 2 dimensions of a batch of 3: D = 40 takes 20 blocks, the last one partial
+    torch.manual_seed(8)
+    h = torch.randn(3, 5, 8) * 3 + 2
+    whole = dispersion_diagnostics(h)
+    monkeypatch.setattr(dispersive_module, "DIAGNOSTICS_BLOCK_ELEMENTS", 6)
+    converted = []
+    real_to = torch.Tensor.to
+
+    def spying_to(self, *args, **kwargs):
+        out = real_to(self, *args, **kwargs)
+        if out.dtype == torch.float64 and out.data_ptr() != self.data_ptr():
+            converted.append(out.numel())
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "to", spying_to)
+    blocked = dispersion_diagnostics(h)
+    monkeypatch.undo()
+    assert converted and max(converted) <= 6  # never a float64 copy of the whole (3, 40) batch
+    assert blocked["mean_pairwise_distance"] == pytest.approx(whole["mean_pairwise_distance"], rel=1e-9)
+    assert blocked["effective_rank"] == pytest.approx(whole["effective_rank"], rel=1e-9)

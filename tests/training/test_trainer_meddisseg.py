@@ -14,6 +14,7 @@ import torch
 from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
 from nnunetv2_meddisseg.architectures import MedDisSegNet
 from nnunetv2_meddisseg.losses import foreground_background_loss
+from nnunetv2_meddisseg.training import base as base_module
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2, nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.stage2_loss import foreground_target
@@ -391,3 +392,21 @@ def test_dispersive_margin_and_eps_are_trainer_settings(nnunet_dirs):
     batch["target"] = [batch["target"], batch["target"][:, :, ::2, ::2]]
     out = dispersive.train_step(batch)
     assert 0 < out["loss_dispersive"] <= math.log(2)
+
+
+def test_dispersion_diagnostics_once_per_epoch(nnunet_dirs, monkeypatch):
+    calls = []
+    real = base_module.dispersion_diagnostics
+    monkeypatch.setattr(base_module, "dispersion_diagnostics", lambda f: calls.append(tuple(f.shape)) or real(f))
+    torch.manual_seed(0)
+    trainer = make_trainer()
+    batch = make_batch()
+    for epoch in range(2):  # Stage I, then Stage II
+        trainer.current_epoch = epoch
+        trainer.on_train_epoch_start()
+        outputs = [trainer.train_step(batch) for _ in range(3)]
+        assert len(calls) == epoch + 1
+        first = outputs[0]["dispersion_effective_rank"]
+        assert math.isfinite(first) and all(math.isnan(o["dispersion_effective_rank"]) for o in outputs[1:])
+        trainer.on_train_epoch_end(outputs)
+        assert trainer.curves.get("dispersion_effective_rank", epoch) == pytest.approx(first)
