@@ -86,8 +86,9 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
 
     Checkpoints record their stage; Stage I checkpoints also hold the head. ``--c`` resumes in the
     recorded stage with that stage's optimizer groups. A ``checkpoint_latest.pth`` is also written at
-    the end of Stage I. ``checkpoint_best.pth`` is only written in Stage II (the EMA-best is reset at
-    the switch; the pseudo-Dice EMA curve itself continues across the switch).
+    the end of Stage I. ``checkpoint_best.pth`` is only written in Stage II (``_may_write_best_checkpoint``),
+    and nnU-Net's EMA pseudo Dice restarts at the first Stage II epoch, so the best checkpoint is the
+    Stage II network whose own EMA (never the Stage I head's) is the highest.
 
     Every attribute below is a class attribute: subclasses override them (see ``variants.py``).
 
@@ -282,17 +283,20 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         if self.stage1_head is not None:
             self.stage1_head.eval()
 
+    def on_validation_epoch_end(self, val_outputs) -> None:
+        super().on_validation_epoch_end(val_outputs)
+        if self.current_epoch == self.stage1_epochs:
+            # the first Stage II network: its EMA pseudo Dice starts afresh, not from the Stage I head's
+            self._restart_ema_fg_dice()
+
+    def _may_write_best_checkpoint(self) -> bool:
+        return self.training_stage == STAGE_2  # a Stage I network has an untrained decoder
+
     def on_epoch_end(self) -> None:
-        in_stage1 = self.training_stage == STAGE_1
-        end_of_stage1 = in_stage1 and self.current_epoch == self.stage1_epochs - 1
+        end_of_stage1 = self.training_stage == STAGE_1 and self.current_epoch == self.stage1_epochs - 1
         saved_periodically = (self.current_epoch + 1) % self.save_every == 0
         last_epoch = self.current_epoch == self.num_epochs - 1
-        if in_stage1:
-            # no checkpoint_best in Stage I: its network has an untrained decoder
-            self._best_ema = math.inf
         super().on_epoch_end()  # increments current_epoch
-        if in_stage1:
-            self._best_ema = None
         if end_of_stage1 and not saved_periodically and not last_epoch:
             self.current_epoch -= 1  # the checkpoint must record the finished epoch, as nnU-Net's on_train_end does
             self.save_checkpoint(join(self.output_folder, "checkpoint_latest.pth"))
@@ -312,10 +316,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint_extras(self) -> Dict[str, object]:
         extras: Dict[str, object] = {"meddisseg_stage": self.training_stage}
-        if self.training_stage == STAGE_1:
-            extras["_best_ema"] = None  # (on_epoch_end holds it at inf during Stage I to block checkpoint_best)
-            if self.stage1_head is not None:
-                extras["stage1_head_weights"] = self._plain_head().state_dict()
+        if self.training_stage == STAGE_1 and self.stage1_head is not None:
+            extras["stage1_head_weights"] = self._plain_head().state_dict()
         return extras
 
     def _before_restoring_checkpoint(self, checkpoint: Mapping[str, object]) -> None:
@@ -332,7 +334,6 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     def _restore_checkpoint_extras(self, checkpoint: Mapping[str, object]) -> None:
         if self.training_stage == STAGE_1:
             self._plain_head().load_state_dict(checkpoint["stage1_head_weights"])
-            self._best_ema = None
 
     # ------------------------------------------------------------------ steps
     def _input_is_rgb(self) -> bool:

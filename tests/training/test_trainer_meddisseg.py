@@ -8,6 +8,7 @@ import math
 from copy import deepcopy
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -410,3 +411,31 @@ def test_dispersion_diagnostics_once_per_epoch(nnunet_dirs, monkeypatch):
         assert math.isfinite(first) and all(math.isnan(o["dispersion_effective_rank"]) for o in outputs[1:])
         trainer.on_train_epoch_end(outputs)
         assert trainer.curves.get("dispersion_effective_rank", epoch) == pytest.approx(first)
+
+
+def _epoch_with_pseudo_dice(trainer, dice):
+    """One epoch through nnU-Net's hooks without training: validation reports pseudo Dice ``dice`` for
+    both foreground classes (tp / (tp + fn) with fp = fn)."""
+    trainer.on_epoch_start()
+    trainer.on_train_epoch_start()
+    trainer.on_train_epoch_end([{"loss": np.array(0.5)}])
+    trainer.on_validation_epoch_start()
+    tp, fn = np.array([100 * dice] * 2), np.array([100 * (1 - dice)] * 2)
+    trainer.on_validation_epoch_end([{"loss": np.array(0.5), "tp_hard": tp, "fp_hard": fn, "fn_hard": fn}])
+    trainer.on_epoch_end()
+
+
+def test_checkpoint_best_holds_the_stage2_network_whose_own_ema_won(nnunet_dirs):
+    trainer = make_trainer(num_epochs=5, stage1_epochs=2)
+    best = Path(trainer.output_folder) / "checkpoint_best.pth"
+    for dice in (0.9, 0.9):  # the Stage I head scores high
+        _epoch_with_pseudo_dice(trainer, dice)
+    assert not best.exists()
+    # Stage II: EMA restarted at its first epoch -> 0.1, 0.9 * 0.1 + 0.1 * 0.5 = 0.14, 0.9 * 0.14 + 0.06 = 0.186,
+    # a new best every epoch. Continued from Stage I the EMA would be 0.82, 0.788, 0.7692: epoch 2 would stay best.
+    for epoch, dice, ema in ((2, 0.1, 0.1), (3, 0.5, 0.14), (4, 0.6, 0.186)):
+        _epoch_with_pseudo_dice(trainer, dice)
+        checkpoint = torch.load(best, weights_only=False)
+        assert checkpoint["meddisseg_stage"] == STAGE_2
+        assert checkpoint["current_epoch"] == epoch + 1 and checkpoint["_best_ema"] == pytest.approx(ema)
+    assert trainer.logger.get_value("ema_fg_dice", step=None) == pytest.approx([0.9, 0.9, 0.1, 0.14, 0.186])
