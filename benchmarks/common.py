@@ -159,14 +159,17 @@ def use_reference_implementations(net: nn.Module) -> nn.Module:
     Same parameters, same results up to floating-point rounding (tests/blocks prove it); used to
     measure before/after ratios side by side in one run.
     """
-    from nnunetv2_meddisseg.blocks import cdfa
-    from nnunetv2_meddisseg.blocks.activation import TeLU, _reference_telu
+    from nnunetv2_meddisseg.blocks.activation import TeLU
+    from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "blocks"))
+    from reference_impls import reference_cdfa_forward, reference_telu
 
     for m in net.modules():
-        if isinstance(m, cdfa.ContrastDrivenAggregation):
-            m.forward = (lambda mod: lambda x, fg, bg: cdfa._reference_forward(mod, x, fg, bg))(m)
+        if isinstance(m, ContrastDrivenAggregation):
+            m.forward = (lambda mod: lambda x, fg, bg: reference_cdfa_forward(mod, x, fg, bg))(m)
         elif isinstance(m, TeLU):
-            m.forward = _reference_telu
+            m.forward = reference_telu
     return net
 
 

@@ -75,7 +75,8 @@ class Method(NamedTuple):
 _MD = "nnunetv2_meddisseg.training"
 METHODS: Dict[str, Method] = {
     "default": Method("nnU-Net (default)", "nnunetv2.training.nnUNetTrainer.nnUNetTrainer", "nnUNetTrainer", "nnunet"),
-    "dispersive": Method("nnU-Net + dispersive (InfoNCE-L2)", f"{_MD}.variants", "nnUNetTrainerDispersive", "nnunet"),
+    "dispersive": Method("nnU-Net + dispersive (InfoNCE-L2)", f"{_MD}.nnUNetTrainerDispersive", "nnUNetTrainerDispersive",
+                         "nnunet"),
     "dispersive_cosine": Method("nnU-Net + dispersive (InfoNCE-cosine)", f"{_MD}.scratch_variants",
                                 "nnUNetTrainerDispersive_cosine", "nnunet"),
     "meddisseg": Method("Med-DisSeg", f"{_MD}.nnUNetTrainerMedDisSeg", "nnUNetTrainerMedDisSeg", "meddisseg"),

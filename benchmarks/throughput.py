@@ -16,11 +16,16 @@ import contextlib
 import copy
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Callable, Dict, List
 
 import torch
 from torch import nn
+
+#: the first block implementations live with the tests that check the current ones against them
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "blocks"))
 
 from common import (DEFAULT_OUT, NETWORK_NAMES, alternating_timings, build_network, command_line, machine_info,
                     markdown_table, parse_device, set_mode, summarize, synchronize, write_results)
@@ -59,6 +64,7 @@ def _try_prepare(run: Callable[[], object], device: torch.device) -> str:
 def cdfa_microbenchmark(batch: int, size: int, repeats: int, device: torch.device) -> dict:
     """Finest CDFA (256 -> 128 channels at size/2): current vs first implementation, forward only."""
     from nnunetv2_meddisseg.blocks import cdfa
+    from reference_impls import reference_cdfa_forward, reference_window_attention, reference_window_weights
 
     torch.manual_seed(0)
     m = cdfa.ContrastDrivenAggregation(256, 128, 4).to(device).eval()
@@ -71,12 +77,12 @@ def cdfa_microbenchmark(batch: int, size: int, repeats: int, device: torch.devic
         return m.window_attention(v, m.window_weights(fg, m.attn_fg))
 
     def old_attention():
-        return cdfa._reference_window_attention(m, v, cdfa._reference_window_weights(m, fg, m.attn_fg))
+        return reference_window_attention(m, v, reference_window_weights(m, fg, m.attn_fg))
 
-    fns = {"cdfa_current": lambda: m(x, fg, bg), "cdfa_reference": lambda: cdfa._reference_forward(m, x, fg, bg),
+    fns = {"cdfa_current": lambda: m(x, fg, bg), "cdfa_reference": lambda: reference_cdfa_forward(m, x, fg, bg),
            "window_attention_current": new_attention, "window_attention_reference": old_attention}
     with torch.inference_mode():
-        diff = (m(x, fg, bg) - cdfa._reference_forward(m, x, fg, bg)).abs().max().item()
+        diff = (m(x, fg, bg) - reference_cdfa_forward(m, x, fg, bg)).abs().max().item()
         times = alternating_timings(fns, repeats, warmup=1, device=device)
     stats = {k: summarize(v) for k, v in times.items()}
     return {"input": [batch, 256, h, h], "max_abs_difference": diff, "timings": stats,

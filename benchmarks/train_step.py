@@ -1,18 +1,18 @@
 """Time and memory of one Med-DisSeg training step, with and without the dispersive loss.
 
 One step = forward (train mode, deep supervision on: logits, path logits, fg/bg/uc maps, features),
-the Stage II loss of nnUNetTrainerMedDisSeg (nnU-Net's Dice+CE on the logits, mean Dice+CE of the
-three path logits, foreground/background and complementarity terms; ``--dispersive`` adds
-``DispersiveLoss(placement="early")`` on ``features['early']``), backward and an Adam step. The
+the Stage II loss of nnUNetTrainerMedDisSeg (the trainer's own ``stage2_loss`` with its default
+weights: nnU-Net's Dice+CE on the logits, mean Dice+CE of the three path logits, foreground/background
+and complementarity terms, and the trainer's dispersive loss or not), backward and an Adam step. The
 candidates run in alternating rounds on the same batch; the median is reported:
 
 - ``without_dispersive`` / ``with_dispersive``: overhead ratio (target <= 3 %);
 - ``reference_without_dispersive``: the same step with the first block implementations
   (before/after ratio of the optimisations).
 
-The dispersive loss (forward + backward) and ``dispersion_diagnostics`` (what the trainer logs every
-step) are also timed alone on the same features, which gives an overhead estimate free of the noise
-of the full step.
+The dispersive loss (forward + backward) and ``dispersion_diagnostics`` (what the trainer computes on
+the first step of each epoch) are also timed alone on the same features, which gives an overhead
+estimate free of the noise of the full step.
 
 Peak memory is measured in fresh subprocesses (one per configuration, ``--memory-steps`` steps):
 peak RSS above the RSS before the first step on CPU (VmHWM of /proc/self/status), or
@@ -43,29 +43,22 @@ GIB = 1024 ** 3
 
 
 class Stage2Loss(nn.Module):
-    """The Stage II loss of the trainer (weights 1), optionally with the dispersive term."""
+    """The Stage II loss of nnUNetTrainerMedDisSeg (its own ``stage2_loss`` with its default weights and
+    dispersive settings), with or without the dispersive term."""
 
-    def __init__(self, dispersive: bool, dispersive_weight: float = 0.6) -> None:
+    def __init__(self, dispersive: bool) -> None:
         super().__init__()
-        from nnunetv2.training.loss.compound_losses import DC_and_CE_loss
-        from nnunetv2.training.loss.dice import MemoryEfficientSoftDiceLoss
-        from nnunetv2_meddisseg.losses import DispersiveLoss
+        from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
+        from nnunetv2_meddisseg.training.stage2_loss import Stage2Weights, dispersive_from_trainer, segmentation_loss
 
-        self.seg = DC_and_CE_loss({"batch_dice": True, "smooth": 1e-5, "do_bg": False, "ddp": False}, {},
-                                  weight_ce=1, weight_dice=1, ignore_label=None,
-                                  dice_class=MemoryEfficientSoftDiceLoss)
-        self.dispersive = DispersiveLoss(placement="early", weight=dispersive_weight) if dispersive else None
+        self.seg = segmentation_loss(batch_dice=True)  # nnU-Net plans batch Dice for 2D
+        self.weights = Stage2Weights.from_trainer(nnUNetTrainerMedDisSeg)
+        self.dispersive = dispersive_from_trainer(nnUNetTrainerMedDisSeg) if dispersive else None
 
     def forward(self, output, target: Tensor) -> Tensor:
-        from nnunetv2_meddisseg.losses import complementarity_loss, foreground_background_loss
+        from nnunetv2_meddisseg.training.stage2_loss import stage2_loss
 
-        loss = self.seg(output.logits, target)
-        loss = loss + torch.stack([self.seg(p, target) for p in output.path_logits]).mean()
-        loss = loss + foreground_background_loss(output.fg, output.bg, (target > 0).float())
-        loss = loss + complementarity_loss(output.fg, output.bg, output.uc)
-        if self.dispersive is not None:
-            loss = loss + self.dispersive(output.features)
-        return loss
+        return stage2_loss(output, target, self.seg, self.dispersive, self.weights)[0]
 
 
 def make_step(net: nn.Module, loss: nn.Module, x: Tensor, target: Tensor, amp: bool) -> Callable[[], float]:
@@ -256,7 +249,7 @@ def _markdown(payload: dict) -> str:
             f"= **{payload['dispersive_overhead_from_isolated_cost']:.3%}** of a step without it "
             f"(target <= {payload['overhead_target']:.0%}: "
             f"**{'met' if payload['overhead_target_met'] else 'MISSED'}**)",
-            f"- `dispersion_diagnostics` (the trainer logs it every step): "
+            f"- `dispersion_diagnostics` (the trainer computes it on the first step of each epoch): "
             f"{a['dispersion_diagnostics']['median_s'] * 1e3:.2f} ms = {payload['diagnostics_share_of_step']:.3%} "
             f"of a step"]
     if "speedup_vs_reference" in payload:

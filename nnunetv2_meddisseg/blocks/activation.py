@@ -55,11 +55,6 @@ def telu(x: Tensor) -> Tensor:
     return _telu_forward(x)
 
 
-def _reference_telu(x: Tensor) -> Tensor:
-    """First implementation (plain autograd), kept to test and benchmark :func:`telu` against."""
-    return x * torch.tanh(torch.exp(x.clamp(max=TELU_EXP_CLAMP)))
-
-
 class TeLU(nn.Module):
     """Module form of :func:`telu` (Fernandez & Mali, "TeLU activation function")."""
 

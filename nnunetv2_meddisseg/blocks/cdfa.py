@@ -4,8 +4,8 @@ The window attention of CDFA is computed without materialising the k x k windows
 all windows that touch a pixel are first summed per displacement between the written pixel and the
 read pixel (:func:`window_displacement_weights`), then the values are accumulated from (2k-1)^2
 shifted views (:func:`displacement_sum`). Both are linear maps with hand-written backward passes.
-The first implementation (unfold -> per-pixel matmul -> fold) is kept as ``_reference_forward`` to
-test and benchmark against.
+The first implementation (unfold -> per-pixel matmul -> fold) lives with the tests
+(``tests/blocks/reference_impls.py``), which check the current one against it.
 """
 from typing import List, Optional, Sequence, Tuple, Type
 
@@ -214,48 +214,6 @@ class ContrastDrivenAggregation(nn.Module):
         x = self.window_attention(v, self.window_weights(fg, self.attn_fg))
         x = self.window_attention(x, self.window_weights(bg, self.attn_bg))
         return self.output_convs(x)
-
-
-def _reference_window_weights(module: ContrastDrivenAggregation, guidance: Tensor, layer: nn.Linear) -> Tensor:
-    """First implementation, kept to test and benchmark the current one against.
-
-    guidance: (B, dim, H, W) -> (B, heads, H*W, k*k (i), k*k (j))
-    """
-    b, _, h, w = guidance.shape
-    window = module.kernel_size * module.kernel_size
-    logits = layer(guidance.flatten(2).transpose(1, 2))  # (B, HW, heads * window * window)
-    logits = logits.reshape(b, h * w, module.num_heads, window, window).transpose(1, 2)
-    return torch.softmax(logits * module.scale, dim=-1)
-
-
-def _reference_window_attention(module: ContrastDrivenAggregation, values: Tensor, weights: Tensor) -> Tensor:
-    """First implementation (unfold -> per-pixel matmul -> fold), kept as the reference.
-
-    values: (B, dim, H, W), weights: (B, heads, H*W, k*k, k*k) -> (B, dim, H, W)
-    """
-    b, c, h, w = values.shape
-    k, window = module.kernel_size, module.kernel_size * module.kernel_size
-    # unfold channel index is c * window + j, c = head * head_dim + d
-    v = F.unfold(values, k, padding=k // 2).reshape(b, module.num_heads, module.head_dim, window, h * w)
-    v = v.permute(0, 1, 4, 3, 2)  # (B, heads, HW, j, head_dim)
-    out = torch.matmul(weights, v)  # (B, heads, HW, i, head_dim)
-    out = out.permute(0, 1, 4, 3, 2).reshape(b, c * window, h * w)
-    out = F.fold(out, (h, w), k, padding=k // 2)  # sums the overlapping window contributions
-    return _reference_linear(module.proj, out)
-
-
-def _reference_linear(layer: nn.Linear, x: Tensor) -> Tensor:
-    return layer(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-
-
-def _reference_forward(module: ContrastDrivenAggregation, x: Tensor, fg: Tensor, bg: Tensor) -> Tensor:
-    """``ContrastDrivenAggregation.forward`` as first implemented (same parameters, same result up to
-    floating-point rounding)."""
-    x = module.input_convs(x)
-    v = _reference_linear(module.value, x)
-    x = _reference_window_attention(module, v, _reference_window_weights(module, fg, module.attn_fg))
-    x = _reference_window_attention(module, x, _reference_window_weights(module, bg, module.attn_bg))
-    return module.output_convs(x)
 
 
 class GuidanceBranch(nn.Module):

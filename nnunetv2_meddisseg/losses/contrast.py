@@ -2,6 +2,8 @@
 
 All functions take logits (never probabilities), compute in fp32 and return a 0-dim tensor.
 """
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -16,41 +18,57 @@ def _check_same_shape(name: str, **tensors: Tensor) -> None:
         raise ValueError(f"{name}: inputs must have the same shape, got {shapes}")
 
 
-def soft_dice_loss(probabilities: Tensor, target: Tensor, smooth: float = 1.0) -> Tensor:
+def soft_dice_loss(probabilities: Tensor, target: Tensor, smooth: float = 1.0, mask: Optional[Tensor] = None) -> Tensor:
     """1 - soft Dice, per sample, averaged over the batch.
 
     probabilities, target: (B, ...) in [0, 1]. ``smooth`` is added to numerator and denominator,
-    so an empty prediction on an empty target scores a loss of 0.
+    so an empty prediction on an empty target scores a loss of 0. mask: None or (B, ...) in {0, 1},
+    same shape; pixels where it is 0 are left out of every sum.
     """
-    _check_same_shape("soft_dice_loss", probabilities=probabilities, target=target)
+    _check_same_shape("soft_dice_loss", probabilities=probabilities, target=target,
+                      **({} if mask is None else {"mask": mask}))
     p = probabilities.float().reshape(probabilities.shape[0], -1)
     t = target.float().reshape(target.shape[0], -1)
+    if mask is not None:
+        m = mask.float().reshape(mask.shape[0], -1)
+        p, t = p * m, t * m
     intersection = (p * t).sum(dim=1)
     dice = (2.0 * intersection + smooth) / (p.sum(dim=1) + t.sum(dim=1) + smooth)
     return (1.0 - dice).mean()
 
 
-def dice_bce_loss(logits: Tensor, target: Tensor, smooth: float = 1.0) -> Tensor:
+def dice_bce_loss(logits: Tensor, target: Tensor, smooth: float = 1.0, mask: Optional[Tensor] = None) -> Tensor:
     """Binary cross-entropy (mean over pixels) + soft Dice loss of one binary map.
 
-    logits: (B, 1, H, W) map logits; target: (B, 1, H, W) float in [0, 1].
+    logits: (B, 1, H, W) map logits; target: (B, 1, H, W) float in [0, 1]. mask: None or (B, 1, H, W)
+    in {0, 1}; pixels where it is 0 count in neither term (the BCE is the mean over the others, 0 when
+    there is none).
     """
-    _check_same_shape("dice_bce_loss", logits=logits, target=target)
+    _check_same_shape("dice_bce_loss", logits=logits, target=target, **({} if mask is None else {"mask": mask}))
     logits = logits.float()
     target = target.float()
-    bce = F.binary_cross_entropy_with_logits(logits, target)
-    return bce + soft_dice_loss(torch.sigmoid(logits), target, smooth)
+    if mask is None:
+        bce = F.binary_cross_entropy_with_logits(logits, target)
+    else:
+        m = mask.float()
+        per_pixel = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
+        bce = (per_pixel * m).sum() / m.sum().clamp_min(1.0)
+    return bce + soft_dice_loss(torch.sigmoid(logits), target, smooth, mask)
 
 
-def foreground_background_loss(fg_logits: Tensor, bg_logits: Tensor, fg_target: Tensor) -> Tensor:
+def foreground_background_loss(fg_logits: Tensor, bg_logits: Tensor, fg_target: Tensor,
+                               mask: Optional[Tensor] = None) -> Tensor:
     """Supervision of the auxiliary foreground and background maps.
 
     fg_logits, bg_logits: (B, 1, H, W) logits; fg_target: (B, 1, H, W) float in {0, 1} ("any
-    foreground class"). Returns Dice+BCE(fg, target) + Dice+BCE(bg, 1 - target).
+    foreground class"). Returns Dice+BCE(fg, target) + Dice+BCE(bg, 1 - target). mask: None or
+    (B, 1, H, W) in {0, 1}, 0 at pixels without a label (nnU-Net's ignore label): they are neither
+    foreground nor background and count in no term.
     """
-    _check_same_shape("foreground_background_loss", fg_logits=fg_logits, bg_logits=bg_logits, fg_target=fg_target)
+    _check_same_shape("foreground_background_loss", fg_logits=fg_logits, bg_logits=bg_logits, fg_target=fg_target,
+                      **({} if mask is None else {"mask": mask}))
     target = fg_target.float()
-    return dice_bce_loss(fg_logits, target) + dice_bce_loss(bg_logits, 1.0 - target)
+    return dice_bce_loss(fg_logits, target, mask=mask) + dice_bce_loss(bg_logits, 1.0 - target, mask=mask)
 
 
 def complementarity_loss(fg_logits: Tensor, bg_logits: Tensor, uc_logits: Tensor) -> Tensor:

@@ -10,11 +10,16 @@ and the loss runs over the ``P = B (B - 1)`` ordered pairs ``i != j``:
 - ``hinge``:          ``d_ij = ||h_i - h_j|| / sqrt(D)``,
   ``L = (1/P) sum_{i!=j} max(0, margin - d_ij)^2``
 - ``covariance``:     ``H~ = H - mean_batch(H)``, ``C = H~^T H~ / (B - 1)``,
-  ``L = sum_{p!=q} C_pq^2 / D``
+  ``L = sum_{p!=q} C_pq^2 / (D (D - 1))`` (the mean over the off-diagonal entries; 0 when D = 1)
 
-The 1/D normalisation is the one of the original Dispersive Loss (Wang & He, 2025): without it the
-distances of high-dimensional features are so large that ``exp(-d / tau)`` underflows and the loss
-has no gradient. Everything is computed in fp32 (autocast is switched off inside) from the B x B
+The 1/D normalisation of the distances is the one of the original Dispersive Loss (Wang & He, 2025):
+without it the distances of high-dimensional features are so large that ``exp(-d / tau)`` underflows
+and the loss has no gradient. The covariance penalty is averaged over its ``D (D - 1)`` entries for
+the same reason: a sum (the paper's Eq. 6) grows with ``D^2`` and a sum divided by D still with D, so
+for features of the same per-dimension statistics only the mean keeps one value (and one weight)
+whatever the layer's size. Like the paper's sum it grows with the 4th power of the feature scale,
+so when ``D >> B`` (where ``C`` has rank < B and cannot be diagonal) shrinking the features also
+lowers it. Everything is computed in fp32 (autocast is switched off inside) from the B x B
 Gram matrix of the batch, so that D may be 10^6 without a D x D matrix ever being built.
 """
 import math
@@ -23,11 +28,15 @@ from typing import Dict, Mapping, Tuple
 import torch
 from torch import Tensor, nn
 
-__all__ = ["DISPERSIVE_VARIANTS", "DISPERSIVE_PLACEMENTS", "dispersive_loss", "DispersiveLoss",
-           "dispersion_diagnostics"]
+__all__ = ["DISPERSIVE_VARIANTS", "DISPERSIVE_PLACEMENTS", "DIAGNOSTIC_KEYS", "DIAGNOSTICS_BLOCK_ELEMENTS",
+           "dispersive_loss", "DispersiveLoss", "dispersion_diagnostics"]
 
 DISPERSIVE_VARIANTS: Tuple[str, ...] = ("infonce_l2", "infonce_cosine", "hinge", "covariance")
 DISPERSIVE_PLACEMENTS: Tuple[str, ...] = ("early", "middle", "late")
+#: the keys of ``dispersion_diagnostics``
+DIAGNOSTIC_KEYS: Tuple[str, ...] = ("mean_pairwise_distance", "effective_rank")
+#: feature values ``dispersion_diagnostics`` converts to float64 at a time (8 MiB)
+DIAGNOSTICS_BLOCK_ELEMENTS = 2 ** 20
 
 _FP32 = torch.finfo(torch.float32)
 _NORM_CLAMP = 1e-12
@@ -125,9 +134,11 @@ def dispersive_loss(features: Tensor, variant: str = "infonce_l2", tau: float = 
             u = centred / s
             gram = u @ u.transpose(0, 1)
             # sum_{p,q} C_pq^2 = ||U U^T||_F^2 / (B-1)^2 ;  sum_p C_pp^2 = sum_p (sum_i u_ip^2)^2 / (B-1)^2
+            if d < 2:  # no off-diagonal entry
+                return (h * 0.0).sum()
             total = gram.square().sum()
             diagonal = u.square().sum(dim=0).square().sum()
-            scaled = (total - diagonal).clamp_min(0.0) / ((b - 1) ** 2 * d)
+            scaled = (total - diagonal).clamp_min(0.0) / ((b - 1) ** 2 * d * (d - 1))
             return scaled * s * s * s * s
         q, s = _centred_sq_distances(h)
         q = _off_diagonal(q)
@@ -179,30 +190,47 @@ class DispersiveLoss(nn.Module):
                 f"weight={self.weight}, placement={self.placement!r}")
 
 
+def _centred_gram_in_blocks(h: Tensor, dtype: torch.dtype, scale: float) -> Tensor:
+    """h: (B, D) any float dtype -> (B, B) Gram matrix of the centred batch divided by ``scale``, in
+    ``dtype``, accumulated over column blocks of ``DIAGNOSTICS_BLOCK_ELEMENTS // B`` dimensions (so at
+    most one (B, block) copy of the features exists at a time)."""
+    b, d = h.shape
+    step = max(1, DIAGNOSTICS_BLOCK_ELEMENTS // b)
+    gram = torch.zeros(b, b, dtype=dtype, device=h.device)
+    for start in range(0, d, step):
+        u = h[:, start:start + step].to(dtype)
+        u = (u - u.mean(dim=0, keepdim=True)) / scale
+        gram += u @ u.transpose(0, 1)
+    return gram
+
+
 @torch.no_grad()
 def dispersion_diagnostics(features: Tensor) -> Dict[str, float]:
     """How spread out a batch of features is (for logging).
 
-    features: (B, ...) flattened per sample to (B, D). Returns
+    features: (B, ...) flattened per sample to (B, D). Returns (keys ``DIAGNOSTIC_KEYS``)
     - ``mean_pairwise_distance``: mean over i != j of ``||h_i - h_j||^2 / D`` (the ``d_ij`` of
       ``infonce_l2``); 0.0 when B < 2.
     - ``effective_rank``: exp of the Shannon entropy of the normalised singular values of the
       centred (B, D) batch matrix (between 1 and B - 1); 0.0 when the centred batch is zero.
-    Singular values come from the eigenvalues of the B x B Gram matrix, so D may be large.
+    Both come from the B x B Gram matrix of the centred batch, accumulated in float64 (float32 on MPS)
+    over blocks of ``DIAGNOSTICS_BLOCK_ELEMENTS`` values: the extra memory is one such block, whatever D.
     """
-    h = _flatten_fp32(features.detach())
-    b = h.shape[0]
+    h = features.detach().reshape(features.shape[0], -1)
+    b, d = h.shape
     if b < 2:
         return {"mean_pairwise_distance": 0.0, "effective_rank": 0.0}
-    # float64 where the device has it (a few B x D copies once per epoch): the small singular values
-    # of a nearly low-rank batch would otherwise drown in rounding noise
+    # float64 where the device has it: the small singular values of a nearly low-rank batch would
+    # otherwise drown in rounding noise; the scale keeps float32 sums finite
     dtype = torch.float32 if h.device.type == "mps" else torch.float64
+    scale = float(h.abs().amax().float()) or 1.0
+    if not math.isfinite(scale):
+        return {"mean_pairwise_distance": math.nan, "effective_rank": math.nan}
     with torch.autocast(device_type=h.device.type, enabled=False):
-        q, s = _centred_sq_distances(h.to(dtype))
-        mean_distance = float(_off_diagonal(q).mean()) * float(s) ** 2
-        centred = h.to(dtype) - h.to(dtype).mean(dim=0, keepdim=True)
-        u = centred / s
-        gram = (u @ u.transpose(0, 1)).double().cpu()
+        gram = _centred_gram_in_blocks(h, dtype, scale).double().cpu()
+    sq_norms = gram.diagonal()
+    q = (sq_norms[:, None] + sq_norms[None, :] - 2.0 * gram).clamp_min(0.0) / d
+    mean_distance = float(_off_diagonal(q).mean()) * scale ** 2
     eigenvalues = torch.linalg.eigvalsh(gram)
     # eigenvalues at rounding level are zero singular values
     tolerance = eigenvalues.abs().max() * b * torch.finfo(dtype).eps

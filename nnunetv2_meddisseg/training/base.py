@@ -6,8 +6,9 @@
 - Every training and validation batch is checked for NaN / inf before it reaches the network: a
   clear ``RuntimeError`` naming the cases instead of a NaN model.
 - A batch of one sample is reported once (a dispersive loss has no pairs and is zero).
-- Per-epoch curves of every loss term, each group's learning rate and gradient norm, the dispersion diagnostics
-  (``TrainingCurves``), stored in the checkpoints and plotted beside nnU-Net's ``progress.png``.
+- Per-epoch curves of every loss term, each group's learning rate and gradient norm, the dispersion
+  diagnostics (``TrainingCurves``), stored in the checkpoints and plotted beside nnU-Net's ``progress.png``. The
+  diagnostics are computed on the first training batch of each epoch (``_dispersion_diagnostics``).
 - ``initialize`` and every epoch start by seeding Python's, NumPy's and torch's global generators
   from ``(run seed, epoch, rank)``. The run seed is the trainer's ``seed`` attribute, else the environment
   variable ``nnUNet_meddisseg_seed``, else drawn at random; checkpoints store it. An epoch is then a
@@ -16,8 +17,10 @@
   arithmetic is deterministic (CPU; see the README for what differs otherwise).
 """
 import glob
+import math
 import os
 import random
+from time import time
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -31,7 +34,8 @@ from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
 from nnunetv2.utilities.collate_outputs import collate_outputs
 from nnunetv2.utilities.helpers import dummy_context
 
-from nnunetv2_meddisseg.training.logging import PLOT_FILENAME, TrainingCurves
+from nnunetv2_meddisseg.losses import DIAGNOSTIC_KEYS, dispersion_diagnostics
+from nnunetv2_meddisseg.training.curves import PLOT_FILENAME, TrainingCurves
 
 __all__ = ["atomic_torch_save", "check_finite_input", "unwrap_module", "run_seed_from_environment", "seed_epoch",
            "CURVE_PREFIXES", "SEED_ENVIRONMENT_VARIABLE", "ExtendedTrainerBase"]
@@ -138,6 +142,7 @@ class ExtendedTrainerBase(nnUNetTrainer):
         super().__init__(plans, configuration, fold, dataset_json, device)
         self.curves = TrainingCurves()
         self._warned_small_batch = False
+        self._diagnostics_due = True
         seed = self.seed if self.seed is not None else run_seed_from_environment()
         self.run_seed: int = int(seed) if seed is not None else int.from_bytes(os.urandom(4), "little")
 
@@ -214,6 +219,19 @@ class ExtendedTrainerBase(nnUNetTrainer):
         super().on_epoch_start()
         seed_epoch(self.run_seed, self.current_epoch, self.local_rank)
 
+    def on_train_epoch_start(self) -> None:
+        super().on_train_epoch_start()
+        self._diagnostics_due = True
+
+    def _dispersion_diagnostics(self, features: torch.Tensor) -> Dict[str, float]:
+        """``dispersion_*`` entries of a ``train_step`` result: ``dispersion_diagnostics(features)`` on the
+        first training step of each epoch, NaN on the others (the epoch's curve is the mean of the finite
+        values), so that their cost is paid once per epoch."""
+        if not self._diagnostics_due:
+            return {f"dispersion_{k}": math.nan for k in DIAGNOSTIC_KEYS}
+        self._diagnostics_due = False
+        return {f"dispersion_{k}": v for k, v in dispersion_diagnostics(features).items()}
+
     # ------------------------------------------------------------------ curves
     def _stage_boundaries(self) -> Sequence[int]:
         return ()
@@ -243,12 +261,48 @@ class ExtendedTrainerBase(nnUNetTrainer):
             self.print_to_log_file("dispersion: " + ", ".join(f"{k[len('dispersion_'):]} {v:.4g}"
                                                               for k, v in sorted(diagnostics.items())))
 
+    # ------------------------------------------------------------------ end of epoch, checkpoint_best
+    def _may_write_best_checkpoint(self) -> bool:
+        """Whether this epoch's network may become ``checkpoint_best.pth`` (when its EMA pseudo Dice is the
+        best so far). Epochs for which this is False neither write it nor count towards the best EMA."""
+        return True
+
+    def _restart_ema_fg_dice(self) -> None:
+        """Restart nnU-Net's EMA pseudo Dice at the current epoch: its value becomes this epoch's pseudo
+        Dice, so that later epochs average only from here on. Call after ``on_validation_epoch_end``."""
+        logged = getattr(self.logger, "local_logger", self.logger).my_fantastic_logging
+        epoch = self.current_epoch
+        if len(logged["mean_fg_dice"]) != epoch + 1 or len(logged["ema_fg_dice"]) != epoch + 1:
+            raise RuntimeError(f"cannot restart the EMA pseudo Dice at epoch {epoch}: the logger holds "
+                               f"{len(logged['mean_fg_dice'])} pseudo Dice values")
+        logged["ema_fg_dice"][epoch] = logged["mean_fg_dice"][epoch]
+
     def on_epoch_end(self) -> None:
-        plotted_epoch = self.current_epoch
-        super().on_epoch_end()
+        """nnU-Net's ``on_epoch_end`` (log, periodic ``checkpoint_latest.pth``, ``checkpoint_best.pth``
+        on a new best EMA pseudo Dice, ``progress.png``) with ``checkpoint_best.pth`` subject to
+        ``_may_write_best_checkpoint``, plus ``progress_terms.png``."""
+        epoch = self.current_epoch
+        self.logger.log("epoch_end_timestamps", time(), epoch)
+        self.print_to_log_file("train_loss", np.round(self.logger.get_value("train_losses", step=-1), decimals=4))
+        self.print_to_log_file("val_loss", np.round(self.logger.get_value("val_losses", step=-1), decimals=4))
+        self.print_to_log_file("Pseudo dice", [np.round(i, decimals=4) for i in
+                                               self.logger.get_value("dice_per_class_or_region", step=-1)])
+        duration = (self.logger.get_value("epoch_end_timestamps", step=-1)
+                    - self.logger.get_value("epoch_start_timestamps", step=-1))
+        self.print_to_log_file(f"Epoch time: {np.round(duration, decimals=2)} s")
+        if (epoch + 1) % self.save_every == 0 and epoch != self.num_epochs - 1:
+            self.save_checkpoint(join(self.output_folder, "checkpoint_latest.pth"))
+        if self._may_write_best_checkpoint():
+            ema = self.logger.get_value("ema_fg_dice", step=-1)
+            if self._best_ema is None or ema > self._best_ema:
+                self._best_ema = ema
+                self.print_to_log_file(f"Yayy! New best EMA pseudo Dice: {np.round(self._best_ema, decimals=4)}")
+                self.save_checkpoint(join(self.output_folder, "checkpoint_best.pth"))
         if self.local_rank == 0:
-            self.curves.plot(join(self.output_folder, PLOT_FILENAME), num_epochs=plotted_epoch + 1,
+            self.logger.plot_progress_png(self.output_folder)
+            self.curves.plot(join(self.output_folder, PLOT_FILENAME), num_epochs=epoch + 1,
                              stage_boundaries=self._stage_boundaries())
+        self.current_epoch += 1
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint_extras(self) -> Dict[str, object]:

@@ -9,19 +9,19 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from batchgenerators.utilities.file_and_folder_operations import join
-from nnunetv2.training.loss.compound_losses import DC_and_CE_loss
-from nnunetv2.training.loss.dice import MemoryEfficientSoftDiceLoss, get_tp_fp_fn_tn
+from nnunetv2.training.loss.dice import get_tp_fp_fn_tn
 from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 from nnunetv2.utilities.helpers import empty_cache
 from nnunetv2.utilities.plans_handling.plans_handler import ConfigurationManager, PlansManager
 
 from nnunetv2_meddisseg.architectures import MedDisSegNet, MedDisSegOutput
-from nnunetv2_meddisseg.losses import (DispersiveLoss, complementarity_loss, consistency_loss,
-                                       dispersion_diagnostics, foreground_background_loss)
+from nnunetv2_meddisseg.losses import DispersiveLoss, consistency_loss
 from nnunetv2_meddisseg.training.base import ExtendedTrainerBase, unwrap_module
 from nnunetv2_meddisseg.training.lr_schedule import PerGroupPolyLRScheduler
 from nnunetv2_meddisseg.training.photometric import photometric_perturbation
 from nnunetv2_meddisseg.training.stage1_head import Stage1Head
+from nnunetv2_meddisseg.training.stage2_loss import (Stage2Weights, dispersive_from_trainer, segmentation_loss,
+                                                     stage2_loss)
 
 __all__ = ["nnUNetTrainerMedDisSeg", "STAGE_1", "STAGE_2", "RGB_CHANNEL_NAMES"]
 
@@ -65,19 +65,21 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         + complementarity_weight * complementarity_loss(fg, bg, uc)
         + lambda_dispersive_stage2 * dispersive
 
-    Deep supervision choice: nnU-Net's multi-resolution deep supervision does not apply (all outputs
-    are at full resolution), so ``_get_deep_supervision_scales`` returns None and the dataloader
+    (``stage2_loss.stage2_loss``; pixels with nnU-Net's ignore label count in no term of the fg/bg
+    maps). Deep supervision choice: nnU-Net's multi-resolution deep supervision does not apply (all
+    outputs are at full resolution), so ``_get_deep_supervision_scales`` returns None and the dataloader
     yields full-resolution targets. Instead, each of the three decoder paths (whose sum forms the
     final logits) is supervised with the same Dice+CE, averaged and weighted 0.5, so that every path
     is a usable predictor on its own (set ``path_supervision_weight = 0`` to train the final logits
     only, as the released code does). ``seg`` is ``DC_and_CE_loss`` built as nnU-Net's
     ``_build_loss`` builds it, without the deep-supervision wrapper.
 
-    Dispersive loss: ``dispersive_variant`` (infonce_l2), ``dispersive_tau`` (0.8) at
+    Dispersive loss: ``dispersive_variant`` (infonce_l2), ``dispersive_tau`` (0.8), ``dispersive_eps``
+    (1e-8, InfoNCE variants), ``dispersive_margin`` (1.0, hinge) at
     ``dispersive_placement`` ("early" = ELAT-refined layer1 output x2; "middle" = x4; "late" = the last
     feature before the logits: the output of D_s in Stage II, the head's fused feature in Stage I;
     "all" = mean of the three). Its diagnostics (mean pairwise d_ij, effective rank) of the first
-    regularised layer are averaged over each epoch's training batches.
+    regularised layer are computed on each epoch's first training batch.
 
     Learning rates decay ``(1 - t) ** 0.9`` within each stage from each group's own base rate
     (``PerGroupPolyLRScheduler``); both rates, the stage, every (unweighted) loss term and the
@@ -85,8 +87,9 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
 
     Checkpoints record their stage; Stage I checkpoints also hold the head. ``--c`` resumes in the
     recorded stage with that stage's optimizer groups. A ``checkpoint_latest.pth`` is also written at
-    the end of Stage I. ``checkpoint_best.pth`` is only written in Stage II (the EMA-best is reset at
-    the switch; the pseudo-Dice EMA curve itself continues across the switch).
+    the end of Stage I. ``checkpoint_best.pth`` is only written in Stage II (``_may_write_best_checkpoint``),
+    and nnU-Net's EMA pseudo Dice restarts at the first Stage II epoch, so the best checkpoint is the
+    Stage II network whose own EMA (never the Stage I head's) is the highest.
 
     Every attribute below is a class attribute: subclasses override them (see ``variants.py``).
 
@@ -112,6 +115,9 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     dispersive_variant: str = "infonce_l2"
     dispersive_tau: float = 0.8
     dispersive_placement: str = "early"
+    #: margin of the ``hinge`` variant, eps of the two InfoNCE variants (``losses.dispersive``)
+    dispersive_margin: float = 1.0
+    dispersive_eps: float = 1e-8
     consistency_weight: float = 1.0
     path_supervision_weight: float = 0.5
     fg_bg_weight: float = 1.0
@@ -265,9 +271,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         if self.label_manager.has_regions:
             raise ValueError(f"{self.__class__.__name__} does not support region-based labels "
                              f"(dataset.json 'regions_class_order')")
-        loss = DC_and_CE_loss({"batch_dice": self.configuration_manager.batch_dice, "smooth": 1e-5,
-                               "do_bg": False, "ddp": self.is_ddp}, {}, weight_ce=1, weight_dice=1,
-                              ignore_label=self.label_manager.ignore_label, dice_class=MemoryEfficientSoftDiceLoss)
+        loss = segmentation_loss(self.configuration_manager.batch_dice, self.label_manager.ignore_label, self.is_ddp)
         if self._do_i_compile():
             loss.dc = torch.compile(loss.dc)
         return loss
@@ -282,8 +286,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         if not 0 <= self.stage1_epochs <= self.num_epochs:
             raise ValueError(f"{self.__class__.__name__}: stage1_epochs must lie in [0, num_epochs={self.num_epochs}], "
                              f"got {self.stage1_epochs}")
-        self.dispersive = DispersiveLoss(self.dispersive_variant, self.dispersive_tau,
-                                         placement=self.dispersive_placement)
+        self.dispersive = dispersive_from_trainer(self)
         super().initialize()
 
     def on_train_start(self) -> None:
@@ -317,17 +320,20 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         if self.stage1_head is not None:
             self.stage1_head.eval()
 
+    def on_validation_epoch_end(self, val_outputs) -> None:
+        super().on_validation_epoch_end(val_outputs)
+        if self.current_epoch == self.stage1_epochs:
+            # the first Stage II network: its EMA pseudo Dice starts afresh, not from the Stage I head's
+            self._restart_ema_fg_dice()
+
+    def _may_write_best_checkpoint(self) -> bool:
+        return self.training_stage == STAGE_2  # a Stage I network has an untrained decoder
+
     def on_epoch_end(self) -> None:
-        in_stage1 = self.training_stage == STAGE_1
-        end_of_stage1 = in_stage1 and self.current_epoch == self.stage1_epochs - 1
+        end_of_stage1 = self.training_stage == STAGE_1 and self.current_epoch == self.stage1_epochs - 1
         saved_periodically = (self.current_epoch + 1) % self.save_every == 0
         last_epoch = self.current_epoch == self.num_epochs - 1
-        if in_stage1:
-            # no checkpoint_best in Stage I: its network has an untrained decoder
-            self._best_ema = math.inf
         super().on_epoch_end()  # increments current_epoch
-        if in_stage1:
-            self._best_ema = None
         if end_of_stage1 and not saved_periodically and not last_epoch:
             self.current_epoch -= 1  # the checkpoint must record the finished epoch, as nnU-Net's on_train_end does
             self.save_checkpoint(join(self.output_folder, "checkpoint_latest.pth"))
@@ -347,10 +353,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint_extras(self) -> Dict[str, object]:
         extras: Dict[str, object] = {"meddisseg_stage": self.training_stage}
-        if self.training_stage == STAGE_1:
-            extras["_best_ema"] = None  # (on_epoch_end holds it at inf during Stage I to block checkpoint_best)
-            if self.stage1_head is not None:
-                extras["stage1_head_weights"] = self._plain_head().state_dict()
+        if self.training_stage == STAGE_1 and self.stage1_head is not None:
+            extras["stage1_head_weights"] = self._plain_head().state_dict()
         return extras
 
     def _before_restoring_checkpoint(self, checkpoint: Mapping[str, object]) -> None:
@@ -367,7 +371,6 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     def _restore_checkpoint_extras(self, checkpoint: Mapping[str, object]) -> None:
         if self.training_stage == STAGE_1:
             self._plain_head().load_state_dict(checkpoint["stage1_head_weights"])
-            self._best_ema = None
 
     # ------------------------------------------------------------------ steps
     def _input_is_rgb(self) -> bool:
@@ -378,13 +381,6 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         names = self.dataset_json.get("channel_names", self.dataset_json.get("modality", {}))
         lowered = [str(v).lower() for v in names.values()]
         return len(lowered) == 3 and all(n in RGB_CHANNEL_NAMES for n in lowered)
-
-    def _foreground_target(self, target: Tensor) -> Tensor:
-        """target: (B, 1, H, W) label map -> (B, 1, H, W) float, 1 where any foreground class is."""
-        foreground = target > 0
-        if self.label_manager.ignore_label is not None:
-            foreground &= target != self.label_manager.ignore_label
-        return foreground.float()
 
     def _dispersion(self, features: Mapping[str, Tensor]) -> Tuple[Tensor, Tensor]:
         """(loss, features of the first regularised layer for the diagnostics)."""
@@ -418,23 +414,9 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
 
     def _stage2_losses(self, data: Tensor, target: Tensor) -> Tuple[Tensor, Dict[str, Tensor], Tensor]:
         output = self.network(data)
-        if not isinstance(output, MedDisSegOutput) or output.fg is None:
-            raise RuntimeError("Stage II expects MedDisSegOutput with auxiliary maps: the network must be in "
-                               "training mode with decoder.deep_supervision = True")
-        seg = self.loss(output.logits, target)
-        terms = {"seg": seg}
-        total = seg
-        if self.path_supervision_weight and output.path_logits is not None:
-            paths = torch.stack([self.loss(p, target) for p in output.path_logits]).mean()
-            terms["seg_paths"] = paths
-            total = total + self.path_supervision_weight * paths
-        fg_bg = foreground_background_loss(output.fg, output.bg, self._foreground_target(target))
-        complementarity = complementarity_loss(output.fg, output.bg, output.uc)
-        dispersive, diagnosed = self._dispersion(output.features)
-        terms.update({"fg_bg": fg_bg, "complementarity": complementarity, "dispersive": dispersive})
-        total = (total + self.fg_bg_weight * fg_bg + self.complementarity_weight * complementarity
-                 + self.lambda_dispersive_stage2 * dispersive)
-        return total, terms, diagnosed
+        total, terms = stage2_loss(output, target, self.loss, self.dispersive, Stage2Weights.from_trainer(self),
+                                   self.label_manager.ignore_label)
+        return total, terms, output.features[self.dispersive.placements[0]]
 
     def train_step(self, batch: dict) -> dict:
         data, target = self._batch_to_device(batch, training=True)
@@ -448,7 +430,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         values = torch.stack([t.detach().float() for t in terms.values()]).cpu().tolist()
         result = {"loss": total.detach().cpu().numpy(), **gradient_norms}
         result.update({f"loss_{k}": v for k, v in zip(terms.keys(), values)})
-        result.update({f"dispersion_{k}": v for k, v in dispersion_diagnostics(diagnosed).items()})
+        result.update(self._dispersion_diagnostics(diagnosed))
         return result
 
     def _validation_logits(self, data: Tensor) -> Tensor:

@@ -9,7 +9,7 @@ the ``_plain`` ones, which also drop the method's extra losses).
 from types import MappingProxyType
 
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
-from nnunetv2_meddisseg.training.variants import nnUNetTrainerDispersive
+from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 
 __all__ = ["SCRATCH_SGD", "SCRATCH_ADAM", "PLAIN_TRAINING",
            "nnUNetTrainerMedDisSeg_paperSettings", "nnUNetTrainerMedDisSeg_scratchSGD",

@@ -1,18 +1,13 @@
-"""Variants of the Med-DisSeg trainer (schedule lengths, ablations) and ``nnUNetTrainerDispersive``.
+"""Variants of the Med-DisSeg trainer (schedule lengths, ablations).
 
 Each variant overrides one thing, in nnU-Net's style (``nnUNetTrainer_250epochs`` etc.).
 """
-from typing import List
-
 import torch
-from torch import Tensor, nn
 
-from nnunetv2_meddisseg.losses import dispersion_diagnostics, dispersive_loss
-from nnunetv2_meddisseg.training.base import ExtendedTrainerBase
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 
 __all__ = ["nnUNetTrainerMedDisSeg_smoke", "nnUNetTrainerMedDisSeg_250epochs", "nnUNetTrainerMedDisSeg_100epochs",
-           "nnUNetTrainerMedDisSeg_noDispersive", "nnUNetTrainerDispersive", "nnUNetTrainerDispersive_smoke"]
+           "nnUNetTrainerMedDisSeg_noDispersive"]
 
 
 class nnUNetTrainerMedDisSeg_smoke(nnUNetTrainerMedDisSeg):
@@ -53,79 +48,3 @@ class nnUNetTrainerMedDisSeg_noDispersive(nnUNetTrainerMedDisSeg):
 
     lambda_dispersive_stage1 = 0.0
     lambda_dispersive_stage2 = 0.0
-
-
-class nnUNetTrainerDispersive(ExtendedTrainerBase):
-    """nnU-Net's own network and training with a dispersive loss added on its first encoder stage.
-
-    The plans' network (e.g. PlainConvUNet, ResEnc; 2D or 3D) and nnU-Net's loss, optimizer and
-    schedule are unchanged. A forward hook on ``network.encoder.stages[0]`` (found behind the
-    DDP / torch.compile wrappers) captures that stage's output in training mode, and
-    ``dispersive_weight * dispersive_loss(output, dispersive_variant, dispersive_tau)`` is added to
-    nnU-Net's loss. Only the training loss changes: validation and prediction are nnU-Net's.
-
-    ``dispersive_weight`` = 0.2: nnU-Net trains a randomly initialised network in one stage, the
-    situation of Med-DisSeg's Stage I, where the paper's sweep found 0.2 best (larger weights
-    over-constrain early optimisation); ``dispersive_tau`` = 0.8 and ``infonce_l2`` as in the paper.
-    With torch.compile the hook runs inside the compiled graph (set ``nnUNet_compile=f`` if a torch
-    version cannot trace it).
-    """
-
-    dispersive_weight: float = 0.2
-    dispersive_tau: float = 0.8
-    dispersive_variant: str = "infonce_l2"
-
-    def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
-                 device: torch.device = torch.device("cuda")):
-        super().__init__(plans, configuration, fold, dataset_json, device)
-        self._captured: List[Tensor] = []
-
-    def _regularised_module(self) -> nn.Module:
-        network = self._plain_network()
-        stages = getattr(getattr(network, "encoder", None), "stages", None)
-        if stages is None or len(stages) == 0:
-            raise RuntimeError(f"{self.__class__.__name__} needs a network with encoder.stages (nnU-Net's "
-                               f"PlainConvUNet / ResidualEncoderUNet), got {network.__class__.__name__}")
-        return stages[0]
-
-    def _capture(self, module: nn.Module, inputs, output: Tensor) -> None:
-        if module.training:
-            self._captured.append(output)
-
-    def initialize(self) -> None:
-        super().initialize()
-        self._regularised_module().register_forward_hook(self._capture)
-
-    def train_step(self, batch: dict) -> dict:
-        data, target = self._batch_to_device(batch, training=True)
-        self.optimizer.zero_grad(set_to_none=True)
-        self._captured.clear()
-        with self._autocast():
-            output = self.network(data)
-            seg = self.loss(output, target)
-            if len(self._captured) != 1:
-                raise RuntimeError(f"expected one output of encoder.stages[0] per forward, got {len(self._captured)}")
-            features = self._captured.pop()
-            dispersive = dispersive_loss(features, self.dispersive_variant, self.dispersive_tau)
-            total = seg + self.dispersive_weight * dispersive
-        gradient_norms = self._optimizer_step(total)
-        seg_value, dispersive_value = torch.stack([seg.detach().float(), dispersive.detach()]).cpu().tolist()
-        result = {"loss": total.detach().cpu().numpy(), "loss_seg": seg_value, "loss_dispersive": dispersive_value,
-                  **gradient_norms}
-        result.update({f"dispersion_{k}": v for k, v in dispersion_diagnostics(features).items()})
-        return result
-
-    def on_train_epoch_start(self) -> None:
-        super().on_train_epoch_start()
-        self.curves.log("lr_network", self.optimizer.param_groups[0]["lr"], self.current_epoch)
-
-
-class nnUNetTrainerDispersive_smoke(nnUNetTrainerDispersive):
-    """1 epoch, 4 training and 2 validation iterations: for tests."""
-
-    def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
-                 device: torch.device = torch.device("cuda")):
-        super().__init__(plans, configuration, fold, dataset_json, device)
-        self.num_epochs = 1
-        self.num_iterations_per_epoch = 4
-        self.num_val_iterations_per_epoch = 2

@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from nnunetv2_meddisseg.blocks.activation import TELU_EXP_CLAMP, TeLU, _reference_telu, get_activation, telu
+from nnunetv2_meddisseg.blocks.activation import TELU_EXP_CLAMP, TeLU, get_activation, telu
+from reference_impls import reference_telu
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 LARGE = [-1e4, -1e3, -100.0, -20.0, -11.0, -5.0, -1.0, 0.0, 1.0, 3.0, 5.0, 10.0, 11.0, 12.0, 20.0, 100.0, 1e3, 1e4]
@@ -87,9 +88,9 @@ SPECIAL = [-math.inf, -1e30, -90.0, -5.0, -1e-3, 0.0, 1e-3, 2.0, 3.7, 9.999, TEL
 def test_values_identical_to_first_implementation(dtype):
     torch.manual_seed(0)
     x = torch.cat([torch.randn(1000) * 6, torch.tensor(SPECIAL), torch.tensor([math.nan])]).to(dtype)
-    torch.testing.assert_close(telu(x), _reference_telu(x), rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(telu(x), reference_telu(x), rtol=0, atol=0, equal_nan=True)
     with torch.no_grad():
-        torch.testing.assert_close(TeLU()(x), _reference_telu(x), rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(TeLU()(x), reference_telu(x), rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-6)])
@@ -98,7 +99,7 @@ def test_gradient_equals_first_implementation(dtype, tol):
     base = torch.cat([torch.randn(2000) * 6, torch.tensor([v for v in SPECIAL if math.isfinite(v)])]).to(dtype)
     upstream = torch.randn_like(base)
     grads = []
-    for fn in (telu, _reference_telu):
+    for fn in (telu, reference_telu):
         x = base.clone().requires_grad_()
         y = fn(x)
         (y * upstream).sum().backward()
@@ -121,7 +122,7 @@ def test_saves_only_the_input_for_backward():
     assert sum(saved) == x.numel()
     saved.clear()
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
-        _reference_telu(x * 1.0)
+        reference_telu(x * 1.0)
     assert sum(saved) >= 3 * x.numel()
 
 
@@ -131,7 +132,7 @@ def test_input_unchanged_and_works_in_inference_mode():
     with torch.inference_mode():
         y = telu(x)
     assert torch.equal(x, before)
-    torch.testing.assert_close(y, _reference_telu(before), rtol=0, atol=0)
+    torch.testing.assert_close(y, reference_telu(before), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

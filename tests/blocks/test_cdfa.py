@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from nnunetv2_meddisseg.blocks import cdfa
 from nnunetv2_meddisseg.blocks.cdfa import (ContrastDrivenAggregation, ContrastGuidancePyramid, GuidanceBranch,
                                             displacement_sum, window_displacement_weights)
+from reference_impls import reference_cdfa_forward, reference_window_attention, reference_window_weights
 
 
 def _linear(layer, x):
@@ -42,7 +42,7 @@ def _brute_force_cdfa(m, x, fg, bg):
     return m.output_convs(y)
 
 
-IMPLEMENTATIONS = {"current": lambda m, x, fg, bg: m(x, fg, bg), "first": cdfa._reference_forward}
+IMPLEMENTATIONS = {"current": lambda m, x, fg, bg: m(x, fg, bg), "first": reference_cdfa_forward}
 
 
 @pytest.mark.parametrize(
@@ -121,7 +121,7 @@ def test_forward_equals_first_implementation_fp32(size, kernel, training):
     m.train(training)
     with torch.no_grad():
         ours = m(x, fg, bg)
-        ref = cdfa._reference_forward(m, x, fg, bg)
+        ref = reference_cdfa_forward(m, x, fg, bg)
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -130,11 +130,11 @@ def test_window_attention_equals_first_implementation_fp32():
     v = torch.randn(2, 64, 12, 10)
     with torch.no_grad():
         ours = m.window_attention(v, m.window_weights(fg, m.attn_fg))
-        ref = cdfa._reference_window_attention(m, v, cdfa._reference_window_weights(m, fg, m.attn_fg))
+        ref = reference_window_attention(m, v, reference_window_weights(m, fg, m.attn_fg))
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
     # the weights are the same numbers in another layout
     weights = m.window_weights(fg, m.attn_fg)
-    ref_weights = cdfa._reference_window_weights(m, fg, m.attn_fg)  # (B, heads, HW, i, j)
+    ref_weights = reference_window_weights(m, fg, m.attn_fg)  # (B, heads, HW, i, j)
     b, heads, _, _, h, w = weights.shape
     torch.testing.assert_close(weights.permute(0, 1, 4, 5, 2, 3).reshape(b, heads, h * w, 9, 9), ref_weights,
                                rtol=1e-5, atol=1e-6)
@@ -145,7 +145,7 @@ def test_gradients_equal_first_implementation():
     m, x, fg, bg = _module_and_inputs((10, 13))
     m.double().train()
     grads = []
-    for forward in (lambda *a: m(*a), lambda *a: cdfa._reference_forward(m, *a)):
+    for forward in (lambda *a: m(*a), lambda *a: reference_cdfa_forward(m, *a)):
         m.zero_grad()
         inputs = [t.double().requires_grad_() for t in (x, fg, bg)]
         out = forward(*inputs)
@@ -230,7 +230,7 @@ def test_current_implementation_saves_less_for_backward():
             forward(x.requires_grad_(), fg, bg)
         return sum(total)
 
-    assert saved_elements(lambda *a: m(*a)) < 0.8 * saved_elements(lambda *a: cdfa._reference_forward(m, *a))
+    assert saved_elements(lambda *a: m(*a)) < 0.8 * saved_elements(lambda *a: reference_cdfa_forward(m, *a))
 
 
 # --- numerics under autocast (issue 6): large-magnitude inputs, where a naive exp() of the logits overflows

@@ -37,6 +37,27 @@ def test_foreground_background_hand_computed():
     assert loss.item() == pytest.approx(2 * math.log(2) + 1 / 3 + 1 / 2, abs=1e-6)
 
 
+def test_foreground_background_leaves_ignored_pixels_out():
+    # two pixels; the second carries the ignore label (mask 0) and confident, wrong logits
+    fg = torch.tensor([0.0, 5.0]).view(1, 1, 1, 2)
+    bg = torch.tensor([0.0, -5.0]).view(1, 1, 1, 2)
+    target = torch.tensor([1.0, 0.0]).view(1, 1, 1, 2)
+    mask = torch.tensor([1.0, 0.0]).view(1, 1, 1, 2)
+    # pixel 1 alone, p = 0.5 in both maps. fg vs 1: BCE log 2, dice (2 * 0.5 + 1) / (0.5 + 1 + 1) = 0.8;
+    # bg vs 0: BCE log 2, dice (0 + 1) / (0.5 + 0 + 1) = 2/3
+    expected = 2 * math.log(2) + (1 - 0.8) + (1 - 2 / 3)
+    assert foreground_background_loss(fg, bg, target, mask).item() == pytest.approx(expected, abs=1e-6)
+    # the same as the first pixel on its own
+    alone = foreground_background_loss(fg[..., :1], bg[..., :1], target[..., :1])
+    assert alone.item() == pytest.approx(expected, abs=1e-6)
+    # as a background pixel instead, the second one costs (mostly its fg BCE of about 5 / 2)
+    assert foreground_background_loss(fg, bg, target).item() > expected + 2
+    # nothing labelled: no loss
+    assert foreground_background_loss(fg, bg, target, torch.zeros_like(mask)).item() == 0.0
+    with pytest.raises(ValueError, match="same shape"):
+        foreground_background_loss(fg, bg, target, mask[..., :1])
+
+
 def test_foreground_background_perfect_and_swapped():
     torch.manual_seed(0)
     target = (torch.rand(2, 1, 8, 8) > 0.5).float()

@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from nnunetv2_meddisseg.losses import dispersive as dispersive_module
 from nnunetv2_meddisseg.losses.dispersive import (DISPERSIVE_VARIANTS, DispersiveLoss, dispersion_diagnostics,
                                                   dispersive_loss)
 
@@ -32,7 +33,7 @@ def _reference(features: torch.Tensor, variant: str, tau: float, eps: float, mar
             if p != q:
                 c_pq = sum((h[i, p] - mean[p]) * (h[i, q] - mean[q]) for i in range(b)) / (b - 1)
                 total = total + c_pq ** 2
-    return total / d
+    return total / (d * (d - 1)) if d > 1 else total
 
 
 @pytest.mark.parametrize("variant", DISPERSIVE_VARIANTS)
@@ -75,9 +76,27 @@ def test_hand_computed_two_by_two():
     c = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
     assert dispersive_loss(c, "infonce_cosine", tau=0.5, eps=0.0).item() == pytest.approx(-(2 - math.sqrt(2)), abs=1e-6)
     # covariance: h1 = (0, 0), h2 = (2, 4): centred rows (-1, -2), (1, 2); C = [[2, 4], [4, 8]] (B - 1 = 1)
-    # off-diagonal sum of squares 4^2 + 4^2 = 32, / D = 2 -> 16
+    # off-diagonal sum of squares 4^2 + 4^2 = 32, mean over the D (D - 1) = 2 off-diagonal entries -> 16
     v = torch.tensor([[0.0, 0.0], [2.0, 4.0]])
     assert dispersive_loss(v, "covariance").item() == pytest.approx(16.0, abs=1e-5)
+
+
+def test_covariance_value_does_not_depend_on_d():
+    # The same per-dimension statistics at D, 4D and 16D: the features tiled along D. Tiling keeps every
+    # covariance and only turns copies of the diagonal into off-diagonal entries, a share of about
+    # (B + 1) / D of the off-diagonal mean for independent dimensions (2 % at B = 4, D = 256). A sum over
+    # the entries divided by D (instead of their mean) would grow 4- and 16-fold.
+    torch.manual_seed(3)
+    h = torch.randn(4, 256)
+    base = dispersive_loss(h, "covariance").item()
+    for k in (4, 16):
+        assert dispersive_loss(h.repeat(1, k), "covariance").item() == pytest.approx(base, rel=0.03)
+    # independent unit-variance dimensions: E[C_pq^2] = 1 / (B - 1) for p != q, whatever D
+    for d in (64, 16384):
+        torch.manual_seed(d)
+        expected = 1 / 3
+        tolerance = 0.4 if d == 64 else 0.1  # fewer entries, more sampling noise
+        assert dispersive_loss(torch.randn(4, d), "covariance").item() == pytest.approx(expected, rel=tolerance)
 
 
 def test_gradient_alive_in_high_dimension():
@@ -269,3 +288,26 @@ def test_autocast_large_low_precision_features_finite(variant, dtype):
     assert h.grad.dtype == dtype and torch.isfinite(h.grad).all()
     # infonce_l2 saturates here (every exp(-d_ij / tau) underflows, the loss is log(eps)): its true gradient is 0
     assert (h.grad.abs().max() > 0) == (variant != "infonce_l2")
+
+
+def test_diagnostics_convert_one_block_at_a_time(monkeypatch):
+    # blocks of 6 values = 2 dimensions of a batch of 3: D = 40 takes 20 blocks, the last one partial
+    torch.manual_seed(8)
+    h = torch.randn(3, 5, 8) * 3 + 2
+    whole = dispersion_diagnostics(h)
+    monkeypatch.setattr(dispersive_module, "DIAGNOSTICS_BLOCK_ELEMENTS", 6)
+    converted = []
+    real_to = torch.Tensor.to
+
+    def spying_to(self, *args, **kwargs):
+        out = real_to(self, *args, **kwargs)
+        if out.dtype == torch.float64 and out.data_ptr() != self.data_ptr():
+            converted.append(out.numel())
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "to", spying_to)
+    blocked = dispersion_diagnostics(h)
+    monkeypatch.undo()
+    assert converted and max(converted) <= 6  # never a float64 copy of the whole (3, 40) batch
+    assert blocked["mean_pairwise_distance"] == pytest.approx(whole["mean_pairwise_distance"], rel=1e-9)
+    assert blocked["effective_rank"] == pytest.approx(whole["effective_rank"], rel=1e-9)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nnunetv2_meddisseg.training.base import atomic_torch_save, check_finite_input
-from nnunetv2_meddisseg.training.logging import TrainingCurves
+from nnunetv2_meddisseg.training.curves import TrainingCurves
 
 
 def test_curves_pad_skipped_epochs_and_round_trip():

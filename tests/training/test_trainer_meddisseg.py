@@ -8,14 +8,18 @@ import math
 from copy import deepcopy
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
 from nnunetv2_meddisseg.architectures import MedDisSegNet
+from nnunetv2_meddisseg.losses import foreground_background_loss
+from nnunetv2_meddisseg.training import base as base_module
+from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2, nnUNetTrainerMedDisSeg
-from nnunetv2_meddisseg.training.variants import (nnUNetTrainerDispersive, nnUNetTrainerMedDisSeg_100epochs,
-                                                  nnUNetTrainerMedDisSeg_smoke)
+from nnunetv2_meddisseg.training.stage2_loss import foreground_target
+from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg_100epochs, nnUNetTrainerMedDisSeg_smoke
 
 DATASET = "Dataset999_Tiny"
 PLAIN_UNET = {
@@ -73,10 +77,11 @@ def nnunet_dirs(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
-def make_trainer(cls=nnUNetTrainerMedDisSeg_smoke, plans=None, initialize=True, **attributes):
+def make_trainer(cls=nnUNetTrainerMedDisSeg_smoke, plans=None, initialize=True, dataset_json=DATASET_JSON,
+                 **attributes):
     plans = deepcopy(plans if plans is not None else tiny_plans())
     plans["continue_training"] = False
-    trainer = cls(plans=plans, configuration="2d", fold=0, dataset_json=deepcopy(DATASET_JSON),
+    trainer = cls(plans=plans, configuration="2d", fold=0, dataset_json=deepcopy(dataset_json),
                   device=torch.device("cpu"))
     for name, value in attributes.items():
         setattr(trainer, name, value)
@@ -238,10 +243,34 @@ def test_train_steps_update_the_right_parameters(nnunet_dirs):
     assert math.isfinite(float(val["loss"]))
 
 
-def test_foreground_target_is_any_foreground_class(nnunet_dirs):
-    trainer = make_trainer(initialize=False)
-    target = torch.tensor([0.0, 1.0, 2.0, 0.0]).view(1, 1, 2, 2)
-    assert trainer._foreground_target(target).flatten().tolist() == [0.0, 1.0, 1.0, 0.0]
+def test_foreground_target_is_any_foreground_class():
+    target = torch.tensor([0.0, 1.0, 2.0, 3.0]).view(1, 1, 2, 2)
+    foreground, mask = foreground_target(target)
+    assert foreground.flatten().tolist() == [0.0, 1.0, 1.0, 1.0] and mask is None
+    foreground, mask = foreground_target(target, ignore_label=3)
+    assert foreground.flatten().tolist() == [0.0, 1.0, 1.0, 0.0]
+    assert mask.flatten().tolist() == [1.0, 1.0, 1.0, 0.0]
+
+
+def test_stage2_fg_bg_term_leaves_the_ignore_label_out(nnunet_dirs):
+    torch.manual_seed(0)
+    dataset_json = deepcopy(DATASET_JSON)
+    dataset_json["labels"]["ignore"] = 3
+    trainer = make_trainer(dataset_json=dataset_json)
+    trainer.current_epoch = 1
+    trainer.on_train_epoch_start()
+    assert trainer.training_stage == STAGE_2
+    batch = make_batch()
+    batch["target"][:, :, 20:32, :] = 3  # rows without a label
+    with torch.no_grad():  # train mode: the same output as the step's forward
+        output = trainer.network(batch["data"])
+    labelled = (batch["target"] != 3).float()
+    expected = foreground_background_loss(output.fg, output.bg, ((batch["target"] > 0) & (labelled > 0)).float(),
+                                          labelled)
+    as_background = foreground_background_loss(output.fg, output.bg, ((batch["target"] > 0) & (labelled > 0)).float())
+    out = trainer.train_step(batch)
+    assert out["loss_fg_bg"] == pytest.approx(expected.item(), rel=1e-5)
+    assert abs(expected.item() - as_background.item()) > 1e-3  # the test can tell the two apart
 
 
 def test_nan_input_is_a_clear_error(nnunet_dirs):
@@ -351,3 +380,62 @@ def test_dispersive_trainer_adds_the_loss_on_the_first_stage(nnunet_dirs):
         trainer.on_validation_epoch_start()
         trainer.validation_step(batch)
     assert trainer._captured == []  # the hook only captures in training mode
+
+
+def test_dispersive_margin_and_eps_are_trainer_settings(nnunet_dirs):
+    trainer = make_trainer(dispersive_variant="hinge", dispersive_margin=3.0, dispersive_eps=0.5)
+    assert (trainer.dispersive.variant, trainer.dispersive.margin, trainer.dispersive.eps) == ("hinge", 3.0, 0.5)
+    # nnUNetTrainerDispersive: eps 1 makes the InfoNCE loss log(mean exp(-d / tau) + 1) > 0 (< 0 with eps 1e-8)
+    torch.manual_seed(0)
+    dispersive = make_trainer(nnUNetTrainerDispersive, plans=tiny_plans(PLAIN_UNET), dispersive_eps=1.0)
+    dispersive.on_train_epoch_start()
+    batch = make_batch()
+    batch["target"] = [batch["target"], batch["target"][:, :, ::2, ::2]]
+    out = dispersive.train_step(batch)
+    assert 0 < out["loss_dispersive"] <= math.log(2)
+
+
+def test_dispersion_diagnostics_once_per_epoch(nnunet_dirs, monkeypatch):
+    calls = []
+    real = base_module.dispersion_diagnostics
+    monkeypatch.setattr(base_module, "dispersion_diagnostics", lambda f: calls.append(tuple(f.shape)) or real(f))
+    torch.manual_seed(0)
+    trainer = make_trainer()
+    batch = make_batch()
+    for epoch in range(2):  # Stage I, then Stage II
+        trainer.current_epoch = epoch
+        trainer.on_train_epoch_start()
+        outputs = [trainer.train_step(batch) for _ in range(3)]
+        assert len(calls) == epoch + 1
+        first = outputs[0]["dispersion_effective_rank"]
+        assert math.isfinite(first) and all(math.isnan(o["dispersion_effective_rank"]) for o in outputs[1:])
+        trainer.on_train_epoch_end(outputs)
+        assert trainer.curves.get("dispersion_effective_rank", epoch) == pytest.approx(first)
+
+
+def _epoch_with_pseudo_dice(trainer, dice):
+    """One epoch through nnU-Net's hooks without training: validation reports pseudo Dice ``dice`` for
+    both foreground classes (tp / (tp + fn) with fp = fn)."""
+    trainer.on_epoch_start()
+    trainer.on_train_epoch_start()
+    trainer.on_train_epoch_end([{"loss": np.array(0.5)}])
+    trainer.on_validation_epoch_start()
+    tp, fn = np.array([100 * dice] * 2), np.array([100 * (1 - dice)] * 2)
+    trainer.on_validation_epoch_end([{"loss": np.array(0.5), "tp_hard": tp, "fp_hard": fn, "fn_hard": fn}])
+    trainer.on_epoch_end()
+
+
+def test_checkpoint_best_holds_the_stage2_network_whose_own_ema_won(nnunet_dirs):
+    trainer = make_trainer(num_epochs=5, stage1_epochs=2)
+    best = Path(trainer.output_folder) / "checkpoint_best.pth"
+    for dice in (0.9, 0.9):  # the Stage I head scores high
+        _epoch_with_pseudo_dice(trainer, dice)
+    assert not best.exists()
+    # Stage II: EMA restarted at its first epoch -> 0.1, 0.9 * 0.1 + 0.1 * 0.5 = 0.14, 0.9 * 0.14 + 0.06 = 0.186,
+    # a new best every epoch. Continued from Stage I the EMA would be 0.82, 0.788, 0.7692: epoch 2 would stay best.
+    for epoch, dice, ema in ((2, 0.1, 0.1), (3, 0.5, 0.14), (4, 0.6, 0.186)):
+        _epoch_with_pseudo_dice(trainer, dice)
+        checkpoint = torch.load(best, weights_only=False)
+        assert checkpoint["meddisseg_stage"] == STAGE_2
+        assert checkpoint["current_epoch"] == epoch + 1 and checkpoint["_best_ema"] == pytest.approx(ema)
+    assert trainer.logger.get_value("ema_fg_dice", step=None) == pytest.approx([0.9, 0.9, 0.1, 0.14, 0.186])
