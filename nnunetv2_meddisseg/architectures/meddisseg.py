@@ -4,8 +4,10 @@ decoupling, contrast-driven aggregation and three CBAT decoders.
 nnU-Net builds it from the plans as
 ``MedDisSegNet(input_channels, num_classes, deep_supervision, **arch_kwargs)``.
 """
+import functools
 import os
 import pydoc
+import warnings
 from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple, Type, Union
 
 import torch
@@ -21,10 +23,47 @@ from nnunetv2_meddisseg.blocks.encoder import (ENCODER_CHANNELS, ResNet50Encoder
                                                resolve_encoder_weights)
 from nnunetv2_meddisseg.blocks.enhancement import FeatureEnhancement
 
-__all__ = ["MedDisSegOutput", "MedDisSegNet"]
+__all__ = ["MedDisSegOutput", "MedDisSegNet", "CPU_BF16_ENV", "cpu_bf16_requested", "cpu_supports_bf16"]
 
 #: H and W are padded internally to a multiple of this (the encoder's total stride)
 SIZE_DIVISOR = 16
+
+#: Environment variable (nnU-Net's style: "1", "true" or "t") that makes inference forwards on the CPU
+#: run under bfloat16 autocast; read at every forward, so it also reaches networks built by
+#: ``nnUNetv2_predict`` and its worker processes.
+CPU_BF16_ENV = "nnUNet_meddisseg_cpu_bf16"
+
+
+def cpu_bf16_requested() -> bool:
+    """True when :data:`CPU_BF16_ENV` is set to "1", "true" or "t" (any case)."""
+    return os.environ.get(CPU_BF16_ENV, "").strip().lower() in ("1", "true", "t")
+
+
+def _cpu_bf16_flags() -> bool:
+    """Native bf16 on this CPU: AVX512-BF16 or AMX (torch's checks, else /proc/cpuinfo's flags)."""
+    checks = [getattr(torch.cpu, n, None) for n in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    checks = [c for c in checks if c is not None]
+    if checks:
+        return any(bool(c()) for c in checks)
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(f.read().split())
+    except OSError:
+        return False
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_supports_bf16() -> bool:
+    """:func:`_cpu_bf16_flags`, checked once per process."""
+    return _cpu_bf16_flags()
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_no_cpu_bf16() -> None:
+    """Warns once per process that bf16 was requested on a CPU without it."""
+    warnings.warn(f"{CPU_BF16_ENV} is set, but this CPU has no native bfloat16 support (AVX512-BF16 or AMX): "
+                  f"MedDisSegNet predicts in fp32", RuntimeWarning, stacklevel=4)
 
 
 class MedDisSegOutput(NamedTuple):
@@ -79,6 +118,12 @@ class MedDisSegNet(nn.Module):
 
     ELAT refines each encoder output on a side path (the ResNet chain itself is unchanged, so
     pretrained weights see the inputs they were trained on).
+
+    With the environment variable :data:`CPU_BF16_ENV` set ("1"), an inference forward (eval mode,
+    deep supervision off, input on the CPU: what ``nnUNetv2_predict -device cpu`` runs) computes under
+    ``torch.autocast("cpu", dtype=torch.bfloat16)`` and returns fp32 logits, if the CPU supports bf16
+    natively (:func:`cpu_supports_bf16`; otherwise one warning and fp32). Training, validation with
+    deep supervision and CUDA forwards are unaffected.
     """
 
     def __init__(
@@ -165,7 +210,24 @@ class MedDisSegNet(nn.Module):
         """x: (B, C, H', W'), H', W' multiples of 16 -> the four ELAT-refined encoder features."""
         return [att(f) for att, f in zip(self.elat, self.encoder(x))]
 
+    def _cpu_bf16_inference(self, x: Tensor) -> bool:
+        """Whether this forward runs under CPU bf16 autocast (see the class docstring)."""
+        if (self.training or self.encoder_only or self.decoder.deep_supervision or x.device.type != "cpu"
+                or not cpu_bf16_requested()):
+            return False
+        if not cpu_supports_bf16():
+            _warn_no_cpu_bf16()
+            return False
+        return True
+
     def forward(self, x: Tensor) -> Union[Tensor, MedDisSegOutput, List[Tensor]]:
+        if self._cpu_bf16_inference(x):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = self._forward(x)
+            return logits.float()
+        return self._forward(x)
+
+    def _forward(self, x: Tensor) -> Union[Tensor, MedDisSegOutput, List[Tensor]]:
         if x.ndim != 4:
             raise ValueError(
                 f"MedDisSegNet is 2D only: expected input of shape (B, C, H, W), got {tuple(x.shape)}"
