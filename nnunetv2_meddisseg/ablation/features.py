@@ -38,6 +38,7 @@ __all__ = ["LAYERS", "pca_2d", "tsne_2d", "sample_pixels", "ModelFeatures", "mod
 
 PROG = "nnUNetv2_meddisseg_features"
 LAYERS = ("early", "middle", "late")
+FOREGROUND_COLOUR, BACKGROUND_COLOUR = (0.85, 0.15, 0.1, 1.0), (0.2, 0.4, 0.85, 1.0)
 TSNE_MISSING = "scikit-learn is not installed: t-SNE panels are left out (pip install scikit-learn adds them)"
 
 
@@ -196,7 +197,7 @@ def _scatter(ax, points: np.ndarray, colours, title: str, legend: Optional[Seque
     ax.set_yticks([])
     if legend:
         for label, colour in legend:
-            ax.scatter([], [], c=colour, s=14, label=label)
+            ax.scatter([], [], color=colour, s=14, label=label)
         ax.legend(fontsize=7, loc="best", frameon=False)
 
 
@@ -215,14 +216,13 @@ def draw_features(models: Sequence[ModelFeatures], layer: str, out_file: str, pi
         n = model.features.shape[0]
         image_colours = plt.get_cmap("tab20")(np.arange(n) % 20)
         vectors, images, fg = sample_pixels(model.features, model.foreground, pixels_per_image)
-        pixel_colours = np.where(fg[:, None], np.array([[0.85, 0.15, 0.1, 1.0]]), np.array([[0.2, 0.4, 0.85, 1.0]]))
+        pixel_colours = np.where(fg[:, None], np.array([FOREGROUND_COLOUR]), np.array([BACKGROUND_COLOUR]))
         flat = model.features.reshape(n, -1)
         for k, (method, embed) in enumerate(methods):
             _scatter(row[k], embed(flat), image_colours, f"per-image features, {method} ({n} images)")
             _scatter(row[len(methods) + k], embed(vectors), pixel_colours,
                      f"pixel features, {method} ({len(vectors)} pixels)",
-                     legend=[("foreground", pixel_colours[fg][0] if fg.any() else "r"),
-                             ("background", pixel_colours[~fg][0] if (~fg).any() else "b")])
+                     legend=[("foreground", FOREGROUND_COLOUR), ("background", BACKGROUND_COLOUR)])
         d = model.diagnostics()
         row[0].annotate(f"{model.name}: layer '{layer}', C = {model.features.shape[1]}; mean pairwise distance "
                         f"{d['mean_pairwise_distance']:.3g}, effective rank {d['effective_rank']:.2f} of {n - 1}",

@@ -123,7 +123,9 @@ class AblationRun:
         env = dict(os.environ)
         env["nnUNet_results"] = str(self.out / f"seed_{seed}" / "nnUNet_results")
         env["nnUNet_meddisseg_seed"] = str(seed)
-        env["nnUNet_extTrainer"] = os.pathsep.join([str(self.out / "trainers"), str(PACKAGE_TRAINER_FOLDER)])
+        user_folders = [f for f in os.environ.get("nnUNet_extTrainer", "").split(os.pathsep) if f.strip()]
+        env["nnUNet_extTrainer"] = os.pathsep.join([str(self.out / "trainers"), str(PACKAGE_TRAINER_FOLDER),
+                                                    *user_folders])
         return env
 
     def fold_folder(self, variant: str, seed: int) -> Path:

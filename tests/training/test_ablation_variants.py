@@ -86,7 +86,11 @@ def test_variant_reaches_network_and_loss_and_trains_one_step(cls, nnunet_dirs, 
     want = {**FULL, **CHANGES[cls]}
     if cls not in NETWORK_VARIANTS:
         assert cls.build_network_architecture is nnUNetTrainerMedDisSeg.build_network_architecture
-        monkeypatch.setattr(cls, "build_network_architecture", staticmethod(lambda *a, **k: deepcopy(default_network)))
+        def build(plans_manager, configuration_manager, num_input_channels, num_output_channels,
+                  enable_deep_supervision=True):
+            return deepcopy(default_network)
+
+        monkeypatch.setattr(cls, "build_network_architecture", staticmethod(build))
     torch.manual_seed(0)
     trainer = make_trainer(cls)
     assert network_options(trainer.network) == {k: want[k] for k in ("elat", "activation", "cbat")}
