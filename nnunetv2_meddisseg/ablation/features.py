@@ -210,9 +210,9 @@ def draw_features(models: Sequence[ModelFeatures], layer: str, out_file: str, pi
     import matplotlib.pyplot as plt
 
     methods = [("PCA", pca_2d)] + ([("t-SNE", tsne_2d)] if tsne else [])
-    fig, axes = plt.subplots(len(models), 2 * len(methods), figsize=(3.2 * 2 * len(methods), 3.4 * len(models)),
-                             squeeze=False)
-    for row, model in zip(axes, models):
+    fig = plt.figure(figsize=(3.2 * 2 * len(methods), 3.6 * len(models)), layout="constrained")
+    for subfig, model in zip(np.atleast_1d(fig.subfigures(len(models), 1)), models):
+        row = subfig.subplots(1, 2 * len(methods))
         n = model.features.shape[0]
         image_colours = plt.get_cmap("tab20")(np.arange(n) % 20)
         vectors, images, fg = sample_pixels(model.features, model.foreground, pixels_per_image)
@@ -224,10 +224,9 @@ def draw_features(models: Sequence[ModelFeatures], layer: str, out_file: str, pi
                      f"pixel features, {method} ({len(vectors)} pixels)",
                      legend=[("foreground", FOREGROUND_COLOUR), ("background", BACKGROUND_COLOUR)])
         d = model.diagnostics()
-        row[0].annotate(f"{model.name}: layer '{layer}', C = {model.features.shape[1]}; mean pairwise distance "
+        subfig.suptitle(f"{model.name}: layer '{layer}', C = {model.features.shape[1]}; mean pairwise distance "
                         f"{d['mean_pairwise_distance']:.3g}, effective rank {d['effective_rank']:.2f} of {n - 1}",
-                        xy=(0, 1.16), xycoords="axes fraction", fontsize=10, fontweight="bold", annotation_clip=False)
-    fig.tight_layout(h_pad=3.0)
+                        fontsize=10, fontweight="bold")
     fig.savefig(out_file, dpi=80)
     plt.close(fig)
 
