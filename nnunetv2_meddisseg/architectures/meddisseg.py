@@ -105,6 +105,8 @@ class MedDisSegNet(nn.Module):
         encoder_weights: local torchvision ResNet-50 state-dict file to initialise the encoder, "imagenet"
             (torchvision's IMAGENET1K_V1 file from torch.hub's cache, never downloaded here), or None.
         elat: ELAT attention on the four encoder outputs (else identity).
+        cbat: CBAT at the end of each decoding path (else a plain CBT3x3 block of the same width:
+            3x3 convolution 128 -> 128, normalisation, activation; the "w/o CBAT" ablation).
         activation: "telu" (paper) or "relu" (ablation) in every block Med-DisSeg adds; the
             ResNet-50 encoder keeps its own ReLU.
         decoder_fusion: "sum" (paper Eq. 9) or "concat" (released code).
@@ -135,6 +137,7 @@ class MedDisSegNet(nn.Module):
         elat: bool = True,
         activation: str = "telu",
         decoder_fusion: str = "sum",
+        cbat: bool = True,
         conv_op: Union[str, Type[nn.Module]] = nn.Conv2d,
         norm_op: Union[str, Type[nn.Module]] = nn.BatchNorm2d,
         norm_op_kwargs: Optional[dict] = None,
@@ -177,7 +180,7 @@ class MedDisSegNet(nn.Module):
         # levels 1..4; levels 1..3 see [d_l; Up(CDFA_{l+1})]
         self.cdfa = nn.ModuleList([ContrastDrivenAggregation(2 * dim, dim, 4, **blk) for _ in range(3)]
                                   + [ContrastDrivenAggregation(dim, dim, 4, **blk)])
-        self.decoder = MultiScaleCBATDecoder(dim, num_classes, decoder_fusion, deep_supervision, **blk)
+        self.decoder = MultiScaleCBATDecoder(dim, num_classes, decoder_fusion, deep_supervision, cbat=cbat, **blk)
 
         self._init_non_encoder_weights()
         if encoder_weights is not None:

@@ -26,6 +26,10 @@ class CBATDecoder(nn.Module):
     F0 = CBT1x1([Up(F1); F2]) (projection of the concatenation to ``out_channels``);
     F(t+1) = F(t) + CBT3x3(CBT1x1(F(t))), t = 0 .. num_steps-1; O = CBAT(F(num_steps)).
 
+    ``cbat=False`` (the "w/o CBAT" ablation) replaces the final CBAT unit by a plain CBT3x3 block of
+    the same width (3x3 convolution ``out_channels -> out_channels``, normalisation, activation), so
+    the path keeps its depth and width but loses the channel and spatial attention.
+
     coarse (F1): (B, coarse_channels, h, w), fine (F2): (B, fine_channels, H, W) -> O: (B, out_channels, H, W)
     """
 
@@ -39,6 +43,7 @@ class CBATDecoder(nn.Module):
         norm_op: Type[nn.Module] = nn.BatchNorm2d,
         norm_op_kwargs: Optional[dict] = None,
         nonlin: Type[nn.Module] = TeLU,
+        cbat: bool = True,
     ) -> None:
         super().__init__()
         ops = dict(conv_op=conv_op, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs, nonlin=nonlin)
@@ -51,7 +56,8 @@ class CBATDecoder(nn.Module):
                 for _ in range(num_steps)
             ]
         )
-        self.cbat = CBAT(out_channels, nonlin=nonlin, conv_op=conv_op)
+        self.cbat = (CBAT(out_channels, nonlin=nonlin, conv_op=conv_op) if cbat
+                     else ConvNormAct(out_channels, out_channels, 3, **ops))
 
     def forward(self, coarse: Tensor, fine: Tensor) -> Tensor:
         x = self.project(torch.cat([_upsample_to(coarse, fine.shape[2:]), fine], dim=1))
@@ -120,6 +126,8 @@ class MultiScaleCBATDecoder(nn.Module):
     ``fusion="sum"`` (paper Eq. 9): a :class:`PathHead` per path, logits = O_S + O_M + O_L.
     ``fusion="concat"`` (released code): :class:`ConcatFusionHead`; no per-path logits.
 
+    ``cbat=False``: each path ends in a plain CBT3x3 block instead of CBAT (see :class:`CBATDecoder`).
+
     ``deep_supervision`` is the switch nnU-Net sets (``network.decoder.deep_supervision``); the
     network reads it to decide what to return.
 
@@ -137,6 +145,7 @@ class MultiScaleCBATDecoder(nn.Module):
         norm_op: Type[nn.Module] = nn.BatchNorm2d,
         norm_op_kwargs: Optional[dict] = None,
         nonlin: Type[nn.Module] = TeLU,
+        cbat: bool = True,
     ) -> None:
         super().__init__()
         if fusion not in DECODER_FUSIONS:
@@ -144,9 +153,9 @@ class MultiScaleCBATDecoder(nn.Module):
         ops = dict(conv_op=conv_op, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs, nonlin=nonlin)
         self.fusion = fusion
         self.deep_supervision = deep_supervision
-        self.small = CBATDecoder(channels, channels, channels, **ops)
-        self.medium = CBATDecoder(channels, channels, channels, **ops)
-        self.large = CBATDecoder(channels, channels, channels, **ops)
+        self.small = CBATDecoder(channels, channels, channels, cbat=cbat, **ops)
+        self.medium = CBATDecoder(channels, channels, channels, cbat=cbat, **ops)
+        self.large = CBATDecoder(channels, channels, channels, cbat=cbat, **ops)
         if fusion == "sum":
             self.path_heads = nn.ModuleList([PathHead(channels, num_classes, **ops) for _ in range(3)])
         else:

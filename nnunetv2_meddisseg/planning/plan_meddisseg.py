@@ -31,13 +31,14 @@ STATIC_TRAINING_BYTES = 4 * 4 * 46_115_000
 
 
 def default_arch_kwargs(encoder_weights: Optional[str] = None, elat: bool = True, activation: str = "telu",
-                        decoder_fusion: str = "sum") -> dict:
+                        decoder_fusion: str = "sum", cbat: bool = True) -> dict:
     """The ``arch_kwargs`` block of a MedDisSeg plan (what ``MedDisSegNet`` receives from nnU-Net)."""
     return {
         "encoder_weights": encoder_weights,
         "elat": elat,
         "activation": activation,
         "decoder_fusion": decoder_fusion,
+        "cbat": cbat,
         "conv_op": "torch.nn.modules.conv.Conv2d",
         "norm_op": "torch.nn.modules.batchnorm.BatchNorm2d",
         "norm_op_kwargs": {"eps": 1e-5, "affine": True},
@@ -203,6 +204,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="GB of accelerator memory the batch size is planned for (default 8, as nnU-Net)")
     p.add_argument("--no-elat", dest="elat", action="store_false", help="ablation: no ELAT attention")
     p.add_argument("--activation", choices=("telu", "relu"), default="telu")
+    p.add_argument("--no-cbat", dest="cbat", action="store_false",
+                   help="ablation: each decoding path ends in a plain 3x3 conv-norm-activation block instead of CBAT")
     p.add_argument("--decoder-fusion", choices=("sum", "concat"), default="sum",
                    help="sum = paper Eq. 9; concat = released code / ConDSeg")
     p.add_argument("--plans-name", default=DEFAULT_PLANS_NAME)

@@ -68,3 +68,27 @@ def test_relu_variant():
     dec = MultiScaleCBATDecoder(16, 2, nonlin=nn.ReLU)
     assert isinstance(dec.small.cbat.channel.mlp[1], nn.ReLU)
     assert dec(_features(), (32, 48))[0].shape == (2, 2, 32, 48)
+
+
+def test_without_cbat_each_path_ends_in_a_plain_conv_block_of_the_same_width():
+    from nnunetv2_meddisseg.blocks.attention import CBAT
+    from nnunetv2_meddisseg.blocks.conv import ConvNormAct
+
+    torch.manual_seed(0)
+    dec = MultiScaleCBATDecoder(16, 2, cbat=False).eval()
+    with_cbat = MultiScaleCBATDecoder(16, 2)
+    assert not any(isinstance(m, CBAT) for m in dec.modules())
+    for path in (dec.small, dec.medium, dec.large):
+        assert isinstance(path.cbat, ConvNormAct)
+        assert (path.cbat.conv.in_channels, path.cbat.conv.out_channels, path.cbat.conv.kernel_size) == (16, 16, (3, 3))
+    # only the last unit of each path differs: CBAT's parameters are replaced by one conv + norm
+    cbat_params = sum(p.numel() for p in with_cbat.small.cbat.parameters())
+    plain_params = 16 * 16 * 9 + 2 * 16  # conv weight (no bias: the norm follows), norm weight + bias
+    difference = sum(p.numel() for p in with_cbat.parameters()) - sum(p.numel() for p in dec.parameters())
+    assert difference == 3 * (cbat_params - plain_params)
+    coarse, fine = torch.randn(1, 16, 3, 3), torch.randn(1, 16, 6, 6)
+    with torch.no_grad():
+        x = dec.small.project(torch.cat([F.interpolate(coarse, size=(6, 6), mode="bilinear"), fine], 1))
+        for step in dec.small.steps:
+            x = x + step(x)
+        torch.testing.assert_close(dec.small(coarse, fine), dec.small.cbat(x))

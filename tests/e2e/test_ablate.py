@@ -1,0 +1,113 @@
+"""nnUNetv2_meddisseg_ablate and nnUNetv2_meddisseg_features through the real commands on the generated
+64x64 Dataset501 (conftest's ``preprocessed_synthetic``), on the CPU, at the smallest useful budget:
+the full method and ``_noCBAT`` x 2 seeds, 4 epochs (1 of Stage I) of 1 iteration each. The ablation
+is killed (kill -9) in its second run after that run's Stage I checkpoint and rerun."""
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.e2e
+
+BIN = Path(sys.executable).parent
+DATASET = "Dataset501_SyntheticPolyps"
+FULL, VARIANT = "nnUNetTrainerMedDisSeg", "nnUNetTrainerMedDisSeg_noCBAT"
+
+
+def model_folder(out: Path, seed: int, trainer: str) -> Path:
+    return out / f"seed_{seed}" / "nnUNet_results" / DATASET / f"{trainer}_ablation__nnUNetPlans__2d"
+
+
+def ablate_command(out: Path) -> list:
+    return [str(BIN / "nnUNetv2_meddisseg_ablate"), "-d", "501", "--variants", "noCBAT", "--seeds", "2",
+            "--epochs", "4", "--iterations-per-epoch", "1", "--val-iterations", "1", "-o", str(out),
+            "--device", "cpu", "--disable-tta", "--predict-processes", "0"]
+
+
+def run_until(command: list, env: dict, log: Path, done: Path) -> None:
+    """Run ``command`` and SIGKILL its process group once ``done`` exists."""
+    with open(log, "w") as f:
+        proc = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 900
+            while not done.exists():
+                assert proc.poll() is None, f"ended before {done} was written:\n{log.read_text()[-3000:]}"
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        finally:
+            alive = proc.poll() is None
+            if alive:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert alive, f"finished before it could be killed:\n{log.read_text()[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def ablation(preprocessed_synthetic, tmp_path_factory):
+    """(environment, output folder, stdout of the rerun) of the killed and resumed ablation."""
+    tmp = tmp_path_factory.mktemp("ablate")
+    env = {**preprocessed_synthetic, "nnUNet_results": str(tmp / "results")}
+    out = tmp / "ablation"
+    stage1_checkpoint = model_folder(out, 0, VARIANT) / "fold_0" / "checkpoint_latest.pth"
+    run_until(ablate_command(out), env, tmp / "first.log", stage1_checkpoint)
+    first = (tmp / "first.log").read_text()
+    assert f"[1/4] {FULL} seed 0: training; time left known after the first run" in first
+    assert f"[2/4] {VARIANT} seed 0: training; about " in first  # an estimate from the first run
+    finished = out / "seed_0" / "runs" / f"{FULL}.json"
+    finished_mtime = finished.stat().st_mtime_ns
+    proc = subprocess.run(ablate_command(out), env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert finished.stat().st_mtime_ns == finished_mtime  # not redone
+    return env, out, proc.stdout
+
+
+def test_ablate_resumes_after_kill_and_writes_the_table(ablation):
+    env, out, rerun = ablation
+    assert f"[1/4] {FULL} seed 0: finished earlier, skipped" in rerun
+    assert f"[2/4] {VARIANT} seed 0: resuming the interrupted training (--c)" in rerun
+    assert f"[4/4] {VARIANT} seed 1: training" in rerun
+    train_log = (out / "logs" / f"{VARIANT}_seed0_train.log").read_text()
+    commands = [line for line in train_log.splitlines() if line.startswith("$ nnUNetv2_train")]
+    assert len(commands) == 2 and not commands[0].endswith("--c") and commands[1].endswith("--c")
+    for seed in (0, 1):
+        for trainer in (FULL, VARIANT):
+            final = torch.load(model_folder(out, seed, trainer) / "fold_0" / "checkpoint_final.pth",
+                               map_location="cpu", weights_only=False)
+            assert final["run_seed"] == seed and final["current_epoch"] == 4
+            cbat_keys = [k for k in final["network_weights"] if k.startswith("decoder.small.cbat.")]
+            # the variant's network (through nnUNetv2_train's build_network_architecture): a plain conv block
+            assert any(".channel." in k for k in cbat_keys) == (trainer == FULL)
+            assert ("decoder.small.cbat.conv.weight" in cbat_keys) == (trainer == VARIANT)
+    with open(out / "ablation.csv", newline="") as f:
+        rows = {r["variant"]: r for r in csv.DictReader(f)}
+    assert list(rows) == [FULL, VARIANT]
+    for name, row in rows.items():
+        assert row["seeds"] == "2" and float(row["seconds_per_run"]) > 0
+        for metric in ("iou", "dice", "recall", "precision"):
+            assert 0.0 <= float(row[f"{metric}_mean"]) <= 1.0 and float(row[f"{metric}_sd"]) >= 0.0
+    assert rows[FULL]["dice_diff"] == "" and rows[FULL]["dice_p"] == ""
+    assert 0.0 <= float(rows[VARIANT]["dice_p"]) <= 1.0
+    markdown = (out / "ablation.md").read_text()
+    assert "| Variant | Seeds | mIoU | mDSC | Recall | Precision |" in markdown
+    assert "4 epochs x 1 iterations" in markdown and f"| {VARIANT} | 2 |" in markdown
+
+
+def test_features_cli_draws_the_trained_pair(ablation, tmp_path):
+    env, out, _ = ablation
+    env = {**env, "nnUNet_results": str(out / "seed_0" / "nnUNet_results"),
+           "nnUNet_extTrainer": os.pathsep.join([str(out / "trainers"), env["nnUNet_extTrainer"]])}
+    png = tmp_path / "features.png"
+    proc = subprocess.run([str(BIN / "nnUNetv2_meddisseg_features"), "-d", "501", "-tr", f"{FULL}_ablation",
+                           "-tr", f"{VARIANT}_ablation", "-p", "nnUNetPlans", "--layer", "early", "--device", "cpu",
+                           "-o", str(png)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for trainer in (FULL, VARIANT):
+        assert f"{trainer}_ablation: mean pairwise distance " in proc.stdout and "(4 test images" in proc.stdout
