@@ -44,7 +44,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -55,6 +54,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 import numpy as np
 
 from common import DEFAULT_OUT, command_line, machine_info, markdown_table, nnunet_environment, write_results
+from nnunetv2_meddisseg.logged_command import console_command
 
 DATASET_ID = 502
 CONFIGURATION = "2d"
@@ -75,10 +75,10 @@ class Method(NamedTuple):
 _MD = "nnunetv2_meddisseg.training"
 METHODS: Dict[str, Method] = {
     "default": Method("nnU-Net (default)", "nnunetv2.training.nnUNetTrainer.nnUNetTrainer", "nnUNetTrainer", "nnunet"),
-    "dispersive": Method("nnU-Net + dispersive (InfoNCE-L2)", f"{_MD}.nnUNetTrainerDispersive", "nnUNetTrainerDispersive",
-                         "nnunet"),
-    "dispersive_cosine": Method("nnU-Net + dispersive (InfoNCE-cosine)", f"{_MD}.scratch_variants",
-                                "nnUNetTrainerDispersive_cosine", "nnunet"),
+    "dispersive": Method("nnU-Net + dispersive (InfoNCE-cosine)", f"{_MD}.nnUNetTrainerDispersive",
+                         "nnUNetTrainerDispersive", "nnunet"),
+    "dispersive_l2": Method("nnU-Net + dispersive (InfoNCE-L2)", f"{_MD}.scratch_variants",
+                            "nnUNetTrainerDispersive_infonceL2", "nnunet"),
     "meddisseg": Method("Med-DisSeg", f"{_MD}.nnUNetTrainerMedDisSeg", "nnUNetTrainerMedDisSeg", "meddisseg"),
     "meddisseg_paper": Method("Med-DisSeg, paper settings", f"{_MD}.scratch_variants",
                               "nnUNetTrainerMedDisSeg_paperSettings", "meddisseg"),
@@ -215,25 +215,13 @@ class Deadline:
         return self.hard - time.time()
 
 
-def _executable(name: str) -> List[str]:
-    """A console command of this interpreter's environment (its bin folder first, then PATH)."""
-    local = Path(sys.executable).parent / name
-    if local.is_file():
-        return [str(local)]
-    found = shutil.which(name)
-    if found is None:
-        raise SystemExit(f"command {name} not found next to {sys.executable} nor on PATH: install nnunetv2 and "
-                         f"nnunetv2_meddisseg into this environment")
-    return [found]
-
-
 def run_command(command: Sequence[str], env: Dict[str, str], log_file: Path, deadline: Deadline) -> float:
     """Run a console command with its output in ``log_file``; return the wall time. Raises
     ``RuntimeError`` (naming the log's last line) on failure or when the deadline kills it."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with open(log_file, "w") as log:
-        proc = subprocess.Popen([*_executable(command[0]), *map(str, command[1:])], env=env, stdout=log,
+        proc = subprocess.Popen([console_command(command[0]), *map(str, command[1:])], env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             code = proc.wait(timeout=max(1.0, deadline.remaining()))

@@ -1,5 +1,5 @@
-"""Exposes the from-scratch recipe variants to nnU-Net's trainer search (nnUNet_extTrainer)."""
-from nnunetv2_meddisseg.training.scratch_variants import (nnUNetTrainerDispersive_cosine,
+"""Exposes the from-scratch recipe variants (and nnUNetTrainerDispersive with the paper's InfoNCE-L2) to nnU-Net's trainer search (nnUNet_extTrainer)."""
+from nnunetv2_meddisseg.training.scratch_variants import (nnUNetTrainerDispersive_infonceL2,
                                                           nnUNetTrainerMedDisSeg_paperSettings,
                                                           nnUNetTrainerMedDisSeg_plainAdam,
                                                           nnUNetTrainerMedDisSeg_plainPaper,
@@ -9,4 +9,4 @@ from nnunetv2_meddisseg.training.scratch_variants import (nnUNetTrainerDispersiv
 
 __all__ = ["nnUNetTrainerMedDisSeg_paperSettings", "nnUNetTrainerMedDisSeg_scratchSGD",
            "nnUNetTrainerMedDisSeg_scratchAdam", "nnUNetTrainerMedDisSeg_plainSGD", "nnUNetTrainerMedDisSeg_plainAdam",
-           "nnUNetTrainerMedDisSeg_plainPaper", "nnUNetTrainerDispersive_cosine"]
+           "nnUNetTrainerMedDisSeg_plainPaper", "nnUNetTrainerDispersive_infonceL2"]

@@ -17,19 +17,22 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
     schedule are unchanged. A forward hook on ``network.encoder.stages[0]`` (found behind the
     DDP / torch.compile wrappers) captures that stage's output in training mode, and
     ``dispersive_weight * dispersive_loss(output, dispersive_variant, dispersive_tau, dispersive_eps,
-    dispersive_margin)`` is added to
-    nnU-Net's loss. Only the training loss changes: validation and prediction are nnU-Net's.
+    dispersive_margin)`` is added to nnU-Net's loss. Only the training loss changes: validation and
+    prediction are nnU-Net's.
 
     ``dispersive_weight`` = 0.2: nnU-Net trains a randomly initialised network in one stage, the
     situation of Med-DisSeg's Stage I, where the paper's sweep found 0.2 best (larger weights
-    over-constrain early optimisation); ``dispersive_tau`` = 0.8 and ``infonce_l2`` as in the paper.
-    With torch.compile the hook runs inside the compiled graph (set ``nnUNet_compile=f`` if a torch
+    over-constrain early optimisation); ``dispersive_tau`` = 0.8 as in the paper. ``infonce_cosine``
+    instead of the paper's ``infonce_l2``: on raw features InfoNCE-L2 is lowered by inflating the
+    features' scale (the normalisation layers' affine weights grow freely), which spreads them no
+    further apart in direction; chosen on Kvasir-SEG validation data (``benchmarks/RESULTS.md``).
+    ``nnUNetTrainerDispersive_infonceL2`` keeps the paper's form. With torch.compile the hook runs inside the compiled graph (set ``nnUNet_compile=f`` if a torch
     version cannot trace it).
     """
 
     dispersive_weight: float = 0.2
     dispersive_tau: float = 0.8
-    dispersive_variant: str = "infonce_l2"
+    dispersive_variant: str = "infonce_cosine"
     #: margin of the ``hinge`` variant, eps of the two InfoNCE variants (``losses.dispersive``)
     dispersive_margin: float = 1.0
     dispersive_eps: float = 1e-8

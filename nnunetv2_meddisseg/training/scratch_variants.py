@@ -1,5 +1,5 @@
 """Training recipes for a Med-DisSeg encoder that starts from random initialisation, and the
-dispersive-loss form for ``nnUNetTrainerDispersive``: the arms of the from-scratch study
+paper's dispersive-loss form for ``nnUNetTrainerDispersive``: the arms of the from-scratch study
 (``benchmarks/quality.py --methods ...``, results in ``benchmarks/RESULTS.md``).
 
 Each variant overrides one thing: the ``scratch_settings`` its base applies when the plans name no
@@ -14,7 +14,7 @@ from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDis
 __all__ = ["SCRATCH_SGD", "SCRATCH_ADAM", "PLAIN_TRAINING",
            "nnUNetTrainerMedDisSeg_paperSettings", "nnUNetTrainerMedDisSeg_scratchSGD",
            "nnUNetTrainerMedDisSeg_scratchAdam", "nnUNetTrainerMedDisSeg_plainSGD",
-           "nnUNetTrainerMedDisSeg_plainAdam", "nnUNetTrainerMedDisSeg_plainPaper", "nnUNetTrainerDispersive_cosine"]
+           "nnUNetTrainerMedDisSeg_plainAdam", "nnUNetTrainerMedDisSeg_plainPaper", "nnUNetTrainerDispersive_infonceL2"]
 
 #: nnU-Net's own recipe for networks trained from scratch: SGD (Nesterov, momentum 0.99) at 1e-2 for
 #: every group in both stages; the scale-invariant cosine form of the dispersive loss
@@ -76,7 +76,7 @@ class nnUNetTrainerMedDisSeg_plainPaper(_PlainTraining):
     scratch_settings = MappingProxyType({})
 
 
-class nnUNetTrainerDispersive_cosine(nnUNetTrainerDispersive):
-    """nnUNetTrainerDispersive with the scale-invariant ``infonce_cosine`` form."""
+class nnUNetTrainerDispersive_infonceL2(nnUNetTrainerDispersive):
+    """nnUNetTrainerDispersive with the paper's ``infonce_l2`` form on raw (not normalised) features."""
 
-    dispersive_variant = "infonce_cosine"
+    dispersive_variant = "infonce_l2"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_2, nnUNetTrainerMedDisSeg
-from nnunetv2_meddisseg.training.scratch_variants import (SCRATCH_SGD, nnUNetTrainerDispersive_cosine,
+from nnunetv2_meddisseg.training.scratch_variants import (SCRATCH_SGD, nnUNetTrainerDispersive_infonceL2,
                                                           nnUNetTrainerMedDisSeg_paperSettings,
                                                           nnUNetTrainerMedDisSeg_plainSGD,
                                                           nnUNetTrainerMedDisSeg_scratchSGD)
@@ -67,13 +67,13 @@ def test_plain_variant_trains_the_final_logits_only(nnunet_dirs):
 
 @pytest.mark.parametrize("cls, plans_arch, groups", [
     (nnUNetTrainerMedDisSeg_scratchSGD, PLAIN_UNET, ("decoder", "encoder")),
-    (nnUNetTrainerDispersive_cosine, PLAIN_UNET, ("network",)),
+    (nnUNetTrainerDispersive_infonceL2, PLAIN_UNET, ("network",)),
 ])
 def test_gradient_norms_are_the_groups_norms_before_clipping(nnunet_dirs, cls, plans_arch, groups):
     trainer = make_trainer(cls, plans=tiny_plans(plans_arch), num_epochs=2)
     trainer.on_train_epoch_start()
     batch = make_batch()
-    if cls is nnUNetTrainerDispersive_cosine:  # nnU-Net's network: deep-supervision targets (full + 1/2)
+    if cls is nnUNetTrainerDispersive_infonceL2:  # nnU-Net's network: deep-supervision targets (full + 1/2)
         batch["target"] = [batch["target"], batch["target"][:, :, ::2, ::2]]
     result = trainer.train_step(batch)
     reported = {name: result[f"grad_norm_{name}"] for name in groups}
@@ -90,3 +90,14 @@ def test_plain_training_constants_match_the_plain_variants():
     for name, value in __import__("nnunetv2_meddisseg.training.scratch_variants",
                                   fromlist=["PLAIN_TRAINING"]).PLAIN_TRAINING.items():
         assert getattr(nnUNetTrainerMedDisSeg_plainSGD, name) == value
+
+
+def test_dispersive_trainer_default_form_cannot_be_lowered_by_scale():
+    from nnunetv2_meddisseg.losses import dispersive_loss
+    from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
+
+    h = torch.randn(4, 8, 5, 5, generator=torch.Generator().manual_seed(0))
+    default = nnUNetTrainerDispersive.dispersive_variant
+    assert dispersive_loss(10 * h, default).item() == pytest.approx(dispersive_loss(h, default).item(), abs=1e-5)
+    paper = nnUNetTrainerDispersive_infonceL2.dispersive_variant
+    assert dispersive_loss(10 * h, paper).item() < dispersive_loss(h, paper).item() - 1.0
