@@ -38,7 +38,7 @@ from common import (DEFAULT_OUT, alternating_timings, build_network, command_lin
                     markdown_table, parse_device, peak_rss_bytes, reset_peak_rss, set_mode, summarize, synchronize,
                     use_reference_implementations, write_results)
 
-OVERHEAD_TARGET = 0.03  # issue 5: dispersive loss overhead <= 3 % of a training step
+OVERHEAD_TARGET = 0.03  # target: dispersive loss overhead <= 3 % of a training step
 GIB = 1024 ** 3
 
 

@@ -101,7 +101,7 @@ MODES = {
                          "predict": 400},
         "quality": ["--device", "cpu", "--size", "64", "--batch", "2", "--iterations", "8", "--iterations-per-epoch",
                     "2", "--val-iterations", "1", "--threads", "1", "--max-train-cases", "6", "--max-test-cases", "2",
-                    "--num-processes", "1"],
+                    "--num-processes", "1", "--methods", "default", "meddisseg"],
     },
 }
 

@@ -70,9 +70,12 @@ def test_device_run_tiny_end_to_end(tmp_path):
     assert cli["predicted_images"] == 2 and cli["training"]["compile_used"] is False
     assert len(cli["training"]["epoch_times_s"]) == 3 and cli["training"]["stage2_started"]
     quality = json.loads((out / "quality.json").read_text())
-    assert quality["data"]["test_cases"] == 2 and {"default", "meddisseg"} <= set(quality["methods"])
-    for m in quality["methods"].values():
-        assert all(0 <= v <= 100 for v in m["metrics_percent"].values())
+    assert quality["data"]["test_cases"] == 2 and set(quality["table"]) == {"default", "meddisseg"}
+    for m in quality["table"].values():
+        assert m["seeds"] == [0]
+        assert all(0 <= m["test"][k]["mean"] <= 1 for k in ("iou", "dice", "recall", "precision"))
+        assert 0 <= m["val_dice"]["mean"] <= 1
+    assert "vs_baseline" in quality["table"]["meddisseg"]
     assert sorted(p.name for p in out.iterdir()) == ["logs.tar.gz", "quality.json", "quality.md", "results.json",
                                                      "results.md"]
     md = (out / "results.md").read_text()

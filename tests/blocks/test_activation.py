@@ -137,7 +137,7 @@ def test_input_unchanged_and_works_in_inference_mode():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_autocast_large_inputs_finite_values_and_gradients(dtype):
-    # issue 6: under CPU autocast a convolution hands TeLU its output in bf16 / fp16 (fp16: where this torch's
+    # under CPU autocast a convolution hands TeLU its output in bf16 / fp16 (fp16: where this torch's
     # CPU autocast supports it); here an identity 1x1 convolution, so the expected values are known exactly
     conv = nn.Conv2d(1, 1, 1, bias=False)
     nn.init.ones_(conv.weight)

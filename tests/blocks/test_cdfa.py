@@ -233,7 +233,7 @@ def test_current_implementation_saves_less_for_backward():
     assert saved_elements(lambda *a: m(*a)) < 0.8 * saved_elements(lambda *a: reference_cdfa_forward(m, *a))
 
 
-# --- numerics under autocast (issue 6): large-magnitude inputs, where a naive exp() of the logits overflows
+# --- numerics under autocast: large-magnitude inputs, where a naive exp() of the logits overflows
 
 def _cpu_autocast_or_skip(dtype: torch.dtype):
     """``torch.autocast('cpu', dtype)``; skips the test where this torch's CPU autocast lacks ``dtype``

@@ -267,7 +267,7 @@ AUTOCAST_LARGE_CASES = [(v, d) for v in DISPERSIVE_VARIANTS for d in (torch.bflo
 
 @pytest.mark.parametrize("variant,dtype", AUTOCAST_LARGE_CASES)
 def test_autocast_large_low_precision_features_finite(variant, dtype):
-    # issue 6: features of magnitude ~1e3..1e4 that a layer under CPU autocast produced in bf16 / fp16
+    # features of magnitude ~1e3..1e4 that a layer under CPU autocast produced in bf16 / fp16
     torch.manual_seed(6)
     layer = torch.nn.Linear(8, 40)
     x = torch.randn(5, 8) * 3e3
