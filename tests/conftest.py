@@ -1,6 +1,7 @@
 """Fixtures shared by the test tree: temporary nnU-Net folders, a preprocessed tiny dataset."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Dict
 
@@ -34,3 +35,18 @@ def preprocessed_synthetic(tmp_path_factory) -> dict:
     plan_env = {k: v for k, v in env.items() if k != "nnUNet_n_proc_DA"}  # 0 breaks nnU-Net's VRAM estimate
     run_cli(["nnUNetv2_plan_and_preprocess", "-d", "501", "-c", "2d", "-np", "2"], plan_env)
     return env
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "slow: minutes of CPU (e.g. compiling a whole network); run with -m slow "
+                                       "or NNUNETV2_MEDDISSEG_SLOW_TESTS=1")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """``slow`` tests run only when asked for (``-m slow`` or NNUNETV2_MEDDISSEG_SLOW_TESTS=1)."""
+    if "slow" in (config.getoption("markexpr", "") or "") or os.environ.get("NNUNETV2_MEDDISSEG_SLOW_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: run with -m slow or NNUNETV2_MEDDISSEG_SLOW_TESTS=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
