@@ -98,3 +98,38 @@ def graph_breaks(fn: Callable, *inputs) -> Tuple[int, List[str]]:
     reasons = [f"{r.reason.splitlines()[0]} at {r.user_stack[-1].filename}:{r.user_stack[-1].lineno}"
                if r.user_stack else r.reason.splitlines()[0] for r in explanation.break_reasons]
     return explanation.graph_break_count, reasons
+
+
+def _relative_error(x: Tensor, reference: Tensor) -> float:
+    return float((x.double() - reference).norm() / reference.norm().clamp_min(1e-30))
+
+
+def compare_compiled_to_float64(module: nn.Module, inputs: Sequence[Tensor], factor: float,
+                                floor: float = 1e-6) -> Dict[str, int]:
+    """For deep, ill-conditioned networks (BatchNorm in training mode on a few values per channel),
+    where fp32 gradients differ from exact ones by percent: the compiled fp32 outputs, gradients and
+    buffers must be as close to the float64 eager result as the fp32 eager ones, i.e. their relative
+    error (Frobenius norm) at most ``factor`` times the eager fp32 one (plus ``floor``).
+    """
+    torch._dynamo.reset()
+    backend = CountingInductor()
+    compiled_module = copy.deepcopy(module)
+    eager_module = copy.deepcopy(module)
+    eager = _run(eager_module, eager_module, inputs, 0)
+    exact_module = copy.deepcopy(module).double()
+    exact = _run(exact_module, exact_module, [x.double().requires_grad_(x.requires_grad) for x in inputs], 0)
+    compiled = _run(torch.compile(compiled_module, backend=backend, dynamic=False), compiled_module, inputs, 0)
+    for kind, e, c, r in zip(("output", "gradient", "buffer"), eager, compiled, exact):
+        assert len(e) == len(c) == len(r), f"{kind}s: {len(e)} eager, {len(c)} compiled, {len(r)} float64"
+        for i, (x, y, z) in enumerate(zip(e, c, r)):
+            if x is None or y is None or z is None:
+                assert x is None and y is None and z is None, f"{kind} {i}: None on some side only"
+                continue
+            if not z.is_floating_point():
+                assert torch.equal(y, x), f"{kind} {i}"
+                continue
+            eager_error, compiled_error = _relative_error(x, z), _relative_error(y, z)
+            assert compiled_error <= factor * eager_error + floor, \
+                f"{kind} {i}: relative error to float64 {compiled_error:.3g} compiled, {eager_error:.3g} eager"
+    torch._dynamo.reset()
+    return {"graphs": backend.graphs, "outputs": len(eager[0]), "grads": sum(g is not None for g in eager[1])}

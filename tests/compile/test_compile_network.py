@@ -10,18 +10,22 @@ statistics, with no graph break:
 
 Both are marked ``slow`` (run them with ``-m slow``): inductor generates and compiles C++ kernels for
 every graph (MedDisSegNet: three graphs of about 200-1000 operators each, forward and backward).
-Tolerance: fp32; rtol 1e-3, atol 1e-4 (deep graphs accumulate reordering differences).
+Tolerance: with BatchNorm in training mode at 32x32 and batch 2 (layer3 normalises 8 values per
+channel) the eager fp32 gradients of the first layers differ from float64 ones by up to percent, and
+inductor's reordered fp32 arithmetic differs from eager fp32 by as much. So the compiled network
+is compared with float64 eager: its relative error (norm) must stay within 3x that of eager fp32
+(MedDisSegNet); the small PlainConvUNet step is compared with eager fp32 directly (rtol 1e-4).
 """
 from copy import deepcopy
 
 import pytest
 import torch
 
-from compile_check import compare_compiled, graph_breaks
+from compile_check import compare_compiled_to_float64, graph_breaks
 from nnunetv2_meddisseg.architectures import MedDisSegNet, MedDisSegOutput
 from nnunetv2_meddisseg.training.variants import nnUNetTrainerDispersive
 
-RTOL, ATOL = 1e-3, 1e-4
+FACTOR = 3.0
 
 
 @pytest.fixture(autouse=True)
@@ -52,7 +56,7 @@ def test_compiled_meddisseg_matches_eager(mode):
     if mode == "training":
         out = net(x)
         assert isinstance(out, MedDisSegOutput) and out.fg is not None and out.uc is not None
-    counts = compare_compiled(lambda m: m, net, [x.requires_grad_(mode != "inference")], rtol=RTOL, atol=ATOL)
+    counts = compare_compiled_to_float64(net, [x.requires_grad_(mode != "inference")], factor=FACTOR)
     assert counts["graphs"] == 1
     # training: logits, 3 path logits, fg, bg, uc, 3 features; encoder-only: 4 features
     assert counts["outputs"] == {"training": 10, "inference": 1, "encoder_only": 4}[mode]
