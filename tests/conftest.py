@@ -3,6 +3,7 @@ test layers: every test under ``tests/e2e`` is marked ``e2e``; tests marked ``re
 unless ``NNUNETV2_MEDDISSEG_TEST_DATA`` is set (``tests/real_data.py``)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Dict
 
@@ -48,3 +49,18 @@ def preprocessed_synthetic(tmp_path_factory) -> dict:
     make_synthetic_dataset(env["nnUNet_raw"], dataset_id=501, num_train=12, num_test=4, size=64, seed=0)
     run_cli(["nnUNetv2_plan_and_preprocess", "-d", "501", "-c", "2d", "-np", "2"], planning_environment(env))
     return env
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "slow: minutes of CPU (e.g. compiling a whole network); run with -m slow "
+                                       "or NNUNETV2_MEDDISSEG_SLOW_TESTS=1")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """``slow`` tests run only when asked for (``-m slow`` or NNUNETV2_MEDDISSEG_SLOW_TESTS=1)."""
+    if "slow" in (config.getoption("markexpr", "") or "") or os.environ.get("NNUNETV2_MEDDISSEG_SLOW_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: run with -m slow or NNUNETV2_MEDDISSEG_SLOW_TESTS=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

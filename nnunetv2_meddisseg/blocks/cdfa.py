@@ -120,8 +120,8 @@ class _DisplacementSum(torch.autograd.Function):
                 gd, vs = g[..., dst_y, dst_x], v[..., src_y, src_x]
                 if dy != c or dx != c:
                     grad_v[..., src_y, src_x].addcmul_(gd, d[:, :, dy, dx, :, dst_y, dst_x])
-                part = product[..., dst_y, dst_x]
-                torch.mul(gd, vs, out=part)
+                # copy + in-place multiply into the strided view (torch.compile cannot trace mul(out=view))
+                part = product[..., dst_y, dst_x].copy_(gd).mul_(vs)
                 grad_d[:, :, dy, dx, dst_y, dst_x] = part.sum(dim=2)
         values_dtype, displacement_dtype = ctx.dtypes
         return grad_v.view(grad.shape).to(values_dtype), grad_d.to(displacement_dtype)

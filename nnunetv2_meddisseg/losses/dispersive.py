@@ -79,9 +79,13 @@ def _centred_sq_distances(h: Tensor) -> Tuple[Tensor, Tensor]:
 
 
 def _off_diagonal(m: Tensor) -> Tensor:
-    """m: (B, B) -> (B (B - 1),) entries with i != j."""
+    """m: (B, B) -> (B (B - 1),) entries with i != j, row by row.
+
+    Without a boolean mask (whose data-dependent size breaks torch.compile's graph): after the
+    first element, the flattened matrix has rows of B + 1 whose last entry is the next diagonal one.
+    """
     b = m.shape[0]
-    return m[~torch.eye(b, dtype=torch.bool, device=m.device)]
+    return m.flatten()[1:].view(b - 1, b + 1)[:, :b].reshape(-1)
 
 
 def _log_mean_exp_plus_eps(logits: Tensor, eps: float) -> Tensor:
