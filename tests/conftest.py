@@ -1,6 +1,7 @@
 """Fixtures shared by the test tree (temporary nnU-Net folders, a preprocessed tiny dataset) and the
 test layers: every test under ``tests/e2e`` is marked ``e2e``; tests marked ``real_data`` are skipped
-unless ``NNUNETV2_MEDDISSEG_TEST_DATA`` is set (``tests/real_data.py``)."""
+unless ``NNUNETV2_MEDDISSEG_TEST_DATA`` is set (``tests/real_data.py``); tests marked ``slow`` only
+run with ``-m slow`` or ``NNUNETV2_MEDDISSEG_SLOW_TESTS=1``."""
 from __future__ import annotations
 
 import os
@@ -16,13 +17,20 @@ from real_data import SKIP_REASON, data_root
 E2E_FOLDER = Path(__file__).resolve().parent / "e2e"
 
 
+SLOW_VARIABLE = "NNUNETV2_MEDDISSEG_SLOW_TESTS"
+SLOW_REASON = f"slow (minutes of CPU): run with -m slow or {SLOW_VARIABLE}=1"
+
+
 def pytest_collection_modifyitems(config, items):
     skip_real_data = None if data_root() is not None else pytest.mark.skip(reason=SKIP_REASON)
+    run_slow = "slow" in (config.getoption("markexpr", "") or "") or os.environ.get(SLOW_VARIABLE) == "1"
     for item in items:
         if E2E_FOLDER in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.e2e)
         if skip_real_data is not None and item.get_closest_marker("real_data") is not None:
             item.add_marker(skip_real_data)
+        if not run_slow and item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.skip(reason=SLOW_REASON))
 
 
 @pytest.fixture
@@ -49,18 +57,3 @@ def preprocessed_synthetic(tmp_path_factory) -> dict:
     make_synthetic_dataset(env["nnUNet_raw"], dataset_id=501, num_train=12, num_test=4, size=64, seed=0)
     run_cli(["nnUNetv2_plan_and_preprocess", "-d", "501", "-c", "2d", "-np", "2"], planning_environment(env))
     return env
-
-
-def pytest_configure(config) -> None:
-    config.addinivalue_line("markers", "slow: minutes of CPU (e.g. compiling a whole network); run with -m slow "
-                                       "or NNUNETV2_MEDDISSEG_SLOW_TESTS=1")
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    """``slow`` tests run only when asked for (``-m slow`` or NNUNETV2_MEDDISSEG_SLOW_TESTS=1)."""
-    if "slow" in (config.getoption("markexpr", "") or "") or os.environ.get("NNUNETV2_MEDDISSEG_SLOW_TESTS") == "1":
-        return
-    skip = pytest.mark.skip(reason="slow: run with -m slow or NNUNETV2_MEDDISSEG_SLOW_TESTS=1")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
