@@ -18,6 +18,7 @@ import contextlib
 import io
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -180,9 +181,9 @@ def _write_markdown(file: Path, rows: list, dataset: str, args: argparse.Namespa
         + markdown_table(rows, FULL_METHOD))
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    run_command(PROG, _ablate, argv)
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return run_command(PROG, _ablate, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -283,9 +283,9 @@ def _features(argv: Optional[Sequence[str]]) -> None:
     print(f"wrote {out}")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    run_command(PROG, _features, argv)
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return run_command(PROG, _features, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
