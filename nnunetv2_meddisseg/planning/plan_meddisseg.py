@@ -158,8 +158,10 @@ def plan_meddisseg(dataset: str, plans_name: str = DEFAULT_PLANS_NAME, source_pl
     try:
         dataset_name = maybe_convert_to_dataset_name(dataset)
     except (RuntimeError, ValueError):
-        raise UserError(f"-d {dataset}: no such dataset in nnUNet_preprocessed ({preprocessed}) or nnUNet_raw; "
-                        f"run nnUNetv2_plan_and_preprocess -d {dataset} -c 2d first") from None
+        raw = os.environ.get("nnUNet_raw") or "nnUNet_raw is not set"
+        raise UserError(f"-d {dataset}: the dataset is missing from nnUNet_raw ({raw}) and nnUNet_preprocessed "
+                        f"({preprocessed}); create it with nnUNetv2_meddisseg_convert (or copy an nnU-Net dataset "
+                        f"into nnUNet_raw), then run nnUNetv2_plan_and_preprocess -d {dataset} -c 2d") from None
     folder = Path(preprocessed) / dataset_name
     source_file = folder / f"{source_plans_name}.json"
     if not source_file.is_file():
