@@ -17,7 +17,7 @@ import math
 import statistics
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from nnunetv2_meddisseg.evaluation.compare import wilcoxon_p_value
+from nnunetv2_meddisseg.evaluation.paired_statistics import wilcoxon_p_value
 
 __all__ = ["BINARY_METRICS", "MULTICLASS_METRICS", "METRIC_TITLES", "metrics_of", "ablation_rows",
            "write_csv", "markdown_table"]

@@ -19,7 +19,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 import numpy as np
 from tqdm import tqdm
 
-from nnunetv2_meddisseg.cli import UserError, run_command
+from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
 from nnunetv2_meddisseg.evaluation.metrics import (BINARY_METRICS, binary_metrics, mean_and_std,
                                                    multiclass_dice_hd95)
 
@@ -291,14 +291,15 @@ def save_summary(summary: Mapping, output_file: str) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="nnUNetv2_meddisseg_evaluate",
+        prog="nnUNetv2_meddisseg_evaluate", formatter_class=DefaultsHelpFormatter,
         description="Med-DisSeg paper metrics (mIoU, mDSC, Recall, Precision per image; per-organ Dice/HD95 "
                     "for multi-class datasets) of a prediction folder against a label folder.")
     p.add_argument("-ref", required=True, help="folder with the reference label images (e.g. labelsTs)")
     p.add_argument("-pred", required=True, help="folder with the predicted label images (same names)")
-    p.add_argument("-o", default=None, help="write the summary JSON here (fractions in [0, 1])")
+    p.add_argument("-o", default=None, help="write the summary JSON here (fractions in [0, 1]; default: print the table only)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("-djfile", default=None, help="dataset.json: its labels and file_ending are used")
+    g.add_argument("-djfile", default=None, help="dataset.json: its labels and file_ending are used; needed for multi-class datasets such as "
+                        "Synapse (default: binary labels 0 1)")
     g.add_argument("--labels", type=int, nargs="+", default=None,
                    help="declared label values incl. background (default: 0 1); more than one foreground "
                         "label switches to per-label Dice/HD95")
