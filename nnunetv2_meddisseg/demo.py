@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from nnunetv2_meddisseg.cli import UserError, run_command
+from nnunetv2_meddisseg.cli import (DefaultsHelpFormatter, UserError, add_device_argument, plain_text, resolve_device,
+                                    run_command)
 from nnunetv2_meddisseg.logged_command import run_logged
 from nnunetv2_meddisseg.nnunet_env import nnunet_environment, planning_environment
 
@@ -32,19 +33,25 @@ def _run(command: List[str], env: dict, log_dir: Path) -> None:
     run_logged(command, env, log_dir / f"{len(list(log_dir.glob('*.log'))):02d}_{command[0]}.log")
 
 
-def _demo(argv: Optional[Sequence[str]]) -> None:
-    p = argparse.ArgumentParser(prog="nnUNetv2_meddisseg_demo", description=__doc__.splitlines()[0])
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nnUNetv2_meddisseg_demo", description=plain_text(__doc__.splitlines()[0]),
+                                formatter_class=DefaultsHelpFormatter)
     p.add_argument("-o", "--output", default="meddisseg_demo",
                    help="folder for nnU-Net's raw/preprocessed/results folders, logs and the comparison "
                         "(default: ./meddisseg_demo)")
     p.add_argument("--kvasir", default=None, metavar="PATH",
-                   help="a Kvasir-SEG folder (images/, masks/) to use instead of the generated dataset")
-    p.add_argument("--size", type=int, default=64, help="image size in pixels (default 64)")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+                   help="a Kvasir-SEG folder (images/, masks/) to use (default: a generated polyp-like dataset)")
+    p.add_argument("--size", type=int, default=64, help="image size in pixels")
+    add_device_argument(p, what="device to train and predict on")
     p.add_argument("--schedule", default="demo", choices=sorted(SCHEDULES),
-                   help="training schedule of both models: 'demo' (8 epochs x 15 iterations, default) or 'smoke' "
+                   help="training schedule of both models: 'demo' (8 epochs x 15 iterations) or 'smoke' "
                         "(3 x 4: checks the whole pipeline in a few minutes; the tests use it)")
-    args = p.parse_args(argv)
+    return p
+
+
+def _demo(argv: Optional[Sequence[str]]) -> None:
+    args = _parser().parse_args(argv)
+    args.device = resolve_device(args.device)
     baseline_trainer, meddisseg_trainer = SCHEDULES[args.schedule]
     if args.size < 32 or args.size % 16:
         raise UserError(f"--size must be a multiple of 16 and at least 32, got {args.size}")

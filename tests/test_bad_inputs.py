@@ -367,6 +367,16 @@ def eval_label_not_declared(tmp, env):
     return [*argv, "-djfile", str(tmp / "dataset.json")]
 
 
+def eval_multiclass_undeclared(tmp, env):
+    """Synapse-like labels 0..8 evaluated without -djfile / --labels."""
+    argv = _eval_folders(tmp)
+    organs = np.arange(16).reshape(4, 4) % 9
+    for case in "abc":
+        _write_png(tmp / "ref" / f"{case}.png", organs)
+        _write_png(tmp / "pred" / f"{case}.png", organs)
+    return argv
+
+
 def eval_ref_folder_missing(tmp, env):
     argv = _eval_folders(tmp)
     return [*argv[:1], str(tmp / "labelsTs_nope"), *argv[2:]]
@@ -444,7 +454,8 @@ ROWS = [
     Row("convert/overwrite_replaces", "convert", conv_overwrite_replaces, 0, check=check_overwrite_replaced),
     Row("convert/noisy_jpeg_mask_thresholded", "convert", conv_noisy_jpeg_mask, 0, check=check_noisy_mask_thresholded),
     Row("plan/ok", "plan", plan_ok, 0, check=check_plan_written),
-    Row("plan/unknown_dataset", "plan", plan_unknown_dataset, 2, ["-d 777", "nnUNetv2_plan_and_preprocess"]),
+    Row("plan/unknown_dataset", "plan", plan_unknown_dataset, 2,
+        ["-d 777", "missing from nnUNet_raw", "nnUNetv2_meddisseg_convert", "nnUNetv2_plan_and_preprocess -d 777 -c 2d"]),
     Row("plan/not_preprocessed", "plan", plan_not_preprocessed, 2,
         [f"{PLAN_DATASET}/nnUNetPlans.json", "not planned and preprocessed", "nnUNetv2_plan_and_preprocess -d 801"]),
     Row("plan/2d_data_missing", "plan", plan_2d_data_missing, 2, ["nnUNetPlans_2d", "not preprocessed"]),
@@ -470,6 +481,9 @@ ROWS = [
     Row("evaluate/mask_0_255", "evaluate", eval_mask_0_255, 2, ["c.png", "{255}", "outside the declared set", "0/255"]),
     Row("evaluate/label_not_declared", "evaluate", eval_label_not_declared, 2,
         ["b.png", "{2}", "outside the declared set {0, 1}"]),
+    Row("evaluate/multiclass_undeclared", "evaluate", eval_multiclass_undeclared, 2,
+        ["a.png", "{2, 3, 4, 5, 6, 7, 8}", "outside the declared set {0, 1}", "-djfile dataset.json",
+         "--labels 0 1 2 3 4 5 6 7 8"]),
     Row("evaluate/ref_folder_missing", "evaluate", eval_ref_folder_missing, 2,
         ["reference folder not found", "labelsTs_nope"]),
     Row("evaluate/shape_mismatch", "evaluate", eval_shape_mismatch, 2, ["a.png", "shape"]),

@@ -25,7 +25,8 @@ from typing import Dict, List, Optional, Sequence
 
 from nnunetv2_meddisseg.ablation.runs import PACKAGE_TRAINER_FOLDER, AblationRun, Budget, write_budget_trainers
 from nnunetv2_meddisseg.ablation.table import ablation_rows, markdown_table, write_csv
-from nnunetv2_meddisseg.cli import UserError, run_command
+from nnunetv2_meddisseg.cli import (DefaultsHelpFormatter, UserError, add_device_argument, plain_text, resolve_device,
+                                    run_command)
 
 __all__ = ["FULL_METHOD", "resolve_variants", "main"]
 
@@ -34,9 +35,10 @@ FULL_METHOD = "nnUNetTrainerMedDisSeg"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=PROG, description=plain_text(__doc__.split("\n\n")[0]),
+                                formatter_class=DefaultsHelpFormatter)
     p.add_argument("-d", "--dataset", required=True, help="dataset ID or name (planned and preprocessed for 2d)")
-    p.add_argument("-f", "--fold", default="0", help="fold to train (default 0)")
+    p.add_argument("-f", "--fold", default="0", help="fold to train")
     p.add_argument("--variants", nargs="+", required=True, metavar="NAME",
                    help="trainer variants, e.g. noDispersive noCBAT ReLU (short for nnUNetTrainerMedDisSeg_<NAME>) or "
                         "full trainer names; the full method nnUNetTrainerMedDisSeg is always added")
@@ -48,15 +50,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--final-validation", action="store_true",
                    help="run nnU-Net's validation of the fold after training (skipped by default: the test set is "
                         "what is compared)")
-    p.add_argument("--seeds", type=int, default=3, help="runs per variant, with run seeds 0 .. N-1 (default 3)")
+    p.add_argument("--seeds", type=int, default=3, help="runs per variant, with run seeds 0 .. N-1")
     p.add_argument("-p", "--plans", default="nnUNetPlans",
                    help="plans of every run (default nnUNetPlans; nnUNetMedDisSegPlans after nnUNetv2_meddisseg_plan)")
     p.add_argument("-o", "--output", default=None,
                    help="output folder (default: $nnUNet_results/<dataset>/meddisseg_ablation__<plans>__fold<F>)")
-    p.add_argument("--device", default="cuda", choices=("cpu", "cuda", "mps"), help="device of every run")
+    add_device_argument(p, ("cpu", "cuda", "mps"), "device of every run")
     p.add_argument("--disable-tta", action="store_true", help="predict without test-time mirroring")
     p.add_argument("--predict-processes", type=int, default=2,
-                   help="nnUNetv2_predict's -npp and -nps (default 2; 0 predicts in its main process)")
+                   help="nnUNetv2_predict's -npp and -nps (0 predicts in its main process)")
     return p
 
 
@@ -139,6 +141,7 @@ def _ablate(argv: Optional[Sequence[str]]) -> None:
     from nnunetv2.paths import nnUNet_results
 
     args = _parser().parse_args(argv)
+    args.device = resolve_device(args.device)
     _validate(args)
     name, images, labels, label_values = _dataset(args.dataset)
     variants = resolve_variants(args.variants)

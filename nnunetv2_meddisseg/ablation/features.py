@@ -31,7 +31,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from nnunetv2_meddisseg.cli import UserError, run_command
+from nnunetv2_meddisseg.cli import (DefaultsHelpFormatter, UserError, add_device_argument, plain_text, resolve_device,
+                                    run_command)
 
 __all__ = ["LAYERS", "pca_2d", "tsne_2d", "sample_pixels", "ModelFeatures", "model_features", "draw_features",
            "main"]
@@ -232,20 +233,21 @@ def draw_features(models: Sequence[ModelFeatures], layer: str, out_file: str, pi
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=PROG, description=plain_text(__doc__.split("\n\n")[0]),
+                                formatter_class=DefaultsHelpFormatter)
     p.add_argument("-d", "--dataset", required=True, help="dataset ID or name")
     p.add_argument("-tr", "--trainer", action="append", required=True,
                    help="trainer of a trained model; give -tr twice to compare two models side by side")
-    p.add_argument("-p", "--plans", default="nnUNetPlans", help="plans of the trained models (default nnUNetPlans)")
-    p.add_argument("-c", "--configuration", default="2d")
-    p.add_argument("-f", "--fold", default="0")
-    p.add_argument("--checkpoint", default="checkpoint_final.pth")
+    p.add_argument("-p", "--plans", default="nnUNetPlans", help="plans of the trained models")
+    p.add_argument("-c", "--configuration", default="2d", help="configuration of the trained models")
+    p.add_argument("-f", "--fold", default="0", help="fold of the trained models")
+    p.add_argument("--checkpoint", default="checkpoint_final.pth", help="checkpoint file of the trained models")
     p.add_argument("--layer", choices=LAYERS, default="early",
-                   help="which features: early (the paper's regularised layer, default), middle or late")
+                   help="which features: early (the paper's regularised layer), middle or late")
     p.add_argument("-o", "--output", default=None, help="PNG file (default: ./meddisseg_features_<layer>.png)")
-    p.add_argument("--max-images", type=int, default=32, help="test images to use (default 32, in name order)")
-    p.add_argument("--pixels-per-image", type=int, default=64, help="pixel features sampled per image (default 64)")
-    p.add_argument("--device", default=None, help="cpu, cuda or mps (default: cuda where available)")
+    p.add_argument("--max-images", type=int, default=32, help="test images to use, in name order")
+    p.add_argument("--pixels-per-image", type=int, default=64, help="pixel features sampled per image")
+    add_device_argument(p, ("cpu", "cuda", "mps"), "device to run the models on")
     p.add_argument("--no-tsne", action="store_true", help="PCA panels only")
     return p
 
@@ -265,7 +267,7 @@ def _features(argv: Optional[Sequence[str]]) -> None:
     except RuntimeError as e:
         raise UserError(f"-d {args.dataset}: {e}") from None
     os.environ.setdefault("nnUNet_extTrainer", str(Path(__file__).resolve().parent.parent / "nnunet_trainers"))
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(resolve_device(args.device))
     tsne = not args.no_tsne
     if tsne and importlib.util.find_spec("sklearn") is None:
         print(f"{PROG}: {TSNE_MISSING}", file=sys.stderr)

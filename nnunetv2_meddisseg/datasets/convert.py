@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from nnunetv2_meddisseg.cli import run_command
+from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, run_command
 
 from .cases import ConversionPlan, ConversionResult
 from .errors import ConversionError, OptionError
@@ -65,7 +65,7 @@ def convert(dataset: str, source, dataset_id: int, resize: Optional[int] = None,
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, description="Convert a paper dataset (publisher's layout) into an nnU-Net v2 raw dataset with "
+        prog=PROG, formatter_class=DefaultsHelpFormatter, description="Convert a paper dataset (publisher's layout) into an nnU-Net v2 raw dataset with "
                                "the paper's split (fold 0 of splits_final.json; test set in imagesTs/labelsTs).")
     parser.add_argument("dataset", choices=list(CONVERTERS), metavar="DATASET",
                         help=f"one of: {', '.join(CONVERTERS)}")
@@ -73,9 +73,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-d", dest="dataset_id", type=int, required=True, metavar="ID", help="nnU-Net dataset ID")
     parser.add_argument("--resize", type=int, default=None, metavar="N",
                         help="resize every image and mask to NxN (paper: 256; images bilinear, masks nearest; "
-                             "Synapse: each axial slice)")
+                             "Synapse: each axial slice; default: keep the original size)")
     parser.add_argument("--split-file", default=None, metavar="F",
-                        help="JSON with lists of case IDs under 'train', 'val', 'test' replacing the default split")
+                        help="JSON with lists of case IDs under 'train', 'val', 'test' (default: the paper's split, or the "
+                             "package's seeded lists where the publisher ships none)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset with this ID")
     parser.add_argument("-np", dest="num_processes", type=int, default=min(4, os.cpu_count() or 1),
                         help="worker processes (default: min(4, CPU count))")

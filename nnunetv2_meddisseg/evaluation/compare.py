@@ -27,7 +27,7 @@ import os
 import sys
 from typing import Optional, Sequence, Tuple
 
-from nnunetv2_meddisseg.cli import UserError, run_command
+from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, add_device_argument, resolve_device, run_command
 from nnunetv2_meddisseg.evaluation.comparison_report import compare_prediction_folders
 from nnunetv2_meddisseg.evaluation.evaluate import load_dataset_json_labels
 from nnunetv2_meddisseg.evaluation.nnunet_prediction import find_trained_model, predict_missing_cases
@@ -45,24 +45,25 @@ def _default_names(baseline_trainer: str, trainer: str, folders: Sequence[str]) 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="nnUNetv2_meddisseg_compare",
+        prog="nnUNetv2_meddisseg_compare", formatter_class=DefaultsHelpFormatter,
         description="Predict a dataset's imagesTs with a default nnU-Net model and a Med-DisSeg model, evaluate "
                     "both against labelsTs with the paper's metrics and write a side-by-side table, a bar chart, "
                     "paired differences with a Wilcoxon test and overlays.")
     p.add_argument("-d", required=True, help="dataset ID or name (DatasetXXX_Name)")
-    p.add_argument("-f", default="0", help="fold (default 0; 'all' allowed)")
-    p.add_argument("-c", default="2d", help="configuration (default 2d)")
-    p.add_argument("--baseline-trainer", default="nnUNetTrainer")
-    p.add_argument("--baseline-plans", default="nnUNetPlans")
-    p.add_argument("--trainer", default="nnUNetTrainerMedDisSeg")
+    p.add_argument("-f", default="0", help="fold of both models ('all' allowed)")
+    p.add_argument("-c", default="2d", help="configuration of both models")
+    p.add_argument("--baseline-trainer", default="nnUNetTrainer", help="trainer of the default nnU-Net model")
+    p.add_argument("--baseline-plans", default="nnUNetPlans", help="plans of the default nnU-Net model")
+    p.add_argument("--trainer", default="nnUNetTrainerMedDisSeg", help="trainer of the Med-DisSeg model")
     p.add_argument("--plans", default=None,
                    help="plans of the Med-DisSeg model (default: nnUNetMedDisSegPlans if trained, else nnUNetPlans)")
-    p.add_argument("--checkpoint", default="checkpoint_final.pth")
-    p.add_argument("--device", default=None, choices=("cpu", "cuda"), help="default: cuda if available")
+    p.add_argument("--checkpoint", default="checkpoint_final.pth", help="checkpoint file of both models")
+    add_device_argument(p, what="device to predict on")
     p.add_argument("-npp", type=int, default=0,
                    help="processes for nnU-Net's pre-processing/export (0: sequential, in this process)")
     p.add_argument("--overwrite", action="store_true", help="predict again even where predictions exist")
-    p.add_argument("--num-overlays", type=int, default=4)
+    p.add_argument("--num-overlays", type=int, default=4,
+                   help="overlay pictures of the cases where the two models differ most")
     p.add_argument("--names", nargs=2, default=None, metavar=("BASELINE", "MODEL"),
                    help="row names (default: nnU-Net and Med-DisSeg for the default trainers, else the trainer names)")
     p.add_argument("-o", default=None,
@@ -98,9 +99,7 @@ def _compare_command(argv: Optional[Sequence[str]]) -> None:
     for folder in (images_ts, labels_ts):
         if not os.path.isdir(folder):
             raise FileNotFoundError(f"{folder} not found: the comparison needs the test set with labels")
-    if args.device is None:
-        import torch
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    args.device = resolve_device(args.device)
     plans_b = [args.plans] if args.plans else ["nnUNetMedDisSegPlans", "nnUNetPlans"]
     models = [(args.baseline_trainer, [args.baseline_plans]), (args.trainer, plans_b)]
     folders = [find_trained_model(dataset_name, t, p, args.c, args.f, args.checkpoint) for t, p in models]

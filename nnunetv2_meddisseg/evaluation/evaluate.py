@@ -19,7 +19,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 import numpy as np
 from tqdm import tqdm
 
-from nnunetv2_meddisseg.cli import UserError, run_command
+from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
 from nnunetv2_meddisseg.evaluation.metrics import (BINARY_METRICS, binary_metrics, mean_and_std,
                                                    multiclass_dice_hd95)
 
@@ -175,12 +175,21 @@ def match_cases(ref_dir: str, pred_dir: str, file_ending: Optional[str] = None) 
     return file_ending, cases
 
 
-def _check_values(arr: np.ndarray, allowed: np.ndarray, file: str) -> None:
+def _check_values(arr: np.ndarray, allowed: np.ndarray, file: str, declared: bool = True) -> None:
+    """Refuse label values outside ``allowed``; ``declared``: the labels came from -djfile / --labels
+    (not the binary default), which changes the advice."""
     values = np.unique(arr)
     bad = values[~np.isin(values, allowed)]
     if bad.size:
         shown = ", ".join(str(int(v)) for v in bad[:10]) + (", ..." if bad.size > 10 else "")
-        hint = " (a 0/255 mask? labels must be 0/1)" if 255 in bad and set(allowed.tolist()) == {0, 1} else ""
+        if bad.tolist() == [255] and set(allowed.tolist()) == {0, 1}:
+            hint = " (a 0/255 mask? binary labels must be 0/1)"
+        elif not declared:
+            every = " ".join(str(v) for v in range(int(values.max()) + 1))
+            hint = (f" (the default is binary; for a multi-class dataset declare its labels with -djfile "
+                    f"dataset.json or --labels {every})")
+        else:
+            hint = ""
         raise ValueError(f"{file} holds label values {{{shown}}} outside the declared set "
                          f"{{{', '.join(str(int(v)) for v in allowed)}}}{hint}")
 
@@ -204,6 +213,7 @@ def evaluate_folders(ref_dir: str, pred_dir: str, labels: Optional[Mapping[str, 
 
     where a case's dice/hd95 is its mean over labels and ``mean`` averages over cases.
     """
+    declared = labels is not None
     labels = dict(BINARY_LABELS if labels is None else labels)
     allowed = np.array(sorted(set(labels.values())), dtype=np.int64)
     foreground = {name: v for name, v in sorted(labels.items(), key=lambda kv: kv[1]) if v != 0}
@@ -221,8 +231,8 @@ def evaluate_folders(ref_dir: str, pred_dir: str, labels: Optional[Mapping[str, 
         pred, _ = read_label_map(pred_file, reader)
         if ref.shape != pred.shape:
             raise ValueError(f"{pred_file} has shape {pred.shape}, its reference {ref_file} has {ref.shape}")
-        _check_values(ref, allowed, ref_file)
-        _check_values(pred, allowed, pred_file)
+        _check_values(ref, allowed, ref_file, declared)
+        _check_values(pred, allowed, pred_file, declared)
         if multiclass:
             scores = multiclass_dice_hd95(pred, ref, foreground.values(), spacing if hd95_physical else None)
             per_label = {name: scores[v] for name, v in foreground.items()}
@@ -281,14 +291,15 @@ def save_summary(summary: Mapping, output_file: str) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="nnUNetv2_meddisseg_evaluate",
+        prog="nnUNetv2_meddisseg_evaluate", formatter_class=DefaultsHelpFormatter,
         description="Med-DisSeg paper metrics (mIoU, mDSC, Recall, Precision per image; per-organ Dice/HD95 "
                     "for multi-class datasets) of a prediction folder against a label folder.")
     p.add_argument("-ref", required=True, help="folder with the reference label images (e.g. labelsTs)")
     p.add_argument("-pred", required=True, help="folder with the predicted label images (same names)")
-    p.add_argument("-o", default=None, help="write the summary JSON here (fractions in [0, 1])")
+    p.add_argument("-o", default=None, help="write the summary JSON here (fractions in [0, 1]; default: print the table only)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("-djfile", default=None, help="dataset.json: its labels and file_ending are used")
+    g.add_argument("-djfile", default=None, help="dataset.json: its labels and file_ending are used; needed for multi-class datasets such as "
+                        "Synapse (default: binary labels 0 1)")
     g.add_argument("--labels", type=int, nargs="+", default=None,
                    help="declared label values incl. background (default: 0 1); more than one foreground "
                         "label switches to per-label Dice/HD95")

@@ -15,7 +15,7 @@ from copy import deepcopy
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
-from nnunetv2_meddisseg.cli import UserError, run_command
+from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
 
 __all__ = ["build_meddisseg_plans", "plan_meddisseg", "estimate_batch_size", "default_arch_kwargs", "main"]
 
@@ -158,8 +158,10 @@ def plan_meddisseg(dataset: str, plans_name: str = DEFAULT_PLANS_NAME, source_pl
     try:
         dataset_name = maybe_convert_to_dataset_name(dataset)
     except (RuntimeError, ValueError):
-        raise UserError(f"-d {dataset}: no such dataset in nnUNet_preprocessed ({preprocessed}) or nnUNet_raw; "
-                        f"run nnUNetv2_plan_and_preprocess -d {dataset} -c 2d first") from None
+        raw = os.environ.get("nnUNet_raw") or "nnUNet_raw is not set"
+        raise UserError(f"-d {dataset}: the dataset is missing from nnUNet_raw ({raw}) and nnUNet_preprocessed "
+                        f"({preprocessed}); create it with nnUNetv2_meddisseg_convert (or copy an nnU-Net dataset "
+                        f"into nnUNet_raw), then run nnUNetv2_plan_and_preprocess -d {dataset} -c 2d") from None
     folder = Path(preprocessed) / dataset_name
     source_file = folder / f"{source_plans_name}.json"
     if not source_file.is_file():
@@ -187,7 +189,7 @@ def plan_meddisseg(dataset: str, plans_name: str = DEFAULT_PLANS_NAME, source_pl
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="nnUNetv2_meddisseg_plan", description=(
+    p = argparse.ArgumentParser(prog="nnUNetv2_meddisseg_plan", formatter_class=DefaultsHelpFormatter, description=(
         "Derive a Med-DisSeg plan (nnUNetMedDisSegPlans.json) from a dataset's nnUNetPlans.json, reusing its "
         "preprocessed 2d data. Train with: nnUNetv2_train ID 2d FOLD -tr nnUNetTrainerMedDisSeg -p "
         "nnUNetMedDisSegPlans"))
@@ -195,21 +197,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--encoder-weights", default=None, metavar="{imagenet,PATH}",
                    help="initialise the encoder from torchvision's ResNet-50 IMAGENET1K_V1 weights ('imagenet': "
                         "downloaded now into torch.hub's cache, $TORCH_HOME, unless already there; training only "
-                        "reads the cache) or from a local torchvision ResNet-50 state dict (.pth)")
+                        "reads the cache) or from a local torchvision ResNet-50 state dict (.pth) (default: random initialisation)")
     p.add_argument("--patch-size", nargs=2, type=int, metavar=("H", "W"), default=None,
                    help="patch size, multiples of 16 (default: nnU-Net's 2d patch size rounded up to a multiple of 16; use 256 256 "
                         "for the paper protocol on images resized to 256)")
-    p.add_argument("--batch-size", type=int, default=None, help="default: from --gpu-memory-target")
+    p.add_argument("--batch-size", type=int, default=None, help="samples per batch (default: from --gpu-memory-target)")
     p.add_argument("--gpu-memory-target", type=float, default=8.0, dest="memory_target_gb",
                    help="GB of accelerator memory the batch size is planned for (default 8, as nnU-Net)")
     p.add_argument("--no-elat", dest="elat", action="store_false", help="ablation: no ELAT attention")
-    p.add_argument("--activation", choices=("telu", "relu"), default="telu")
+    p.add_argument("--activation", choices=("telu", "relu"), default="telu", help="activation of the network")
     p.add_argument("--no-cbat", dest="cbat", action="store_false",
                    help="ablation: each decoding path ends in a plain 3x3 conv-norm-activation block instead of CBAT")
     p.add_argument("--decoder-fusion", choices=("sum", "concat"), default="sum",
                    help="sum = paper Eq. 9; concat = released code / ConDSeg")
-    p.add_argument("--plans-name", default=DEFAULT_PLANS_NAME)
-    p.add_argument("--source-plans", default="nnUNetPlans", dest="source_plans_name")
+    p.add_argument("--plans-name", default=DEFAULT_PLANS_NAME, help="name of the plans file to write")
+    p.add_argument("--source-plans", default="nnUNetPlans", dest="source_plans_name",
+                   help="nnU-Net plans to derive from (their preprocessed 2d data is reused)")
     return p
 
 

@@ -3,13 +3,15 @@
 nnU-Net's ``PolyLRScheduler`` writes one learning rate into every parameter group. Med-DisSeg's
 Stage II trains the encoder at 1e-5 and the rest at 1e-4, so each group must decay from its own
 base rate: ``lr_g(e) = base_g * (1 - (e - start) / length) ** exponent`` for the epochs ``e`` of one
-stage ``[start, start + length)``.
+stage ``[start, start + length)``. :class:`PerGroupCosineLRScheduler` decays the same way along a
+half cosine, ``lr_g(e) = base_g * (1 + cos(pi * (e - start) / length)) / 2`` (the paper's schedule).
 """
+import math
 from typing import Dict, List, Optional, Sequence
 
 import torch
 
-__all__ = ["poly_lr", "PerGroupPolyLRScheduler"]
+__all__ = ["poly_lr", "cosine_lr", "PerGroupPolyLRScheduler", "PerGroupCosineLRScheduler"]
 
 
 def poly_lr(base_lr: float, step: int, total_steps: int, exponent: float = 0.9) -> float:
@@ -18,6 +20,14 @@ def poly_lr(base_lr: float, step: int, total_steps: int, exponent: float = 0.9) 
         raise ValueError(f"poly_lr: total_steps must be >= 1, got {total_steps}")
     step = min(max(step, 0), total_steps)
     return base_lr * (1.0 - step / total_steps) ** exponent
+
+
+def cosine_lr(base_lr: float, step: int, total_steps: int) -> float:
+    """``base_lr * (1 + cos(pi * step / total_steps)) / 2``, ``step`` clamped to ``[0, total_steps]``."""
+    if total_steps < 1:
+        raise ValueError(f"cosine_lr: total_steps must be >= 1, got {total_steps}")
+    step = min(max(step, 0), total_steps)
+    return base_lr * (1.0 + math.cos(math.pi * step / total_steps)) / 2.0
 
 
 class PerGroupPolyLRScheduler:
@@ -74,3 +84,11 @@ class PerGroupPolyLRScheduler:
         self.num_epochs = int(state["num_epochs"])
         self.exponent = float(state["exponent"])
         self.last_epoch = int(state["last_epoch"])
+
+
+class PerGroupCosineLRScheduler(PerGroupPolyLRScheduler):
+    """Cosine decay of every parameter group from its own base learning rate to 0 over one stage;
+    otherwise as :class:`PerGroupPolyLRScheduler` (``exponent`` is kept for its state dict, unused)."""
+
+    def lrs_at(self, epoch: int) -> List[float]:
+        return [cosine_lr(base, epoch - self.start_epoch, self.num_epochs) for base in self.base_lrs]

@@ -215,6 +215,26 @@ def test_multiclass_nifti_with_dataset_json(tmp_path, capsys):
     assert "HD95" in format_summary(s_mm)
 
 
+
+def test_multiclass_without_declared_labels_says_what_to_pass(tmp_path, capsys):
+    """Labels 0..2 under the binary default: the error names both ways to declare them, and the
+    --labels form it suggests then works."""
+    ref, pred = tmp_path / "labelsTs", tmp_path / "pred"
+    ref.mkdir()
+    pred.mkdir()
+    r = np.zeros((3, 6, 6), np.uint8)
+    r[1, 1:3, 1:3] = 1
+    r[1, 3:5, 3:5] = 2
+    _write_volume(ref / "v1.nii.gz", r)
+    _write_volume(pred / "v1.nii.gz", r)
+    assert main(["-ref", str(ref), "-pred", str(pred)]) == 2
+    err = capsys.readouterr().err
+    assert "v1.nii.gz holds label values {2} outside the declared set {0, 1}" in err
+    assert "-djfile dataset.json or --labels 0 1 2)" in err
+    assert main(["-ref", str(ref), "-pred", str(pred), "--labels", "0", "1", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "label_1" in out and "label_2" in out and "100.0" in out
+
 def test_dataset_json_file_ending_must_match(hand_folders, tmp_path, capsys):
     ref, pred = hand_folders
     dj = tmp_path / "dataset.json"

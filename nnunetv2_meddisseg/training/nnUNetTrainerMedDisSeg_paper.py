@@ -1,0 +1,172 @@
+"""Med-DisSeg on the paper's own training schedule instead of nnU-Net's.
+
+The paper trains with Adam, a cosine schedule from a base rate of 1e-4, 300 epochs, each epoch one
+pass over the training set, early stopping with a patience of 100 epochs, and random flips and
+rotations as the only augmentation. nnU-Net's defaults, which ``nnUNetTrainerMedDisSeg`` keeps, are
+1000 epochs of 250 iterations, a polynomial schedule and nnU-Net's full augmentation.
+"""
+import math
+from typing import Dict, List, Mapping, Optional, Tuple, Union
+
+import numpy as np
+import torch
+from batchgeneratorsv2.helpers.scalar_type import RandomScalar
+from batchgeneratorsv2.transforms.base.basic_transform import BasicTransform
+from batchgeneratorsv2.transforms.spatial.mirroring import MirrorTransform
+from batchgeneratorsv2.transforms.spatial.spatial import SpatialTransform
+from batchgeneratorsv2.transforms.utils.compose import ComposeTransforms
+from batchgeneratorsv2.transforms.utils.deep_supervision_downsampling import DownsampleSegForDSTransform
+from batchgeneratorsv2.transforms.utils.remove_label import RemoveLabelTansform
+from nnunetv2.training.data_augmentation.compute_initial_patch_size import get_patch_size
+
+from nnunetv2_meddisseg.training.lr_schedule import PerGroupCosineLRScheduler
+from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_2, nnUNetTrainerMedDisSeg
+
+__all__ = ["nnUNetTrainerMedDisSeg_paper", "EarlyStopping", "iterations_per_epoch"]
+
+
+def iterations_per_epoch(num_cases: int, batch_size: int) -> int:
+    """Batches in one pass over ``num_cases`` cases: ``ceil(num_cases / batch_size)`` (at least 1)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    return max(1, math.ceil(num_cases / batch_size))
+
+
+class EarlyStopping:
+    """Stop when the monitored score has not improved for ``patience`` epochs.
+
+    ``update(epoch, score)`` records one epoch's score and returns True once ``epoch - best_epoch >=
+    patience``; ``reset()`` forgets the best (a new stage)."""
+
+    def __init__(self, patience: int) -> None:
+        if patience < 1:
+            raise ValueError(f"patience must be >= 1, got {patience}")
+        self.patience = int(patience)
+        self.best: Optional[float] = None
+        self.best_epoch: Optional[int] = None
+
+    def reset(self) -> None:
+        self.best, self.best_epoch = None, None
+
+    def update(self, epoch: int, score: float) -> bool:
+        if self.best is None or score > self.best:
+            self.best, self.best_epoch = float(score), int(epoch)
+        return epoch - self.best_epoch >= self.patience
+
+    def state_dict(self) -> Dict[str, object]:
+        return {"patience": self.patience, "best": self.best, "best_epoch": self.best_epoch}
+
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
+        self.patience = int(state["patience"])
+        self.best = None if state["best"] is None else float(state["best"])
+        self.best_epoch = None if state["best_epoch"] is None else int(state["best_epoch"])
+
+
+class nnUNetTrainerMedDisSeg_paper(nnUNetTrainerMedDisSeg):
+    """The paper's schedule: 300 epochs, each ``ceil(n_train / batch)`` iterations (one pass over the
+    fold's training cases; validation likewise over its validation cases), Adam with a per-group cosine
+    schedule from the stage's base rates (1e-4; the encoder 1e-5 in Stage II, as ours), early stopping
+    once nnU-Net's EMA pseudo Dice has not improved for 100 Stage II epochs, and flips and rotations
+    (probability ``rotation_probability``, nnU-Net's 2d angle range) as the only augmentation. The
+    batch size comes from the plans; Stage I is the first quarter, as in ``nnUNetTrainerMedDisSeg``."""
+
+    paper_epochs: int = 300
+    early_stopping_patience: int = 100
+    rotation_probability: float = 0.5
+
+    def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
+                 device: torch.device = torch.device("cuda")):
+        super().__init__(plans, configuration, fold, dataset_json, device)
+        self.num_epochs = self.paper_epochs
+        self.early_stopping = EarlyStopping(self.early_stopping_patience)
+
+    def do_split(self):
+        """nnU-Net's split; an epoch is then one pass over the training (validation) cases."""
+        tr_keys, val_keys = super().do_split()
+        self.num_iterations_per_epoch = iterations_per_epoch(len(tr_keys), self.batch_size)
+        self.num_val_iterations_per_epoch = iterations_per_epoch(len(val_keys), self.batch_size)
+        return tr_keys, val_keys
+
+    def configure_optimizers(self, stage: Optional[str] = None):
+        """The stage's optimizer and groups as ``nnUNetTrainerMedDisSeg``, scheduled by a cosine."""
+        optimizer, poly = super().configure_optimizers(stage)
+        return optimizer, PerGroupCosineLRScheduler(optimizer, poly.base_lrs, poly.start_epoch, poly.num_epochs)
+
+    def configure_rotation_dummyDA_mirroring_and_inital_patch_size(self):
+        """nnU-Net's 2d rotation range and mirror axes; the initial patch leaves room for rotation only."""
+        rotation_for_DA, _, _, mirror_axes = super().configure_rotation_dummyDA_mirroring_and_inital_patch_size()
+        patch_size = self.configuration_manager.patch_size
+        initial_patch_size = get_patch_size(patch_size, rotation_for_DA, rotation_for_DA, rotation_for_DA, (1.0, 1.0))
+        return rotation_for_DA, False, initial_patch_size, mirror_axes
+
+    @staticmethod
+    def get_training_transforms(
+            patch_size: Union[np.ndarray, Tuple[int]],
+            rotation_for_DA: RandomScalar,
+            deep_supervision_scales: Union[List, Tuple, None],
+            mirror_axes: Tuple[int, ...],
+            do_dummy_2d_data_aug: bool,
+            use_mask_for_norm: List[bool] = None,
+            is_cascaded: bool = False,
+            foreground_labels: Union[Tuple[int, ...], List[int]] = None,
+            regions: List[Union[List[int], Tuple[int, ...], int]] = None,
+            ignore_label: int = None,
+    ) -> BasicTransform:
+        """Random rotation (crop to the patch) and flips along ``mirror_axes``; nothing else."""
+        transforms: List[BasicTransform] = [SpatialTransform(
+            patch_size, patch_center_dist_from_border=0, random_crop=False, p_elastic_deform=0,
+            p_rotation=nnUNetTrainerMedDisSeg_paper.rotation_probability, rotation=rotation_for_DA,
+            p_scaling=0, scaling=(1.0, 1.0), p_synchronize_scaling_across_axes=1, bg_style_seg_sampling=False,
+            border_mode_seg="constant", padding_value_seg=-1)]
+        if mirror_axes is not None and len(mirror_axes) > 0:
+            transforms.append(MirrorTransform(allowed_axes=mirror_axes))
+        transforms.append(RemoveLabelTansform(-1, 0))
+        if deep_supervision_scales is not None:
+            transforms.append(DownsampleSegForDSTransform(ds_scales=deep_supervision_scales))
+        return ComposeTransforms(transforms)
+
+    def on_epoch_end(self) -> None:
+        """nnU-Net's epoch end, then the early-stopping bookkeeping on the EMA pseudo Dice (Stage II)."""
+        epoch, stage = self.current_epoch, self.training_stage
+        super().on_epoch_end()
+        if stage != STAGE_2:
+            return
+        if epoch == self.stage1_epochs:
+            self.early_stopping.reset()  # the EMA restarts with Stage II
+        if self.early_stopping.update(epoch, self.logger.get_value("ema_fg_dice", step=-1)):
+            self.print_to_log_file(f"early stopping: no new best EMA pseudo Dice for {self.early_stopping.patience} "
+                                   f"epochs (best {self.early_stopping.best:.4f} at epoch "
+                                   f"{self.early_stopping.best_epoch})")
+            self.stop_training = True
+
+    def run_training(self) -> None:
+        """nnU-Net's training loop, ended early once ``stop_training`` is set."""
+        self.stop_training = self._stopped_before()
+        self.on_train_start()
+        for _ in range(self.current_epoch, self.num_epochs):
+            if self.stop_training:
+                break
+            self.on_epoch_start()
+            self.on_train_epoch_start()
+            train_outputs = [self.train_step(next(self.dataloader_train)) for _ in range(self.num_iterations_per_epoch)]
+            self.on_train_epoch_end(train_outputs)
+            with torch.no_grad():
+                self.on_validation_epoch_start()
+                val_outputs = [self.validation_step(next(self.dataloader_val))
+                               for _ in range(self.num_val_iterations_per_epoch)]
+                self.on_validation_epoch_end(val_outputs)
+            self.on_epoch_end()
+        self.on_train_end()
+
+    def _stopped_before(self) -> bool:
+        """True when a resumed run had already met the early-stopping criterion."""
+        stopper = self.early_stopping
+        return stopper.best_epoch is not None and self.current_epoch - 1 - stopper.best_epoch >= stopper.patience
+
+    def _checkpoint_extras(self) -> Dict[str, object]:
+        return {**super()._checkpoint_extras(), "early_stopping": self.early_stopping.state_dict()}
+
+    def _restore_checkpoint_extras(self, checkpoint: Mapping[str, object]) -> None:
+        super()._restore_checkpoint_extras(checkpoint)
+        if "early_stopping" in checkpoint:
+            self.early_stopping.load_state_dict(checkpoint["early_stopping"])

@@ -1,0 +1,200 @@
+"""The README's Troubleshooting table quotes the messages the tools really print.
+
+Every backtick-quoted message in the table's first column is either triggered here through the real
+entry point (our commands' ``main``, nnU-Net's trainer lookup, the trainer itself) and checked against
+what it printed, or listed in ``NOT_TRIGGERED`` with the reason. ``...`` in a quote stands for a part
+that varies (a path, a count): each piece between them must appear, in order, in the real output.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import sys
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import pytest
+import torch
+
+import test_bad_inputs as bad
+from nnunetv2_meddisseg.trainer_path import trainer_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+_TRAINING_TESTS = str(Path(__file__).resolve().parent / "training")
+if _TRAINING_TESTS not in sys.path:
+    sys.path.append(_TRAINING_TESTS)
+
+
+def troubleshooting_quotes(readme: str) -> List[str]:
+    """The backtick-quoted texts of the first column of the README's Troubleshooting table, in order."""
+    section = readme.split("\n## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|") and not line.startswith("|---")][1:]
+    quotes = []
+    for row in rows:
+        first_cell = row.split(" | ", 1)[0].lstrip("| ")
+        quotes += re.findall(r"`([^`]+)`", first_cell)
+    return quotes
+
+
+def _command(command: str, setup: Callable) -> Callable[[Path, Dict[str, Path]], str]:
+    """A trigger running one of test_bad_inputs' setups through the command's entry point; its stderr."""
+    def trigger(tmp: Path, env) -> str:
+        argv = setup(tmp, env)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = bad.run_entry_point(command, argv)
+        assert code == 2, err.getvalue()
+        return err.getvalue()
+    return trigger
+
+
+def _error_of(call: Callable[[], object]) -> str:
+    """``TypeName: message`` of what ``call`` raises, as a traceback's last line shows it."""
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 (any exception: its text is what the user sees)
+        return f"{type(e).__name__}: {e}"
+    raise AssertionError("no error raised")
+
+
+def trainer_not_found(tmp, env) -> str:
+    from nnunetv2.utilities.find_objects import recursive_find_trainer_class_by_name
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("nnUNet_extTrainer", raising=False)
+        return _error_of(lambda: recursive_find_trainer_class_by_name("nnUNetTrainerMedDisSeg"))
+
+
+def trainer_3d(tmp, env) -> str:
+    from copy import deepcopy
+
+    from test_trainer_meddisseg import DATASET_JSON, tiny_plans
+
+    from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
+
+    plans = tiny_plans(patch_size=(16, 32, 32), configuration="3d_fullres")
+    plans["continue_training"] = False
+    return _error_of(lambda: nnUNetTrainerMedDisSeg(plans, "3d_fullres", 0, deepcopy(DATASET_JSON),
+                                                    torch.device("cpu")))
+
+
+def imagenet_not_cached(tmp, env) -> str:
+    from nnunetv2_meddisseg.blocks.encoder import IMAGENET, resolve_encoder_weights
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCH_HOME", str(tmp / "empty_torch_home"))
+        return _error_of(lambda: resolve_encoder_weights(IMAGENET))
+
+
+def plan_weights_missing_key(tmp, env):
+    bad._fake_preprocessed(env)
+    state = bad._encoder_state_dict()
+    del state["layer2.0.conv1.weight"]
+    torch.save(state, tmp / "partial.pth")
+    return ["-d", "801", "--encoder-weights", str(tmp / "partial.pth")]
+
+
+def _smoke_trainer(env):
+    """The smoke trainer on the tiny plans of tests/training (a placeholder preprocessed folder, as there)."""
+    from test_trainer_meddisseg import DATASET, make_trainer
+
+    folder = env["nnUNet_preprocessed"] / DATASET / "nnUNetPlans_2d"
+    folder.mkdir(parents=True)
+    (folder / "case_000.b2nd").touch()  # lets nnU-Net infer its dataset class; never read
+    return make_trainer()
+
+
+def nan_batch(tmp, env) -> str:
+    from test_trainer_meddisseg import make_batch
+
+    trainer = _smoke_trainer(env)
+    trainer.on_train_epoch_start()
+    batch = make_batch()
+    batch["data"][0, 0, 0, 0] = float("nan")
+    return _error_of(lambda: trainer.train_step(batch))
+
+
+def single_sample_batch(tmp, env) -> str:
+    from test_trainer_meddisseg import make_batch
+
+    trainer = _smoke_trainer(env)
+    trainer.on_train_epoch_start()
+    trainer.train_step(make_batch(b=1))
+    return Path(trainer.log_file).read_text()
+
+
+TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
+    "RuntimeError: Could not find requested nnunet trainer nnUNetTrainerMedDisSeg in nnunetv2.training.nnUNetTrainer":
+        trainer_not_found,
+    "nnUNetv2_meddisseg_plan: error: -d ...: the dataset is missing from nnUNet_raw":
+        _command("plan", bad.plan_unknown_dataset),
+    "nnUNetv2_meddisseg_plan: error: .../nnUNetPlans.json not found": _command("plan", bad.plan_not_preprocessed),
+    "have no '2d' configuration": _command("plan", bad.plan_3d_only),
+    "trains 2D networks only": trainer_3d,
+    "--patch-size must be two positive multiples of 16": _command("plan", bad.plan_patch_not_multiple_of_16),
+    "encoder weights 'imagenet': ... is not in the cache": imagenet_not_cached,
+    "--encoder-weights: encoder weights ...: missing key '...' (expected torchvision resnet50 layout)":
+        _command("plan", plan_weights_missing_key),
+    "shape mismatch for key '...'": _command("plan", bad.plan_weights_wrong_shapes),
+    "nnUNetv2_meddisseg_convert: error: ... already exists: pass --overwrite to replace it or choose another -d":
+        _command("convert", bad.conv_dataset_exists),
+    "has no mask": _command("convert", bad.conv_image_without_mask),
+    "expected the same size": _command("convert", bad.conv_size_mismatch),
+    "cannot read image": _command("convert", bad.conv_corrupt_image),
+    "nnUNetv2_meddisseg_evaluate: error: prediction folder ... lacks ... cases, first missing: ...":
+        _command("evaluate", bad.eval_missing_cases),
+    "holds label values {255} outside the declared set {0, 1} (a 0/255 mask? binary labels must be 0/1)":
+        _command("evaluate", bad.eval_mask_0_255),
+    "outside the declared set {0, 1} (the default is binary; for a multi-class dataset declare its labels with "
+    "-djfile dataset.json or --labels ...)": _command("evaluate", bad.eval_multiclass_undeclared),
+    "nnUNetv2_meddisseg_compare: error: no trained model: .../nnUNetTrainer__nnUNetPlans__2d/fold_0/"
+    "checkpoint_final.pth": _command("compare", bad.cmp_baseline_model_missing),
+    "RuntimeError: input with NaN or inf values in a training batch": nan_batch,
+    "WARNING: a training batch holds a single sample: the dispersive loss needs at least two samples":
+        single_sample_batch,
+}
+
+# quoted in the table but not triggered here, with the reason
+NOT_TRIGGERED: Dict[str, str] = {
+    "operator torchvision::nms does not exist": "needs a torch / torchvision pair that do not match (a broken install)",
+    "--encoder-weights imagenet: cannot download torchvision's ResNet-50 IMAGENET1K_V1 weights":
+        "needs a failed download, and tests never touch the network",
+}
+
+# quotes in the first column that name a command or variable rather than a message
+NOT_MESSAGES = {"nnUNetv2_train", "nnUNetv2_predict"}
+
+
+def _appears_in_order(quote: str, output: str) -> bool:
+    position = 0
+    for piece in (p.strip() for p in quote.split("...")):
+        if not piece:
+            continue
+        found = output.find(piece, position)
+        if found < 0:
+            return False
+        position = found + len(piece)
+    return True
+
+
+def test_every_quote_is_triggered_or_listed_with_a_reason():
+    quotes = [q for q in troubleshooting_quotes((ROOT / "README.md").read_text()) if q not in NOT_MESSAGES]
+    assert len(quotes) >= 15
+    assert not set(TRIGGERS) & set(NOT_TRIGGERED)
+    assert sorted(quotes) == sorted({*TRIGGERS, *NOT_TRIGGERED}), "README table and this test disagree"
+
+
+def test_quote_matching_needs_every_piece_in_order():
+    assert _appears_in_order("a ... c", "a b c")
+    assert not _appears_in_order("a ... c", "c b a")
+    assert not _appears_in_order("a ... d", "a b c")
+
+
+@pytest.mark.parametrize("quote", list(TRIGGERS), ids=[q[:40] for q in TRIGGERS])
+def test_quoted_message_is_what_the_tool_prints(quote, tmp_path, nnunet_dirs, monkeypatch):
+    monkeypatch.setenv("nnUNet_extTrainer", trainer_folder())
+    work = tmp_path / "work"
+    work.mkdir()
+    output = TRIGGERS[quote](work, nnunet_dirs)
+    assert _appears_in_order(quote, " ".join(output.split())), f"{quote!r} not in the real output:\n{output}"
