@@ -23,7 +23,7 @@ import torch
 
 from compile_check import compare_compiled_to_float64, graph_breaks
 from nnunetv2_meddisseg.architectures import MedDisSegNet, MedDisSegOutput
-from nnunetv2_meddisseg.training.variants import nnUNetTrainerDispersive
+from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 
 FACTOR = 3.0
 
