@@ -29,6 +29,7 @@ Usage: ``python benchmarks/predict_bf16.py [--work DIR] [--kvasir PATH] [--size 
 """
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -62,7 +63,7 @@ def cpu_flags() -> dict:
 
 def _model_folder(env: Dict[str, str], dataset_name: str, batch: int) -> Path:
     plans = f"nnUNetMedDisSegPlans_bs{batch}"
-    trainer = quality.METHODS["meddisseg"][1]
+    trainer = quality.budget_trainer("meddisseg")
     return Path(env["nnUNet_results"]) / dataset_name / f"{trainer}__{plans}__{quality.CONFIGURATION}"
 
 
@@ -75,14 +76,17 @@ def train_model(args, work: Path, env: Dict[str, str], logs: Path) -> Path:
         if (folder / f"fold_{quality.FOLD}" / "checkpoint_final.pth").is_file():
             print(f"[1/3] reusing the trained model {folder}")
             return folder
-    quality._prepare_data(args, Path(args.kvasir).resolve(), env, logs, work)
+    if args.kvasir is None:
+        raise SystemExit(f"predict_bf16.py: error: --kvasir is required to train the model (or set "
+                         f"{quality.DATA_VARIABLE} to the folder holding Kvasir-SEG/)")
+    quality._prepare_data(args, Path(args.kvasir).resolve(), env, work, quality.Deadline(math.inf, math.inf))
     name = quality._dataset_folder(env["nnUNet_raw"], args.dataset_id).name
     folder = _model_folder(env, name, args.batch)
     plans, trainer = folder.name.split("__")[1], folder.name.split("__")[0]
     epochs = args.iterations // args.iterations_per_epoch
     print(f"[1/3] training Med-DisSeg: {args.iterations} iterations ({epochs} epochs), batch {args.batch}")
-    quality.write_budget_trainers(work / "trainers", epochs, args.iterations_per_epoch, args.val_iterations, False,
-                                  args.threads)
+    quality.write_budget_trainers(work / "trainers", ["meddisseg"], epochs, args.iterations_per_epoch,
+                                  args.val_iterations, False, args.threads)
     run_logged(["nnUNetv2_meddisseg_plan", "-d", str(args.dataset_id), "--batch-size", str(args.batch),
                 "--plans-name", plans], env, logs / "meddisseg_plan.log")
     run_logged(["nnUNetv2_train", str(args.dataset_id), quality.CONFIGURATION, quality.FOLD, "-tr", trainer, "-p",
@@ -123,7 +127,8 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--work", default=None, help="quality.py-style work folder (default: a new temporary folder, "
                                                 "kept); its trained Med-DisSeg model is reused")
-    p.add_argument("--kvasir", default=str(quality.DEFAULT_KVASIR), help="Kvasir-SEG folder (images/, masks/)")
+    p.add_argument("--kvasir", default=quality._default_kvasir(),
+                   help=f"Kvasir-SEG folder (images/, masks/; default: ${quality.DATA_VARIABLE}/Kvasir-SEG)")
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--iterations", type=int, default=160)
     p.add_argument("--iterations-per-epoch", type=int, default=20)

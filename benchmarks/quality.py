@@ -55,11 +55,14 @@ import numpy as np
 
 from common import DEFAULT_OUT, command_line, machine_info, markdown_table, nnunet_environment, write_results
 from nnunetv2_meddisseg.logged_command import console_command
+from nnunetv2_meddisseg.training import budget_trainers
+from nnunetv2_meddisseg.training.budget_trainers import Budget
 
 DATASET_ID = 502
 CONFIGURATION = "2d"
 FOLD = "0"
 TRAINER_MODULE = "meddisseg_budget_trainers"
+BUDGET_SUFFIX = "_budget"
 METRICS = ("iou", "dice", "recall", "precision")
 METRIC_TITLES = {"iou": "mIoU", "dice": "mDSC", "recall": "Recall", "precision": "Precision"}
 DATA_VARIABLE = "NNUNETV2_MEDDISSEG_TEST_DATA"
@@ -98,49 +101,8 @@ METHODS: Dict[str, Method] = {
 #: the comparison reference of every p-value
 BASELINE = "default"
 
-_TRAINER_TEMPLATE = '''"""Trainers with the budget of benchmarks/quality.py: generated, rewritten by every run.
-
-{num_epochs} epochs x {iterations_per_epoch} iterations = {iterations} training iterations; validation
-iterations per epoch: {val_iterations}.
-"""
-import torch
-{imports}
-
-NUM_EPOCHS = {num_epochs}
-ITERATIONS_PER_EPOCH = {iterations_per_epoch}
-VAL_ITERATIONS_PER_EPOCH = {val_iterations}
-FINAL_VALIDATION = {final_validation}
-TORCH_THREADS = {threads}  # None: nnUNetv2_train's choice
-
-
-def _budget(trainer) -> None:
-    trainer.num_epochs = NUM_EPOCHS
-    trainer.num_iterations_per_epoch = ITERATIONS_PER_EPOCH
-    trainer.num_val_iterations_per_epoch = VAL_ITERATIONS_PER_EPOCH
-    if TORCH_THREADS is not None:
-        torch.set_num_threads(TORCH_THREADS)
-{classes}'''
-
-_CLASS_TEMPLATE = '''
-
-class {name}({base}):
-    """{base} for {num_epochs} epochs x {iterations_per_epoch} iterations."""
-
-    def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
-                 device: torch.device = torch.device("cuda")):
-        super().__init__(plans, configuration, fold, dataset_json, device)
-        _budget(self)
-
-    def perform_actual_validation(self, save_probabilities: bool = False) -> None:
-        if FINAL_VALIDATION:
-            super().perform_actual_validation(save_probabilities)
-        else:
-            self.print_to_log_file("final validation skipped (benchmarks/quality.py --no-final-validation)")
-'''
-
-
 def budget_trainer(key: str) -> str:
-    return f"{METHODS[key].trainer}_budget"
+    return f"{METHODS[key].trainer}{BUDGET_SUFFIX}"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -149,17 +111,14 @@ def budget_trainer(key: str) -> str:
 
 def write_budget_trainers(folder: Path, methods: Sequence[str], num_epochs: int, iterations_per_epoch: int,
                           val_iterations: int, final_validation: bool, threads: Optional[int] = None) -> Path:
-    """Write ``folder/meddisseg_budget_trainers.py`` with one budget trainer per method; returns its path."""
-    values = {"num_epochs": num_epochs, "iterations_per_epoch": iterations_per_epoch, "threads": threads,
-              "iterations": num_epochs * iterations_per_epoch, "val_iterations": val_iterations,
-              "final_validation": final_validation}
-    imports = sorted({f"from {METHODS[k].module} import {METHODS[k].trainer}" for k in methods})
-    classes = "".join(_CLASS_TEMPLATE.format(name=budget_trainer(k), base=METHODS[k].trainer, **values)
-                      for k in methods)
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / f"{TRAINER_MODULE}.py"
-    target.write_text(_TRAINER_TEMPLATE.format(imports="\n".join(imports), classes=classes, **values))
-    return target
+    """Write ``folder/meddisseg_budget_trainers.py`` with one ``<trainer>_budget`` per method; returns its path.
+
+    threads: ``torch.set_num_threads`` in each trainer's constructor (after nnUNetv2_train's own
+    setting), or None to keep nnUNetv2_train's choice."""
+    budget = Budget(num_epochs, iterations_per_epoch, val_iterations, final_validation, threads)
+    trainers = {METHODS[k].trainer: METHODS[k].module for k in methods}
+    return budget_trainers.write_budget_trainers(folder / f"{TRAINER_MODULE}.py", trainers, BUDGET_SUFFIX, budget,
+                                                 "benchmarks/quality.py")
 
 
 def write_batch_plans(preprocessed: Path, source_name: str, target_name: str, batch: int) -> Path:

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional
 
 from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.training import budget_trainers
+from nnunetv2_meddisseg.training.budget_trainers import Budget
 from nnunetv2_meddisseg.evaluation.evaluate import evaluate_folders
 
 __all__ = ["TRAINER_MODULE", "BUDGET_SUFFIX", "Budget", "write_budget_trainers", "AblationRun"]
@@ -31,68 +33,11 @@ TRAINER_MODULE = "meddisseg_ablation_trainers"
 BUDGET_SUFFIX = "_ablation"
 PACKAGE_TRAINER_FOLDER = Path(__file__).resolve().parent.parent / "nnunet_trainers"
 
-_MODULE_TEMPLATE = '''"""Trainers with the budget of one nnUNetv2_meddisseg_ablate output folder: generated, rewritten by every run.
-
-Epochs: {epochs} (None: each variant's own); iterations per epoch: {iterations}; validation iterations per
-epoch: {val_iterations} (None: nnU-Net's); nnU-Net's final validation {final_text}.
-"""
-import torch
-{imports}
-
-NUM_EPOCHS = {epochs}
-ITERATIONS_PER_EPOCH = {iterations}
-VAL_ITERATIONS_PER_EPOCH = {val_iterations}
-FINAL_VALIDATION = {final_validation}
-
-
-def _budget(trainer) -> None:
-    if NUM_EPOCHS is not None:
-        trainer.num_epochs = NUM_EPOCHS
-    if ITERATIONS_PER_EPOCH is not None:
-        trainer.num_iterations_per_epoch = ITERATIONS_PER_EPOCH
-    if VAL_ITERATIONS_PER_EPOCH is not None:
-        trainer.num_val_iterations_per_epoch = VAL_ITERATIONS_PER_EPOCH
-{classes}'''
-
-_CLASS_TEMPLATE = '''
-
-class {name}{suffix}({name}):
-    def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
-                 device: torch.device = torch.device("cuda")):
-        super().__init__(plans, configuration, fold, dataset_json, device)
-        _budget(self)
-
-    def perform_actual_validation(self, save_probabilities: bool = False) -> None:
-        if FINAL_VALIDATION:
-            super().perform_actual_validation(save_probabilities)
-        else:
-            self.print_to_log_file("final validation skipped (nnUNetv2_meddisseg_ablate evaluates the test set)")
-'''
-
-
-@dataclass(frozen=True)
-class Budget:
-    """The training budget every variant gets (None: the trainer's own value)."""
-
-    epochs: Optional[int] = None
-    iterations_per_epoch: Optional[int] = None
-    val_iterations: Optional[int] = None
-    final_validation: bool = False
-
-
 def write_budget_trainers(folder: Path, variants: Mapping[str, str], budget: Budget) -> Path:
     """Write ``folder/meddisseg_ablation_trainers.py``: ``<variant>_ablation`` subclassing each variant
     (``variants``: trainer name -> importable module) with ``budget``; returns the file."""
-    imports = "\n".join(sorted(f"from {module} import {name}" for name, module in variants.items()))
-    classes = "".join(_CLASS_TEMPLATE.format(name=name, suffix=BUDGET_SUFFIX) for name in variants)
-    text = _MODULE_TEMPLATE.format(imports=imports, classes=classes, epochs=budget.epochs,
-                                   iterations=budget.iterations_per_epoch, val_iterations=budget.val_iterations,
-                                   final_validation=budget.final_validation,
-                                   final_text="runs" if budget.final_validation else "is skipped")
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / f"{TRAINER_MODULE}.py"
-    target.write_text(text)
-    return target
+    return budget_trainers.write_budget_trainers(folder / f"{TRAINER_MODULE}.py", variants, BUDGET_SUFFIX, budget,
+                                                 "nnUNetv2_meddisseg_ablate evaluates the test set")
 
 
 def _training_seconds(checkpoint_file: Path) -> float:
