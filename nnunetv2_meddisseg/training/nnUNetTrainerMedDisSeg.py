@@ -74,6 +74,12 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     only, as the released code does). ``seg`` is ``DC_and_CE_loss`` built as nnU-Net's
     ``_build_loss`` builds it, without the deep-supervision wrapper.
 
+    Optimizer: ``optimizer_name`` "adam" (the paper's) or "sgd" (nnU-Net's Nesterov SGD). The values
+    above are the paper's, which assume an ImageNet encoder; where the plans name no
+    ``encoder_weights`` the attributes listed in ``scratch_settings`` replace them (empty by default:
+    the higher learning rates we tried for a randomly initialised encoder did not train stably under
+    fp16 mixed precision, see the README).
+
     Dispersive loss: ``dispersive_variant`` (infonce_l2), ``dispersive_tau`` (0.8), ``dispersive_eps``
     (1e-8, InfoNCE variants), ``dispersive_margin`` (1.0, hinge) at
     ``dispersive_placement`` ("early" = ELAT-refined layer1 output x2; "middle" = x4; "late" = the last
