@@ -69,7 +69,11 @@ def _model_folder(env: Dict[str, str], dataset_name: str, batch: int) -> Path:
 
 def train_model(args, work: Path, env: Dict[str, str], logs: Path) -> Path:
     """Phase 1: quality.py's data preparation and Med-DisSeg budget trainer; returns the model folder
-    (an existing trained one is reused)."""
+    (an existing trained one is reused). The budget trainer module is written either way: nnU-Net's
+    predictor imports the model's trainer class from it."""
+    epochs = args.iterations // args.iterations_per_epoch
+    quality.write_budget_trainers(work / "trainers", ["meddisseg"], epochs, args.iterations_per_epoch,
+                                  args.val_iterations, False, args.threads)
     found = sorted(Path(env["nnUNet_raw"]).glob(f"Dataset{args.dataset_id:03d}_*"))
     if len(found) == 1:
         folder = _model_folder(env, found[0].name, args.batch)
@@ -83,10 +87,7 @@ def train_model(args, work: Path, env: Dict[str, str], logs: Path) -> Path:
     name = quality._dataset_folder(env["nnUNet_raw"], args.dataset_id).name
     folder = _model_folder(env, name, args.batch)
     plans, trainer = folder.name.split("__")[1], folder.name.split("__")[0]
-    epochs = args.iterations // args.iterations_per_epoch
     print(f"[1/3] training Med-DisSeg: {args.iterations} iterations ({epochs} epochs), batch {args.batch}")
-    quality.write_budget_trainers(work / "trainers", ["meddisseg"], epochs, args.iterations_per_epoch,
-                                  args.val_iterations, False, args.threads)
     run_logged(["nnUNetv2_meddisseg_plan", "-d", str(args.dataset_id), "--batch-size", str(args.batch),
                 "--plans-name", plans], env, logs / "meddisseg_plan.log")
     run_logged(["nnUNetv2_train", str(args.dataset_id), quality.CONFIGURATION, quality.FOLD, "-tr", trainer, "-p",
