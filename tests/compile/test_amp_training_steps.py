@@ -15,10 +15,8 @@ import torch
 
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2
 from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg_smoke
+from tests.training.test_trainer_meddisseg import DATASET, DATASET_JSON, tiny_plans
 
-DATASET = "Dataset998_TinyAmp"
-DATASET_JSON = {"channel_names": {"0": "R", "1": "G", "2": "B"}, "labels": {"background": 0, "a": 1, "b": 2},
-                "numTraining": 4, "file_ending": ".png"}
 #: A scale at which the scaled fp16 gradients fit. In Stage II the first convolution's gradient is
 #: about 200 here, and its fp16 accumulation overflows from a scale of 2**8 on: GradScaler then skips
 #: the step and halves the scale (nnU-Net starts at 2**16 and lets it back off; tested below).
@@ -26,25 +24,10 @@ INIT_SCALE = 2.0 ** 4
 
 
 def _plans() -> dict:
-    resampling = {"is_seg": False, "order": 1, "order_z": 0, "force_separate_z": None}
-    # nnU-Net's default plans: the trainer builds MedDisSegNet with its default arguments
-    unet = {"network_class_name": "dynamic_network_architectures.architectures.unet.PlainConvUNet",
-            "arch_kwargs": {}, "_kw_requires_import": []}
-    return {
-        "dataset_name": DATASET, "plans_name": "nnUNetPlans", "original_median_spacing_after_transp": [999.0, 1.0, 1.0],
-        "original_median_shape_after_transp": [1, 32, 32], "image_reader_writer": "NaturalImage2DIO",
-        "transpose_forward": [0, 1, 2], "transpose_backward": [0, 1, 2], "experiment_planner_used": "ExperimentPlanner",
-        "label_manager": "LabelManager", "foreground_intensity_properties_per_channel": {}, "continue_training": False,
-        "configurations": {"2d": {
-            "data_identifier": "nnUNetPlans_2d", "preprocessor_name": "DefaultPreprocessor", "batch_size": 2,
-            "patch_size": [32, 32], "median_image_size_in_voxels": [32, 32], "spacing": [1.0, 1.0],
-            "normalization_schemes": ["ZScoreNormalization"] * 3, "use_mask_for_norm": [False] * 3,
-            "resampling_fn_data": "resample_data_or_seg_to_shape", "resampling_fn_seg": "resample_data_or_seg_to_shape",
-            "resampling_fn_data_kwargs": resampling, "resampling_fn_seg_kwargs": resampling,
-            "resampling_fn_probabilities": "resample_data_or_seg_to_shape",
-            "resampling_fn_probabilities_kwargs": resampling, "architecture": unet, "batch_dice": True,
-        }},
-    }
+    # nnU-Net's default network in the plans: the trainer builds MedDisSegNet with its default arguments
+    plans = tiny_plans()
+    plans["continue_training"] = False
+    return plans
 
 
 def _batch(b=2, size=32):

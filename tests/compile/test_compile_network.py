@@ -24,6 +24,7 @@ import torch
 from compile_check import compare_compiled_to_float64, graph_breaks
 from nnunetv2_meddisseg.architectures import MedDisSegNet, MedDisSegOutput
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
+from tests.training.test_trainer_meddisseg import DATASET, DATASET_JSON, PLAIN_UNET, tiny_plans
 
 FACTOR = 3.0
 
@@ -63,38 +64,10 @@ def test_compiled_meddisseg_matches_eager(mode):
 
 
 # ---------------------------------------------------------------------------------------- nnUNetTrainerDispersive
-DATASET = "Dataset997_TinyCompile"
-DATASET_JSON = {"channel_names": {"0": "R", "1": "G", "2": "B"}, "labels": {"background": 0, "a": 1, "b": 2},
-                "numTraining": 4, "file_ending": ".png"}
-PLAIN_UNET = {
-    "network_class_name": "dynamic_network_architectures.architectures.unet.PlainConvUNet",
-    "arch_kwargs": {"n_stages": 3, "features_per_stage": [4, 8, 16], "conv_op": "torch.nn.modules.conv.Conv2d",
-                    "kernel_sizes": [[3, 3]] * 3, "strides": [[1, 1], [2, 2], [2, 2]], "n_conv_per_stage": [1, 1, 1],
-                    "n_conv_per_stage_decoder": [1, 1], "conv_bias": True,
-                    "norm_op": "torch.nn.modules.instancenorm.InstanceNorm2d",
-                    "norm_op_kwargs": {"eps": 1e-05, "affine": True}, "dropout_op": None, "dropout_op_kwargs": None,
-                    "nonlin": "torch.nn.LeakyReLU", "nonlin_kwargs": {"inplace": True}},
-    "_kw_requires_import": ["conv_op", "norm_op", "dropout_op", "nonlin"],
-}
-
-
 def _plans() -> dict:
-    resampling = {"is_seg": False, "order": 1, "order_z": 0, "force_separate_z": None}
-    return {
-        "dataset_name": DATASET, "plans_name": "nnUNetPlans", "original_median_spacing_after_transp": [999.0, 1.0, 1.0],
-        "original_median_shape_after_transp": [1, 32, 32], "image_reader_writer": "NaturalImage2DIO",
-        "transpose_forward": [0, 1, 2], "transpose_backward": [0, 1, 2], "experiment_planner_used": "ExperimentPlanner",
-        "label_manager": "LabelManager", "foreground_intensity_properties_per_channel": {}, "continue_training": False,
-        "configurations": {"2d": {
-            "data_identifier": "nnUNetPlans_2d", "preprocessor_name": "DefaultPreprocessor", "batch_size": 2,
-            "patch_size": [32, 32], "median_image_size_in_voxels": [32, 32], "spacing": [1.0, 1.0],
-            "normalization_schemes": ["ZScoreNormalization"] * 3, "use_mask_for_norm": [False] * 3,
-            "resampling_fn_data": "resample_data_or_seg_to_shape", "resampling_fn_seg": "resample_data_or_seg_to_shape",
-            "resampling_fn_data_kwargs": resampling, "resampling_fn_seg_kwargs": resampling,
-            "resampling_fn_probabilities": "resample_data_or_seg_to_shape",
-            "resampling_fn_probabilities_kwargs": resampling, "architecture": deepcopy(PLAIN_UNET), "batch_dice": True,
-        }},
-    }
+    plans = tiny_plans(PLAIN_UNET)
+    plans["continue_training"] = False
+    return plans
 
 
 @pytest.fixture
