@@ -24,7 +24,8 @@ Phases (each subprocess writes a log file under ``WORK/logs``):
    each of their runs draws its own), then ``nnUNetv2_predict`` on the test images. A finished run
    (``checkpoint_final.pth`` and its predictions) is reused on a rerun.
 5. One table (``<name>.json`` / ``.md``): per method the mean and spread over seeds of validation mDSC
-   and of the four test metrics, the difference to default nnU-Net's test mDSC with a two-sided
+   and of the four test metrics, the difference to the ``--baseline`` method's test mDSC (default:
+   default nnU-Net) with a two-sided
    Wilcoxon signed-rank p-value over the test images (each image's Dice averaged over the seeds both
    methods completed), wall time, and training diagnostics read from the logs (per-group gradient
    norms, dispersion diagnostics, loss terms; first and last epoch).
@@ -91,6 +92,10 @@ METHODS: Dict[str, Method] = {
                              "meddisseg"),
     "meddisseg_nodispersive": Method("Med-DisSeg, no dispersive loss", f"{_MD}.variants",
                                      "nnUNetTrainerMedDisSeg_noDispersive", "meddisseg"),
+    "meddisseg_stage2only": Method("Med-DisSeg, dispersive loss in Stage II only", f"{_MD}.ablation_variants",
+                                   "nnUNetTrainerMedDisSeg_dispersiveStage2Only", "meddisseg"),
+    "meddisseg_relu": Method("Med-DisSeg, ReLU instead of TeLU", f"{_MD}.ablation_variants",
+                             "nnUNetTrainerMedDisSeg_ReLU", "meddisseg"),
     "plain_paper": Method("Med-DisSeg network, plain, Adam 1e-4/1e-5", f"{_MD}.scratch_variants",
                           "nnUNetTrainerMedDisSeg_plainPaper", "meddisseg"),
     "plain_sgd": Method("Med-DisSeg network, plain, SGD 1e-2", f"{_MD}.scratch_variants",
@@ -98,7 +103,7 @@ METHODS: Dict[str, Method] = {
     "plain_adam": Method("Med-DisSeg network, plain, Adam 1e-3", f"{_MD}.scratch_variants",
                          "nnUNetTrainerMedDisSeg_plainAdam", "meddisseg"),
 }
-#: the comparison reference of every p-value
+#: the default comparison reference of every p-value (``--baseline``)
 BASELINE = "default"
 
 def budget_trainer(key: str) -> str:
@@ -329,9 +334,9 @@ def _seed_mean_dice(runs: Sequence[dict], seeds: Sequence[int]) -> Dict[str, flo
     return {c: float(np.mean([r["test_per_case"][c]["dice"] for r in chosen])) for c in cases}
 
 
-def aggregate(runs: Sequence[dict], methods: Sequence[str]) -> Dict[str, dict]:
+def aggregate(runs: Sequence[dict], methods: Sequence[str], baseline: str = BASELINE) -> Dict[str, dict]:
     """Per method: seeds done, mean / sd over seeds of validation and test metrics, and the paired
-    comparison of test Dice to ``BASELINE`` over the seeds both completed."""
+    comparison of test Dice to ``baseline`` over the seeds both completed."""
     from scipy import stats
 
     done = {k: [r for r in runs if r["method"] == k and r["status"] == "done"] for k in methods}
@@ -350,10 +355,10 @@ def aggregate(runs: Sequence[dict], methods: Sequence[str]) -> Dict[str, dict]:
             diagnostics[name] = {"first_epoch": float(np.mean([f[0] for f in firsts_lasts])),
                                  "last_epoch": float(np.mean([f[1] for f in firsts_lasts]))}
         row["diagnostics"] = diagnostics
-        baseline = done.get(BASELINE, [])
-        common = sorted({r["seed"] for r in rs} & {r["seed"] for r in baseline})
-        if key != BASELINE and common:
-            a, b = _seed_mean_dice(rs, common), _seed_mean_dice(baseline, common)
+        reference = done.get(baseline, [])
+        common = sorted({r["seed"] for r in rs} & {r["seed"] for r in reference})
+        if key != baseline and common:
+            a, b = _seed_mean_dice(rs, common), _seed_mean_dice(reference, common)
             d = np.array([a[c] - b[c] for c in sorted(a)])
             p = float(stats.wilcoxon(d).pvalue) if np.any(d != 0) else 1.0
             row["vs_baseline"] = {"seeds": common, "mean_dice_difference": float(d.mean()), "p_value": p,
@@ -381,7 +386,8 @@ def _markdown(payload: dict) -> str:
            f"{'on' if payload['compile'] else 'off'}. Encoder: {payload['encoder_weights']}.", "",
            "val mDSC: nnU-Net's final validation of the fold-0 validation cases (choose settings on this). "
            "Test metrics: this package's evaluator on the test images (percent). Each cell: mean ± standard "
-           "deviation over seeds. Δ, p: test mDSC difference to the default nnU-Net and the two-sided Wilcoxon "
+           f"deviation over seeds. Δ, p: test mDSC difference to {METHODS[payload.get('baseline', BASELINE)].name} "
+           "and the two-sided Wilcoxon "
            "signed-rank p-value over the test images (each image's Dice averaged over the seeds both completed).", ""]
     rows = []
     for key, r in payload["table"].items():
@@ -432,6 +438,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="skip nnU-Net's final validation of the fold-0 validation cases (no validation scores)")
     p.add_argument("--methods", nargs="+", default=["default", "meddisseg", "dispersive"], choices=list(METHODS),
                    help="methods to train")
+    p.add_argument("--baseline", default=BASELINE, choices=list(METHODS),
+                   help="the method every other one is compared to (paired test)")
     p.add_argument("--seeds", type=int, default=1, help="runs per method (seeds 0 .. N-1)")
     p.add_argument("--parallel", type=int, default=1, help="runs at a time")
     p.add_argument("--deadline-min", type=float, default=None,
@@ -461,6 +469,8 @@ def _check_args(args) -> Path:
     if args.kvasir is None:
         raise SystemExit(f"quality.py: error: --kvasir is required (or set {DATA_VARIABLE} to the folder holding "
                          f"Kvasir-SEG/)")
+    if args.baseline not in args.methods:
+        raise SystemExit(f"quality.py: error: --baseline {args.baseline} is not among --methods {' '.join(args.methods)}")
     if args.size < 32 or args.size % 16:
         raise SystemExit(f"quality.py: error: --size must be a multiple of 16 and at least 32, got {args.size}")
     if args.iterations < 1 or args.iterations_per_epoch < 1 or args.iterations % args.iterations_per_epoch:
@@ -578,7 +588,7 @@ def _run(args, kvasir: Path, work: Path, deadline: Deadline) -> dict:
             "device": args.device, "seeds": args.seeds, "parallel": args.parallel, "compile": args.compile,
             "encoder_weights": args.encoder_weights or "random initialisation (no ImageNet weights)",
             "environment": {k: env.get(k) for k in ("nnUNet_n_proc_DA", "nnUNet_def_n_proc", "nnUNet_compile")},
-            "table": aggregate(runs, args.methods),
+            "baseline": args.baseline, "table": aggregate(runs, args.methods, args.baseline),
             "runs": runs}
 
 

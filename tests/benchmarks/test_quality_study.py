@@ -66,6 +66,9 @@ def test_aggregate_means_spread_and_paired_test():
     assert v["mean_dice_difference"] == pytest.approx(differences.mean())
     assert v["p_value"] == pytest.approx(stats.wilcoxon(differences).pvalue)
     assert "vs_baseline" not in table["default"]
+    reversed_table = quality.aggregate(runs, ["default", "dispersive"], baseline="dispersive")
+    assert "vs_baseline" not in reversed_table["dispersive"]
+    assert reversed_table["default"]["vs_baseline"]["mean_dice_difference"] == pytest.approx(-differences.mean())
     markdown = quality._markdown({"dataset": "D", "data": {"size": 64, "train_cases": 8, "val_cases": 2,
                                                            "test_cases": 12, "subset": False},
                                   "device": "cpu", "budget": {"iterations": 20, "epochs": 2,
