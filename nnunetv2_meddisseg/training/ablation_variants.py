@@ -21,15 +21,13 @@ the other arguments are MedDisSegNet's defaults. The same network options also e
 (``nnUNetv2_meddisseg_plan --no-elat / --activation relu / --no-cbat``).
 """
 from copy import deepcopy
-from pydoc import locate
 
 from torch import nn
 
 from nnunetv2.utilities.plans_handling.plans_handler import ConfigurationManager, PlansManager
 
-from nnunetv2_meddisseg.architectures import MedDisSegNet
 from nnunetv2_meddisseg.planning.plan_meddisseg import NETWORK_CLASS_NAME, default_arch_kwargs
-from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
+from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg, plans_name_meddisseg
 
 __all__ = [
     "build_meddisseg_network",
@@ -55,9 +53,7 @@ def build_meddisseg_network(plans_manager: PlansManager, configuration_manager: 
     get MedDisSegNet's defaults (:func:`default_arch_kwargs`) plus ``overrides``.
     """
     configuration = deepcopy(configuration_manager.configuration)
-    class_name = configuration_manager.network_arch_class_name
-    located = locate(class_name) if isinstance(class_name, str) else None
-    if isinstance(located, type) and issubclass(located, MedDisSegNet):
+    if plans_name_meddisseg(configuration_manager):
         configuration["architecture"]["arch_kwargs"].update(overrides)
     else:
         configuration["architecture"] = {"network_class_name": NETWORK_CLASS_NAME,

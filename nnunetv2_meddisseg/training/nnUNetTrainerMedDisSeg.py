@@ -31,6 +31,13 @@ STAGE_2 = "stage2"
 RGB_CHANNEL_NAMES = frozenset({"r", "g", "b", "red", "green", "blue", "rgb", "rgb_to_0_1"})
 
 
+def plans_name_meddisseg(configuration_manager: ConfigurationManager) -> bool:
+    """True when the configuration's network class is MedDisSegNet (e.g. ``nnUNetMedDisSegPlans``)."""
+    class_name = configuration_manager.network_arch_class_name
+    located = locate(class_name) if isinstance(class_name, str) else None
+    return isinstance(located, type) and issubclass(located, MedDisSegNet)
+
+
 def _require_2d_configuration(plans: dict, configuration: str, trainer_name: str) -> None:
     manager = PlansManager(deepcopy(plans)).get_configuration(configuration)
     patch_size = list(manager.patch_size)
@@ -154,9 +161,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     # ------------------------------------------------------------------ settings
     def _plans_name_encoder_weights(self) -> bool:
         """True when the plans build MedDisSegNet with ``encoder_weights`` (a file or ``imagenet``)."""
-        class_name = self.configuration_manager.network_arch_class_name
-        located = locate(class_name) if isinstance(class_name, str) else None
-        if not (isinstance(located, type) and issubclass(located, MedDisSegNet)):
+        if not plans_name_meddisseg(self.configuration_manager):
             return False
         return bool(self.configuration_manager.network_arch_init_kwargs.get("encoder_weights"))
 
@@ -257,9 +262,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         nnU-Net's prediction, which loads the checkpoint's weights next: the plans' ``encoder_weights``
         file is not read then, and a trained model predicts where that file does not exist.
         """
-        class_name = configuration_manager.network_arch_class_name
-        located = locate(class_name) if isinstance(class_name, str) else None
-        if isinstance(located, type) and issubclass(located, MedDisSegNet):
+        if plans_name_meddisseg(configuration_manager):
+            class_name = configuration_manager.network_arch_class_name
             arch_kwargs = dict(configuration_manager.network_arch_init_kwargs)
             if not enable_deep_supervision and "encoder_weights" in arch_kwargs:
                 arch_kwargs["encoder_weights"] = None
