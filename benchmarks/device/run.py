@@ -3,7 +3,8 @@
 ``python benchmarks/device/run.py OUTDIR [--tiny] [--budget-s N] [--steps ...] [--quality-args "..."]``
 
 Five steps, in this order, each a subprocess with a time limit (the smaller of its cap and the time
-left of ``--budget-s``), so that a slow or hanging step cannot eat the rest:
+left of ``--budget-s``), so that a slow or hanging step cannot eat the rest; the last step selected
+(``--steps``) has no cap and takes the time left:
 
 1. ``environment``: GPU, memory, torch / CUDA / cuDNN / triton versions, a C compiler (torch.compile
    needs one), and where every package the run needs is imported from (``probes.py env``).
@@ -38,6 +39,7 @@ import argparse
 import datetime
 import importlib.util
 import json
+import math
 import os
 import platform
 import re
@@ -189,6 +191,23 @@ class DeviceRun:
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
 
+    def is_last_step(self, name: str) -> bool:
+        """True when ``name`` is the last of the selected steps (in the fixed order)."""
+        return [s for s in STEPS if s in self.args.steps][-1:] == [name]
+
+    def cap(self, name: str) -> float:
+        """Seconds step ``name`` may take: its cap, or everything left when no selected step follows it."""
+        return math.inf if self.is_last_step(name) else self.mode["caps"][name]
+
+    def cli_timeout(self, command: str, cap_end: float) -> float:
+        """Seconds for one command of step 4: its own limit within the step's cap; when step 4 is the last
+        step, training takes what is left after prediction's limit (compilation needs the time)."""
+        timeouts = self.mode["cli_timeouts"]
+        left = cap_end - time.monotonic()
+        if command == "train" and self.is_last_step("cli"):
+            return min(left, self.remaining()) - timeouts["predict"]
+        return min(timeouts[command], left)
+
     def call(self, name: str, command: Sequence[str], cap: float, env: Optional[Dict[str, str]] = None,
              reserve: float = 5.0) -> dict:
         """Run ``command`` (``python`` = this interpreter) with output to ``logs/<name>.log``, killed (its
@@ -271,7 +290,7 @@ def _read_json(path: Path) -> Optional[dict]:
 
 def step_environment(run: DeviceRun) -> dict:
     out = run.scratch / "environment.json"
-    call = run.call("1_environment", ["python", DEVICE_DIR / "probes.py", "env", out], run.mode["caps"]["environment"])
+    call = run.call("1_environment", ["python", DEVICE_DIR / "probes.py", "env", out], run.cap("environment"))
     result = {"calls": [call], "probe": _read_json(out)}
     if shutil.which("nvidia-smi"):
         try:
@@ -289,7 +308,7 @@ def step_environment(run: DeviceRun) -> dict:
 
 
 def step_throughput(run: DeviceRun) -> dict:
-    cap_end = time.monotonic() + run.mode["caps"]["throughput"]
+    cap_end = time.monotonic() + run.cap("throughput")
     calls, rows, skipped = [], [], {}
     for label, arguments, cap in run.mode["throughput"]:
         out = run.scratch / "throughput" / label
@@ -318,7 +337,7 @@ def step_throughput(run: DeviceRun) -> dict:
 def step_training(run: DeviceRun) -> dict:
     out = run.scratch / "training.json"
     call = run.call("3_training", ["python", DEVICE_DIR / "probes.py", "train", out, "--device", run.mode["device"],
-                                   *run.mode["training"]], run.mode["caps"]["training"])
+                                   *run.mode["training"]], run.cap("training"))
     payload = _read_json(out)
     ok = call["rc"] == 0 and payload is not None and all(
         c["all_losses_finite"] and c["last_grads_finite"] for c in payload["configs"])
@@ -378,13 +397,12 @@ def step_cli(run: DeviceRun) -> dict:
         (work / name).mkdir(parents=True, exist_ok=True)
         env[name] = str(work / name)
     split = write_cli_split(work / "split.json", run.mode["cli_cases"])
-    cap_end = time.monotonic() + run.mode["caps"]["cli"]
+    cap_end = time.monotonic() + run.cap("cli")
     calls, result = [], {"split": {k: len(v) for k, v in split.items() if isinstance(v, list)},
                          "size": run.mode["cli_size"], "compile_expected": run.mode["device"] == "cuda"}
     for name, command in _cli_commands(run, work, kvasir):
         command = [str(run.scratch / "bin" / command[0]), *[c() if callable(c) else c for c in command[1:]]]
-        call = run.call(f"4_cli_{name}", command, min(run.mode["cli_timeouts"][name], cap_end - time.monotonic()),
-                        env=env)
+        call = run.call(f"4_cli_{name}", command, run.cli_timeout(name, cap_end), env=env)
         calls.append(call)
         if name == "train":
             result["training"] = _training_facts(run.logs / call["log"], work / "nnUNet_results")

@@ -150,3 +150,27 @@ def test_cli_split_takes_the_first_shipped_cases(device_run, tmp_path):
     assert json.loads((tmp_path / "split.json").read_text()) == split
     assert split["train"] == shipped["train"][:3] and split["val"] == shipped["val"][:1]
     assert split["test"] == shipped["test"][:2]
+
+
+@pytest.mark.parametrize("steps, capped, uncapped", [
+    (["environment", "throughput", "training", "cli", "quality"], ["environment", "throughput", "training", "cli"],
+     "quality"),
+    (["cli"], [], "cli"),
+    (["environment", "cli"], ["environment"], "cli"),
+])
+def test_last_selected_step_takes_the_time_left(device_run, tmp_path, steps, capped, uncapped):
+    args = device_run._parser().parse_args([str(tmp_path / "out"), "--steps", *steps, "--budget-s", "540",
+                                            "--scratch", str(tmp_path / "scratch")])
+    run = device_run.DeviceRun(args)
+    for name in capped:
+        assert run.cap(name) == device_run.MODES["full"]["caps"][name]
+    assert run.cap(uncapped) == float("inf")
+    timeouts = device_run.MODES["full"]["cli_timeouts"]
+    cap_end = device_run.time.monotonic() + run.cap("cli")
+    train = run.cli_timeout("train", cap_end)
+    if uncapped == "cli":
+        # training may use everything but prediction's share of the 540 s
+        assert 540 - timeouts["predict"] - 5 < train <= 540 - timeouts["predict"]
+    else:
+        assert train == pytest.approx(min(timeouts["train"], run.cap("cli")), abs=1)
+    assert run.cli_timeout("predict", cap_end) == timeouts["predict"]
