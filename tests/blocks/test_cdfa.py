@@ -122,7 +122,9 @@ def test_forward_equals_first_implementation_fp32(size, kernel, training):
     with torch.no_grad():
         ours = m(x, fg, bg)
         ref = reference_cdfa_forward(m, x, fg, bg)
-    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    # 1e-4: in training mode the norms divide by the standard deviation of as few as 36 values, which
+    # magnifies fp32 rounding differences between the two orders of summation (seen: 2.5e-5 with 2 threads)
+    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
 
 
 def test_window_attention_equals_first_implementation_fp32():
@@ -305,3 +307,36 @@ def test_fp32_large_inputs_finite_and_equal_to_first_implementation(training):
         assert all(torch.isfinite(t).all() for t in results[-1])
     for ours, ref in zip(*results):
         torch.testing.assert_close(ours, ref, rtol=1e-3, atol=1e-3 * float(ref.abs().max()))
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_fp16_autocast_survives_grown_scale_invariant_weights(training):
+    # In training, value, projection and the first output convolution (all before a norm) grow under Adam
+    # without weight decay. Grown by 30x each, the convolution's output leaves fp16's range; the block
+    # computes that stretch in fp32, so under fp16 autocast its output stays finite and equal to fp32's.
+    torch.manual_seed(0)
+    m = ContrastDrivenAggregation(16, 32, 4).train()
+    with torch.no_grad():
+        for layer in (m.value, m.proj, m.output_convs[0].conv):
+            layer.weight.mul_(30.0)
+        for _ in range(20):  # running statistics as after training on such inputs (used in eval mode)
+            m(*(torch.randn(2, c, 8, 8) for c in (16, 32, 32)))
+    m.train(training)
+    x, fg, bg = (torch.randn(2, c, 8, 8) for c in (16, 32, 32))
+    pre_norm = []
+    hook = m.output_convs[0].conv.register_forward_hook(lambda mod, i, o: pre_norm.append(o.abs().max().item()))
+    with torch.no_grad():
+        expected = m(x, fg, bg)
+    hook.remove()
+    # the premise: the first output convolution's output exceeds fp16's largest value
+    assert pre_norm[0] > torch.finfo(torch.float16).max
+    inputs = [t.clone().requires_grad_() for t in (x, fg, bg)]
+    with _cpu_autocast_or_skip(torch.float16):
+        out = m(*inputs)
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
+    out.float().mean().backward()
+    for t in inputs:
+        assert torch.isfinite(t.grad).all()
+    for name, p in m.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
