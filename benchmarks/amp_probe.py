@@ -104,7 +104,6 @@ class ModuleMonitor:
         self.forward_max: Dict[str, float] = {}
         self.grad_max: Dict[str, float] = {}
         self.order: List[str] = []
-        self.dtypes: Dict[str, str] = {}
         self._handles = [m.register_forward_hook(self._hook(name)) for name, m in net.named_modules() if name]
 
     def _hook(self, name: str):
@@ -113,7 +112,6 @@ class ModuleMonitor:
             if not tensors:
                 return
             self.order.append(name)
-            self.dtypes[name] = str(tensors[0].dtype).replace("torch.", "")
             self.forward_max[name] = max(t.detach().abs().amax().float().item() for t in tensors)
             for t in tensors:
                 if t.requires_grad:

@@ -203,10 +203,9 @@ class DeviceRun:
         """Seconds for one command of step 4: its own limit within the step's cap; when step 4 is the last
         step, training takes what is left after prediction's limit (compilation needs the time)."""
         timeouts = self.mode["cli_timeouts"]
-        left = cap_end - time.monotonic()
         if command == "train" and self.is_last_step("cli"):
-            return min(left, self.remaining()) - timeouts["predict"]
-        return min(timeouts[command], left)
+            return self.remaining() - timeouts["predict"]
+        return min(timeouts[command], cap_end - time.monotonic())
 
     def call(self, name: str, command: Sequence[str], cap: float, env: Optional[Dict[str, str]] = None,
              reserve: float = 5.0) -> dict:

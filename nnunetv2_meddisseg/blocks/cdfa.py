@@ -219,9 +219,9 @@ class ContrastDrivenAggregation(nn.Module):
         # Nothing normalises the features from the value projection to the first output convolution's
         # norm: value, projection and that convolution are scale-invariant under the norm, so their
         # weights grow freely in training (Adam without weight decay) and so does the convolution's output
-        # (55 -> 18,800 in 775 steps of benchmarks/amp_probe.py). Under fp16 autocast that output
-        # would overflow fp16 (65504) and every step from then on would be skipped; so this stretch runs
-        # in fp32 whatever the surrounding autocast (without autocast nothing changes).
+        # (55 -> 18,800 in 775 steps of benchmarks/amp_probe.py, still rising). Under fp16 autocast it
+        # can pass fp16's largest value (65504), after which every step would be skipped; so this stretch
+        # runs in fp32 whatever the surrounding autocast (without autocast nothing changes).
         with torch.autocast(device_type=x.device.type, enabled=False):
             v = self._pointwise(self.value, _at_least_fp32(x))
             x = self.window_attention(v, self.window_weights(_at_least_fp32(fg), self.attn_fg))
