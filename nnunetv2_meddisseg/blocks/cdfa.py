@@ -141,6 +141,11 @@ def displacement_sum(values: Tensor, displacement: Tensor) -> Tensor:
     return _DisplacementSum.apply(values.contiguous(), displacement.contiguous())
 
 
+def _fp16_autocast(device_type: str) -> bool:
+    """Whether autocast to fp16 is active for ``device_type`` here."""
+    return torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.float16
+
+
 def _at_least_fp32(x: Tensor) -> Tensor:
     """``x`` in fp32 if it is in a lower precision (fp64 stays fp64)."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
@@ -156,8 +161,8 @@ class ContrastDrivenAggregation(nn.Module):
     summed (fold) and a Linear projection follows. This is applied first with the foreground
     guidance on v = Linear(x), then with the background guidance directly on that result (the same
     projection after both).
-    Input and output each pass two Conv3x3-Norm-act blocks. Under autocast, everything from the value
-    projection to the first output block is computed in fp32 (see ``forward``).
+    Input and output each pass two Conv3x3-Norm-act blocks. Under fp16 autocast, everything from the
+    value projection to the first output block is computed in fp32 (see ``forward``).
 
     x: (B, in_channels, H, W), fg, bg: (B, dim, H, W) -> (B, dim, H, W)
     """
@@ -214,19 +219,27 @@ class ContrastDrivenAggregation(nn.Module):
         out = displacement_sum(values, window_displacement_weights(weights, self.kernel_size))
         return self._pointwise(self.proj, out)
 
+    def _aggregate(self, x: Tensor, fg: Tensor, bg: Tensor) -> Tensor:
+        """Value projection, both window attentions and the first output block (shapes as ``forward``)."""
+        v = self._pointwise(self.value, x)
+        x = self.window_attention(v, self.window_weights(fg, self.attn_fg))
+        x = self.window_attention(x, self.window_weights(bg, self.attn_bg))
+        return self.output_convs[0](x)
+
     def forward(self, x: Tensor, fg: Tensor, bg: Tensor) -> Tensor:
         x = self.input_convs(x)
         # Nothing normalises the features from the value projection to the first output convolution's
         # norm: value, projection and that convolution are scale-invariant under the norm, so their
         # weights grow freely in training (Adam without weight decay) and so does the convolution's output
         # (55 -> 18,800 in 775 steps of benchmarks/amp_probe.py, still rising). Under fp16 autocast it
-        # can pass fp16's largest value (65504), after which every step would be skipped; so this stretch
-        # runs in fp32 whatever the surrounding autocast (without autocast nothing changes).
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            v = self._pointwise(self.value, _at_least_fp32(x))
-            x = self.window_attention(v, self.window_weights(_at_least_fp32(fg), self.attn_fg))
-            x = self.window_attention(x, self.window_weights(_at_least_fp32(bg), self.attn_bg))
-            x = self.output_convs[0](x)
+        # can pass fp16's largest value (65504), after which every step would be skipped; so under fp16
+        # autocast this stretch runs in fp32. bf16 has fp32's exponent range, so bf16 autocast (and no
+        # autocast) runs it unchanged.
+        if _fp16_autocast(x.device.type):
+            with torch.autocast(device_type=x.device.type, enabled=False):
+                x = self._aggregate(_at_least_fp32(x), _at_least_fp32(fg), _at_least_fp32(bg))
+        else:
+            x = self._aggregate(x, fg, bg)
         return self.output_convs[1:](x)
 
 

@@ -169,3 +169,31 @@ def test_trained_network_bf16_predictions_agree_with_fp32(monkeypatch):
     disagreement = (fp32.argmax(1) != bf16.argmax(1)).float().mean(dim=(1, 2))
     assert disagreement.max() <= MAX_DISAGREEMENT_PER_IMAGE, disagreement.tolist()
     assert disagreement.mean() <= MAX_DISAGREEMENT_OVERALL, disagreement.tolist()
+
+
+def test_switch_keeps_encoder_fp32_and_moves_weights_to_channels_last(bf16_cpu):
+    torch.manual_seed(0)
+    net = _mode(MedDisSegNet(3, 2), training=False)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    seen = {}
+    hooks = [m.register_forward_hook(lambda m, i, o, name=name: seen.setdefault(name, o))
+             for name, m in (("stem", net.encoder.conv1), ("elat", net.elat[0]), ("decoder", net.enhancement[0]))]
+    x = torch.randn(1, 3, 32, 48)
+    with torch.no_grad():
+        logits = net(x)
+    for h in hooks:
+        h.remove()
+    assert seen["stem"].dtype == seen["elat"].dtype == torch.float32
+    assert seen["decoder"].dtype == torch.bfloat16
+    assert logits.dtype == torch.float32 and logits.is_contiguous()
+    conv = net.cdfa[0].input_convs[0].conv.weight
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    after = net.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # same values, another memory layout
+    # switched off again, the network computes what a never-converted copy computes (up to the rounding
+    # of another convolution algorithm for the other layout: seen 1.8e-4)
+    reference = _mode(MedDisSegNet(3, 2), training=False)
+    reference.load_state_dict(before)
+    meddisseg.os.environ.pop(CPU_BF16_ENV)
+    with torch.no_grad():
+        torch.testing.assert_close(net(x), reference(x), rtol=1e-3, atol=1e-3)

@@ -340,3 +340,29 @@ def test_fp16_autocast_survives_grown_scale_invariant_weights(training):
         assert torch.isfinite(t.grad).all()
     for name, p in m.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+@pytest.mark.parametrize("dtype,stretch_dtype", [(torch.float16, torch.float32), (torch.bfloat16, torch.bfloat16)],
+                         ids=["fp16", "bf16"])
+def test_fp32_stretch_only_under_fp16_autocast(dtype, stretch_dtype):
+    # bf16 has fp32's exponent range, so under bf16 autocast (the CPU prediction switch) the stretch keeps
+    # running in bf16, where it is fast; with the grown weights of the test above it stays finite there too.
+    torch.manual_seed(0)
+    m = ContrastDrivenAggregation(16, 32, 4).train()
+    with torch.no_grad():
+        for layer in (m.value, m.proj, m.output_convs[0].conv):
+            layer.weight.mul_(30.0)
+        for _ in range(20):
+            m(*(torch.randn(2, c, 8, 8) for c in (16, 32, 32)))
+    m.eval()
+    seen = []
+    hook = m.output_convs[0].conv.register_forward_hook(lambda mod, i, o: seen.append(o))
+    x, fg, bg = (torch.randn(2, c, 8, 8) for c in (16, 32, 32))
+    with torch.no_grad():
+        expected = m(x, fg, bg)
+        with _cpu_autocast_or_skip(dtype):
+            out = m(x, fg, bg)
+    hook.remove()
+    assert seen[0].dtype == torch.float32 and seen[1].dtype == stretch_dtype
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), expected, rtol=5e-2, atol=5e-2 * float(expected.abs().max()))
