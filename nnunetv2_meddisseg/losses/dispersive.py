@@ -7,6 +7,10 @@ and the loss runs over the ``P = B (B - 1)`` ordered pairs ``i != j``:
   ``L = log( (1/P) sum_{i!=j} exp(-d_ij / tau) + eps )``
 - ``infonce_cosine``: ``d_ij = 1 - <h_i, h_j> / (||h_i|| ||h_j||)`` (norms clamped at 1e-12),
   same ``L`` as above
+- ``infonce_cosine_centred``: the same on ``h_i - mean_batch(h)``. Uncentred, the cosine of
+  non-negative features (after a ReLU, or gated by a sigmoid) is lowered only by making them sparse
+  with disjoint supports, which gates can do by shrinking towards zero; centred, it measures how the
+  samples differ from the batch mean, and neither scale nor a common offset can lower it
 - ``hinge``:          ``d_ij = ||h_i - h_j|| / sqrt(D)``,
   ``L = (1/P) sum_{i!=j} max(0, margin - d_ij)^2``
 - ``covariance``:     ``H~ = H - mean_batch(H)``, ``C = H~^T H~ / (B - 1)``,
@@ -31,7 +35,8 @@ from torch import Tensor, nn
 __all__ = ["DISPERSIVE_VARIANTS", "DISPERSIVE_PLACEMENTS", "DIAGNOSTIC_KEYS", "DIAGNOSTICS_BLOCK_ELEMENTS",
            "dispersive_loss", "DispersiveLoss", "dispersion_diagnostics"]
 
-DISPERSIVE_VARIANTS: Tuple[str, ...] = ("infonce_l2", "infonce_cosine", "hinge", "covariance")
+DISPERSIVE_VARIANTS: Tuple[str, ...] = ("infonce_l2", "infonce_cosine", "infonce_cosine_centred", "hinge",
+                                         "covariance")
 DISPERSIVE_PLACEMENTS: Tuple[str, ...] = ("early", "middle", "late")
 #: the keys of ``dispersion_diagnostics``
 DIAGNOSTIC_KEYS: Tuple[str, ...] = ("mean_pairwise_distance", "effective_rank")
@@ -125,7 +130,9 @@ def dispersive_loss(features: Tensor, variant: str = "infonce_l2", tau: float = 
     with torch.autocast(device_type=device_type, enabled=False):
         h = h.float()
         d = h.shape[1]
-        if variant == "infonce_cosine":
+        if variant in ("infonce_cosine", "infonce_cosine_centred"):
+            if variant == "infonce_cosine_centred":
+                h = h - h.mean(dim=0, keepdim=True)
             # ||h_i|| computed on the row divided by its max |value| so that it cannot overflow
             row_scale = h.detach().abs().amax(dim=1, keepdim=True).clamp_min(_FP32.tiny)
             norms = (torch.linalg.vector_norm(h / row_scale, dim=1, keepdim=True) * row_scale).clamp_min(_NORM_CLAMP)

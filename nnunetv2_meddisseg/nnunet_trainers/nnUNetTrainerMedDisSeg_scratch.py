@@ -1,12 +1,19 @@
-"""Exposes the from-scratch recipe variants (and nnUNetTrainerDispersive with the paper's InfoNCE-L2) to nnU-Net's trainer search (nnUNet_extTrainer)."""
-from nnunetv2_meddisseg.training.scratch_variants import (nnUNetTrainerDispersive_infonceL2,
+"""Exposes the from-scratch recipe variants and the dispersive-form variants of the study (nnUNetTrainerDispersive
+with the paper's InfoNCE-L2, both trainers with the batch-centred cosine form) to nnU-Net's trainer search
+(nnUNet_extTrainer)."""
+from nnunetv2_meddisseg.training.scratch_variants import (nnUNetTrainerDispersive_cosineCentred,
+                                                          nnUNetTrainerDispersive_infonceL2,
+                                                          nnUNetTrainerMedDisSeg_cosineCentred,
                                                           nnUNetTrainerMedDisSeg_paperSettings,
                                                           nnUNetTrainerMedDisSeg_plainAdam,
                                                           nnUNetTrainerMedDisSeg_plainPaper,
                                                           nnUNetTrainerMedDisSeg_plainSGD,
                                                           nnUNetTrainerMedDisSeg_scratchAdam,
-                                                          nnUNetTrainerMedDisSeg_scratchSGD)
+                                                          nnUNetTrainerMedDisSeg_scratchSGD,
+                                                          nnUNetTrainerMedDisSeg_scratchSGDCentred)
 
 __all__ = ["nnUNetTrainerMedDisSeg_paperSettings", "nnUNetTrainerMedDisSeg_scratchSGD",
+           "nnUNetTrainerMedDisSeg_scratchSGDCentred",
            "nnUNetTrainerMedDisSeg_scratchAdam", "nnUNetTrainerMedDisSeg_plainSGD", "nnUNetTrainerMedDisSeg_plainAdam",
-           "nnUNetTrainerMedDisSeg_plainPaper", "nnUNetTrainerDispersive_infonceL2"]
+           "nnUNetTrainerMedDisSeg_plainPaper", "nnUNetTrainerMedDisSeg_cosineCentred",
+           "nnUNetTrainerDispersive_infonceL2", "nnUNetTrainerDispersive_cosineCentred"]

@@ -11,15 +11,20 @@ from types import MappingProxyType
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 
-__all__ = ["SCRATCH_SGD", "SCRATCH_ADAM", "PLAIN_TRAINING",
+__all__ = ["SCRATCH_SGD", "SCRATCH_SGD_CENTRED", "SCRATCH_ADAM", "PLAIN_TRAINING",
            "nnUNetTrainerMedDisSeg_paperSettings", "nnUNetTrainerMedDisSeg_scratchSGD",
+           "nnUNetTrainerMedDisSeg_scratchSGDCentred",
            "nnUNetTrainerMedDisSeg_scratchAdam", "nnUNetTrainerMedDisSeg_plainSGD",
-           "nnUNetTrainerMedDisSeg_plainAdam", "nnUNetTrainerMedDisSeg_plainPaper", "nnUNetTrainerDispersive_infonceL2"]
+           "nnUNetTrainerMedDisSeg_plainAdam", "nnUNetTrainerMedDisSeg_plainPaper", "nnUNetTrainerMedDisSeg_cosineCentred",
+           "nnUNetTrainerDispersive_infonceL2", "nnUNetTrainerDispersive_cosineCentred"]
 
 #: nnU-Net's own recipe for networks trained from scratch: SGD (Nesterov, momentum 0.99) at 1e-2 for
 #: every group in both stages; the scale-invariant cosine form of the dispersive loss
 SCRATCH_SGD = MappingProxyType({"optimizer_name": "sgd", "stage1_lr": 1e-2, "stage2_lr": 1e-2,
                                 "stage2_encoder_lr": 1e-2, "dispersive_variant": "infonce_cosine"})
+#: ``SCRATCH_SGD`` with the batch-centred cosine form of the dispersive loss (the uncentred one lets the
+#: ELAT gates shrink the non-negative early features towards zero at these rates)
+SCRATCH_SGD_CENTRED = MappingProxyType(dict(SCRATCH_SGD, dispersive_variant="infonce_cosine_centred"))
 #: Adam at 1e-3 for every group in both stages (no 10x lower encoder rate); cosine dispersive loss
 SCRATCH_ADAM = MappingProxyType({"optimizer_name": "adam", "stage1_lr": 1e-3, "stage2_lr": 1e-3,
                                  "stage2_encoder_lr": 1e-3, "dispersive_variant": "infonce_cosine"})
@@ -39,6 +44,12 @@ class nnUNetTrainerMedDisSeg_scratchSGD(nnUNetTrainerMedDisSeg):
     """From random initialisation: ``SCRATCH_SGD``."""
 
     scratch_settings = SCRATCH_SGD
+
+
+class nnUNetTrainerMedDisSeg_scratchSGDCentred(nnUNetTrainerMedDisSeg):
+    """From random initialisation: ``SCRATCH_SGD_CENTRED``."""
+
+    scratch_settings = SCRATCH_SGD_CENTRED
 
 
 class nnUNetTrainerMedDisSeg_scratchAdam(nnUNetTrainerMedDisSeg):
@@ -76,7 +87,20 @@ class nnUNetTrainerMedDisSeg_plainPaper(_PlainTraining):
     scratch_settings = MappingProxyType({})
 
 
+class nnUNetTrainerMedDisSeg_cosineCentred(nnUNetTrainerMedDisSeg):
+    """The paper's settings with the batch-centred cosine form of the dispersive loss instead of InfoNCE-L2
+    (neither scale nor shrinking can lower it)."""
+
+    dispersive_variant = "infonce_cosine_centred"
+
+
 class nnUNetTrainerDispersive_infonceL2(nnUNetTrainerDispersive):
     """nnUNetTrainerDispersive with the paper's ``infonce_l2`` form on raw (not normalised) features."""
 
     dispersive_variant = "infonce_l2"
+
+
+class nnUNetTrainerDispersive_cosineCentred(nnUNetTrainerDispersive):
+    """nnUNetTrainerDispersive with the batch-centred cosine form (``infonce_cosine_centred``)."""
+
+    dispersive_variant = "infonce_cosine_centred"

@@ -16,6 +16,9 @@ def _reference(features: torch.Tensor, variant: str, tau: float, eps: float, mar
     if variant == "infonce_l2":
         terms = [torch.exp(-((h[i] - h[j]) ** 2).sum() / d / tau) for i, j in pairs]
         return torch.log(sum(terms) / len(pairs) + eps)
+    if variant == "infonce_cosine_centred":
+        mean = sum(h[i] for i in range(b)) / b
+        return _reference(torch.stack([h[i] - mean for i in range(b)]), "infonce_cosine", tau, eps, margin)
     if variant == "infonce_cosine":
         def norm(v):
             return torch.clamp(torch.sqrt((v * v).sum()), min=1e-12)
@@ -186,6 +189,22 @@ def test_duplicate_and_zero_samples_have_finite_gradients(variant):
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(h.grad).all()
     torch.testing.assert_close(loss.double(), _reference(h.detach(), variant, 0.8, 1e-8, 1.6), rtol=1e-5, atol=1e-6)
+
+
+def test_centred_cosine_not_lowered_by_shrinking_non_negative_features():
+    # Non-negative features with a common part: uncentred cosine dispersion falls when the common part is
+    # gated towards zero (the features shrink and become sparse); the centred form ignores the common part.
+    torch.manual_seed(5)
+    specific = torch.rand(6, 50) * (torch.rand(6, 50) < 0.2)
+    common = torch.rand(1, 50)
+    for gate in (1.0, 1e-3):
+        h = specific + gate * common
+        if gate == 1.0:
+            uncentred, centred = dispersive_loss(h, "infonce_cosine"), dispersive_loss(h, "infonce_cosine_centred")
+    assert dispersive_loss(h, "infonce_cosine") < uncentred - 0.1
+    torch.testing.assert_close(dispersive_loss(h, "infonce_cosine_centred"), centred, rtol=1e-5, atol=1e-6)
+    # and it is scale-invariant
+    torch.testing.assert_close(dispersive_loss(h * 1e-4, "infonce_cosine_centred"), centred, rtol=1e-5, atol=1e-6)
 
 
 def test_invalid_options_are_named():

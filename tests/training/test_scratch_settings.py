@@ -8,10 +8,14 @@ import pytest
 import torch
 
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_2, nnUNetTrainerMedDisSeg
-from nnunetv2_meddisseg.training.scratch_variants import (SCRATCH_SGD, nnUNetTrainerDispersive_infonceL2,
+from nnunetv2_meddisseg.training.scratch_variants import (SCRATCH_SGD, SCRATCH_SGD_CENTRED,
+                                                          nnUNetTrainerDispersive_cosineCentred,
+                                                          nnUNetTrainerDispersive_infonceL2,
+                                                          nnUNetTrainerMedDisSeg_cosineCentred,
                                                           nnUNetTrainerMedDisSeg_paperSettings,
                                                           nnUNetTrainerMedDisSeg_plainSGD,
-                                                          nnUNetTrainerMedDisSeg_scratchSGD)
+                                                          nnUNetTrainerMedDisSeg_scratchSGD,
+                                                          nnUNetTrainerMedDisSeg_scratchSGDCentred)
 from tests.training.test_trainer_meddisseg import (MEDDISSEG, PLAIN_UNET, make_batch, make_trainer, nnunet_dirs,
                                                    tiny_plans)
 
@@ -37,6 +41,15 @@ def test_scratch_settings_apply_only_without_encoder_weights(nnunet_dirs):
                                                paper.dispersive_variant)
     kept = make_trainer(nnUNetTrainerMedDisSeg_paperSettings, initialize=False)
     assert (kept.optimizer_name, kept.stage2_encoder_lr) == ("adam", 1e-5)
+
+
+def test_centred_recipe_differs_from_sgd_only_in_the_dispersive_form(nnunet_dirs):
+    assert {k: v for k, v in SCRATCH_SGD_CENTRED.items() if SCRATCH_SGD[k] != v} == {
+        "dispersive_variant": "infonce_cosine_centred"}
+    trainer = make_trainer(nnUNetTrainerMedDisSeg_scratchSGDCentred, num_epochs=2)
+    assert trainer.dispersive_variant == "infonce_cosine_centred"
+    result = trainer.train_step(make_batch())
+    assert math.isfinite(float(result["loss"]))
 
 
 def test_unknown_scratch_setting_is_refused(nnunet_dirs):
@@ -101,3 +114,24 @@ def test_dispersive_trainer_default_form_cannot_be_lowered_by_scale():
     assert dispersive_loss(10 * h, default).item() == pytest.approx(dispersive_loss(h, default).item(), abs=1e-5)
     paper = nnUNetTrainerDispersive_infonceL2.dispersive_variant
     assert dispersive_loss(10 * h, paper).item() < dispersive_loss(h, paper).item() - 1.0
+
+
+@pytest.mark.parametrize("cls, plans_arch", [(nnUNetTrainerMedDisSeg_cosineCentred, MEDDISSEG),
+                                             (nnUNetTrainerDispersive_cosineCentred, PLAIN_UNET)])
+def test_centred_form_trainers_train_with_the_centred_loss(nnunet_dirs, cls, plans_arch):
+    from nnunetv2_meddisseg.losses import dispersive_loss
+
+    parent = cls.__mro__[1]
+    assert cls.dispersive_variant == "infonce_cosine_centred" != parent.dispersive_variant
+    trainer = make_trainer(cls, plans=tiny_plans(plans_arch), num_epochs=2)
+    trainer.on_train_epoch_start()
+    batch = make_batch()
+    if parent is not nnUNetTrainerMedDisSeg:
+        batch["target"] = [batch["target"], batch["target"][:, :, ::2, ::2]]
+    result = trainer.train_step(batch)
+    assert math.isfinite(float(result["loss"])) and math.isfinite(result["loss_dispersive"])
+    # adding a common offset to every sample leaves the centred loss unchanged, unlike the uncentred one
+    h = torch.rand(4, 6, 3, 3, generator=torch.Generator().manual_seed(1))
+    assert dispersive_loss(h + 5, cls.dispersive_variant).item() == pytest.approx(
+        dispersive_loss(h, cls.dispersive_variant).item(), abs=1e-4)
+    assert abs(dispersive_loss(h + 5, "infonce_cosine").item() - dispersive_loss(h, "infonce_cosine").item()) > 0.01

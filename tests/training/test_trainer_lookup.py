@@ -8,10 +8,11 @@ import pytest
 
 from nnunetv2_meddisseg.trainer_path import TRAINER_FOLDER, trainer_folder
 from nnunetv2_meddisseg.training import nnUNetTrainerDispersive as dispersive_module
-from nnunetv2_meddisseg.training import variants
+from nnunetv2_meddisseg.training import scratch_variants, variants
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 
-TRAINERS = ["nnUNetTrainerMedDisSeg", *variants.__all__, *dispersive_module.__all__]
+SCRATCH_TRAINERS = [name for name in scratch_variants.__all__ if name.startswith("nnUNetTrainer")]
+TRAINERS = ["nnUNetTrainerMedDisSeg", *variants.__all__, *dispersive_module.__all__, *SCRATCH_TRAINERS]
 
 
 def test_trainer_path_command_prints_the_folder():
@@ -45,5 +46,6 @@ def test_nnunet_lookup_finds_each_trainer(name, monkeypatch):
     found = recursive_find_trainer_class_by_name(name)
     assert found.__name__ == name
     # the real class from the package, not a copy from a module nnU-Net imported and dropped
-    assert found in (getattr(variants, name, None), getattr(dispersive_module, name, None), nnUNetTrainerMedDisSeg)
+    assert found in (getattr(variants, name, None), getattr(dispersive_module, name, None),
+                     getattr(scratch_variants, name, None), nnUNetTrainerMedDisSeg)
     assert found.__module__.startswith("nnunetv2_meddisseg.training.")
