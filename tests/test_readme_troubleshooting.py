@@ -124,6 +124,18 @@ def single_sample_batch(tmp, env) -> str:
     return Path(trainer.log_file).read_text()
 
 
+def no_gradient_epoch(tmp, env) -> str:
+    from test_trainer_meddisseg import make_batch
+
+    trainer = _smoke_trainer(env)
+    trainer.on_epoch_start()
+    trainer.on_train_epoch_start()
+    for p in trainer._trained_parameters():
+        p.register_hook(torch.zeros_like)  # every gradient zero, as after a GradScaler's scale has collapsed
+    trainer.on_train_epoch_end([trainer.train_step(make_batch())])
+    return Path(trainer.log_file).read_text()
+
+
 TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "RuntimeError: Could not find requested nnunet trainer nnUNetTrainerMedDisSeg in nnunetv2.training.nnUNetTrainer":
         trainer_not_found,
@@ -153,6 +165,8 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "RuntimeError: input with NaN or inf values in a training batch": nan_batch,
     "WARNING: a training batch holds a single sample: the dispersive loss needs at least two samples":
         single_sample_batch,
+    "WARNING: no training step of epoch ... changed the weights: every gradient was zero or not finite":
+        no_gradient_epoch,
 }
 
 # quoted in the table but not triggered here, with the reason

@@ -236,6 +236,20 @@ class ExtendedTrainerBase(nnUNetTrainer):
     def _stage_boundaries(self) -> Sequence[int]:
         return ()
 
+    def _warn_if_no_step_learned(self, outputs: Dict[str, np.ndarray]) -> None:
+        """Log a warning when no training step of the epoch had a finite, non-zero gradient (``outputs``:
+        the collated ``train_step`` results, one value per step under each ``grad_norm_*`` key).
+
+        That is a run that has stopped learning, e.g. under fp16 when the GradScaler has shrunk its scale
+        until every gradient underflows; its curves would otherwise only flatten."""
+        norms = [np.asarray(v, dtype=np.float64).reshape(-1) for k, v in outputs.items() if k.startswith("grad_norm_")]
+        if not norms or np.any(np.isfinite(np.stack(norms)) & (np.stack(norms) > 0)):
+            return
+        scaler = f" (GradScaler scale {self.grad_scaler.get_scale():.3g})" if self.grad_scaler is not None else ""
+        self.print_to_log_file(
+            f"WARNING: no training step of epoch {self.current_epoch} changed the weights: every gradient was zero "
+            f"or not finite{scaler}. The run has stopped learning; see the README's Troubleshooting.")
+
     def on_train_epoch_end(self, train_outputs: List[dict]) -> None:
         super().on_train_epoch_end(train_outputs)
         outputs = collate_outputs(train_outputs)
@@ -260,6 +274,7 @@ class ExtendedTrainerBase(nnUNetTrainer):
         if diagnostics:
             self.print_to_log_file("dispersion: " + ", ".join(f"{k[len('dispersion_'):]} {v:.4g}"
                                                               for k, v in sorted(diagnostics.items())))
+        self._warn_if_no_step_learned(outputs)
 
     # ------------------------------------------------------------------ end of epoch, checkpoint_best
     def _may_write_best_checkpoint(self) -> bool:

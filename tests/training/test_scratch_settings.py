@@ -17,7 +17,7 @@ from nnunetv2_meddisseg.training.scratch_variants import (SCRATCH_SGD, SCRATCH_S
                                                           nnUNetTrainerMedDisSeg_scratchSGD,
                                                           nnUNetTrainerMedDisSeg_scratchSGDCentred)
 from tests.training.test_trainer_meddisseg import (MEDDISSEG, PLAIN_UNET, make_batch, make_trainer, nnunet_dirs,
-                                                   tiny_plans)
+                                                   run_epoch, tiny_plans)
 
 __all__ = ["nnunet_dirs"]
 
@@ -135,3 +135,20 @@ def test_centred_form_trainers_train_with_the_centred_loss(nnunet_dirs, cls, pla
     assert dispersive_loss(h + 5, cls.dispersive_variant).item() == pytest.approx(
         dispersive_loss(h, cls.dispersive_variant).item(), abs=1e-4)
     assert abs(dispersive_loss(h + 5, "infonce_cosine").item() - dispersive_loss(h, "infonce_cosine").item()) > 0.01
+
+
+def test_an_epoch_without_any_gradient_is_reported(nnunet_dirs):
+    from pathlib import Path
+
+    trainer = make_trainer(num_epochs=2)
+    batch = make_batch()
+    run_epoch(trainer, batch)
+    assert "stopped learning" not in Path(trainer.log_file).read_text()
+    # every gradient zero, as when a GradScaler's scale has shrunk until all gradients underflow
+    handles = [p.register_hook(torch.zeros_like) for p in trainer.network.parameters()]
+    run_epoch(trainer, batch)
+    for h in handles:
+        h.remove()
+    log = Path(trainer.log_file).read_text()
+    assert "WARNING: no training step of epoch 1 changed the weights" in log
+    assert log.count("stopped learning") == 1
