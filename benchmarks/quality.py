@@ -79,12 +79,12 @@ class Method(NamedTuple):
 _MD = "nnunetv2_meddisseg.training"
 METHODS: Dict[str, Method] = {
     "default": Method("nnU-Net (default)", "nnunetv2.training.nnUNetTrainer.nnUNetTrainer", "nnUNetTrainer", "nnunet"),
-    "dispersive": Method("nnU-Net + dispersive (InfoNCE-cosine)", f"{_MD}.nnUNetTrainerDispersive",
+    "dispersive": Method("nnU-Net + dispersive (centred cosine)", f"{_MD}.nnUNetTrainerDispersive",
                          "nnUNetTrainerDispersive", "nnunet"),
     "dispersive_l2": Method("nnU-Net + dispersive (InfoNCE-L2)", f"{_MD}.scratch_variants",
                             "nnUNetTrainerDispersive_infonceL2", "nnunet"),
-    "dispersive_centred": Method("nnU-Net + dispersive (centred cosine)", f"{_MD}.scratch_variants",
-                                 "nnUNetTrainerDispersive_cosineCentred", "nnunet"),
+    "dispersive_cosine": Method("nnU-Net + dispersive (uncentred cosine)", f"{_MD}.scratch_variants",
+                                "nnUNetTrainerDispersive_cosine", "nnunet"),
     "meddisseg": Method("Med-DisSeg", f"{_MD}.nnUNetTrainerMedDisSeg", "nnUNetTrainerMedDisSeg", "meddisseg"),
     "meddisseg_paper": Method("Med-DisSeg, paper settings", f"{_MD}.scratch_variants",
                               "nnUNetTrainerMedDisSeg_paperSettings", "meddisseg"),

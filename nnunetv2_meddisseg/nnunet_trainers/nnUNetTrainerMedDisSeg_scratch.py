@@ -1,7 +1,7 @@
-"""Exposes the from-scratch recipe variants and the dispersive-form variants of the study (nnUNetTrainerDispersive
-with the paper's InfoNCE-L2, both trainers with the batch-centred cosine form) to nnU-Net's trainer search
-(nnUNet_extTrainer)."""
-from nnunetv2_meddisseg.training.scratch_variants import (nnUNetTrainerDispersive_cosineCentred,
+"""Exposes the from-scratch recipe variants and the dispersive-form variants of the study
+(nnUNetTrainerDispersive with the paper's InfoNCE-L2 or the uncentred cosine, Med-DisSeg with the
+batch-centred cosine) to nnU-Net's trainer search (nnUNet_extTrainer)."""
+from nnunetv2_meddisseg.training.scratch_variants import (nnUNetTrainerDispersive_cosine,
                                                           nnUNetTrainerDispersive_infonceL2,
                                                           nnUNetTrainerMedDisSeg_cosineCentred,
                                                           nnUNetTrainerMedDisSeg_paperSettings,
@@ -16,4 +16,4 @@ __all__ = ["nnUNetTrainerMedDisSeg_paperSettings", "nnUNetTrainerMedDisSeg_scrat
            "nnUNetTrainerMedDisSeg_scratchSGDCentred",
            "nnUNetTrainerMedDisSeg_scratchAdam", "nnUNetTrainerMedDisSeg_plainSGD", "nnUNetTrainerMedDisSeg_plainAdam",
            "nnUNetTrainerMedDisSeg_plainPaper", "nnUNetTrainerMedDisSeg_cosineCentred",
-           "nnUNetTrainerDispersive_infonceL2", "nnUNetTrainerDispersive_cosineCentred"]
+           "nnUNetTrainerDispersive_infonceL2", "nnUNetTrainerDispersive_cosine"]

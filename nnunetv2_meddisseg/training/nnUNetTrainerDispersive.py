@@ -22,17 +22,20 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
 
     ``dispersive_weight`` = 0.2: nnU-Net trains a randomly initialised network in one stage, the
     situation of Med-DisSeg's Stage I, where the paper's sweep found 0.2 best (larger weights
-    over-constrain early optimisation); ``dispersive_tau`` = 0.8 as in the paper. ``infonce_cosine``
-    instead of the paper's ``infonce_l2``: on raw features InfoNCE-L2 is lowered by inflating the
-    features' scale (the normalisation layers' affine weights grow freely), which spreads them no
-    further apart in direction; chosen on Kvasir-SEG validation data (``benchmarks/RESULTS.md``).
+    over-constrain early optimisation); ``dispersive_tau`` = 0.8 as in the paper.
+    ``infonce_cosine_centred`` instead of the paper's ``infonce_l2``: on raw features InfoNCE-L2 is
+    lowered by inflating the features' scale (the normalisation layers' affine weights grow freely),
+    which spreads them no further apart in direction, and the uncentred cosine of the stage's mostly
+    non-negative (LeakyReLU) output can be lowered by shrinking it; the batch-centred cosine can be
+    lowered by neither. Chosen on Kvasir-SEG validation data over the uncentred cosine
+    (``benchmarks/RESULTS.md``). ``nnUNetTrainerDispersive_cosine`` keeps the uncentred cosine,
     ``nnUNetTrainerDispersive_infonceL2`` keeps the paper's form. With torch.compile the hook runs inside the compiled graph (set ``nnUNet_compile=f`` if a torch
     version cannot trace it).
     """
 
     dispersive_weight: float = 0.2
     dispersive_tau: float = 0.8
-    dispersive_variant: str = "infonce_cosine"
+    dispersive_variant: str = "infonce_cosine_centred"
     #: margin of the ``hinge`` variant, eps of the two InfoNCE variants (``losses.dispersive``)
     dispersive_margin: float = 1.0
     dispersive_eps: float = 1e-8

@@ -16,7 +16,7 @@ __all__ = ["SCRATCH_SGD", "SCRATCH_SGD_CENTRED", "SCRATCH_ADAM", "PLAIN_TRAINING
            "nnUNetTrainerMedDisSeg_scratchSGDCentred",
            "nnUNetTrainerMedDisSeg_scratchAdam", "nnUNetTrainerMedDisSeg_plainSGD",
            "nnUNetTrainerMedDisSeg_plainAdam", "nnUNetTrainerMedDisSeg_plainPaper", "nnUNetTrainerMedDisSeg_cosineCentred",
-           "nnUNetTrainerDispersive_infonceL2", "nnUNetTrainerDispersive_cosineCentred"]
+           "nnUNetTrainerDispersive_infonceL2", "nnUNetTrainerDispersive_cosine"]
 
 #: nnU-Net's own recipe for networks trained from scratch: SGD (Nesterov, momentum 0.99) at 1e-2 for
 #: every group in both stages; the scale-invariant cosine form of the dispersive loss
@@ -100,7 +100,8 @@ class nnUNetTrainerDispersive_infonceL2(nnUNetTrainerDispersive):
     dispersive_variant = "infonce_l2"
 
 
-class nnUNetTrainerDispersive_cosineCentred(nnUNetTrainerDispersive):
-    """nnUNetTrainerDispersive with the batch-centred cosine form (``infonce_cosine_centred``)."""
+class nnUNetTrainerDispersive_cosine(nnUNetTrainerDispersive):
+    """nnUNetTrainerDispersive with the uncentred cosine form (``infonce_cosine``), its default until the
+    centred form was chosen on validation data."""
 
-    dispersive_variant = "infonce_cosine_centred"
+    dispersive_variant = "infonce_cosine"

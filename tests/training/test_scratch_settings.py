@@ -7,9 +7,10 @@ from types import MappingProxyType
 import pytest
 import torch
 
+from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_2, nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.scratch_variants import (SCRATCH_SGD, SCRATCH_SGD_CENTRED,
-                                                          nnUNetTrainerDispersive_cosineCentred,
+                                                          nnUNetTrainerDispersive_cosine,
                                                           nnUNetTrainerDispersive_infonceL2,
                                                           nnUNetTrainerMedDisSeg_cosineCentred,
                                                           nnUNetTrainerMedDisSeg_paperSettings,
@@ -107,7 +108,6 @@ def test_plain_training_constants_match_the_plain_variants():
 
 def test_dispersive_trainer_default_form_cannot_be_lowered_by_scale():
     from nnunetv2_meddisseg.losses import dispersive_loss
-    from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 
     h = torch.randn(4, 8, 5, 5, generator=torch.Generator().manual_seed(0))
     default = nnUNetTrainerDispersive.dispersive_variant
@@ -116,17 +116,18 @@ def test_dispersive_trainer_default_form_cannot_be_lowered_by_scale():
     assert dispersive_loss(10 * h, paper).item() < dispersive_loss(h, paper).item() - 1.0
 
 
-@pytest.mark.parametrize("cls, plans_arch", [(nnUNetTrainerMedDisSeg_cosineCentred, MEDDISSEG),
-                                             (nnUNetTrainerDispersive_cosineCentred, PLAIN_UNET)])
-def test_centred_form_trainers_train_with_the_centred_loss(nnunet_dirs, cls, plans_arch):
+@pytest.mark.parametrize("cls, plans_arch, uncentred", [
+    (nnUNetTrainerMedDisSeg_cosineCentred, MEDDISSEG, nnUNetTrainerMedDisSeg),
+    (nnUNetTrainerDispersive, PLAIN_UNET, nnUNetTrainerDispersive_cosine),
+])
+def test_centred_form_trainers_train_with_the_centred_loss(nnunet_dirs, cls, plans_arch, uncentred):
     from nnunetv2_meddisseg.losses import dispersive_loss
 
-    parent = cls.__mro__[1]
-    assert cls.dispersive_variant == "infonce_cosine_centred" != parent.dispersive_variant
+    assert cls.dispersive_variant == "infonce_cosine_centred" != uncentred.dispersive_variant
     trainer = make_trainer(cls, plans=tiny_plans(plans_arch), num_epochs=2)
     trainer.on_train_epoch_start()
     batch = make_batch()
-    if parent is not nnUNetTrainerMedDisSeg:
+    if cls is nnUNetTrainerDispersive:  # nnU-Net's network: deep-supervision targets (full + 1/2)
         batch["target"] = [batch["target"], batch["target"][:, :, ::2, ::2]]
     result = trainer.train_step(batch)
     assert math.isfinite(float(result["loss"])) and math.isfinite(result["loss_dispersive"])
