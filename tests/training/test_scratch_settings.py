@@ -79,17 +79,23 @@ def test_plain_variant_trains_the_final_logits_only(nnunet_dirs):
     assert result["loss_fg_bg"] > 0  # still computed and logged, weighted 0
 
 
+def _one_train_step(cls, plans_arch) -> tuple:
+    """A fresh ``cls`` trainer on tiny plans and the result of one training step (nnU-Net's own network
+    gets its deep-supervision targets: full and 1/2 resolution)."""
+    trainer = make_trainer(cls, plans=tiny_plans(plans_arch), num_epochs=2)
+    trainer.on_train_epoch_start()
+    batch = make_batch()
+    if issubclass(cls, nnUNetTrainerDispersive):
+        batch["target"] = [batch["target"], batch["target"][:, :, ::2, ::2]]
+    return trainer, trainer.train_step(batch)
+
+
 @pytest.mark.parametrize("cls, plans_arch, groups", [
     (nnUNetTrainerMedDisSeg_scratchSGD, PLAIN_UNET, ("decoder", "encoder")),
     (nnUNetTrainerDispersive_infonceL2, PLAIN_UNET, ("network",)),
 ])
 def test_gradient_norms_are_the_groups_norms_before_clipping(nnunet_dirs, cls, plans_arch, groups):
-    trainer = make_trainer(cls, plans=tiny_plans(plans_arch), num_epochs=2)
-    trainer.on_train_epoch_start()
-    batch = make_batch()
-    if cls is nnUNetTrainerDispersive_infonceL2:  # nnU-Net's network: deep-supervision targets (full + 1/2)
-        batch["target"] = [batch["target"], batch["target"][:, :, ::2, ::2]]
-    result = trainer.train_step(batch)
+    trainer, result = _one_train_step(cls, plans_arch)
     reported = {name: result[f"grad_norm_{name}"] for name in groups}
     total = math.sqrt(sum(v * v for v in reported.values()))
     clip = min(1.0, 12 / (total + 1e-6))  # clip_grad_norm_'s factor
@@ -124,12 +130,7 @@ def test_centred_form_trainers_train_with_the_centred_loss(nnunet_dirs, cls, pla
     from nnunetv2_meddisseg.losses import dispersive_loss
 
     assert cls.dispersive_variant == "infonce_cosine_centred" != uncentred.dispersive_variant
-    trainer = make_trainer(cls, plans=tiny_plans(plans_arch), num_epochs=2)
-    trainer.on_train_epoch_start()
-    batch = make_batch()
-    if cls is nnUNetTrainerDispersive:  # nnU-Net's network: deep-supervision targets (full + 1/2)
-        batch["target"] = [batch["target"], batch["target"][:, :, ::2, ::2]]
-    result = trainer.train_step(batch)
+    _, result = _one_train_step(cls, plans_arch)
     assert math.isfinite(float(result["loss"])) and math.isfinite(result["loss_dispersive"])
     # adding a common offset to every sample leaves the centred loss unchanged, unlike the uncentred one
     h = torch.rand(4, 6, 3, 3, generator=torch.Generator().manual_seed(1))
