@@ -243,7 +243,7 @@ class ExtendedTrainerBase(nnUNetTrainer):
         That is a run that has stopped learning, e.g. under fp16 when the GradScaler has shrunk its scale
         until every gradient underflows; its curves would otherwise only flatten."""
         norms = [np.asarray(v, dtype=np.float64).reshape(-1) for k, v in outputs.items() if k.startswith("grad_norm_")]
-        if not norms or np.any(np.isfinite(np.stack(norms)) & (np.stack(norms) > 0)):
+        if not norms or np.any(np.isfinite(norms := np.concatenate(norms)) & (norms > 0)):
             return
         scaler = f" (GradScaler scale {self.grad_scaler.get_scale():.3g})" if self.grad_scaler is not None else ""
         self.print_to_log_file(
