@@ -234,7 +234,7 @@ def write_results(out_dir: Path, name: str, payload: dict, markdown_body: str) -
 
 def parse_device(device: str) -> torch.device:
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit(f"--device {device}: CUDA is not available on this machine")
+        raise SystemExit(f"--device {device}: CUDA is not available (torch.cuda.is_available() is False)")
     return torch.device(device)
 
 

@@ -39,8 +39,8 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from common import (DEFAULT_OUT, command_line, machine_info, markdown_table, nnunet_environment, run_logged,
-                    summarize, write_results)
+from common import (DEFAULT_OUT, command_line, machine_info, markdown_table, nnunet_environment, parse_device,
+                    run_logged, summarize, write_results)
 from nnunetv2_meddisseg.nnunet_env import planning_environment, trainer_output_folder
 from nnunetv2_meddisseg.trainer_path import trainer_folder
 
@@ -281,10 +281,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.num_images is not None and args.num_images < 2:
         raise SystemExit(f"--num-images must be at least 2 (the 1-image run separates start-up), got {args.num_images}")
 
-    if args.device == "cuda":
-        import torch
-        if not torch.cuda.is_available():
-            raise SystemExit("--device cuda: CUDA is not available on this machine")
+    parse_device(args.device)
 
     temporary = args.work is None
     work = Path(args.work or tempfile.mkdtemp(prefix="meddisseg_predict_")).resolve()
