@@ -106,6 +106,12 @@ METHODS: Dict[str, Method] = {
                           "nnUNetTrainerMedDisSeg_plainPaper", "meddisseg"),
     "plain_sgd": Method("Med-DisSeg network, plain, SGD 1e-2", f"{_MD}.scratch_variants",
                         "nnUNetTrainerMedDisSeg_plainSGD", "meddisseg"),
+    "meddisseg_running_stats": Method("Med-DisSeg, BatchNorm's running averages (no re-estimation)",
+                                      f"{_MD}.scratch_variants", "nnUNetTrainerMedDisSeg_runningStatistics",
+                                      "meddisseg"),
+    "plain_paper_running_stats": Method("Med-DisSeg network, plain, Adam 1e-4/1e-5, BatchNorm's running averages",
+                                        f"{_MD}.scratch_variants",
+                                        "nnUNetTrainerMedDisSeg_plainPaperRunningStatistics", "meddisseg"),
     "plain_adam": Method("Med-DisSeg network, plain, Adam 1e-3", f"{_MD}.scratch_variants",
                          "nnUNetTrainerMedDisSeg_plainAdam", "meddisseg"),
 }

@@ -18,6 +18,7 @@
 """
 import glob
 import math
+from contextlib import contextmanager
 import os
 import random
 from time import time
@@ -38,7 +39,8 @@ from nnunetv2_meddisseg.losses import DIAGNOSTIC_KEYS, dispersion_diagnostics
 from nnunetv2_meddisseg.training.curves import PLOT_FILENAME, TrainingCurves
 
 __all__ = ["atomic_torch_save", "check_finite_input", "unwrap_module", "run_seed_from_environment", "seed_epoch",
-           "CURVE_PREFIXES", "SEED_ENVIRONMENT_VARIABLE", "ExtendedTrainerBase"]
+           "seed_generators", "preserved_random_state",
+           "CURVE_PREFIXES", "SEED_ENVIRONMENT_VARIABLE", "SeededTrainer", "ExtendedTrainerBase"]
 
 #: train_step output keys with these prefixes are averaged per epoch into ``TrainingCurves``
 CURVE_PREFIXES = ("loss_", "dispersion_", "grad_norm_")
@@ -67,11 +69,29 @@ def seed_epoch(run_seed: int, epoch: Optional[int], rank: int = 0) -> None:
     Independent streams per epoch and rank (``numpy.random.SeedSequence``), so that no epoch's
     random numbers depend on how many an earlier epoch drew.
     """
-    stream = [run_seed, 0, rank] if epoch is None else [run_seed, 1, epoch, rank]
-    words = np.random.SeedSequence(stream).generate_state(4, dtype=np.uint32)
+    seed_generators([run_seed, 0, rank] if epoch is None else [run_seed, 1, epoch, rank])
+
+
+def seed_generators(stream: Sequence[int]) -> None:
+    """Seed ``random``, ``numpy.random`` and torch (CPU and CUDA) from the integers ``stream``
+    (``numpy.random.SeedSequence``: independent generators for different streams)."""
+    words = np.random.SeedSequence(list(stream)).generate_state(4, dtype=np.uint32)
     random.seed(int(words[0]))
     np.random.seed(int(words[1]))
     torch.manual_seed((int(words[2]) << 32) | int(words[3]))
+
+
+@contextmanager
+def preserved_random_state():
+    """Run a block with its own random numbers: the states of ``random``, ``numpy.random`` and torch's CPU
+    generator are restored afterwards, so that the block does not shift any random stream outside it."""
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
 
 
 def atomic_torch_save(obj: object, filename: str) -> None:
@@ -126,12 +146,12 @@ def unwrap_module(module: Optional[nn.Module]) -> Optional[nn.Module]:
     return module
 
 
-class ExtendedTrainerBase(nnUNetTrainer):
-    """nnUNetTrainer + atomic checkpoints, input checks, per-epoch curves (see the module docstring).
+class SeededTrainer(nnUNetTrainer):
+    """nnUNetTrainer whose initial weights and every epoch are seeded from a run seed (``seed_epoch``).
 
-    Not meant to be used on its own (its network and losses are nnU-Net's); subclasses override
-    ``_checkpoint_extras`` / ``_restore_checkpoint_extras`` / ``_before_restoring_checkpoint`` and
-    ``_stage_boundaries`` as needed and return ``loss_*`` / ``dispersion_*`` floats from ``train_step``.
+    The run seed is the ``seed`` attribute, else ``nnUNet_meddisseg_seed``, else drawn at random. With the
+    batches made in this process (``nnUNet_n_proc_DA=0``) and deterministic arithmetic (CPU), the same run
+    seed gives the same run.
     """
 
     #: run seed; None: ``nnUNet_meddisseg_seed`` if set, else random (see the module docstring)
@@ -140,11 +160,38 @@ class ExtendedTrainerBase(nnUNetTrainer):
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
         super().__init__(plans, configuration, fold, dataset_json, device)
+        seed = self.seed if self.seed is not None else run_seed_from_environment()
+        self.run_seed: int = int(seed) if seed is not None else int.from_bytes(os.urandom(4), "little")
+
+    def initialize(self) -> None:
+        if not self.was_initialized:
+            seed_epoch(self.run_seed, None, self.local_rank)  # the initial weights depend on the run seed only
+        super().initialize()
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        self.print_to_log_file(f"run seed {self.run_seed} (every epoch is seeded from it and the epoch number; "
+                               f"set {SEED_ENVIRONMENT_VARIABLE} to fix it)")
+
+    def on_epoch_start(self) -> None:
+        super().on_epoch_start()
+        seed_epoch(self.run_seed, self.current_epoch, self.local_rank)
+
+
+class ExtendedTrainerBase(SeededTrainer):
+    """SeededTrainer + atomic checkpoints, input checks, per-epoch curves (see the module docstring).
+
+    Not meant to be used on its own (its network and losses are nnU-Net's); subclasses override
+    ``_checkpoint_extras`` / ``_restore_checkpoint_extras`` / ``_before_restoring_checkpoint`` and
+    ``_stage_boundaries`` as needed and return ``loss_*`` / ``dispersion_*`` floats from ``train_step``.
+    """
+
+    def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
+                 device: torch.device = torch.device("cuda")):
+        super().__init__(plans, configuration, fold, dataset_json, device)
         self.curves = TrainingCurves()
         self._warned_small_batch = False
         self._diagnostics_due = True
-        seed = self.seed if self.seed is not None else run_seed_from_environment()
-        self.run_seed: int = int(seed) if seed is not None else int.from_bytes(os.urandom(4), "little")
 
     # ------------------------------------------------------------------ helpers
     def _plain_network(self) -> nn.Module:
@@ -204,20 +251,6 @@ class ExtendedTrainerBase(nnUNetTrainer):
             torch.nn.utils.clip_grad_norm_(params, 12)
             self.optimizer.step()
         return norms
-
-    def initialize(self) -> None:
-        if not self.was_initialized:
-            seed_epoch(self.run_seed, None, self.local_rank)  # the initial weights depend on the run seed only
-        super().initialize()
-
-    def on_train_start(self) -> None:
-        super().on_train_start()
-        self.print_to_log_file(f"run seed {self.run_seed} (every epoch is seeded from it and the epoch number; "
-                               f"set {SEED_ENVIRONMENT_VARIABLE} to fix it)")
-
-    def on_epoch_start(self) -> None:
-        super().on_epoch_start()
-        seed_epoch(self.run_seed, self.current_epoch, self.local_rank)
 
     def on_train_epoch_start(self) -> None:
         super().on_train_epoch_start()

@@ -4,6 +4,8 @@
 import torch
 from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
 
+from nnunetv2_meddisseg.training.base import SeededTrainer
+
 __all__ = ["nnUNetTrainerBaseline_demo", "demo_schedule", "DEMO_EPOCHS", "DEMO_ITERATIONS", "DEMO_VAL_ITERATIONS"]
 
 DEMO_EPOCHS = 8
@@ -18,8 +20,9 @@ def demo_schedule(trainer: nnUNetTrainer) -> None:
     trainer.num_val_iterations_per_epoch = DEMO_VAL_ITERATIONS
 
 
-class nnUNetTrainerBaseline_demo(nnUNetTrainer):
-    """Default nnU-Net (network, loss, SGD, augmentation) on the demo's short schedule."""
+class nnUNetTrainerBaseline_demo(SeededTrainer):
+    """Default nnU-Net (network, loss, SGD, augmentation) on the demo's short schedule, seeded as our trainers are
+    (``SeededTrainer``: ``nnUNet_meddisseg_seed``), so that the demo gives the same table every time."""
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):

@@ -1,14 +1,17 @@
 """nnUNetTrainerMedDisSeg: Med-DisSeg's two training stages in one ``nnUNetv2_train`` run."""
 import math
 from copy import deepcopy
+from time import time
 from types import MappingProxyType
 from pydoc import locate
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from batchgenerators.utilities.file_and_folder_operations import join
+from nnunetv2.training.dataloading.data_loader import nnUNetDataLoader
+from nnunetv2.training.dataloading.nnunet_dataset import infer_dataset_class
 from nnunetv2.training.loss.dice import get_tp_fp_fn_tn
 from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 from nnunetv2.utilities.helpers import empty_cache
@@ -16,7 +19,9 @@ from nnunetv2.utilities.plans_handling.plans_handler import ConfigurationManager
 
 from nnunetv2_meddisseg.architectures import MedDisSegNet, MedDisSegOutput
 from nnunetv2_meddisseg.losses import DispersiveLoss, consistency_loss
-from nnunetv2_meddisseg.training.base import ExtendedTrainerBase, unwrap_module
+from nnunetv2_meddisseg.training.base import (ExtendedTrainerBase, preserved_random_state, seed_generators,
+                                              unwrap_module)
+from nnunetv2_meddisseg.training.batchnorm_statistics import recalibrate_batchnorm
 from nnunetv2_meddisseg.training.lr_schedule import PerGroupPolyLRScheduler
 from nnunetv2_meddisseg.training.photometric import photometric_perturbation
 from nnunetv2_meddisseg.training.stage1_head import Stage1Head
@@ -98,6 +103,16 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     (``PerGroupPolyLRScheduler``); both rates, the stage, every (unweighted) loss term and the
     diagnostics are logged per epoch to the log file and ``progress_terms.png``.
 
+    BatchNorm statistics: before every validation (nnU-Net's online validation at each epoch's end, so
+    before every ``checkpoint_best.pth``, ``checkpoint_latest.pth`` and ``checkpoint_final.pth``) the
+    running statistics of the current stage's model are re-estimated with its current weights over
+    ``batchnorm_calibration_samples`` (64) training samples (``batchnorm_statistics``): the same batches
+    every time, drawn as nnU-Net's dataloader draws them (``batchnorm_calibration_augmentation``: through
+    its training augmentation or not) from a generator of their own, so that no weight and no random
+    number of training changes and ``--c`` re-estimates the same statistics. At the small batches of 2D
+    plans the running averages of training trail the weights; nnU-Net validates and predicts with them.
+    ``batchnorm_calibration_samples = 0`` keeps them.
+
     Checkpoints record their stage; Stage I checkpoints also hold the head. ``--c`` resumes in the
     recorded stage with that stage's optimizer groups. A ``checkpoint_latest.pth`` is also written at
     the end of Stage I. ``checkpoint_best.pth`` is only written in Stage II (``_may_write_best_checkpoint``),
@@ -145,6 +160,11 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     scratch_settings: Mapping[str, object] = MappingProxyType({})
     #: None: RGB when the input has 3 channels named R, G, B (or normalised with rgb_to_0_1)
     photometric_rgb: Optional[bool] = None
+    #: training samples over which BatchNorm's running statistics are re-estimated before every validation
+    #: (``_recalibrate_batchnorm``); 0 keeps the running averages of training
+    batchnorm_calibration_samples: int = 64
+    #: draw them through nnU-Net's training augmentation (True) or as plain patches (False)
+    batchnorm_calibration_augmentation: bool = False
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
@@ -157,6 +177,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         self.training_stage: Optional[str] = None
         self.stage1_head: Optional[nn.Module] = None
         self.dispersive: Optional[DispersiveLoss] = None
+        self._calibration_batches: Optional[List[Tensor]] = None
 
     # ------------------------------------------------------------------ settings
     def _plans_name_encoder_weights(self) -> bool:
@@ -329,6 +350,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         super().on_validation_epoch_start()
         if self.stage1_head is not None:
             self.stage1_head.eval()
+        self._recalibrate_batchnorm()
 
     def on_validation_epoch_end(self, val_outputs) -> None:
         super().on_validation_epoch_end(val_outputs)
@@ -443,14 +465,74 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         result.update(self._dispersion_diagnostics(diagnosed))
         return result
 
-    def _validation_logits(self, data: Tensor) -> Tensor:
+    def _validation_logits(self, data: Tensor, network: Optional[nn.Module] = None,
+                           head: Optional[nn.Module] = None) -> Tensor:
+        """Logits (B, K, H, W) of the current stage's model (Stage I: network + head) for data (B, C, H, W);
+        ``network`` / ``head`` default to the trainer's (possibly wrapped) modules."""
+        network = self.network if network is None else network
         if self.training_stage == STAGE_1:
-            features = self.network(data)
+            head = self.stage1_head if head is None else head
+            features = network(data)
             padded = (2 * features[0].shape[-2], 2 * features[0].shape[-1])
-            logits, _ = self.stage1_head(features, padded)
+            logits, _ = head(features, padded)
             return logits[..., :data.shape[-2], :data.shape[-1]]
-        output = self.network(data)
+        output = network(data)
         return output.logits if isinstance(output, MedDisSegOutput) else output
+
+    # ------------------------------------------------------------------ BatchNorm statistics
+    def _draw_batchnorm_calibration_batches(self) -> List[Tensor]:
+        """``ceil(batchnorm_calibration_samples / batch_size)`` training batches (B, C, H, W) on the CPU,
+        drawn as nnU-Net's training dataloader draws them (with or without its augmentation) from a
+        generator seeded by the run seed alone: the same batches at every call, on every rank and after
+        ``--c``, and no random number of the training stream is used."""
+        patch_size = self.configuration_manager.patch_size
+        labels = dict(is_cascaded=self.is_cascaded, foreground_labels=self.label_manager.foreground_labels,
+                      regions=self.label_manager.foreground_regions if self.label_manager.has_regions else None,
+                      ignore_label=self.label_manager.ignore_label)
+        if self.batchnorm_calibration_augmentation:
+            rotation, dummy_2d, initial_patch_size, mirror_axes = \
+                self.configure_rotation_dummyDA_mirroring_and_inital_patch_size()
+            transforms = self.get_training_transforms(
+                patch_size, rotation, self._get_deep_supervision_scales(), mirror_axes, dummy_2d,
+                use_mask_for_norm=self.configuration_manager.use_mask_for_norm, **labels)
+        else:
+            initial_patch_size = patch_size
+            transforms = self.get_validation_transforms(self._get_deep_supervision_scales(), **labels)
+        if self.dataset_class is None:
+            self.dataset_class = infer_dataset_class(self.preprocessed_dataset_folder)
+        dataset_tr, _ = self.get_tr_and_val_datasets()
+        loader = nnUNetDataLoader(dataset_tr, self.batch_size, initial_patch_size, patch_size, self.label_manager,
+                                  oversample_foreground_percent=self.oversample_foreground_percent,
+                                  sampling_probabilities=None, pad_sides=None, transforms=transforms,
+                                  probabilistic_oversampling=self.probabilistic_oversampling)
+        count = math.ceil(self.batchnorm_calibration_samples / self.batch_size)
+        with preserved_random_state():
+            seed_generators([self.run_seed, 2])
+            return [loader.generate_train_batch()["data"] for _ in range(count)]
+
+    def _recalibrate_batchnorm(self) -> None:
+        """Re-estimate the running statistics of the current stage's model (network, and the head in Stage
+        I) on the calibration batches, so that validation, ``checkpoint_best.pth``,
+        ``checkpoint_final.pth`` and every prediction from them normalise with statistics of the weights
+        they hold (``batchnorm_statistics``). Runs the unwrapped modules (no DDP buffer broadcast, no
+        compilation): each rank computes the same statistics from the same batches and weights."""
+        if self.batchnorm_calibration_samples <= 0 or self.training_stage is None:
+            return
+        start = time()
+        if self._calibration_batches is None:
+            self._calibration_batches = self._draw_batchnorm_calibration_batches()
+        network, head = self._plain_network(), self._plain_head()
+        modules = [network] if head is None or self.training_stage != STAGE_1 else [network, head]
+
+        def forward(data: Tensor) -> None:
+            with self._autocast():
+                self._validation_logits(data.to(self.device, non_blocking=True), network, head)
+
+        layers = recalibrate_batchnorm(modules, self._calibration_batches, forward)
+        self.print_to_log_file(f"BatchNorm statistics of {layers} layers re-estimated over "
+                               f"{len(self._calibration_batches) * self.batch_size} training samples "
+                               f"({'with' if self.batchnorm_calibration_augmentation else 'without'} augmentation) "
+                               f"in {time() - start:.1f} s")
 
     def validation_step(self, batch: dict) -> dict:
         data, target = self._batch_to_device(batch, training=False)

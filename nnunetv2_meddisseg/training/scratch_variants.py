@@ -8,7 +8,9 @@ the ``_plain`` ones, which also drop the method's extra losses).
 """
 from types import MappingProxyType
 
-from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
+from batchgenerators.utilities.file_and_folder_operations import join
+
+from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 
 __all__ = ["SCRATCH_SGD", "SCRATCH_SGD_CENTRED", "SCRATCH_ADAM", "PLAIN_TRAINING",
@@ -16,7 +18,8 @@ __all__ = ["SCRATCH_SGD", "SCRATCH_SGD_CENTRED", "SCRATCH_ADAM", "PLAIN_TRAINING
            "nnUNetTrainerMedDisSeg_scratchSGDCentred",
            "nnUNetTrainerMedDisSeg_scratchAdam", "nnUNetTrainerMedDisSeg_plainSGD",
            "nnUNetTrainerMedDisSeg_plainAdam", "nnUNetTrainerMedDisSeg_plainPaper", "nnUNetTrainerMedDisSeg_cosineCentred",
-           "nnUNetTrainerDispersive_infonceL2", "nnUNetTrainerDispersive_cosine"]
+           "nnUNetTrainerDispersive_infonceL2", "nnUNetTrainerDispersive_cosine",
+           "nnUNetTrainerMedDisSeg_runningStatistics", "nnUNetTrainerMedDisSeg_plainPaperRunningStatistics"]
 
 #: nnU-Net's own recipe for networks trained from scratch: SGD (Nesterov, momentum 0.99) at 1e-2 for
 #: every group in both stages; the scale-invariant cosine form of the dispersive loss
@@ -105,3 +108,29 @@ class nnUNetTrainerDispersive_cosine(nnUNetTrainerDispersive):
     centred form was chosen on validation data."""
 
     dispersive_variant = "infonce_cosine"
+
+
+class _RunningStatistics(nnUNetTrainerMedDisSeg):
+    """No re-estimation of BatchNorm's statistics: checkpoints keep the running averages of training, and a
+    copy of the model at the end of Stage I is kept as ``checkpoint_stage1.pth``. The arms of the BatchNorm
+    statistics study (``benchmarks/batchnorm_statistics.py``), which re-estimates them afterwards with the
+    trainer's own ``_recalibrate_batchnorm``: that changes no weight, so it gives what the trainer with
+    re-estimation would have written."""
+
+    batchnorm_calibration_samples = 0
+
+    def on_epoch_end(self) -> None:
+        end_of_stage1 = self.training_stage == STAGE_1 and self.current_epoch == self.stage1_epochs - 1
+        super().on_epoch_end()
+        if end_of_stage1:
+            self.current_epoch -= 1  # the checkpoint records the finished epoch
+            self.save_checkpoint(join(self.output_folder, "checkpoint_stage1.pth"))
+            self.current_epoch += 1
+
+
+class nnUNetTrainerMedDisSeg_runningStatistics(_RunningStatistics):
+    """``nnUNetTrainerMedDisSeg`` with BatchNorm's running averages of training (``_RunningStatistics``)."""
+
+
+class nnUNetTrainerMedDisSeg_plainPaperRunningStatistics(_RunningStatistics, nnUNetTrainerMedDisSeg_plainPaper):
+    """The bare network (``nnUNetTrainerMedDisSeg_plainPaper``) with BatchNorm's running averages of training."""

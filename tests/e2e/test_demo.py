@@ -43,3 +43,22 @@ def test_demo_trains_predicts_evaluates_and_compares(tmp_path):
         differing = sum(float(row["dice_diff"]) != 0 for row in csv.DictReader(f))
     assert len(list((comparison / "overlays").glob("*.png"))) == min(4, differing)
     assert len(list((out / "logs").glob("*.log"))) == 5  # plan, Med-DisSeg plan, two trainings, compare
+
+    # the same command gives the same models: both trainings again, in a second results folder
+    import torch
+
+    from nnunetv2_meddisseg.trainer_path import trainer_folder
+
+    again = dict(env, nnUNet_raw=str(out / "nnUNet_raw"), nnUNet_preprocessed=str(out / "nnUNet_preprocessed"),
+                 nnUNet_results=str(tmp_path / "again"), nnUNet_extTrainer=trainer_folder(), nnUNet_meddisseg_seed="0")
+    for trainer, plans in (("nnUNetTrainerBaseline_smoke", "nnUNetPlans"),
+                           ("nnUNetTrainerMedDisSeg_smoke", "nnUNetMedDisSegPlans")):
+        proc = subprocess.run([str(BIN / "nnUNetv2_train"), "501", "2d", "0", "-tr", trainer, "-p", plans,
+                               "-device", "cpu"], env=again, capture_output=True, text=True, timeout=1500)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        folder = f"Dataset501_SyntheticPolyps/{trainer}__{plans}__2d/fold_0/checkpoint_final.pth"
+        first = torch.load(out / "nnUNet_results" / folder, map_location="cpu", weights_only=False)["network_weights"]
+        second = torch.load(tmp_path / "again" / folder, map_location="cpu", weights_only=False)["network_weights"]
+        assert first.keys() == second.keys()
+        for key in first:
+            assert torch.equal(first[key], second[key]), f"{trainer}: {key} differs between two runs of the demo"

@@ -85,6 +85,10 @@ def make_trainer(cls=nnUNetTrainerMedDisSeg_smoke, plans=None, initialize=True, 
                   device=torch.device("cpu"))
     for name, value in attributes.items():
         setattr(trainer, name, value)
+    if hasattr(trainer, "_draw_batchnorm_calibration_batches"):  # no preprocessed dataset to draw from
+        patch = trainer.configuration_manager.patch_size
+        trainer._draw_batchnorm_calibration_batches = lambda: [
+            torch.randn(2, trainer.num_input_channels, *patch, generator=torch.Generator().manual_seed(1))]
     if initialize:
         trainer.initialize()
     return trainer

@@ -7,6 +7,8 @@ import torch
 
 from nnunetv2_meddisseg.training.base import SEED_ENVIRONMENT_VARIABLE, run_seed_from_environment, seed_epoch
 
+from test_trainer_meddisseg import make_trainer, nnunet_dirs  # noqa: F401 (fixture)
+
 
 def draws() -> tuple:
     return random.random(), float(np.random.rand()), float(torch.rand(1))
@@ -37,3 +39,39 @@ def test_run_seed_from_environment(monkeypatch):
         monkeypatch.setenv(SEED_ENVIRONMENT_VARIABLE, bad)
         with pytest.raises(ValueError, match=f"{SEED_ENVIRONMENT_VARIABLE} must be an integer >= 0, got '{bad}'"):
             run_seed_from_environment()
+
+
+def test_preserved_random_state_leaves_the_streams_outside_untouched():
+    from nnunetv2_meddisseg.training.base import preserved_random_state, seed_generators
+
+    seed_epoch(7, 3)
+    expected = draws()
+    seed_epoch(7, 3)
+    with preserved_random_state():
+        seed_generators([1, 2])
+        inside = draws()
+    assert draws() == expected
+    seed_generators([1, 2])
+    assert draws() == inside
+
+
+@pytest.mark.parametrize("trainer_name", ["nnUNetTrainerBaseline_demo", "nnUNetTrainerBaseline_smoke"])
+def test_the_demo_baselines_are_seeded_like_our_trainers(nnunet_dirs, monkeypatch, trainer_name):
+    """The demo's default nnU-Net arm starts from the same weights and draws the same batches for the same
+    run seed (nnU-Net's own trainer draws new ones every run)."""
+    import importlib
+
+    cls = getattr(importlib.import_module(f"nnunetv2_meddisseg.training.{trainer_name}"), trainer_name)
+    monkeypatch.setenv(SEED_ENVIRONMENT_VARIABLE, "5")
+    first, second = make_trainer(cls), make_trainer(cls)
+    for a, b in zip(first.network.state_dict().values(), second.network.state_dict().values()):
+        assert torch.equal(a, b)
+    numbers = []
+    for trainer in (first, second):
+        trainer.on_epoch_start()
+        numbers.append(draws())
+    assert numbers[0] == numbers[1]
+    monkeypatch.setenv(SEED_ENVIRONMENT_VARIABLE, "6")
+    other = make_trainer(cls)
+    assert not torch.equal(next(iter(other.network.state_dict().values())),
+                           next(iter(first.network.state_dict().values())))
