@@ -192,7 +192,8 @@ def test_meddisseg_ddp_steps_across_the_stage_switch(meddisseg_ranks):
             assert results["curves"]["loss_dispersive"][epoch] == pytest.approx(dispersive[0])
             for key in ("grad_norm_encoder", "dispersion_effective_rank"):  # the same on every rank
                 values = [r["outputs"][epoch][key] for r in ranks]
-                assert values[0] == pytest.approx(values[1]) and results["curves"][key][epoch] == pytest.approx(values[0])
+                assert values[0] == pytest.approx(values[1])
+                assert results["curves"][key][epoch] == pytest.approx(values[0])
 
 
 def test_meddisseg_ddp_checkpoints_seeds_and_errors(meddisseg_ranks):
