@@ -23,6 +23,7 @@ from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2
 from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg_smoke
 
 WORLD_SIZE = 2
+RUN_SEED = 123  # the same initial weights in every trainer of a test
 
 
 def _on_cpu_under_gloo():
@@ -129,14 +130,15 @@ def _meddisseg_worker(rank, world_size, folder):
 
 
 def _dispersive_worker(rank, world_size, folder):
-    """nnUNetTrainerDispersive (nnU-Net's PlainConvUNet) with one sample per process, gathered and not."""
+    """One step of nnUNetTrainerDispersive (nnU-Net's PlainConvUNet) with one sample per process, gathered
+    and not."""
     _on_cpu_under_gloo()
     plans = tiny_plans(PLAIN_UNET)
     plans["configurations"]["2d"]["batch_size"] = world_size
     results = {}
     for gather in (True, False):
         trainer = _cpu_trainer(nnUNetTrainerDispersive, plans, dispersive_gather=gather,
-                               dispersive_variant="infonce_l2")
+                               dispersive_variant="infonce_l2", run_seed=RUN_SEED)
         trainer.on_train_epoch_start()
         batch = make_batch(b=1, seed=rank)
         batch["target"] = [batch["target"], batch["target"][:, :, ::2, ::2]]
@@ -149,7 +151,8 @@ def _dispersive_worker(rank, world_size, folder):
                            "expected": float(dispersive_loss(torch.cat(everyone), "infonce_l2", 0.8)),
                            "diagnostics": output["dispersion_effective_rank"],
                            "expected_diagnostics": dispersion_diagnostics(torch.cat(everyone))["effective_rank"],
-                           "weights_shared": _same_on_every_rank(_flat_weights(trainer))}
+                           "weights_shared": _same_on_every_rank(_flat_weights(trainer)),
+                           "weights": _flat_weights(trainer)}
     torch.save(results, Path(folder) / f"rank{rank}.pt")
 
 
@@ -217,6 +220,21 @@ def test_dispersive_trainer_ddp_with_one_sample_per_rank(nnunet_dirs, tmp_path):
         assert gathered["diagnostics"] == pytest.approx(gathered["expected_diagnostics"])
         assert local["loss_dispersive"] == 0.0  # one sample per rank: nothing to disperse
         assert gathered["weights_shared"] and local["weights_shared"]
+
+    # nnU-Net's network normalises per sample (InstanceNorm) and its batch Dice is gathered under DDP, so the
+    # DDP step with the gathered dispersive loss is the single-process step on the concatenated batch
+    plans = tiny_plans(PLAIN_UNET)
+    plans["configurations"]["2d"]["batch_size"] = WORLD_SIZE
+    single = make_trainer(nnUNetTrainerDispersive, plans=plans, dispersive_variant="infonce_l2", run_seed=RUN_SEED)
+    shares = [make_batch(b=1, seed=rank) for rank in range(WORLD_SIZE)]
+    target = torch.cat([b["target"] for b in shares])
+    batch = {"data": torch.cat([b["data"] for b in shares]), "target": [target, target[:, :, ::2, ::2]],
+             "keys": [k for b in shares for k in b["keys"]]}
+    single.on_train_epoch_start()
+    output = single.train_step(batch)
+    assert output["loss_dispersive"] == pytest.approx(ranks[0][True]["loss_dispersive"], rel=1e-5)
+    torch.testing.assert_close(ranks[0][True]["weights"], _flat_weights(single), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(ranks[0][False]["weights"], _flat_weights(single), rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------- start-up line
