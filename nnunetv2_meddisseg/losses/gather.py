@@ -11,8 +11,8 @@ Gradient. Process r's own rows keep their gradient; the other processes' rows en
 the gradient that reaches ``H_r`` is multiplied by the world size R: process r back-propagates
 ``R dL/dH_r``. DDP averages the parameter gradients of the R processes (their sum divided by R), so
 the parameters receive ``(1/R) sum_r R dL/dH_r dH_r/dtheta = dL/dtheta``, the gradient of a single
-process training on the concatenated batch (and the segmentation loss, a per-process mean, averages
-to the mean over the whole batch in the same way). Summed over the processes, the gradients are
+process training on the concatenated batch (as the segmentation loss, a per-process mean, averages
+to the mean over the whole batch when the shares are equal). Summed over the processes, the gradients are
 ``R dL/dtheta``. Without the factor R, DDP's averaging would give ``dL/dtheta / R``: the regulariser
 would weaken as GPUs are added.
 
