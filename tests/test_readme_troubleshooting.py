@@ -124,6 +124,20 @@ def single_sample_batch(tmp, env) -> str:
     return Path(trainer.log_file).read_text()
 
 
+def dispersive_batch_too_small(tmp, env) -> str:
+    from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
+
+    trainer = _smoke_trainer(env)
+    trainer.dispersive_variant = "infonce_cosine_centred"  # needs 3 samples; the tiny plans' batch is 2
+    nnunet_start = nnUNetTrainer.on_train_start
+    nnUNetTrainer.on_train_start = lambda self: None  # no dataloaders here
+    try:
+        trainer.on_train_start()
+    finally:
+        nnUNetTrainer.on_train_start = nnunet_start
+    return Path(trainer.log_file).read_text()
+
+
 def no_gradient_epoch(tmp, env) -> str:
     from test_trainer_meddisseg import make_batch
 
@@ -165,6 +179,7 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "RuntimeError: input with NaN or inf values in a training batch": nan_batch,
     "WARNING: a training batch holds a single sample: the dispersive loss needs at least two samples":
         single_sample_batch,
+    "WARNING: the dispersive loss (...) sees ... sample(s) per step but needs at least ...": dispersive_batch_too_small,
     "WARNING: no training step of epoch ... changed the weights: every gradient was zero or not finite":
         no_gradient_epoch,
 }

@@ -25,19 +25,34 @@ whatever the layer's size. Like the paper's sum it grows with the 4th power of t
 so when ``D >> B`` (where ``C`` has rank < B and cannot be diagonal) shrinking the features also
 lowers it. Everything is computed in fp32 (autocast is switched off inside) from the B x B
 Gram matrix of the batch, so that D may be 10^6 without a D x D matrix ever being built.
+
+Under ``torch.distributed`` each process holds a share of the batch: ``DispersiveLoss`` (``gather=True``,
+the default) disperses the whole batch, ``dispersive_loss(gather_batch(features))`` (``losses.gather``),
+so that its value is the single-process loss of the concatenated batch and DDP's averaged gradient is
+that loss's gradient; ``gather=False`` disperses each process's share on its own.
+
+Smallest batch (``MINIMUM_BATCH``): two samples for every variant except ``infonce_cosine_centred``,
+which needs three: centred on their mean, two samples are exact opposites (cosine distance 2 whatever
+the features), so at B = 2 the loss is the constant ``log(exp(-2 / tau) + eps)`` with no gradient.
 """
 import math
+from types import MappingProxyType
 from typing import Dict, Mapping, Tuple
 
 import torch
 from torch import Tensor, nn
 
+from nnunetv2_meddisseg.losses.gather import gather_batch
+
 __all__ = ["DISPERSIVE_VARIANTS", "DISPERSIVE_PLACEMENTS", "DIAGNOSTIC_KEYS", "DIAGNOSTICS_BLOCK_ELEMENTS",
-           "dispersive_loss", "DispersiveLoss", "dispersion_diagnostics"]
+           "MINIMUM_BATCH", "dispersive_loss", "DispersiveLoss", "dispersion_diagnostics"]
 
 DISPERSIVE_VARIANTS: Tuple[str, ...] = ("infonce_l2", "infonce_cosine", "infonce_cosine_centred", "hinge",
                                          "covariance")
 DISPERSIVE_PLACEMENTS: Tuple[str, ...] = ("early", "middle", "late")
+#: the smallest batch (samples dispersed together) at which each variant has a gradient
+MINIMUM_BATCH: Mapping[str, int] = MappingProxyType({v: 3 if v == "infonce_cosine_centred" else 2
+                                                     for v in DISPERSIVE_VARIANTS})
 #: the keys of ``dispersion_diagnostics``
 DIAGNOSTIC_KEYS: Tuple[str, ...] = ("mean_pairwise_distance", "effective_rank")
 #: feature values ``dispersion_diagnostics`` converts to float64 at a time (8 MiB)
@@ -166,10 +181,14 @@ class DispersiveLoss(nn.Module):
     forward(features): features is a mapping with the keys ``early``, ``middle``, ``late`` (as in
     ``MedDisSegOutput.features``), each (B, C, H, W). Returns ``weight * dispersive_loss(...)`` at
     ``placement``; ``placement="all"`` uses the mean over the three placements.
+
+    gather: under ``torch.distributed``, disperse the batch of every process (``gather_batch``: the value
+    is the loss of the concatenated batch, identical on every process; DDP's averaged gradient is its
+    gradient); False: each process disperses its own share. No effect without a process group.
     """
 
     def __init__(self, variant: str = "infonce_l2", tau: float = 0.8, eps: float = 1e-8, margin: float = 1.0,
-                 weight: float = 1.0, placement: str = "early"):
+                 weight: float = 1.0, placement: str = "early", gather: bool = True):
         super().__init__()
         _check_options(variant, tau, eps, margin)
         if placement not in DISPERSIVE_PLACEMENTS + ("all",):
@@ -181,6 +200,7 @@ class DispersiveLoss(nn.Module):
         self.margin = float(margin)
         self.weight = float(weight)
         self.placement = placement
+        self.gather = bool(gather)
 
     @property
     def placements(self) -> Tuple[str, ...]:
@@ -193,12 +213,13 @@ class DispersiveLoss(nn.Module):
             if name not in features:
                 raise ValueError(f"DispersiveLoss(placement={self.placement!r}): no {name!r} entry in the features, "
                                  f"got keys {sorted(features.keys())}")
-            losses.append(dispersive_loss(features[name], self.variant, self.tau, self.eps, self.margin))
+            batch = gather_batch(features[name]) if self.gather else features[name]
+            losses.append(dispersive_loss(batch, self.variant, self.tau, self.eps, self.margin))
         return self.weight * torch.stack(losses).mean()
 
     def extra_repr(self) -> str:
         return (f"variant={self.variant!r}, tau={self.tau}, eps={self.eps}, margin={self.margin}, "
-                f"weight={self.weight}, placement={self.placement!r}")
+                f"weight={self.weight}, placement={self.placement!r}, gather={self.gather}")
 
 
 def _centred_gram_in_blocks(h: Tensor, dtype: torch.dtype, scale: float) -> Tensor:

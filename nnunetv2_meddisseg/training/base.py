@@ -5,7 +5,12 @@
   state through ``_checkpoint_extras`` / ``_restore_checkpoint_extras``.
 - Every training and validation batch is checked for NaN / inf before it reaches the network: a
   clear ``RuntimeError`` naming the cases instead of a NaN model.
-- A batch of one sample is reported once (a dispersive loss has no pairs and is zero).
+- A batch of one sample is reported once (a dispersive loss has no pairs and is zero), and at start-up
+  a batch too small for the dispersive form (``MINIMUM_BATCH``) is named in one line of the log.
+- Under DDP (``-num_gpus N``) the dispersive loss and its diagnostics see the batch of every process
+  (``dispersive_gather``, ``losses.gather``); rank 0's run seed is the run seed of every process, so
+  each rank draws its own, reproducible random numbers (``seed_epoch``); a batch with NaN / inf names
+  the rank that loaded it.
 - Per-epoch curves of every loss term, each group's learning rate and gradient norm, the dispersion
   diagnostics (``TrainingCurves``), stored in the checkpoints and plotted beside nnU-Net's ``progress.png``. The
   diagnostics are computed on the first training batch of each epoch (``_dispersion_diagnostics``).
@@ -35,7 +40,7 @@ from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
 from nnunetv2.utilities.collate_outputs import collate_outputs
 from nnunetv2.utilities.helpers import dummy_context
 
-from nnunetv2_meddisseg.losses import DIAGNOSTIC_KEYS, dispersion_diagnostics
+from nnunetv2_meddisseg.losses import DIAGNOSTIC_KEYS, MINIMUM_BATCH, dispersion_diagnostics, gather_batch
 from nnunetv2_meddisseg.training.curves import PLOT_FILENAME, TrainingCurves
 
 __all__ = ["atomic_torch_save", "check_finite_input", "unwrap_module", "run_seed_from_environment", "seed_epoch",
@@ -162,6 +167,10 @@ class SeededTrainer(nnUNetTrainer):
         super().__init__(plans, configuration, fold, dataset_json, device)
         seed = self.seed if self.seed is not None else run_seed_from_environment()
         self.run_seed: int = int(seed) if seed is not None else int.from_bytes(os.urandom(4), "little")
+        if self.is_ddp:  # one run seed for all processes (each draws its own random seed otherwise)
+            shared = [self.run_seed]
+            dist.broadcast_object_list(shared, src=0)
+            self.run_seed = int(shared[0])
 
     def initialize(self) -> None:
         if not self.was_initialized:
@@ -186,6 +195,10 @@ class ExtendedTrainerBase(SeededTrainer):
     ``_stage_boundaries`` as needed and return ``loss_*`` / ``dispersion_*`` floats from ``train_step``.
     """
 
+    #: under DDP, the dispersive loss and its diagnostics use the batch of every process (False: each
+    #: process's own share, as without gathering)
+    dispersive_gather: bool = True
+
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
         super().__init__(plans, configuration, fold, dataset_json, device)
@@ -205,9 +218,11 @@ class ExtendedTrainerBase(SeededTrainer):
         """Check ``batch['data']`` for NaN / inf (naming the cases), warn once about single-sample
         batches, and move data and target to the device."""
         data, target = batch["data"], batch["target"]
-        check_finite_input(data, batch.get("keys"),
-                           f" in a {'training' if training else 'validation'} batch of epoch {self.current_epoch}")
-        if training and data.shape[0] < 2 and not self._warned_small_batch:
+        rank = f" on rank {self.local_rank}" if self.is_ddp else ""
+        check_finite_input(data, batch.get("keys"), f" in a {'training' if training else 'validation'} batch of "
+                                                    f"epoch {self.current_epoch}{rank}")
+        gathered = self.is_ddp and self.dispersive_gather
+        if training and data.shape[0] < 2 and not gathered and not self._warned_small_batch:
             self._warned_small_batch = True
             self.print_to_log_file("WARNING: a training batch holds a single sample: the dispersive loss needs at "
                                    "least two samples and is zero for such batches. Use a batch size >= 2 in the "
@@ -252,6 +267,35 @@ class ExtendedTrainerBase(SeededTrainer):
             self.optimizer.step()
         return norms
 
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        warning = self._dispersive_batch_warning()
+        if warning:
+            self.print_to_log_file(warning)
+
+    def _dispersive_batch_size(self) -> int:
+        """The samples one dispersive loss sees: the global batch where it is gathered over the processes,
+        else the smallest share of one process (nnU-Net splits a batch of 5 over 2 GPUs into 3 + 2)."""
+        global_batch = self.configuration_manager.batch_size
+        if not self.is_ddp:
+            return self.batch_size
+        return global_batch if self.dispersive_gather else global_batch // dist.get_world_size()
+
+    def _dispersive_batch_warning(self) -> Optional[str]:
+        """One line for the log when the dispersive form (``dispersive_variant``) needs a larger batch."""
+        variant = getattr(self, "dispersive_variant", None)
+        needed = MINIMUM_BATCH.get(variant, 2)
+        size = self._dispersive_batch_size()
+        if size >= needed:
+            return None
+        local = self.is_ddp and not self.dispersive_gather
+        where = " per process (dispersive_gather is off)" if local else ""
+        plans_batch = needed * (dist.get_world_size() if local else 1)
+        return (f"WARNING: the dispersive loss ({variant}) sees {size} sample(s) per step{where} but needs at least "
+                f"{needed}: it is a constant without gradient and does not regularise. Use a batch size >= "
+                f"{plans_batch} in the plans" + (", or the infonce_cosine form (nnUNetTrainerDispersive_cosine)"
+                                   if variant == "infonce_cosine_centred" else "") + ".")
+
     def on_train_epoch_start(self) -> None:
         super().on_train_epoch_start()
         self._diagnostics_due = True
@@ -263,6 +307,8 @@ class ExtendedTrainerBase(SeededTrainer):
         if not self._diagnostics_due:
             return {f"dispersion_{k}": math.nan for k in DIAGNOSTIC_KEYS}
         self._diagnostics_due = False
+        if self.is_ddp and self.dispersive_gather:
+            features = gather_batch(features.detach())
         return {f"dispersion_{k}": v for k, v in dispersion_diagnostics(features).items()}
 
     # ------------------------------------------------------------------ curves

@@ -4,7 +4,7 @@ from typing import List
 import torch
 from torch import Tensor, nn
 
-from nnunetv2_meddisseg.losses import dispersive_loss
+from nnunetv2_meddisseg.losses import dispersive_loss, gather_batch
 from nnunetv2_meddisseg.training.base import ExtendedTrainerBase
 
 __all__ = ["nnUNetTrainerDispersive", "nnUNetTrainerDispersive_smoke"]
@@ -29,7 +29,10 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
     non-negative (LeakyReLU) output can be lowered by shrinking it; the batch-centred cosine can be
     lowered by neither. Chosen on Kvasir-SEG validation data over the uncentred cosine
     (``benchmarks/RESULTS.md``). ``nnUNetTrainerDispersive_cosine`` keeps the uncentred cosine,
-    ``nnUNetTrainerDispersive_infonceL2`` keeps the paper's form. With torch.compile the hook runs inside the compiled graph (set ``nnUNet_compile=f`` if a torch
+    ``nnUNetTrainerDispersive_infonceL2`` keeps the paper's form. The centred cosine needs at least 3
+    samples (two centred samples are opposites: a constant loss), so with nnU-Net's 3D batch of 2 it
+    does not regularise; the log says so at start-up (``MINIMUM_BATCH``), and under DDP the batch of
+    every process counts (``dispersive_gather``). With torch.compile the hook runs inside the compiled graph (set ``nnUNet_compile=f`` if a torch
     version cannot trace it).
     """
 
@@ -71,7 +74,8 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
             if len(self._captured) != 1:
                 raise RuntimeError(f"expected one output of encoder.stages[0] per forward, got {len(self._captured)}")
             features = self._captured.pop()
-            dispersive = dispersive_loss(features, self.dispersive_variant, self.dispersive_tau, self.dispersive_eps,
+            dispersed = gather_batch(features) if self.dispersive_gather else features
+            dispersive = dispersive_loss(dispersed, self.dispersive_variant, self.dispersive_tau, self.dispersive_eps,
                                          self.dispersive_margin)
             total = seg + self.dispersive_weight * dispersive
         gradient_norms = self._optimizer_step(total)

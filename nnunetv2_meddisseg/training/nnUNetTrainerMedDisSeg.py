@@ -124,10 +124,12 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     Kept from nnU-Net: network building from the plans (with nnU-Net's default ``nnUNetPlans``, whose
     architecture is not Med-DisSeg, ``MedDisSegNet`` is built with its default arguments), data
     loading and augmentation, autocast + GradScaler on CUDA only, gradient clipping at 12,
-    torch.compile (unwrapped via ``_orig_mod``), validation, export, DDP. DDP limitations (not tested
-    on multiple GPUs): in Stage I the head is wrapped in its own DDP and the unused decoder parameters
-    receive zero gradients (added to the loss with weight 0) so that DDP's reducer completes; the
-    loss-term curves are averaged over ranks.
+    torch.compile (unwrapped via ``_orig_mod``), validation, export, DDP. Under DDP (``-num_gpus N``)
+    the dispersive terms of both stages disperse the batch of every process (``dispersive_gather``;
+    in Stage I the clean and the perturbed views each over all processes); in Stage I the head is
+    wrapped in its own DDP and the unused decoder parameters receive zero gradients (added to the loss
+    with weight 0) so that DDP's reducer completes; the loss-term curves are averaged over ranks. Run
+    on CPU processes (gloo) in the tests; on several GPUs, see the README.
 
     Not supported: 3D configurations (a ``ValueError`` at construction) and region-based labels.
     """
@@ -225,7 +227,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     def _build_stage1_head(self) -> nn.Module:
         head = Stage1Head(self.label_manager.num_segmentation_heads, width=self.stage1_head_width).to(self.device)
         if self.is_ddp:
-            head = DDP(nn.SyncBatchNorm.convert_sync_batchnorm(head), device_ids=[self.local_rank])
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            head = DDP(nn.SyncBatchNorm.convert_sync_batchnorm(head), device_ids=device_ids)
         return head
 
     def configure_optimizers(self, stage: Optional[str] = None):

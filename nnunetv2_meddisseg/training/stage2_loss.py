@@ -38,10 +38,11 @@ class Stage2Weights:
 
 def dispersive_from_trainer(trainer: object) -> DispersiveLoss:
     """The (unweighted) dispersive loss a trainer (instance or class) sets: ``dispersive_variant``,
-    ``dispersive_tau``, ``dispersive_eps``, ``dispersive_margin``, ``dispersive_placement``. Both stages
-    use it."""
+    ``dispersive_tau``, ``dispersive_eps``, ``dispersive_margin``, ``dispersive_placement``,
+    ``dispersive_gather`` (under DDP: the batch of every process). Both stages use it."""
     return DispersiveLoss(trainer.dispersive_variant, trainer.dispersive_tau, eps=trainer.dispersive_eps,
-                          margin=trainer.dispersive_margin, placement=trainer.dispersive_placement)
+                          margin=trainer.dispersive_margin, placement=trainer.dispersive_placement,
+                          gather=trainer.dispersive_gather)
 
 
 def segmentation_loss(batch_dice: bool, ignore_label: Optional[int] = None, ddp: bool = False) -> nn.Module:

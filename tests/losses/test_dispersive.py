@@ -330,3 +330,20 @@ def test_diagnostics_convert_one_block_at_a_time(monkeypatch):
     assert converted and max(converted) <= 6  # never a float64 copy of the whole (3, 40) batch
     assert blocked["mean_pairwise_distance"] == pytest.approx(whole["mean_pairwise_distance"], rel=1e-9)
     assert blocked["effective_rank"] == pytest.approx(whole["effective_rank"], rel=1e-9)
+
+
+@pytest.mark.parametrize("variant", DISPERSIVE_VARIANTS)
+def test_minimum_batch_is_where_the_gradient_starts(variant):
+    """MINIMUM_BATCH[variant] samples have a gradient, one fewer none (the centred cosine of two samples
+    is the constant log(exp(-2 / tau) + eps))."""
+    from nnunetv2_meddisseg.losses.dispersive import MINIMUM_BATCH
+
+    torch.manual_seed(3)
+    needed = MINIMUM_BATCH[variant]
+    for b, alive in ((needed - 1, False), (needed, True)):
+        features = (torch.randn(b, 6) * 0.3).requires_grad_(True)
+        loss = dispersive_loss(features, variant, tau=0.8, margin=5.0)
+        loss.backward()
+        assert (features.grad.abs().max() > 1e-4) == alive, (b, features.grad)
+    if variant == "infonce_cosine_centred":
+        assert float(dispersive_loss(torch.randn(2, 6), variant, tau=0.8, eps=0.0)) == pytest.approx(-2.5)
