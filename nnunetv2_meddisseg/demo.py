@@ -8,6 +8,7 @@ Everything lives under the output folder; nothing is downloaded.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -26,6 +27,30 @@ SCHEDULES = {
     "smoke": ("nnUNetTrainerBaseline_smoke", "nnUNetTrainerMedDisSeg_smoke"),  # 3 epochs x 4 iterations
 }
 PLANS = "nnUNetMedDisSegPlans"
+
+
+#: what one run of each --schedule took on the generated dataset at the default --size (wall-clock minutes,
+#: GB of disk under the output folder), announced before the demo starts; the README quotes the same figures
+COST = {
+    "demo": {"minutes": 10.8, "disk_gb": 1.2, "machine": "a 2-core CPU"},
+    "smoke": {"minutes": 23, "disk_gb": 1.2, "machine": "a 2-core CPU"},
+}
+
+
+def announcement(schedule: str, out: Path, kvasir: bool) -> str:
+    """What the demo will take (time and disk, from ``COST``) and the free disk at ``out``, printed before it
+    starts; a warning line where the free disk is less than the run needs."""
+    cost = COST[schedule]
+    lines = [f"Schedule '{schedule}': about {cost['minutes']:.0f} min on {cost['machine']} (less on a GPU) and "
+             f"about {cost['disk_gb']:.1f} GB of disk under {out}."]
+    if kvasir:
+        lines.append("These figures are for the generated dataset: Kvasir-SEG's 1,000 images take longer to "
+                     "convert, preprocess and predict, and more disk.")
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    free_gb = shutil.disk_usage(existing).free / 1e9
+    if free_gb < cost["disk_gb"]:
+        lines.append(f"WARNING: only {free_gb:.1f} GB free at {existing}: the demo may run out of disk.")
+    return "\n".join(lines)
 
 
 def _run(command: List[str], env: dict, log_dir: Path) -> None:
@@ -61,6 +86,7 @@ def _demo(argv: Optional[Sequence[str]]) -> None:
         raise UserError(f"--size must be a multiple of 16 and at least 32, got {args.size}")
 
     out = Path(args.output).resolve()
+    print(announcement(args.schedule, out, kvasir=bool(args.kvasir)))
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     env = nnunet_environment(out)
@@ -97,8 +123,11 @@ def _demo(argv: Optional[Sequence[str]]) -> None:
           "--names", "nnU-Net", "Med-DisSeg"], env, logs)
     table = comparison / "comparison.md"
     if table.is_file():
-        print("\n" + table.read_text())
+        from nnunetv2_meddisseg.evaluation.comparison_report import terminal_text
+
+        print("\n" + terminal_text(table.read_text()))
     print(f"Finished in {(time.time() - start) / 60:.1f} min. Comparison (table, chart, overlays): {comparison}")
+    print(f"Report with the overlays of the cases that differ most: {table}")
     print("These are short demo schedules on a tiny dataset: the numbers show that the pipeline works, "
           "not which method is better.")
 

@@ -13,6 +13,7 @@ import pytest
 from nnunet_cli import nnunet_env, planning_environment, run_cli
 from nnunetv2_meddisseg.nnunet_env import NNUNET_FOLDERS
 from real_data import SKIP_REASON, data_root
+from scratch import scratch_folder
 
 E2E_FOLDER = Path(__file__).resolve().parent / "e2e"
 
@@ -46,13 +47,13 @@ def nnunet_dirs(tmp_path, monkeypatch) -> Dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def preprocessed_synthetic(tmp_path_factory) -> dict:
+def preprocessed_synthetic(request, tmp_path_factory) -> dict:
     """Dataset501 (generated, 12 train / 4 test, 64x64 RGB) planned and preprocessed for 2d with stock
     nnU-Net. Returns the environment dict to run further nnU-Net commands in. Tests must not modify
     the preprocessed data or nnUNetPlans.json; write other plans names / results folders only."""
     from nnunetv2_meddisseg.datasets.synthetic import make_synthetic_dataset
 
-    root = tmp_path_factory.mktemp("nnunet")
+    root = scratch_folder(request, tmp_path_factory, "nnunet")
     env = nnunet_env(root)
     make_synthetic_dataset(env["nnUNet_raw"], dataset_id=501, num_train=12, num_test=4, size=64, seed=0)
     run_cli(["nnUNetv2_plan_and_preprocess", "-d", "501", "-c", "2d", "-np", "2"], planning_environment(env))

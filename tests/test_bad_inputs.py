@@ -354,6 +354,19 @@ def eval_different_endings(tmp, env):
     return argv
 
 
+def eval_empty_prediction_folder(tmp, env):
+    argv = _eval_folders(tmp)
+    for case in "abc":
+        (tmp / "pred" / f"{case}.png").unlink()
+    return argv
+
+
+def eval_prediction_folder_without_labels(tmp, env):
+    argv = eval_empty_prediction_folder(tmp, env)
+    (tmp / "pred" / "notes.txt").write_text("not a label image")
+    return argv
+
+
 def eval_mask_0_255(tmp, env):
     argv = _eval_folders(tmp)
     _write_png(tmp / "pred" / "c.png", np.full((4, 4), 255))
@@ -478,6 +491,11 @@ ROWS = [
         ["prediction folder", "lacks 2 of 3 cases", "first missing: b.png"]),
     Row("evaluate/different_file_endings", "evaluate", eval_different_endings, 2,
         ["prediction folder", ".nii.gz", ".png", "same file ending"]),
+    Row("evaluate/empty_prediction_folder", "evaluate", eval_empty_prediction_folder, 2,
+        ["prediction folder", "pred is empty: expected one .png file per case of the reference folder", "ref",
+         "(predict into it first)"]),
+    Row("evaluate/prediction_folder_without_labels", "evaluate", eval_prediction_folder_without_labels, 2,
+        ["prediction folder", "pred holds no label images (", "expected one .png file per case"]),
     Row("evaluate/mask_0_255", "evaluate", eval_mask_0_255, 2, ["c.png", "{255}", "outside the declared set", "0/255"]),
     Row("evaluate/label_not_declared", "evaluate", eval_label_not_declared, 2,
         ["b.png", "{2}", "outside the declared set {0, 1}"]),
@@ -491,10 +509,11 @@ ROWS = [
     Row("compare/unknown_dataset", "compare", cmp_unknown_dataset, 2, ["-d 777", "no dataset with this ID", "nnUNet_raw"]),
     Row("compare/no_test_labels", "compare", cmp_no_test_labels, 2, [f"{COMPARE_DATASET}/labelsTs", "not found"]),
     Row("compare/baseline_model_missing", "compare", cmp_baseline_model_missing, 2,
-        ["no trained model", "nnUNetTrainer__nnUNetPlans__2d/fold_0/checkpoint_final.pth"]),
+        ["no trained model: ", "nnUNetTrainer__nnUNetPlans__2d/fold_0/checkpoint_final.pth not found (train it first"]),
     Row("compare/meddisseg_model_missing", "compare", cmp_meddisseg_model_missing, 2,
-        ["no trained model", "nnUNetTrainerMedDisSeg__nnUNetMedDisSegPlans__2d/fold_0/checkpoint_final.pth",
-         "nnUNetTrainerMedDisSeg__nnUNetPlans__2d"]),
+        ["no trained model: neither ",
+         "nnUNetTrainerMedDisSeg__nnUNetMedDisSegPlans__2d/fold_0/checkpoint_final.pth nor ",
+         "nnUNetTrainerMedDisSeg__nnUNetPlans__2d/fold_0/checkpoint_final.pth found (train it first"]),
 ]
 
 

@@ -170,12 +170,14 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "cannot read image": _command("convert", bad.conv_corrupt_image),
     "nnUNetv2_meddisseg_evaluate: error: prediction folder ... lacks ... cases, first missing: ...":
         _command("evaluate", bad.eval_missing_cases),
+    "nnUNetv2_meddisseg_evaluate: error: prediction folder ... is empty: expected one ... file per case of the "
+    "reference folder ...": _command("evaluate", bad.eval_empty_prediction_folder),
     "holds label values {255} outside the declared set {0, 1} (a 0/255 mask? binary labels must be 0/1)":
         _command("evaluate", bad.eval_mask_0_255),
     "outside the declared set {0, 1} (the default is binary; for a multi-class dataset declare its labels with "
     "-djfile dataset.json or --labels ...)": _command("evaluate", bad.eval_multiclass_undeclared),
     "nnUNetv2_meddisseg_compare: error: no trained model: .../nnUNetTrainer__nnUNetPlans__2d/fold_0/"
-    "checkpoint_final.pth": _command("compare", bad.cmp_baseline_model_missing),
+    "checkpoint_final.pth not found (train it first, ...)": _command("compare", bad.cmp_baseline_model_missing),
     "RuntimeError: input with NaN or inf values in a training batch": nan_batch,
     "WARNING: a training batch holds a single sample: the dispersive loss needs at least two samples":
         single_sample_batch,

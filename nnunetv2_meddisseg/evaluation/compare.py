@@ -28,7 +28,7 @@ import sys
 from typing import Optional, Sequence, Tuple
 
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, add_device_argument, resolve_device, run_command
-from nnunetv2_meddisseg.evaluation.comparison_report import compare_prediction_folders
+from nnunetv2_meddisseg.evaluation.comparison_report import compare_prediction_folders, terminal_text
 from nnunetv2_meddisseg.evaluation.evaluate import load_dataset_json_labels
 from nnunetv2_meddisseg.evaluation.nnunet_prediction import find_trained_model, predict_missing_cases
 
@@ -121,8 +121,9 @@ def _compare_command(argv: Optional[Sequence[str]]) -> None:
 
 def _print_result_files(files: dict) -> None:
     with open(files["table_md"], encoding="utf-8") as f:
-        print(f.read())
-    print(f"table: {files['table_md']} and {files['table_csv']}")
+        print(terminal_text(f.read()))
+    print(f"report (tables and overlays): {files['table_md']}")
+    print(f"table: {files['table_csv']}")
     print(f"bar chart: {files['chart']}")
     print(f"paired differences: {files['differences_csv']}, statistics: {files['statistics']}")
     if files["overlays"]:

@@ -19,7 +19,10 @@ from nnunetv2_meddisseg.evaluation.paired_statistics import compared_metrics, pa
 from nnunetv2_meddisseg.evaluation.paper_reference import organ_key, paper_reference
 from nnunetv2_meddisseg.evaluation.plots import bar_chart, most_different_slice, overlay_figure
 
-__all__ = ["compare_prediction_folders"]
+__all__ = ["OVERLAYS_HEADING", "compare_prediction_folders", "overlay_title", "terminal_text"]
+
+#: the last section of ``comparison.md``: its overlay pictures as markdown image links
+OVERLAYS_HEADING = "## Cases that differ most"
 
 
 def _table_rows(summaries: Sequence[Tuple[str, Mapping]],
@@ -139,8 +142,8 @@ def compare_prediction_folders(ref_dir: str, pred_a: str, pred_b: str, out_dir: 
     files["overlays"] = _write_overlays(ref_dir, (pred_a, pred_b), image_dir, ending, differences, names,
                                         os.path.join(out_dir, "overlays"), num_overlays, progress)
     if files["overlays"]:
-        md += ["", "## Cases that differ most", ""] + [f"![{os.path.basename(o)}](overlays/{os.path.basename(o)})"
-                                                         for o in files["overlays"]]
+        md += ["", OVERLAYS_HEADING, ""] + [f"![{os.path.basename(o)}](overlays/{os.path.basename(o)})"
+                                             for o in files["overlays"]]
     with open(files["table_md"], "w", encoding="utf-8") as f:
         f.write("\n".join(md) + "\n")
     return {"summaries": dict(summaries), "columns": columns, "table": table, "differences": differences,
@@ -207,6 +210,17 @@ def _write_chart(path: str, columns: Sequence[str], table: Sequence[Mapping], ti
               metric_labels={c: _column_title(c).replace(" (%)", "") for c in chart_cols})
 
 
+def overlay_title(case: str, names: Sequence[str], dice_diff: float) -> str:
+    """The title of a case's overlay picture: what its number is (``dice_diff``: a fraction, second model
+    minus first)."""
+    return f"{case}: Dice difference, {names[1]} minus {names[0]}: {100 * dice_diff:+.1f} points"
+
+
+def terminal_text(report_md: str) -> str:
+    """``comparison.md``'s text for a terminal: the tables, without the overlay section's image links."""
+    return report_md.split("\n" + OVERLAYS_HEADING + "\n", 1)[0].rstrip("\n") + "\n"
+
+
 def _write_overlays(ref_dir: str, pred_dirs: Sequence[str], image_dir: Optional[str], ending: str,
                     differences: Sequence[Mapping], names: Sequence[str], overlay_dir: str, num_overlays: int,
                     progress: bool) -> List[str]:
@@ -222,7 +236,7 @@ def _write_overlays(ref_dir: str, pred_dirs: Sequence[str], image_dir: Optional[
         ref, _ = read_label_map(os.path.join(ref_dir, case + ending))
         preds = [read_label_map(os.path.join(p, case + ending))[0] for p in pred_dirs]
         image = _case_image(image_dir, case, ending)
-        case_title = f"{case}: {names[1]} − {names[0]} Dice {100 * r['dice_diff']:+.1f}"
+        case_title = overlay_title(case, names, r["dice_diff"])
         if ref.ndim == 3:
             z = most_different_slice(ref, preds)
             ref, preds = ref[z], [p[z] for p in preds]

@@ -159,10 +159,14 @@ def match_cases(ref_dir: str, pred_dir: str, file_ending: Optional[str] = None) 
         found = f"holds {', '.join(sorted(ref_files))} files" if ref_files else "holds no label images"
         raise ValueError(f"reference folder {ref_dir} {found}, but the file ending {file_ending} was declared")
     cases = [n[:-len(file_ending)] for n in ref_files[file_ending]]
+    if not pred_files:
+        visible = [n for n in os.listdir(pred_dir) if not n.startswith(".")]
+        state = "is empty" if not visible else f"holds no label images ({', '.join(LABEL_FILE_ENDINGS)})"
+        raise ValueError(f"prediction folder {pred_dir} {state}: expected one {file_ending} file per case of the "
+                         f"reference folder {ref_dir} (predict into it first)")
     if file_ending not in pred_files:
-        other = ", ".join(sorted(pred_files)) if pred_files else "no label images"
-        raise ValueError(f"prediction folder {pred_dir} holds {other}, but the reference folder {ref_dir} holds "
-                         f"{file_ending} files: use the same file ending")
+        raise ValueError(f"prediction folder {pred_dir} holds {', '.join(sorted(pred_files))} files, but the "
+                         f"reference folder {ref_dir} holds {file_ending} files: use the same file ending")
     predicted = {n[:-len(file_ending)] for n in pred_files[file_ending]}
     missing = [c for c in cases if c not in predicted]
     if missing:

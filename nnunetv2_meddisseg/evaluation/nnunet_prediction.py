@@ -23,8 +23,9 @@ def find_trained_model(dataset_name: str, trainer: str, plans: Sequence[str], co
         if os.path.isfile(ckpt):
             return folder
         tried.append(ckpt)
-    raise FileNotFoundError(f"no trained model: {' nor '.join(tried)} exists (train it first, or pick another "
-                            f"--checkpoint such as checkpoint_best.pth)")
+    missing = f"{tried[0]} not found" if len(tried) == 1 else f"neither {' nor '.join(tried)} found"
+    raise FileNotFoundError(f"no trained model: {missing} (train it first, or pick another --checkpoint such as "
+                            f"checkpoint_best.pth)")
 
 
 def predict_missing_cases(model_dir: str, fold: str, checkpoint: str, images_dir: str, file_ending: str,

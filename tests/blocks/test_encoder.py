@@ -10,6 +10,7 @@ import torchvision
 from nnunetv2_meddisseg.blocks.encoder import (IMAGENET, ResNet50Encoder, download_imagenet_weights,
                                                imagenet_weights_file, load_resnet50_weights,
                                                resolve_encoder_weights)
+from scratch import scratch_folder
 
 # torchvision's ResNet50_Weights.IMAGENET1K_V1, as its documentation lists it
 IMAGENET_URL = "https://download.pytorch.org/models/resnet50-0676ba61.pth"
@@ -28,12 +29,12 @@ def _randomise_batchnorms(model: torch.nn.Module) -> None:
 
 
 @pytest.fixture(scope="module")
-def torchvision_resnet(tmp_path_factory):
+def torchvision_resnet(request, tmp_path_factory):
     torch.manual_seed(0)
     model = torchvision.models.resnet50(weights=None)
     _randomise_batchnorms(model)
     model.eval()
-    path = tmp_path_factory.mktemp("weights") / "resnet50.pth"
+    path = scratch_folder(request, tmp_path_factory, "weights") / "resnet50.pth"
     torch.save(model.state_dict(), path)
     return model, path
 

@@ -18,6 +18,7 @@ from nnunetv2_meddisseg.datasets.split_lists import SPLIT_SEED, load_shipped_spl
 from nnunetv2_meddisseg.datasets.convert import main
 
 from real_data import real_dataset
+from scratch import scratch_folder
 
 pytestmark = pytest.mark.real_data
 
@@ -25,8 +26,8 @@ KVASIR_SEG = "Kvasir-SEG"
 KVASIR_SESSILE = "Kvasir-Sessile"
 
 
-def _convert(tmp_path_factory, dataset: str, source: Path, dataset_id: int, extra=()) -> dict:
-    root = tmp_path_factory.mktemp(dataset)
+def _convert(request, tmp_path_factory, dataset: str, source: Path, dataset_id: int, extra=()) -> dict:
+    root = scratch_folder(request, tmp_path_factory, dataset)
     env = {n: root / n for n in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results")}
     with pytest.MonkeyPatch.context() as mp:
         for name, path in env.items():
@@ -38,14 +39,14 @@ def _convert(tmp_path_factory, dataset: str, source: Path, dataset_id: int, extr
 
 
 @pytest.fixture(scope="module")
-def kvasir_seg(tmp_path_factory):
-    env = _convert(tmp_path_factory, "kvasir-seg", real_dataset(KVASIR_SEG), 601)
+def kvasir_seg(request, tmp_path_factory):
+    env = _convert(request, tmp_path_factory, "kvasir-seg", real_dataset(KVASIR_SEG), 601)
     return env, env["nnUNet_raw"] / "Dataset601_KvasirSEG"
 
 
 @pytest.fixture(scope="module")
-def kvasir_sessile(tmp_path_factory):
-    env = _convert(tmp_path_factory, "kvasir-sessile", real_dataset(KVASIR_SESSILE), 602)
+def kvasir_sessile(request, tmp_path_factory):
+    env = _convert(request, tmp_path_factory, "kvasir-sessile", real_dataset(KVASIR_SESSILE), 602)
     return env, env["nnUNet_raw"] / "Dataset602_KvasirSessile"
 
 
@@ -129,19 +130,18 @@ def test_nnunet_accepts_the_converted_dataset(which, request):
         vdi.verify_dataset_integrity(str(raw), num_processes=2)  # raises on any problem
 
 
-def test_full_resolution_masks_match_an_independent_threshold(tmp_path_factory):
+def test_full_resolution_masks_match_an_independent_threshold(tmp_path):
     """A few real cases without --resize (chosen with --split-file): labels equal the source mask's
     ITU-R 601 grey value > 127 and the images are the decoded JPEG pixels."""
     source = real_dataset(KVASIR_SEG)
     lists = load_shipped_split("kvasir_seg.json")
     train, val, test = lists["train"][:2], lists["val"][:1], lists["test"][:1]
-    root = tmp_path_factory.mktemp("fullres")
-    split = write_split(root / "split.json", train, val, test)
+    split = write_split(tmp_path / "split.json", train, val, test)
     with pytest.MonkeyPatch.context() as mp:
         for name in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results"):
-            mp.setenv(name, str(root / name))
+            mp.setenv(name, str(tmp_path / name))
         assert main(["kvasir-seg", str(source), "-d", "603", "--split-file", str(split), "-np", "1"]) == 0
-    raw = root / "nnUNet_raw" / "Dataset603_KvasirSEG"
+    raw = tmp_path / "nnUNet_raw" / "Dataset603_KvasirSEG"
     for case_id, sub in [(c, "Tr") for c in train + val] + [(c, "Ts") for c in test]:
         label = read_png(raw / f"labels{sub}" / f"{case_id}.png")
         np.testing.assert_array_equal(label, expected_binary(source / "masks" / f"{case_id}.jpg"))

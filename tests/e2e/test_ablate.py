@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from scratch import scratch_folder
+
 pytestmark = pytest.mark.e2e
 
 BIN = Path(sys.executable).parent
@@ -50,9 +52,10 @@ def run_until(command: list, env: dict, log: Path, done: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def ablation(preprocessed_synthetic, tmp_path_factory):
-    """(environment, output folder, stdout of the rerun) of the killed and resumed ablation."""
-    tmp = tmp_path_factory.mktemp("ablate")
+def ablation(preprocessed_synthetic, request, tmp_path_factory):
+    """(environment, output folder, stdout of the rerun) of the killed and resumed ablation; deleted after
+    the module's last test."""
+    tmp = scratch_folder(request, tmp_path_factory, "ablate")
     env = {**preprocessed_synthetic, "nnUNet_results": str(tmp / "results")}
     out = tmp / "ablation"
     stage1_checkpoint = model_folder(out, 0, VARIANT) / "fold_0" / "checkpoint_latest.pth"

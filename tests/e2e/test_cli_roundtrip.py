@@ -19,6 +19,8 @@ import pytest
 import torch
 from PIL import Image
 
+from scratch import scratch_folder
+
 DATASET = "Dataset501_SyntheticPolyps"
 SMOKE = "nnUNetTrainerMedDisSeg_smoke"
 BIN = Path(sys.executable).parent  # the console scripts of this environment
@@ -34,14 +36,15 @@ def run_cli(args, env: dict) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def cli_env(preprocessed_synthetic, tmp_path_factory) -> dict:
+def cli_env(preprocessed_synthetic, request, tmp_path_factory) -> dict:
     env = dict(preprocessed_synthetic)
     # exactly what the README says: export nnUNet_extTrainer=$(python -m nnunetv2_meddisseg.trainer_path)
     folder = subprocess.run([sys.executable, "-m", "nnunetv2_meddisseg.trainer_path"], env=env, check=True,
                             capture_output=True, text=True).stdout.strip()
     assert Path(folder).is_dir() and Path(folder).name == "nnunet_trainers"
     env["nnUNet_extTrainer"] = folder
-    env["nnUNet_results"] = str(tmp_path_factory.mktemp("results"))  # our own results, shared with nobody
+    # our own results, shared with nobody, deleted after the module's last test
+    env["nnUNet_results"] = str(scratch_folder(request, tmp_path_factory, "results"))
     return env
 
 

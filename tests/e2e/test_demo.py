@@ -21,7 +21,10 @@ def test_demo_trains_predicts_evaluates_and_compares(tmp_path):
                           capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     comparison = out / "comparison"
+    assert proc.stdout.startswith("Schedule 'smoke': about ")  # time and disk, before it starts
     assert f"Comparison (table, chart, overlays): {comparison}" in proc.stdout
+    assert f"Report with the overlays of the cases that differ most: {comparison / 'comparison.md'}" in proc.stdout
+    assert "![" not in proc.stdout  # no markdown image links in a terminal
 
     table = (comparison / "comparison.md").read_text()
     assert "| nnU-Net |" in table and "| Med-DisSeg |" in table and "Wilcoxon" in table

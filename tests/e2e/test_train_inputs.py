@@ -18,6 +18,7 @@ import SimpleITK as sitk
 import torch
 
 from nnunet_cli import nnunet_env, planning_environment, run_cli
+from scratch import scratch_folder
 
 SMOKE = "nnUNetTrainerMedDisSeg_smoke"
 CT_ID, CT_DATASET = 611, "Dataset611_TinyCT"
@@ -62,10 +63,11 @@ def write_dataset(raw: Path, dataset: str, channel_names: Sequence[str], num_sli
 
 
 @pytest.fixture(scope="module")
-def train_env(tmp_path_factory) -> Dict[str, str]:
+def train_env(request, tmp_path_factory) -> Dict[str, str]:
     """A 1-channel CT dataset (5 cases of 4 x 64 x 64) and a 4-channel MR dataset (5 cases of 2 x 64 x 64),
-    both planned and preprocessed for 2d by one nnUNetv2_plan_and_preprocess call."""
-    env = nnunet_env(tmp_path_factory.mktemp("train_inputs"))
+    both planned and preprocessed for 2d by one nnUNetv2_plan_and_preprocess call; deleted after the
+    module's last test."""
+    env = nnunet_env(scratch_folder(request, tmp_path_factory, "train_inputs"))
     raw = Path(env["nnUNet_raw"])
     write_dataset(raw, CT_DATASET, ["CT"], num_slices=4, seed=1)
     write_dataset(raw, MR_DATASET, MR_CHANNELS, num_slices=2, seed=2)

@@ -10,7 +10,8 @@ from PIL import Image
 from scipy import stats
 
 from nnunetv2_meddisseg.evaluation.compare import main
-from nnunetv2_meddisseg.evaluation.comparison_report import compare_prediction_folders
+from nnunetv2_meddisseg.evaluation import comparison_report
+from nnunetv2_meddisseg.evaluation.comparison_report import compare_prediction_folders, terminal_text
 from nnunetv2_meddisseg.evaluation.nnunet_prediction import predict_missing_cases
 from nnunetv2_meddisseg.evaluation.paired_statistics import wilcoxon_p_value
 from nnunetv2_meddisseg.evaluation.paper_reference import load_paper_results, normalise_name, paper_reference
@@ -104,6 +105,31 @@ def test_compare_prediction_folders(png_folders, tmp_path):
     for n in ("nnU-Net", "Med-DisSeg"):
         assert json.load(open(r["files"][f"summary_{n}"]))["mean"]["dice"] == pytest.approx(
             np.mean(dice_a if n == "nnU-Net" else dice_b))
+
+
+def test_overlay_titles_say_what_the_number_is(png_folders, tmp_path, monkeypatch):
+    ref, a, b, img = png_folders
+    titles = []
+    monkeypatch.setattr(comparison_report, "overlay_figure", lambda *args, title, **kwargs: titles.append(title))
+    compare_prediction_folders(str(ref), str(a), str(b), str(tmp_path / "out"), image_dir=str(img), num_overlays=2,
+                               progress=False)
+    known = [dice_after_removing(kb) - dice_after_removing(ka) for ka, kb in zip(K_A, K_B)]
+    order = np.argsort(-np.abs(known), kind="stable")[:2]
+    assert titles == [f"case_{i:03d}: Dice difference, Med-DisSeg minus nnU-Net: {100 * known[i]:+.1f} points"
+                      for i in order]
+    assert titles[0] == "case_003: Dice difference, Med-DisSeg minus nnU-Net: +16.6 points"  # 98.99 - 82.35
+
+
+def test_terminal_text_leaves_out_the_image_links(png_folders, tmp_path):
+    ref, a, b, img = png_folders
+    r = compare_prediction_folders(str(ref), str(a), str(b), str(tmp_path / "out"), image_dir=str(img),
+                                   num_overlays=2, progress=False)
+    md = open(r["files"]["table_md"]).read()
+    assert "](overlays/case_003.png)" in md  # the report shows its overlays
+    text = terminal_text(md)
+    assert "![" not in text and "overlays/" not in text and comparison_report.OVERLAYS_HEADING not in text
+    assert text == md.split("\n\n" + comparison_report.OVERLAYS_HEADING)[0] + "\n"
+    assert "| Med-DisSeg |" in text and "Wilcoxon" in text
 
 
 def test_identical_predictions_and_no_paper_row(png_folders, tmp_path):
@@ -275,6 +301,7 @@ def test_main_with_existing_predictions(nnunet_env, tmp_path, capsys):
     os.rename(b, out / "predictions" / model_b.name)
     assert main(["-d", "987", "-o", str(out), "--device", "cpu", "--num-overlays", "1"]) == 0
     printed = capsys.readouterr().out
+    assert "![" not in printed and f"report (tables and overlays): {out / 'comparison.md'}" in printed
     assert "predicted 0 case(s)" in printed and "| Med-DisSeg (paper, KvasirSEG) |" in printed
     assert "| nnU-Net |" in printed and "| Med-DisSeg |" in printed
     assert (out / "comparison.csv").is_file() and (out / "comparison_bar_chart.png").is_file()
