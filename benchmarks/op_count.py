@@ -24,10 +24,15 @@ stages need it):
 
 Med-DisSeg's blocks choose their implementation by device (see ``blocks/cdfa.py``): on the CPU the
 count is taken with the CUDA form forced (``--form cuda``, the default), which is what a GPU runs;
-``--form cpu`` counts the CPU form. ``--reference`` counts the network with the first block
-implementations of ``tests/blocks/reference_impls.py`` (see ``common.use_reference_implementations``).
+``--form cpu`` counts the CPU form. ``--implementations previous`` counts the blocks as they were before
+the launch-count reduction (``common.use_previous_implementations``), ``first`` the first block
+implementations (``common.use_reference_implementations``), both kept in ``tests/blocks/reference_impls.py``.
 
-Usage: ``python benchmarks/op_count.py [--form cuda|cpu] [--reference] [--name op_count]``
+``--speed N`` also times, on the CPU, an inference forward at 256x256 and a training step at 128x128
+(batch 2) of the current vs the previous implementations in N alternating rounds (same weights).
+
+Usage: ``python benchmarks/op_count.py [--form cuda|cpu] [--implementations current|previous|first]
+[--speed N] [--name op_count]``
 """
 import argparse
 import contextlib
@@ -43,7 +48,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from common import DEFAULT_OUT, NNUNET_ARCHITECTURES, command_line, machine_info, markdown_table, write_results
+from common import (DEFAULT_OUT, NNUNET_ARCHITECTURES, alternating_timings, command_line, machine_info, markdown_table,
+                    summarize, use_previous_implementations, use_reference_implementations, write_results)
 
 #: the parts of MedDisSegNet counted one by one in the training forward
 MODULES = ("encoder", "elat.0", "elat.1", "elat.2", "elat.3", "enhancement.0", "enhancement.1", "enhancement.2",
@@ -183,16 +189,16 @@ def _backward(total: torch.Tensor) -> None:
     total.backward()
 
 
-def count_meddisseg(reference: bool, size: int = 64) -> Dict[str, dict]:
-    """Stage II / Stage I steps, whole train_steps, inference and per-module counts of Med-DisSeg."""
-    from common import use_reference_implementations
+def count_meddisseg(implementations: str, size: int = 64) -> Dict[str, dict]:
+    """Stage II / Stage I steps, whole train_steps, inference and per-module counts of Med-DisSeg with the
+    ``implementations`` "current", "previous" (before the launch-count reduction) or "first"."""
     from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2, nnUNetTrainerMedDisSeg
 
     results: Dict[str, dict] = {}
     trainer = make_trainer(nnUNetTrainerMedDisSeg, plans(MEDDISSEG_ARCH, size))
     network = trainer._plain_network()
-    if reference:
-        use_reference_implementations(network)
+    if implementations != "current":
+        (use_previous_implementations if implementations == "previous" else use_reference_implementations)(network)
     batch = make_batch(size)
     data, target = batch["data"], batch["target"]
 
@@ -282,10 +288,47 @@ ROWS = (("stage2_step", "Med-DisSeg Stage II step (forward + loss + backward)"),
         ("inference_plain", "PlainConvUNet inference forward"))
 
 
+def cpu_speed(repeats: int, infer_size: int = 256, train_size: int = 128, batch: int = 2) -> dict:
+    """Seconds of an inference forward at ``infer_size`` and of a training step (Stage II forward, loss,
+    backward, Adam step) at ``train_size`` on the CPU, current vs previous implementations (same weights),
+    in alternating rounds. Returns the median timings and the ratios previous / current (> 1: faster now)."""
+    from train_step import Stage2Loss, make_batch as train_batch, make_step
+    from nnunetv2_meddisseg.architectures import MedDisSegNet
+
+    torch.manual_seed(0)
+    current = MedDisSegNet(3, 2)
+    previous = use_previous_implementations(deepcopy(current))
+    for net in (current, previous):
+        net.eval()
+        net.decoder.deep_supervision = False
+    x = torch.randn(batch, 3, infer_size, infer_size)
+
+    def infer(net):
+        def run():
+            with torch.inference_mode():
+                return net(x)
+        return run
+
+    infer_times = alternating_timings({"current": infer(current), "previous": infer(previous)}, repeats)
+    xt, target = train_batch(batch, train_size, torch.device("cpu"))
+    steps = {}
+    for name, net in (("current", deepcopy(current)), ("previous", use_previous_implementations(deepcopy(current)))):
+        net.train()
+        net.decoder.deep_supervision = True
+        steps[name] = make_step(net, Stage2Loss(dispersive=True), xt, target, amp=False)
+    train_times = alternating_timings(steps, repeats)
+    result = {"inference": {k: summarize(v) for k, v in infer_times.items()},
+              "training_step": {k: summarize(v) for k, v in train_times.items()},
+              "inference_size": infer_size, "training_size": train_size, "batch": batch, "repeats": repeats}
+    for part in ("inference", "training_step"):
+        result[f"{part}_ratio_previous_over_current"] = (result[part]["previous"]["median_s"]
+                                                         / result[part]["current"]["median_s"])
+    return result
+
+
 def _markdown(payload: dict) -> str:
     r = payload["results"]
-    lines = [f"Implementation form counted: `{payload['form']}`"
-             + (" (first block implementations)" if payload["reference"] else ""), "",
+    lines = [f"Block implementations counted: `{payload['implementations']}`, device form `{payload['form']}`", "",
              markdown_table(["what", "aten ops", "of which views"],
                             [[label, r[k]["ops"], r[k]["views"]] for k, label in ROWS if k in r]), "",
              "Per module, Stage II training forward / inference forward:", "",
@@ -294,6 +337,16 @@ def _markdown(payload: dict) -> str:
                              for m in MODULES]), "",
              "Most frequent ops of the Stage II step: "
              + ", ".join(f"{k} {v}" for k, v in r["stage2_step"]["top_ops"].items())]
+    speed = payload.get("cpu_speed")
+    if speed:
+        rows = []
+        for part, label in (("inference", f"inference forward {speed['inference_size']}x{speed['inference_size']}"),
+                            ("training_step", f"training step {speed['training_size']}x{speed['training_size']}")):
+            rows.append([label, f"{speed[part]['current']['median_s']:.3f}", f"{speed[part]['previous']['median_s']:.3f}",
+                         f"{speed[f'{part}_ratio_previous_over_current']:.3f}"])
+        lines += ["", f"CPU speed, current vs previous implementations (batch {speed['batch']}, median of "
+                      f"{speed['repeats']} alternating rounds; ratio > 1: current faster):", "",
+                  markdown_table(["what", "current s", "previous s", "previous / current"], rows)]
     return "\n".join(lines)
 
 
@@ -302,19 +355,25 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--form", choices=("cuda", "cpu"), default="cuda",
                    help="implementation form of the device-dependent blocks to count")
-    p.add_argument("--reference", action="store_true", help="count the first block implementations")
+    p.add_argument("--implementations", choices=("current", "previous", "first"), default="current",
+                   help="block implementations to count: current, before the launch-count reduction, or the first")
+    p.add_argument("--speed", type=int, default=0, metavar="ROUNDS",
+                   help="also time current vs previous implementations on the CPU in ROUNDS alternating rounds")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for the timings")
     p.add_argument("--name", default="op_count", help="results file name (without extension)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="folder for <name>.json / .md")
     args = p.parse_args(argv)
     torch.manual_seed(0)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     from nnunetv2_meddisseg.blocks import device_forms
 
     with nnunet_folders(), device_forms.forced_form(args.form):
-        results = count_meddisseg(args.reference)
+        results = count_meddisseg(args.implementations)
         results.update(count_nnunet_default())
     payload = {"machine": machine_info("cpu"), "command": command_line(), "form": args.form,
-               "reference": args.reference, "results": results}
+               "implementations": args.implementations, "results": results}
+    if args.speed:
+        payload["cpu_speed"] = cpu_speed(args.speed)
     files = write_results(Path(args.out), args.name, payload, _markdown(payload))
     print(files["markdown"].read_text())
     print(f"written: {files['json']}, {files['markdown']}")

@@ -42,11 +42,11 @@ class _TeLUFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         e = torch.exp(x.clamp(max=TELU_EXP_CLAMP))
         t = torch.tanh(e)
-        # d/dx [x tanh(e^x)] = tanh(e^x) + x (1 - tanh^2(e^x)) e^x; the product is formed in this order
-        # (1 - t^2 is 0 first) so that it cannot overflow in fp16
-        inner = t.square().neg_().add_(1).mul_(x).mul_(e)
-        inner.masked_fill_(x > TELU_EXP_CLAMP, 0.0)
-        return grad * inner.add_(t)
+        # d/dx [x tanh(e^x)] = tanh(e^x) + x (1 - tanh^2(e^x)) e^x. 1 - t^2 is exactly 0 wherever tanh rounds
+        # to 1 (x > ~3.7 in every float dtype), hence above the clamp, where autograd's slope of the clamped
+        # exponent is 0 as well; it multiplies x first, so that x e^x cannot overflow fp16
+        sech2_x = (1 - t * t).mul_(x)
+        return grad * torch.addcmul(t, sech2_x, e)
 
 
 def telu(x: Tensor) -> Tensor:

@@ -3,8 +3,12 @@
 - Checkpoints are written atomically (a temporary file in the same folder, then ``os.replace``), so
   a kill during a save never leaves a truncated ``checkpoint_latest.pth``; subclasses add their own
   state through ``_checkpoint_extras`` / ``_restore_checkpoint_extras``.
-- Every training and validation batch is checked for NaN / inf before it reaches the network: a
-  clear ``RuntimeError`` naming the cases instead of a NaN model.
+- Every training and validation batch is checked for NaN / inf: a clear ``RuntimeError`` naming the
+  cases instead of a NaN model. On the CPU, and for validation batches, before the batch reaches the
+  network. A training batch on any other device is checked there, and the result travels with the
+  step's logged values (``_step_result``), so that a step synchronises with the device once: the
+  error is raised at the end of the step that saw the batch, which stops the run before any
+  checkpoint holds that step's update (``input_check_on_device`` chooses explicitly).
 - A batch of one sample is reported once (a dispersive loss has no pairs and is zero).
 - Per-epoch curves of every loss term, each group's learning rate and gradient norm, the dispersion
   diagnostics (``TrainingCurves``), stored in the checkpoints and plotted beside nnU-Net's ``progress.png``. The
@@ -37,7 +41,7 @@ from nnunetv2.utilities.helpers import dummy_context
 from nnunetv2_meddisseg.losses import DIAGNOSTIC_KEYS, dispersion_diagnostics
 from nnunetv2_meddisseg.training.curves import PLOT_FILENAME, TrainingCurves
 
-__all__ = ["atomic_torch_save", "check_finite_input", "unwrap_module", "run_seed_from_environment", "seed_epoch",
+__all__ = ["atomic_torch_save", "check_finite_input", "finite_per_sample", "non_finite_input_message", "unwrap_module", "run_seed_from_environment", "seed_epoch",
            "CURVE_PREFIXES", "SEED_ENVIRONMENT_VARIABLE", "ExtendedTrainerBase"]
 
 #: train_step output keys with these prefixes are averaged per epoch into ``TrainingCurves``
@@ -100,21 +104,31 @@ def atomic_torch_save(obj: object, filename: str) -> None:
         raise
 
 
+def finite_per_sample(data: torch.Tensor) -> torch.Tensor:
+    """data: (B, C, ...) -> (B,) bool on data's device, True where the sample holds no NaN / inf (no sync)."""
+    return torch.isfinite(data.detach().reshape(data.shape[0], -1)).all(dim=1)
+
+
+def non_finite_input_message(finite: Sequence[bool], keys: Optional[Sequence[str]] = None, where: str = "") -> str:
+    """The error message naming the samples whose ``finite`` flag is False (by case key where given)."""
+    bad = [i for i, ok in enumerate(finite) if not ok]
+    if keys is not None and len(keys) == len(finite):
+        cases = ", ".join(str(keys[i]) for i in bad)
+    else:
+        cases = "batch positions " + ", ".join(map(str, bad))
+    return (f"input with NaN or inf values{where}: {cases}. Check these cases' images (and their "
+            f"preprocessed files in nnUNet_preprocessed): training on them would give a NaN model.")
+
+
 def check_finite_input(data: torch.Tensor, keys: Optional[Sequence[str]] = None, where: str = "") -> None:
     """Raise a ``RuntimeError`` naming the offending cases if ``data`` (B, C, ...) holds NaN or inf.
 
     keys: the case identifiers of the batch (nnU-Net's dataloader gives them as ``batch['keys']``).
     """
-    finite = torch.isfinite(data.detach().reshape(data.shape[0], -1)).all(dim=1)
+    finite = finite_per_sample(data)
     if bool(finite.all()):
         return
-    bad = [i for i, ok in enumerate(finite.tolist()) if not ok]
-    if keys is not None and len(keys) == data.shape[0]:
-        cases = ", ".join(str(keys[i]) for i in bad)
-    else:
-        cases = "batch positions " + ", ".join(map(str, bad))
-    raise RuntimeError(f"input with NaN or inf values{where}: {cases}. Check these cases' images (and their "
-                       f"preprocessed files in nnUNet_preprocessed): training on them would give a NaN model.")
+    raise RuntimeError(non_finite_input_message(finite.tolist(), keys, where))
 
 
 def unwrap_module(module: Optional[nn.Module]) -> Optional[nn.Module]:
@@ -136,6 +150,9 @@ class ExtendedTrainerBase(nnUNetTrainer):
 
     #: run seed; None: ``nnUNet_meddisseg_seed`` if set, else random (see the module docstring)
     seed: Optional[int] = None
+    #: check training batches for NaN / inf on the device, read at the step's one transfer to the host
+    #: (True), or before the step (False); None: on the device everywhere but on the CPU
+    input_check_on_device: Optional[bool] = None
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
@@ -143,6 +160,8 @@ class ExtendedTrainerBase(nnUNetTrainer):
         self.curves = TrainingCurves()
         self._warned_small_batch = False
         self._diagnostics_due = True
+        #: (finite flags on the device, case keys, where) of the training batch not yet checked on the host
+        self._pending_input_check: Optional[Tuple[torch.Tensor, Optional[Sequence[str]], str]] = None
         seed = self.seed if self.seed is not None else run_seed_from_environment()
         self.run_seed: int = int(seed) if seed is not None else int.from_bytes(os.urandom(4), "little")
 
@@ -155,17 +174,23 @@ class ExtendedTrainerBase(nnUNetTrainer):
         return autocast(self.device.type, enabled=True) if self.device.type == "cuda" else dummy_context()
 
     def _batch_to_device(self, batch: dict, training: bool) -> Tuple[torch.Tensor, Union[torch.Tensor, List]]:
-        """Check ``batch['data']`` for NaN / inf (naming the cases), warn once about single-sample
-        batches, and move data and target to the device."""
+        """Check ``batch['data']`` for NaN / inf (naming the cases; a training batch on the device, its
+        result read by ``_step_result``), warn once about single-sample batches, and move data and
+        target to the device."""
         data, target = batch["data"], batch["target"]
-        check_finite_input(data, batch.get("keys"),
-                           f" in a {'training' if training else 'validation'} batch of epoch {self.current_epoch}")
+        where = f" in a {'training' if training else 'validation'} batch of epoch {self.current_epoch}"
+        on_device = self.input_check_on_device
+        on_device = training and (self.device.type != "cpu" if on_device is None else on_device)
+        if not on_device:
+            check_finite_input(data, batch.get("keys"), where)
         if training and data.shape[0] < 2 and not self._warned_small_batch:
             self._warned_small_batch = True
             self.print_to_log_file("WARNING: a training batch holds a single sample: the dispersive loss needs at "
                                    "least two samples and is zero for such batches. Use a batch size >= 2 in the "
                                    "plans to get dispersion regularisation.")
         data = data.to(self.device, non_blocking=True)
+        if on_device:
+            self._pending_input_check = (finite_per_sample(data), batch.get("keys"), where)
         if isinstance(target, list):
             target = [t.to(self.device, non_blocking=True) for t in target]
         else:
@@ -175,21 +200,22 @@ class ExtendedTrainerBase(nnUNetTrainer):
     def _trained_parameters(self) -> List[nn.Parameter]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
-    def _group_gradient_norms(self) -> Dict[str, float]:
-        """``{"grad_norm_<group name>": L2 norm}`` of every optimizer group's gradients (before clipping)."""
-        names, norms = [], []
+    def _group_gradient_norms(self) -> Dict[str, torch.Tensor]:
+        """``{"grad_norm_<group name>": L2 norm}`` of every optimizer group's gradients (before clipping),
+        0-dim fp32 tensors on the device (multi-tensor norms: a few operations per group, no sync)."""
+        norms: Dict[str, torch.Tensor] = {}
         for i, group in enumerate(self.optimizer.param_groups):
-            grads = [p.grad.detach().float() for p in group["params"] if p.grad is not None]
+            grads = [p.grad.detach() for p in group["params"] if p.grad is not None]
             if grads:
                 name = group.get("name", "network" if len(self.optimizer.param_groups) == 1 else i)
-                names.append(f"grad_norm_{name}")
-                norms.append(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
-        return dict(zip(names, torch.stack(norms).cpu().tolist())) if norms else {}
+                per_tensor = torch._foreach_norm(grads)
+                norms[f"grad_norm_{name}"] = torch.linalg.vector_norm(torch.stack(per_tensor).float())
+        return norms
 
-    def _optimizer_step(self, loss: torch.Tensor) -> Dict[str, float]:
+    def _optimizer_step(self, loss: torch.Tensor) -> Dict[str, torch.Tensor]:
         """Backward, gradient clipping at 12 (of every parameter the optimizer holds) and step, with
         nnU-Net's GradScaler on CUDA. Returns each group's gradient norm before clipping
-        (``_group_gradient_norms``; inf / NaN in a step that the GradScaler skips)."""
+        (``_group_gradient_norms``, on the device; inf / NaN in a step that the GradScaler skips)."""
         params = self._trained_parameters()
         if self.grad_scaler is not None:
             self.grad_scaler.scale(loss).backward()
@@ -204,6 +230,24 @@ class ExtendedTrainerBase(nnUNetTrainer):
             torch.nn.utils.clip_grad_norm_(params, 12)
             self.optimizer.step()
         return norms
+
+    def _step_result(self, total: torch.Tensor, scalars: Mapping[str, torch.Tensor]) -> dict:
+        """A ``train_step`` result from one device-to-host transfer: ``loss`` (total, a 0-dim array as
+        nnU-Net's), every 0-dim tensor of ``scalars`` as a float under its name, and the finiteness flags
+        of the step's batch (``_batch_to_device``), which raise the input error naming the cases here."""
+        names = list(scalars)
+        parts = [total.detach().float().reshape(1)] + [scalars[n].detach().float().reshape(1) for n in names]
+        check, self._pending_input_check = self._pending_input_check, None
+        if check is not None:
+            parts.append(check[0].float())
+        host = torch.cat(parts).cpu().numpy()
+        if check is not None:
+            finite = host[1 + len(names):] > 0
+            if not finite.all():
+                raise RuntimeError(non_finite_input_message(finite.tolist(), check[1], check[2]))
+        result = {"loss": np.array(host[0])}
+        result.update({n: float(v) for n, v in zip(names, host[1:1 + len(names)])})
+        return result
 
     def initialize(self) -> None:
         if not self.was_initialized:
