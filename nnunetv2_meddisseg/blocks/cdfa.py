@@ -237,14 +237,16 @@ class ContrastDrivenAggregation(nn.Module):
         in one batched matrix product, folded back so that window position i writes to p + offset_i.
         """
         b, c, h, w = values.shape
-        k, window, heads = self.kernel_size, self.kernel_size ** 2, self.num_heads
-        pixels = guidance.flatten(2).transpose(1, 2)  # (B, HW, dim)
-        logits = F.linear(pixels, layer.weight, layer.bias).view(b, h * w, heads, window, window)
-        weights = torch.softmax(logits * self.scale, dim=-1)  # (B, HW, heads, i, j)
+        k, window, heads, pixels = self.kernel_size, self.kernel_size ** 2, self.num_heads, h * w
+        rows = guidance.permute(0, 2, 3, 1).reshape(b * pixels, -1)  # (B * HW, dim)
+        # the scaled logits scale * (g W^T + bias) in one product, then the softmax over j
+        logits = torch.addmm(layer.bias, rows, layer.weight.t(), beta=self.scale, alpha=self.scale)
+        weights = torch.softmax(logits.view(b * pixels * heads, window, window), dim=-1)  # (B * HW * heads, i, j)
         # unfold channel index: (head * head_dim + d) * window + j
-        windows = F.unfold(values, k, padding=k // 2).view(b, heads, self.head_dim, window, h * w)
-        out = torch.matmul(weights, windows.permute(0, 4, 1, 3, 2))  # (B, HW, heads, i, head_dim)
-        out = out.permute(0, 2, 4, 3, 1).reshape(b, c * window, h * w)  # fold channel index (head, d, i)
+        windows = F.unfold(values, k, padding=k // 2).view(b, heads, self.head_dim, window, pixels)
+        windows = windows.permute(0, 4, 1, 3, 2).reshape(b * pixels * heads, window, self.head_dim)
+        out = torch.bmm(weights, windows).view(b, pixels, heads, window, self.head_dim)  # (B, HW, heads, i, d)
+        out = out.permute(0, 2, 4, 3, 1).reshape(b, c * window, pixels)  # fold channel index (head, d, i)
         out = F.fold(out, (h, w), k, padding=k // 2)  # sums the overlapping window contributions
         return self._pointwise(self.proj, out)
 
