@@ -19,6 +19,10 @@
   function of the weights and optimizer state it starts from, so ``--c`` replays the rest of an
   interrupted run exactly where the batches come from this process (``nnUNet_n_proc_DA=0``) and the
   arithmetic is deterministic (CPU; see the README for what differs otherwise).
+- With the environment variable ``nnUNet_meddisseg_bf16`` set ("1", "true" or "t"), training and
+  validation steps run under bfloat16 autocast without a GradScaler (on CUDA and on the CPU), instead
+  of nnU-Net's fp16 autocast + GradScaler on CUDA and fp32 on the CPU. bf16 has fp32's exponent range,
+  so no loss scaling is needed and no value leaves its range. Prediction is unaffected.
 """
 import glob
 import math
@@ -42,12 +46,20 @@ from nnunetv2_meddisseg.losses import DIAGNOSTIC_KEYS, dispersion_diagnostics
 from nnunetv2_meddisseg.training.curves import PLOT_FILENAME, TrainingCurves
 
 __all__ = ["atomic_torch_save", "check_finite_input", "finite_per_sample", "non_finite_input_message", "unwrap_module", "run_seed_from_environment", "seed_epoch",
-           "CURVE_PREFIXES", "SEED_ENVIRONMENT_VARIABLE", "ExtendedTrainerBase"]
+           "CURVE_PREFIXES", "SEED_ENVIRONMENT_VARIABLE", "BF16_ENVIRONMENT_VARIABLE", "bf16_training_requested",
+           "ExtendedTrainerBase"]
 
 #: train_step output keys with these prefixes are averaged per epoch into ``TrainingCurves``
 CURVE_PREFIXES = ("loss_", "dispersion_", "grad_norm_")
 #: environment variable that fixes the run seed (an integer >= 0)
 SEED_ENVIRONMENT_VARIABLE = "nnUNet_meddisseg_seed"
+#: environment variable ("1", "true" or "t") that trains under bf16 autocast without a GradScaler
+BF16_ENVIRONMENT_VARIABLE = "nnUNet_meddisseg_bf16"
+
+
+def bf16_training_requested() -> bool:
+    """True when :data:`BF16_ENVIRONMENT_VARIABLE` is "1", "true" or "t" (any case)."""
+    return os.environ.get(BF16_ENVIRONMENT_VARIABLE, "").strip().lower() in ("1", "true", "t")
 
 
 def run_seed_from_environment() -> Optional[int]:
@@ -157,6 +169,10 @@ class ExtendedTrainerBase(nnUNetTrainer):
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
         super().__init__(plans, configuration, fold, dataset_json, device)
+        #: bf16 autocast without a GradScaler (``nnUNet_meddisseg_bf16``; not on MPS, which lacks it)
+        self.bf16 = bf16_training_requested() and self.device.type in ("cuda", "cpu")
+        if self.bf16:
+            self.grad_scaler = None
         self.curves = TrainingCurves()
         self._warned_small_batch = False
         self._diagnostics_due = True
@@ -170,7 +186,10 @@ class ExtendedTrainerBase(nnUNetTrainer):
         return unwrap_module(self.network)
 
     def _autocast(self):
-        """nnU-Net's rule: autocast on CUDA only (slow on CPU, unsupported on MPS)."""
+        """nnU-Net's rule: autocast on CUDA only (slow on CPU, unsupported on MPS); bf16 autocast on CUDA and
+        the CPU with ``nnUNet_meddisseg_bf16`` set."""
+        if self.bf16:
+            return autocast(self.device.type, dtype=torch.bfloat16, enabled=True)
         return autocast(self.device.type, enabled=True) if self.device.type == "cuda" else dummy_context()
 
     def _batch_to_device(self, batch: dict, training: bool) -> Tuple[torch.Tensor, Union[torch.Tensor, List]]:
@@ -256,6 +275,8 @@ class ExtendedTrainerBase(nnUNetTrainer):
 
     def on_train_start(self) -> None:
         super().on_train_start()
+        if self.bf16:
+            self.print_to_log_file(f"{BF16_ENVIRONMENT_VARIABLE} is set: bf16 autocast, no GradScaler")
         self.print_to_log_file(f"run seed {self.run_seed} (every epoch is seeded from it and the epoch number; "
                                f"set {SEED_ENVIRONMENT_VARIABLE} to fix it)")
 
