@@ -14,10 +14,10 @@ __all__ = ["nnunet_dirs"]
 @pytest.mark.parametrize("stage", [STAGE_1, STAGE_2])
 def test_step_under_bf16_autocast_without_grad_scaler(nnunet_dirs, monkeypatch, stage):
     monkeypatch.setenv(BF16_ENVIRONMENT_VARIABLE, "1")
-    trainer = make_trainer(plans=tiny_plans(MEDDISSEG), num_epochs=2)
+    trainer = make_trainer(plans=tiny_plans(MEDDISSEG), num_epochs=2, stage1_epochs=int(stage == STAGE_1))
     assert trainer.bf16 and trainer.grad_scaler is None
-    trainer.optimizer, trainer.lr_scheduler = trainer.configure_optimizers(stage)
     trainer.on_train_epoch_start()
+    assert trainer.training_stage == stage
     seen = []
     hook = trainer.network.encoder.layer1.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     weights = {n: p.detach().clone() for n, p in trainer.network.named_parameters()}

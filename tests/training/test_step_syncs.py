@@ -46,11 +46,11 @@ class SyncCounter:
 
 
 def _trainer(stage, cls=None, plans=None):
+    stages = {} if stage is None else {"stage1_epochs": int(stage == STAGE_1)}
     trainer = make_trainer(**({} if cls is None else {"cls": cls}), plans=plans, num_epochs=2,
-                           input_check_on_device=True)
-    if stage is not None:
-        trainer.optimizer, trainer.lr_scheduler = trainer.configure_optimizers(stage)
+                           input_check_on_device=True, **stages)
     trainer.on_train_epoch_start()
+    assert stage is None or trainer.training_stage == stage
     return trainer
 
 
