@@ -20,7 +20,7 @@ from torch import nn
 
 __all__ = [
     "NNUNET_ARCHITECTURES", "NETWORK_NAMES", "DEFAULT_OUT", "machine_info", "command_line", "build_network",
-    "set_mode", "use_reference_implementations", "alternating_timings", "summarize", "markdown_table",
+    "set_mode", "use_reference_implementations", "use_previous_implementations", "alternating_timings", "summarize", "markdown_table",
     "write_results", "synchronize", "parse_device", "peak_rss_bytes", "current_rss_bytes", "reset_peak_rss",
     "parameters", "nnunet_environment", "run_logged",
 ]
@@ -170,6 +170,38 @@ def use_reference_implementations(net: nn.Module) -> nn.Module:
             m.forward = (lambda mod: lambda x, fg, bg: reference_cdfa_forward(mod, x, fg, bg))(m)
         elif isinstance(m, TeLU):
             m.forward = reference_telu
+    return net
+
+
+def use_previous_implementations(net: nn.Module) -> nn.Module:
+    """Switch the blocks of ``net`` (in place) back to their implementations before the launch-count
+    reduction: CDFA's shifted-view window attention on every device (the block's CPU form), each
+    enhancement branch with its own channel attention, one MLP pass per pooling in every channel
+    attention, TeLU's longer backward. Same parameters, same results up to rounding (tests/blocks)."""
+    from nnunetv2_meddisseg.blocks.activation import TeLU
+    from nnunetv2_meddisseg.blocks.attention import ChannelAttention
+    from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
+    from nnunetv2_meddisseg.blocks.device_forms import forced_form
+    from nnunetv2_meddisseg.blocks.enhancement import FeatureEnhancement
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "blocks"))
+    from reference_impls import previous_channel_attention, previous_enhancement_forward, previous_telu
+
+    def cpu_form(forward):
+        def run(*args):
+            with forced_form("cpu"):
+                return forward(*args)
+        return run
+
+    for m in net.modules():
+        if isinstance(m, ContrastDrivenAggregation):
+            m._aggregate = cpu_form(m._aggregate)
+        elif isinstance(m, FeatureEnhancement):
+            m.forward = (lambda mod: lambda x: previous_enhancement_forward(mod, x))(m)
+        elif isinstance(m, ChannelAttention):
+            m.attention = (lambda mod: lambda x: previous_channel_attention(mod, x))(m)
+        elif isinstance(m, TeLU):
+            m.forward = previous_telu
     return net
 
 

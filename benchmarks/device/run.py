@@ -23,6 +23,19 @@ left of ``--budget-s``), so that a slow or hanging step cannot eat the rest; the
    --batch 4`` on the resized Kvasir-SEG with ``nnUNet_compile=f`` and as many iterations as fit;
    ``--quality-args`` replaces these arguments).
 
+A sixth step, ``pace``, runs only when selected (``--steps pace``, at most ``caps["pace"]`` = 480 s in
+full mode, whatever the budget): Med-DisSeg at the GPU's pace.
+
+6. ``pace``: (a) ``benchmarks/device/pace.py``: kernel launches and the top 15 kernels (torch.profiler)
+   of a Stage II training step at 256x256 (planned batch) and of inference forwards at batch 4 and 32,
+   previous vs current block implementations, eager and compiled; training and inference images/s,
+   fp32 / bf16 / compiled, against the targets (>= 70 training, >= 300 inference at batch 4);
+   (b) nnU-Net's commands on the step 4 subset: ``nnUNetv2_train ... -tr nnUNetTrainerMedDisSeg_smoke``
+   with nnU-Net's torch.compile and ``nnUNet_meddisseg_bf16=1`` through ``nnUNetv2_predict``; then
+   seconds per epoch of 50 iterations (2 epochs, the second reported) of Med-DisSeg and of the default
+   nnU-Net through ``nnUNetv2_train`` (generated ``*_pace`` trainers), both eager (``nnUNet_compile=f``:
+   compiling would not fit the step's time).
+
 Every step appends to ``OUTDIR/results.json`` and ``OUTDIR/results.md`` and repacks
 ``OUTDIR/logs.tar.gz`` when it ends, so a run cut short still leaves what it measured; step 5 also
 copies ``quality.md`` / ``quality.json`` there (five files in all). Work files go to ``--scratch``
@@ -62,7 +75,10 @@ STANDINS = DEVICE_DIR / "standins"
 DEFAULT_KVASIR = REPO_ROOT / ".device_data" / "Kvasir-SEG"
 SHIPPED_SPLIT = REPO_ROOT / "nnunetv2_meddisseg" / "datasets" / "splits" / "kvasir_seg.json"
 PAPER_IMAGES_PER_S = 59.6  # Med-DisSeg paper: batch 4, 256x256, RTX 4090
-STEPS = ("environment", "throughput", "training", "cli", "quality")
+STEPS = ("environment", "throughput", "training", "cli", "quality", "pace")
+#: the steps run when ``--steps`` is not given (``pace`` is selected explicitly)
+DEFAULT_STEPS = STEPS[:5]
+BUDGET_TRAINERS = REPO_ROOT / "nnunetv2_meddisseg" / "training" / "budget_trainers.py"
 CLI_DATASET_ID = 990
 #: console commands of nnunetv2 used here, in case its metadata cannot be read
 NNUNET_COMMANDS = {"nnUNetv2_plan_and_preprocess":
@@ -75,7 +91,7 @@ LOG_TAIL_BYTES = 400_000  # per log file in logs.tar.gz
 MODES = {
     "full": {
         "device": "cuda", "budget_s": 450,
-        "caps": {"environment": 60, "throughput": 150, "training": 75, "cli": 210},
+        "caps": {"environment": 60, "throughput": 150, "training": 75, "cli": 210, "pace": 480},
         "throughput": [  # (label, arguments of benchmarks/throughput.py, cap in s)
             ("batch4", ["--batch", "4", "--size", "256", "--variants", "fp32", "bf16", "channels_last",
                         "channels_last_bf16", "--repeats", "10"], 50),
@@ -88,10 +104,17 @@ MODES = {
         "cli_timeouts": {"convert": 60, "plan_and_preprocess": 90, "meddisseg_plan": 40, "train": 240,
                          "predict": 90},
         "quality": ["--device", "cuda", "--size", "256", "--batch", "4"],
+        # the last command (default nnU-Net's epochs) takes whatever is left of the step's 480 s; the compiled
+        # smoke run compiles both stages (Stage I took 115 s on an H200 before the launch-count reduction)
+        "pace": {"probe": 130, "probe_args": ["--size", "256", "--batch", "0", "--infer-batches", "4", "32",
+                                              "--repeats", "10", "--budget-s", "125"],
+                 "epoch_iterations": 50,
+                 "timeouts": {"convert": 25, "plan_and_preprocess": 40, "meddisseg_plan": 15, "bf16_train": 150,
+                              "bf16_predict": 30, "epochs_meddisseg": 45, "epochs_default": 45}},
     },
     "tiny": {
         "device": "cpu", "budget_s": 5400,  # generous: a shared CPU may be many times slower
-        "caps": {"environment": 300, "throughput": 600, "training": 400, "cli": 2100},
+        "caps": {"environment": 300, "throughput": 600, "training": 400, "cli": 2100, "pace": 5000},
         "throughput": [
             ("batch1", ["--batch", "1", "--size", "128", "--variants", "fp32", "channels_last_bf16", "--repeats", "1",
                         "--warmup", "0", "--threads", "1"], 300),
@@ -104,6 +127,11 @@ MODES = {
         "quality": ["--device", "cpu", "--size", "64", "--batch", "2", "--iterations", "8", "--iterations-per-epoch",
                     "2", "--val-iterations", "1", "--threads", "1", "--max-train-cases", "6", "--max-test-cases", "2",
                     "--num-processes", "1", "--methods", "default", "meddisseg"],
+        "pace": {"probe": 900, "probe_args": ["--size", "64", "--batch", "2", "--infer-batches", "2", "--repeats", "1",
+                                              "--budget-s", "850", "--no-compile", "--threads", "1"],
+                 "epoch_iterations": 2,
+                 "timeouts": {"convert": 300, "plan_and_preprocess": 600, "meddisseg_plan": 300, "bf16_train": 900,
+                              "bf16_predict": 400, "epochs_meddisseg": 600, "epochs_default": 600}},
     },
 }
 
@@ -172,7 +200,8 @@ class DeviceRun:
         self.args = args
         self.mode = MODES["tiny" if args.tiny else "full"]
         self.start = time.monotonic()
-        self.deadline = self.start + (args.budget_s or self.mode["budget_s"])
+        default_budget = self.mode["caps"]["pace"] + 10 if list(args.steps) == ["pace"] else self.mode["budget_s"]
+        self.deadline = self.start + (args.budget_s or default_budget)
         self.out = Path(args.outdir).resolve()
         self.out.mkdir(parents=True, exist_ok=True)
         self.scratch = Path(args.scratch or tempfile.mkdtemp(prefix="meddisseg_device_")).resolve()
@@ -196,8 +225,9 @@ class DeviceRun:
         return [s for s in STEPS if s in self.args.steps][-1:] == [name]
 
     def cap(self, name: str) -> float:
-        """Seconds step ``name`` may take: its cap, or everything left when no selected step follows it."""
-        return math.inf if self.is_last_step(name) else self.mode["caps"][name]
+        """Seconds step ``name`` may take: its cap, or everything left when no selected step follows it
+        (``pace`` keeps its cap)."""
+        return math.inf if self.is_last_step(name) and name != "pace" else self.mode["caps"][name]
 
     def cli_timeout(self, command: str, cap_end: float) -> float:
         """Seconds for one command of step 4: its own limit within the step's cap; when step 4 is the last
@@ -477,8 +507,98 @@ def _quality_summary(path: Path) -> Optional[dict]:
                             "s_per_iteration": m.get("s_per_iteration")} for k, m in payload.get("table", {}).items()}}
 
 
+def _load_budget_trainers():
+    """``nnunetv2_meddisseg/training/budget_trainers.py`` loaded by path (standard library only: the
+    harness imports neither torch nor the package)."""
+    spec = importlib.util.spec_from_file_location("meddisseg_budget_trainers_writer", BUDGET_TRAINERS)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+#: trainers timed per epoch in step 6, and their modules
+PACE_TRAINERS = {"nnUNetTrainerMedDisSeg": "nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg",
+                 "nnUNetTrainer": "nnunetv2.training.nnUNetTrainer.nnUNetTrainer"}
+
+
+def _epoch_times(log: Path) -> List[float]:
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    return [float(t) for t in re.findall(r"Epoch time: ([0-9.]+) s", text)]
+
+
+def step_pace(run: DeviceRun) -> dict:
+    settings = run.mode["pace"]
+    cap_end = time.monotonic() + min(run.cap("pace"), run.remaining())
+    out = run.scratch / "pace.json"
+    calls = [run.call("6_pace_probe", ["python", DEVICE_DIR / "pace.py", out, "--device", run.mode["device"],
+                                       *settings["probe_args"]], min(settings["probe"], cap_end - time.monotonic()))]
+    result = {"calls": calls, "probe": _read_json(out)}
+    kvasir = Path(run.args.kvasir)
+    if not (kvasir / "images").is_dir():
+        return {**result, "status": "failed", "reason": f"no Kvasir-SEG images in {kvasir}: run prepare.py"}
+    work = run.scratch / "pace_cli"
+    env = dict(run.env)
+    for name in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results"):
+        (work / name).mkdir(parents=True, exist_ok=True)
+        env[name] = str(work / name)
+    split = write_cli_split(work / "split.json", run.mode["cli_cases"])
+    writer = _load_budget_trainers()
+    writer.write_budget_trainers(work / "trainers" / "pace_budget_trainers.py", PACE_TRAINERS, "_pace",
+                                 writer.Budget(epochs=2, iterations_per_epoch=settings["epoch_iterations"],
+                                               val_iterations=2, final_validation=False),
+                                 "benchmarks/device/run.py, step pace")
+    env["nnUNet_extTrainer"] = os.pathsep.join([str(work / "trainers"), env["nnUNet_extTrainer"]])
+    bf16_env = {**env, "nnUNet_meddisseg_bf16": "1", "nnUNet_results": str(work / "nnUNet_results_bf16")}
+    eager_env = {**env, "nnUNet_compile": "f"}
+    (work / "nnUNet_results_bf16").mkdir(exist_ok=True)
+    d, dev = str(CLI_DATASET_ID), run.mode["device"]
+    prepare = {name: command for name, command in _cli_commands(run, work, kvasir)}
+    smoke = "nnUNetTrainerMedDisSeg_smoke"
+    commands = [
+        ("convert", prepare["convert"], env), ("plan_and_preprocess", prepare["plan_and_preprocess"], env),
+        ("meddisseg_plan", prepare["meddisseg_plan"], env),
+        ("bf16_train", ["nnUNetv2_train", d, "2d", "0", "-tr", smoke, "-p", "nnUNetMedDisSegPlans", "-device", dev],
+         bf16_env),
+        ("bf16_predict", ["nnUNetv2_predict", "-i", lambda: _dataset_folder(work / "nnUNet_raw") / "imagesTs", "-o",
+                          work / "predictions_bf16", "-d", d, "-c", "2d", "-f", "0", "-tr", smoke, "-p",
+                          "nnUNetMedDisSegPlans", "-device", dev], bf16_env),
+        ("epochs_meddisseg", ["nnUNetv2_train", d, "2d", "0", "-tr", "nnUNetTrainerMedDisSeg_pace", "-p",
+                              "nnUNetMedDisSegPlans", "-device", dev], eager_env),
+        ("epochs_default", ["nnUNetv2_train", d, "2d", "0", "-tr", "nnUNetTrainer_pace", "-p", "nnUNetPlans",
+                            "-device", dev], eager_env)]
+    data_ready = True
+    for name, command, command_env in commands:
+        if not data_ready:
+            break
+        if name == "bf16_predict" and calls[-1].get("rc") != 0:
+            continue  # nothing trained to predict with
+        command = [str(run.scratch / "bin" / command[0]), *[c() if callable(c) else c for c in command[1:]]]
+        timeout = settings["timeouts"][name]
+        if name == commands[-1][0]:
+            timeout = max(timeout, cap_end - time.monotonic())
+        call = run.call(f"6_pace_{name}", command, min(timeout, cap_end - time.monotonic()), env=command_env)
+        calls.append(call)
+        data_ready = name not in ("convert", "plan_and_preprocess", "meddisseg_plan") or call.get("rc") == 0
+        if name == "bf16_train":
+            result["bf16_training"] = _training_facts(run.logs / call["log"], work / "nnUNet_results_bf16")
+            result["bf16_training"]["bf16_used"] = "bf16 autocast, no GradScaler" in (
+                (run.logs / call["log"]).read_text(errors="replace") if (run.logs / call["log"]).is_file() else "")
+        if name.startswith("epochs_"):
+            times = _epoch_times(run.logs / call["log"])
+            result[name] = {"epoch_times_s": times, "iterations_per_epoch": settings["epoch_iterations"],
+                            "steady_epoch_s": times[-1] if len(times) >= 2 else None}
+    predicted = sorted((work / "predictions_bf16").glob("*.png")) if (work / "predictions_bf16").is_dir() else []
+    result["bf16_predicted_images"] = len(predicted)
+    probe_ok = calls[0].get("rc") == 0 and result["probe"] is not None
+    cli_ok = len(calls) == 1 + len(commands) and all(c.get("rc") == 0 for c in calls)
+    ok = probe_ok and cli_ok and len(predicted) == len(split["test"])
+    result["status"] = "ok" if ok else ("partial" if probe_ok or any(c.get("rc") == 0 for c in calls) else "failed")
+    return result
+
+
 STEP_FUNCTIONS = {"environment": step_environment, "throughput": step_throughput, "training": step_training,
-                  "cli": step_cli, "quality": step_quality}
+                  "cli": step_cli, "quality": step_quality, "pace": step_pace}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -559,6 +679,40 @@ def _md_quality(step: dict, out: Path) -> List[str]:
     return lines
 
 
+def _md_pace(step: dict) -> List[str]:
+    p = step.get("probe") or {}
+    lines = [f"Profiles (`benchmarks/device/pace.py`): training step at {p.get('size')}x{p.get('size')}, batch "
+             f"{p.get('training_batch')}; inference at batches {p.get('infer_batches')}.", ""]
+    lines += _table(["what", "batch", "implementations", "compiled", "launches", "unit", "profiled ms"],
+                    [[r["what"], r["batch"], r["implementations"], r["compiled"], r["launches"], r["unit"],
+                      f"{r['total_ms']:.1f}"] for r in p.get("profiles", [])])
+    targets = p.get("targets", {})
+    lines += ["", f"Throughput of the current implementations (targets: training >= "
+                  f"{targets.get('training_images_per_s')} images/s, inference at batch 4 >= "
+                  f"{targets.get('inference_batch4_images_per_s')}):", ""]
+    lines += _table(["what", "batch", "variant", "ms", "images/s"],
+                    [[r["what"], r["batch"], r["variant"], f"{r['median_s'] * 1e3:.1f}", f"{r['images_per_s']:.1f}"]
+                     for r in p.get("throughput", [])])
+    lines += [f"- skipped {k}: {v}" for k, v in p.get("skipped", {}).items()]
+    for r in p.get("profiles", []):
+        lines += ["", f"Top kernels, {r['what']} batch {r['batch']}, {r['implementations']}, "
+                      f"{'compiled' if r['compiled'] else 'eager'}:", ""]
+        lines += _table(["kernel", "calls", "self ms"], [[k["name"], k["calls"], f"{k['self_ms']:.2f}"]
+                                                         for k in r["top"]])
+    t = step.get("bf16_training", {})
+    lines += ["", f"nnU-Net's commands with nnUNet_meddisseg_bf16=1: compile used {t.get('compile_used')}, bf16 used "
+                  f"{t.get('bf16_used')}, epoch times {t.get('epoch_times_s')}, predicted test images "
+                  f"{step.get('bf16_predicted_images')}.", ""]
+    lines += _table(["trainer", "iterations / epoch", "epoch times s", "steady epoch s"],
+                    [[k[len("epochs_"):], v.get("iterations_per_epoch"), v.get("epoch_times_s"), v.get("steady_epoch_s")]
+                     for k, v in step.items() if k.startswith("epochs_")])
+    lines += ["", "Commands:", ""] + _table(
+        ["command", "rc", "seconds", "note"],
+        [[c["name"], c.get("rc"), c.get("seconds"), c.get("skipped", "") or ("time limit" if c.get("timed_out") else "")]
+         for c in step.get("calls", [])])
+    return lines
+
+
 def render_markdown(results: dict, out: Optional[Path] = None) -> str:
     steps = results["steps"]
     lines = ["# Device run: Med-DisSeg on CUDA vs the default nnU-Net", "",
@@ -567,7 +721,7 @@ def render_markdown(results: dict, out: Optional[Path] = None) -> str:
     lines += _table(["step", "status", "seconds", "note"],
                     [[n, s.get("status"), s.get("seconds"), _step_note(s)] for n, s in steps.items()])
     renderers = {"environment": _md_environment, "throughput": _md_throughput, "training": _md_training,
-                 "cli": _md_cli}
+                 "cli": _md_cli, "pace": _md_pace}
     for i, name in enumerate(STEPS, 1):
         if name not in steps:
             continue
@@ -594,7 +748,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("outdir", help="folder for results.json, results.md, logs.tar.gz, quality.md, quality.json")
     p.add_argument("--tiny", action="store_true", help="CPU, 64x64, a few iterations, no compile (a test run)")
     p.add_argument("--budget-s", type=float, default=None, help="seconds for all steps (default: 450; tiny 5400)")
-    p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS), help="steps to run (in the fixed order)")
+    p.add_argument("--steps", nargs="+", choices=STEPS, default=list(DEFAULT_STEPS),
+                   help="steps to run (in the fixed order); pace runs only when named")
     p.add_argument("--kvasir", default=str(DEFAULT_KVASIR), help="resized Kvasir-SEG (prepare.py)")
     p.add_argument("--scratch", default=None, help="work folder (default: a new temporary folder)")
     p.add_argument("--quality-args", default=None,
@@ -621,7 +776,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for i, name in enumerate(STEPS, 1):
         if name not in args.steps:
             continue
-        print(f"[{i}/5] {name} ({run.remaining():.0f} s left)", flush=True)
+        print(f"[{i}/{len(STEPS)}] {name} ({run.remaining():.0f} s left)", flush=True)
         start = time.monotonic()
         try:
             result = STEP_FUNCTIONS[name](run)

@@ -12,6 +12,8 @@ __all__ = ["TELU_EXP_CLAMP", "telu", "TeLU", "get_activation"]
 #: < 65504). Without it exp(x) overflows to inf for x > ~11 in fp16 and autograd multiplies
 #: 0 (tanh') by inf -> NaN gradients.
 TELU_EXP_CLAMP = 10.0
+#: where TeLU's slope is exactly 1 in every float dtype (tanh(exp(4)) rounds to 1 even in float64)
+_TELU_BACKWARD_CLAMP = 4.0
 
 
 def _telu_forward(x: Tensor) -> Tensor:
@@ -40,13 +42,14 @@ class _TeLUFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad: Tensor) -> Tensor:
         (x,) = ctx.saved_tensors
-        e = torch.exp(x.clamp(max=TELU_EXP_CLAMP))
+        # d/dx [x tanh(e^x)] = tanh(e^x) + x (1 - tanh^2(e^x)) e^x. Above x = 4, tanh(e^x) rounds to 1 in
+        # every float dtype (1 - tanh(e^4) ~ 4e-48), so there the slope is exactly 1, as autograd's through
+        # the clamped exponent: x is clamped at 4 for the second term, which is then exactly 0. The grad is
+        # multiplied by 1 - t^2 first (tanh_backward), so that no intermediate overflows fp16.
+        xc = x.clamp(max=_TELU_BACKWARD_CLAMP)
+        e = torch.exp(xc)
         t = torch.tanh(e)
-        # d/dx [x tanh(e^x)] = tanh(e^x) + x (1 - tanh^2(e^x)) e^x; the product is formed in this order
-        # (1 - t^2 is 0 first) so that it cannot overflow in fp16
-        inner = t.square().neg_().add_(1).mul_(x).mul_(e)
-        inner.masked_fill_(x > TELU_EXP_CLAMP, 0.0)
-        return grad * inner.add_(t)
+        return torch.addcmul(torch.ops.aten.tanh_backward(grad, t).mul_(xc).mul_(e), grad, t)
 
 
 def telu(x: Tensor) -> Tensor:

@@ -33,10 +33,10 @@ class ChannelAttention(nn.Module):
         )
 
     def attention(self, x: Tensor) -> Tensor:
-        """Channel weights a: (B, C, 1, 1) in (0, 1)."""
-        avg = self.mlp(x.mean(dim=(2, 3)))
-        mx = self.mlp(x.amax(dim=(2, 3)))
-        return torch.sigmoid(avg + mx)[:, :, None, None]
+        """Channel weights a: (B, C, 1, 1) in (0, 1). Both poolings pass the MLP as one batch of 2B."""
+        b, c = x.shape[:2]
+        both = self.mlp(torch.cat([x.mean(dim=(2, 3)), x.amax(dim=(2, 3))]))  # (2B, C): avg rows, then max rows
+        return torch.sigmoid(both.view(2, b, c).sum(dim=0)).view(b, c, 1, 1)
 
     def forward(self, x: Tensor) -> Tensor:
         return x * self.attention(x)

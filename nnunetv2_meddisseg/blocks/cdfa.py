@@ -1,11 +1,20 @@
 """Contrast-driven feature aggregation (CDFA, after ConDSeg) and the guidance pyramid feeding it.
 
-The window attention of CDFA is computed without materialising the k x k windows: the weights of
-all windows that touch a pixel are first summed per displacement between the written pixel and the
-read pixel (:func:`window_displacement_weights`), then the values are accumulated from (2k-1)^2
-shifted views (:func:`displacement_sum`). Both are linear maps with hand-written backward passes.
-The first implementation (unfold -> per-pixel matmul -> fold) lives with the tests
-(``tests/blocks/reference_impls.py``), which check the current one against it.
+The window attention has two forms with equal results, chosen by device inside the block
+(``blocks.device_forms``):
+
+- the *CPU form* does not materialise the k x k windows: the weights of all windows that touch a
+  pixel are first summed per displacement between the written pixel and the read pixel
+  (:func:`window_displacement_weights`), then the values are accumulated from (2k-1)^2 shifted views
+  (:func:`displacement_sum`). Both are linear maps with hand-written backward passes. Its hundreds of
+  small in-place operations on views are fast on a CPU (no large intermediates);
+- the *few-op form* (every other device) unfolds the values into their k x k windows, applies each
+  pixel's (k*k, k*k) weights per head in one batched matrix product and folds the windows back
+  (overlaps summed): a dozen operations per attention, where the CPU form issues hundreds, each of
+  which is a kernel launch on a GPU.
+
+The first implementation (unfold -> per-pixel matmul -> fold, with Linear layers on channel-last
+views) lives with the tests (``tests/blocks/reference_impls.py``), which check both forms against it.
 """
 from typing import List, Optional, Sequence, Tuple, Type
 
@@ -16,6 +25,7 @@ from torch.autograd.function import once_differentiable
 
 from nnunetv2_meddisseg.blocks.activation import TeLU
 from nnunetv2_meddisseg.blocks.conv import ConvNormAct
+from nnunetv2_meddisseg.blocks.device_forms import few_op_form
 
 __all__ = [
     "ContrastDrivenAggregation",
@@ -200,7 +210,7 @@ class ContrastDrivenAggregation(nn.Module):
     @staticmethod
     def _pointwise(layer: nn.Linear, x: Tensor) -> Tensor:
         """Apply ``layer`` over the channel axis as a 1x1 convolution: (B, C, H, W) -> (B, C_out, H, W)."""
-        return F.conv2d(x, layer.weight[:, :, None, None], layer.bias)
+        return F.conv2d(x, layer.weight.view(*layer.weight.shape, 1, 1), layer.bias)
 
     def window_weights(self, guidance: Tensor, layer: nn.Linear) -> Tensor:
         """guidance: (B, dim, H, W) -> softmaxed weights (B, heads, k*k (i), k*k (j), H, W)."""
@@ -219,11 +229,36 @@ class ContrastDrivenAggregation(nn.Module):
         out = displacement_sum(values, window_displacement_weights(weights, self.kernel_size))
         return self._pointwise(self.proj, out)
 
+    def window_attention_few_ops(self, values: Tensor, guidance: Tensor, layer: nn.Linear) -> Tensor:
+        """The few-op form of ``window_attention(values, window_weights(guidance, layer))``.
+
+        values, guidance: (B, dim, H, W) -> projected (B, dim, H, W). Per pixel p (batch axes B, H*W,
+        heads): softmaxed weights A_p (k*k (i), k*k (j)) times the unfolded values (k*k (j), head_dim)
+        in one batched matrix product, folded back so that window position i writes to p + offset_i.
+        """
+        b, c, h, w = values.shape
+        k, window, heads, pixels = self.kernel_size, self.kernel_size ** 2, self.num_heads, h * w
+        rows = guidance.permute(0, 2, 3, 1).reshape(b * pixels, -1)  # (B * HW, dim)
+        # the scaled logits scale * (g W^T + bias) in one product, then the softmax over j
+        logits = torch.addmm(layer.bias, rows, layer.weight.t(), beta=self.scale, alpha=self.scale)
+        weights = torch.softmax(logits.view(b * pixels * heads, window, window), dim=-1)  # (B * HW * heads, i, j)
+        # unfold channel index: (head * head_dim + d) * window + j
+        windows = F.unfold(values, k, padding=k // 2).view(b, heads, self.head_dim, window, pixels)
+        windows = windows.permute(0, 4, 1, 3, 2).reshape(b * pixels * heads, window, self.head_dim)
+        out = torch.bmm(weights, windows).view(b, pixels, heads, window, self.head_dim)  # (B, HW, heads, i, d)
+        out = out.permute(0, 2, 4, 3, 1).reshape(b, c * window, pixels)  # fold channel index (head, d, i)
+        out = F.fold(out, (h, w), k, padding=k // 2)  # sums the overlapping window contributions
+        return self._pointwise(self.proj, out)
+
     def _aggregate(self, x: Tensor, fg: Tensor, bg: Tensor) -> Tensor:
         """Value projection, both window attentions and the first output block (shapes as ``forward``)."""
         v = self._pointwise(self.value, x)
-        x = self.window_attention(v, self.window_weights(fg, self.attn_fg))
-        x = self.window_attention(x, self.window_weights(bg, self.attn_bg))
+        if few_op_form(x):
+            x = self.window_attention_few_ops(v, fg, self.attn_fg)
+            x = self.window_attention_few_ops(x, bg, self.attn_bg)
+        else:
+            x = self.window_attention(v, self.window_weights(fg, self.attn_fg))
+            x = self.window_attention(x, self.window_weights(bg, self.attn_bg))
         return self.output_convs[0](x)
 
     def forward(self, x: Tensor, fg: Tensor, bg: Tensor) -> Tensor:

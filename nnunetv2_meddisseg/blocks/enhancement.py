@@ -45,6 +45,25 @@ class FeatureEnhancement(nn.Module):
         self.nonlin = nonlin()
         self.spatial_attention = SpatialAttention(7, bias=False, conv_op=conv_op)
 
+    def branch_channel_attention(self, y: Tensor) -> Tensor:
+        """The channel attention of every branch at once.
+
+        y: the activated branch outputs, concatenated (B, n * C, H, W) -> their weights (B, n * C, 1, 1),
+        equal to ``branches[i][1].attention`` of each branch's part. Both poolings of all branches pass
+        their branch's MLP (no biases) in two batched matrix products.
+        """
+        b, n = y.shape[0], len(self.branches)
+        c = y.shape[1] // n
+        mlps = [branch[1].mlp for branch in self.branches]
+        pooled = torch.stack([y.mean(dim=(2, 3)), y.amax(dim=(2, 3))]).view(2 * b, n, c).transpose(0, 1)  # (n, 2B, C)
+        hidden = torch.bmm(pooled, torch.stack([m[0].weight for m in mlps]).transpose(1, 2))  # (n, 2B, C / r)
+        out = torch.bmm(mlps[0][1](hidden), torch.stack([m[2].weight for m in mlps]).transpose(1, 2))  # (n, 2B, C)
+        return torch.sigmoid(out.view(n, 2, b, c).sum(dim=1)).transpose(0, 1).reshape(b, n * c, 1, 1)
+
     def forward(self, x: Tensor) -> Tensor:
-        fused = self.fuse(torch.cat([branch(x) for branch in self.branches], dim=1))
+        # every branch's conv and norm, then one activation and one batched channel attention for all of them
+        # (the same values as running each branch on its own: the activation is element-wise)
+        y = torch.cat([branch[0].norm(branch[0].conv(x)) for branch in self.branches], dim=1)
+        y = self.branches[0][0].nonlin(y)
+        fused = self.fuse(y * self.branch_channel_attention(y))
         return self.spatial_attention(self.nonlin(fused + self.shortcut(x)))

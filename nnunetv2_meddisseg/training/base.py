@@ -3,8 +3,12 @@
 - Checkpoints are written atomically (a temporary file in the same folder, then ``os.replace``), so
   a kill during a save never leaves a truncated ``checkpoint_latest.pth``; subclasses add their own
   state through ``_checkpoint_extras`` / ``_restore_checkpoint_extras``.
-- Every training and validation batch is checked for NaN / inf before it reaches the network: a
-  clear ``RuntimeError`` naming the cases instead of a NaN model.
+- Every training and validation batch is checked for NaN / inf: a clear ``RuntimeError`` naming the
+  cases instead of a NaN model. On the CPU, and for validation batches, before the batch reaches the
+  network. A training batch on any other device is checked there, and the result travels with the
+  step's logged values (``_step_result``), so that a step synchronises with the device once: the
+  error is raised at the end of the step that saw the batch, which stops the run before any
+  checkpoint holds that step's update (``input_check_on_device`` chooses explicitly).
 - A batch of one sample is reported once (a dispersive loss has no pairs and is zero), and at start-up
   a batch too small for the dispersive form (``MINIMUM_BATCH``) is named in one line of the log.
 - Under DDP (``-num_gpus N``) the dispersive loss and its diagnostics see the batch of every process
@@ -20,6 +24,10 @@
   function of the weights and optimizer state it starts from, so ``--c`` replays the rest of an
   interrupted run exactly where the batches come from this process (``nnUNet_n_proc_DA=0``) and the
   arithmetic is deterministic (CPU; see the README for what differs otherwise).
+- With the environment variable ``nnUNet_meddisseg_bf16`` set ("1", "true" or "t"), training and
+  validation steps run under bfloat16 autocast without a GradScaler (on CUDA and on the CPU), instead
+  of nnU-Net's fp16 autocast + GradScaler on CUDA and fp32 on the CPU. bf16 has fp32's exponent range,
+  so no loss scaling is needed and no value leaves its range. Prediction is unaffected.
 """
 import glob
 import math
@@ -43,14 +51,22 @@ from nnunetv2.utilities.helpers import dummy_context
 from nnunetv2_meddisseg.losses import DIAGNOSTIC_KEYS, MINIMUM_BATCH, dispersion_diagnostics, gather_batch
 from nnunetv2_meddisseg.training.curves import PLOT_FILENAME, TrainingCurves
 
-__all__ = ["atomic_torch_save", "check_finite_input", "unwrap_module", "run_seed_from_environment", "seed_epoch",
-           "seed_generators", "preserved_random_state",
-           "CURVE_PREFIXES", "SEED_ENVIRONMENT_VARIABLE", "SeededTrainer", "ExtendedTrainerBase"]
+__all__ = ["atomic_torch_save", "check_finite_input", "finite_per_sample", "non_finite_input_message",
+           "unwrap_module", "run_seed_from_environment", "seed_epoch", "seed_generators", "preserved_random_state",
+           "CURVE_PREFIXES", "SEED_ENVIRONMENT_VARIABLE", "BF16_ENVIRONMENT_VARIABLE", "bf16_training_requested",
+           "SeededTrainer", "ExtendedTrainerBase"]
 
 #: train_step output keys with these prefixes are averaged per epoch into ``TrainingCurves``
 CURVE_PREFIXES = ("loss_", "dispersion_", "grad_norm_")
 #: environment variable that fixes the run seed (an integer >= 0)
 SEED_ENVIRONMENT_VARIABLE = "nnUNet_meddisseg_seed"
+#: environment variable ("1", "true" or "t") that trains under bf16 autocast without a GradScaler
+BF16_ENVIRONMENT_VARIABLE = "nnUNet_meddisseg_bf16"
+
+
+def bf16_training_requested() -> bool:
+    """True when :data:`BF16_ENVIRONMENT_VARIABLE` is "1", "true" or "t" (any case)."""
+    return os.environ.get(BF16_ENVIRONMENT_VARIABLE, "").strip().lower() in ("1", "true", "t")
 
 
 def run_seed_from_environment() -> Optional[int]:
@@ -125,21 +141,31 @@ def atomic_torch_save(obj: object, filename: str) -> None:
         raise
 
 
+def finite_per_sample(data: torch.Tensor) -> torch.Tensor:
+    """data: (B, C, ...) -> (B,) bool on data's device, True where the sample holds no NaN / inf (no sync)."""
+    return torch.isfinite(data.detach().reshape(data.shape[0], -1)).all(dim=1)
+
+
+def non_finite_input_message(finite: Sequence[bool], keys: Optional[Sequence[str]] = None, where: str = "") -> str:
+    """The error message naming the samples whose ``finite`` flag is False (by case key where given)."""
+    bad = [i for i, ok in enumerate(finite) if not ok]
+    if keys is not None and len(keys) == len(finite):
+        cases = ", ".join(str(keys[i]) for i in bad)
+    else:
+        cases = "batch positions " + ", ".join(map(str, bad))
+    return (f"input with NaN or inf values{where}: {cases}. Check these cases' images (and their "
+            f"preprocessed files in nnUNet_preprocessed): training on them would give a NaN model.")
+
+
 def check_finite_input(data: torch.Tensor, keys: Optional[Sequence[str]] = None, where: str = "") -> None:
     """Raise a ``RuntimeError`` naming the offending cases if ``data`` (B, C, ...) holds NaN or inf.
 
     keys: the case identifiers of the batch (nnU-Net's dataloader gives them as ``batch['keys']``).
     """
-    finite = torch.isfinite(data.detach().reshape(data.shape[0], -1)).all(dim=1)
+    finite = finite_per_sample(data)
     if bool(finite.all()):
         return
-    bad = [i for i, ok in enumerate(finite.tolist()) if not ok]
-    if keys is not None and len(keys) == data.shape[0]:
-        cases = ", ".join(str(keys[i]) for i in bad)
-    else:
-        cases = "batch positions " + ", ".join(map(str, bad))
-    raise RuntimeError(f"input with NaN or inf values{where}: {cases}. Check these cases' images (and their "
-                       f"preprocessed files in nnUNet_preprocessed): training on them would give a NaN model.")
+    raise RuntimeError(non_finite_input_message(finite.tolist(), keys, where))
 
 
 def unwrap_module(module: Optional[nn.Module]) -> Optional[nn.Module]:
@@ -161,6 +187,9 @@ class SeededTrainer(nnUNetTrainer):
 
     #: run seed; None: ``nnUNet_meddisseg_seed`` if set, else random (see the module docstring)
     seed: Optional[int] = None
+    #: check training batches for NaN / inf on the device, read at the step's one transfer to the host
+    #: (True), or before the step (False); None: on the device everywhere but on the CPU
+    input_check_on_device: Optional[bool] = None
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
@@ -202,25 +231,38 @@ class ExtendedTrainerBase(SeededTrainer):
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
         super().__init__(plans, configuration, fold, dataset_json, device)
+        #: bf16 autocast without a GradScaler (``nnUNet_meddisseg_bf16``; not on MPS, which lacks it)
+        self.bf16 = bf16_training_requested() and self.device.type in ("cuda", "cpu")
+        if self.bf16:
+            self.grad_scaler = None
         self.curves = TrainingCurves()
         self._warned_small_batch = False
         self._diagnostics_due = True
+        #: (finite flags on the device, case keys, where) of the training batch not yet checked on the host
+        self._pending_input_check: Optional[Tuple[torch.Tensor, Optional[Sequence[str]], str]] = None
 
     # ------------------------------------------------------------------ helpers
     def _plain_network(self) -> nn.Module:
         return unwrap_module(self.network)
 
     def _autocast(self):
-        """nnU-Net's rule: autocast on CUDA only (slow on CPU, unsupported on MPS)."""
+        """nnU-Net's rule: autocast on CUDA only (slow on CPU, unsupported on MPS); bf16 autocast on CUDA and
+        the CPU with ``nnUNet_meddisseg_bf16`` set."""
+        if self.bf16:
+            return autocast(self.device.type, dtype=torch.bfloat16, enabled=True)
         return autocast(self.device.type, enabled=True) if self.device.type == "cuda" else dummy_context()
 
     def _batch_to_device(self, batch: dict, training: bool) -> Tuple[torch.Tensor, Union[torch.Tensor, List]]:
-        """Check ``batch['data']`` for NaN / inf (naming the cases), warn once about single-sample
-        batches, and move data and target to the device."""
+        """Check ``batch['data']`` for NaN / inf (naming the cases; a training batch on the device, its
+        result read by ``_step_result``), warn once about single-sample batches, and move data and
+        target to the device."""
         data, target = batch["data"], batch["target"]
         rank = f" on rank {self.local_rank}" if self.is_ddp else ""
-        check_finite_input(data, batch.get("keys"), f" in a {'training' if training else 'validation'} batch of "
-                                                    f"epoch {self.current_epoch}{rank}")
+        where = f" in a {'training' if training else 'validation'} batch of epoch {self.current_epoch}{rank}"
+        on_device = self.input_check_on_device
+        on_device = training and (self.device.type != "cpu" if on_device is None else on_device)
+        if not on_device:
+            check_finite_input(data, batch.get("keys"), where)
         gathered = self.is_ddp and self.dispersive_gather
         if training and data.shape[0] < 2 and not gathered and not self._warned_small_batch:
             self._warned_small_batch = True
@@ -228,6 +270,8 @@ class ExtendedTrainerBase(SeededTrainer):
                                    "least two samples and is zero for such batches. Use a batch size >= 2 in the "
                                    "plans to get dispersion regularisation.")
         data = data.to(self.device, non_blocking=True)
+        if on_device:
+            self._pending_input_check = (finite_per_sample(data), batch.get("keys"), where)
         if isinstance(target, list):
             target = [t.to(self.device, non_blocking=True) for t in target]
         else:
@@ -237,21 +281,22 @@ class ExtendedTrainerBase(SeededTrainer):
     def _trained_parameters(self) -> List[nn.Parameter]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
-    def _group_gradient_norms(self) -> Dict[str, float]:
-        """``{"grad_norm_<group name>": L2 norm}`` of every optimizer group's gradients (before clipping)."""
-        names, norms = [], []
+    def _group_gradient_norms(self) -> Dict[str, torch.Tensor]:
+        """``{"grad_norm_<group name>": L2 norm}`` of every optimizer group's gradients (before clipping),
+        0-dim fp32 tensors on the device (multi-tensor norms: a few operations per group, no sync)."""
+        norms: Dict[str, torch.Tensor] = {}
         for i, group in enumerate(self.optimizer.param_groups):
-            grads = [p.grad.detach().float() for p in group["params"] if p.grad is not None]
+            grads = [p.grad.detach() for p in group["params"] if p.grad is not None]
             if grads:
                 name = group.get("name", "network" if len(self.optimizer.param_groups) == 1 else i)
-                names.append(f"grad_norm_{name}")
-                norms.append(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
-        return dict(zip(names, torch.stack(norms).cpu().tolist())) if norms else {}
+                per_tensor = torch._foreach_norm(grads)
+                norms[f"grad_norm_{name}"] = torch.linalg.vector_norm(torch.stack(per_tensor).float())
+        return norms
 
-    def _optimizer_step(self, loss: torch.Tensor) -> Dict[str, float]:
+    def _optimizer_step(self, loss: torch.Tensor) -> Dict[str, torch.Tensor]:
         """Backward, gradient clipping at 12 (of every parameter the optimizer holds) and step, with
         nnU-Net's GradScaler on CUDA. Returns each group's gradient norm before clipping
-        (``_group_gradient_norms``; inf / NaN in a step that the GradScaler skips)."""
+        (``_group_gradient_norms``, on the device; inf / NaN in a step that the GradScaler skips)."""
         params = self._trained_parameters()
         if self.grad_scaler is not None:
             self.grad_scaler.scale(loss).backward()
@@ -267,8 +312,28 @@ class ExtendedTrainerBase(SeededTrainer):
             self.optimizer.step()
         return norms
 
+    def _step_result(self, total: torch.Tensor, scalars: Mapping[str, torch.Tensor]) -> dict:
+        """A ``train_step`` result from one device-to-host transfer: ``loss`` (total, a 0-dim array as
+        nnU-Net's), every 0-dim tensor of ``scalars`` as a float under its name, and the finiteness flags
+        of the step's batch (``_batch_to_device``), which raise the input error naming the cases here."""
+        names = list(scalars)
+        parts = [total.detach().float().reshape(1)] + [scalars[n].detach().float().reshape(1) for n in names]
+        check, self._pending_input_check = self._pending_input_check, None
+        if check is not None:
+            parts.append(check[0].float())
+        host = torch.cat(parts).cpu().numpy()
+        if check is not None:
+            finite = host[1 + len(names):] > 0
+            if not finite.all():
+                raise RuntimeError(non_finite_input_message(finite.tolist(), check[1], check[2]))
+        result = {"loss": np.array(host[0])}
+        result.update({n: float(v) for n, v in zip(names, host[1:1 + len(names)])})
+        return result
+
     def on_train_start(self) -> None:
         super().on_train_start()
+        if self.bf16:
+            self.print_to_log_file(f"{BF16_ENVIRONMENT_VARIABLE} is set: bf16 autocast, no GradScaler")
         warning = self._dispersive_batch_warning()
         if warning:
             self.print_to_log_file(warning)

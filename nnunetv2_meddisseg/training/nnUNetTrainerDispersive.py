@@ -79,9 +79,8 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
                                          self.dispersive_margin)
             total = seg + self.dispersive_weight * dispersive
         gradient_norms = self._optimizer_step(total)
-        seg_value, dispersive_value = torch.stack([seg.detach().float(), dispersive.detach()]).cpu().tolist()
-        result = {"loss": total.detach().cpu().numpy(), "loss_seg": seg_value, "loss_dispersive": dispersive_value,
-                  **gradient_norms}
+        # one transfer to the host for the loss, the logged terms and norms, and the batch's input check
+        result = self._step_result(total, {"loss_seg": seg, "loss_dispersive": dispersive, **gradient_norms})
         result.update(self._dispersion_diagnostics(features))
         return result
 

@@ -462,9 +462,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
             else:
                 total, terms, diagnosed = self._stage2_losses(data, target)
         gradient_norms = self._optimizer_step(total)
-        values = torch.stack([t.detach().float() for t in terms.values()]).cpu().tolist()
-        result = {"loss": total.detach().cpu().numpy(), **gradient_norms}
-        result.update({f"loss_{k}": v for k, v in zip(terms.keys(), values)})
+        # one transfer to the host for the loss, every logged term and norm, and the batch's input check
+        result = self._step_result(total, {**{f"loss_{k}": v for k, v in terms.items()}, **gradient_norms})
         result.update(self._dispersion_diagnostics(diagnosed))
         return result
 

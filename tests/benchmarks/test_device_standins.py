@@ -174,3 +174,45 @@ def test_last_selected_step_takes_the_time_left(device_run, tmp_path, steps, cap
     else:
         assert train == pytest.approx(min(timeouts["train"], run.cap("cli")), abs=1)
     assert run.cli_timeout("predict", cap_end) == timeouts["predict"]
+
+
+def test_pace_step_keeps_its_cap_and_budget(device_run, tmp_path):
+    args = device_run._parser().parse_args([str(tmp_path / "out"), "--steps", "pace", "--scratch",
+                                            str(tmp_path / "scratch")])
+    run = device_run.DeviceRun(args)
+    cap = device_run.MODES["full"]["caps"]["pace"]
+    assert cap <= 480 and run.cap("pace") == cap  # the last step, yet time-boxed
+    assert cap < run.remaining() <= cap + 10
+    assert "pace" not in device_run._parser().parse_args([str(tmp_path / "o")]).steps  # only when named
+    timeouts = device_run.MODES["full"]["pace"]["timeouts"]
+    assert device_run.MODES["full"]["pace"]["probe"] + sum(timeouts.values()) <= cap
+
+
+def test_pace_budget_trainers_are_written_by_path(device_run, tmp_path):
+    writer = device_run._load_budget_trainers()
+    target = writer.write_budget_trainers(tmp_path / "pace_budget_trainers.py", device_run.PACE_TRAINERS, "_pace",
+                                          writer.Budget(epochs=2, iterations_per_epoch=50, val_iterations=2),
+                                          "test")
+    module = _load("pace_budget_trainers", target)
+    assert issubclass(module.nnUNetTrainerMedDisSeg_pace, module.nnUNetTrainerMedDisSeg)
+    assert issubclass(module.nnUNetTrainer_pace, module.nnUNetTrainer)
+    assert (module.NUM_EPOCHS, module.ITERATIONS_PER_EPOCH) == (2, 50)
+
+
+def test_pace_probe_on_the_cpu(tmp_path):
+    """pace.py's profiles and timings at 32x32 on the CPU (no compile): the previous implementations
+    issue more operations than the current ones, and every variant is timed."""
+    pace = _load("device_pace", DEVICE_DIR / "pace.py")
+    out = tmp_path / "pace.json"
+    assert pace.main([str(out), "--device", "cpu", "--size", "32", "--batch", "2", "--infer-batches", "2",
+                      "--repeats", "1", "--no-compile", "--threads", "1", "--budget-s", "3000"]) == 0
+    result = json.loads(out.read_text())
+    assert result["skipped"] == {}
+    launches = {(p["what"], p["implementations"]): p["launches"] for p in result["profiles"]}
+    assert set(launches) == {(w, i) for w in ("training_step", "inference") for i in ("previous", "current")}
+    for what in ("training_step", "inference"):
+        assert 0 < launches[(what, "current")] < launches[(what, "previous")]
+    assert all(p["top"] and p["unit"].endswith("(CPU)") for p in result["profiles"])
+    timed = {(r["what"], r["variant"]) for r in result["throughput"]}
+    assert timed == {(w, v) for w in ("training_step", "inference") for v in ("fp32", "bf16")}
+    assert all(r["images_per_s"] > 0 for r in result["throughput"])

@@ -11,7 +11,7 @@ from nnunetv2_meddisseg.blocks.activation import TELU_EXP_CLAMP
 from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
 
 __all__ = ["reference_window_weights", "reference_window_attention", "reference_linear", "reference_cdfa_forward",
-           "reference_telu"]
+           "reference_telu", "previous_telu", "previous_channel_attention", "previous_enhancement_forward"]
 
 
 def reference_window_weights(module: ContrastDrivenAggregation, guidance: Tensor, layer: nn.Linear) -> Tensor:
@@ -59,3 +59,55 @@ def reference_cdfa_forward(module: ContrastDrivenAggregation, x: Tensor, fg: Ten
 def reference_telu(x: Tensor) -> Tensor:
     """First implementation of ``telu`` (plain autograd)."""
     return x * torch.tanh(torch.exp(x.clamp(max=TELU_EXP_CLAMP)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The implementations before the launch-count reduction (same parameters, same results up to rounding): the
+# references of the few-op forms, and the "previous" network of the before/after benchmarks. The CDFA window
+# attention of that time is the block's CPU form, which the block still runs on the CPU
+# (``blocks.device_forms.forced_form("cpu")`` selects it on any device).
+
+class _PreviousTeLUFunction(torch.autograd.Function):
+    """TeLU with the hand-written backward as it was (12 operations)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        ctx.save_for_backward(x)
+        y = torch.exp(x)
+        y.tanh_()
+        return y.mul_(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (x,) = ctx.saved_tensors
+        e = torch.exp(x.clamp(max=TELU_EXP_CLAMP))
+        t = torch.tanh(e)
+        inner = t.square().neg_().add_(1).mul_(x).mul_(e)
+        inner.masked_fill_(x > TELU_EXP_CLAMP, 0.0)
+        return grad * inner.add_(t)
+
+
+def previous_telu(x: Tensor) -> Tensor:
+    """``telu`` before the launch-count reduction (on CPU tensors that are not bf16)."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _PreviousTeLUFunction.apply(x)
+    y = torch.exp(x)
+    y.tanh_()
+    return y.mul_(x)
+
+
+def previous_channel_attention(module: nn.Module, x: Tensor) -> Tensor:
+    """``ChannelAttention.attention`` before: one MLP pass per pooling. -> (B, C, 1, 1)"""
+    avg = module.mlp(x.mean(dim=(2, 3)))
+    mx = module.mlp(x.amax(dim=(2, 3)))
+    return torch.sigmoid(avg + mx)[:, :, None, None]
+
+
+def previous_enhancement_forward(module: nn.Module, x: Tensor) -> Tensor:
+    """``FeatureEnhancement.forward`` before: each branch (CBT, channel attention) on its own."""
+    outs = []
+    for branch in module.branches:
+        y = branch[0](x)
+        outs.append(y * previous_channel_attention(branch[1], y))
+    fused = module.fuse(torch.cat(outs, dim=1))
+    return module.spatial_attention(module.nonlin(fused + module.shortcut(x)))

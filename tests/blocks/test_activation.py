@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from nnunetv2_meddisseg.blocks.activation import TELU_EXP_CLAMP, TeLU, get_activation, telu
-from reference_impls import reference_telu
+from reference_impls import previous_telu, reference_telu
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 LARGE = [-1e4, -1e3, -100.0, -20.0, -11.0, -5.0, -1.0, 0.0, 1.0, 3.0, 5.0, 10.0, 11.0, 12.0, 20.0, 100.0, 1e3, 1e4]
@@ -171,3 +171,19 @@ def test_autocast_large_inputs_finite_values_and_gradients(dtype):
     grads = [_reference_grad(v) for v in z.detach().double().flatten().tolist()]
     torch.testing.assert_close(x.grad.double().flatten(), torch.tensor(grads, dtype=torch.float64),
                                rtol=5 * tol, atol=5 * tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_gradient_equals_previous_backward(dtype):
+    # the shorter backward (no mask: 1 - tanh^2 is exactly 0 above the clamp) against the one it replaced,
+    # over the whole range incl. the clamp, and where x e^x would overflow fp16
+    x = torch.cat([torch.linspace(-30, 30, 2001), torch.tensor([9.99, 10.0, 10.01, 11.5, 200.0, -200.0])]).to(dtype)
+    grads = []
+    for fn in (telu, previous_telu):
+        xi = x.clone().requires_grad_()
+        fn(xi).backward(torch.linspace(-2, 2, x.numel()).to(dtype))
+        grads.append(xi.grad)
+    assert torch.isfinite(grads[0]).all()
+    tol = {torch.float64: 1e-12, torch.float32: 1e-6}.get(dtype, 1e-2)
+    torch.testing.assert_close(grads[0], grads[1], rtol=tol, atol=tol)
+    assert torch.equal(grads[0][x > 4], grads[1][x > 4])  # tanh rounds to 1 there: both exactly the incoming grad

@@ -3,6 +3,7 @@ import torch
 
 from nnunetv2_meddisseg.blocks.cdfa import (ContrastDrivenAggregation, ContrastGuidancePyramid, GuidanceBranch,
                                             displacement_sum, window_displacement_weights)
+from nnunetv2_meddisseg.blocks.device_forms import forced_form
 from reference_impls import reference_cdfa_forward, reference_window_attention, reference_window_weights
 
 
@@ -42,13 +43,22 @@ def _brute_force_cdfa(m, x, fg, bg):
     return m.output_convs(y)
 
 
-IMPLEMENTATIONS = {"current": lambda m, x, fg, bg: m(x, fg, bg), "first": reference_cdfa_forward}
+def _in_form(form):
+    """The block's forward in one implementation form ("cpu": shifted views, "cuda": few ops)."""
+    def forward(m, x, fg, bg):
+        with forced_form(form):
+            return m(x, fg, bg)
+    return forward
+
+
+IMPLEMENTATIONS = {"current": _in_form("cpu"), "few_ops": _in_form("cuda"), "first": reference_cdfa_forward}
+FORMS = ("cpu", "cuda")
 
 
 @pytest.mark.parametrize(
     "implementation,in_channels,dim,heads,size,kernel",
     [(impl, *case) for impl in sorted(IMPLEMENTATIONS) for case in [(256, 128, 4, (4, 4), 3), (8, 16, 2, (3, 5), 3)]]
-    + [("current", 8, 16, 2, (4, 6), 5)],
+    + [("current", 8, 16, 2, (4, 6), 5), ("few_ops", 8, 16, 2, (4, 6), 5)],
 )
 def test_matches_brute_force(implementation, in_channels, dim, heads, size, kernel):
     torch.manual_seed(0)
@@ -116,10 +126,11 @@ def _module_and_inputs(size, in_channels=32, dim=32, heads=4, kernel=3, batch=2,
 
 @pytest.mark.parametrize("size,kernel", [((16, 16), 3), ((7, 11), 3), ((1, 1), 3), ((2, 9), 3), ((9, 6), 5)])
 @pytest.mark.parametrize("training", [False, True])
-def test_forward_equals_first_implementation_fp32(size, kernel, training):
+@pytest.mark.parametrize("form", FORMS)
+def test_forward_equals_first_implementation_fp32(size, kernel, training, form):
     m, x, fg, bg = _module_and_inputs(size, kernel=kernel)
     m.train(training)
-    with torch.no_grad():
+    with torch.no_grad(), forced_form(form):
         ours = m(x, fg, bg)
         ref = reference_cdfa_forward(m, x, fg, bg)
     # 1e-4: in training mode the norms divide by the standard deviation of as few as 36 values, which
@@ -142,15 +153,16 @@ def test_window_attention_equals_first_implementation_fp32():
                                rtol=1e-5, atol=1e-6)
 
 
-def test_gradients_equal_first_implementation():
+@pytest.mark.parametrize("form", FORMS)
+def test_gradients_equal_first_implementation(form):
     # float64: in fp32 the train-mode BatchNorm backward amplifies rounding differences to ~1e-4
     m, x, fg, bg = _module_and_inputs((10, 13))
     m.double().train()
     grads = []
-    for forward in (lambda *a: m(*a), lambda *a: reference_cdfa_forward(m, *a)):
+    for forward in (_in_form(form), lambda *a: reference_cdfa_forward(m, *a[1:])):
         m.zero_grad()
         inputs = [t.double().requires_grad_() for t in (x, fg, bg)]
-        out = forward(*inputs)
+        out = forward(m, *inputs)
         (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)).sum().backward()
         grads.append([t.grad for t in inputs] + [p.grad.clone() for p in m.parameters()])
     for ours, ref in zip(*grads):
@@ -291,14 +303,15 @@ def test_autocast_large_inputs_finite_values_and_gradients(dtype, x_scale, guida
 
 
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
-def test_fp32_large_inputs_finite_and_equal_to_first_implementation(training):
+@pytest.mark.parametrize("implementation", ["current", "few_ops"])
+def test_fp32_large_inputs_finite_and_equal_to_first_implementation(training, implementation):
     # no autocast: logits ~1e3 (a naive exp overflows fp32); both implementations give the same finite result
     torch.manual_seed(0)
     m = ContrastDrivenAggregation(16, 32, 4).train(training)
     x, fg, bg = (torch.randn(2, c, 8, 8) * 1e3 for c in (16, 32, 32))
     assert (m._pointwise(m.attn_fg, fg) * m.scale).abs().max() > EXP_OVERFLOW[torch.float32]
     results = []
-    for forward in (IMPLEMENTATIONS["current"], IMPLEMENTATIONS["first"]):
+    for forward in (IMPLEMENTATIONS[implementation], IMPLEMENTATIONS["first"]):
         m.zero_grad()
         inputs = [t.clone().requires_grad_() for t in (x, fg, bg)]
         out = forward(m, *inputs)
@@ -310,7 +323,8 @@ def test_fp32_large_inputs_finite_and_equal_to_first_implementation(training):
 
 
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
-def test_fp16_autocast_survives_grown_scale_invariant_weights(training):
+@pytest.mark.parametrize("form", FORMS)
+def test_fp16_autocast_survives_grown_scale_invariant_weights(training, form):
     # In training, value, projection and the first output convolution (all before a norm) grow under Adam
     # without weight decay. Grown by 30x each, the convolution's output leaves fp16's range; the block
     # computes that stretch in fp32, so under fp16 autocast its output stays finite and equal to fp32's.
@@ -331,7 +345,7 @@ def test_fp16_autocast_survives_grown_scale_invariant_weights(training):
     # the premise: the first output convolution's output exceeds fp16's largest value
     assert pre_norm[0] > torch.finfo(torch.float16).max
     inputs = [t.clone().requires_grad_() for t in (x, fg, bg)]
-    with _cpu_autocast_or_skip(torch.float16):
+    with _cpu_autocast_or_skip(torch.float16), forced_form(form):
         out = m(*inputs)
     assert out.dtype == torch.float16 and torch.isfinite(out).all()
     torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)

@@ -1,0 +1,81 @@
+"""torch.compile sees Med-DisSeg's training forward with the Stage II loss, and its inference forward,
+as one graph each (``torch._dynamo.explain``: 0 graph breaks), in both implementation forms of its
+device-dependent blocks (the CPU form's hundreds of view operations make its tracing slow: marked
+``slow``); and the Stage I -> Stage II switch of nnUNetTrainerMedDisSeg (``encoder_only``
+off, batch of 2B -> B) compiles at most one new graph. Tracing only (backend "eager"): no inductor.
+"""
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+
+from compile_check import graph_breaks
+from nnunetv2_meddisseg.architectures import MedDisSegNet
+from nnunetv2_meddisseg.blocks.device_forms import forced_form
+from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
+from nnunetv2_meddisseg.training.stage2_loss import Stage2Weights, dispersive_from_trainer, segmentation_loss, stage2_loss
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _inputs(batch=2, size=32):
+    g = torch.Generator().manual_seed(1)
+    target = torch.zeros(batch, 1, size, size)
+    target[:, :, 4:20, 8:24] = 1
+    return torch.randn(batch, 3, size, size, generator=g), target
+
+
+def _stage2_objective(net):
+    seg, dispersive = segmentation_loss(batch_dice=True), dispersive_from_trainer(nnUNetTrainerMedDisSeg)
+    weights = Stage2Weights.from_trainer(nnUNetTrainerMedDisSeg)
+
+    def objective(x, target):
+        return stage2_loss(net(x), target, seg, dispersive, weights)[0]
+    return objective
+
+
+FORMS = ["cuda", pytest.param("cpu", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_training_forward_with_stage2_loss_is_one_graph(form):
+    torch.manual_seed(0)
+    net = MedDisSegNet(3, 2, deep_supervision=True).train()
+    with forced_form(form):
+        breaks, reasons = graph_breaks(_stage2_objective(net), *_inputs())
+    assert breaks == 0, reasons
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_inference_forward_is_one_graph(form):
+    torch.manual_seed(0)
+    net = MedDisSegNet(3, 2, deep_supervision=False).eval()
+    with forced_form(form), torch.no_grad():
+        breaks, reasons = graph_breaks(net, _inputs()[0])
+    assert breaks == 0, reasons
+
+
+def test_stage_switch_compiles_at_most_one_new_graph():
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    counters.clear()
+    net = MedDisSegNet(3, 2, deep_supervision=True).train()
+    compiled = torch.compile(net, backend="eager")
+    x, target = _inputs()
+    with forced_form("cuda"):
+        net.encoder_only = True  # Stage I: clean and perturbed views as one batch of 2B
+        for _ in range(2):
+            compiled(torch.cat([x, x]))
+        stage1_graphs = counters["stats"]["unique_graphs"]
+        net.encoder_only = False  # Stage II: the full network on batches of B
+        for _ in range(3):
+            out = compiled(x)
+    assert stage1_graphs >= 1 and out.fg is not None
+    assert counters["stats"]["unique_graphs"] - stage1_graphs <= 1, dict(counters["stats"])
+    torch._dynamo.reset()
