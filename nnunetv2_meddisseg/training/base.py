@@ -187,9 +187,6 @@ class SeededTrainer(nnUNetTrainer):
 
     #: run seed; None: ``nnUNet_meddisseg_seed`` if set, else random (see the module docstring)
     seed: Optional[int] = None
-    #: check training batches for NaN / inf on the device, read at the step's one transfer to the host
-    #: (True), or before the step (False); None: on the device everywhere but on the CPU
-    input_check_on_device: Optional[bool] = None
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
@@ -227,6 +224,9 @@ class ExtendedTrainerBase(SeededTrainer):
     #: under DDP, the dispersive loss and its diagnostics use the batch of every process (False: each
     #: process's own share, as without gathering)
     dispersive_gather: bool = True
+    #: check training batches for NaN / inf on the device, read at the step's one transfer to the host
+    #: (True), or before the step (False); None: on the device everywhere but on the CPU
+    input_check_on_device: Optional[bool] = None
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
