@@ -165,8 +165,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     #: training samples over which BatchNorm's running statistics are re-estimated before every validation
     #: (``_recalibrate_batchnorm``); 0 keeps the running averages of training
     batchnorm_calibration_samples: int = 64
-    #: draw them through nnU-Net's training augmentation (True) or as plain patches (False)
-    batchnorm_calibration_augmentation: bool = False
+    #: draw them through nnU-Net's training augmentation (True: chosen on validation data) or as plain patches
+    batchnorm_calibration_augmentation: bool = True
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):

@@ -15,10 +15,12 @@ class nnUNetTrainerMedDisSeg_demo(nnUNetTrainerMedDisSeg):
     The demo trains from random initialisation for 120 iterations, where the paper's rates (Adam 1e-4,
     encoder 1e-5, meant for an ImageNet encoder) barely move the network: Adam at 1e-3 for every group
     (``SCRATCH_ADAM``) instead, chosen on the demo's validation cases. BatchNorm statistics are
-    re-estimated over 16 training samples (the generated dataset has 19 training cases)."""
+    re-estimated over 16 training samples (the generated dataset has 19 training cases), without
+    augmentation."""
 
     scratch_settings = SCRATCH_ADAM
     batchnorm_calibration_samples = 16
+    batchnorm_calibration_augmentation = False
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
