@@ -103,15 +103,15 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     (``PerGroupPolyLRScheduler``); both rates, the stage, every (unweighted) loss term and the
     diagnostics are logged per epoch to the log file and ``progress_terms.png``.
 
-    BatchNorm statistics: before every validation (nnU-Net's online validation at each epoch's end, so
+    BatchNorm statistics (off by default: ``batchnorm_calibration_samples = 0``): before every validation
+    (nnU-Net's online validation at each epoch's end, so
     before every ``checkpoint_best.pth``, ``checkpoint_latest.pth`` and ``checkpoint_final.pth``) the
     running statistics of the current stage's model are re-estimated with its current weights over
-    ``batchnorm_calibration_samples`` (64) training samples (``batchnorm_statistics``): the same batches
+    ``batchnorm_calibration_samples`` training samples (``batchnorm_statistics``): the same batches
     every time, drawn as nnU-Net's dataloader draws them (``batchnorm_calibration_augmentation``: through
     its training augmentation or not) from a generator of their own, so that no weight and no random
     number of training changes and ``--c`` re-estimates the same statistics. At the small batches of 2D
     plans the running averages of training trail the weights; nnU-Net validates and predicts with them.
-    ``batchnorm_calibration_samples = 0`` keeps them.
 
     Checkpoints record their stage; Stage I checkpoints also hold the head. ``--c`` resumes in the
     recorded stage with that stage's optimizer groups. A ``checkpoint_latest.pth`` is also written at
@@ -163,8 +163,9 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     #: None: RGB when the input has 3 channels named R, G, B (or normalised with rgb_to_0_1)
     photometric_rgb: Optional[bool] = None
     #: training samples over which BatchNorm's running statistics are re-estimated before every validation
-    #: (``_recalibrate_batchnorm``); 0 keeps the running averages of training
-    batchnorm_calibration_samples: int = 64
+    #: (``_recalibrate_batchnorm``); 0 (default) keeps the running averages of training: re-estimating over 64
+    #: augmented samples was level with them on validation data (3 seeds, see the README)
+    batchnorm_calibration_samples: int = 0
     #: draw them through nnU-Net's training augmentation (True: chosen on validation data) or as plain patches
     batchnorm_calibration_augmentation: bool = True
 
