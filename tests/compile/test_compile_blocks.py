@@ -130,14 +130,6 @@ TRACED: Dict[str, Callable[[], Case]] = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("name", list(COMPILED))
 def test_compiled_block_matches_eager(name):
     torch.manual_seed(0)

@@ -29,14 +29,6 @@ from tests.training.test_trainer_meddisseg import DATASET, DATASET_JSON, PLAIN_U
 FACTOR = 3.0
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _network(mode: str) -> MedDisSegNet:
     torch.manual_seed(0)
     net = MedDisSegNet(3, 3, deep_supervision=True)

@@ -16,14 +16,6 @@ from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedD
 from nnunetv2_meddisseg.training.stage2_loss import Stage2Weights, dispersive_from_trainer, segmentation_loss, stage2_loss
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _inputs(batch=2, size=32):
     g = torch.Generator().manual_seed(1)
     target = torch.zeros(batch, 1, size, size)
