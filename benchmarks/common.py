@@ -12,6 +12,7 @@ import shlex
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Sequence
 
@@ -187,19 +188,17 @@ def use_previous_implementations(net: nn.Module) -> nn.Module:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "blocks"))
     from reference_impls import previous_channel_attention, previous_enhancement_forward, previous_telu
 
-    def cpu_form(forward):
-        def run(*args):
-            with forced_form("cpu"):
-                return forward(*args)
-        return run
+    def aggregate_in_cpu_form(module, *args):
+        with forced_form("cpu"):
+            return type(module)._aggregate(module, *args)
 
     for m in net.modules():
         if isinstance(m, ContrastDrivenAggregation):
-            m._aggregate = cpu_form(m._aggregate)
+            m._aggregate = types.MethodType(aggregate_in_cpu_form, m)
         elif isinstance(m, FeatureEnhancement):
-            m.forward = (lambda mod: lambda x: previous_enhancement_forward(mod, x))(m)
+            m.forward = types.MethodType(previous_enhancement_forward, m)  # a deep copy binds to its copy
         elif isinstance(m, ChannelAttention):
-            m.attention = (lambda mod: lambda x: previous_channel_attention(mod, x))(m)
+            m.attention = types.MethodType(previous_channel_attention, m)
         elif isinstance(m, TeLU):
             m.forward = previous_telu
     return net

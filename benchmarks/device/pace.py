@@ -103,6 +103,17 @@ def _inference(net, x, amp, compiled: bool):
     return run
 
 
+def _inside_aten(event) -> bool:
+    """Whether a profiler event runs inside another aten operation (the backward's operations run
+    inside autograd's engine events, not inside aten ones, so they count)."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("aten::"):
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
 def profile(fn, device) -> dict:
     """Kernel launches and the top kernels of one call of ``fn`` (after it ran once)."""
     import torch
@@ -119,8 +130,8 @@ def profile(fn, device) -> dict:
         kernels = [e for e in events if e.device_type == DeviceType.CUDA]
         unit = "CUDA kernel launches"
     else:
-        kernels = [e for e in events if e.name.startswith("aten::") and e.cpu_parent is None]
-        unit = "top-level aten operations (CPU)"
+        kernels = [e for e in events if e.name.startswith("aten::") and not _inside_aten(e)]
+        unit = "outermost aten operations, backward included (CPU)"
     totals = {}
     for e in kernels:
         t = e.self_device_time_total if device.type == "cuda" else e.self_cpu_time_total

@@ -7,6 +7,7 @@ import torch
 from torch import distributed as dist
 
 from distributed import spawn
+from scratch import scratch_folder
 from nnunetv2_meddisseg.losses import (DISPERSIVE_PLACEMENTS, DISPERSIVE_VARIANTS, MINIMUM_BATCH, DispersiveLoss,
                                        dispersive_loss, gather_batch)
 
@@ -60,7 +61,7 @@ def _worker(rank, world_size, folder):
 def gathered(request, tmp_path_factory):
     """Per rank, the results of ``_worker`` in a process group of ``request.param`` processes."""
     world_size = request.param
-    folder = tmp_path_factory.mktemp(f"gather{world_size}")
+    folder = scratch_folder(request, tmp_path_factory, f"gather{world_size}")
     spawn(_worker, world_size, str(folder))
     return world_size, [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
 

@@ -15,6 +15,7 @@ import torch
 from torch import distributed as dist
 
 from distributed import spawn
+from scratch import scratch_folder
 from test_trainer_meddisseg import (DATASET, MEDDISSEG, PLAIN_UNET, make_batch, make_trainer,  # noqa: F401
                                     nnunet_dirs, tiny_plans)
 from nnunetv2_meddisseg.losses import dispersion_diagnostics, dispersive_loss
@@ -162,9 +163,9 @@ def _spawned(worker, folder: Path):
 
 
 @pytest.fixture(scope="module")
-def meddisseg_ranks(tmp_path_factory):
+def meddisseg_ranks(request, tmp_path_factory):
     """Per rank, the results of ``_meddisseg_worker`` (one run shared by the tests that read it)."""
-    root = tmp_path_factory.mktemp("ddp")
+    root = scratch_folder(request, tmp_path_factory, "ddp")
     preprocessed = root / "preprocessed" / DATASET / "nnUNetPlans_2d"
     preprocessed.mkdir(parents=True)
     (preprocessed / "case_000.b2nd").touch()  # lets nnU-Net infer its dataset class; never read
