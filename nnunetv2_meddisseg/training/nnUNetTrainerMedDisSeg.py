@@ -89,8 +89,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     Optimizer: ``optimizer_name`` "adam" (the paper's) or "sgd" (nnU-Net's Nesterov SGD). The values
     above are the paper's, which assume an ImageNet encoder; where the plans name no
     ``encoder_weights`` the attributes listed in ``scratch_settings`` replace them (empty by default:
-    the higher learning rates we tried for a randomly initialised encoder did not train stably under
-    fp16 mixed precision, see the README).
+    higher learning rates for a randomly initialised encoder let the early features collapse under
+    the uncentred dispersive loss, see the README).
 
     Dispersive loss: ``dispersive_variant`` (infonce_l2), ``dispersive_tau`` (0.8), ``dispersive_eps``
     (1e-8, InfoNCE variants), ``dispersive_margin`` (1.0, hinge) at
