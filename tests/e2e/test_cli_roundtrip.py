@@ -163,7 +163,20 @@ def test_meddisseg_plans_train_predict(cli_env, tmp_path):
     assert plans["configurations"]["2d"]["architecture"]["network_class_name"] == \
         "nnunetv2_meddisseg.architectures.MedDisSegNet"
     # (nnUNetv2_evaluate_folder, which does not depend on the plans, ran in the test above)
-    predict(cli_env, tmp_path, SMOKE, plans_name)
+    labels = predict(cli_env, tmp_path, SMOKE, plans_name)
+
+    # a weights-only copy for sharing predicts exactly the same labels
+    shared = tmp_path / "shared_model"
+    run_cli(["nnUNetv2_meddisseg_weights_only", folder.parent, shared], cli_env)
+    reduced, full = load(shared / "fold_0" / "checkpoint_final.pth"), load(folder / "checkpoint_final.pth")
+    assert "optimizer_state" not in reduced and "optimizer_state" in full
+    assert (shared / "fold_0" / "checkpoint_final.pth").stat().st_size < (folder / "checkpoint_final.pth").stat().st_size / 2
+    out = tmp_path / "predictions_shared"
+    run_cli(["nnUNetv2_predict_from_modelfolder", "-i", tmp_path / "images", "-o", out, "-m", shared, "-f", "0",
+             "-npp", "0", "-nps", "0", "-device", "cpu", "--disable_tta"], cli_env)
+    for label in sorted(labels.glob("*.png")):
+        assert np.array_equal(np.asarray(Image.open(out / label.name)),
+                              np.asarray(Image.open(tmp_path / "predictions" / label.name))), label.name
     proc = run_cli(["nnUNetv2_find_best_configuration", "501", "-c", "2d", "-tr", SMOKE, "-p", plans_name,
                     "-f", "0"], cli_env)
     assert f"-tr {SMOKE}" in proc.stdout and f"-p {plans_name}" in proc.stdout

@@ -1,0 +1,100 @@
+"""``nnUNetv2_meddisseg_weights_only``: a copy of a trained model folder for sharing, its checkpoints
+reduced to what prediction reads.
+
+    nnUNetv2_meddisseg_weights_only MODEL_FOLDER OUTPUT_FOLDER
+
+nnU-Net writes the optimizer's state into every checkpoint so that ``--c`` can resume; with Adam that
+is two more tensors per weight, so a checkpoint is about three times its weights (Med-DisSeg: about
+550 MB, of which about 180 MB are weights). Prediction (``nnUNetv2_predict``,
+``nnUNetv2_predict_from_modelfolder``, ``nnUNetPredictor``) and ``-pretrained_weights`` read only
+:data:`PREDICTION_KEYS`. MODEL_FOLDER is a trainer output folder
+(``<trainer>__<plans>__<configuration>``, holding ``plans.json`` and ``fold_*``); OUTPUT_FOLDER gets
+the same files, each ``checkpoint_*.pth`` reduced to those keys (training cannot resume from them).
+``nnUNetv2_export_model_to_zip`` zips whatever the folder holds: run it on a results tree that holds
+the reduced copy to share the smaller files.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence
+
+import torch
+
+from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
+from nnunetv2_meddisseg.training.base import atomic_torch_save
+
+__all__ = ["PREDICTION_KEYS", "weights_only_checkpoint", "copy_weights_only", "main"]
+
+#: what nnU-Net's predictor reads from a checkpoint (and ``current_epoch``, which says what was trained)
+PREDICTION_KEYS = ("network_weights", "trainer_name", "init_args", "inference_allowed_mirroring_axes",
+                   "current_epoch")
+PROG = "nnUNetv2_meddisseg_weights_only"
+
+
+def weights_only_checkpoint(checkpoint: Mapping[str, object], source: str = "checkpoint") -> Dict[str, object]:
+    """The entries of ``checkpoint`` in :data:`PREDICTION_KEYS` (an error naming ``source`` where the
+    ones nnU-Net's predictor needs are missing)."""
+    missing = [k for k in ("network_weights", "trainer_name", "init_args") if k not in checkpoint]
+    if missing:
+        raise UserError(f"{source} is not an nnU-Net checkpoint: it has no {', '.join(missing)}")
+    return {k: checkpoint[k] for k in PREDICTION_KEYS if k in checkpoint}
+
+
+def copy_weights_only(model_folder: Path, output_folder: Path) -> List[Path]:
+    """Copy ``model_folder`` to ``output_folder`` (which must not exist or be empty) with every
+    ``checkpoint_*.pth`` reduced by :func:`weights_only_checkpoint`; returns the reduced checkpoints.
+
+    Every checkpoint is read before anything is written, so a bad one leaves no output behind."""
+    model_folder, output_folder = Path(model_folder), Path(output_folder)
+    if not (model_folder / "plans.json").is_file() or not list(model_folder.glob("fold_*")):
+        raise UserError(f"{model_folder} is not a trained nnU-Net model folder: expected plans.json and fold_* "
+                        f"folders (<trainer>__<plans>__<configuration> under $nnUNet_results/<dataset>)")
+    if output_folder.exists() and (not output_folder.is_dir() or any(output_folder.iterdir())):
+        raise UserError(f"{output_folder} exists and is not an empty folder: choose a new OUTPUT_FOLDER")
+    checkpoints = sorted(model_folder.glob("fold_*/checkpoint_*.pth"))
+    if not checkpoints:
+        raise UserError(f"{model_folder} holds no fold_*/checkpoint_*.pth: train the model first")
+    reduced = {}
+    for path in checkpoints:
+        try:
+            loaded = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:  # noqa: BLE001 - any unreadable file is the user's file
+            raise UserError(f"{path} cannot be read as a checkpoint ({type(e).__name__}: {e})") from e
+        if not isinstance(loaded, Mapping):
+            raise UserError(f"{path} is not an nnU-Net checkpoint: it holds a {type(loaded).__name__}, not a dict")
+        reduced[path.relative_to(model_folder)] = weights_only_checkpoint(loaded, str(path))
+    shutil.copytree(model_folder, output_folder, dirs_exist_ok=True,
+                    ignore=lambda folder, names: [n for n in names if n.startswith("checkpoint_") and n.endswith(".pth")])
+    written = []
+    for relative, checkpoint in reduced.items():
+        atomic_torch_save(checkpoint, str(output_folder / relative))
+        written.append(output_folder / relative)
+    return written
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, formatter_class=DefaultsHelpFormatter,
+                                description="Copy a trained nnU-Net model folder for sharing, with checkpoints "
+                                            "that hold only what prediction reads (no optimizer state).")
+    p.add_argument("model_folder", type=Path, help="trainer output folder <trainer>__<plans>__<configuration>")
+    p.add_argument("output_folder", type=Path, help="new (or empty) folder for the copy")
+    return p
+
+
+def _command(argv: Optional[Sequence[str]]) -> int:
+    args = _parser().parse_args(argv)
+    for path in copy_weights_only(args.model_folder, args.output_folder):
+        source = args.model_folder / path.relative_to(args.output_folder)
+        print(f"{path}: {path.stat().st_size / 1e6:.0f} MB (was {source.stat().st_size / 1e6:.0f} MB)")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return run_command(PROG, _command, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

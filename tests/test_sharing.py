@@ -1,0 +1,79 @@
+"""nnUNetv2_meddisseg_weights_only on a hand-made model folder (prediction from the reduced copy is
+tested end to end in tests/e2e/test_cli_roundtrip.py)."""
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from nnunetv2_meddisseg.sharing import PREDICTION_KEYS, main
+
+
+def _checkpoint(seed: int) -> dict:
+    torch.manual_seed(seed)
+    net = nn.Linear(8, 4)
+    optimizer = torch.optim.Adam(net.parameters())
+    net(torch.randn(2, 8)).sum().backward()
+    optimizer.step()
+    return {"network_weights": net.state_dict(), "optimizer_state": optimizer.state_dict(), "grad_scaler_state": None,
+            "logging": {"train_losses": [0.5]}, "_best_ema": 0.3, "current_epoch": 3,
+            "init_args": {"configuration": "2d", "fold": 0}, "trainer_name": "nnUNetTrainerMedDisSeg",
+            "inference_allowed_mirroring_axes": (0, 1), "run_seed": 7}
+
+
+@pytest.fixture
+def model_folder(tmp_path):
+    folder = tmp_path / "nnUNetTrainerMedDisSeg__nnUNetMedDisSegPlans__2d"
+    for fold in (0, 1):
+        (folder / f"fold_{fold}" / "validation").mkdir(parents=True)
+        torch.save(_checkpoint(fold), folder / f"fold_{fold}" / "checkpoint_final.pth")
+        (folder / f"fold_{fold}" / "validation" / "summary.json").write_text("{}")
+        (folder / f"fold_{fold}" / "progress.png").write_bytes(b"png")
+    torch.save(_checkpoint(5), folder / "fold_0" / "checkpoint_best.pth")
+    (folder / "plans.json").write_text(json.dumps({"plans_name": "nnUNetMedDisSegPlans"}))
+    (folder / "dataset.json").write_text("{}")
+    return folder
+
+
+def test_copy_keeps_every_file_and_only_the_prediction_keys(model_folder, tmp_path, capsys):
+    out = tmp_path / "shared"
+    assert main([str(model_folder), str(out)]) == 0
+    source_files = sorted(p.relative_to(model_folder) for p in model_folder.rglob("*") if p.is_file())
+    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file()) == source_files
+    for relative in source_files:
+        if relative.suffix != ".pth":
+            assert (out / relative).read_bytes() == (model_folder / relative).read_bytes()
+            continue
+        full = torch.load(model_folder / relative, weights_only=False)
+        reduced = torch.load(out / relative, weights_only=False)
+        assert set(reduced) == set(PREDICTION_KEYS)
+        assert all(torch.equal(reduced["network_weights"][k], v) for k, v in full["network_weights"].items())
+        assert {k: reduced[k] for k in PREDICTION_KEYS if k != "network_weights"} == \
+               {k: full[k] for k in PREDICTION_KEYS if k != "network_weights"}
+        assert (out / relative).stat().st_size < (model_folder / relative).stat().st_size
+    assert capsys.readouterr().out.count(" MB (was ") == 3
+
+
+def test_a_non_empty_output_folder_is_refused_and_kept(model_folder, tmp_path, capsys):
+    out = tmp_path / "shared"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert main([str(model_folder), str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("nnUNetv2_meddisseg_weights_only: error: ")
+    assert str(out) in err and "not an empty folder" in err
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_a_bad_checkpoint_writes_nothing(model_folder, tmp_path, capsys):
+    torch.save({"state_dict": {}}, model_folder / "fold_1" / "checkpoint_final.pth")
+    out = tmp_path / "shared"
+    assert main([str(model_folder), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "fold_1/checkpoint_final.pth is not an nnU-Net checkpoint: it has no network_weights" in err
+    assert not out.exists()
+
+
+def test_a_folder_without_plans_is_named(tmp_path, capsys):
+    assert main([str(tmp_path), str(tmp_path / "out")]) == 2
+    assert f"{tmp_path} is not a trained nnU-Net model folder" in capsys.readouterr().err
