@@ -13,9 +13,9 @@ __all__ = ["nnUNetTrainerMedDisSeg_smoke", "nnUNetTrainerMedDisSeg_250epochs", "
 class nnUNetTrainerMedDisSeg_smoke(nnUNetTrainerMedDisSeg):
     """1 epoch of Stage I + 2 epochs of Stage II, 4 training and 2 validation iterations each, a
     checkpoint after every epoch: for tests (interruption in either stage) and a first run on a new
-    machine (minutes on a CPU). BatchNorm statistics are re-estimated over 8 training samples."""
+    machine (minutes on a CPU). BatchNorm statistics are re-estimated over 2 training samples (one batch)."""
 
-    batchnorm_calibration_samples = 8
+    batchnorm_calibration_samples = 2
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
