@@ -16,8 +16,11 @@
   each rank draws its own, reproducible random numbers (``seed_epoch``); a batch with NaN / inf names
   the rank that loaded it.
 - Per-epoch curves of every loss term, each group's learning rate and gradient norm, the dispersion
-  diagnostics (``TrainingCurves``), stored in the checkpoints and plotted beside nnU-Net's ``progress.png``. The
-  diagnostics are computed on the first training batch of each epoch (``_dispersion_diagnostics``).
+  diagnostics, logged through nnU-Net's logger (``self.logger.log``; its local logger is a ``CurvesLogger``
+  that accepts them), so that they reach every logger nnU-Net drives (Weights & Biases with
+  ``nnUNet_wandb_enabled=1``) and its ``logging`` checkpoint entry; plotted into ``progress_terms.png``
+  beside nnU-Net's ``progress.png`` (``curves``). The diagnostics are computed on the first training batch
+  of each epoch (``_dispersion_diagnostics``).
 - ``initialize`` and every epoch start by seeding Python's, NumPy's and torch's global generators
   from ``(run seed, epoch, rank)``. The run seed is the trainer's ``seed`` attribute, else the environment
   variable ``nnUNet_meddisseg_seed``, else drawn at random; checkpoints store it. An epoch is then a
@@ -49,14 +52,14 @@ from nnunetv2.utilities.collate_outputs import collate_outputs
 from nnunetv2.utilities.helpers import dummy_context
 
 from nnunetv2_meddisseg.losses import DIAGNOSTIC_KEYS, MINIMUM_BATCH, dispersion_diagnostics, gather_batch
-from nnunetv2_meddisseg.training.curves import PLOT_FILENAME, TrainingCurves
+from nnunetv2_meddisseg.training.curves import PLOT_FILENAME, CurvesLogger, TrainingCurves
 
 __all__ = ["atomic_torch_save", "check_finite_input", "finite_per_sample", "non_finite_input_message",
            "unwrap_module", "run_seed_from_environment", "seed_epoch", "seed_generators", "preserved_random_state",
            "CURVE_PREFIXES", "SEED_ENVIRONMENT_VARIABLE", "BF16_ENVIRONMENT_VARIABLE", "bf16_training_requested",
            "SeededTrainer", "ExtendedTrainerBase"]
 
-#: train_step output keys with these prefixes are averaged per epoch into ``TrainingCurves``
+#: train_step output keys with these prefixes are averaged per epoch and logged (``self.logger.log``)
 CURVE_PREFIXES = ("loss_", "dispersion_", "grad_norm_")
 #: environment variable that fixes the run seed (an integer >= 0)
 SEED_ENVIRONMENT_VARIABLE = "nnUNet_meddisseg_seed"
@@ -235,13 +238,19 @@ class ExtendedTrainerBase(SeededTrainer):
         self.bf16 = bf16_training_requested() and self.device.type in ("cuda", "cpu")
         if self.bf16:
             self.grad_scaler = None
-        self.curves = TrainingCurves()
+        # nnU-Net's local logger (plots, checkpoint) accepting our curves too; MetaLogger sends them on
+        self.logger.local_logger = CurvesLogger(self.logger.local_logger.verbose)
         self._warned_small_batch = False
         self._diagnostics_due = True
         #: (finite flags on the device, case keys, where) of the training batch not yet checked on the host
         self._pending_input_check: Optional[Tuple[torch.Tensor, Optional[Sequence[str]], str]] = None
 
     # ------------------------------------------------------------------ helpers
+    @property
+    def curves(self) -> TrainingCurves:
+        """Our per-epoch curves as the logger holds them (read them here; log through ``self.logger.log``)."""
+        return self.logger.local_logger.curves()
+
     def _plain_network(self) -> nn.Module:
         return unwrap_module(self.network)
 
@@ -406,7 +415,8 @@ class ExtendedTrainerBase(SeededTrainer):
             gathered: List[Optional[Dict[str, float]]] = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, means)
             means = {k: float(np.nanmean([g.get(k, np.nan) for g in gathered])) for k in means}
-        self.curves.log_many(means, self.current_epoch)
+        for key, value in means.items():
+            self.logger.log(key, value, self.current_epoch)
         terms = ", ".join(f"{k[len('loss_'):]} {v:.4f}" for k, v in sorted(means.items()) if k.startswith("loss_"))
         if terms:
             self.print_to_log_file(f"loss terms: {terms}")
@@ -429,18 +439,19 @@ class ExtendedTrainerBase(SeededTrainer):
     def _restart_ema_fg_dice(self) -> None:
         """Restart nnU-Net's EMA pseudo Dice at the current epoch: its value becomes this epoch's pseudo
         Dice, so that later epochs average only from here on. Call after ``on_validation_epoch_end``."""
-        logged = getattr(self.logger, "local_logger", self.logger).my_fantastic_logging
         epoch = self.current_epoch
-        if len(logged["mean_fg_dice"]) != epoch + 1 or len(logged["ema_fg_dice"]) != epoch + 1:
+        dice, ema = self.logger.get_value("mean_fg_dice", step=None), self.logger.get_value("ema_fg_dice", step=None)
+        if len(dice) != epoch + 1 or len(ema) != epoch + 1:
             raise RuntimeError(f"cannot restart the EMA pseudo Dice at epoch {epoch}: the logger holds "
-                               f"{len(logged['mean_fg_dice'])} pseudo Dice values")
-        logged["ema_fg_dice"][epoch] = logged["mean_fg_dice"][epoch]
+                               f"{len(dice)} pseudo Dice values")
+        self.logger.log("ema_fg_dice", dice[epoch], epoch)
 
     def on_epoch_end(self) -> None:
         """nnU-Net's ``on_epoch_end`` (log, periodic ``checkpoint_latest.pth``, ``checkpoint_best.pth``
         on a new best EMA pseudo Dice, ``progress.png``) with ``checkpoint_best.pth`` subject to
         ``_may_write_best_checkpoint``, plus ``progress_terms.png``."""
         epoch = self.current_epoch
+        self.logger.local_logger.fill_missing(epoch)  # one value per epoch in every list, NaN where none came
         self.logger.log("epoch_end_timestamps", time(), epoch)
         self.print_to_log_file("train_loss", np.round(self.logger.get_value("train_losses", step=-1), decimals=4))
         self.print_to_log_file("val_loss", np.round(self.logger.get_value("val_losses", step=-1), decimals=4))
@@ -489,7 +500,6 @@ class ExtendedTrainerBase(SeededTrainer):
             "init_args": self.my_init_kwargs,
             "trainer_name": self.__class__.__name__,
             "inference_allowed_mirroring_axes": self.inference_allowed_mirroring_axes,
-            "training_curves": self.curves.get_checkpoint(),
             "run_seed": self.run_seed,
         }
         checkpoint.update(self._checkpoint_extras())
@@ -519,7 +529,8 @@ class ExtendedTrainerBase(SeededTrainer):
         self._best_ema = checkpoint["_best_ema"]
         self.inference_allowed_mirroring_axes = checkpoint.get("inference_allowed_mirroring_axes",
                                                                self.inference_allowed_mirroring_axes)
-        self.curves.load_checkpoint(checkpoint.get("training_curves"))
+        if checkpoint.get("training_curves"):  # written before the curves rode in the logging entry
+            self.logger.local_logger.adopt(checkpoint["training_curves"])
         if checkpoint.get("run_seed") is not None:
             self.run_seed = int(checkpoint["run_seed"])
         self.optimizer.load_state_dict(checkpoint["optimizer_state"])
