@@ -170,6 +170,13 @@ def test_our_curves_reach_wandb_through_nnunets_logger_and_survive_resume(nnunet
         assert _same(resumed.logger.get_value(key, step=None), trainer.logger.get_value(key, step=None)), key
     resumed.logger.log("loss_dispersive", -1.5, 2)  # logging goes on at the next epoch
     assert resumed.curves.get("loss_dispersive", 2) == -1.5
+    # a checkpoint given as a dict (nnU-Net 2.8.1's load_checkpoint reads file names only)
+    from_dict = make_trainer()
+    from_dict.load_checkpoint(torch.load(filename, weights_only=False))
+    assert from_dict.current_epoch == resumed.current_epoch == 3 and from_dict.run_seed == trainer.run_seed
+    assert _same(from_dict.curves.get("grad_norm_encoder"), trainer.curves.get("grad_norm_encoder"))
+    assert all(torch.equal(a, b) for a, b in zip(from_dict.network.state_dict().values(),
+                                                 trainer.network.state_dict().values()))
 
 
 def test_a_checkpoint_with_the_former_training_curves_entry_still_resumes_them(nnunet_dirs):
