@@ -1,8 +1,12 @@
-"""What both of our trainers add to nnU-Net's ``nnUNetTrainer``, whatever their network and losses.
+"""What our trainers add to nnU-Net's ``nnUNetTrainer``, whatever their network and losses. Each override
+calls nnU-Net's method and adds to it; the one copied piece, the checkpoint's entries, lives in
+``nnunet_copies`` and is pinned to nnU-Net's source by a test.
 
-- Checkpoints are written atomically (a temporary file in the same folder, then ``os.replace``), so
-  a kill during a save never leaves a truncated ``checkpoint_latest.pth``; subclasses add their own
-  state through ``_checkpoint_extras`` / ``_restore_checkpoint_extras``.
+- Checkpoints are nnU-Net's plus the run seed and the subclasses' state (``_checkpoint_extras`` /
+  ``_restore_checkpoint_extras``), written atomically (a temporary file in the same folder, then
+  ``os.replace``), so a kill during a save never leaves a truncated ``checkpoint_latest.pth``. Epochs
+  for which ``_may_write_best_checkpoint`` is False neither write ``checkpoint_best.pth`` nor count
+  towards the best EMA pseudo Dice.
 - Every training and validation batch is checked for NaN / inf: a clear ``RuntimeError`` naming the
   cases instead of a NaN model. On the CPU, and for validation batches, before the batch reaches the
   network. A training batch on any other device is checked there, and the result travels with the
@@ -16,8 +20,11 @@
   each rank draws its own, reproducible random numbers (``seed_epoch``); a batch with NaN / inf names
   the rank that loaded it.
 - Per-epoch curves of every loss term, each group's learning rate and gradient norm, the dispersion
-  diagnostics (``TrainingCurves``), stored in the checkpoints and plotted beside nnU-Net's ``progress.png``. The
-  diagnostics are computed on the first training batch of each epoch (``_dispersion_diagnostics``).
+  diagnostics, logged through nnU-Net's logger (``self.logger.log``; its local logger is a ``CurvesLogger``
+  that accepts them), so that they reach every logger nnU-Net drives (Weights & Biases with
+  ``nnUNet_wandb_enabled=1``) and its ``logging`` checkpoint entry; plotted into ``progress_terms.png``
+  beside nnU-Net's ``progress.png`` (``curves``). The diagnostics are computed on the first training batch
+  of each epoch (``_dispersion_diagnostics``).
 - ``initialize`` and every epoch start by seeding Python's, NumPy's and torch's global generators
   from ``(run seed, epoch, rank)``. The run seed is the trainer's ``seed`` attribute, else the environment
   variable ``nnUNet_meddisseg_seed``, else drawn at random; checkpoints store it. An epoch is then a
@@ -34,7 +41,7 @@ import math
 from contextlib import contextmanager
 import os
 import random
-from time import time
+import tempfile
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -49,14 +56,15 @@ from nnunetv2.utilities.collate_outputs import collate_outputs
 from nnunetv2.utilities.helpers import dummy_context
 
 from nnunetv2_meddisseg.losses import DIAGNOSTIC_KEYS, MINIMUM_BATCH, dispersion_diagnostics, gather_batch
-from nnunetv2_meddisseg.training.curves import PLOT_FILENAME, TrainingCurves
+from nnunetv2_meddisseg.training.curves import PLOT_FILENAME, CurvesLogger, TrainingCurves
+from nnunetv2_meddisseg.training.nnunet_copies import checkpoint_entries
 
 __all__ = ["atomic_torch_save", "check_finite_input", "finite_per_sample", "non_finite_input_message",
            "unwrap_module", "run_seed_from_environment", "seed_epoch", "seed_generators", "preserved_random_state",
            "CURVE_PREFIXES", "SEED_ENVIRONMENT_VARIABLE", "BF16_ENVIRONMENT_VARIABLE", "bf16_training_requested",
            "SeededTrainer", "ExtendedTrainerBase"]
 
-#: train_step output keys with these prefixes are averaged per epoch into ``TrainingCurves``
+#: train_step output keys with these prefixes are averaged per epoch and logged (``self.logger.log``)
 CURVE_PREFIXES = ("loss_", "dispersion_", "grad_norm_")
 #: environment variable that fixes the run seed (an integer >= 0)
 SEED_ENVIRONMENT_VARIABLE = "nnUNet_meddisseg_seed"
@@ -235,13 +243,21 @@ class ExtendedTrainerBase(SeededTrainer):
         self.bf16 = bf16_training_requested() and self.device.type in ("cuda", "cpu")
         if self.bf16:
             self.grad_scaler = None
-        self.curves = TrainingCurves()
+        # nnU-Net's local logger (plots, checkpoint) accepting our curves too; MetaLogger sends them on
+        self.logger.local_logger = CurvesLogger(self.logger.local_logger.verbose)
         self._warned_small_batch = False
         self._diagnostics_due = True
+        #: (the true ``_best_ema``,) while ``_best_checkpoint_withheld`` holds it back, else None
+        self._withheld_best_ema: Optional[Tuple[object]] = None
         #: (finite flags on the device, case keys, where) of the training batch not yet checked on the host
         self._pending_input_check: Optional[Tuple[torch.Tensor, Optional[Sequence[str]], str]] = None
 
     # ------------------------------------------------------------------ helpers
+    @property
+    def curves(self) -> TrainingCurves:
+        """Our per-epoch curves as the logger holds them (read them here; log through ``self.logger.log``)."""
+        return self.logger.local_logger.curves()
+
     def _plain_network(self) -> nn.Module:
         return unwrap_module(self.network)
 
@@ -406,7 +422,8 @@ class ExtendedTrainerBase(SeededTrainer):
             gathered: List[Optional[Dict[str, float]]] = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, means)
             means = {k: float(np.nanmean([g.get(k, np.nan) for g in gathered])) for k in means}
-        self.curves.log_many(means, self.current_epoch)
+        for key, value in means.items():
+            self.logger.log(key, value, self.current_epoch)
         terms = ", ".join(f"{k[len('loss_'):]} {v:.4f}" for k, v in sorted(means.items()) if k.startswith("loss_"))
         if terms:
             self.print_to_log_file(f"loss terms: {terms}")
@@ -429,39 +446,38 @@ class ExtendedTrainerBase(SeededTrainer):
     def _restart_ema_fg_dice(self) -> None:
         """Restart nnU-Net's EMA pseudo Dice at the current epoch: its value becomes this epoch's pseudo
         Dice, so that later epochs average only from here on. Call after ``on_validation_epoch_end``."""
-        logged = getattr(self.logger, "local_logger", self.logger).my_fantastic_logging
         epoch = self.current_epoch
-        if len(logged["mean_fg_dice"]) != epoch + 1 or len(logged["ema_fg_dice"]) != epoch + 1:
+        dice, ema = self.logger.get_value("mean_fg_dice", step=None), self.logger.get_value("ema_fg_dice", step=None)
+        if len(dice) != epoch + 1 or len(ema) != epoch + 1:
             raise RuntimeError(f"cannot restart the EMA pseudo Dice at epoch {epoch}: the logger holds "
-                               f"{len(logged['mean_fg_dice'])} pseudo Dice values")
-        logged["ema_fg_dice"][epoch] = logged["mean_fg_dice"][epoch]
+                               f"{len(dice)} pseudo Dice values")
+        self.logger.log("ema_fg_dice", dice[epoch], epoch)
+
+    @contextmanager
+    def _best_checkpoint_withheld(self, withheld: bool):
+        """Within the block, no EMA pseudo Dice is a new best (nnU-Net's ``on_epoch_end`` then neither writes
+        ``checkpoint_best.pth`` nor moves ``_best_ema``); checkpoints written meanwhile hold the true ``_best_ema``."""
+        if not withheld:
+            yield
+            return
+        best, self._withheld_best_ema = self._best_ema, (self._best_ema,)
+        self._best_ema = math.inf  # nnU-Net: a new best where "_best_ema is None or ema > _best_ema"
+        try:
+            yield
+        finally:
+            self._best_ema, self._withheld_best_ema = best, None
 
     def on_epoch_end(self) -> None:
-        """nnU-Net's ``on_epoch_end`` (log, periodic ``checkpoint_latest.pth``, ``checkpoint_best.pth``
-        on a new best EMA pseudo Dice, ``progress.png``) with ``checkpoint_best.pth`` subject to
-        ``_may_write_best_checkpoint``, plus ``progress_terms.png``."""
+        """nnU-Net's ``on_epoch_end`` (log, periodic ``checkpoint_latest.pth``, ``checkpoint_best.pth`` on a new
+        best EMA pseudo Dice, ``progress.png``) with ``checkpoint_best.pth`` subject to
+        ``_may_write_best_checkpoint``, our curves given NaN where an epoch logged none, plus ``progress_terms.png``."""
         epoch = self.current_epoch
-        self.logger.log("epoch_end_timestamps", time(), epoch)
-        self.print_to_log_file("train_loss", np.round(self.logger.get_value("train_losses", step=-1), decimals=4))
-        self.print_to_log_file("val_loss", np.round(self.logger.get_value("val_losses", step=-1), decimals=4))
-        self.print_to_log_file("Pseudo dice", [np.round(i, decimals=4) for i in
-                                               self.logger.get_value("dice_per_class_or_region", step=-1)])
-        duration = (self.logger.get_value("epoch_end_timestamps", step=-1)
-                    - self.logger.get_value("epoch_start_timestamps", step=-1))
-        self.print_to_log_file(f"Epoch time: {np.round(duration, decimals=2)} s")
-        if (epoch + 1) % self.save_every == 0 and epoch != self.num_epochs - 1:
-            self.save_checkpoint(join(self.output_folder, "checkpoint_latest.pth"))
-        if self._may_write_best_checkpoint():
-            ema = self.logger.get_value("ema_fg_dice", step=-1)
-            if self._best_ema is None or ema > self._best_ema:
-                self._best_ema = ema
-                self.print_to_log_file(f"Yayy! New best EMA pseudo Dice: {np.round(self._best_ema, decimals=4)}")
-                self.save_checkpoint(join(self.output_folder, "checkpoint_best.pth"))
+        self.logger.local_logger.fill_missing(epoch)  # one value per epoch in every list, NaN where none came
+        with self._best_checkpoint_withheld(not self._may_write_best_checkpoint()):
+            super().on_epoch_end()
         if self.local_rank == 0:
-            self.logger.plot_progress_png(self.output_folder)
             self.curves.plot(join(self.output_folder, PLOT_FILENAME), num_epochs=epoch + 1,
                              stage_boundaries=self._stage_boundaries())
-        self.current_epoch += 1
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint_extras(self) -> Dict[str, object]:
@@ -474,55 +490,35 @@ class ExtendedTrainerBase(SeededTrainer):
         """Called by ``load_checkpoint`` after nnU-Net's state (network, optimizer, ...) is restored."""
 
     def save_checkpoint(self, filename: str) -> None:
-        if self.local_rank != 0:
+        """nnU-Net's checkpoint (``checkpoint_entries``) + ``run_seed`` + ``_checkpoint_extras``, written atomically."""
+        if self.local_rank != 0 or self.disable_checkpointing:
+            super().save_checkpoint(filename)  # nnU-Net writes nothing then
             return
-        if self.disable_checkpointing:
-            self.print_to_log_file("No checkpoint written, checkpointing is disabled")
-            return
-        checkpoint = {
-            "network_weights": self._plain_network().state_dict(),
-            "optimizer_state": self.optimizer.state_dict(),
-            "grad_scaler_state": self.grad_scaler.state_dict() if self.grad_scaler is not None else None,
-            "logging": self.logger.get_checkpoint(),
-            "_best_ema": self._best_ema,
-            "current_epoch": self.current_epoch + 1,
-            "init_args": self.my_init_kwargs,
-            "trainer_name": self.__class__.__name__,
-            "inference_allowed_mirroring_axes": self.inference_allowed_mirroring_axes,
-            "training_curves": self.curves.get_checkpoint(),
-            "run_seed": self.run_seed,
-        }
+        checkpoint = checkpoint_entries(self)
+        if self._withheld_best_ema is not None:
+            checkpoint["_best_ema"] = self._withheld_best_ema[0]
+        checkpoint["run_seed"] = self.run_seed
         checkpoint.update(self._checkpoint_extras())
         atomic_torch_save(checkpoint, filename)
 
     def load_checkpoint(self, filename_or_checkpoint: Union[dict, str]) -> None:
+        """nnU-Net's ``load_checkpoint``, with ``_before_restoring_checkpoint`` before it and the run seed, curves
+        of older checkpoints (``training_curves``) and ``_restore_checkpoint_extras`` after it."""
         if not self.was_initialized:
             self.initialize()
-        if isinstance(filename_or_checkpoint, str):
-            checkpoint = torch.load(filename_or_checkpoint, map_location=self.device, weights_only=False)
-        else:
-            checkpoint = filename_or_checkpoint
+        if not isinstance(filename_or_checkpoint, str):
+            # nnU-Net 2.8.1's load_checkpoint reads a file name only: hand it the checkpoint as a file
+            with tempfile.TemporaryDirectory() as folder:
+                filename = os.path.join(folder, "checkpoint.pth")
+                torch.save(filename_or_checkpoint, filename)
+                self.load_checkpoint(filename)
+            return
+        # our entries, read lazily (memory-mapped, tensors are read when used); nnU-Net reads its own
+        checkpoint = torch.load(filename_or_checkpoint, map_location="cpu", weights_only=False, mmap=True)
         self._before_restoring_checkpoint(checkpoint)
-
-        network = self._plain_network()
-        own_keys = network.state_dict().keys()
-        weights = {}
-        for key, value in checkpoint["network_weights"].items():
-            if key not in own_keys and key.startswith("module."):
-                key = key[len("module."):]
-            weights[key] = value
-        network.load_state_dict(weights)
-
-        self.my_init_kwargs = checkpoint["init_args"]
-        self.current_epoch = checkpoint["current_epoch"]
-        self.logger.load_checkpoint(checkpoint["logging"])
-        self._best_ema = checkpoint["_best_ema"]
-        self.inference_allowed_mirroring_axes = checkpoint.get("inference_allowed_mirroring_axes",
-                                                               self.inference_allowed_mirroring_axes)
-        self.curves.load_checkpoint(checkpoint.get("training_curves"))
+        super().load_checkpoint(filename_or_checkpoint)
+        if checkpoint.get("training_curves"):  # written before the curves rode in the logging entry
+            self.logger.local_logger.adopt(checkpoint["training_curves"])
         if checkpoint.get("run_seed") is not None:
             self.run_seed = int(checkpoint["run_seed"])
-        self.optimizer.load_state_dict(checkpoint["optimizer_state"])
-        if self.grad_scaler is not None and checkpoint.get("grad_scaler_state") is not None:
-            self.grad_scaler.load_state_dict(checkpoint["grad_scaler_state"])
         self._restore_checkpoint_extras(checkpoint)

@@ -1,10 +1,13 @@
-"""Per-epoch curves that nnU-Net's logger has no place for, and their plot.
+"""Our per-epoch curves in nnU-Net's logger, and their plot.
 
 nnU-Net's ``LocalLogger`` accepts a fixed set of keys (losses, pseudo Dice, one learning rate,
 timestamps) and draws ``progress.png`` from them. Our trainers also track the learning rate of each
-parameter group, the training stage, every loss term and the dispersion diagnostics; they live here,
-are stored in the checkpoints next to nnU-Net's logging state and are drawn into a second figure,
-``progress_terms.png``, beside ``progress.png`` (which stays untouched).
+parameter group, the training stage, every loss term, each group's gradient norm and the dispersion
+diagnostics. ``CurvesLogger`` is nnU-Net's ``LocalLogger`` accepting these keys too, so that they go
+through ``MetaLogger.log`` like nnU-Net's own values: into every logger nnU-Net drives (Weights &
+Biases with ``nnUNet_wandb_enabled=1``) and into the ``logging`` entry of the checkpoints.
+``TrainingCurves`` reads and draws them into a second figure, ``progress_terms.png``, beside
+``progress.png`` (which stays untouched).
 """
 import math
 import os
@@ -13,10 +16,13 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from nnunetv2.training.logging.nnunet_logger import LocalLogger
 
-__all__ = ["TrainingCurves", "PLOT_FILENAME"]
+__all__ = ["TrainingCurves", "CurvesLogger", "NNUNET_KEYS", "PLOT_FILENAME"]
 
 PLOT_FILENAME = "progress_terms.png"
+#: the keys nnU-Net's ``LocalLogger`` knows; every other key is one of our curves
+NNUNET_KEYS = tuple(LocalLogger().my_fantastic_logging)
 _PLOT_STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "xtick.labelsize": 9,
                "ytick.labelsize": 9, "legend.fontsize": 8, "figure.titlesize": 12, "lines.linewidth": 1.5,
                "lines.markersize": 5}
@@ -30,8 +36,9 @@ class TrainingCurves:
     (loss terms), ``lr_`` (learning rates, log scale), ``dispersion_`` (diagnostics), ``stage``.
     """
 
-    def __init__(self) -> None:
-        self.values: Dict[str, List[float]] = {}
+    def __init__(self, values: Optional[Dict[str, List[float]]] = None) -> None:
+        #: the curves by key (``values`` itself where given: the curves are a view on it)
+        self.values: Dict[str, List[float]] = values if values is not None else {}
 
     def log(self, key: str, value: float, epoch: int) -> None:
         if epoch < 0:
@@ -53,7 +60,7 @@ class TrainingCurves:
         return curve[epoch] if 0 <= epoch < len(curve) else math.nan
 
     def keys(self, prefix: str = "") -> List[str]:
-        return sorted(k for k in self.values if k.startswith(prefix))
+        return sorted(k for k in self.values if k.startswith(prefix) and k not in NNUNET_KEYS)
 
     def get_checkpoint(self) -> Dict[str, List[float]]:
         return {key: list(curve) for key, curve in self.values.items()}
@@ -113,3 +120,45 @@ class TrainingCurves:
         temporary = os.path.join(folder, f".{os.path.basename(filename)}.{os.getpid()}.tmp.png")
         figure.savefig(temporary)
         os.replace(temporary, filename)
+
+
+class CurvesLogger(LocalLogger):
+    """nnU-Net's ``LocalLogger`` that also accepts keys of its own (floats, one per epoch).
+
+    A key first logged at a later epoch gets NaN for the epochs before; ``fill_missing`` gives every
+    such curve NaN at an epoch where nothing was logged, so that each list holds one entry per epoch
+    (nnU-Net's ``plot_progress_png`` draws as many epochs as its shortest list). A value logged again
+    for its epoch replaces the earlier one.
+    """
+
+    def log(self, key, value, epoch: int):
+        logged = self.my_fantastic_logging
+        if key not in NNUNET_KEYS:
+            if epoch < 0:
+                raise ValueError(f"CurvesLogger.log: epoch must be >= 0, got {epoch}")
+            value = float(value)
+            curve = logged.setdefault(key, [])
+            curve.extend([math.nan] * (epoch - len(curve)))
+        if key in logged and len(logged[key]) == epoch + 1:
+            logged[key][epoch] = value
+            return
+        super().log(key, value, epoch)
+
+    def fill_missing(self, epoch: int) -> None:
+        """NaN at ``epoch`` (and any epoch before it) for every curve of ours that lacks a value there."""
+        for key, curve in self.my_fantastic_logging.items():
+            if key not in NNUNET_KEYS:
+                curve.extend([math.nan] * (epoch + 1 - len(curve)))
+
+    def adopt(self, curves: Mapping[str, Sequence[float]]) -> None:
+        """Take ``curves`` (key -> one float per epoch, e.g. a ``training_curves`` checkpoint entry) for the
+        keys this logger lacks, cut or padded with NaN to the epochs it holds (``epoch_end_timestamps``)."""
+        epochs = len(self.my_fantastic_logging["epoch_end_timestamps"])
+        for key, curve in curves.items():
+            if key not in self.my_fantastic_logging:
+                values = [float(v) for v in curve][:epochs]
+                self.my_fantastic_logging[key] = values + [math.nan] * (epochs - len(values))
+
+    def curves(self) -> TrainingCurves:
+        """Our curves (every key but nnU-Net's), a view that follows later logging."""
+        return TrainingCurves(self.my_fantastic_logging)

@@ -86,7 +86,7 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
 
     def on_train_epoch_start(self) -> None:
         super().on_train_epoch_start()
-        self.curves.log("lr_network", self.optimizer.param_groups[0]["lr"], self.current_epoch)
+        self.logger.log("lr_network", self.optimizer.param_groups[0]["lr"], self.current_epoch)
 
 
 class nnUNetTrainerDispersive_smoke(nnUNetTrainerDispersive):

@@ -345,8 +345,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
             self.stage1_head.train()
         super().on_train_epoch_start()
         lrs = {f"lr_{g.get('name', i)}": g["lr"] for i, g in enumerate(self.optimizer.param_groups)}
-        self.curves.log_many(lrs, self.current_epoch)
-        self.curves.log("stage", 1 if stage == STAGE_1 else 2, self.current_epoch)
+        for key, value in {**lrs, "stage": 1 if stage == STAGE_1 else 2}.items():
+            self.logger.log(key, value, self.current_epoch)
         self.print_to_log_file(f"Stage {'I' if stage == STAGE_1 else 'II'}; learning rates: "
                                + ", ".join(f"{k[3:]} {v:.3g}" for k, v in lrs.items()))
 

@@ -139,11 +139,11 @@ def test_meddisseg_killed_in_both_stages_resumes_exactly(cli_env, tmp_path):
     assert "Epoch 2" in resumed.stdout and "Epoch 1\n" not in resumed.stdout
     final = load(folder / "checkpoint_final.pth")
     assert final["meddisseg_stage"] == "stage2" and final["current_epoch"] == 3
-    assert final["training_curves"]["stage"] == [1.0, 2.0, 2.0]  # the history came back from the checkpoints
+    assert final["logging"]["stage"] == [1.0, 2.0, 2.0]  # the history came back from the checkpoints
     assert final["network_weights"].keys() == reference["network_weights"].keys()
     different = [k for k, v in final["network_weights"].items() if not torch.equal(v, reference["network_weights"][k])]
     assert not different, f"{len(different)} tensors differ from the uninterrupted run, e.g. {different[:3]}"
-    assert final["training_curves"]["loss_seg"] == reference["training_curves"]["loss_seg"]
+    assert final["logging"]["loss_seg"] == reference["logging"]["loss_seg"]
     assert load(folder / "checkpoint_best.pth")["meddisseg_stage"] == "stage2"
     assert not latest.exists()
     for name in ("progress.png", "progress_terms.png", "validation/summary.json"):
@@ -190,7 +190,7 @@ def test_dispersive_trainer_trains(cli_env):
     folder = fold_folder(cli_env, trainer)
     assert (folder / "checkpoint_final.pth").is_file() and (folder / "progress_terms.png").is_file()
     assert "loss terms: dispersive" in proc.stdout
-    curves = load(folder / "checkpoint_final.pth")["training_curves"]
+    curves = load(folder / "checkpoint_final.pth")["logging"]
     assert len(curves["loss_dispersive"]) == 1 and curves["loss_dispersive"][0] < 0
 
 

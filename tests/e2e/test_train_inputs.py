@@ -89,13 +89,13 @@ def check_trained(folder: Path, input_channels: int) -> dict:
     assert first_conv.shape == (64, input_channels, 7, 7)
     assert checkpoint["meddisseg_stage"] == "stage2"
     epochs = checkpoint["current_epoch"]
-    stages = checkpoint["training_curves"]["stage"]
+    stages = checkpoint["logging"]["stage"]
     assert len(stages) == epochs and stages[0] == 1.0 and stages[-1] == 2.0  # both stages ran
     logging = checkpoint["logging"]
     for key in ("train_losses", "val_losses", "ema_fg_dice"):
         assert len(logging[key]) == epochs, key
         assert all(math.isfinite(float(v)) for v in logging[key]), f"{key}: {logging[key]}"
-    curves = checkpoint["training_curves"]
+    curves = checkpoint["logging"]
     for epoch, stage in enumerate(stages):
         for term in STAGE_TERMS[stage]:
             assert math.isfinite(curves[term][epoch]), f"{term} in epoch {epoch}: {curves[term]}"

@@ -1,12 +1,14 @@
-"""Per-epoch curves, their plot, atomic checkpoint writes and the NaN input check."""
+"""Per-epoch curves through nnU-Net's logger, their plot, atomic checkpoint writes and the NaN input check."""
 import math
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 from nnunetv2_meddisseg.training.base import atomic_torch_save, check_finite_input
-from nnunetv2_meddisseg.training.curves import TrainingCurves
+from nnunetv2_meddisseg.training.curves import NNUNET_KEYS, CurvesLogger, TrainingCurves
+from test_trainer_meddisseg import nnunet_dirs  # noqa: F401 (fixture)
 
 
 def test_curves_pad_skipped_epochs_and_round_trip():
@@ -71,3 +73,140 @@ def test_check_finite_input_names_the_cases():
         check_finite_input(data, ["a", "b", "c"])
     with pytest.raises(RuntimeError, match="batch positions 1, 2"):
         check_finite_input(data, None)
+
+
+# ---------------------------------------------------------------------------------------- nnU-Net's logger
+class _StandInRun:
+    """What nnU-Net's WandbLogger uses of a W&B run: ``config.update``, ``step``, ``log``, ``summary``."""
+
+    def __init__(self, **settings):
+        self.settings = settings
+        self.config = {}
+        self.config_updates = []
+        self.step = 0
+        self.logged = []  # (step, {key: value})
+        self.summary = {}
+
+    def log(self, values, step):
+        self.logged.append((step, dict(values)))
+
+
+class _StandInConfig(dict):
+    def update(self, values=(), **kwargs):
+        super().update(values, **kwargs)
+
+
+class _StandInWandb:
+    def __init__(self):
+        self.runs = []
+
+    def init(self, **settings):
+        run = _StandInRun(**settings)
+        run.config = _StandInConfig()
+        self.runs.append(run)
+        return run
+
+
+def _logged_per_key(run):
+    per_key = {}
+    for step, values in run.logged:
+        for key, value in values.items():
+            per_key.setdefault(key, {})[step] = value
+    return per_key
+
+
+def _same(a, b):
+    return len(a) == len(b) and all((math.isnan(x) and math.isnan(y)) or x == pytest.approx(y) for x, y in zip(a, b))
+
+
+@pytest.fixture
+def stand_in_wandb(monkeypatch):
+    from nnunetv2.training.logging import nnunet_logger
+    wandb = _StandInWandb()
+    monkeypatch.setattr(nnunet_logger, "wandb", wandb)
+    monkeypatch.setenv("nnUNet_wandb_enabled", "1")
+    monkeypatch.setenv("nnUNet_wandb_mode", "offline")
+    return wandb
+
+
+def test_our_curves_reach_wandb_through_nnunets_logger_and_survive_resume(nnunet_dirs, stand_in_wandb):
+    from test_trainer_meddisseg import make_batch, make_trainer, run_epoch
+
+    torch.manual_seed(0)
+    trainer = make_trainer()  # the smoke schedule: epoch 0 Stage I, epoch 1 Stage II
+    assert len(stand_in_wandb.runs) == 1
+    run = stand_in_wandb.runs[0]
+    batch = make_batch()
+    outputs = [run_epoch(trainer, batch) for _ in range(2)]
+    logged = _logged_per_key(run)
+    # nnU-Net's own values and ours arrive alike, each at its epoch
+    assert sorted(logged["train_losses"]) == [0, 1]
+    assert sorted(logged["loss_dispersive"]) == [0, 1]
+    for epoch in range(2):
+        assert logged["loss_dispersive"][epoch] == pytest.approx(outputs[epoch]["loss_dispersive"])
+        assert logged["dispersion_effective_rank"][epoch] == pytest.approx(outputs[epoch]["dispersion_effective_rank"])
+    assert [logged["stage"][e] for e in (0, 1)] == [1.0, 2.0]
+    grad_norms = sorted(k for k in logged if k.startswith("grad_norm_"))
+    assert grad_norms == ["grad_norm_decoder", "grad_norm_encoder"]
+    assert all(sorted(logged[k]) == [0, 1] for k in grad_norms)
+    assert sorted(logged["loss_fg_bg"]) == [1]  # a Stage II term: not sent for Stage I
+    # locally every list holds one value per epoch (NaN where the term did not exist), as nnU-Net's plot needs
+    lists = trainer.logger.get_checkpoint()
+    assert {len(v) for v in lists.values()} == {2}
+    assert math.isnan(trainer.curves.get("loss_fg_bg", 0))
+    assert trainer.curves.get("loss_fg_bg", 1) == pytest.approx(logged["loss_fg_bg"][1])
+    assert (Path(trainer.output_folder) / "progress_terms.png").is_file()
+
+    # the curves ride in nnU-Net's logging entry of the checkpoint, and a resumed trainer has them
+    filename = str(nnunet_dirs / "resume.pth")
+    trainer.save_checkpoint(filename)
+    checkpoint = torch.load(filename, weights_only=False)
+    assert "training_curves" not in checkpoint
+    assert _same(checkpoint["logging"]["loss_fg_bg"], trainer.curves.get("loss_fg_bg"))
+    resumed = make_trainer()
+    resumed.load_checkpoint(filename)
+    for key in ("loss_dispersive", "loss_fg_bg", "stage", "grad_norm_encoder", "dispersion_effective_rank",
+                "lr_encoder", "train_losses", "ema_fg_dice"):
+        assert _same(resumed.logger.get_value(key, step=None), trainer.logger.get_value(key, step=None)), key
+    resumed.logger.log("loss_dispersive", -1.5, 2)  # logging goes on at the next epoch
+    assert resumed.curves.get("loss_dispersive", 2) == -1.5
+    # a checkpoint given as a dict (nnU-Net 2.8.1's load_checkpoint reads file names only)
+    from_dict = make_trainer()
+    from_dict.load_checkpoint(torch.load(filename, weights_only=False))
+    assert from_dict.current_epoch == resumed.current_epoch == 3 and from_dict.run_seed == trainer.run_seed
+    assert _same(from_dict.curves.get("grad_norm_encoder"), trainer.curves.get("grad_norm_encoder"))
+    assert all(torch.equal(a, b) for a, b in zip(from_dict.network.state_dict().values(),
+                                                 trainer.network.state_dict().values()))
+
+
+def test_a_checkpoint_with_the_former_training_curves_entry_still_resumes_them(nnunet_dirs):
+    from test_trainer_meddisseg import make_batch, make_trainer, run_epoch
+
+    torch.manual_seed(0)
+    trainer = make_trainer()
+    run_epoch(trainer, make_batch())
+    filename = str(nnunet_dirs / "former.pth")
+    trainer.save_checkpoint(filename)
+    checkpoint = torch.load(filename, weights_only=False)
+    ours = {k: v for k, v in checkpoint["logging"].items() if k not in NNUNET_KEYS}
+    checkpoint["logging"] = {k: v for k, v in checkpoint["logging"].items() if k in NNUNET_KEYS}
+    checkpoint["training_curves"] = {**ours, "loss_old_term": [0.5, 0.25, 0.125]}  # longer than the run
+    torch.save(checkpoint, filename)
+    resumed = make_trainer()
+    resumed.load_checkpoint(filename)
+    assert _same(resumed.curves.get("loss_seg"), ours["loss_seg"]) and len(ours["loss_seg"]) == 1
+    assert resumed.curves.get("loss_old_term") == [0.5]  # cut to the epochs the run holds
+
+
+def test_curves_logger_backfills_and_fills_missing_epochs():
+    logger = CurvesLogger()
+    logger.log("loss_fg_bg", 2.0, 2)  # first logged at epoch 2
+    assert _same(logger.get_value("loss_fg_bg", step=None), [math.nan, math.nan, 2.0])
+    logger.log("loss_fg_bg", 3.0, 2)  # logged again for its epoch: replaces
+    logger.fill_missing(4)
+    assert _same(logger.get_value("loss_fg_bg", step=None), [math.nan, math.nan, 3.0, math.nan, math.nan])
+    assert logger.get_value("train_losses", step=None) == []  # nnU-Net's lists are nnU-Net's business
+    logger.log("train_losses", 1.0, 0)
+    logger.log("train_losses", 0.5, 1)
+    with pytest.raises(AssertionError):
+        logger.log("train_losses", 1.0, 0)  # nnU-Net's check on its own keys is kept

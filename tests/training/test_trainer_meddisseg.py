@@ -443,3 +443,17 @@ def test_checkpoint_best_holds_the_stage2_network_whose_own_ema_won(nnunet_dirs)
         assert checkpoint["meddisseg_stage"] == STAGE_2
         assert checkpoint["current_epoch"] == epoch + 1 and checkpoint["_best_ema"] == pytest.approx(ema)
     assert trainer.logger.get_value("ema_fg_dice", step=None) == pytest.approx([0.9, 0.9, 0.1, 0.14, 0.186])
+
+
+def test_stage1_epochs_neither_write_best_nor_leave_a_false_best_ema_in_checkpoints(nnunet_dirs):
+    trainer = make_trainer(num_epochs=5, stage1_epochs=2, save_every=1)
+    folder = Path(trainer.output_folder)
+    _epoch_with_pseudo_dice(trainer, 0.9)  # Stage I: nnU-Net's on_epoch_end writes checkpoint_latest.pth
+    assert not (folder / "checkpoint_best.pth").exists() and trainer._best_ema is None
+    assert torch.load(folder / "checkpoint_latest.pth", weights_only=False)["_best_ema"] is None
+    _epoch_with_pseudo_dice(trainer, 0.9)
+    _epoch_with_pseudo_dice(trainer, 0.3)  # first Stage II epoch: the best so far, 0.3 (EMA restarted)
+    assert trainer._best_ema == pytest.approx(0.3)
+    assert torch.load(folder / "checkpoint_best.pth", weights_only=False)["_best_ema"] == pytest.approx(0.3)
+    _epoch_with_pseudo_dice(trainer, 0.1)  # EMA 0.28: no new best; latest records the best so far
+    assert torch.load(folder / "checkpoint_latest.pth", weights_only=False)["_best_ema"] == pytest.approx(0.3)

@@ -9,6 +9,7 @@ import torch
 from batchgeneratorsv2.transforms.spatial.mirroring import MirrorTransform
 from batchgeneratorsv2.transforms.spatial.spatial import SpatialTransform
 
+from nnunetv2_meddisseg.training.curves import TrainingCurves
 from nnunetv2_meddisseg.training.lr_schedule import cosine_lr
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg_paper import (EarlyStopping, iterations_per_epoch,
@@ -73,7 +74,7 @@ def test_early_stopping_fires_on_an_ema_plateau_in_stage2(nnunet_dirs, monkeypat
     trainer.early_stopping = EarlyStopping(patience=4)
     trainer.disable_checkpointing = True
     monkeypatch.setattr(trainer.logger, "plot_progress_png", lambda *a, **k: None)
-    monkeypatch.setattr(trainer.curves, "plot", lambda *a, **k: None)
+    monkeypatch.setattr(TrainingCurves, "plot", lambda *a, **k: None)
     # high in Stage I (must not count), a peak early in Stage II, then a plateau below it
     dice = [0.9, 0.9, 0.1, 0.5, 0.9, 0.9] + [0.2] * 10
     stopped_at = None
