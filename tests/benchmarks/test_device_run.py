@@ -1,7 +1,8 @@
 """The device run end to end in its CPU tiny mode: prepare's data step on a generated Kvasir-SEG-like
 folder (case names from the shipped split), then ``benchmarks/device/run.py --tiny`` through all five
-steps (environment, throughput, training step, nnU-Net's commands, quality.py). Several minutes on a
-CPU."""
+steps (environment, throughput, training step, nnU-Net's commands, quality.py). About ten minutes on a
+CPU: marked ``slow`` (run it with ``-m slow`` before a device session); its parts are tested in
+test_device_standins.py."""
 import importlib.util
 import json
 import os
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEVICE_DIR = REPO_ROOT / "benchmarks" / "device"
