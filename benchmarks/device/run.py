@@ -116,9 +116,9 @@ MODES = {
         "device": "cpu", "budget_s": 5400,  # generous: a shared CPU may be many times slower
         "caps": {"environment": 300, "throughput": 600, "training": 400, "cli": 2100, "pace": 5000},
         "throughput": [
-            ("batch1", ["--batch", "1", "--size", "64", "--variants", "fp32", "channels_last_bf16", "--repeats", "1",
+            ("batch1", ["--batch", "1", "--size", "128", "--variants", "fp32", "channels_last_bf16", "--repeats", "1",
                         "--warmup", "0", "--threads", "1"], 300),
-            ("batch2", ["--batch", "2", "--size", "64", "--variants", "fp32", "--repeats", "1", "--warmup", "0",
+            ("batch2", ["--batch", "2", "--size", "128", "--variants", "fp32", "--repeats", "1", "--warmup", "0",
                         "--threads", "1", "--no-profile"], 120)],
         "training": ["--size", "64", "--batch", "2", "--repeats", "2", "--warmup", "1", "--threads", "1"],
         "cli_size": 64, "cli_cases": (6, 2, 2),
