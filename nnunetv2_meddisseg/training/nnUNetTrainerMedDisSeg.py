@@ -322,11 +322,25 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
             raise ValueError(f"{self.__class__.__name__}: stage1_epochs must lie in [0, num_epochs={self.num_epochs}], "
                              f"got {self.stage1_epochs}")
         self.dispersive = dispersive_from_trainer(self)
+        was_initialized = self.was_initialized
         super().initialize()
+        if not was_initialized:
+            self._initial_stem = next(self._plain_network().parameters()).detach().clone()
+
+    def _encoder_origin(self) -> str:
+        """Where the encoder's weights come from, for the log: the plans' ``encoder_weights``, random
+        initialisation, or the file nnU-Net's ``-pretrained_weights`` loaded after ``initialize`` (nnU-Net
+        does not tell the trainer; the network's first weight tensor tells: it changed since ``initialize``)."""
+        first = next(self._plain_network().parameters()).detach()
+        if getattr(self, "_initial_stem", None) is not None and self.current_epoch == 0 and \
+                not torch.equal(first.to(self._initial_stem.device), self._initial_stem):
+            return "the weights -pretrained_weights loaded (every layer whose name and shape match)"
+        return "pretrained weights" if self.encoder_pretrained else "random initialisation"
 
     def on_train_start(self) -> None:
         super().on_train_start()
-        origin = "pretrained weights" if self.encoder_pretrained else "random initialisation"
+        origin = self._encoder_origin()
+        self._initial_stem = None
         self.print_to_log_file(f"encoder from {origin}: {self.optimizer_name}, learning rates Stage I {self.stage1_lr}, "
                                f"Stage II {self.stage2_encoder_lr} (encoder + ELAT) / {self.stage2_lr} (rest)")
         self.print_to_log_file(

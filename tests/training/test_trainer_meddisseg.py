@@ -457,3 +457,20 @@ def test_stage1_epochs_neither_write_best_nor_leave_a_false_best_ema_in_checkpoi
     assert torch.load(folder / "checkpoint_best.pth", weights_only=False)["_best_ema"] == pytest.approx(0.3)
     _epoch_with_pseudo_dice(trainer, 0.1)  # EMA 0.28: no new best; latest records the best so far
     assert torch.load(folder / "checkpoint_latest.pth", weights_only=False)["_best_ema"] == pytest.approx(0.3)
+
+
+def test_the_log_names_weights_that_pretrained_weights_loaded(nnunet_dirs, tmp_path):
+    """nnU-Net's -pretrained_weights loads a file between initialize and on_train_start without telling the
+    trainer; the log line on the encoder's origin must not say "random initialisation" then."""
+    from nnunetv2.run.load_pretrained_weights import load_pretrained_weights
+
+    trainer = make_trainer()
+    assert trainer._encoder_origin() == "random initialisation"
+    other = make_trainer(initialize=False)
+    torch.manual_seed(123)
+    other.initialize()
+    torch.save({"network_weights": other.network.state_dict()}, tmp_path / "pretrained.pth")
+    load_pretrained_weights(trainer.network, str(tmp_path / "pretrained.pth"))
+    assert trainer._encoder_origin().startswith("the weights -pretrained_weights loaded")
+    trainer.current_epoch = 3  # resumed from a checkpoint (--c): the weights are the run's own
+    assert trainer._encoder_origin() == "random initialisation"
