@@ -173,7 +173,7 @@ def test_meddisseg_plans_train_predict(cli_env, tmp_path):
     assert (shared / "fold_0" / "checkpoint_final.pth").stat().st_size < (folder / "checkpoint_final.pth").stat().st_size / 2
     out = tmp_path / "predictions_shared"
     run_cli(["nnUNetv2_predict_from_modelfolder", "-i", tmp_path / "images", "-o", out, "-m", shared, "-f", "0",
-             "-npp", "0", "-nps", "0", "-device", "cpu", "--disable_tta"], cli_env)
+             "-npp", "1", "-nps", "1", "-device", "cpu", "--disable_tta"], cli_env)  # this command needs >= 1
     for label in sorted(labels.glob("*.png")):
         assert np.array_equal(np.asarray(Image.open(out / label.name)),
                               np.asarray(Image.open(tmp_path / "predictions" / label.name))), label.name
