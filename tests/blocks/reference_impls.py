@@ -9,9 +9,12 @@ from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.activation import TELU_EXP_CLAMP
 from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
+from nnunetv2_meddisseg.blocks.conv import ConvNormAct, split_branch_states
 
 __all__ = ["reference_window_weights", "reference_window_attention", "reference_linear", "reference_cdfa_forward",
-           "reference_telu", "previous_telu", "previous_channel_attention", "previous_enhancement_forward"]
+           "reference_telu", "previous_telu", "previous_channel_attention", "previous_enhancement_forward",
+           "PreviousContrastGuidancePyramid", "PreviousFeatureDecoupling", "PreviousAuxiliaryHead",
+           "PreviousAuxiliaryHeads", "previous_of"]
 
 
 def reference_window_weights(module: ContrastDrivenAggregation, guidance: Tensor, layer: nn.Linear) -> Tensor:
@@ -111,3 +114,96 @@ def previous_enhancement_forward(module: nn.Module, x: Tensor) -> Tensor:
         outs.append(y * previous_channel_attention(branch[1], y))
     fused = module.fuse(torch.cat(outs, dim=1))
     return module.spatial_attention(module.nonlin(fused + module.shortcut(x)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Blocks whose parallel branches now run as one grouped block (same parameters, merged along the first axis of
+# every tensor): the separate branches as they were, and the conversion of a merged block's state into theirs.
+
+class PreviousGuidanceBranch(nn.Module):
+    """One guidance branch as it was: CBT3x3, then ``num_upsamplings`` x [bilinear x2, CBT3x3]."""
+
+    def __init__(self, in_channels, out_channels, num_upsamplings, **ops) -> None:
+        super().__init__()
+        self.stem = ConvNormAct(in_channels, out_channels, 3, **ops)
+        self.up_convs = nn.ModuleList([ConvNormAct(out_channels, out_channels, 3, **ops)
+                                       for _ in range(num_upsamplings)])
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(x)
+        for conv in self.up_convs:
+            x = conv(F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False))
+        return x
+
+
+class PreviousContrastGuidancePyramid(nn.Module):
+    """``ContrastGuidancePyramid`` as it was: a separate fg and bg branch per level."""
+
+    def __init__(self, in_channels=128, out_channels=128, num_upsamplings=(3, 2, 1, 0), **ops) -> None:
+        super().__init__()
+        self.fg = nn.ModuleList([PreviousGuidanceBranch(in_channels, out_channels, n, **ops) for n in num_upsamplings])
+        self.bg = nn.ModuleList([PreviousGuidanceBranch(in_channels, out_channels, n, **ops) for n in num_upsamplings])
+
+    def forward(self, f_fg: Tensor, f_bg: Tensor):
+        return [(fg(f_fg), bg(f_bg)) for fg, bg in zip(self.fg, self.bg)]
+
+
+def previous_of(merged: nn.Module, previous: nn.Module) -> nn.Module:
+    """``previous`` (a block of the separate-branch layout) given the weights and statistics of ``merged``
+    (its ``LAYOUT`` says which branch each slice belongs to), in ``merged``'s mode, device and dtype."""
+    previous.load_state_dict(split_branch_states(merged.state_dict(), merged.LAYOUT), strict=True)
+    p = next(merged.parameters())
+    return previous.to(device=p.device, dtype=p.dtype).train(merged.training)
+
+
+class PreviousFeatureDecoupling(nn.Module):
+    """``FeatureDecoupling`` as it was: three independent branches CBT3x3, CBT3x3, CBT1x1."""
+
+    BRANCHES = ("fg", "bg", "uc")
+
+    def __init__(self, in_channels=1024, mid_channels=512, out_channels=128, **ops) -> None:
+        super().__init__()
+        self.branches = nn.ModuleDict({
+            name: nn.Sequential(ConvNormAct(in_channels, mid_channels, 3, **ops),
+                                ConvNormAct(mid_channels, out_channels, 3, **ops),
+                                ConvNormAct(out_channels, out_channels, 1, **ops))
+            for name in self.BRANCHES})
+
+    def forward(self, x: Tensor, with_uncertainty: bool = True):
+        f_uc = self.branches["uc"](x) if with_uncertainty else None
+        return self.branches["fg"](x), self.branches["bg"](x), f_uc
+
+
+class PreviousAuxiliaryHead(nn.Module):
+    """One auxiliary head as it was: CBT3x3, [bilinear x2, CBT3x3] per further entry of channels, Conv1x1 -> 1."""
+
+    def __init__(self, in_channels=128, channels=(256, 256, 128, 64, 64), conv_op=nn.Conv2d, **ops) -> None:
+        super().__init__()
+        self.stem = ConvNormAct(in_channels, channels[0], 3, conv_op=conv_op, **ops)
+        self.up_convs = nn.ModuleList([ConvNormAct(c_in, c_out, 3, conv_op=conv_op, **ops)
+                                       for c_in, c_out in zip(channels[:-1], channels[1:])])
+        self.out = conv_op(channels[-1], 1, 1, bias=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(x)
+        for conv in self.up_convs:
+            x = conv(F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False))
+        return self.out(x)
+
+
+class PreviousAuxiliaryHeads(nn.Module):
+    """The three heads as they were (``auxiliary_heads.fg`` / ``.bg`` / ``.uc``), called as ``AuxiliaryHeads``."""
+
+    def __init__(self, in_channels=128, channels=(256, 256, 128, 64, 64), **ops) -> None:
+        super().__init__()
+        self.heads = nn.ModuleDict({name: PreviousAuxiliaryHead(in_channels, channels, **ops)
+                                    for name in ("fg", "bg", "uc")})
+
+    def state_dict(self, *args, **kwargs):  # the keys of the ModuleDict it was: fg.stem..., not heads.fg.stem...
+        return self.heads.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        return self.heads.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def forward(self, f_fg: Tensor, f_bg: Tensor, f_uc: Tensor):
+        return self.heads["fg"](f_fg), self.heads["bg"](f_bg), self.heads["uc"](f_uc)
