@@ -185,11 +185,10 @@ def use_previous_implementations(net: nn.Module) -> nn.Module:
     from nnunetv2_meddisseg.blocks.attention import ChannelAttention
     from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
     from nnunetv2_meddisseg.blocks.device_forms import forced_form
-    from nnunetv2_meddisseg.blocks.enhancement import FeatureEnhancement
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "blocks"))
     from reference_impls import (PreviousAuxiliaryHeads, PreviousContrastGuidancePyramid, PreviousFeatureDecoupling,
-                                 previous_channel_attention, previous_enhancement_forward, previous_of, previous_telu)
+                                 PreviousFeatureEnhancement, previous_channel_attention, previous_of, previous_telu)
 
     def aggregate_in_cpu_form(module, *args):
         with forced_form("cpu"):
@@ -198,8 +197,6 @@ def use_previous_implementations(net: nn.Module) -> nn.Module:
     for m in net.modules():
         if isinstance(m, ContrastDrivenAggregation):
             m._aggregate = types.MethodType(aggregate_in_cpu_form, m)
-        elif isinstance(m, FeatureEnhancement):
-            m.forward = types.MethodType(previous_enhancement_forward, m)  # a deep copy binds to its copy
         elif isinstance(m, ChannelAttention):
             m.attention = types.MethodType(previous_channel_attention, m)
         elif isinstance(m, TeLU):
@@ -214,9 +211,15 @@ def use_previous_implementations(net: nn.Module) -> nn.Module:
         first.in_channels, first.out_channels, decoupling.out_channels, **ops))
     channels = [heads.stem.conv.out_channels // 3] + [c.conv.out_channels // 3 for c in heads.up_convs]
     net.auxiliary_heads = previous_of(heads, PreviousAuxiliaryHeads(heads.stem.conv.in_channels // 3, channels, **ops))
-    for part in (net.guidance, net.decoupling, net.auxiliary_heads):
+    for i, enh in enumerate(net.enhancement):
+        net.enhancement[i] = previous_of(enh, PreviousFeatureEnhancement(
+            enh.pointwise.in_channels, enh.out_channels, enh.dilations, conv_op=type(enh.pointwise),
+            norm_op=type(enh.norm), nonlin=type(enh.nonlin)))
+    for part in (net.guidance, net.decoupling, net.auxiliary_heads, net.enhancement):
         for m in part.modules():
-            if isinstance(m, TeLU):
+            if isinstance(m, ChannelAttention):
+                m.attention = types.MethodType(previous_channel_attention, m)
+            elif isinstance(m, TeLU):
                 m.forward = previous_telu
     return net
 

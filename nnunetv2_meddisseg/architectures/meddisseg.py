@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.activation import get_activation
 from nnunetv2_meddisseg.blocks.attention import ELAT
-from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation, ContrastGuidancePyramid
+from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation, ContrastGuidancePyramid, PointwiseLinear
 from nnunetv2_meddisseg.blocks.decoder import DECODER_FUSIONS, MultiScaleCBATDecoder
 from nnunetv2_meddisseg.blocks.decoupling import AuxiliaryHeads, FeatureDecoupling
 from nnunetv2_meddisseg.blocks.encoder import (ENCODER_CHANNELS, ResNet50Encoder, load_resnet50_weights,
@@ -194,7 +194,7 @@ class MedDisSegNet(nn.Module):
         for m in self.modules():
             if m in encoder_modules:
                 continue
-            if isinstance(m, nn.Conv2d):
+            if isinstance(m, nn.Conv2d) and not isinstance(m, PointwiseLinear):  # those keep Linear's initialisation
                 nn.init.kaiming_normal_(m.weight, a=1e-2)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)

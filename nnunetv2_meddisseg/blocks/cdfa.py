@@ -29,6 +29,7 @@ from nnunetv2_meddisseg.blocks.device_forms import few_op_form
 
 __all__ = [
     "ContrastDrivenAggregation",
+    "PointwiseLinear",
     "ContrastGuidancePyramid",
     "window_displacement_weights",
     "displacement_sum",
@@ -160,6 +161,24 @@ def _at_least_fp32(x: Tensor) -> Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
+class PointwiseLinear(nn.Conv2d):
+    """A Linear layer over the channel axis, stored as a 1x1 convolution (weight (out, in, 1, 1)), so that it applies
+    to (B, C, H, W) features in one operation. Initialised as ``nn.Linear`` (which is ``nn.Conv2d``'s own default
+    for a 1x1 kernel); loading converts a Linear's 2-D weight.
+
+    x: (B, in_features, H, W) -> (B, out_features, H, W)
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__(in_features, out_features, 1, bias=bias)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        weight = state_dict.get(prefix + "weight")
+        if weight is not None and weight.ndim == 2:
+            state_dict[prefix + "weight"] = weight.view(*weight.shape, 1, 1)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
 class ContrastDrivenAggregation(nn.Module):
     """Window attention whose weights are generated from foreground, then background guidance.
 
@@ -200,16 +219,18 @@ class ContrastDrivenAggregation(nn.Module):
         window = kernel_size * kernel_size
         ops = dict(conv_op=conv_op, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs, nonlin=nonlin)
         self.input_convs = nn.Sequential(ConvNormAct(in_channels, dim, 3, **ops), ConvNormAct(dim, dim, 3, **ops))
-        self.value = nn.Linear(dim, dim)
+        self.value = PointwiseLinear(dim, dim)
         self.attn_fg = nn.Linear(dim, num_heads * window * window)
         self.attn_bg = nn.Linear(dim, num_heads * window * window)
-        self.proj = nn.Linear(dim, dim)
+        self.proj = PointwiseLinear(dim, dim)
         self.output_convs = nn.Sequential(ConvNormAct(dim, dim, 3, **ops), ConvNormAct(dim, dim, 3, **ops))
 
     @staticmethod
-    def _pointwise(layer: nn.Linear, x: Tensor) -> Tensor:
-        """Apply ``layer`` over the channel axis as a 1x1 convolution: (B, C, H, W) -> (B, C_out, H, W)."""
-        return F.conv2d(x, layer.weight.view(*layer.weight.shape, 1, 1), layer.bias)
+    def _pointwise(layer: nn.Module, x: Tensor) -> Tensor:
+        """Apply ``layer`` (a Linear or a :class:`PointwiseLinear`) over the channel axis as a 1x1 convolution:
+        (B, C, H, W) -> (B, C_out, H, W)."""
+        weight = layer.weight if layer.weight.ndim == 4 else layer.weight.view(*layer.weight.shape, 1, 1)
+        return F.conv2d(x, weight, layer.bias)
 
     def window_weights(self, guidance: Tensor, layer: nn.Linear) -> Tensor:
         """guidance: (B, dim, H, W) -> softmaxed weights (B, heads, k*k (i), k*k (j), H, W)."""

@@ -90,8 +90,10 @@ def merge_branch_states(state_dict: MutableMapping[str, Tensor], prefix: str, la
 
 
 def split_branch_states(state_dict: MutableMapping[str, Tensor], layout: BranchLayout) -> Dict[str, Tensor]:
-    """The inverse of :func:`merge_branch_states` (prefix ""): the separate branches' state from a merged one."""
-    out: Dict[str, Tensor] = {}
+    """The inverse of :func:`merge_branch_states` (prefix ""): the separate branches' state from a merged one
+    (the keys of sub-modules that ``layout`` does not name are kept as they are)."""
+    merged = tuple(f"{new}." for new, _ in layout)
+    out: Dict[str, Tensor] = {k: v for k, v in state_dict.items() if not k.startswith(merged)}
     for new, olds in layout:
         for name in _suffixes(state_dict, f"{new}."):
             value = state_dict[f"{new}.{name}"]

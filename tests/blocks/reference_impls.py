@@ -7,14 +7,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nnunetv2_meddisseg.blocks.activation import TELU_EXP_CLAMP
+from nnunetv2_meddisseg.blocks.activation import TELU_EXP_CLAMP, TeLU
+from nnunetv2_meddisseg.blocks.attention import ChannelAttention, SpatialAttention
 from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
 from nnunetv2_meddisseg.blocks.conv import ConvNormAct, split_branch_states
 
 __all__ = ["reference_window_weights", "reference_window_attention", "reference_linear", "reference_cdfa_forward",
            "reference_telu", "previous_telu", "previous_channel_attention", "previous_enhancement_forward",
            "PreviousContrastGuidancePyramid", "PreviousFeatureDecoupling", "PreviousAuxiliaryHead",
-           "PreviousAuxiliaryHeads", "previous_of"]
+           "PreviousAuxiliaryHeads", "PreviousFeatureEnhancement", "previous_of"]
 
 
 def reference_window_weights(module: ContrastDrivenAggregation, guidance: Tensor, layer: nn.Linear) -> Tensor:
@@ -45,8 +46,9 @@ def reference_window_attention(module: ContrastDrivenAggregation, values: Tensor
     return reference_linear(module.proj, out)
 
 
-def reference_linear(layer: nn.Linear, x: Tensor) -> Tensor:
-    return layer(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+def reference_linear(layer: nn.Module, x: Tensor) -> Tensor:
+    """A Linear layer (or a 1x1 convolution's weight as one) on channel-last views: (B, C, H, W) -> (B, C_out, H, W)"""
+    return F.linear(x.permute(0, 2, 3, 1), layer.weight.flatten(1), layer.bias).permute(0, 3, 1, 2)
 
 
 def reference_cdfa_forward(module: ContrastDrivenAggregation, x: Tensor, fg: Tensor, bg: Tensor) -> Tensor:
@@ -107,7 +109,8 @@ def previous_channel_attention(module: nn.Module, x: Tensor) -> Tensor:
 
 
 def previous_enhancement_forward(module: nn.Module, x: Tensor) -> Tensor:
-    """``FeatureEnhancement.forward`` before: each branch (CBT, channel attention) on its own."""
+    """``FeatureEnhancement.forward`` before: each branch (CBT, channel attention) on its own (on a
+    :class:`PreviousFeatureEnhancement`)."""
     outs = []
     for branch in module.branches:
         y = branch[0](x)
@@ -207,3 +210,26 @@ class PreviousAuxiliaryHeads(nn.Module):
 
     def forward(self, f_fg: Tensor, f_bg: Tensor, f_uc: Tensor):
         return self.heads["fg"](f_fg), self.heads["bg"](f_bg), self.heads["uc"](f_uc)
+
+
+class PreviousFeatureEnhancement(nn.Module):
+    """``FeatureEnhancement`` as it was: separate branches CBT (1x1, then 3x3 per dilation) -> channel attention,
+    a separate Conv1x1-Norm shortcut; run branch by branch (:func:`previous_enhancement_forward`)."""
+
+    def __init__(self, in_channels, out_channels=128, dilations=(6, 12, 18), reduction=16, conv_op=nn.Conv2d,
+                 norm_op=nn.BatchNorm2d, norm_op_kwargs=None, nonlin=TeLU) -> None:
+        super().__init__()
+        ops = dict(conv_op=conv_op, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs)
+        branches = [nn.Sequential(ConvNormAct(in_channels, out_channels, 1, nonlin=nonlin, **ops),
+                                  ChannelAttention(out_channels, reduction, nonlin))]
+        for d in dilations:
+            branches.append(nn.Sequential(ConvNormAct(in_channels, out_channels, 3, nonlin=nonlin, dilation=d, **ops),
+                                          ChannelAttention(out_channels, reduction, nonlin)))
+        self.branches = nn.ModuleList(branches)
+        self.fuse = ConvNormAct(out_channels * len(branches), out_channels, 3, nonlin=None, **ops)
+        self.shortcut = ConvNormAct(in_channels, out_channels, 1, nonlin=None, **ops)
+        self.nonlin = nonlin()
+        self.spatial_attention = SpatialAttention(7, bias=False, conv_op=conv_op)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return previous_enhancement_forward(self, x)

@@ -2,16 +2,17 @@ import pytest
 import torch
 
 
-from nnunetv2_meddisseg.blocks.cdfa import (ContrastDrivenAggregation, ContrastGuidancePyramid,
+from nnunetv2_meddisseg.blocks.cdfa import (ContrastDrivenAggregation, ContrastGuidancePyramid, PointwiseLinear,
                                             displacement_sum, window_displacement_weights)
 from nnunetv2_meddisseg.blocks.device_forms import forced_form
 from merged_check import assert_merged_equals_previous, build, randomised
-from reference_impls import PreviousContrastGuidancePyramid, reference_cdfa_forward, reference_window_attention, reference_window_weights
+from reference_impls import (PreviousContrastGuidancePyramid, reference_cdfa_forward, reference_window_attention,
+                             reference_window_weights)
 
 
 def _linear(layer, x):
     # x: (..., C_in)
-    return x @ layer.weight.T + layer.bias
+    return x @ layer.weight.flatten(1).T + layer.bias
 
 
 def _brute_force_window(m: ContrastDrivenAggregation, values, guidance, layer):
@@ -123,6 +124,20 @@ def test_guidance_pyramid_equals_separate_branches(training, num_upsamplings):
     f = [torch.randn(2, 8, 3, 5), torch.randn(2, 8, 3, 5)]
     assert_merged_equals_previous(old, new, f)
     assert all(k.startswith(("stem.", "up_convs.")) for k in new.state_dict())  # merged keys only
+
+
+def test_pointwise_linear_equals_linear_and_loads_its_state():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(6, 5)
+    pointwise = PointwiseLinear(6, 5)
+    pointwise.load_state_dict(linear.state_dict())  # a Linear's 2-D weight, converted
+    x = torch.randn(2, 6, 3, 4)
+    torch.testing.assert_close(pointwise(x), linear(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2))
+    # nn.Linear's initialisation: uniform within 1/sqrt(fan_in), weight and bias
+    big = PointwiseLinear(64, 512)
+    bound = 64 ** -0.5
+    assert big.weight.abs().max() <= bound and big.weight.abs().max() > 0.9 * bound
+    assert big.bias.abs().max() <= bound and big.bias.abs().max() > 0.9 * bound
 
 
 def test_guidance_pyramid_grouped_init_matches_separate_fan_in():
