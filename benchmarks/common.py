@@ -178,15 +178,17 @@ def use_previous_implementations(net: nn.Module) -> nn.Module:
     """Switch the blocks of ``net`` (in place) back to their implementations before the launch-count
     reduction: CDFA's shifted-view window attention on every device (the block's CPU form), each
     enhancement branch with its own channel attention, one MLP pass per pooling in every channel
-    attention, TeLU's longer backward. Same parameters, same results up to rounding (tests/blocks)."""
+    attention, TeLU's longer backward, the guidance pyramid's, the decoupling's and the auxiliary heads'
+    branches each on its own. Same parameters (the separate branches get copies of the merged blocks'
+    slices), same results up to rounding (tests/blocks)."""
     from nnunetv2_meddisseg.blocks.activation import TeLU
     from nnunetv2_meddisseg.blocks.attention import ChannelAttention
     from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
     from nnunetv2_meddisseg.blocks.device_forms import forced_form
-    from nnunetv2_meddisseg.blocks.enhancement import FeatureEnhancement
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "blocks"))
-    from reference_impls import previous_channel_attention, previous_enhancement_forward, previous_telu
+    from reference_impls import (PreviousAuxiliaryHeads, PreviousContrastGuidancePyramid, PreviousFeatureDecoupling,
+                                 PreviousFeatureEnhancement, previous_channel_attention, previous_of, previous_telu)
 
     def aggregate_in_cpu_form(module, *args):
         with forced_form("cpu"):
@@ -195,12 +197,30 @@ def use_previous_implementations(net: nn.Module) -> nn.Module:
     for m in net.modules():
         if isinstance(m, ContrastDrivenAggregation):
             m._aggregate = types.MethodType(aggregate_in_cpu_form, m)
-        elif isinstance(m, FeatureEnhancement):
-            m.forward = types.MethodType(previous_enhancement_forward, m)  # a deep copy binds to its copy
         elif isinstance(m, ChannelAttention):
             m.attention = types.MethodType(previous_channel_attention, m)
         elif isinstance(m, TeLU):
             m.forward = previous_telu
+    # the blocks whose branches now run as one: separate branches again (copies of the merged weights)
+    guidance, decoupling, heads = net.guidance, net.decoupling, net.auxiliary_heads
+    ops = dict(conv_op=type(guidance.stem.conv), norm_op=type(guidance.stem.norm), nonlin=type(guidance.stem.nonlin))
+    net.guidance = previous_of(guidance, PreviousContrastGuidancePyramid(
+        guidance.stem.conv.in_channels // 2, guidance.out_channels, guidance.num_upsamplings, **ops))
+    first = decoupling.uc[0].conv
+    net.decoupling = previous_of(decoupling, PreviousFeatureDecoupling(
+        first.in_channels, first.out_channels, decoupling.out_channels, **ops))
+    channels = [heads.stem.conv.out_channels // 3] + [c.conv.out_channels // 3 for c in heads.up_convs]
+    net.auxiliary_heads = previous_of(heads, PreviousAuxiliaryHeads(heads.stem.conv.in_channels // 3, channels, **ops))
+    for i, enh in enumerate(net.enhancement):
+        net.enhancement[i] = previous_of(enh, PreviousFeatureEnhancement(
+            enh.pointwise.in_channels, enh.out_channels, enh.dilations, conv_op=type(enh.pointwise),
+            norm_op=type(enh.norm), nonlin=type(enh.nonlin)))
+    for part in (net.guidance, net.decoupling, net.auxiliary_heads, net.enhancement):
+        for m in part.modules():
+            if isinstance(m, ChannelAttention):
+                m.attention = types.MethodType(previous_channel_attention, m)
+            elif isinstance(m, TeLU):
+                m.forward = previous_telu
     return net
 
 

@@ -54,7 +54,7 @@ from common import (DEFAULT_OUT, NNUNET_ARCHITECTURES, alternating_timings, comm
 #: the parts of MedDisSegNet counted one by one in the training forward
 MODULES = ("encoder", "elat.0", "elat.1", "elat.2", "elat.3", "enhancement.0", "enhancement.1", "enhancement.2",
            "enhancement.3", "decoupling", "guidance", "cdfa.0", "cdfa.1", "cdfa.2", "cdfa.3", "decoder",
-           "auxiliary_heads.fg", "auxiliary_heads.bg", "auxiliary_heads.uc")
+           "auxiliary_heads")
 
 
 class OpCounter(TorchDispatchMode):

@@ -90,14 +90,14 @@ def main(argv=None) -> int:
     parts = [name for name, _ in net.named_children()]
     params = {name: parameters(m) for name, m in net.named_children()}
     training_only = {"auxiliary_heads": params["auxiliary_heads"],
-                     "decoupling.branches.uc": parameters(net.decoupling.branches["uc"])}
+                     "decoupling.uc": parameters(net.decoupling.uc)}
     modes = {"inference": dict(training=False), "training_forward": dict(training=True),
              "training_forward_backward": dict(training=True, backward=True)}
     med = {"parameters_total": parameters(net), "parameters_per_part": params,
            "parameters_training_only": training_only,
            "parameters_inference": parameters(net) - sum(training_only.values()), "flops": {}, "flops_per_part": {}}
     detail_paths = ["cdfa.0", "cdfa.1", "cdfa.2", "cdfa.3", "decoder.small", "decoder.medium", "decoder.large",
-                    "decoder.path_heads", "decoupling.branches.uc", "enhancement.0"]
+                    "decoder.path_heads", "decoupling.uc", "enhancement.0"]
     for mode, kw in modes.items():
         total, per_module = count_flops(net, x, **kw)
         med["flops"][mode] = total

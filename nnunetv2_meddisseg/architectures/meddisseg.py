@@ -16,9 +16,9 @@ from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.activation import get_activation
 from nnunetv2_meddisseg.blocks.attention import ELAT
-from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation, ContrastGuidancePyramid
+from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation, ContrastGuidancePyramid, PointwiseLinear
 from nnunetv2_meddisseg.blocks.decoder import DECODER_FUSIONS, MultiScaleCBATDecoder
-from nnunetv2_meddisseg.blocks.decoupling import AuxiliaryHead, FeatureDecoupling
+from nnunetv2_meddisseg.blocks.decoupling import AuxiliaryHeads, FeatureDecoupling
 from nnunetv2_meddisseg.blocks.encoder import (ENCODER_CHANNELS, ResNet50Encoder, load_resnet50_weights,
                                                resolve_encoder_weights)
 from nnunetv2_meddisseg.blocks.enhancement import FeatureEnhancement
@@ -177,7 +177,7 @@ class MedDisSegNet(nn.Module):
         )
         self.enhancement = nn.ModuleList([FeatureEnhancement(c, dim, **blk) for c in ENCODER_CHANNELS])
         self.decoupling = FeatureDecoupling(ENCODER_CHANNELS[-1], 512, dim, **blk)
-        self.auxiliary_heads = nn.ModuleDict({name: AuxiliaryHead(dim, **blk) for name in FeatureDecoupling.BRANCHES})
+        self.auxiliary_heads = AuxiliaryHeads(dim, **blk)
         self.guidance = ContrastGuidancePyramid(dim, dim, (3, 2, 1, 0), **blk)
         # levels 1..4; levels 1..3 see [d_l; Up(CDFA_{l+1})]
         self.cdfa = nn.ModuleList([ContrastDrivenAggregation(2 * dim, dim, 4, **blk) for _ in range(3)]
@@ -194,7 +194,7 @@ class MedDisSegNet(nn.Module):
         for m in self.modules():
             if m in encoder_modules:
                 continue
-            if isinstance(m, nn.Conv2d):
+            if isinstance(m, nn.Conv2d) and not isinstance(m, PointwiseLinear):  # those keep Linear's initialisation
                 nn.init.kaiming_normal_(m.weight, a=1e-2)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
@@ -288,8 +288,6 @@ class MedDisSegNet(nn.Module):
             path_logits = tuple(crop(p) for p in path_logits)
         fg = bg = uc = None
         if with_aux:
-            fg = crop(self.auxiliary_heads["fg"](f_fg))
-            bg = crop(self.auxiliary_heads["bg"](f_bg))
-            uc = crop(self.auxiliary_heads["uc"](f_uc))
+            fg, bg, uc = (crop(t) for t in self.auxiliary_heads(f_fg, f_bg, f_uc))
         return MedDisSegOutput(logits, path_logits, fg, bg, uc, {"early": feats[1], "middle": feats[3], "late": late})
 

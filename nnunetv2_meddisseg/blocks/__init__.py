@@ -1,10 +1,10 @@
 """Building blocks of Med-DisSeg, one module per family."""
 from nnunetv2_meddisseg.blocks.activation import TeLU, get_activation, telu
 from nnunetv2_meddisseg.blocks.attention import CBAT, ELAT, ChannelAttention, SpatialAttention
-from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation, ContrastGuidancePyramid, GuidanceBranch
+from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation, ContrastGuidancePyramid
 from nnunetv2_meddisseg.blocks.conv import ConvNormAct
 from nnunetv2_meddisseg.blocks.decoder import CBATDecoder, ConcatFusionHead, MultiScaleCBATDecoder, PathHead
-from nnunetv2_meddisseg.blocks.decoupling import AuxiliaryHead, FeatureDecoupling
+from nnunetv2_meddisseg.blocks.decoupling import AuxiliaryHeads, FeatureDecoupling
 from nnunetv2_meddisseg.blocks.encoder import ResNet50Encoder, load_resnet50_weights
 from nnunetv2_meddisseg.blocks.enhancement import FeatureEnhancement
 
@@ -21,9 +21,8 @@ __all__ = [
     "ELAT",
     "FeatureEnhancement",
     "FeatureDecoupling",
-    "AuxiliaryHead",
+    "AuxiliaryHeads",
     "ContrastDrivenAggregation",
-    "GuidanceBranch",
     "ContrastGuidancePyramid",
     "CBATDecoder",
     "PathHead",

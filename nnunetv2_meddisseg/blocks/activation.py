@@ -1,5 +1,5 @@
 """Activations used by Med-DisSeg: TeLU and a name -> class lookup for the ``activation`` option."""
-from typing import Type
+from typing import Tuple, Type
 
 import torch
 from torch import Tensor, nn
@@ -28,28 +28,39 @@ def _telu_forward(x: Tensor) -> Tensor:
     return y.mul_(x)
 
 
+def _telu_and_slope(x: Tensor) -> Tuple[Tensor, Tensor]:
+    """TeLU(x) and its derivative at x (same shape and dtype), in six operations.
+
+    d/dx [x tanh(e^x)] = tanh(e^x) + x (1 - tanh^2(e^x)) e^x. Above x = 4, tanh(e^x) rounds to 1 in every float
+    dtype (1 - tanh(e^4) ~ 4e-48), so x is clamped at 4 for the exponent: the value is unchanged, and the second
+    term of the slope is exactly 0 there, as autograd's through the clamped exponent. (1 - t^2) multiplies the
+    clamped x (|.| <= 4 above 0) before e^x (<= e^4), so that no intermediate overflows fp16."""
+    if x.dtype == torch.bfloat16 and x.device.type == "cpu":
+        # as in _telu_forward: the CPU kernels of exp and tanh are faster (and more exact) in fp32
+        y, slope = _telu_and_slope(x.float())
+        return y.to(torch.bfloat16), slope.to(torch.bfloat16)
+    xc = x.clamp(max=_TELU_BACKWARD_CLAMP)
+    e = torch.exp(xc)
+    t = torch.tanh(e)
+    return t * x, torch.addcmul(t, torch.ops.aten.tanh_backward(xc, t), e)
+
+
 class _TeLUFunction(torch.autograd.Function):
-    """TeLU with a hand-written backward that saves only the input (autograd would keep exp(x) and
-    tanh(exp(x)) as well) and treats the clamp exactly as autograd does (zero slope of the exponent
-    above the clamp)."""
+    """TeLU whose forward also computes the slope, the only tensor it saves (autograd would keep exp(x) and
+    tanh(exp(x)) as well): the backward is one multiplication (seven operations in all, where the forward
+    alone and a backward from the input take ten)."""
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
-        ctx.save_for_backward(x)
-        return _telu_forward(x)
+        y, slope = _telu_and_slope(x)
+        ctx.save_for_backward(slope)
+        return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor) -> Tensor:
-        (x,) = ctx.saved_tensors
-        # d/dx [x tanh(e^x)] = tanh(e^x) + x (1 - tanh^2(e^x)) e^x. Above x = 4, tanh(e^x) rounds to 1 in
-        # every float dtype (1 - tanh(e^4) ~ 4e-48), so there the slope is exactly 1, as autograd's through
-        # the clamped exponent: x is clamped at 4 for the second term, which is then exactly 0. The grad is
-        # multiplied by 1 - t^2 first (tanh_backward), so that no intermediate overflows fp16.
-        xc = x.clamp(max=_TELU_BACKWARD_CLAMP)
-        e = torch.exp(xc)
-        t = torch.tanh(e)
-        return torch.addcmul(torch.ops.aten.tanh_backward(grad, t).mul_(xc).mul_(e), grad, t)
+        (slope,) = ctx.saved_tensors
+        return grad * slope
 
 
 def telu(x: Tensor) -> Tensor:

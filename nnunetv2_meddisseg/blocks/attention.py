@@ -114,7 +114,7 @@ class ELAT(nn.Module):
 
     def channel_attention(self, x: Tensor) -> Tensor:
         """a_c: (B, C, 1, 1)"""
-        return torch.sigmoid(self.channel_mlp(x.mean(dim=(2, 3))))[:, :, None, None]
+        return torch.sigmoid(self.channel_mlp(x.mean(dim=(2, 3)))).view(*x.shape[:2], 1, 1)
 
     def spatial_attention(self, x: Tensor) -> Tensor:
         """a_s: (B, 1, H, W)"""

@@ -24,12 +24,12 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from nnunetv2_meddisseg.blocks.activation import TeLU
-from nnunetv2_meddisseg.blocks.conv import ConvNormAct
+from nnunetv2_meddisseg.blocks.conv import ConvNormAct, merge_branch_states
 from nnunetv2_meddisseg.blocks.device_forms import few_op_form
 
 __all__ = [
     "ContrastDrivenAggregation",
-    "GuidanceBranch",
+    "PointwiseLinear",
     "ContrastGuidancePyramid",
     "window_displacement_weights",
     "displacement_sum",
@@ -161,6 +161,24 @@ def _at_least_fp32(x: Tensor) -> Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
+class PointwiseLinear(nn.Conv2d):
+    """A Linear layer over the channel axis, stored as a 1x1 convolution (weight (out, in, 1, 1)), so that it applies
+    to (B, C, H, W) features in one operation. Initialised as ``nn.Linear`` (which is ``nn.Conv2d``'s own default
+    for a 1x1 kernel); loading converts a Linear's 2-D weight.
+
+    x: (B, in_features, H, W) -> (B, out_features, H, W)
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__(in_features, out_features, 1, bias=bias)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        weight = state_dict.get(prefix + "weight")
+        if weight is not None and weight.ndim == 2:
+            state_dict[prefix + "weight"] = weight.view(*weight.shape, 1, 1)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
 class ContrastDrivenAggregation(nn.Module):
     """Window attention whose weights are generated from foreground, then background guidance.
 
@@ -201,16 +219,18 @@ class ContrastDrivenAggregation(nn.Module):
         window = kernel_size * kernel_size
         ops = dict(conv_op=conv_op, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs, nonlin=nonlin)
         self.input_convs = nn.Sequential(ConvNormAct(in_channels, dim, 3, **ops), ConvNormAct(dim, dim, 3, **ops))
-        self.value = nn.Linear(dim, dim)
+        self.value = PointwiseLinear(dim, dim)
         self.attn_fg = nn.Linear(dim, num_heads * window * window)
         self.attn_bg = nn.Linear(dim, num_heads * window * window)
-        self.proj = nn.Linear(dim, dim)
+        self.proj = PointwiseLinear(dim, dim)
         self.output_convs = nn.Sequential(ConvNormAct(dim, dim, 3, **ops), ConvNormAct(dim, dim, 3, **ops))
 
     @staticmethod
-    def _pointwise(layer: nn.Linear, x: Tensor) -> Tensor:
-        """Apply ``layer`` over the channel axis as a 1x1 convolution: (B, C, H, W) -> (B, C_out, H, W)."""
-        return F.conv2d(x, layer.weight.view(*layer.weight.shape, 1, 1), layer.bias)
+    def _pointwise(layer: nn.Module, x: Tensor) -> Tensor:
+        """Apply ``layer`` (a Linear or a :class:`PointwiseLinear`) over the channel axis as a 1x1 convolution:
+        (B, C, H, W) -> (B, C_out, H, W)."""
+        weight = layer.weight if layer.weight.ndim == 4 else layer.weight.view(*layer.weight.shape, 1, 1)
+        return F.conv2d(x, weight, layer.bias)
 
     def window_weights(self, guidance: Tensor, layer: nn.Linear) -> Tensor:
         """guidance: (B, dim, H, W) -> softmaxed weights (B, heads, k*k (i), k*k (j), H, W)."""
@@ -278,45 +298,23 @@ class ContrastDrivenAggregation(nn.Module):
         return self.output_convs[1:](x)
 
 
-class GuidanceBranch(nn.Module):
-    """Bring a decoupled feature to a finer level: CBT3x3, then ``num_upsamplings`` x
-    [bilinear x2, CBT3x3].
-
-    x: (B, in_channels, h, w) -> (B, out_channels, h * 2**n, w * 2**n)
-    """
-
-    def __init__(
-        self,
-        in_channels: int = 128,
-        out_channels: int = 128,
-        num_upsamplings: int = 0,
-        conv_op: Type[nn.Module] = nn.Conv2d,
-        norm_op: Type[nn.Module] = nn.BatchNorm2d,
-        norm_op_kwargs: Optional[dict] = None,
-        nonlin: Type[nn.Module] = TeLU,
-    ) -> None:
-        super().__init__()
-        ops = dict(conv_op=conv_op, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs, nonlin=nonlin)
-        self.stem = ConvNormAct(in_channels, out_channels, 3, **ops)
-        self.up_convs = nn.ModuleList(
-            [ConvNormAct(out_channels, out_channels, 3, **ops) for _ in range(num_upsamplings)]
-        )
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = self.stem(x)
-        for conv in self.up_convs:
-            x = conv(F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False))
-        return x
-
-
 class ContrastGuidancePyramid(nn.Module):
     """f_fg, f_bg at the deepest level -> one (fg, bg) guidance pair per CDFA level.
 
     ``num_upsamplings[l]`` is the number of x2 steps from the deepest level to level l
     (default (3, 2, 1, 0): levels 1..4 at H/2, H/4, H/8, H/16 from H/16). fg and bg have their own
-    branches at every level.
+    branches at every level: CBT3x3, then ``num_upsamplings[l]`` x [bilinear x2, CBT3x3].
 
-    f_fg, f_bg: (B, C, h, w) -> [(fg_l, bg_l): (B, out_channels, h * 2**n_l, w * 2**n_l)] for each level
+    All branches run as one: the stem is one grouped CBT3x3 (2 groups: fg, bg; output channels
+    [fg of every level, bg of every level]), and step s (every branch's s-th up-sampling and CBT3x3)
+    one bilinear x2 and one grouped CBT3x3 over the branches of the levels with more than s steps
+    (``2 * len(levels)`` groups). Per channel this is the same function as separate branches (a group of a
+    grouped convolution sees only its branch's channels; norm and activation are per channel), in a
+    handful of operations. :attr:`LAYOUT` maps the separate branches' state-dict keys
+    (``fg.<level>.stem``, ``fg.<level>.up_convs.<s>``, ...), which loading converts.
+
+    f_fg, f_bg: (B, in_channels, h, w) -> [(fg_l, bg_l): (B, out_channels, h * 2**n_l, w * 2**n_l)] for each
+    level (fg_l, bg_l: channel slices of one tensor)
     """
 
     def __init__(
@@ -331,8 +329,53 @@ class ContrastGuidancePyramid(nn.Module):
     ) -> None:
         super().__init__()
         ops = dict(conv_op=conv_op, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs, nonlin=nonlin)
-        self.fg = nn.ModuleList([GuidanceBranch(in_channels, out_channels, n, **ops) for n in num_upsamplings])
-        self.bg = nn.ModuleList([GuidanceBranch(in_channels, out_channels, n, **ops) for n in num_upsamplings])
+        self.num_upsamplings = tuple(int(n) for n in num_upsamplings)
+        if not self.num_upsamplings or min(self.num_upsamplings) < 0:
+            raise ValueError(f"num_upsamplings must be non-negative counts, one per level, got {num_upsamplings}")
+        self.out_channels = out_channels
+        levels = len(self.num_upsamplings)
+        #: the levels that step s up-samples, in level order
+        self.step_levels: List[List[int]] = [[lv for lv, n in enumerate(self.num_upsamplings) if n > s]
+                                             for s in range(max(self.num_upsamplings))]
+        self.stem = ConvNormAct(2 * in_channels, 2 * levels * out_channels, 3, groups=2, **ops)
+        self.up_convs = nn.ModuleList(
+            [ConvNormAct(2 * len(lv) * out_channels, 2 * len(lv) * out_channels, 3, groups=2 * len(lv), **ops)
+             for lv in self.step_levels])
+
+    @property
+    def LAYOUT(self):
+        """The separate branches each merged block holds (see :func:`blocks.conv.merge_branch_states`)."""
+        levels = range(len(self.num_upsamplings))
+        layout = [("stem", [f"{side}.{lv}.stem" for side in ("fg", "bg") for lv in levels])]
+        for s, lvs in enumerate(self.step_levels):
+            layout.append((f"up_convs.{s}", [f"{side}.{lv}.up_convs.{s}" for side in ("fg", "bg") for lv in lvs]))
+        return layout
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        merge_branch_states(state_dict, prefix, self.LAYOUT)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, f_fg: Tensor, f_bg: Tensor) -> List[Tuple[Tensor, Tensor]]:
-        return [(fg(f_fg), bg(f_bg)) for fg, bg in zip(self.fg, self.bg)]
+        c = self.out_channels
+        out: List[Optional[Tuple[Tensor, Tensor]]] = [None] * len(self.num_upsamplings)
+        levels = list(range(len(self.num_upsamplings)))
+        y = self.stem(torch.cat([f_fg, f_bg], dim=1))  # (B, 2 * len(levels) * C, h, w): fg of each level, then bg
+        for s in range(len(self.step_levels) + 1):
+            n = len(levels)
+            for i, lv in enumerate(levels):
+                if self.num_upsamplings[lv] == s:
+                    out[lv] = (y[:, i * c:(i + 1) * c], y[:, (n + i) * c:(n + i + 1) * c])
+            if s == len(self.step_levels):
+                break
+            nxt = self.step_levels[s]
+            k = len(nxt)
+            if k < n:
+                if nxt == levels[:k]:
+                    y = y.view(y.shape[0], 2, n, c, *y.shape[2:])[:, :, :k].reshape(y.shape[0], 2 * k * c, *y.shape[2:])
+                else:
+                    idx = [levels.index(lv) for lv in nxt]
+                    y = torch.cat([y[:, (side * n + i) * c:(side * n + i + 1) * c] for side in (0, 1) for i in idx],
+                                  dim=1)
+            levels = nxt
+            y = self.up_convs[s](F.interpolate(y, scale_factor=2, mode="bilinear", align_corners=False))
+        return out  # type: ignore[return-value]

@@ -2,23 +2,48 @@
 auxiliary heads that turn each into a full-resolution map (training only)."""
 from typing import Optional, Sequence, Tuple, Type
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.activation import TeLU
-from nnunetv2_meddisseg.blocks.conv import ConvNormAct
+from nnunetv2_meddisseg.blocks.conv import ConvNormAct, merge_branch_states
 
-__all__ = ["FeatureDecoupling", "AuxiliaryHead"]
+__all__ = ["FeatureDecoupling", "AuxiliaryHeads"]
+
+
+def _cbt_stack(in_channels: int, mid_channels: int, out_channels: int, branches: int, shared_input: bool,
+               ops: dict) -> nn.Sequential:
+    """``branches`` CBT3x3 (in -> mid), CBT3x3 (mid -> out), CBT1x1 (out -> out) stacks as one, output channels
+    [branch 0, branch 1, ...]. ``shared_input``: every branch reads the same ``in_channels`` (the first
+    convolution is one convolution with the branches' filters stacked); else the input is the branches'
+    inputs concatenated (a grouped convolution)."""
+    n = branches
+    return nn.Sequential(
+        ConvNormAct(in_channels if shared_input else n * in_channels, n * mid_channels, 3,
+                    groups=1 if shared_input else n, **ops),
+        ConvNormAct(n * mid_channels, n * out_channels, 3, groups=n, **ops),
+        ConvNormAct(n * out_channels, n * out_channels, 1, groups=n, **ops),
+    )
 
 
 class FeatureDecoupling(nn.Module):
     """Three independent branches CBT3x3 (in -> mid), CBT3x3 (mid -> out), CBT1x1 (out -> out).
 
+    The foreground and background branches run as one stack (:attr:`fg_bg`: the first convolution's
+    filters stacked, then grouped convolutions of 2 groups; the same function per channel, in a third
+    of the operations); the uncertainty branch (:attr:`uc`), which only the training-only head reads, on
+    its own. :attr:`LAYOUT` maps the separate branches' state-dict keys (``branches.fg.0``, ...), which
+    loading converts.
+
     x: (B, in_channels, h, w) -> f_fg, f_bg, f_uc: (B, out_channels, h, w) each
-    (f_uc is None when ``with_uncertainty=False``: it only feeds the training-only head).
+    (f_uc is None when ``with_uncertainty=False``: it only feeds the training-only head; f_fg and f_bg are
+    channel slices of one tensor).
     """
 
     BRANCHES = ("fg", "bg", "uc")
+    LAYOUT = [(f"fg_bg.{i}", [f"branches.fg.{i}", f"branches.bg.{i}"]) for i in range(3)] + \
+             [(f"uc.{i}", [f"branches.uc.{i}"]) for i in range(3)]
 
     def __init__(
         self,
@@ -32,33 +57,36 @@ class FeatureDecoupling(nn.Module):
     ) -> None:
         super().__init__()
         ops = dict(conv_op=conv_op, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs, nonlin=nonlin)
-        self.branches = nn.ModuleDict(
-            {
-                name: nn.Sequential(
-                    ConvNormAct(in_channels, mid_channels, 3, **ops),
-                    ConvNormAct(mid_channels, out_channels, 3, **ops),
-                    ConvNormAct(out_channels, out_channels, 1, **ops),
-                )
-                for name in self.BRANCHES
-            }
-        )
+        self.out_channels = out_channels
+        self.fg_bg = _cbt_stack(in_channels, mid_channels, out_channels, 2, True, ops)
+        self.uc = _cbt_stack(in_channels, mid_channels, out_channels, 1, True, ops)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        merge_branch_states(state_dict, prefix, self.LAYOUT)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: Tensor, with_uncertainty: bool = True) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-        f_fg = self.branches["fg"](x)
-        f_bg = self.branches["bg"](x)
-        f_uc = self.branches["uc"](x) if with_uncertainty else None
-        return f_fg, f_bg, f_uc
+        c = self.out_channels
+        f = self.fg_bg(x)
+        f_uc = self.uc(x) if with_uncertainty else None
+        return f[:, :c], f[:, c:], f_uc
 
 
-class AuxiliaryHead(nn.Module):
-    """One decoupled feature -> one map of logits (no sigmoid) at 2**len(up_channels) times its size.
+class AuxiliaryHeads(nn.Module):
+    """The foreground, background and uncertainty heads, each turning one decoupled feature into one map of
+    logits (no sigmoid) at 2**(len(channels) - 1) times its size, run as one grouped head.
 
-    CBT3x3 (in -> up_channels[0]); then per entry c of up_channels[1:] + (last,): bilinear x2 and
-    CBT3x3 to c; then a 1x1 conv to 1 channel. Default: 128 -> 256, x2 256, x2 128, x2 64, x2 64
-    (from H/16 to H).
+    Each head: CBT3x3 (in -> channels[0]); then per entry c of channels[1:]: bilinear x2 and CBT3x3 to c;
+    then a 1x1 conv to 1 channel. Default: 128 -> 256, x2 256, x2 128, x2 64, x2 64 (from H/16 to H).
+    The three heads are the three groups of every convolution (norm and activation are per channel: the
+    same function as three heads, in a third of the operations). :attr:`LAYOUT` maps the separate heads'
+    state-dict keys (``fg.stem``, ``fg.up_convs.<i>``, ``fg.out``, ...), which loading converts.
 
-    x: (B, in_channels, h, w) -> (B, 1, h * 2**n_up, w * 2**n_up) with n_up = len(channels) - 1
+    f_fg, f_bg, f_uc: (B, in_channels, h, w) each -> fg, bg, uc: (B, 1, h * 2**n_up, w * 2**n_up) each
+    (channel slices of one tensor), n_up = len(channels) - 1
     """
+
+    HEADS = ("fg", "bg", "uc")
 
     def __init__(
         self,
@@ -71,14 +99,26 @@ class AuxiliaryHead(nn.Module):
     ) -> None:
         super().__init__()
         ops = dict(conv_op=conv_op, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs, nonlin=nonlin)
-        self.stem = ConvNormAct(in_channels, channels[0], 3, **ops)
+        n = len(self.HEADS)
+        self.stem = ConvNormAct(n * in_channels, n * channels[0], 3, groups=n, **ops)
         self.up_convs = nn.ModuleList(
-            [ConvNormAct(c_in, c_out, 3, **ops) for c_in, c_out in zip(channels[:-1], channels[1:])]
+            [ConvNormAct(n * c_in, n * c_out, 3, groups=n, **ops) for c_in, c_out in zip(channels[:-1], channels[1:])]
         )
-        self.out = conv_op(channels[-1], 1, 1, bias=True)
+        self.out = conv_op(n * channels[-1], n, 1, groups=n, bias=True)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = self.stem(x)
+    @property
+    def LAYOUT(self):
+        """The separate heads each merged block holds (see :func:`blocks.conv.merge_branch_states`)."""
+        names = ["stem"] + [f"up_convs.{i}" for i in range(len(self.up_convs))] + ["out"]
+        return [(name, [f"{head}.{name}" for head in self.HEADS]) for name in names]
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        merge_branch_states(state_dict, prefix, self.LAYOUT)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def forward(self, f_fg: Tensor, f_bg: Tensor, f_uc: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        x = self.stem(torch.cat([f_fg, f_bg, f_uc], dim=1))
         for conv in self.up_convs:
             x = conv(F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False))
-        return self.out(x)
+        x = self.out(x)
+        return x[:, 0:1], x[:, 1:2], x[:, 2:3]

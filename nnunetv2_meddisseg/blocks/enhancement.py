@@ -5,8 +5,8 @@ import torch
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.activation import TeLU
-from nnunetv2_meddisseg.blocks.attention import ChannelAttention, SpatialAttention
-from nnunetv2_meddisseg.blocks.conv import ConvNormAct
+from nnunetv2_meddisseg.blocks.attention import SpatialAttention, _hidden
+from nnunetv2_meddisseg.blocks.conv import ConvNormAct, merge_branch_states, same_padding
 
 __all__ = ["FeatureEnhancement"]
 
@@ -17,6 +17,15 @@ class FeatureEnhancement(nn.Module):
     Branches: CBT 1x1 and CBT 3x3 with dilation 6 / 12 / 18, each followed by channel attention
     (ratio 16); concat -> Conv3x3-Norm (no activation) + Conv1x1-Norm shortcut of the input ->
     activation -> spatial attention (7x7).
+
+    The parallel parts run together: the shortcut's and the first branch's 1x1 convolutions are one
+    convolution (:attr:`pointwise`, output [shortcut, branch 0]); the dilated convolutions (:attr:`dilated`)
+    follow, one per dilation; one norm (:attr:`norm`) over the concatenation [shortcut, branch 0, branch 1,
+    ...] (per channel, so the same as a norm per branch); one activation over the branches; the channel
+    attentions of all branches in two batched matrix products, their MLP weights stacked
+    (:attr:`attention_hidden`, :attr:`attention_out`: branch i's rows are the i-th share). The same
+    function as separate branches; :attr:`LAYOUT` maps the separate branches' state-dict keys
+    (``branches.<i>.0``, ``branches.<i>.1.mlp``, ``shortcut``), which loading converts.
 
     x: (B, in_channels, H, W) -> (B, out_channels, H, W)
     """
@@ -34,36 +43,54 @@ class FeatureEnhancement(nn.Module):
     ) -> None:
         super().__init__()
         ops = dict(conv_op=conv_op, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs)
-        branches = [nn.Sequential(ConvNormAct(in_channels, out_channels, 1, nonlin=nonlin, **ops),
-                                  ChannelAttention(out_channels, reduction, nonlin))]
-        for d in dilations:
-            branches.append(nn.Sequential(ConvNormAct(in_channels, out_channels, 3, nonlin=nonlin, dilation=d, **ops),
-                                          ChannelAttention(out_channels, reduction, nonlin)))
-        self.branches = nn.ModuleList(branches)
-        self.fuse = ConvNormAct(out_channels * len(branches), out_channels, 3, nonlin=None, **ops)
-        self.shortcut = ConvNormAct(in_channels, out_channels, 1, nonlin=None, **ops)
+        self.out_channels = out_channels
+        self.dilations = tuple(dilations)
+        n = self.num_branches = 1 + len(self.dilations)
+        hidden = _hidden(out_channels, reduction)
+        self.pointwise = conv_op(in_channels, 2 * out_channels, 1, bias=False)
+        self.dilated = nn.ModuleList([conv_op(in_channels, out_channels, 3, padding=same_padding(3, d), dilation=d,
+                                              bias=False) for d in self.dilations])
+        self.norm = norm_op((n + 1) * out_channels, **(norm_op_kwargs or {}))
+        self.attention_hidden = nn.Linear(out_channels, n * hidden, bias=False)
+        self.attention_out = nn.Linear(hidden, n * out_channels, bias=False)
+        self.fuse = ConvNormAct(out_channels * n, out_channels, 3, nonlin=None, **ops)
         self.nonlin = nonlin()
         self.spatial_attention = SpatialAttention(7, bias=False, conv_op=conv_op)
+
+    @property
+    def LAYOUT(self):
+        """The separate blocks each merged one holds (see :func:`blocks.conv.merge_branch_states`)."""
+        n = self.num_branches
+        return [("pointwise", ["shortcut.conv", "branches.0.0.conv"])] + \
+            [(f"dilated.{i}", [f"branches.{i + 1}.0.conv"]) for i in range(n - 1)] + \
+            [("norm", ["shortcut.norm"] + [f"branches.{i}.0.norm" for i in range(n)]),
+             ("attention_hidden", [f"branches.{i}.1.mlp.0" for i in range(n)]),
+             ("attention_out", [f"branches.{i}.1.mlp.2" for i in range(n)])]
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        merge_branch_states(state_dict, prefix, self.LAYOUT)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def branch_channel_attention(self, y: Tensor) -> Tensor:
         """The channel attention of every branch at once.
 
-        y: the activated branch outputs, concatenated (B, n * C, H, W) -> their weights (B, n * C, 1, 1),
-        equal to ``branches[i][1].attention`` of each branch's part. Both poolings of all branches pass
-        their branch's MLP (no biases) in two batched matrix products.
+        y: the activated branch outputs, concatenated (B, n * C, H, W) -> their weights (B, n * C, 1, 1):
+        per branch i, sigmoid(MLP_i(avgpool) + MLP_i(maxpool)) with MLP_i = Linear(C, C/r) -> activation ->
+        Linear(C/r, C) (no biases). Both poolings of all branches pass their branch's MLP in two batched
+        matrix products.
         """
-        b, n = y.shape[0], len(self.branches)
+        b, n = y.shape[0], self.num_branches
         c = y.shape[1] // n
-        mlps = [branch[1].mlp for branch in self.branches]
+        w1 = self.attention_hidden.weight.view(n, -1, c)  # (n, C/r, C)
+        w2 = self.attention_out.weight.view(n, c, -1)  # (n, C, C/r)
         pooled = torch.stack([y.mean(dim=(2, 3)), y.amax(dim=(2, 3))]).view(2 * b, n, c).transpose(0, 1)  # (n, 2B, C)
-        hidden = torch.bmm(pooled, torch.stack([m[0].weight for m in mlps]).transpose(1, 2))  # (n, 2B, C / r)
-        out = torch.bmm(mlps[0][1](hidden), torch.stack([m[2].weight for m in mlps]).transpose(1, 2))  # (n, 2B, C)
+        hidden = self.nonlin(torch.bmm(pooled, w1.transpose(1, 2)))  # (n, 2B, C / r)
+        out = torch.bmm(hidden, w2.transpose(1, 2))  # (n, 2B, C)
         return torch.sigmoid(out.view(n, 2, b, c).sum(dim=1)).transpose(0, 1).reshape(b, n * c, 1, 1)
 
     def forward(self, x: Tensor) -> Tensor:
-        # every branch's conv and norm, then one activation and one batched channel attention for all of them
-        # (the same values as running each branch on its own: the activation is element-wise)
-        y = torch.cat([branch[0].norm(branch[0].conv(x)) for branch in self.branches], dim=1)
-        y = self.branches[0][0].nonlin(y)
+        c = self.out_channels
+        y = self.norm(torch.cat([self.pointwise(x)] + [conv(x) for conv in self.dilated], dim=1))
+        shortcut, y = y[:, :c], self.nonlin(y[:, c:])
         fused = self.fuse(y * self.branch_channel_attention(y))
-        return self.spatial_attention(self.nonlin(fused + self.shortcut(x)))
+        return self.spatial_attention(self.nonlin(fused + shortcut))

@@ -155,7 +155,9 @@ def test_trained_network_bf16_predictions_agree_with_fp32(monkeypatch):
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    assert losses[-1] < 0.5 * losses[0], losses  # it learnt (measured: about 0.7 -> 0.2)
+    # it learnt (measured: about 0.8 -> 0.35); the mean of the last three steps, as single steps of a batch of 4
+    # fluctuate by +-0.1 (and with the rounding of the thread count: 0.34 at one thread, 0.45 at two)
+    assert sum(losses[-3:]) / 3 < 0.5 * losses[0], losses
     x, y = _blobs(generator, 8, 32)
     net.eval()
     with torch.no_grad():

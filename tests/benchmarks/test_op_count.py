@@ -11,9 +11,9 @@ import torch
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 #: counts of the few-op form (what every non-CPU device runs), measured on the CPU; each pinned within MARGIN
-STAGE2_STEP_OPS = 4695
-INFERENCE_OPS = 1139
-CDFA_INFERENCE_OPS = 66
+STAGE2_STEP_OPS = 3741
+INFERENCE_OPS = 995
+CDFA_INFERENCE_OPS = 63
 MARGIN = 0.02
 
 

@@ -7,11 +7,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nnunetv2_meddisseg.blocks.activation import TELU_EXP_CLAMP
+from nnunetv2_meddisseg.blocks.activation import TELU_EXP_CLAMP, TeLU
+from nnunetv2_meddisseg.blocks.attention import ChannelAttention, SpatialAttention
 from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
+from nnunetv2_meddisseg.blocks.conv import ConvNormAct, split_branch_states
 
 __all__ = ["reference_window_weights", "reference_window_attention", "reference_linear", "reference_cdfa_forward",
-           "reference_telu", "previous_telu", "previous_channel_attention", "previous_enhancement_forward"]
+           "reference_telu", "previous_telu", "previous_channel_attention", "previous_enhancement_forward",
+           "PreviousContrastGuidancePyramid", "PreviousFeatureDecoupling", "PreviousAuxiliaryHead",
+           "PreviousAuxiliaryHeads", "PreviousFeatureEnhancement", "previous_of"]
 
 
 def reference_window_weights(module: ContrastDrivenAggregation, guidance: Tensor, layer: nn.Linear) -> Tensor:
@@ -42,8 +46,9 @@ def reference_window_attention(module: ContrastDrivenAggregation, values: Tensor
     return reference_linear(module.proj, out)
 
 
-def reference_linear(layer: nn.Linear, x: Tensor) -> Tensor:
-    return layer(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+def reference_linear(layer: nn.Module, x: Tensor) -> Tensor:
+    """A Linear layer (or a 1x1 convolution's weight as one) on channel-last views: (B, C, H, W) -> (B, C_out, H, W)"""
+    return F.linear(x.permute(0, 2, 3, 1), layer.weight.flatten(1), layer.bias).permute(0, 3, 1, 2)
 
 
 def reference_cdfa_forward(module: ContrastDrivenAggregation, x: Tensor, fg: Tensor, bg: Tensor) -> Tensor:
@@ -104,10 +109,127 @@ def previous_channel_attention(module: nn.Module, x: Tensor) -> Tensor:
 
 
 def previous_enhancement_forward(module: nn.Module, x: Tensor) -> Tensor:
-    """``FeatureEnhancement.forward`` before: each branch (CBT, channel attention) on its own."""
+    """``FeatureEnhancement.forward`` before: each branch (CBT, channel attention) on its own (on a
+    :class:`PreviousFeatureEnhancement`)."""
     outs = []
     for branch in module.branches:
         y = branch[0](x)
         outs.append(y * previous_channel_attention(branch[1], y))
     fused = module.fuse(torch.cat(outs, dim=1))
     return module.spatial_attention(module.nonlin(fused + module.shortcut(x)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Blocks whose parallel branches now run as one grouped block (same parameters, merged along the first axis of
+# every tensor): the separate branches as they were, and the conversion of a merged block's state into theirs.
+
+class PreviousGuidanceBranch(nn.Module):
+    """One guidance branch as it was: CBT3x3, then ``num_upsamplings`` x [bilinear x2, CBT3x3]."""
+
+    def __init__(self, in_channels, out_channels, num_upsamplings, **ops) -> None:
+        super().__init__()
+        self.stem = ConvNormAct(in_channels, out_channels, 3, **ops)
+        self.up_convs = nn.ModuleList([ConvNormAct(out_channels, out_channels, 3, **ops)
+                                       for _ in range(num_upsamplings)])
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(x)
+        for conv in self.up_convs:
+            x = conv(F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False))
+        return x
+
+
+class PreviousContrastGuidancePyramid(nn.Module):
+    """``ContrastGuidancePyramid`` as it was: a separate fg and bg branch per level."""
+
+    def __init__(self, in_channels=128, out_channels=128, num_upsamplings=(3, 2, 1, 0), **ops) -> None:
+        super().__init__()
+        self.fg = nn.ModuleList([PreviousGuidanceBranch(in_channels, out_channels, n, **ops) for n in num_upsamplings])
+        self.bg = nn.ModuleList([PreviousGuidanceBranch(in_channels, out_channels, n, **ops) for n in num_upsamplings])
+
+    def forward(self, f_fg: Tensor, f_bg: Tensor):
+        return [(fg(f_fg), bg(f_bg)) for fg, bg in zip(self.fg, self.bg)]
+
+
+def previous_of(merged: nn.Module, previous: nn.Module) -> nn.Module:
+    """``previous`` (a block of the separate-branch layout) given the weights and statistics of ``merged``
+    (its ``LAYOUT`` says which branch each slice belongs to), in ``merged``'s mode, device and dtype."""
+    previous.load_state_dict(split_branch_states(merged.state_dict(), merged.LAYOUT), strict=True)
+    p = next(merged.parameters())
+    return previous.to(device=p.device, dtype=p.dtype).train(merged.training)
+
+
+class PreviousFeatureDecoupling(nn.Module):
+    """``FeatureDecoupling`` as it was: three independent branches CBT3x3, CBT3x3, CBT1x1."""
+
+    BRANCHES = ("fg", "bg", "uc")
+
+    def __init__(self, in_channels=1024, mid_channels=512, out_channels=128, **ops) -> None:
+        super().__init__()
+        self.branches = nn.ModuleDict({
+            name: nn.Sequential(ConvNormAct(in_channels, mid_channels, 3, **ops),
+                                ConvNormAct(mid_channels, out_channels, 3, **ops),
+                                ConvNormAct(out_channels, out_channels, 1, **ops))
+            for name in self.BRANCHES})
+
+    def forward(self, x: Tensor, with_uncertainty: bool = True):
+        f_uc = self.branches["uc"](x) if with_uncertainty else None
+        return self.branches["fg"](x), self.branches["bg"](x), f_uc
+
+
+class PreviousAuxiliaryHead(nn.Module):
+    """One auxiliary head as it was: CBT3x3, [bilinear x2, CBT3x3] per further entry of channels, Conv1x1 -> 1."""
+
+    def __init__(self, in_channels=128, channels=(256, 256, 128, 64, 64), conv_op=nn.Conv2d, **ops) -> None:
+        super().__init__()
+        self.stem = ConvNormAct(in_channels, channels[0], 3, conv_op=conv_op, **ops)
+        self.up_convs = nn.ModuleList([ConvNormAct(c_in, c_out, 3, conv_op=conv_op, **ops)
+                                       for c_in, c_out in zip(channels[:-1], channels[1:])])
+        self.out = conv_op(channels[-1], 1, 1, bias=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(x)
+        for conv in self.up_convs:
+            x = conv(F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False))
+        return self.out(x)
+
+
+class PreviousAuxiliaryHeads(nn.Module):
+    """The three heads as they were (``auxiliary_heads.fg`` / ``.bg`` / ``.uc``), called as ``AuxiliaryHeads``."""
+
+    def __init__(self, in_channels=128, channels=(256, 256, 128, 64, 64), **ops) -> None:
+        super().__init__()
+        self.heads = nn.ModuleDict({name: PreviousAuxiliaryHead(in_channels, channels, **ops)
+                                    for name in ("fg", "bg", "uc")})
+
+    def state_dict(self, *args, **kwargs):  # the keys of the ModuleDict it was: fg.stem..., not heads.fg.stem...
+        return self.heads.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        return self.heads.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def forward(self, f_fg: Tensor, f_bg: Tensor, f_uc: Tensor):
+        return self.heads["fg"](f_fg), self.heads["bg"](f_bg), self.heads["uc"](f_uc)
+
+
+class PreviousFeatureEnhancement(nn.Module):
+    """``FeatureEnhancement`` as it was: separate branches CBT (1x1, then 3x3 per dilation) -> channel attention,
+    a separate Conv1x1-Norm shortcut; run branch by branch (:func:`previous_enhancement_forward`)."""
+
+    def __init__(self, in_channels, out_channels=128, dilations=(6, 12, 18), reduction=16, conv_op=nn.Conv2d,
+                 norm_op=nn.BatchNorm2d, norm_op_kwargs=None, nonlin=TeLU) -> None:
+        super().__init__()
+        ops = dict(conv_op=conv_op, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs)
+        branches = [nn.Sequential(ConvNormAct(in_channels, out_channels, 1, nonlin=nonlin, **ops),
+                                  ChannelAttention(out_channels, reduction, nonlin))]
+        for d in dilations:
+            branches.append(nn.Sequential(ConvNormAct(in_channels, out_channels, 3, nonlin=nonlin, dilation=d, **ops),
+                                          ChannelAttention(out_channels, reduction, nonlin)))
+        self.branches = nn.ModuleList(branches)
+        self.fuse = ConvNormAct(out_channels * len(branches), out_channels, 3, nonlin=None, **ops)
+        self.shortcut = ConvNormAct(in_channels, out_channels, 1, nonlin=None, **ops)
+        self.nonlin = nonlin()
+        self.spatial_attention = SpatialAttention(7, bias=False, conv_op=conv_op)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return previous_enhancement_forward(self, x)

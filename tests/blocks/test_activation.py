@@ -125,8 +125,8 @@ def test_gradcheck():
     assert torch.autograd.gradcheck(telu, (x,))
 
 
-def test_saves_only_the_input_for_backward():
-    # autograd would keep x, exp(x) and tanh(exp(x)): the hand-written backward keeps x alone
+def test_saves_one_tensor_of_the_input_size_for_backward():
+    # autograd would keep x, exp(x) and tanh(exp(x)): the hand-written backward keeps the slope alone
     saved = []
     x = torch.randn(4, 8, requires_grad=True)
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
@@ -136,6 +136,16 @@ def test_saves_only_the_input_for_backward():
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
         reference_telu(x * 1.0)
     assert sum(saved) >= 3 * x.numel()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_training_values_equal_inference_values(dtype):
+    # the training forward takes the exponent of x clamped at 4: the same values, bit for bit
+    x = torch.cat([torch.linspace(-30, 30, 601), torch.tensor([3.99, 4.0, 4.01, 11.5, 60000.0])]).to(dtype)
+    with torch.no_grad():
+        plain = telu(x)
+    trained = telu(x.clone().requires_grad_())
+    assert torch.equal(trained.detach(), plain)
 
 
 def test_input_unchanged_and_works_in_inference_mode():

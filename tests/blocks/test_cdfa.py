@@ -1,15 +1,18 @@
 import pytest
 import torch
 
-from nnunetv2_meddisseg.blocks.cdfa import (ContrastDrivenAggregation, ContrastGuidancePyramid, GuidanceBranch,
+
+from nnunetv2_meddisseg.blocks.cdfa import (ContrastDrivenAggregation, ContrastGuidancePyramid, PointwiseLinear,
                                             displacement_sum, window_displacement_weights)
 from nnunetv2_meddisseg.blocks.device_forms import forced_form
-from reference_impls import reference_cdfa_forward, reference_window_attention, reference_window_weights
+from merged_check import assert_merged_equals_previous, build, randomised
+from reference_impls import (PreviousContrastGuidancePyramid, reference_cdfa_forward, reference_window_attention,
+                             reference_window_weights)
 
 
 def _linear(layer, x):
     # x: (..., C_in)
-    return x @ layer.weight.T + layer.bias
+    return x @ layer.weight.flatten(1).T + layer.bias
 
 
 def _brute_force_window(m: ContrastDrivenAggregation, values, guidance, layer):
@@ -106,9 +109,41 @@ def test_guidance_pyramid_shapes():
     out = pyr(f_fg, f_bg)
     assert [tuple(fg.shape) for fg, _ in out] == [(2, 16, 16, 24), (2, 16, 8, 12), (2, 16, 4, 6), (2, 16, 2, 3)]
     assert all(fg.shape == bg.shape for fg, bg in out)
-    assert len(GuidanceBranch(16, 16, 3).up_convs) == 3
+    assert [len(lv) for lv in pyr.step_levels] == [3, 2, 1]
     # the reference's CDFA pre-processing: 20 Conv3x3-BN-act blocks of 128 channels = 2.954 M
     assert sum(p.numel() for p in ContrastGuidancePyramid(128, 128).parameters()) == 20 * (128 * 128 * 9 + 256)
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("num_upsamplings", [(3, 2, 1, 0), (0, 2, 1), (1, 1)])
+def test_guidance_pyramid_equals_separate_branches(training, num_upsamplings):
+    """The merged pyramid against the separate branches it replaces (old state-dict keys converted on loading)."""
+    torch.manual_seed(0)
+    old = randomised(build(PreviousContrastGuidancePyramid, 8, 4, num_upsamplings)).train(training)
+    new = ContrastGuidancePyramid(8, 4, num_upsamplings)
+    f = [torch.randn(2, 8, 3, 5), torch.randn(2, 8, 3, 5)]
+    assert_merged_equals_previous(old, new, f)
+    assert all(k.startswith(("stem.", "up_convs.")) for k in new.state_dict())  # merged keys only
+
+
+def test_pointwise_linear_equals_linear_and_loads_its_state():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(6, 5)
+    pointwise = PointwiseLinear(6, 5)
+    pointwise.load_state_dict(linear.state_dict())  # a Linear's 2-D weight, converted
+    x = torch.randn(2, 6, 3, 4)
+    torch.testing.assert_close(pointwise(x), linear(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2))
+    # nn.Linear's initialisation: uniform within 1/sqrt(fan_in), weight and bias
+    big = PointwiseLinear(64, 512)
+    bound = 64 ** -0.5
+    assert big.weight.abs().max() <= bound and big.weight.abs().max() > 0.9 * bound
+    assert big.bias.abs().max() <= bound and big.bias.abs().max() > 0.9 * bound
+
+
+def test_guidance_pyramid_grouped_init_matches_separate_fan_in():
+    """kaiming initialisation of each group of a grouped conv uses that group's fan-in, as separate convs did."""
+    conv = ContrastGuidancePyramid(64, 32, (1, 0)).up_convs[0].conv
+    assert conv.weight.shape[1] * 9 == 32 * 9  # per-group input channels
 
 
 # --- the current window attention (shifted views) against the first implementation (unfold / matmul / fold)

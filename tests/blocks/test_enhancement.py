@@ -5,7 +5,8 @@ from torch import nn
 from nnunetv2_meddisseg.blocks.activation import TeLU
 from nnunetv2_meddisseg.blocks.attention import ChannelAttention
 from nnunetv2_meddisseg.blocks.enhancement import FeatureEnhancement
-from reference_impls import previous_channel_attention, previous_enhancement_forward
+from merged_check import assert_merged_equals_previous, build, randomised
+from reference_impls import PreviousFeatureEnhancement, previous_channel_attention
 
 
 @pytest.mark.parametrize("in_channels,size", [(64, (16, 16)), (256, (8, 12)), (1024, (2, 2))])
@@ -16,12 +17,13 @@ def test_shape(in_channels, size):
 
 def test_structure_and_parameter_count():
     fe = FeatureEnhancement(64, 128)
-    assert [b[0].conv.dilation for b in fe.branches] == [(1, 1), (6, 6), (12, 12), (18, 18)]
-    assert isinstance(fe.fuse.nonlin, nn.Identity) and isinstance(fe.shortcut.nonlin, nn.Identity)
+    assert [c.dilation for c in fe.dilated] == [(6, 6), (12, 12), (18, 18)]
+    assert fe.pointwise.kernel_size == (1, 1) and isinstance(fe.fuse.nonlin, nn.Identity)
     assert isinstance(fe.nonlin, TeLU)
     ca = 2 * 128 * 8  # channel attention, ratio 16, no bias
     expected = (64 * 128 + 256 + ca) + 3 * (64 * 128 * 9 + 256 + ca) + (512 * 128 * 9 + 256) + (64 * 128 + 256) + 98
     assert sum(p.numel() for p in fe.parameters()) == expected
+    assert sum(p.numel() for p in PreviousFeatureEnhancement(64, 128).parameters()) == expected
 
 
 def test_activation_before_spatial_attention():
@@ -34,19 +36,12 @@ def test_activation_before_spatial_attention():
 
 @pytest.mark.parametrize("nonlin", [TeLU, nn.ReLU])
 @pytest.mark.parametrize("training", [False, True])
-def test_equals_previous_implementation_values_and_gradients(nonlin, training):
-    # one activation and one batched channel attention for all branches == each branch on its own (float64)
+def test_equals_separate_branches_values_and_gradients(nonlin, training):
+    """The merged block (one norm, one activation, one batched channel attention) against the separate
+    branches and shortcut run one by one (old state-dict keys converted on loading)."""
     torch.manual_seed(0)
-    fe = FeatureEnhancement(24, 32, nonlin=nonlin).double().train(training)
-    results = []
-    for forward in (fe, lambda t: previous_enhancement_forward(fe, t)):
-        fe.zero_grad()
-        x = torch.randn(2, 24, 9, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
-        y = forward(x)
-        (y * torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view(y.shape)).sum().backward()
-        results.append([y.detach(), x.grad] + [p.grad.clone() for p in fe.parameters()])
-    for ours, ref in zip(*results):
-        torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
+    old = randomised(build(PreviousFeatureEnhancement, 24, 32, nonlin=nonlin)).train(training)
+    assert_merged_equals_previous(old, FeatureEnhancement(24, 32, nonlin=nonlin), [torch.randn(2, 24, 9, 7)])
 
 
 def test_channel_attention_equals_previous_with_and_without_bias():

@@ -15,7 +15,7 @@ from compile_check import compare_compiled, graph_breaks
 from nnunetv2_meddisseg.blocks.activation import TeLU
 from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
 from nnunetv2_meddisseg.blocks.decoder import CBATDecoder, MultiScaleCBATDecoder, PathHead
-from nnunetv2_meddisseg.blocks.decoupling import AuxiliaryHead, FeatureDecoupling
+from nnunetv2_meddisseg.blocks.decoupling import AuxiliaryHeads, FeatureDecoupling
 from nnunetv2_meddisseg.losses.dispersive import DISPERSIVE_VARIANTS, DispersiveLoss, dispersive_loss
 from nnunetv2_meddisseg.training.stage1_head import Stage1Head
 
@@ -75,7 +75,7 @@ def _decoupling_without_uncertainty():
 
 
 def _auxiliary_head():
-    return Case(AuxiliaryHead(4, (8, 8, 4)).train(), lambda m: m, [_randn(2, 4, 4, 4, grad=True)])
+    return Case(AuxiliaryHeads(4, (8, 8, 4)).train(), lambda m: m, [_randn(2, 4, 4, 4, grad=True) for _ in range(3)])
 
 
 def _decoder(fusion: str):
