@@ -1,7 +1,7 @@
 """The device run end to end in its CPU tiny mode: prepare's data step on a generated Kvasir-SEG-like
 folder (case names from the shipped split), then ``benchmarks/device/run.py --tiny`` through all five
 steps (environment, throughput, training step, nnU-Net's commands, quality.py). About ten minutes on a
-CPU: marked ``slow`` (run it with ``-m slow`` before a device session); its parts are tested in
+CPU: marked ``slow`` (run it with ``-m slow`` before a GPU run); its parts are tested in
 test_device_standins.py."""
 import importlib.util
 import json
