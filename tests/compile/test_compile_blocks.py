@@ -130,7 +130,13 @@ TRACED: Dict[str, Callable[[], Case]] = {
 }
 
 
-@pytest.mark.parametrize("name", list(COMPILED))
+#: inductor compiles of minutes on a 2-core CPU (the window attention: about 4.5): in the slow layer (their
+#: graph breaks are pinned below in every run)
+SLOW_COMPILES = {"cdfa_window_attention"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_COMPILES else n
+                                  for n in COMPILED])
 def test_compiled_block_matches_eager(name):
     torch.manual_seed(0)
     case = COMPILED[name]()
