@@ -1,6 +1,6 @@
 """The README's main command, ``nnUNetv2_meddisseg_demo``, end to end on its generated dataset with the
-``smoke`` schedule (the default ``demo`` schedule runs the same steps with longer training: about 11
-minutes on a 2-core CPU, too long for every CI run)."""
+``smoke`` schedule (the default ``demo`` schedule runs the same steps with longer training: about 7
+minutes on a 2-core CPU, twice the smoke schedule's time)."""
 import csv
 import os
 import subprocess
