@@ -517,7 +517,7 @@ class ExtendedTrainerBase(SeededTrainer):
         checkpoint = torch.load(filename_or_checkpoint, map_location="cpu", weights_only=False, mmap=True)
         self._before_restoring_checkpoint(checkpoint)
         super().load_checkpoint(filename_or_checkpoint)
-        if checkpoint.get("training_curves"):  # written before the curves rode in the logging entry
+        if checkpoint.get("training_curves"):  # checkpoints that keep the curves in an entry of their own
             self.logger.local_logger.adopt(checkpoint["training_curves"])
         if checkpoint.get("run_seed") is not None:
             self.run_seed = int(checkpoint["run_seed"])
