@@ -111,7 +111,7 @@ MEDDISSEG_ARCH = {
     "network_class_name": "nnunetv2_meddisseg.architectures.MedDisSegNet",
     "arch_kwargs": {"encoder_weights": None, "elat": True, "activation": "telu", "decoder_fusion": "sum",
                     "cbat": True, "conv_op": "torch.nn.modules.conv.Conv2d",
-                    "norm_op": "torch.nn.modules.batchnorm.BatchNorm2d",
+                    "norm_op": "nnunetv2_meddisseg.blocks.norm.BatchNorm2d",
                     "norm_op_kwargs": {"eps": 1e-5, "affine": True}},
     "_kw_requires_import": ["conv_op", "norm_op"],
 }

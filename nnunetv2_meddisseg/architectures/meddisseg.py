@@ -16,12 +16,14 @@ from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.activation import get_activation
 from nnunetv2_meddisseg.blocks.attention import ELAT
-from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation, ContrastGuidancePyramid, PointwiseLinear
+from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation, ContrastGuidancePyramid
+from nnunetv2_meddisseg.blocks.conv import PointwiseLinear
 from nnunetv2_meddisseg.blocks.decoder import DECODER_FUSIONS, MultiScaleCBATDecoder
 from nnunetv2_meddisseg.blocks.decoupling import AuxiliaryHeads, FeatureDecoupling
 from nnunetv2_meddisseg.blocks.encoder import (ENCODER_CHANNELS, ResNet50Encoder, load_resnet50_weights,
                                                resolve_encoder_weights)
 from nnunetv2_meddisseg.blocks.enhancement import FeatureEnhancement
+from nnunetv2_meddisseg.blocks.norm import BatchNorm2d
 
 __all__ = ["MedDisSegOutput", "MedDisSegNet", "CPU_BF16_ENV", "cpu_bf16_requested", "cpu_supports_bf16"]
 
@@ -140,7 +142,7 @@ class MedDisSegNet(nn.Module):
         decoder_fusion: str = "sum",
         cbat: bool = True,
         conv_op: Union[str, Type[nn.Module]] = nn.Conv2d,
-        norm_op: Union[str, Type[nn.Module]] = nn.BatchNorm2d,
+        norm_op: Union[str, Type[nn.Module]] = BatchNorm2d,
         norm_op_kwargs: Optional[dict] = None,
     ) -> None:
         super().__init__()

@@ -5,6 +5,7 @@ import torch
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.activation import TeLU
+from nnunetv2_meddisseg.blocks.conv import PointwiseLinear
 
 __all__ = ["ChannelAttention", "SpatialAttention", "CBAT", "ELAT"]
 
@@ -18,7 +19,8 @@ def _hidden(channels: int, reduction: int) -> int:
 class ChannelAttention(nn.Module):
     """CBAM channel attention: a = sigmoid(MLP(avgpool(x)) + MLP(maxpool(x))); out = x * a.
 
-    The MLP (shared by both poolings) is Linear(C, C/r) -> nonlin -> Linear(C/r, C).
+    The MLP (shared by both poolings) is Linear(C, C/r) -> nonlin -> Linear(C/r, C), its layers stored as 1x1
+    convolutions (:class:`PointwiseLinear`) that apply to the pooled (B, C, 1, 1) features directly.
 
     x: (B, C, H, W) -> (B, C, H, W)
     """
@@ -29,14 +31,14 @@ class ChannelAttention(nn.Module):
         super().__init__()
         hidden = _hidden(channels, reduction)
         self.mlp = nn.Sequential(
-            nn.Linear(channels, hidden, bias=bias), nonlin(), nn.Linear(hidden, channels, bias=bias)
+            PointwiseLinear(channels, hidden, bias=bias), nonlin(), PointwiseLinear(hidden, channels, bias=bias)
         )
 
     def attention(self, x: Tensor) -> Tensor:
         """Channel weights a: (B, C, 1, 1) in (0, 1). Both poolings pass the MLP as one batch of 2B."""
-        b, c = x.shape[:2]
-        both = self.mlp(torch.cat([x.mean(dim=(2, 3)), x.amax(dim=(2, 3))]))  # (2B, C): avg rows, then max rows
-        return torch.sigmoid(both.view(2, b, c).sum(dim=0)).view(b, c, 1, 1)
+        b = x.shape[0]
+        both = self.mlp(torch.cat([x.mean(dim=(2, 3), keepdim=True), x.amax(dim=(2, 3), keepdim=True)]))
+        return torch.sigmoid(both.view(2, b, *both.shape[1:]).sum(dim=0))  # (2B, C, 1, 1): avg rows, then max rows
 
     def forward(self, x: Tensor) -> Tensor:
         return x * self.attention(x)
@@ -89,7 +91,8 @@ class CBAT(nn.Module):
 class ELAT(nn.Module):
     """Med-DisSeg's encoder-side attention: parallel channel and multi-scale spatial branches.
 
-    - channel: a_c = sigmoid(Linear(C/r, C)(nonlin(Linear(C, C/r)(GAP(x))))), no biases;
+    - channel: a_c = sigmoid(Linear(C/r, C)(nonlin(Linear(C, C/r)(GAP(x))))), no biases (the Linear layers
+      stored as 1x1 convolutions, :class:`PointwiseLinear`, applied to the pooled (B, C, 1, 1) features);
     - spatial: a_s = sigmoid(conv1x1_fuse([conv3x3_d(x) for d in dilations])), each conv C -> 1;
     - out = x * a_c * a_s.
 
@@ -107,14 +110,14 @@ class ELAT(nn.Module):
         super().__init__()
         hidden = _hidden(channels, reduction)
         self.channel_mlp = nn.Sequential(
-            nn.Linear(channels, hidden, bias=False), nonlin(), nn.Linear(hidden, channels, bias=False)
+            PointwiseLinear(channels, hidden, bias=False), nonlin(), PointwiseLinear(hidden, channels, bias=False)
         )
         self.spatial_convs = nn.ModuleList([conv_op(channels, 1, 3, padding=d, dilation=d) for d in dilations])
         self.spatial_fuse = conv_op(len(dilations), 1, 1)
 
     def channel_attention(self, x: Tensor) -> Tensor:
         """a_c: (B, C, 1, 1)"""
-        return torch.sigmoid(self.channel_mlp(x.mean(dim=(2, 3)))).view(*x.shape[:2], 1, 1)
+        return torch.sigmoid(self.channel_mlp(x.mean(dim=(2, 3), keepdim=True)))
 
     def spatial_attention(self, x: Tensor) -> Tensor:
         """a_s: (B, 1, H, W)"""

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from nnunetv2_meddisseg.blocks.activation import TeLU
-from nnunetv2_meddisseg.blocks.conv import ConvNormAct, merge_branch_states
+from nnunetv2_meddisseg.blocks.conv import ConvNormAct, PointwiseLinear, merge_branch_states
 from nnunetv2_meddisseg.blocks.device_forms import few_op_form
 
 __all__ = [
@@ -159,24 +159,6 @@ def _fp16_autocast(device_type: str) -> bool:
 def _at_least_fp32(x: Tensor) -> Tensor:
     """``x`` in fp32 if it is in a lower precision (fp64 stays fp64)."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
-
-
-class PointwiseLinear(nn.Conv2d):
-    """A Linear layer over the channel axis, stored as a 1x1 convolution (weight (out, in, 1, 1)), so that it applies
-    to (B, C, H, W) features in one operation. Initialised as ``nn.Linear`` (which is ``nn.Conv2d``'s own default
-    for a 1x1 kernel); loading converts a Linear's 2-D weight.
-
-    x: (B, in_features, H, W) -> (B, out_features, H, W)
-    """
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
-        super().__init__(in_features, out_features, 1, bias=bias)
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        weight = state_dict.get(prefix + "weight")
-        if weight is not None and weight.ndim == 2:
-            state_dict[prefix + "weight"] = weight.view(*weight.shape, 1, 1)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 class ContrastDrivenAggregation(nn.Module):

@@ -2,11 +2,12 @@
 from typing import Optional, Sequence, Type
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.activation import TeLU
 from nnunetv2_meddisseg.blocks.attention import SpatialAttention, _hidden
-from nnunetv2_meddisseg.blocks.conv import ConvNormAct, merge_branch_states, same_padding
+from nnunetv2_meddisseg.blocks.conv import ConvNormAct, PointwiseLinear, merge_branch_states, same_padding
 
 __all__ = ["FeatureEnhancement"]
 
@@ -51,8 +52,9 @@ class FeatureEnhancement(nn.Module):
         self.dilated = nn.ModuleList([conv_op(in_channels, out_channels, 3, padding=same_padding(3, d), dilation=d,
                                               bias=False) for d in self.dilations])
         self.norm = norm_op((n + 1) * out_channels, **(norm_op_kwargs or {}))
-        self.attention_hidden = nn.Linear(out_channels, n * hidden, bias=False)
-        self.attention_out = nn.Linear(hidden, n * out_channels, bias=False)
+        # the branches' channel-attention MLPs, as the kernels of two grouped 1x1 convolutions
+        self.attention_hidden = PointwiseLinear(out_channels, n * hidden, bias=False)
+        self.attention_out = PointwiseLinear(hidden, n * out_channels, bias=False)
         self.fuse = ConvNormAct(out_channels * n, out_channels, 3, nonlin=None, **ops)
         self.nonlin = nonlin()
         self.spatial_attention = SpatialAttention(7, bias=False, conv_op=conv_op)
@@ -76,17 +78,15 @@ class FeatureEnhancement(nn.Module):
 
         y: the activated branch outputs, concatenated (B, n * C, H, W) -> their weights (B, n * C, 1, 1):
         per branch i, sigmoid(MLP_i(avgpool) + MLP_i(maxpool)) with MLP_i = Linear(C, C/r) -> activation ->
-        Linear(C/r, C) (no biases). Both poolings of all branches pass their branch's MLP in two batched
-        matrix products.
+        Linear(C/r, C) (no biases). Both poolings (a batch of 2B) of all branches pass their branch's MLP as
+        two grouped 1x1 convolutions (n groups; kernels (n * C/r, C, 1, 1) and (n * C, C/r, 1, 1), branch i's
+        rows in group i).
         """
         b, n = y.shape[0], self.num_branches
-        c = y.shape[1] // n
-        w1 = self.attention_hidden.weight.view(n, -1, c)  # (n, C/r, C)
-        w2 = self.attention_out.weight.view(n, c, -1)  # (n, C, C/r)
-        pooled = torch.stack([y.mean(dim=(2, 3)), y.amax(dim=(2, 3))]).view(2 * b, n, c).transpose(0, 1)  # (n, 2B, C)
-        hidden = self.nonlin(torch.bmm(pooled, w1.transpose(1, 2)))  # (n, 2B, C / r)
-        out = torch.bmm(hidden, w2.transpose(1, 2))  # (n, 2B, C)
-        return torch.sigmoid(out.view(n, 2, b, c).sum(dim=1)).transpose(0, 1).reshape(b, n * c, 1, 1)
+        w1, w2 = self.attention_hidden.weight, self.attention_out.weight
+        pooled = torch.cat([y.mean(dim=(2, 3), keepdim=True), y.amax(dim=(2, 3), keepdim=True)])  # (2B, n * C, 1, 1)
+        out = F.conv2d(self.nonlin(F.conv2d(pooled, w1, groups=n)), w2, groups=n)  # (2B, n * C, 1, 1)
+        return torch.sigmoid(out.view(2, b, *out.shape[1:]).sum(dim=0))
 
     def forward(self, x: Tensor) -> Tensor:
         c = self.out_channels

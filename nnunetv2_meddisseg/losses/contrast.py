@@ -68,7 +68,9 @@ def foreground_background_loss(fg_logits: Tensor, bg_logits: Tensor, fg_target: 
     _check_same_shape("foreground_background_loss", fg_logits=fg_logits, bg_logits=bg_logits, fg_target=fg_target,
                       **({} if mask is None else {"mask": mask}))
     target = fg_target.float()
-    return dice_bce_loss(fg_logits, target, mask=mask) + dice_bce_loss(bg_logits, 1.0 - target, mask=mask)
+    # both maps as one batch of 2B: twice its mean Dice+BCE is the sum of the two maps' (equal sizes)
+    both_masks = None if mask is None else torch.cat([mask, mask])
+    return 2.0 * dice_bce_loss(torch.cat([fg_logits, bg_logits]), torch.cat([target, 1.0 - target]), mask=both_masks)
 
 
 def complementarity_loss(fg_logits: Tensor, bg_logits: Tensor, uc_logits: Tensor) -> Tensor:
@@ -76,12 +78,12 @@ def complementarity_loss(fg_logits: Tensor, bg_logits: Tensor, uc_logits: Tensor
 
     fg_logits, bg_logits, uc_logits: (B, 1, H, W). With ``(p_f, p_b, p_u)`` the softmax over the three
     maps at each pixel, returns the mean over pixels of ``p_f p_b + p_f p_u + p_b p_u``: 0 for a
-    one-hot pixel, 1/3 for equal logits.
+    one-hot pixel, 1/3 for equal logits. Computed as ``(1 - p_f^2 - p_b^2 - p_u^2) / 2`` (the three
+    probabilities sum to 1).
     """
     _check_same_shape("complementarity_loss", fg_logits=fg_logits, bg_logits=bg_logits, uc_logits=uc_logits)
     p = torch.softmax(torch.stack([fg_logits.float(), bg_logits.float(), uc_logits.float()], dim=0), dim=0)
-    pairwise = p[0] * p[1] + p[0] * p[2] + p[1] * p[2]
-    return pairwise.mean()
+    return 0.5 - 0.5 * p.square().sum(dim=0).mean()
 
 
 def consistency_loss(logits_a: Tensor, logits_b: Tensor) -> Tensor:

@@ -40,7 +40,7 @@ def default_arch_kwargs(encoder_weights: Optional[str] = None, elat: bool = True
         "decoder_fusion": decoder_fusion,
         "cbat": cbat,
         "conv_op": "torch.nn.modules.conv.Conv2d",
-        "norm_op": "torch.nn.modules.batchnorm.BatchNorm2d",
+        "norm_op": "nnunetv2_meddisseg.blocks.norm.BatchNorm2d",
         "norm_op_kwargs": {"eps": 1e-5, "affine": True},
     }
 

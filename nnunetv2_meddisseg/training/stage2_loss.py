@@ -15,6 +15,7 @@ from nnunetv2.training.loss.dice import MemoryEfficientSoftDiceLoss
 
 from nnunetv2_meddisseg.architectures import MedDisSegOutput
 from nnunetv2_meddisseg.losses import DispersiveLoss, complementarity_loss, foreground_background_loss
+from nnunetv2_meddisseg.losses.segmentation import dice_ce_per_output, dice_ce_settings
 
 __all__ = ["Stage2Weights", "dispersive_from_trainer", "segmentation_loss", "foreground_target", "stage2_loss"]
 
@@ -77,6 +78,8 @@ def stage2_loss(output: MedDisSegOutput, target: Tensor, seg_loss: Callable[[Ten
         + complementarity * complementarity_loss(fg, bg, uc) + dispersive * dispersive(features)
 
     output: the network's training output (auxiliary maps present); target: (B, 1, H, W) label map.
+    Where ``seg_loss`` is nnU-Net's Dice + CE (``losses.segmentation.dice_ce_settings``), the four maps are
+    scored in one pass (same values), else ``seg_loss`` is called on each.
     ``dispersive`` None leaves that term out; the path term is left out when its weight is 0 or the
     output has no path logits. Returns ``(total, terms)``, terms holding each unweighted term by name
     (``seg``, ``seg_paths``, ``fg_bg``, ``complementarity``, ``dispersive``).
@@ -84,11 +87,17 @@ def stage2_loss(output: MedDisSegOutput, target: Tensor, seg_loss: Callable[[Ten
     if not isinstance(output, MedDisSegOutput) or output.fg is None:
         raise RuntimeError("Stage II expects MedDisSegOutput with auxiliary maps: the network must be in "
                            "training mode with decoder.deep_supervision = True")
-    seg = seg_loss(output.logits, target)
+    with_paths = bool(weights.path_supervision) and output.path_logits is not None
+    settings = dice_ce_settings(seg_loss) if with_paths else None
+    if settings is not None:  # nnU-Net's Dice + CE of the four maps in one pass
+        per_output = dice_ce_per_output([output.logits, *output.path_logits], target, **settings)
+        seg, paths = per_output[0], per_output[1:].mean()
+    else:
+        seg = seg_loss(output.logits, target)
+        paths = torch.stack([seg_loss(p, target) for p in output.path_logits]).mean() if with_paths else None
     terms: Dict[str, Tensor] = {"seg": seg}
     total = seg
-    if weights.path_supervision and output.path_logits is not None:
-        paths = torch.stack([seg_loss(p, target) for p in output.path_logits]).mean()
+    if with_paths:
         terms["seg_paths"] = paths
         total = total + weights.path_supervision * paths
     foreground, mask = foreground_target(target, ignore_label)

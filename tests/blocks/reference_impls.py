@@ -101,10 +101,18 @@ def previous_telu(x: Tensor) -> Tensor:
     return y.mul_(x)
 
 
+def reference_mlp(mlp: nn.Sequential, v: Tensor) -> Tensor:
+    """A channel-attention MLP (Linear -> activation -> Linear, the Linear layers possibly stored as 1x1
+    convolutions) as Linear layers on pooled rows: (N, C) -> (N, C)"""
+    first, nonlin, second = mlp
+    v = F.linear(v, first.weight.flatten(1), first.bias)
+    return F.linear(nonlin(v), second.weight.flatten(1), second.bias)
+
+
 def previous_channel_attention(module: nn.Module, x: Tensor) -> Tensor:
-    """``ChannelAttention.attention`` before: one MLP pass per pooling. -> (B, C, 1, 1)"""
-    avg = module.mlp(x.mean(dim=(2, 3)))
-    mx = module.mlp(x.amax(dim=(2, 3)))
+    """``ChannelAttention.attention`` before: one MLP pass per pooling, Linear layers on pooled rows. -> (B, C, 1, 1)"""
+    avg = reference_mlp(module.mlp, x.mean(dim=(2, 3)))
+    mx = reference_mlp(module.mlp, x.amax(dim=(2, 3)))
     return torch.sigmoid(avg + mx)[:, :, None, None]
 
 

@@ -18,10 +18,11 @@ def _randomise(m: nn.Module, seed: int = 0) -> None:
             p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.3)
 
 
-def _mlp_ref(x, l1: nn.Linear, l2: nn.Linear, act):
-    h = x @ l1.weight.T + (l1.bias if l1.bias is not None else 0)
+def _mlp_ref(x, l1: nn.Module, l2: nn.Module, act):
+    """The MLP as Linear layers on rows x (N, C) (the layers' weights may be stored as 1x1 kernels)"""
+    h = x @ l1.weight.flatten(1).T + (l1.bias if l1.bias is not None else 0)
     h = act(h)
-    return h @ l2.weight.T + (l2.bias if l2.bias is not None else 0)
+    return h @ l2.weight.flatten(1).T + (l2.bias if l2.bias is not None else 0)
 
 
 @pytest.mark.parametrize("shape", [(2, 32, 8, 8), (1, 64, 5, 7)])
@@ -87,7 +88,7 @@ def test_elat_matches_manual_parallel_branches():
     _randomise(elat, seed=5)
     x = torch.randn(2, 32, 10, 12, dtype=torch.float64)
     l1, l2 = elat.channel_mlp[0], elat.channel_mlp[2]
-    assert l1.bias is None and l2.bias is None and l1.out_features == 4
+    assert l1.bias is None and l2.bias is None and l1.out_channels == 4
     a_c = torch.sigmoid(_mlp_ref(x.mean((2, 3)), l1, l2, telu))[:, :, None, None]
     maps = [F.conv2d(x, conv.weight, conv.bias, padding=d, dilation=d) for conv, d in zip(elat.spatial_convs, (1, 2, 3))]
     a_s = torch.sigmoid(F.conv2d(torch.cat(maps, 1), elat.spatial_fuse.weight, elat.spatial_fuse.bias))
@@ -121,3 +122,19 @@ def test_invalid_arguments():
         SpatialAttention(kernel_size=4)
     with pytest.raises(ValueError):
         ELAT(16, reduction=0)
+
+
+@pytest.mark.parametrize("make", [lambda: ChannelAttention(32, reduction=8), lambda: CBAT(32, reduction=8),
+                                  lambda: ELAT(32, reduction=8)])
+def test_linear_layer_weights_of_the_channel_mlp_load(make):
+    """A state dict whose channel-MLP weights are Linear (out, in) matrices loads, and gives the output of the
+    weights it holds as 1x1 kernels."""
+    module = make().double()
+    _randomise(module, seed=5)
+    state = {k: (v.flatten(1) if v.ndim == 4 and v.shape[-2:] == (1, 1) and "mlp" in k else v)
+             for k, v in module.state_dict().items()}
+    assert any(v.ndim == 2 for v in state.values())
+    loaded = make().double()
+    loaded.load_state_dict(state)
+    x = torch.randn(2, 32, 6, 6, dtype=torch.float64)
+    torch.testing.assert_close(loaded(x), module(x))

@@ -117,3 +117,20 @@ def test_low_precision_inputs_give_fp32():
     for value in (foreground_background_loss(fg, bg, target), complementarity_loss(fg, bg, uc),
                   consistency_loss(fg, bg)):
         assert value.dtype == torch.float32 and value.ndim == 0 and torch.isfinite(value)
+
+
+def test_foreground_background_is_the_sum_of_the_two_maps_terms():
+    torch.manual_seed(1)
+    fg, bg = torch.randn(2, 3, 1, 6, 5, dtype=torch.float64).unbind(0)
+    target = (torch.rand(3, 1, 6, 5) > 0.6).double()
+    for mask in (None, (torch.rand(3, 1, 6, 5) > 0.3).double()):
+        expected = dice_bce_loss(fg, target, mask=mask) + dice_bce_loss(bg, 1 - target, mask=mask)
+        torch.testing.assert_close(foreground_background_loss(fg, bg, target, mask), expected.float())
+
+
+def test_complementarity_equals_the_pairwise_products():
+    torch.manual_seed(2)
+    maps = (torch.randn(3, 2, 1, 7, 7) * 3).unbind(0)
+    p = torch.softmax(torch.stack(maps), dim=0)
+    pairwise = (p[0] * p[1] + p[0] * p[2] + p[1] * p[2]).mean()
+    torch.testing.assert_close(complementarity_loss(*maps), pairwise)

@@ -1,0 +1,26 @@
+"""Normalisation layers of Med-DisSeg."""
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["BatchNorm2d"]
+
+
+class BatchNorm2d(nn.BatchNorm2d):
+    """``torch.nn.BatchNorm2d`` that does not count its training batches when ``momentum`` is set.
+
+    torch's layer adds 1 to ``num_batches_tracked`` at every training forward, one extra operation (a
+    kernel launch on a GPU) per layer and step, but reads the count only when ``momentum`` is None
+    (a cumulative average). Here the count advances only then: with a momentum (the default 0.1) the
+    running statistics, the output, the gradients and the state-dict keys are torch's; only
+    ``num_batches_tracked`` keeps the value it was loaded with. Weights load both ways between this
+    layer and torch's.
+
+    x: (B, C, H, W) -> (B, C, H, W)
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training and self.track_running_stats and self.momentum is not None and self.running_mean is not None:
+            self._check_input_dim(x)
+            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, True,
+                                self.momentum, self.eps)
+        return super().forward(x)

@@ -1,0 +1,69 @@
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from nnunetv2_meddisseg.blocks.norm import BatchNorm2d
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _pair(momentum):
+    torch.manual_seed(0)
+    ours, theirs = BatchNorm2d(4, momentum=momentum).double(), nn.BatchNorm2d(4, momentum=momentum).double()
+    with torch.no_grad():
+        for layer in (ours, theirs):
+            layer.weight.copy_(torch.tensor([0.5, 1.0, 1.5, 2.0]))
+            layer.bias.copy_(torch.tensor([0.1, -0.2, 0.3, 0.0]))
+    return ours, theirs
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_training_matches_torch(momentum):
+    ours, theirs = _pair(momentum)
+    for step in range(3):
+        x = torch.randn(3, 4, 5, 6, dtype=torch.float64) * (step + 1) + step
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ya, yb = ours(xa), theirs(xb)
+        torch.testing.assert_close(ya, yb)
+        (ya * torch.arange(ya.numel(), dtype=ya.dtype).view_as(ya)).sum().backward()
+        (yb * torch.arange(yb.numel(), dtype=yb.dtype).view_as(yb)).sum().backward()
+        torch.testing.assert_close(xa.grad, xb.grad)
+        torch.testing.assert_close(ours.weight.grad, theirs.weight.grad)
+    torch.testing.assert_close(ours.running_mean, theirs.running_mean)
+    torch.testing.assert_close(ours.running_var, theirs.running_var)
+    # the count advances only where it is read (the cumulative average of momentum None)
+    assert int(ours.num_batches_tracked) == (3 if momentum is None else 0)
+    ours.eval(), theirs.eval()
+    x = torch.randn(2, 4, 3, 3, dtype=torch.float64)
+    torch.testing.assert_close(ours(x), theirs(x))
+
+
+def test_one_operation_fewer_per_training_forward():
+    ours, theirs = _pair(0.1)
+    x = torch.randn(2, 4, 3, 3, dtype=torch.float64)
+    counts = []
+    for layer in (ours, theirs):
+        with _Ops() as ops:
+            layer(x)
+        counts.append(ops.names)
+    assert "add_" in counts[1] and "add_" not in counts[0]
+    assert len(counts[0]) == len(counts[1]) - 1
+
+
+def test_state_dicts_load_both_ways():
+    ours, theirs = _pair(0.1)
+    theirs.train()
+    theirs(torch.randn(2, 4, 3, 3, dtype=torch.float64))
+    ours.load_state_dict(theirs.state_dict())
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    assert int(ours.num_batches_tracked) == 1
+    theirs.load_state_dict(ours.state_dict())
