@@ -12,7 +12,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from batchgenerators.utilities.file_and_folder_operations import join
 from nnunetv2.training.dataloading.data_loader import nnUNetDataLoader
 from nnunetv2.training.dataloading.nnunet_dataset import infer_dataset_class
-from nnunetv2.training.loss.dice import get_tp_fp_fn_tn
 from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 from nnunetv2.utilities.helpers import empty_cache
 from nnunetv2.utilities.plans_handling.plans_handler import ConfigurationManager, PlansManager
@@ -552,18 +551,20 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
                                f"in {time() - start:.1f} s")
 
     def validation_step(self, batch: dict) -> dict:
-        data, target = self._batch_to_device(batch, training=False)
-        with self._autocast():
-            logits = self._validation_logits(data)
-            loss = self.loss(logits, target)
-        # nnU-Net's online pseudo Dice (labels, not regions)
-        axes = [0] + list(range(2, logits.ndim))
-        predicted = torch.zeros(logits.shape, device=logits.device, dtype=torch.float16)
-        predicted.scatter_(1, logits.argmax(1)[:, None], 1)
-        mask = None
-        if self.label_manager.has_ignore_label:
-            mask = (target != self.label_manager.ignore_label).float()
-            target = torch.where(target == self.label_manager.ignore_label, torch.zeros_like(target), target)
-        tp, fp, fn, _ = get_tp_fp_fn_tn(predicted, target, axes=axes, mask=mask)
-        return {"loss": loss.detach().cpu().numpy(), "tp_hard": tp.detach().cpu().numpy()[1:],
-                "fp_hard": fp.detach().cpu().numpy()[1:], "fn_hard": fn.detach().cpu().numpy()[1:]}
+        """nnU-Net's ``validation_step`` on the current stage's model: while it runs, the ``self.network`` it
+        calls returns that model's logits (B, K, H, W) (``_validation_logits``: Stage I network + head, Stage II
+        the network's final logits), under ``_autocast`` (fp32 under bf16 autocast), and deep supervision
+        is off (one full-resolution output, as ``_get_deep_supervision_scales`` gives one target), so
+        nnU-Net's loss, pseudo Dice and ignore-label handling apply to them unchanged."""
+        network, head, deep_supervision = self.network, self.stage1_head, self.enable_deep_supervision
+
+        def stage_logits(data: Tensor) -> Tensor:
+            with self._autocast():
+                logits = self._validation_logits(data, network, head)
+            return logits.float() if self.bf16 else logits
+
+        self.network, self.enable_deep_supervision = stage_logits, False
+        try:
+            return super().validation_step(batch)
+        finally:
+            self.network, self.enable_deep_supervision = network, deep_supervision
