@@ -1,4 +1,5 @@
-"""What our trainers add to nnU-Net's ``nnUNetTrainer``, whatever their network and losses. Each override
+"""What ``nnUNetTrainerMedDisSeg``, ``nnUNetTrainerDispersive`` and their variants add to nnU-Net's
+``nnUNetTrainer``, whatever their network and losses. Each override
 calls nnU-Net's method and adds to it; the one copied piece, the checkpoint's entries, lives in
 ``nnunet_copies`` and is pinned to nnU-Net's source by a test.
 

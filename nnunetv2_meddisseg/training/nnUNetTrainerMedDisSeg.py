@@ -35,8 +35,9 @@ STAGE_2 = "stage2"
 RGB_CHANNEL_NAMES = frozenset({"r", "g", "b", "red", "green", "blue", "rgb", "rgb_to_0_1"})
 
 
-def plans_name_meddisseg(configuration_manager: ConfigurationManager) -> bool:
-    """True when the configuration's network class is MedDisSegNet (e.g. ``nnUNetMedDisSegPlans``)."""
+def network_class_is_meddisseg(configuration_manager: ConfigurationManager) -> bool:
+    """True when the configuration's network class is MedDisSegNet or a subclass of it (as in
+    ``nnUNetMedDisSegPlans``; False for nnU-Net's default plans, whatever their name)."""
     class_name = configuration_manager.network_arch_class_name
     located = locate(class_name) if isinstance(class_name, str) else None
     return isinstance(located, type) and issubclass(located, MedDisSegNet)
@@ -184,7 +185,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     # ------------------------------------------------------------------ settings
     def _plans_name_encoder_weights(self) -> bool:
         """True when the plans build MedDisSegNet with ``encoder_weights`` (a file or ``imagenet``)."""
-        if not plans_name_meddisseg(self.configuration_manager):
+        if not network_class_is_meddisseg(self.configuration_manager):
             return False
         return bool(self.configuration_manager.network_arch_init_kwargs.get("encoder_weights"))
 
@@ -286,7 +287,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         nnU-Net's prediction, which loads the checkpoint's weights next: the plans' ``encoder_weights``
         file is not read then, and a trained model predicts where that file does not exist.
         """
-        if plans_name_meddisseg(configuration_manager):
+        if network_class_is_meddisseg(configuration_manager):
             class_name = configuration_manager.network_arch_class_name
             arch_kwargs = dict(configuration_manager.network_arch_init_kwargs)
             if not enable_deep_supervision and "encoder_weights" in arch_kwargs:

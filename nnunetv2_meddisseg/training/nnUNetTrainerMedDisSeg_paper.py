@@ -103,8 +103,9 @@ class nnUNetTrainerMedDisSeg_paper(nnUNetTrainerMedDisSeg):
         initial_patch_size = get_patch_size(patch_size, rotation_for_DA, rotation_for_DA, rotation_for_DA, (1.0, 1.0))
         return rotation_for_DA, False, initial_patch_size, mirror_axes
 
-    @staticmethod
+    @classmethod
     def get_training_transforms(
+            cls,
             patch_size: Union[np.ndarray, Tuple[int]],
             rotation_for_DA: RandomScalar,
             deep_supervision_scales: Union[List, Tuple, None],
@@ -116,10 +117,12 @@ class nnUNetTrainerMedDisSeg_paper(nnUNetTrainerMedDisSeg):
             regions: List[Union[List[int], Tuple[int, ...], int]] = None,
             ignore_label: int = None,
     ) -> BasicTransform:
-        """Random rotation (crop to the patch) and flips along ``mirror_axes``; nothing else."""
+        """Random rotation (probability ``rotation_probability`` of the class it is called on, crop to the patch)
+        and flips along ``mirror_axes``; nothing else. A class method where nnU-Net's is static, so that a
+        subclass's ``rotation_probability`` counts; nnU-Net calls it through the trainer as either."""
         transforms: List[BasicTransform] = [SpatialTransform(
             patch_size, patch_center_dist_from_border=0, random_crop=False, p_elastic_deform=0,
-            p_rotation=nnUNetTrainerMedDisSeg_paper.rotation_probability, rotation=rotation_for_DA,
+            p_rotation=cls.rotation_probability, rotation=rotation_for_DA,
             p_scaling=0, scaling=(1.0, 1.0), p_synchronize_scaling_across_axes=1, bg_style_seg_sampling=False,
             border_mode_seg="constant", padding_value_seg=-1)]
         if mirror_axes is not None and len(mirror_axes) > 0:
