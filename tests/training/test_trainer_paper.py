@@ -197,6 +197,17 @@ def test_flips_and_rotations_only():
     assert spatial.p_scaling == 0 and spatial.p_elastic_deform == 0
 
 
+def test_a_subclass_sets_the_rotation_probability(nnunet_dirs):
+    class Rotated(nnUNetTrainerMedDisSeg_paper):
+        rotation_probability = 0.2
+
+    args = ((32, 32), (-math.pi, math.pi), None, (0, 1), False)
+    assert Rotated.get_training_transforms(*args).transforms[0].p_rotation == 0.2
+    trainer = make_trainer(Rotated, initialize=False)  # nnU-Net calls it through the trainer
+    assert trainer.get_training_transforms(*args).transforms[0].p_rotation == 0.2
+    assert nnUNetTrainerMedDisSeg_paper.get_training_transforms(*args).transforms[0].p_rotation == 0.5
+
+
 def test_nnunet_finds_the_paper_trainer(monkeypatch):
     from nnunetv2.utilities.find_objects import recursive_find_trainer_class_by_name
 
