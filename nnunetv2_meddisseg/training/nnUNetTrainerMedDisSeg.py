@@ -17,13 +17,13 @@ from nnunetv2.utilities.helpers import empty_cache
 from nnunetv2.utilities.plans_handling.plans_handler import ConfigurationManager, PlansManager
 
 from nnunetv2_meddisseg.architectures import MedDisSegNet, MedDisSegOutput
+from nnunetv2_meddisseg.blocks.stage1_head import Stage1Head
 from nnunetv2_meddisseg.losses import DispersiveLoss, consistency_loss
 from nnunetv2_meddisseg.training.base import (ExtendedTrainerBase, preserved_random_state, seed_generators,
                                               unwrap_module)
 from nnunetv2_meddisseg.training.batchnorm_statistics import recalibrate_batchnorm
 from nnunetv2_meddisseg.training.lr_schedule import PerGroupPolyLRScheduler
 from nnunetv2_meddisseg.training.photometric import photometric_perturbation
-from nnunetv2_meddisseg.training.stage1_head import Stage1Head
 from nnunetv2_meddisseg.training.stage2_loss import (Stage2Weights, dispersive_from_trainer, segmentation_loss,
                                                      stage2_loss)
 
