@@ -1,5 +1,6 @@
 """nnUNetTrainerMedDisSeg: Med-DisSeg's two training stages in one ``nnUNetv2_train`` run."""
 import math
+from contextlib import contextmanager
 from copy import deepcopy
 from time import time
 from types import MappingProxyType
@@ -24,8 +25,7 @@ from nnunetv2_meddisseg.training.base import (ExtendedTrainerBase, preserved_ran
 from nnunetv2_meddisseg.training.batchnorm_statistics import recalibrate_batchnorm
 from nnunetv2_meddisseg.training.lr_schedule import PerGroupPolyLRScheduler
 from nnunetv2_meddisseg.training.photometric import photometric_perturbation
-from nnunetv2_meddisseg.training.stage2_loss import (Stage2Weights, dispersive_from_trainer, segmentation_loss,
-                                                     stage2_loss)
+from nnunetv2_meddisseg.training.stage2_loss import Stage2Weights, dispersive_from_trainer, stage2_loss
 
 __all__ = ["nnUNetTrainerMedDisSeg", "STAGE_1", "STAGE_2", "RGB_CHANNEL_NAMES"]
 
@@ -302,14 +302,24 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         # every output of MedDisSegNet is at full resolution: no down-sampled targets
         return None
 
+    @contextmanager
+    def _single_output(self):
+        """Within the block, nnU-Net's methods see ``enable_deep_supervision`` False: one output and one target
+        at full resolution (every output of MedDisSegNet is at full resolution; ``_get_deep_supervision_scales``)."""
+        deep_supervision, self.enable_deep_supervision = self.enable_deep_supervision, False
+        try:
+            yield
+        finally:
+            self.enable_deep_supervision = deep_supervision
+
     def _build_loss(self) -> nn.Module:
+        """nnU-Net's loss (Dice + CE; the Dice compiled where nnU-Net compiles it) without its deep-supervision
+        wrapper: ``seg`` of both stages (``stage2_loss`` applies it to every full-resolution output)."""
         if self.label_manager.has_regions:
             raise ValueError(f"{self.__class__.__name__} does not support region-based labels "
                              f"(dataset.json 'regions_class_order')")
-        loss = segmentation_loss(self.configuration_manager.batch_dice, self.label_manager.ignore_label, self.is_ddp)
-        if self._do_i_compile():
-            loss.dc = torch.compile(loss.dc)
-        return loss
+        with self._single_output():
+            return super()._build_loss()
 
     def initialize(self) -> None:
         if self.label_manager.has_regions:
@@ -557,15 +567,16 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         the network's final logits), under ``_autocast`` (fp32 under bf16 autocast), and deep supervision
         is off (one full-resolution output, as ``_get_deep_supervision_scales`` gives one target), so
         nnU-Net's loss, pseudo Dice and ignore-label handling apply to them unchanged."""
-        network, head, deep_supervision = self.network, self.stage1_head, self.enable_deep_supervision
+        network, head = self.network, self.stage1_head
 
         def stage_logits(data: Tensor) -> Tensor:
             with self._autocast():
                 logits = self._validation_logits(data, network, head)
             return logits.float() if self.bf16 else logits
 
-        self.network, self.enable_deep_supervision = stage_logits, False
+        self.network = stage_logits
         try:
-            return super().validation_step(batch)
+            with self._single_output():
+                return super().validation_step(batch)
         finally:
-            self.network, self.enable_deep_supervision = network, deep_supervision
+            self.network = network

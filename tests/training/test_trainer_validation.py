@@ -1,15 +1,18 @@
-"""Validation steps: nnUNetTrainerMedDisSeg runs nnU-Net's own ``validation_step`` on the current stage's
-logits (Stage I: network + head; Stage II: the final logits of the deep-supervised network); its loss and
-pseudo Dice counts equal an independent computation from those logits, with and without an ignore label."""
+"""Validation steps and loss: nnUNetTrainerMedDisSeg runs nnU-Net's own ``validation_step`` on the current
+stage's logits (Stage I: network + head; Stage II: the final logits of the deep-supervised network); its loss
+and pseudo Dice counts equal an independent computation from those logits, with and without an ignore label.
+Its loss is nnU-Net's ``_build_loss`` without the deep-supervision wrapper."""
 import math
 from copy import deepcopy
 
 import numpy as np
 import pytest
 import torch
+from nnunetv2.training.loss.compound_losses import DC_and_CE_loss
 
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive_smoke
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2
+from nnunetv2_meddisseg.training.stage2_loss import segmentation_loss
 from test_trainer_meddisseg import DATASET_JSON, make_batch, make_trainer, nnunet_dirs  # noqa: F401 (fixture)
 
 IGNORE_JSON = {**deepcopy(DATASET_JSON), "labels": {"background": 0, "a": 1, "b": 2, "ignore": 3}}
@@ -109,3 +112,16 @@ def test_dispersive_trainer_checks_validation_batches(nnunet_dirs):
     batch["data"][0, 1, 2, 2] = float("inf")
     with pytest.raises(RuntimeError, match=r"NaN or inf.*validation batch of epoch 0: case_000\."):
         trainer.validation_step(batch)
+
+
+@pytest.mark.parametrize("ignore", [False, True])
+def test_the_loss_is_nnunets_without_the_deep_supervision_wrapper(nnunet_dirs, ignore):
+    trainer = make_trainer(dataset_json=IGNORE_JSON if ignore else DATASET_JSON)
+    assert type(trainer.loss) is DC_and_CE_loss and trainer.enable_deep_supervision
+    reference = segmentation_loss(trainer.configuration_manager.batch_dice, 3 if ignore else None)
+    logits = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    target = make_batch()["target"]
+    if ignore:
+        target[:, :, :5] = 3
+    assert float(trainer.loss(logits, target.clone())) == pytest.approx(float(reference(logits, target.clone())),
+                                                                        rel=1e-6)
