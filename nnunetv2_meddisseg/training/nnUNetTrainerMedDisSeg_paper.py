@@ -157,11 +157,11 @@ class nnUNetTrainerMedDisSeg_paper(nnUNetTrainerMedDisSeg):
             raise _EarlyStop
 
     def run_training(self) -> None:
-        """nnU-Net's ``run_training``; when early stopping ends it (``_EarlyStop`` from ``on_train_start`` or
-        at the end of ``on_epoch_end``, where nnU-Net's loop goes on to the next epoch or ends), the run
-        ends as nnU-Net's loop ends it, with ``on_train_end`` (``checkpoint_final.pth`` of the last
-        finished epoch). The number of epochs is left alone: the stage lengths and the learning-rate
-        schedule are computed from it."""
+        """nnU-Net's ``run_training``, ended by early stopping from a hook: ``_EarlyStop``, raised at the end of
+        ``on_epoch_end`` (where nnU-Net's loop would go on to the next epoch) or by ``on_train_start`` of a
+        resumed run that had already stopped, is caught here, and the run ends as nnU-Net's loop ends it, with
+        ``on_train_end`` (``checkpoint_final.pth`` of the last finished epoch). Lowering ``num_epochs`` would
+        not do: the loop reads it once, at its start, and the stage lengths and schedules derive from it."""
         try:
             super().run_training()
         except _EarlyStop:
