@@ -10,7 +10,7 @@ setup(
     packages=find_packages(include=["nnunetv2_meddisseg", "nnunetv2_meddisseg.*"]),
     package_data={"nnunetv2_meddisseg": ["datasets/splits/*.json", "evaluation/paper_results.json"]},
     install_requires=[
-        "nnunetv2>=2.8.1,<2.9",
+        "nnunetv2>=2.8.0,<2.9",
         "torch",  # whatever version nnunetv2 resolves
         "dynamic-network-architectures",
         "batchgeneratorsv2",

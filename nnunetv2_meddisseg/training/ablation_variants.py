@@ -27,7 +27,7 @@ from torch import nn
 from nnunetv2.utilities.plans_handling.plans_handler import ConfigurationManager, PlansManager
 
 from nnunetv2_meddisseg.planning.plan_meddisseg import NETWORK_CLASS_NAME, default_arch_kwargs
-from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg, plans_name_meddisseg
+from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg, network_class_is_meddisseg
 
 __all__ = [
     "build_meddisseg_network",
@@ -53,7 +53,7 @@ def build_meddisseg_network(plans_manager: PlansManager, configuration_manager: 
     get MedDisSegNet's defaults (:func:`default_arch_kwargs`) plus ``overrides``.
     """
     configuration = deepcopy(configuration_manager.configuration)
-    if plans_name_meddisseg(configuration_manager):
+    if network_class_is_meddisseg(configuration_manager):
         configuration["architecture"]["arch_kwargs"].update(overrides)
     else:
         configuration["architecture"] = {"network_class_name": NETWORK_CLASS_NAME,

@@ -1,4 +1,5 @@
-"""What our trainers add to nnU-Net's ``nnUNetTrainer``, whatever their network and losses. Each override
+"""What ``nnUNetTrainerMedDisSeg``, ``nnUNetTrainerDispersive`` and their variants add to nnU-Net's
+``nnUNetTrainer``, whatever their network and losses. Each override
 calls nnU-Net's method and adds to it; the one copied piece, the checkpoint's entries, lives in
 ``nnunet_copies`` and is pinned to nnU-Net's source by a test.
 
@@ -268,13 +269,16 @@ class ExtendedTrainerBase(SeededTrainer):
             return autocast(self.device.type, dtype=torch.bfloat16, enabled=True)
         return autocast(self.device.type, enabled=True) if self.device.type == "cuda" else dummy_context()
 
+    def _batch_description(self, training: bool) -> str:
+        rank = f" on rank {self.local_rank}" if self.is_ddp else ""
+        return f" in a {'training' if training else 'validation'} batch of epoch {self.current_epoch}{rank}"
+
     def _batch_to_device(self, batch: dict, training: bool) -> Tuple[torch.Tensor, Union[torch.Tensor, List]]:
         """Check ``batch['data']`` for NaN / inf (naming the cases; a training batch on the device, its
         result read by ``_step_result``), warn once about single-sample batches, and move data and
         target to the device."""
         data, target = batch["data"], batch["target"]
-        rank = f" on rank {self.local_rank}" if self.is_ddp else ""
-        where = f" in a {'training' if training else 'validation'} batch of epoch {self.current_epoch}{rank}"
+        where = self._batch_description(training)
         on_device = self.input_check_on_device
         on_device = training and (self.device.type != "cpu" if on_device is None else on_device)
         if not on_device:
@@ -293,6 +297,11 @@ class ExtendedTrainerBase(SeededTrainer):
         else:
             target = target.to(self.device, non_blocking=True)
         return data, target
+
+    def validation_step(self, batch: dict) -> dict:
+        """nnU-Net's ``validation_step``, after checking ``batch['data']`` for NaN / inf (naming the cases)."""
+        check_finite_input(batch["data"], batch.get("keys"), self._batch_description(training=False))
+        return super().validation_step(batch)
 
     def _trained_parameters(self) -> List[nn.Parameter]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]

@@ -7,11 +7,12 @@ stage ``[start, start + length)``. :class:`PerGroupCosineLRScheduler` decays the
 half cosine, ``lr_g(e) = base_g * (1 + cos(pi * (e - start) / length)) / 2`` (the paper's schedule).
 """
 import math
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
+from torch.optim.lr_scheduler import LRScheduler
 
-__all__ = ["poly_lr", "cosine_lr", "PerGroupPolyLRScheduler", "PerGroupCosineLRScheduler"]
+__all__ = ["poly_lr", "cosine_lr", "PerGroupStageLRScheduler", "PerGroupPolyLRScheduler", "PerGroupCosineLRScheduler"]
 
 
 def poly_lr(base_lr: float, step: int, total_steps: int, exponent: float = 0.9) -> float:
@@ -30,37 +31,42 @@ def cosine_lr(base_lr: float, step: int, total_steps: int) -> float:
     return base_lr * (1.0 + math.cos(math.pi * step / total_steps)) / 2.0
 
 
-class PerGroupPolyLRScheduler:
-    """Polynomial decay of every parameter group from its own base learning rate, within one stage.
+class PerGroupStageLRScheduler(LRScheduler):
+    """Every parameter group decays from its own base learning rate over one stage ``[start_epoch,
+    start_epoch + num_epochs)``; subclasses give the decay (``lr``). On torch's ``LRScheduler``, as nnU-Net's
+    ``PolyLRScheduler``, and used like it: ``step(current_epoch)`` at the start of every epoch; ``step()``
+    moves on one epoch. Construction sets the rates of ``start_epoch``.
 
     Args:
         optimizer: the optimizer whose groups are scheduled.
         base_lrs: one base rate per parameter group (in group order).
         start_epoch: first epoch of the stage (its rate is ``base_lr``).
         num_epochs: length of the stage in epochs.
-        exponent: poly exponent (nnU-Net: 0.9).
-
-    Used like nnU-Net's scheduler: ``step(current_epoch)`` at the start of every epoch.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, base_lrs: Sequence[float], start_epoch: int,
-                 num_epochs: int, exponent: float = 0.9) -> None:
+                 num_epochs: int) -> None:
+        name = type(self).__name__
         if len(base_lrs) != len(optimizer.param_groups):
-            raise ValueError(f"PerGroupPolyLRScheduler: {len(base_lrs)} base_lrs for "
-                             f"{len(optimizer.param_groups)} parameter groups")
+            raise ValueError(f"{name}: {len(base_lrs)} base_lrs for {len(optimizer.param_groups)} parameter groups")
         if num_epochs < 1:
-            raise ValueError(f"PerGroupPolyLRScheduler: num_epochs must be >= 1, got {num_epochs}")
-        self.optimizer = optimizer
-        self.base_lrs = [float(lr) for lr in base_lrs]
+            raise ValueError(f"{name}: num_epochs must be >= 1, got {num_epochs}")
         self.start_epoch = int(start_epoch)
         self.num_epochs = int(num_epochs)
-        self.exponent = float(exponent)
-        self.last_epoch = self.start_epoch - 1
-        self._last_lr: List[float] = [group["lr"] for group in optimizer.param_groups]
+        for group, base in zip(optimizer.param_groups, base_lrs):
+            group["initial_lr"] = float(base)  # torch's base_lrs
+        super().__init__(optimizer, last_epoch=self.start_epoch - 1)
+
+    def lr(self, base_lr: float, step: int) -> float:
+        """The rate of a group with base rate ``base_lr`` ``step`` epochs into the stage."""
+        raise NotImplementedError
 
     def lrs_at(self, epoch: int) -> List[float]:
         """The learning rate of every group at ``epoch`` (without changing the optimizer)."""
-        return [poly_lr(base, epoch - self.start_epoch, self.num_epochs, self.exponent) for base in self.base_lrs]
+        return [self.lr(base, epoch - self.start_epoch) for base in self.base_lrs]
+
+    def get_lr(self) -> List[float]:
+        return self.lrs_at(self.last_epoch)
 
     def step(self, current_epoch: Optional[int] = None) -> None:
         """Set every group's rate for ``current_epoch`` (default: the epoch after the last step)."""
@@ -71,24 +77,23 @@ class PerGroupPolyLRScheduler:
             group["lr"] = lr
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
-    def get_last_lr(self) -> List[float]:
-        return list(self._last_lr)
 
-    def state_dict(self) -> Dict[str, object]:
-        return {"base_lrs": list(self.base_lrs), "start_epoch": self.start_epoch, "num_epochs": self.num_epochs,
-                "exponent": self.exponent, "last_epoch": self.last_epoch}
+class PerGroupPolyLRScheduler(PerGroupStageLRScheduler):
+    """Polynomial decay ``(1 - t) ** exponent`` (nnU-Net: 0.9) of every group from its own base rate over one
+    stage (``PerGroupStageLRScheduler``)."""
 
-    def load_state_dict(self, state: Dict[str, object]) -> None:
-        self.base_lrs = [float(lr) for lr in state["base_lrs"]]
-        self.start_epoch = int(state["start_epoch"])
-        self.num_epochs = int(state["num_epochs"])
-        self.exponent = float(state["exponent"])
-        self.last_epoch = int(state["last_epoch"])
+    def __init__(self, optimizer: torch.optim.Optimizer, base_lrs: Sequence[float], start_epoch: int,
+                 num_epochs: int, exponent: float = 0.9) -> None:
+        self.exponent = float(exponent)
+        super().__init__(optimizer, base_lrs, start_epoch, num_epochs)
+
+    def lr(self, base_lr: float, step: int) -> float:
+        return poly_lr(base_lr, step, self.num_epochs, self.exponent)
 
 
-class PerGroupCosineLRScheduler(PerGroupPolyLRScheduler):
-    """Cosine decay of every parameter group from its own base learning rate to 0 over one stage;
-    otherwise as :class:`PerGroupPolyLRScheduler` (``exponent`` is kept for its state dict, unused)."""
+class PerGroupCosineLRScheduler(PerGroupStageLRScheduler):
+    """Half-cosine decay ``(1 + cos(pi t)) / 2`` of every group from its own base rate to 0 over one stage
+    (``PerGroupStageLRScheduler``)."""
 
-    def lrs_at(self, epoch: int) -> List[float]:
-        return [cosine_lr(base, epoch - self.start_epoch, self.num_epochs) for base in self.base_lrs]
+    def lr(self, base_lr: float, step: int) -> float:
+        return cosine_lr(base_lr, step, self.num_epochs)

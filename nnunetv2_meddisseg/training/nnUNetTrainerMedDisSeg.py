@@ -1,5 +1,6 @@
 """nnUNetTrainerMedDisSeg: Med-DisSeg's two training stages in one ``nnUNetv2_train`` run."""
 import math
+from contextlib import contextmanager
 from copy import deepcopy
 from time import time
 from types import MappingProxyType
@@ -12,21 +13,19 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from batchgenerators.utilities.file_and_folder_operations import join
 from nnunetv2.training.dataloading.data_loader import nnUNetDataLoader
 from nnunetv2.training.dataloading.nnunet_dataset import infer_dataset_class
-from nnunetv2.training.loss.dice import get_tp_fp_fn_tn
 from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 from nnunetv2.utilities.helpers import empty_cache
 from nnunetv2.utilities.plans_handling.plans_handler import ConfigurationManager, PlansManager
 
 from nnunetv2_meddisseg.architectures import MedDisSegNet, MedDisSegOutput
+from nnunetv2_meddisseg.blocks.stage1_head import Stage1Head
 from nnunetv2_meddisseg.losses import DispersiveLoss, consistency_loss
 from nnunetv2_meddisseg.training.base import (ExtendedTrainerBase, preserved_random_state, seed_generators,
                                               unwrap_module)
 from nnunetv2_meddisseg.training.batchnorm_statistics import recalibrate_batchnorm
 from nnunetv2_meddisseg.training.lr_schedule import PerGroupPolyLRScheduler
 from nnunetv2_meddisseg.training.photometric import photometric_perturbation
-from nnunetv2_meddisseg.training.stage1_head import Stage1Head
-from nnunetv2_meddisseg.training.stage2_loss import (Stage2Weights, dispersive_from_trainer, segmentation_loss,
-                                                     stage2_loss)
+from nnunetv2_meddisseg.training.stage2_loss import Stage2Weights, dispersive_from_trainer, stage2_loss
 
 __all__ = ["nnUNetTrainerMedDisSeg", "STAGE_1", "STAGE_2", "RGB_CHANNEL_NAMES"]
 
@@ -36,8 +35,9 @@ STAGE_2 = "stage2"
 RGB_CHANNEL_NAMES = frozenset({"r", "g", "b", "red", "green", "blue", "rgb", "rgb_to_0_1"})
 
 
-def plans_name_meddisseg(configuration_manager: ConfigurationManager) -> bool:
-    """True when the configuration's network class is MedDisSegNet (e.g. ``nnUNetMedDisSegPlans``)."""
+def network_class_is_meddisseg(configuration_manager: ConfigurationManager) -> bool:
+    """True when the configuration's network class is MedDisSegNet or a subclass of it (as in
+    ``nnUNetMedDisSegPlans``; False for nnU-Net's default plans, whatever their name)."""
     class_name = configuration_manager.network_arch_class_name
     located = locate(class_name) if isinstance(class_name, str) else None
     return isinstance(located, type) and issubclass(located, MedDisSegNet)
@@ -185,7 +185,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     # ------------------------------------------------------------------ settings
     def _plans_name_encoder_weights(self) -> bool:
         """True when the plans build MedDisSegNet with ``encoder_weights`` (a file or ``imagenet``)."""
-        if not plans_name_meddisseg(self.configuration_manager):
+        if not network_class_is_meddisseg(self.configuration_manager):
             return False
         return bool(self.configuration_manager.network_arch_init_kwargs.get("encoder_weights"))
 
@@ -287,7 +287,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         nnU-Net's prediction, which loads the checkpoint's weights next: the plans' ``encoder_weights``
         file is not read then, and a trained model predicts where that file does not exist.
         """
-        if plans_name_meddisseg(configuration_manager):
+        if network_class_is_meddisseg(configuration_manager):
             class_name = configuration_manager.network_arch_class_name
             arch_kwargs = dict(configuration_manager.network_arch_init_kwargs)
             if not enable_deep_supervision and "encoder_weights" in arch_kwargs:
@@ -302,14 +302,24 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         # every output of MedDisSegNet is at full resolution: no down-sampled targets
         return None
 
+    @contextmanager
+    def _single_output(self):
+        """Within the block, nnU-Net's methods see ``enable_deep_supervision`` False: one output and one target
+        at full resolution (every output of MedDisSegNet is at full resolution; ``_get_deep_supervision_scales``)."""
+        deep_supervision, self.enable_deep_supervision = self.enable_deep_supervision, False
+        try:
+            yield
+        finally:
+            self.enable_deep_supervision = deep_supervision
+
     def _build_loss(self) -> nn.Module:
+        """nnU-Net's loss (Dice + CE; the Dice compiled where nnU-Net compiles it) without its deep-supervision
+        wrapper: ``seg`` of both stages (``stage2_loss`` applies it to every full-resolution output)."""
         if self.label_manager.has_regions:
             raise ValueError(f"{self.__class__.__name__} does not support region-based labels "
                              f"(dataset.json 'regions_class_order')")
-        loss = segmentation_loss(self.configuration_manager.batch_dice, self.label_manager.ignore_label, self.is_ddp)
-        if self._do_i_compile():
-            loss.dc = torch.compile(loss.dc)
-        return loss
+        with self._single_output():
+            return super()._build_loss()
 
     def initialize(self) -> None:
         if self.label_manager.has_regions:
@@ -552,18 +562,21 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
                                f"in {time() - start:.1f} s")
 
     def validation_step(self, batch: dict) -> dict:
-        data, target = self._batch_to_device(batch, training=False)
-        with self._autocast():
-            logits = self._validation_logits(data)
-            loss = self.loss(logits, target)
-        # nnU-Net's online pseudo Dice (labels, not regions)
-        axes = [0] + list(range(2, logits.ndim))
-        predicted = torch.zeros(logits.shape, device=logits.device, dtype=torch.float16)
-        predicted.scatter_(1, logits.argmax(1)[:, None], 1)
-        mask = None
-        if self.label_manager.has_ignore_label:
-            mask = (target != self.label_manager.ignore_label).float()
-            target = torch.where(target == self.label_manager.ignore_label, torch.zeros_like(target), target)
-        tp, fp, fn, _ = get_tp_fp_fn_tn(predicted, target, axes=axes, mask=mask)
-        return {"loss": loss.detach().cpu().numpy(), "tp_hard": tp.detach().cpu().numpy()[1:],
-                "fp_hard": fp.detach().cpu().numpy()[1:], "fn_hard": fn.detach().cpu().numpy()[1:]}
+        """nnU-Net's ``validation_step`` on the current stage's model: while it runs, the ``self.network`` it
+        calls returns that model's logits (B, K, H, W) (``_validation_logits``: Stage I network + head, Stage II
+        the network's final logits), under ``_autocast`` (fp32 under bf16 autocast), and deep supervision
+        is off (one full-resolution output, as ``_get_deep_supervision_scales`` gives one target), so
+        nnU-Net's loss, pseudo Dice and ignore-label handling apply to them unchanged."""
+        network, head = self.network, self.stage1_head
+
+        def stage_logits(data: Tensor) -> Tensor:
+            with self._autocast():
+                logits = self._validation_logits(data, network, head)
+            return logits.float() if self.bf16 else logits
+
+        self.network = stage_logits
+        try:
+            with self._single_output():
+                return super().validation_step(batch)
+        finally:
+            self.network = network

@@ -62,6 +62,10 @@ class EarlyStopping:
         self.best_epoch = None if state["best_epoch"] is None else int(state["best_epoch"])
 
 
+class _EarlyStop(Exception):
+    """Raised by a hook of ``nnUNetTrainerMedDisSeg_paper`` to end nnU-Net's training loop early."""
+
+
 class nnUNetTrainerMedDisSeg_paper(nnUNetTrainerMedDisSeg):
     """The paper's schedule: 300 epochs, each ``ceil(n_train / batch)`` iterations (one pass over the
     fold's training cases; validation likewise over its validation cases), Adam with a per-group cosine
@@ -99,8 +103,9 @@ class nnUNetTrainerMedDisSeg_paper(nnUNetTrainerMedDisSeg):
         initial_patch_size = get_patch_size(patch_size, rotation_for_DA, rotation_for_DA, rotation_for_DA, (1.0, 1.0))
         return rotation_for_DA, False, initial_patch_size, mirror_axes
 
-    @staticmethod
+    @classmethod
     def get_training_transforms(
+            cls,
             patch_size: Union[np.ndarray, Tuple[int]],
             rotation_for_DA: RandomScalar,
             deep_supervision_scales: Union[List, Tuple, None],
@@ -112,10 +117,12 @@ class nnUNetTrainerMedDisSeg_paper(nnUNetTrainerMedDisSeg):
             regions: List[Union[List[int], Tuple[int, ...], int]] = None,
             ignore_label: int = None,
     ) -> BasicTransform:
-        """Random rotation (crop to the patch) and flips along ``mirror_axes``; nothing else."""
+        """Random rotation (probability ``rotation_probability`` of the class it is called on, crop to the patch)
+        and flips along ``mirror_axes``; nothing else. A class method where nnU-Net's is static, so that a
+        subclass's ``rotation_probability`` counts; nnU-Net calls it through the trainer as either."""
         transforms: List[BasicTransform] = [SpatialTransform(
             patch_size, patch_center_dist_from_border=0, random_crop=False, p_elastic_deform=0,
-            p_rotation=nnUNetTrainerMedDisSeg_paper.rotation_probability, rotation=rotation_for_DA,
+            p_rotation=cls.rotation_probability, rotation=rotation_for_DA,
             p_scaling=0, scaling=(1.0, 1.0), p_synchronize_scaling_across_axes=1, bg_style_seg_sampling=False,
             border_mode_seg="constant", padding_value_seg=-1)]
         if mirror_axes is not None and len(mirror_axes) > 0:
@@ -125,8 +132,18 @@ class nnUNetTrainerMedDisSeg_paper(nnUNetTrainerMedDisSeg):
             transforms.append(DownsampleSegForDSTransform(ds_scales=deep_supervision_scales))
         return ComposeTransforms(transforms)
 
+    def on_train_start(self) -> None:
+        """nnU-Net's start of training; a resumed run (``--c``) that had already met the early-stopping
+        criterion ends here, before any epoch (``run_training``)."""
+        super().on_train_start()
+        stopper = self.early_stopping
+        if stopper.best_epoch is not None and self.current_epoch - 1 - stopper.best_epoch >= stopper.patience:
+            self.print_to_log_file(f"early stopping was met before epoch {self.current_epoch}: nothing to train")
+            raise _EarlyStop
+
     def on_epoch_end(self) -> None:
-        """nnU-Net's epoch end, then the early-stopping bookkeeping on the EMA pseudo Dice (Stage II)."""
+        """nnU-Net's epoch end, then the early-stopping bookkeeping on the EMA pseudo Dice (Stage II): when it
+        fires, the run ends after this epoch (``run_training``)."""
         epoch, stage = self.current_epoch, self.training_stage
         super().on_epoch_end()
         if stage != STAGE_2:
@@ -137,31 +154,18 @@ class nnUNetTrainerMedDisSeg_paper(nnUNetTrainerMedDisSeg):
             self.print_to_log_file(f"early stopping: no new best EMA pseudo Dice for {self.early_stopping.patience} "
                                    f"epochs (best {self.early_stopping.best:.4f} at epoch "
                                    f"{self.early_stopping.best_epoch})")
-            self.stop_training = True
+            raise _EarlyStop
 
     def run_training(self) -> None:
-        """nnU-Net's training loop, ended early once ``stop_training`` is set."""
-        self.stop_training = self._stopped_before()
-        self.on_train_start()
-        for _ in range(self.current_epoch, self.num_epochs):
-            if self.stop_training:
-                break
-            self.on_epoch_start()
-            self.on_train_epoch_start()
-            train_outputs = [self.train_step(next(self.dataloader_train)) for _ in range(self.num_iterations_per_epoch)]
-            self.on_train_epoch_end(train_outputs)
-            with torch.no_grad():
-                self.on_validation_epoch_start()
-                val_outputs = [self.validation_step(next(self.dataloader_val))
-                               for _ in range(self.num_val_iterations_per_epoch)]
-                self.on_validation_epoch_end(val_outputs)
-            self.on_epoch_end()
-        self.on_train_end()
-
-    def _stopped_before(self) -> bool:
-        """True when a resumed run had already met the early-stopping criterion."""
-        stopper = self.early_stopping
-        return stopper.best_epoch is not None and self.current_epoch - 1 - stopper.best_epoch >= stopper.patience
+        """nnU-Net's ``run_training``, ended by early stopping from a hook: ``_EarlyStop``, raised at the end of
+        ``on_epoch_end`` (where nnU-Net's loop would go on to the next epoch) or by ``on_train_start`` of a
+        resumed run that had already stopped, is caught here, and the run ends as nnU-Net's loop ends it, with
+        ``on_train_end`` (``checkpoint_final.pth`` of the last finished epoch). Lowering ``num_epochs`` would
+        not do: the loop reads it once, at its start, and the stage lengths and schedules derive from it."""
+        try:
+            super().run_training()
+        except _EarlyStop:
+            self.on_train_end()
 
     def _checkpoint_extras(self) -> Dict[str, object]:
         return {**super()._checkpoint_extras(), "early_stopping": self.early_stopping.state_dict()}

@@ -1,7 +1,8 @@
 """The Stage II objective of nnUNetTrainerMedDisSeg, as functions the trainer and the benchmarks share.
 
 ``stage2_loss`` is what ``nnUNetTrainerMedDisSeg`` minimises in Stage II; ``segmentation_loss`` builds
-its ``seg`` term as nnU-Net's ``_build_loss`` does (Dice + CE, no deep-supervision wrapper);
+its ``seg`` term, which the trainer takes from nnU-Net's ``_build_loss`` (Dice + CE, no deep-supervision
+wrapper), for code outside a trainer;
 ``Stage2Weights.from_trainer`` and ``dispersive_from_trainer`` read a trainer's settings, so that code
 outside the trainer (e.g. the training-step benchmark) computes exactly the trainer's loss.
 """

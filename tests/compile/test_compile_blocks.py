@@ -16,8 +16,8 @@ from nnunetv2_meddisseg.blocks.activation import TeLU
 from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
 from nnunetv2_meddisseg.blocks.decoder import CBATDecoder, MultiScaleCBATDecoder, PathHead
 from nnunetv2_meddisseg.blocks.decoupling import AuxiliaryHeads, FeatureDecoupling
+from nnunetv2_meddisseg.blocks.stage1_head import Stage1Head
 from nnunetv2_meddisseg.losses.dispersive import DISPERSIVE_VARIANTS, DispersiveLoss, dispersive_loss
-from nnunetv2_meddisseg.training.stage1_head import Stage1Head
 
 RTOL, ATOL = 1e-4, 1e-5
 

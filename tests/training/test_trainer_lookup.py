@@ -1,5 +1,7 @@
 """nnU-Net finds our trainers through nnUNet_extTrainer, and that folder holds only thin imports."""
 import ast
+import importlib
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -7,12 +9,42 @@ from pathlib import Path
 import pytest
 
 from nnunetv2_meddisseg.trainer_path import TRAINER_FOLDER, trainer_folder
-from nnunetv2_meddisseg.training import nnUNetTrainerDispersive as dispersive_module
-from nnunetv2_meddisseg.training import scratch_variants, variants
-from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 
-SCRATCH_TRAINERS = [name for name in scratch_variants.__all__ if name.startswith("nnUNetTrainer")]
-TRAINERS = ["nnUNetTrainerMedDisSeg", *variants.__all__, *dispersive_module.__all__, *SCRATCH_TRAINERS]
+
+def _package_trainers():
+    """Every trainer class the package's ``training`` modules export: {name: class}."""
+    import nnunetv2_meddisseg.training as training
+
+    found = {}
+    for info in pkgutil.iter_modules(training.__path__):
+        module = importlib.import_module(f"{training.__name__}.{info.name}")
+        for name in getattr(module, "__all__", ()):
+            obj = getattr(module, name)
+            if name.startswith("nnUNetTrainer") and isinstance(obj, type) and obj.__module__ == module.__name__:
+                found[name] = obj
+    return found
+
+
+PACKAGE_TRAINERS = _package_trainers()
+TRAINERS = sorted(PACKAGE_TRAINERS)
+
+
+def _exposed(path):
+    """The names a trainer-folder module imports."""
+    return [alias.name for node in ast.parse(path.read_text()).body if isinstance(node, ast.ImportFrom)
+            for alias in node.names]
+
+
+def test_every_trainer_folder_module_is_named_after_a_class_it_exposes():
+    assert len(TRAINERS) >= 40 and "nnUNetTrainerMedDisSeg_paper" in TRAINERS
+    exposed = set()
+    for path in TRAINER_FOLDER.glob("*.py"):
+        if path.stem == "__init__":
+            continue
+        names = _exposed(path)
+        assert path.stem in names and path.stem in PACKAGE_TRAINERS, f"{path.name} exposes no class {path.stem}"
+        exposed.update(names)
+    assert sorted(exposed) == TRAINERS  # every trainer, and nothing else
 
 
 def test_trainer_path_command_prints_the_folder():
@@ -46,6 +78,4 @@ def test_nnunet_lookup_finds_each_trainer(name, monkeypatch):
     found = recursive_find_trainer_class_by_name(name)
     assert found.__name__ == name
     # the real class from the package, not a copy from a module nnU-Net imported and dropped
-    assert found in (getattr(variants, name, None), getattr(dispersive_module, name, None),
-                     getattr(scratch_variants, name, None), nnUNetTrainerMedDisSeg)
-    assert found.__module__.startswith("nnunetv2_meddisseg.training.")
+    assert found is PACKAGE_TRAINERS[name]

@@ -153,6 +153,24 @@ def test_network_from_default_plans_and_from_meddisseg_plans():
         assert out.shape == (1, 3, 32, 32)
 
 
+def test_network_class_is_meddisseg_reads_the_class_not_the_plans_name():
+    from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import network_class_is_meddisseg
+
+    def configuration(architecture, plans_name):
+        plans = tiny_plans(architecture)
+        plans["plans_name"] = plans_name
+        return PlansManager(plans).get_configuration("2d")
+
+    assert network_class_is_meddisseg(configuration(MEDDISSEG, "nnUNetPlans"))
+    assert not network_class_is_meddisseg(configuration(PLAIN_UNET, "nnUNetMedDisSegPlans"))
+    subclass = {**MEDDISSEG, "network_class_name": f"{__name__}.{SubclassedNet.__name__}"}
+    assert network_class_is_meddisseg(configuration(subclass, "anything"))
+
+
+class SubclassedNet(MedDisSegNet):
+    """A network class derived from MedDisSegNet (``network_class_is_meddisseg``)."""
+
+
 def test_prediction_build_does_not_need_the_encoder_weights_file(tmp_path):
     architecture = deepcopy(MEDDISSEG)
     architecture["arch_kwargs"]["encoder_weights"] = str(tmp_path / "resnet50_on_the_training_machine.pth")

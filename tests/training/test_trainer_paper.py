@@ -1,7 +1,10 @@
 """nnUNetTrainerMedDisSeg_paper: the paper's schedule (cosine per group, 300 epochs of one pass over
 the training set, early stopping with patience 100, flips and rotations only)."""
+import itertools
 import json
 import math
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +15,8 @@ from batchgeneratorsv2.transforms.spatial.spatial import SpatialTransform
 from nnunetv2_meddisseg.training.curves import TrainingCurves
 from nnunetv2_meddisseg.training.lr_schedule import cosine_lr
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2
-from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg_paper import (EarlyStopping, iterations_per_epoch,
+from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg_paper import (EarlyStopping, _EarlyStop,
+                                                                       iterations_per_epoch,
                                                                        nnUNetTrainerMedDisSeg_paper)
 from test_trainer_meddisseg import DATASET, make_trainer, nnunet_dirs  # noqa: F401 (fixture)
 
@@ -87,15 +91,100 @@ def test_early_stopping_fires_on_an_ema_plateau_in_stage2(nnunet_dirs, monkeypat
         trainer.logger.log("mean_fg_dice", d, epoch)
         if epoch == 2:
             trainer._restart_ema_fg_dice()
-        trainer.on_epoch_end()
-        if getattr(trainer, "stop_training", False):
+        try:
+            trainer.on_epoch_end()
+        except _EarlyStop:
             stopped_at = epoch
             break
-    assert stopped_at is not None
+    assert stopped_at is not None and trainer.current_epoch == stopped_at + 1  # nnU-Net's epoch end ran to its end
     ema = [trainer.logger.get_value("ema_fg_dice", step=e) for e in range(2, stopped_at + 1)]
     best_epoch = 2 + int(np.argmax(ema))
     assert best_epoch > 2 and stopped_at == best_epoch + 4 < len(dice) - 1
     assert trainer.early_stopping.best_epoch == best_epoch
+
+
+def _loop_trainer(monkeypatch, dice, patience=3, num_epochs=20):
+    """A paper trainer whose epochs run through nnU-Net's own ``run_training`` loop with stand-in steps:
+    training steps do nothing, validation reports pseudo Dice ``dice[epoch]`` for both classes (fp = fn),
+    nnU-Net's dataloaders and dataset unpacking are replaced by endless ``None`` batches. Returns the
+    trainer and the record of its steps and checkpoints (``checkpoint_final.pth`` is really written)."""
+    from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
+
+    def start(self):  # nnU-Net's on_train_start without dataloaders, unpacking and plots
+        if not self.was_initialized:
+            self.initialize()
+        self.dataloader_train = self.dataloader_val = itertools.repeat(None)
+        os.makedirs(self.output_folder, exist_ok=True)
+
+    monkeypatch.setattr(nnUNetTrainer, "on_train_start", start)
+    monkeypatch.setattr(TrainingCurves, "plot", lambda *a, **k: None)
+    trainer = make_trainer(nnUNetTrainerMedDisSeg_paper, initialize=False)
+    trainer.num_epochs, trainer.stage1_epochs = num_epochs, 2
+    trainer.num_iterations_per_epoch, trainer.num_val_iterations_per_epoch = 2, 1
+    trainer.early_stopping = EarlyStopping(patience)
+    monkeypatch.setattr(trainer.logger, "plot_progress_png", lambda *a, **k: None)
+    record = {"train_steps": [], "checkpoints": []}
+
+    def train_step(batch):
+        record["train_steps"].append(trainer.current_epoch)
+        return {"loss": np.array(0.5)}
+
+    def validation_step(batch):
+        d = dice[trainer.current_epoch]
+        tp, fn = np.array([100 * d] * 2), np.array([100 * (1 - d)] * 2)
+        return {"loss": np.array(0.5), "tp_hard": tp, "fp_hard": fn, "fn_hard": fn}
+
+    def save_checkpoint(filename):
+        record["checkpoints"].append((os.path.basename(filename), trainer.current_epoch + 1))
+        if os.path.basename(filename) == "checkpoint_final.pth":
+            nnUNetTrainerMedDisSeg_paper.save_checkpoint(trainer, filename)
+
+    trainer.train_step, trainer.validation_step, trainer.save_checkpoint = train_step, validation_step, save_checkpoint
+    return trainer, record
+
+
+def test_early_stopping_ends_nnunets_own_training_loop(nnunet_dirs, monkeypatch):
+    # Stage I (epochs 0, 1) high, must not count; Stage II: a peak, then a plateau below it
+    dice = [0.9, 0.9, 0.1, 0.5, 0.9, 0.9] + [0.2] * 14
+    trainer, record = _loop_trainer(monkeypatch, dice)
+    trainer.run_training()  # nnU-Net's loop (nnUNetTrainer.run_training)
+    ema = trainer.logger.get_value("ema_fg_dice", step=None)
+    best_epoch = 2 + int(np.argmax(ema[2:len(ema)]))
+    stopped_at = best_epoch + 3
+    assert stopped_at < trainer.num_epochs - 1 and len(ema) == stopped_at + 1  # no epoch after the stop
+    assert record["train_steps"] == [e for e in range(stopped_at + 1) for _ in range(2)]
+    # on_train_end ran once: checkpoint_final.pth of the last finished epoch, the log's last line
+    assert record["checkpoints"][-1] == ("checkpoint_final.pth", stopped_at + 1)
+    assert [c for c, _ in record["checkpoints"]].count("checkpoint_final.pth") == 1
+    assert Path(trainer.log_file).read_text().rstrip().endswith("Training done.")
+    # the schedule of Stage II still spans the planned epochs (num_epochs is left alone)
+    assert (trainer.num_epochs, trainer.stage1_epochs) == (20, 2)
+    assert (trainer.lr_scheduler.start_epoch, trainer.lr_scheduler.num_epochs) == (2, 18)
+    expected = [b * (1 + math.cos(math.pi * (stopped_at - 2) / 18)) / 2 for b in (1e-4, 1e-5)]
+    assert [g["lr"] for g in trainer.optimizer.param_groups] == pytest.approx(expected, rel=1e-12)
+    final = torch.load(Path(trainer.output_folder) / "checkpoint_final.pth", weights_only=False)
+    assert final["current_epoch"] == stopped_at + 1
+    assert final["early_stopping"] == {"patience": 3, "best": pytest.approx(max(ema[2:])), "best_epoch": best_epoch}
+
+
+def test_a_resumed_run_that_had_stopped_does_not_train(nnunet_dirs, monkeypatch):
+    dice = [0.9, 0.9, 0.1, 0.5, 0.9, 0.9] + [0.2] * 14
+    trainer, _ = _loop_trainer(monkeypatch, dice)
+    trainer.run_training()
+    final = Path(trainer.output_folder) / "checkpoint_final.pth"
+    stopped_epochs = torch.load(final, weights_only=False)["current_epoch"]
+    resumed, record = _loop_trainer(monkeypatch, dice)
+    resumed.load_checkpoint(str(final))  # what nnUNetv2_train --c does (checkpoint_final.pth first)
+    assert resumed.current_epoch == stopped_epochs < resumed.num_epochs
+    resumed.run_training()
+    assert record["train_steps"] == [] and record["checkpoints"] == [("checkpoint_final.pth", stopped_epochs)]
+    assert "early stopping was met before epoch" in Path(resumed.log_file).read_text()
+    # one epoch short of the patience: the resumed run trains on
+    almost, record = _loop_trainer(monkeypatch, dice)
+    almost.load_checkpoint(str(final))
+    almost.early_stopping.best_epoch += 1
+    almost.run_training()
+    assert record["train_steps"][:2] == [stopped_epochs] * 2
 
 
 def test_flips_and_rotations_only():
@@ -106,6 +195,17 @@ def test_flips_and_rotations_only():
     assert isinstance(spatial, SpatialTransform) and isinstance(transforms[1], MirrorTransform)
     assert spatial.p_rotation == nnUNetTrainerMedDisSeg_paper.rotation_probability
     assert spatial.p_scaling == 0 and spatial.p_elastic_deform == 0
+
+
+def test_a_subclass_sets_the_rotation_probability(nnunet_dirs):
+    class Rotated(nnUNetTrainerMedDisSeg_paper):
+        rotation_probability = 0.2
+
+    args = ((32, 32), (-math.pi, math.pi), None, (0, 1), False)
+    assert Rotated.get_training_transforms(*args).transforms[0].p_rotation == 0.2
+    trainer = make_trainer(Rotated, initialize=False)  # nnU-Net calls it through the trainer
+    assert trainer.get_training_transforms(*args).transforms[0].p_rotation == 0.2
+    assert nnUNetTrainerMedDisSeg_paper.get_training_transforms(*args).transforms[0].p_rotation == 0.5
 
 
 def test_nnunet_finds_the_paper_trainer(monkeypatch):

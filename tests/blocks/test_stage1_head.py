@@ -1,8 +1,8 @@
-"""The light Stage I head: shapes, and that every level reaches the logits."""
+"""The light Stage I head (blocks.stage1_head): shapes, and that every level reaches the logits."""
 import pytest
 import torch
 
-from nnunetv2_meddisseg.training.stage1_head import Stage1Head
+from nnunetv2_meddisseg.blocks.stage1_head import Stage1Head
 
 
 def _features(b=2, size=32, channels=(64, 256, 512, 1024)):
