@@ -347,3 +347,45 @@ def distance(a: dict, b: dict) -> float:
     """Relative L2 distance of two weight sets: ||a - b|| / ||b||."""
     diff = sum(float(((a[k] - b[k]) ** 2).sum()) for k in b)
     return math.sqrt(diff / sum(float((v ** 2).sum()) for v in b.values()))
+
+
+def write_tiny_3d_dataset(raw: Path, cases: int = 6, size: int = 24) -> None:
+    """Dataset503_Tiny3D: ``cases`` noisy 24^3 single-channel volumes (NIfTI) with one bright ball each,
+    labelled 1 (nnU-Net's raw format)."""
+    import SimpleITK as sitk
+
+    folder = raw / "Dataset503_Tiny3D"
+    (folder / "imagesTr").mkdir(parents=True)
+    (folder / "labelsTr").mkdir()
+    rng = np.random.default_rng(0)
+    zz, yy, xx = np.mgrid[0:size, 0:size, 0:size]
+    for i in range(cases):
+        centre, radius = rng.uniform(8, size - 8, 3), rng.uniform(3, 6)
+        label = ((zz - centre[0]) ** 2 + (yy - centre[1]) ** 2 + (xx - centre[2]) ** 2 <= radius ** 2).astype(np.uint8)
+        image = (rng.normal(0, 1, label.shape) + 3 * label).astype(np.float32)
+        for array, path in ((image, folder / "imagesTr" / f"ball_{i:03d}_0000.nii.gz"),
+                            (label, folder / "labelsTr" / f"ball_{i:03d}.nii.gz")):
+            sitk.WriteImage(sitk.GetImageFromArray(array), str(path))
+    (folder / "dataset.json").write_text(json.dumps({
+        "channel_names": {"0": "MRI"}, "labels": {"background": 0, "ball": 1}, "numTraining": cases,
+        "file_ending": ".nii.gz"}))
+
+
+def test_dispersive_on_3d_fullres(env, request, tmp_path_factory):
+    """nnUNetTrainerDispersive on a 3d_fullres configuration (a tiny generated 3D dataset)."""
+    root = scratch_folder(request, tmp_path_factory, "tool_3d")
+    env3d = {**env, **{name: str(root / name) for name in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results")}}
+    for name in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results"):
+        Path(env3d[name]).mkdir()
+    write_tiny_3d_dataset(Path(env3d["nnUNet_raw"]))
+    run_cli(["nnUNetv2_plan_and_preprocess", "-d", "503", "-c", "3d_fullres", "-np", "1"], planning_environment(env3d))
+    proc = train(env3d, DISPERSIVE, "0", dataset="503", configuration="3d_fullres")
+    folder = model_folder(env3d, DISPERSIVE, configuration="3d_fullres", dataset="Dataset503_Tiny3D")
+    plans = json.loads((folder / "plans.json").read_text())
+    assert len(plans["configurations"]["3d_fullres"]["patch_size"]) == 3
+    checkpoint = torch.load(folder / "fold_0" / "checkpoint_final.pth", map_location="cpu", weights_only=False)
+    dispersive = checkpoint["logging"]["loss_dispersive"]
+    assert len(dispersive) == 1 and math.isfinite(dispersive[0])
+    assert "loss terms: dispersive" in proc.stdout
+    summary = json.loads((folder / "fold_0" / "validation" / "summary.json").read_text())
+    assert math.isfinite(summary["foreground_mean"]["Dice"]) and summary["metric_per_case"]
