@@ -317,7 +317,8 @@ def test_pretrained_weights_on_another_dataset_after_move_plans(env, trained, re
     shutil.copytree(Path(env["nnUNet_preprocessed"]) / DATASET, Path(target["nnUNet_preprocessed"]) / DATASET,
                     ignore=shutil.ignore_patterns("nnUNetPlans_2d", "nnUNetResEnc*", "gt_segmentations"))
     planning = planning_environment(target)
-    run_cli(["nnUNetv2_extract_fingerprint", "-d", "502", "-np", "1"], planning)
+    # fingerprint and plan (which also puts dataset.json into nnUNet_preprocessed, as nnUNetv2_preprocess needs)
+    run_cli(["nnUNetv2_plan_and_preprocess", "-d", "502", "-c", "2d", "-np", "1", "--no_pp"], planning)
     run_cli(["nnUNetv2_move_plans_between_datasets", "-s", "501", "-t", "502", "-sp", "nnUNetPlans",
              "-tp", "nnUNetPlans_from501"], planning)
     run_cli(["nnUNetv2_preprocess", "-d", "502", "-plans_name", "nnUNetPlans_from501", "-c", "2d", "-np", "1"],
