@@ -3,7 +3,8 @@ tools on Med-DisSeg models").
 
 Everything runs on the CPU on the generated 64x64 Dataset501 (conftest's ``preprocessed_synthetic``,
 12 training cases: nnU-Net's own 5-fold split), with the smoke trainers trained once per module on
-folds 0 and 1 with ``--npz``.
+folds 0 and 1 with ``--npz``. The module takes about half an hour of a 2-core CPU (two Med-DisSeg smoke
+folds, a ResEnc plan, a 3D dataset), so it is in the ``slow`` layer: ``pytest -m slow tests/e2e/test_nnunet_tools.py``.
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ RESENC = "nnUNetResEncUNetMPlans"
 FOLDS = ("0", "1")
 CPU = ("-device", "cpu")
 NO_WORKERS = ("-npp", "0", "-nps", "0")
+
+pytestmark = pytest.mark.slow
 
 
 def model_folder(env: dict, trainer: str, plans: str = "nnUNetPlans", configuration: str = "2d",
