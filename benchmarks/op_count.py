@@ -48,6 +48,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from nnunetv2_meddisseg.planning.plan_meddisseg import default_arch_kwargs
+
 from common import (DEFAULT_OUT, NNUNET_ARCHITECTURES, alternating_timings, command_line, machine_info, markdown_table,
                     summarize, use_previous_implementations, use_reference_implementations, write_results)
 
@@ -109,10 +111,7 @@ def count(fn: Callable[[], object], watch: Optional[nn.Module] = None, names=())
 DATASET = "Dataset998_OpCount"
 MEDDISSEG_ARCH = {
     "network_class_name": "nnunetv2_meddisseg.architectures.MedDisSegNet",
-    "arch_kwargs": {"encoder_weights": None, "elat": True, "activation": "telu", "decoder_fusion": "sum",
-                    "cbat": True, "conv_op": "torch.nn.modules.conv.Conv2d",
-                    "norm_op": "nnunetv2_meddisseg.blocks.norm.BatchNorm2d",
-                    "norm_op_kwargs": {"eps": 1e-5, "affine": True}},
+    "arch_kwargs": default_arch_kwargs(),  # what nnUNetv2_meddisseg_plan writes
     "_kw_requires_import": ["conv_op", "norm_op"],
 }
 DATASET_JSON = {"channel_names": {"0": "R", "1": "G", "2": "B"}, "labels": {"background": 0, "polyp": 1},
