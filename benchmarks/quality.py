@@ -73,7 +73,14 @@ class Method(NamedTuple):
     name: str
     module: str
     trainer: str
-    family: str  # "nnunet" (nnU-Net's plans and network) or "meddisseg"
+    family: str  # "nnunet" (nnU-Net's plans and network) or a key of MEDDISSEG_PLANS
+
+
+#: Med-DisSeg plans families: plans name stem -> extra ``nnUNetv2_meddisseg_plan`` arguments
+MEDDISSEG_PLANS: Dict[str, tuple] = {
+    "meddisseg": ("nnUNetMedDisSegPlans", ()),
+    "meddisseg_instancenorm": ("nnUNetMedDisSegPlans_instanceNorm", ("--added-norm", "instance")),
+}
 
 
 _MD = "nnunetv2_meddisseg.training"
@@ -114,6 +121,11 @@ METHODS: Dict[str, Method] = {
                                         "nnUNetTrainerMedDisSeg_plainPaperRunningStatistics", "meddisseg"),
     "plain_adam": Method("Med-DisSeg network, plain, Adam 1e-3", f"{_MD}.scratch_variants",
                          "nnUNetTrainerMedDisSeg_plainAdam", "meddisseg"),
+    "meddisseg_instancenorm": Method("Med-DisSeg, InstanceNorm in the added blocks", f"{_MD}.nnUNetTrainerMedDisSeg",
+                                     "nnUNetTrainerMedDisSeg", "meddisseg_instancenorm"),
+    "plain_paper_instancenorm": Method("Med-DisSeg network, plain, Adam 1e-4/1e-5, InstanceNorm in the added blocks",
+                                       f"{_MD}.scratch_variants", "nnUNetTrainerMedDisSeg_plainPaper",
+                                       "meddisseg_instancenorm"),
 }
 #: the default comparison reference of every p-value (``--baseline``)
 BASELINE = "default"
@@ -578,14 +590,15 @@ def _run(args, kvasir: Path, work: Path, deadline: Deadline) -> dict:
           f"{args.batch}; Med-DisSeg Stage I {stage1_epochs} epochs")
     write_budget_trainers(work / "trainers", args.methods, epochs, args.iterations_per_epoch, args.val_iterations,
                           not args.no_final_validation, args.threads)
-    plans = {"nnunet": f"nnUNetPlans_bs{args.batch}", "meddisseg": f"nnUNetMedDisSegPlans_bs{args.batch}"}
+    plans = {"nnunet": f"nnUNetPlans_bs{args.batch}"}
+    plans.update({family: f"{stem}_bs{args.batch}" for family, (stem, _) in MEDDISSEG_PLANS.items()})
     write_batch_plans(preprocessed, "nnUNetPlans", plans["nnunet"], args.batch)
-    if any(METHODS[k].family == "meddisseg" for k in args.methods):
+    for family in sorted({METHODS[k].family for k in args.methods} & set(MEDDISSEG_PLANS)):
         command = ["nnUNetv2_meddisseg_plan", "-d", dataset, "--batch-size", str(args.batch), "--plans-name",
-                   plans["meddisseg"]]
+                   plans[family], *MEDDISSEG_PLANS[family][1]]
         if args.encoder_weights:
             command += ["--encoder-weights", args.encoder_weights]
-        run_command(command, env, work / "logs" / "meddisseg_plan.log", deadline)
+        run_command(command, env, work / "logs" / f"{family}_plan.log", deadline)
 
     study = Study(args, env, work, dataset, raw, plans, deadline)
     order = [(k, s) for s in range(args.seeds) for k in args.methods]

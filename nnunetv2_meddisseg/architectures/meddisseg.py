@@ -113,6 +113,10 @@ class MedDisSegNet(nn.Module):
             ResNet-50 encoder keeps its own ReLU.
         decoder_fusion: "sum" (paper Eq. 9) or "concat" (released code).
         conv_op, norm_op, norm_op_kwargs: 2D operators (classes or dotted names).
+        added_norm_op, added_norm_op_kwargs: the normalisation of every block Med-DisSeg adds to the
+            ResNet-50 encoder (enhancement, decoupling and its heads, guidance, CDFA, decoders; ELAT has
+            none); None (default): ``norm_op`` / ``norm_op_kwargs``, the paper's BatchNorm everywhere.
+            ``torch.nn.InstanceNorm2d`` normalises each image by its own statistics, as nnU-Net does.
 
     forward(x): x (B, C, H, W), any H, W (padded to a multiple of 16 internally, outputs cropped back):
         - ``encoder_only``: [x1 (B,64,H'/2,W'/2), x2 (B,256,H'/4), x3 (B,512,H'/8), x4 (B,1024,H'/16)]
@@ -144,20 +148,27 @@ class MedDisSegNet(nn.Module):
         conv_op: Union[str, Type[nn.Module]] = nn.Conv2d,
         norm_op: Union[str, Type[nn.Module]] = BatchNorm2d,
         norm_op_kwargs: Optional[dict] = None,
+        added_norm_op: Union[str, Type[nn.Module], None] = None,
+        added_norm_op_kwargs: Optional[dict] = None,
     ) -> None:
         super().__init__()
         conv_op = _resolve_op(conv_op, "conv_op")
         norm_op = _resolve_op(norm_op, "norm_op")
+        if added_norm_op is None:
+            added_norm_op, added_norm_op_kwargs = norm_op, norm_op_kwargs
+        else:
+            added_norm_op = _resolve_op(added_norm_op, "added_norm_op")
         if not issubclass(conv_op, nn.Conv2d):
             raise ValueError(
                 f"MedDisSegNet is 2D only: conv_op must be a 2D convolution (torch.nn.Conv2d), got "
                 f"{conv_op.__module__}.{conv_op.__name__}; use nnU-Net's 2d configuration"
             )
-        if _is_not_2d(norm_op):
-            raise ValueError(
-                f"MedDisSegNet is 2D only: norm_op must be a 2D normalisation (e.g. torch.nn.BatchNorm2d), got "
-                f"{norm_op.__module__}.{norm_op.__name__}"
-            )
+        for name, op in (("norm_op", norm_op), ("added_norm_op", added_norm_op)):
+            if _is_not_2d(op):
+                raise ValueError(
+                    f"MedDisSegNet is 2D only: {name} must be a 2D normalisation (e.g. torch.nn.BatchNorm2d), "
+                    f"got {op.__module__}.{op.__name__}"
+                )
         nonlin = get_activation(activation)
         if decoder_fusion not in DECODER_FUSIONS:
             raise ValueError(f"unknown decoder_fusion {decoder_fusion!r}: choose one of {list(DECODER_FUSIONS)}")
@@ -170,7 +181,9 @@ class MedDisSegNet(nn.Module):
         self.encoder_only = False
         self._channels_last = False  # weights moved to channels-last by the CPU bf16 forward
         ops = dict(conv_op=conv_op, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs)
-        blk = dict(nonlin=nonlin, **ops)
+        #: (class, kwargs) of the normalisation in the blocks added to the encoder (also the Stage I head's)
+        self.added_norm = (added_norm_op, dict(added_norm_op_kwargs or {}))
+        blk = dict(nonlin=nonlin, conv_op=conv_op, norm_op=added_norm_op, norm_op_kwargs=added_norm_op_kwargs)
         dim = 128
 
         self.encoder = ResNet50Encoder(input_channels, **ops)

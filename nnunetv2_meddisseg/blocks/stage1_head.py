@@ -26,7 +26,7 @@ class Stage1Head(nn.Module):
         num_classes: output channels (nnU-Net's number of segmentation heads).
         in_channels: channels of the encoder features, shallowest first (ResNet-50: 64, 256, 512, 1024).
         width: channels per level after the 1x1 CBT (64 in the paper: 4 x 64 = 256 fused channels).
-        norm_op, nonlin: the normalisation and activation of the CBT blocks.
+        norm_op, norm_op_kwargs, nonlin: the normalisation and activation of the CBT blocks.
 
     forward(features, output_size=None):
         features: sequence of (B, C_i, H_i, W_i), one per level, shallowest first.
@@ -37,13 +37,14 @@ class Stage1Head(nn.Module):
     """
 
     def __init__(self, num_classes: int, in_channels: Sequence[int] = ENCODER_CHANNELS, width: int = 64,
-                 norm_op: Type[nn.Module] = nn.BatchNorm2d, nonlin: Type[nn.Module] = TeLU) -> None:
+                 norm_op: Type[nn.Module] = nn.BatchNorm2d, nonlin: Type[nn.Module] = TeLU,
+                 norm_op_kwargs: Optional[dict] = None) -> None:
         super().__init__()
         if num_classes < 1:
             raise ValueError(f"Stage1Head: num_classes must be >= 1, got {num_classes}")
         self.in_channels = tuple(int(c) for c in in_channels)
         self.projections = nn.ModuleList(
-            ConvNormAct(c, width, kernel_size=1, norm_op=norm_op, nonlin=nonlin) for c in self.in_channels
+            ConvNormAct(c, width, kernel_size=1, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs, nonlin=nonlin) for c in self.in_channels
         )
         self.classifier = nn.Conv2d(len(self.in_channels) * width, num_classes, kernel_size=1)
 

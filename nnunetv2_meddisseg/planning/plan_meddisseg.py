@@ -30,10 +30,22 @@ TRAINING_BYTES_PER_PIXEL = 22_000
 STATIC_TRAINING_BYTES = 4 * 4 * 46_115_000
 
 
+#: ``--added-norm`` choices: the normalisation of the blocks Med-DisSeg adds to the encoder
+#: (``MedDisSegNet``'s ``added_norm_op`` / ``added_norm_op_kwargs``); "batch" keeps the plans' ``norm_op``
+ADDED_NORMS = {
+    "batch": (None, None),
+    "instance": ("torch.nn.modules.instancenorm.InstanceNorm2d", {"eps": 1e-5, "affine": True}),
+}
+
+
 def default_arch_kwargs(encoder_weights: Optional[str] = None, elat: bool = True, activation: str = "telu",
-                        decoder_fusion: str = "sum", cbat: bool = True) -> dict:
-    """The ``arch_kwargs`` block of a MedDisSeg plan (what ``MedDisSegNet`` receives from nnU-Net)."""
-    return {
+                        decoder_fusion: str = "sum", cbat: bool = True, added_norm: str = "batch") -> dict:
+    """The ``arch_kwargs`` block of a MedDisSeg plan (what ``MedDisSegNet`` receives from nnU-Net).
+    ``added_norm``: a key of :data:`ADDED_NORMS`; "batch" (the paper's BatchNorm everywhere) writes no
+    ``added_norm_op`` entry."""
+    if added_norm not in ADDED_NORMS:
+        raise UserError(f"--added-norm must be one of {', '.join(ADDED_NORMS)}, got {added_norm!r}")
+    kwargs = {
         "encoder_weights": encoder_weights,
         "elat": elat,
         "activation": activation,
@@ -43,6 +55,10 @@ def default_arch_kwargs(encoder_weights: Optional[str] = None, elat: bool = True
         "norm_op": "nnunetv2_meddisseg.blocks.norm.BatchNorm2d",
         "norm_op_kwargs": {"eps": 1e-5, "affine": True},
     }
+    added_op, added_kwargs = ADDED_NORMS[added_norm]
+    if added_op is not None:
+        kwargs.update(added_norm_op=added_op, added_norm_op_kwargs=dict(added_kwargs))
+    return kwargs
 
 
 def estimate_batch_size(patch_size: Sequence[int], memory_target_gb: float, min_batch_size: int = 2,
@@ -98,10 +114,11 @@ def build_meddisseg_plans(source_plans: dict, plans_name: str = DEFAULT_PLANS_NA
     config = deepcopy(source_2d)
     config["patch_size"] = list(patch_size)
     config["batch_size"] = int(batch_size)
+    kwargs = default_arch_kwargs(**arch_kwargs)
     config["architecture"] = {
         "network_class_name": NETWORK_CLASS_NAME,
-        "arch_kwargs": default_arch_kwargs(**arch_kwargs),
-        "_kw_requires_import": ["conv_op", "norm_op"],
+        "arch_kwargs": kwargs,
+        "_kw_requires_import": [k for k in ("conv_op", "norm_op", "added_norm_op") if k in kwargs],
     }
     plans["configurations"] = {"2d": config}
     return plans
@@ -210,6 +227,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="ablation: each decoding path ends in a plain 3x3 conv-norm-activation block instead of CBAT")
     p.add_argument("--decoder-fusion", choices=("sum", "concat"), default="sum",
                    help="sum = paper Eq. 9; concat = released code / ConDSeg")
+    p.add_argument("--added-norm", choices=tuple(ADDED_NORMS), default="batch",
+                   help="normalisation of the blocks Med-DisSeg adds to the ResNet-50 encoder (the encoder keeps "
+                        "BatchNorm): batch = the paper; instance = per-image statistics, as nnU-Net's own networks")
     p.add_argument("--plans-name", default=DEFAULT_PLANS_NAME, help="name of the plans file to write")
     p.add_argument("--source-plans", default="nnUNetPlans", dest="source_plans_name",
                    help="nnU-Net plans to derive from (their preprocessed 2d data is reused)")

@@ -226,7 +226,9 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         return unwrap_module(self.stage1_head)
 
     def _build_stage1_head(self) -> nn.Module:
-        head = Stage1Head(self.label_manager.num_segmentation_heads, width=self.stage1_head_width).to(self.device)
+        norm_op, norm_op_kwargs = self._plain_network().added_norm
+        head = Stage1Head(self.label_manager.num_segmentation_heads, width=self.stage1_head_width, norm_op=norm_op,
+                          norm_op_kwargs=norm_op_kwargs).to(self.device)
         if self.is_ddp:
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             head = DDP(nn.SyncBatchNorm.convert_sync_batchnorm(head), device_ids=device_ids)

@@ -287,3 +287,33 @@ def test_state_dict_of_the_separate_branch_layout_loads():
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(fresh(x), net(x))
+
+
+@pytest.mark.parametrize("op", [nn.InstanceNorm2d, "torch.nn.modules.instancenorm.InstanceNorm2d"])
+def test_added_norm_op_normalises_the_added_blocks_and_the_encoder_keeps_its_own(op):
+    from nnunetv2_meddisseg.blocks.norm import BatchNorm2d
+
+    net = MedDisSegNet(3, 2, added_norm_op=op, added_norm_op_kwargs={"affine": True})
+    encoder = set(net.encoder.modules())
+    norms = [(m in encoder, type(m)) for m in net.modules() if isinstance(m, (nn.BatchNorm2d, nn.InstanceNorm2d))]
+    assert {t for inside, t in norms if inside} == {BatchNorm2d}
+    assert {t for inside, t in norms if not inside} == {nn.InstanceNorm2d}
+    assert sum(not inside for inside, _ in norms) > 40  # every added block, not one of them
+    assert all(m.affine and not m.track_running_stats for m in net.modules() if isinstance(m, nn.InstanceNorm2d))
+    assert net.added_norm == (nn.InstanceNorm2d, {"affine": True})
+    assert _count(net) == _count(MedDisSegNet(3, 2))  # affine InstanceNorm has BatchNorm's parameters
+    net.eval()
+    with torch.no_grad():
+        assert net(torch.randn(1, 3, 32, 32)).shape == (1, 2, 32, 32)
+
+
+def test_added_norm_defaults_to_the_network_norm():
+    net = MedDisSegNet(3, 2, norm_op=nn.BatchNorm2d, norm_op_kwargs={"eps": 1e-3})
+    assert net.added_norm == (nn.BatchNorm2d, {"eps": 1e-3})
+    assert {type(m) for m in net.modules() if isinstance(m, nn.modules.batchnorm._NormBase)} == {nn.BatchNorm2d}
+    assert all(m.eps == 1e-3 for m in net.modules() if isinstance(m, nn.BatchNorm2d))
+
+
+def test_three_d_added_norm_is_refused():
+    with pytest.raises(ValueError, match="added_norm_op must be a 2D normalisation"):
+        MedDisSegNet(3, 2, added_norm_op=nn.InstanceNorm3d)

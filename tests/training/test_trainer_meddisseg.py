@@ -492,3 +492,18 @@ def test_the_log_names_weights_that_pretrained_weights_loaded(nnunet_dirs, tmp_p
     assert trainer._encoder_origin().startswith("the weights -pretrained_weights loaded")
     trainer.current_epoch = 3  # resumed from a checkpoint (--c): the weights are the run's own
     assert trainer._encoder_origin() == "random initialisation"
+
+
+def test_stage1_head_uses_the_norm_of_the_added_blocks(nnunet_dirs):
+    from torch.nn.modules.batchnorm import _NormBase
+
+    architecture = deepcopy(MEDDISSEG)
+    architecture["arch_kwargs"].update(added_norm_op="torch.nn.modules.instancenorm.InstanceNorm2d",
+                                       added_norm_op_kwargs={"eps": 1e-5, "affine": True})
+    architecture["_kw_requires_import"].append("added_norm_op")
+    trainer = make_trainer(plans=tiny_plans(architecture))
+    assert trainer.training_stage == STAGE_1
+    norms = {type(m) for m in trainer.stage1_head.modules() if isinstance(m, _NormBase)}
+    assert norms == {torch.nn.InstanceNorm2d}
+    default = make_trainer(plans=tiny_plans(MEDDISSEG))
+    assert {type(m) for m in default.stage1_head.modules() if isinstance(m, _NormBase)} == {torch.nn.BatchNorm2d}
