@@ -1,8 +1,10 @@
 """Normalisation layers of Med-DisSeg."""
+from typing import Optional
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["BatchNorm2d"]
+__all__ = ["BatchNorm2d", "InstanceNorm2d"]
 
 
 class BatchNorm2d(nn.BatchNorm2d):
@@ -23,4 +25,27 @@ class BatchNorm2d(nn.BatchNorm2d):
             self._check_input_dim(x)
             return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, True,
                                 self.momentum, self.eps)
+        return super().forward(x)
+
+
+class InstanceNorm2d(nn.GroupNorm):
+    """``torch.nn.InstanceNorm2d(num_features, eps, affine=affine)`` computed as a group norm with one
+    channel per group: the same output, gradients and state-dict keys (``weight``, ``bias``), in one
+    kernel per forward instead of torch's repeat + view + batch norm over a (1, B*C, H, W) reshape.
+    No running statistics (``track_running_stats`` must stay False): each image is normalised by its
+    own statistics in training and at prediction alike.
+
+    x: (B, C, H, W) -> (B, C, H, W)
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = None,
+                 affine: bool = True, track_running_stats: bool = False) -> None:
+        if track_running_stats:
+            raise ValueError("InstanceNorm2d keeps no running statistics: track_running_stats must be False")
+        super().__init__(num_features, num_features, eps=eps, affine=affine)
+        self.num_features = num_features
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() != 4:
+            raise ValueError(f"InstanceNorm2d expects (B, C, H, W) input, got shape {tuple(x.shape)}")
         return super().forward(x)

@@ -34,7 +34,7 @@ STATIC_TRAINING_BYTES = 4 * 4 * 46_115_000
 #: (``MedDisSegNet``'s ``added_norm_op`` / ``added_norm_op_kwargs``); "batch" keeps the plans' ``norm_op``
 ADDED_NORMS = {
     "batch": (None, None),
-    "instance": ("torch.nn.modules.instancenorm.InstanceNorm2d", {"eps": 1e-5, "affine": True}),
+    "instance": ("nnunetv2_meddisseg.blocks.norm.InstanceNorm2d", {"eps": 1e-5, "affine": True}),
 }
 
 

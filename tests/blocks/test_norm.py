@@ -67,3 +67,35 @@ def test_state_dicts_load_both_ways():
     assert ours.state_dict().keys() == theirs.state_dict().keys()
     assert int(ours.num_batches_tracked) == 1
     theirs.load_state_dict(ours.state_dict())
+
+
+def test_instance_norm_matches_torch():
+    from nnunetv2_meddisseg.blocks.norm import InstanceNorm2d
+
+    torch.manual_seed(0)
+    ours, theirs = InstanceNorm2d(4, eps=1e-5).double(), nn.InstanceNorm2d(4, eps=1e-5, affine=True).double()
+    with torch.no_grad():
+        for layer in (ours, theirs):
+            layer.weight.copy_(torch.tensor([0.5, 1.0, 1.5, 2.0]))
+            layer.bias.copy_(torch.tensor([0.1, -0.2, 0.3, 0.0]))
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    for training in (True, False):
+        ours.train(training), theirs.train(training)
+        x = torch.randn(3, 4, 5, 6, dtype=torch.float64) * 3 + 1
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ya, yb = ours(xa), theirs(xb)
+        torch.testing.assert_close(ya, yb)
+        weights = torch.arange(ya.numel(), dtype=ya.dtype).view_as(ya)
+        (ya * weights).sum().backward(), (yb * weights).sum().backward()
+        torch.testing.assert_close(xa.grad, xb.grad)
+        torch.testing.assert_close(ours.weight.grad, theirs.weight.grad)
+        torch.testing.assert_close(ours.bias.grad, theirs.bias.grad)
+        ours.zero_grad(), theirs.zero_grad()
+    # each image by its own statistics: a sample's output does not depend on the rest of the batch
+    x = torch.randn(2, 4, 5, 6, dtype=torch.float64)
+    torch.testing.assert_close(ours(x)[:1], ours(x[:1]))
+    with _Ops() as ops:
+        ours(x)
+    assert [n for n in ops.names if n != "detach"] == ["native_group_norm"]
+    with pytest.raises(ValueError, match="track_running_stats"):
+        InstanceNorm2d(4, track_running_stats=True)

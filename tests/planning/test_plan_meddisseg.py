@@ -80,14 +80,16 @@ def test_added_norm_instance_reaches_the_network(preprocessed_synthetic):
     run_cli(["nnUNetv2_meddisseg_plan", "-d", "501", "--added-norm", "instance", "--plans-name", "PlansIN"], env)
     plans = json.loads((Path(env["nnUNet_preprocessed"]) / "Dataset501_SyntheticPolyps" / "PlansIN.json").read_text())
     architecture = plans["configurations"]["2d"]["architecture"]
-    assert architecture["arch_kwargs"]["added_norm_op"] == "torch.nn.modules.instancenorm.InstanceNorm2d"
+    assert architecture["arch_kwargs"]["added_norm_op"] == "nnunetv2_meddisseg.blocks.norm.InstanceNorm2d"
     assert "added_norm_op" in architecture["_kw_requires_import"]
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 
     network = get_network_from_plans(architecture["network_class_name"], architecture["arch_kwargs"],
                                      architecture["_kw_requires_import"], 3, 2, deep_supervision=True)
     encoder = set(network.encoder.modules())
-    added = [m for m in network.modules() if isinstance(m, torch.nn.InstanceNorm2d)]
+    from nnunetv2_meddisseg.blocks.norm import InstanceNorm2d
+
+    added = [m for m in network.modules() if isinstance(m, InstanceNorm2d)]
     assert added and not encoder.intersection(added)
     assert not [m for m in network.modules() if isinstance(m, torch.nn.BatchNorm2d) and m not in encoder]
     # the default plans keep the paper's BatchNorm everywhere and name no added norm
