@@ -188,3 +188,29 @@ def test_a_budget_trains_for_the_stated_iterations(nnunet_dirs, tmp_path, monkey
     trainer.run_training()
     assert steps == [0, 0, 0, 1, 1, 1] and validations == [0, 1]
     assert "final validation skipped" in open(trainer.log_file).read()
+
+
+def _readme_section(title: str) -> str:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = text.index(title)
+    return text[start:text.index("\n### ", start + len(title))]
+
+
+def test_readme_lists_every_setting_and_its_three_line_variant_works():
+    import re
+
+    section = _readme_section("### Defaults and how to change them")
+    listed = set()
+    for row in section.splitlines():
+        if row.startswith("| `"):
+            listed.update(re.findall(r"`(\w+)`", row.split("|")[1]))
+    fields = {f.name for f in dataclasses.fields(MedDisSegRecipe)}
+    assert listed == fields, (sorted(fields - listed), sorted(listed - fields))
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert len(code.strip().splitlines()) == 3
+    namespace: dict = {}
+    exec(code, namespace)
+    variant = namespace["nnUNetTrainerMedDisSeg_tau0p4"]
+    assert _differences(variant.recipe, MedDisSegRecipe()) == {"dispersive_tau": 0.4}
