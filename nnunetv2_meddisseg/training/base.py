@@ -58,11 +58,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from batchgenerators.utilities.file_and_folder_operations import join
 from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
 from nnunetv2.utilities.collate_outputs import collate_outputs
-from nnunetv2.utilities.helpers import dummy_context
 
 from nnunetv2_meddisseg.losses import DIAGNOSTIC_KEYS, MINIMUM_BATCH, dispersion_diagnostics, gather_batch
 from nnunetv2_meddisseg.training.curves import PLOT_FILENAME, CurvesLogger, TrainingCurves
-from nnunetv2_meddisseg.training.nnunet_copies import checkpoint_entries
+from nnunetv2_meddisseg.training.nnunet_copies import backward_clip_step, checkpoint_entries, train_autocast
 from nnunetv2_meddisseg.training.recipe import (RECIPE_ENVIRONMENT_VARIABLE, ScheduleRecipe, recipe_overrides_from_environment,
                                                 recipe_summary)
 
@@ -300,11 +299,11 @@ class ExtendedTrainerBase(SeededTrainer):
         return unwrap_module(self.network)
 
     def _autocast(self):
-        """nnU-Net's rule: autocast on CUDA only (slow on CPU, unsupported on MPS); bf16 autocast on CUDA and
-        the CPU with ``nnUNet_meddisseg_bf16`` set."""
+        """nnU-Net's rule (``train_autocast``: autocast on CUDA only); bf16 autocast on CUDA and the CPU with
+        ``nnUNet_meddisseg_bf16`` set."""
         if self.bf16:
             return autocast(self.device.type, dtype=torch.bfloat16, enabled=True)
-        return autocast(self.device.type, enabled=True) if self.device.type == "cuda" else dummy_context()
+        return train_autocast(self.device)
 
     def _batch_description(self, training: bool) -> str:
         rank = f" on rank {self.local_rank}" if self.is_ddp else ""
@@ -356,23 +355,12 @@ class ExtendedTrainerBase(SeededTrainer):
         return norms
 
     def _optimizer_step(self, loss: torch.Tensor) -> Dict[str, torch.Tensor]:
-        """Backward, gradient clipping at 12 (of every parameter the optimizer holds) and step, with
-        nnU-Net's GradScaler on CUDA. Returns each group's gradient norm before clipping
-        (``_group_gradient_norms``, on the device; inf / NaN in a step that the GradScaler skips)."""
-        params = self._trained_parameters()
-        if self.grad_scaler is not None:
-            self.grad_scaler.scale(loss).backward()
-            self.grad_scaler.unscale_(self.optimizer)
-            norms = self._group_gradient_norms()
-            torch.nn.utils.clip_grad_norm_(params, 12)
-            self.grad_scaler.step(self.optimizer)
-            self.grad_scaler.update()
-        else:
-            loss.backward()
-            norms = self._group_gradient_norms()
-            torch.nn.utils.clip_grad_norm_(params, 12)
-            self.optimizer.step()
-        return norms
+        """nnU-Net's update (``backward_clip_step``: backward, gradient clipping at 12 and step, with its
+        GradScaler on CUDA) of every parameter the optimizer holds. Returns each group's gradient norm
+        before clipping (``_group_gradient_norms``, on the device; inf / NaN in a step that the GradScaler
+        skips)."""
+        return backward_clip_step(loss, self.optimizer, self.grad_scaler, self._trained_parameters(),
+                                  before_clipping=self._group_gradient_norms)
 
     def _step_result(self, total: torch.Tensor, scalars: Mapping[str, torch.Tensor]) -> dict:
         """A ``train_step`` result from one device-to-host transfer: ``loss`` (total, a 0-dim array as

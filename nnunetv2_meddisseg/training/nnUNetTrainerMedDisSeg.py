@@ -12,8 +12,6 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from batchgenerators.utilities.file_and_folder_operations import join
-from nnunetv2.training.dataloading.data_loader import nnUNetDataLoader
-from nnunetv2.training.dataloading.nnunet_dataset import infer_dataset_class
 from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 from nnunetv2.utilities.helpers import empty_cache
 from nnunetv2.utilities.plans_handling.plans_handler import ConfigurationManager, PlansManager
@@ -26,6 +24,7 @@ from nnunetv2_meddisseg.training.base import (ExtendedTrainerBase, preserved_ran
                                               unwrap_module)
 from nnunetv2_meddisseg.training.batchnorm_statistics import recalibrate_batchnorm
 from nnunetv2_meddisseg.training.lr_schedule import PerGroupPolyLRScheduler
+from nnunetv2_meddisseg.training.nnunet_copies import training_dataloader
 from nnunetv2_meddisseg.training.photometric import photometric_perturbation
 from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
 from nnunetv2_meddisseg.training.recipes import RECIPES
@@ -504,26 +503,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         drawn as nnU-Net's training dataloader draws them (with or without its augmentation) from a
         generator seeded by the run seed alone: the same batches at every call, on every rank and after
         ``--c``, and no random number of the training stream is used."""
-        patch_size = self.configuration_manager.patch_size
-        labels = dict(is_cascaded=self.is_cascaded, foreground_labels=self.label_manager.foreground_labels,
-                      regions=self.label_manager.foreground_regions if self.label_manager.has_regions else None,
-                      ignore_label=self.label_manager.ignore_label)
-        if self.recipe.batchnorm_calibration_augmentation:
-            rotation, dummy_2d, initial_patch_size, mirror_axes = \
-                self.configure_rotation_dummyDA_mirroring_and_inital_patch_size()
-            transforms = self.get_training_transforms(
-                patch_size, rotation, self._get_deep_supervision_scales(), mirror_axes, dummy_2d,
-                use_mask_for_norm=self.configuration_manager.use_mask_for_norm, **labels)
-        else:
-            initial_patch_size = patch_size
-            transforms = self.get_validation_transforms(self._get_deep_supervision_scales(), **labels)
-        if self.dataset_class is None:
-            self.dataset_class = infer_dataset_class(self.preprocessed_dataset_folder)
-        dataset_tr, _ = self.get_tr_and_val_datasets()
-        loader = nnUNetDataLoader(dataset_tr, self.batch_size, initial_patch_size, patch_size, self.label_manager,
-                                  oversample_foreground_percent=self.oversample_foreground_percent,
-                                  sampling_probabilities=None, pad_sides=None, transforms=transforms,
-                                  probabilistic_oversampling=self.probabilistic_oversampling)
+        loader = training_dataloader(self, augmentation=self.recipe.batchnorm_calibration_augmentation)
         count = math.ceil(self.recipe.batchnorm_calibration_samples / self.batch_size)
         with preserved_random_state():
             seed_generators([self.run_seed, 2])

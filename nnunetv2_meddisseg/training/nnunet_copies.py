@@ -1,25 +1,46 @@
 """The one place where our trainers copy nnU-Net code instead of calling it.
 
-nnU-Net's ``nnUNetTrainer.save_checkpoint`` builds its checkpoint dict and writes it in one method,
-with no hook to add entries; ours must add its own (run seed, training stage, Stage I head, early
-stopping) and write the file atomically. ``checkpoint_entries`` is that dict, copied from the method
-named in ``PINNED``. ``tests/training/test_nnunet_copies.py`` hashes the installed nnU-Net's source of
-every method in ``PINNED`` and fails, naming the method, when it differs from the source the copy was
-taken from: then compare the copy with the new source, update it and the hash.
+Each copy restates a piece of an nnU-Net method that offers no smaller hook:
+
+- ``checkpoint_entries``: the dict ``nnUNetTrainer.save_checkpoint`` builds and writes in one method;
+  ours adds its own entries (run seed, training stage, Stage I head, early stopping) and writes the
+  file atomically.
+- ``train_autocast`` and ``backward_clip_step``: the autocast rule and the update of
+  ``nnUNetTrainer.train_step``; our steps compute other losses (two views in Stage I, four outputs in
+  Stage II), clip every parameter the optimizer holds (the Stage I head too) and read each group's
+  gradient norm before clipping.
+- ``training_dataloader``: the training ``nnUNetDataLoader`` of ``nnUNetTrainer.get_dataloaders``,
+  without the augmenter processes around it, with nnU-Net's training transforms or its validation
+  transforms (the BatchNorm calibration batches).
+
+``tests/training/test_nnunet_copies.py`` hashes the installed nnU-Net's source of every method in
+``PINNED`` and fails, naming the method, when it differs from the source the copies were taken from:
+then compare the copies with the new source, update them and the hash. The same tests check that each
+copy does what nnU-Net's method does.
 """
 import hashlib
 import inspect
 import textwrap
-from typing import Dict
+from typing import Callable, Dict, Iterable, Optional, TypeVar
 
+import torch
+from torch import autocast
 from torch._dynamo import OptimizedModule
+from nnunetv2.training.dataloading.data_loader import nnUNetDataLoader
+from nnunetv2.training.dataloading.nnunet_dataset import infer_dataset_class
+from nnunetv2.utilities.helpers import dummy_context
 
-__all__ = ["PINNED", "source_hash", "checkpoint_entries"]
+__all__ = ["PINNED", "source_hash", "checkpoint_entries", "train_autocast", "backward_clip_step",
+           "training_dataloader"]
+
+T = TypeVar("T")
 
 #: nnU-Net method (module:qualified name) -> sha256 of its ``inspect.getsource`` (dedented) in nnunetv2 2.8.1
 PINNED: Dict[str, str] = {
     "nnunetv2.training.nnUNetTrainer.nnUNetTrainer:nnUNetTrainer.save_checkpoint":
         "d8d53bc50b777f302923f352f5f2bf0d9fca14ab7bb9939ff687c2d28ff99a38",
+    "nnunetv2.training.nnUNetTrainer.nnUNetTrainer:nnUNetTrainer.train_step": "aac5fa9fda6d009a6721fb58b807f2b396e3e15ab05a35c23b066ca045b2cbb4",
+    "nnunetv2.training.nnUNetTrainer.nnUNetTrainer:nnUNetTrainer.get_dataloaders": "13b6ac3b86403e26d79498346e909884a7011153a7800ad63939bbec490091cf",
 }
 
 
@@ -47,3 +68,70 @@ def checkpoint_entries(trainer) -> dict:
         'trainer_name': trainer.__class__.__name__,
         'inference_allowed_mirroring_axes': trainer.inference_allowed_mirroring_axes,
     }
+
+
+def train_autocast(device: torch.device):
+    """The autocast context of ``nnUNetTrainer.train_step`` (copied; see ``PINNED``): fp16 autocast on
+    CUDA only (slow on the CPU, unsupported on MPS)."""
+    return autocast(device.type, enabled=True) if device.type == 'cuda' else dummy_context()
+
+
+def backward_clip_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, grad_scaler,
+                       params: Iterable[torch.nn.Parameter],
+                       before_clipping: Optional[Callable[[], T]] = None) -> Optional[T]:
+    """The update of ``nnUNetTrainer.train_step`` (copied; see ``PINNED``): backward (through
+    ``grad_scaler`` when there is one, then unscaling), gradient clipping of ``params`` at a total norm
+    of 12, optimizer step (and scaler update). nnU-Net clips ``self.network.parameters()``.
+
+    ``before_clipping``, if given, is called after the gradients are unscaled and before they are
+    clipped; its result is returned (None otherwise).
+    """
+    params = list(params)
+    if grad_scaler is not None:
+        grad_scaler.scale(loss).backward()
+        grad_scaler.unscale_(optimizer)
+        seen = before_clipping() if before_clipping is not None else None
+        torch.nn.utils.clip_grad_norm_(params, 12)
+        grad_scaler.step(optimizer)
+        grad_scaler.update()
+    else:
+        loss.backward()
+        seen = before_clipping() if before_clipping is not None else None
+        torch.nn.utils.clip_grad_norm_(params, 12)
+        optimizer.step()
+    return seen
+
+
+def training_dataloader(trainer, augmentation: bool = True) -> nnUNetDataLoader:
+    """The training-case ``nnUNetDataLoader`` of ``nnUNetTrainer.get_dataloaders`` (copied; see
+    ``PINNED``) for ``trainer``, without the augmenter around it: with nnU-Net's training transforms
+    (``augmentation``) or with its validation transforms on plain patches of the training cases.
+    ``generate_train_batch()`` draws a batch from the global random generators, as nnU-Net's does."""
+    if trainer.dataset_class is None:
+        trainer.dataset_class = infer_dataset_class(trainer.preprocessed_dataset_folder)
+    patch_size = trainer.configuration_manager.patch_size
+    deep_supervision_scales = trainer._get_deep_supervision_scales()
+    labels = dict(is_cascaded=trainer.is_cascaded, foreground_labels=trainer.label_manager.foreground_labels,
+                  regions=trainer.label_manager.foreground_regions if trainer.label_manager.has_regions else None,
+                  ignore_label=trainer.label_manager.ignore_label)
+    if augmentation:
+        (
+            rotation_for_DA,
+            do_dummy_2d_data_aug,
+            initial_patch_size,
+            mirror_axes,
+        ) = trainer.configure_rotation_dummyDA_mirroring_and_inital_patch_size()
+        transforms = trainer.get_training_transforms(
+            patch_size, rotation_for_DA, deep_supervision_scales, mirror_axes, do_dummy_2d_data_aug,
+            use_mask_for_norm=trainer.configuration_manager.use_mask_for_norm, **labels)
+    else:
+        initial_patch_size = patch_size
+        transforms = trainer.get_validation_transforms(deep_supervision_scales, **labels)
+    dataset_tr, _ = trainer.get_tr_and_val_datasets()
+    return nnUNetDataLoader(dataset_tr, trainer.batch_size,
+                            initial_patch_size,
+                            trainer.configuration_manager.patch_size,
+                            trainer.label_manager,
+                            oversample_foreground_percent=trainer.oversample_foreground_percent,
+                            sampling_probabilities=None, pad_sides=None, transforms=transforms,
+                            probabilistic_oversampling=trainer.probabilistic_oversampling)

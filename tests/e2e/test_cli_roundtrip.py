@@ -201,6 +201,38 @@ def ensure_trained(env: dict, trainer: str, plans: str = "nnUNetPlans") -> Path:
     return fold_folder(env, trainer, plans).parent
 
 
+def test_export_install_and_validation_again(cli_env, tmp_path):
+    """The CI-sized share of nnU-Net's tools on our models (all of them, on two folds: the ``slow`` layer's
+    test_nnunet_tools.py): nnUNetv2_export_model_to_zip -> nnUNetv2_install_pretrained_model_from_zip into
+    a fresh nnUNet_results -> nnUNetv2_predict gives the original model's labels, and ``--val --npz``
+    validates fold 0 again, writing probabilities for every validation case."""
+    trainer = "nnUNetTrainerDispersive_smoke"  # nnU-Net's network: a small archive
+    model = ensure_trained(cli_env, trainer)
+    labels = predict(cli_env, tmp_path, trainer, "nnUNetPlans")
+    archive = tmp_path / "model.zip"
+    run_cli(["nnUNetv2_export_model_to_zip", "-d", "501", "-o", archive, "-c", "2d", "-tr", trainer,
+             "-p", "nnUNetPlans", "-f", "0"], cli_env)
+    fresh = {**cli_env, "nnUNet_results": str(tmp_path / "fresh_results")}
+    Path(fresh["nnUNet_results"]).mkdir()
+    run_cli(["nnUNetv2_install_pretrained_model_from_zip", archive], fresh)
+    out = tmp_path / "installed_predictions"
+    run_cli(["nnUNetv2_predict", "-i", tmp_path / "images", "-o", out, "-d", "501", "-c", "2d", "-f", "0",
+             "-tr", trainer, "-p", "nnUNetPlans", "-npp", "0", "-nps", "0", "-device", "cpu", "--disable_tta"], fresh)
+    for label in sorted(labels.glob("*.png")):
+        assert np.array_equal(np.asarray(Image.open(out / label.name)),
+                              np.asarray(Image.open(tmp_path / "predictions" / label.name))), label.name
+
+    validation = model / "fold_0" / "validation"
+    cases = sorted(p.stem for p in validation.glob("*.png"))
+    assert cases
+    shutil.rmtree(validation)
+    run_cli(["nnUNetv2_train", "501", "2d", "0", "-tr", trainer, "--val", "--npz", "-device", "cpu"], cli_env)
+    assert sorted(p.stem for p in validation.glob("*.png")) == cases
+    assert sorted(p.stem for p in validation.glob("*.npz")) == cases
+    summary = json.loads((validation / "summary.json").read_text())
+    assert math.isfinite(summary["foreground_mean"]["Dice"])
+
+
 def test_compare_predicts_both_models_like_nnunet_predict(cli_env, tmp_path):
     """nnUNetv2_meddisseg_compare on two trained models: it predicts the test set with each (the same
     labels as nnUNetv2_predict with its default test-time mirroring), evaluates, and writes the table,

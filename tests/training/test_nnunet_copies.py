@@ -52,3 +52,83 @@ def test_checkpoint_entries_are_what_nnunet_writes(nnunet_dirs):
     ours = torch.load(ours_file, weights_only=False)
     assert _equal({k: ours[k] for k in written}, written)
     assert ours["run_seed"] == trainer.run_seed and "meddisseg_stage" in ours
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_backward_clip_step_updates_as_nnunets_train_step(scaled):
+    """nnU-Net's own ``train_step`` on a stand-in trainer and the copy on a twin network give the same weights,
+    with and without a GradScaler, and with gradients large enough for the clipping at 12 to act."""
+    import copy
+    from types import SimpleNamespace
+
+    import torch.nn.functional as F
+    from torch import nn
+
+    from nnunetv2_meddisseg.training.nnunet_copies import backward_clip_step, train_autocast
+
+    torch.manual_seed(0)
+    network = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 1))
+    twin = copy.deepcopy(network)
+    data, target = 10 * torch.randn(2, 1, 8, 8), torch.randint(0, 2, (2, 8, 8))
+
+    def loss(output, t):
+        return 100 * F.cross_entropy(output, t)
+
+    def scaler():
+        return torch.amp.GradScaler("cpu", init_scale=2.0 ** 4) if scaled else None
+
+    stand_in = SimpleNamespace(device=torch.device("cpu"), network=network, loss=loss, grad_scaler=scaler(),
+                               optimizer=torch.optim.SGD(network.parameters(), lr=0.1))
+    nnUNetTrainer.train_step(stand_in, {"data": data, "target": target})
+
+    optimizer = torch.optim.SGD(twin.parameters(), lr=0.1)
+    optimizer.zero_grad(set_to_none=True)
+    with train_autocast(torch.device("cpu")):
+        value = loss(twin(data), target)
+    norm = backward_clip_step(value, optimizer, scaler(), twin.parameters(), before_clipping=lambda: float(
+        torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in twin.parameters()]))))
+    assert norm > 12  # the clipping acted
+    for a, b in zip(network.parameters(), twin.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("augmentation", [True, False])
+def test_training_dataloader_is_nnunets_training_loader(preprocessed_synthetic, monkeypatch, augmentation):
+    """The copy draws what nnU-Net's own training loader (``get_dataloaders``) draws from the same random state;
+    without augmentation the samples not centred on foreground are whole preprocessed training cases (the patch
+    is the image here)."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+
+    from nnunetv2_meddisseg.training.base import seed_generators
+    from nnunetv2_meddisseg.training.nnunet_copies import training_dataloader
+
+    for name, value in preprocessed_synthetic.items():
+        if name.startswith("nnUNet_"):
+            monkeypatch.setenv(name, value)
+    monkeypatch.setenv("nnUNet_n_proc_DA", "0")
+    folder = Path(preprocessed_synthetic["nnUNet_preprocessed"]) / "Dataset501_SyntheticPolyps"
+    plans = dict(json.loads((folder / "nnUNetPlans.json").read_text()), continue_training=False)
+    trainer = nnUNetTrainer(plans, "2d", 0, json.loads((folder / "dataset.json").read_text()), torch.device("cpu"))
+    trainer._set_batch_size_and_oversample()  # as nnU-Net's initialize() does
+    ours = training_dataloader(trainer, augmentation=augmentation)
+    if augmentation:
+        nnunet_loader = trainer.get_dataloaders()[0].data_loader
+        seed_generators([3])
+        expected = nnunet_loader.generate_train_batch()
+        seed_generators([3])
+        got = ours.generate_train_batch()
+        assert list(got["keys"]) == list(expected["keys"])
+        torch.testing.assert_close(got["data"], expected["data"], rtol=0, atol=0)
+        torch.testing.assert_close(got["target"], expected["target"], rtol=0, atol=0)
+    else:
+        assert list(trainer.configuration_manager.patch_size) == [64, 64]
+        batch = ours.generate_train_batch()
+        dataset, _ = trainer.get_tr_and_val_datasets()
+        random_samples = round(trainer.batch_size * (1 - trainer.oversample_foreground_percent))
+        assert random_samples >= 1  # the rest are centred on foreground (shifted and padded)
+        for key, data in zip(batch["keys"][:random_samples], batch["data"][:random_samples]):
+            case = np.asarray(dataset.load_case(key)[0])
+            torch.testing.assert_close(data, torch.from_numpy(case).float().reshape(data.shape), rtol=0, atol=0)
