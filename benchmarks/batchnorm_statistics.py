@@ -33,6 +33,7 @@ import math
 import os
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -212,8 +213,8 @@ def score_checkpoint(run: dict, checkpoint: str, args, log_file: Path) -> dict:
     for way, augmentation, samples in (("re-est. off", False, args.samples), ("re-est. on", True, args.samples),
                                        ("re-est. off N", False, args.samples_large)):
         _restore(trainer, running)
-        trainer.batchnorm_calibration_samples = samples
-        trainer.batchnorm_calibration_augmentation = augmentation
+        trainer.recipe = replace(trainer.recipe, batchnorm_calibration_samples=samples,
+                                 batchnorm_calibration_augmentation=augmentation)
         trainer._calibration_batches = None
         trainer._recalibrate_batchnorm()
         scores[way] = mean_dice(predict(trainer, images, trainer.batch_size, False), labels)
@@ -230,8 +231,8 @@ def test_scores(run: dict, work: Path, augmentation: bool, args, log_file: Path)
     from nnunetv2_meddisseg.evaluation.evaluate import evaluate_folders
 
     trainer = load_trainer(run, "checkpoint_final.pth", log_file)
-    trainer.batchnorm_calibration_samples = args.samples
-    trainer.batchnorm_calibration_augmentation = augmentation
+    trainer.recipe = replace(trainer.recipe, batchnorm_calibration_samples=args.samples,
+                             batchnorm_calibration_augmentation=augmentation)
     trainer._calibration_batches = None
     trainer._recalibrate_batchnorm()
     fold = run["model"] / "fold_0"

@@ -251,9 +251,10 @@ def count_nnunet_default(size: int = 128) -> Dict[str, dict]:
                 trainer._captured.clear()
                 seg = trainer.loss(network(data), target)
                 from nnunetv2_meddisseg.losses import dispersive_loss
-                total = seg + trainer.dispersive_weight * dispersive_loss(
-                    trainer._captured.pop(), trainer.dispersive_variant, trainer.dispersive_tau,
-                    trainer.dispersive_eps, trainer.dispersive_margin)
+                recipe = trainer.recipe
+                total = seg + recipe.lambda_dispersive * dispersive_loss(
+                    trainer._captured.pop(), recipe.dispersive_variant, recipe.dispersive_tau,
+                    recipe.dispersive_eps, recipe.dispersive_margin)
             total.backward()
 
         step()

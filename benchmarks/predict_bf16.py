@@ -10,8 +10,8 @@ Phases:
 
 1. The model. By default the Med-DisSeg model of ``benchmarks/quality.py``'s work folder layout
    (``--work``): Kvasir-SEG converted at ``--size`` and preprocessed with quality.py's functions,
-   Med-DisSeg trained with quality.py's budget trainer (``nnUNetTrainerMedDisSeg_budget``,
-   ``--iterations`` in epochs of ``--iterations-per-epoch``, ``--batch``, ``--threads``). Skipped
+   ``nnUNetTrainerMedDisSeg`` trained for quality.py's budget (its recipe override file: ``--iterations`` in
+   epochs of ``--iterations-per-epoch``, ``--batch``, ``--threads``). Skipped
    when the checkpoint exists, e.g. in the work folder of an earlier quality.py run.
 2. Speed: each candidate predicts the test folder (N images) and a folder holding its first image,
    in alternating rounds (order rotating per round) after an untimed warm-up; medians. Per image =
@@ -68,12 +68,9 @@ def _model_folder(env: Dict[str, str], dataset_name: str, batch: int) -> Path:
 
 
 def train_model(args, work: Path, env: Dict[str, str], logs: Path) -> Path:
-    """Phase 1: quality.py's data preparation and Med-DisSeg budget trainer; returns the model folder
-    (an existing trained one is reused). The budget trainer module is written either way: nnU-Net's
-    predictor imports the model's trainer class from it."""
+    """Phase 1: quality.py's data preparation and Med-DisSeg trained for its budget; returns the model folder
+    (an existing trained one is reused)."""
     epochs = args.iterations // args.iterations_per_epoch
-    quality.write_budget_trainers(work / "trainers", ["meddisseg"], epochs, args.iterations_per_epoch,
-                                  args.val_iterations, False, args.threads)
     found = sorted(Path(env["nnUNet_raw"]).glob(f"Dataset{args.dataset_id:03d}_*"))
     if len(found) == 1:
         folder = _model_folder(env, found[0].name, args.batch)
@@ -90,8 +87,11 @@ def train_model(args, work: Path, env: Dict[str, str], logs: Path) -> Path:
     print(f"[1/3] training Med-DisSeg: {args.iterations} iterations ({epochs} epochs), batch {args.batch}")
     run_logged(["nnUNetv2_meddisseg_plan", "-d", str(args.dataset_id), "--batch-size", str(args.batch),
                 "--plans-name", plans], env, logs / "meddisseg_plan.log")
+    budget = quality.write_budget(work / "recipes", f"it{args.iterations}_bs{args.batch}", epochs,
+                                  args.iterations_per_epoch, args.val_iterations, False, args.threads)
     run_logged(["nnUNetv2_train", str(args.dataset_id), quality.CONFIGURATION, quality.FOLD, "-tr", trainer, "-p",
-                plans, "-device", "cpu"], env, logs / f"train_{trainer}.log")
+                plans, "-device", "cpu"], {**env, quality.RECIPE_ENVIRONMENT_VARIABLE: str(budget)},
+               logs / f"train_{trainer}.log")
     return folder
 
 
@@ -162,7 +162,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="meddisseg_predict_bf16_")).resolve()
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    env = nnunet_environment(work, [str(work / "trainers")])
+    env = nnunet_environment(work, [])
     env.setdefault("nnUNet_def_n_proc", str(args.num_processes))
     env.setdefault("nnUNet_n_proc_DA", "2")
     env.pop(ENV, None)

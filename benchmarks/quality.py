@@ -15,13 +15,14 @@ Phases (each subprocess writes a log file under ``WORK/logs``):
    ``$NNUNETV2_MEDDISSEG_TEST_DATA/Kvasir-SEG``), written to ``WORK/nnUNet_raw``.
 2. ``nnUNetv2_plan_and_preprocess -d ID -c 2d``; reused on a rerun with the same work folder.
 3. Plans with the budget's batch size (``nnUNetPlans_bs<B>``, a copy of nnUNetPlans; and
-   ``nnUNetv2_meddisseg_plan --batch-size B --plans-name nnUNetMedDisSegPlans_bs<B>``), and a
-   generated module ``WORK/trainers/meddisseg_budget_trainers.py`` (first in ``nnUNet_extTrainer``)
-   with one ``<trainer>_budget`` subclass per method that sets the schedule.
+   ``nnUNetv2_meddisseg_plan --batch-size B --plans-name nnUNetMedDisSegPlans_bs<B>``, plus one plans
+   file per architecture option a method uses: ``MEDDISSEG_PLANS``), and the budget as a recipe override file
+   ``WORK/recipes/budget_<tag>.json`` (epochs, iterations, validation iterations, final validation, threads),
+   named by ``nnUNet_meddisseg_recipe`` in every run: each method's trainer (the package's classes, default
+   nnU-Net as ``nnUNetTrainerBaseline``) reads it.
 4. For every (method, seed), ``--parallel`` at a time, in seed-major order so that a run cut short by
    ``--deadline-min`` leaves whole seeds: ``nnUNetv2_train ID 2d 0`` with its own ``nnUNet_results``
-   folder per budget and seed and ``nnUNet_meddisseg_seed`` = the seed (nnU-Net's own trainers are not seeded:
-   each of their runs draws its own), then ``nnUNetv2_predict`` on the test images. A finished run
+   folder per budget and seed and ``nnUNet_meddisseg_seed`` = the seed, then ``nnUNetv2_predict`` on the test images. A finished run
    (``checkpoint_final.pth`` and its predictions) is reused on a rerun.
 5. One table (``<name>.json`` / ``.md``): per method the mean and spread over seeds of validation mDSC
    and of the four test metrics, the difference to the ``--baseline`` method's test mDSC (default:
@@ -56,14 +57,11 @@ import numpy as np
 
 from common import DEFAULT_OUT, command_line, machine_info, markdown_table, nnunet_environment, write_results
 from nnunetv2_meddisseg.logged_command import console_command
-from nnunetv2_meddisseg.training import budget_trainers
-from nnunetv2_meddisseg.training.budget_trainers import Budget
+from nnunetv2_meddisseg.training.recipe import RECIPE_ENVIRONMENT_VARIABLE, ScheduleRecipe
 
 DATASET_ID = 502
 CONFIGURATION = "2d"
 FOLD = "0"
-TRAINER_MODULE = "meddisseg_budget_trainers"
-BUDGET_SUFFIX = "_budget"
 METRICS = ("iou", "dice", "recall", "precision")
 METRIC_TITLES = {"iou": "mIoU", "dice": "mDSC", "recall": "Recall", "precision": "Precision"}
 DATA_VARIABLE = "NNUNETV2_MEDDISSEG_TEST_DATA"
@@ -71,7 +69,6 @@ DATA_VARIABLE = "NNUNETV2_MEDDISSEG_TEST_DATA"
 
 class Method(NamedTuple):
     name: str
-    module: str
     trainer: str
     family: str  # "nnunet" (nnU-Net's plans and network) or a key of MEDDISSEG_PLANS
 
@@ -80,74 +77,65 @@ class Method(NamedTuple):
 MEDDISSEG_PLANS: Dict[str, tuple] = {
     "meddisseg": ("nnUNetMedDisSegPlans", ()),
     "meddisseg_instancenorm": ("nnUNetMedDisSegPlans_instanceNorm", ("--added-norm", "instance")),
+    "meddisseg_relu": ("nnUNetMedDisSegPlans_relu", ("--activation", "relu")),
 }
 
 
-_MD = "nnunetv2_meddisseg.training"
 METHODS: Dict[str, Method] = {
-    "default": Method("nnU-Net (default)", "nnunetv2.training.nnUNetTrainer.nnUNetTrainer", "nnUNetTrainer", "nnunet"),
-    "dispersive": Method("nnU-Net + dispersive (centred cosine)", f"{_MD}.nnUNetTrainerDispersive",
-                         "nnUNetTrainerDispersive", "nnunet"),
-    "dispersive_l2": Method("nnU-Net + dispersive (InfoNCE-L2)", f"{_MD}.scratch_variants",
-                            "nnUNetTrainerDispersive_infonceL2", "nnunet"),
-    "dispersive_cosine": Method("nnU-Net + dispersive (uncentred cosine)", f"{_MD}.scratch_variants",
-                                "nnUNetTrainerDispersive_cosine", "nnunet"),
-    "meddisseg": Method("Med-DisSeg", f"{_MD}.nnUNetTrainerMedDisSeg", "nnUNetTrainerMedDisSeg", "meddisseg"),
-    "meddisseg_paper": Method("Med-DisSeg, paper settings", f"{_MD}.scratch_variants",
-                              "nnUNetTrainerMedDisSeg_paperSettings", "meddisseg"),
-    "meddisseg_sgd": Method("Med-DisSeg, SGD 1e-2", f"{_MD}.scratch_variants", "nnUNetTrainerMedDisSeg_scratchSGD",
-                            "meddisseg"),
-    "meddisseg_sgd_centred": Method("Med-DisSeg, SGD 1e-2, centred cosine dispersion", f"{_MD}.scratch_variants",
+    "default": Method("nnU-Net (default)", "nnUNetTrainerBaseline", "nnunet"),
+    "dispersive": Method("nnU-Net + dispersive (centred cosine)", "nnUNetTrainerDispersive", "nnunet"),
+    "dispersive_l2": Method("nnU-Net + dispersive (InfoNCE-L2)", "nnUNetTrainerDispersive_infonceL2", "nnunet"),
+    "dispersive_cosine": Method("nnU-Net + dispersive (uncentred cosine)", "nnUNetTrainerDispersive_cosine", "nnunet"),
+    "meddisseg": Method("Med-DisSeg", "nnUNetTrainerMedDisSeg", "meddisseg"),
+    "meddisseg_paper": Method("Med-DisSeg, paper settings", "nnUNetTrainerMedDisSeg_paperSettings", "meddisseg"),
+    "meddisseg_sgd": Method("Med-DisSeg, SGD 1e-2", "nnUNetTrainerMedDisSeg_scratchSGD", "meddisseg"),
+    "meddisseg_sgd_centred": Method("Med-DisSeg, SGD 1e-2, centred cosine dispersion",
                                     "nnUNetTrainerMedDisSeg_scratchSGDCentred", "meddisseg"),
-    "meddisseg_centred": Method("Med-DisSeg, centred cosine dispersion", f"{_MD}.scratch_variants",
+    "meddisseg_centred": Method("Med-DisSeg, centred cosine dispersion",
                                 "nnUNetTrainerMedDisSeg_cosineCentred", "meddisseg"),
-    "meddisseg_adam": Method("Med-DisSeg, Adam 1e-3", f"{_MD}.scratch_variants", "nnUNetTrainerMedDisSeg_scratchAdam",
-                             "meddisseg"),
-    "meddisseg_nodispersive": Method("Med-DisSeg, no dispersive loss", f"{_MD}.variants",
+    "meddisseg_adam": Method("Med-DisSeg, Adam 1e-3", "nnUNetTrainerMedDisSeg_scratchAdam", "meddisseg"),
+    "meddisseg_nodispersive": Method("Med-DisSeg, no dispersive loss",
                                      "nnUNetTrainerMedDisSeg_noDispersive", "meddisseg"),
-    "meddisseg_stage2only": Method("Med-DisSeg, dispersive loss in Stage II only", f"{_MD}.ablation_variants",
+    "meddisseg_stage2only": Method("Med-DisSeg, dispersive loss in Stage II only",
                                    "nnUNetTrainerMedDisSeg_dispersiveStage2Only", "meddisseg"),
-    "meddisseg_relu": Method("Med-DisSeg, ReLU instead of TeLU", f"{_MD}.ablation_variants",
-                             "nnUNetTrainerMedDisSeg_ReLU", "meddisseg"),
-    "plain_paper": Method("Med-DisSeg network, plain, Adam 1e-4/1e-5", f"{_MD}.scratch_variants",
+    "meddisseg_relu": Method("Med-DisSeg, ReLU instead of TeLU", "nnUNetTrainerMedDisSeg", "meddisseg_relu"),
+    "plain_paper": Method("Med-DisSeg network, plain, Adam 1e-4/1e-5",
                           "nnUNetTrainerMedDisSeg_plainPaper", "meddisseg"),
-    "plain_sgd": Method("Med-DisSeg network, plain, SGD 1e-2", f"{_MD}.scratch_variants",
-                        "nnUNetTrainerMedDisSeg_plainSGD", "meddisseg"),
+    "plain_sgd": Method("Med-DisSeg network, plain, SGD 1e-2", "nnUNetTrainerMedDisSeg_plainSGD", "meddisseg"),
     "meddisseg_running_stats": Method("Med-DisSeg, BatchNorm's running averages (no re-estimation)",
-                                      f"{_MD}.scratch_variants", "nnUNetTrainerMedDisSeg_runningStatistics",
-                                      "meddisseg"),
+                                      "nnUNetTrainerMedDisSeg_runningStatistics", "meddisseg"),
     "plain_paper_running_stats": Method("Med-DisSeg network, plain, Adam 1e-4/1e-5, BatchNorm's running averages",
-                                        f"{_MD}.scratch_variants",
                                         "nnUNetTrainerMedDisSeg_plainPaperRunningStatistics", "meddisseg"),
-    "plain_adam": Method("Med-DisSeg network, plain, Adam 1e-3", f"{_MD}.scratch_variants",
-                         "nnUNetTrainerMedDisSeg_plainAdam", "meddisseg"),
-    "meddisseg_instancenorm": Method("Med-DisSeg, InstanceNorm in the added blocks", f"{_MD}.nnUNetTrainerMedDisSeg",
+    "plain_adam": Method("Med-DisSeg network, plain, Adam 1e-3", "nnUNetTrainerMedDisSeg_plainAdam", "meddisseg"),
+    "meddisseg_instancenorm": Method("Med-DisSeg, InstanceNorm in the added blocks",
                                      "nnUNetTrainerMedDisSeg", "meddisseg_instancenorm"),
     "plain_paper_instancenorm": Method("Med-DisSeg network, plain, Adam 1e-4/1e-5, InstanceNorm in the added blocks",
-                                       f"{_MD}.scratch_variants", "nnUNetTrainerMedDisSeg_plainPaper",
-                                       "meddisseg_instancenorm"),
+                                       "nnUNetTrainerMedDisSeg_plainPaper", "meddisseg_instancenorm"),
 }
 #: the default comparison reference of every p-value (``--baseline``)
 BASELINE = "default"
 
 def budget_trainer(key: str) -> str:
-    return f"{METHODS[key].trainer}{BUDGET_SUFFIX}"
+    """The trainer class a method trains with (its budget comes from the recipe override file)."""
+    return METHODS[key].trainer
 
 
 # ------------------------------------------------------------------------------------------------
 # preparation
 
 
-def write_budget_trainers(folder: Path, methods: Sequence[str], num_epochs: int, iterations_per_epoch: int,
-                          val_iterations: int, final_validation: bool, threads: Optional[int] = None) -> Path:
-    """Write ``folder/meddisseg_budget_trainers.py`` with one ``<trainer>_budget`` per method; returns its path.
-
-    threads: ``torch.set_num_threads`` in each trainer's constructor (after nnUNetv2_train's own
-    setting), or None to keep nnUNetv2_train's choice."""
-    budget = Budget(num_epochs, iterations_per_epoch, val_iterations, final_validation, threads)
-    trainers = {METHODS[k].trainer: METHODS[k].module for k in methods}
-    return budget_trainers.write_budget_trainers(folder / f"{TRAINER_MODULE}.py", trainers, BUDGET_SUFFIX, budget,
-                                                 "benchmarks/quality.py")
+def write_budget(folder: Path, tag: str, num_epochs: int, iterations_per_epoch: int, val_iterations: int,
+                 final_validation: bool, threads: Optional[int] = None) -> Path:
+    """Write the budget as the recipe override file ``folder/budget_<tag>.json`` (for ``nnUNet_meddisseg_recipe``);
+    returns its path. threads: ``torch.set_num_threads`` in each trainer's constructor (after nnUNetv2_train's
+    own setting), or None to keep nnUNetv2_train's choice."""
+    budget = ScheduleRecipe(num_epochs=num_epochs, iterations_per_epoch=iterations_per_epoch,
+                            val_iterations_per_epoch=val_iterations, final_validation=final_validation,
+                            torch_threads=threads)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"budget_{tag}.json"
+    target.write_text(json.dumps({k: v for k, v in vars(budget).items() if v is not None}, indent=1) + "\n")
+    return target
 
 
 def write_batch_plans(preprocessed: Path, source_name: str, target_name: str, batch: int) -> Path:
@@ -567,9 +555,9 @@ def _prepare_data(args, kvasir: Path, env: Dict[str, str], work: Path, deadline:
 
 
 def _run(args, kvasir: Path, work: Path, deadline: Deadline) -> dict:
-    from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
+    from nnunetv2_meddisseg.training.recipes import MEDDISSEG
 
-    env = nnunet_environment(work, [str(work / "trainers")])
+    env = nnunet_environment(work, [])
     env.setdefault("nnUNet_def_n_proc", str(args.num_processes))
     if args.da_processes is not None:
         env["nnUNet_n_proc_DA"] = str(args.da_processes)
@@ -585,11 +573,12 @@ def _run(args, kvasir: Path, work: Path, deadline: Deadline) -> dict:
     num_test = len([f for f in (raw / "labelsTs").iterdir() if f.name.endswith(".png")])
 
     epochs = args.iterations // args.iterations_per_epoch
-    stage1_epochs = int(math.floor(nnUNetTrainerMedDisSeg.stage1_fraction * epochs))
+    stage1_epochs = int(math.floor(MEDDISSEG.stage1_fraction * epochs))
     print(f"[3/5] budget: {args.iterations} iterations = {epochs} epochs x {args.iterations_per_epoch}, batch "
           f"{args.batch}; Med-DisSeg Stage I {stage1_epochs} epochs")
-    write_budget_trainers(work / "trainers", args.methods, epochs, args.iterations_per_epoch, args.val_iterations,
-                          not args.no_final_validation, args.threads)
+    env[RECIPE_ENVIRONMENT_VARIABLE] = str(write_budget(
+        work / "recipes", f"it{args.iterations}_bs{args.batch}", epochs, args.iterations_per_epoch, args.val_iterations,
+        not args.no_final_validation, args.threads))
     plans = {"nnunet": f"nnUNetPlans_bs{args.batch}"}
     plans.update({family: f"{stem}_bs{args.batch}" for family, (stem, _) in MEDDISSEG_PLANS.items()})
     write_batch_plans(preprocessed, "nnUNetPlans", plans["nnunet"], args.batch)

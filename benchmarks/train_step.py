@@ -49,11 +49,11 @@ class Stage2Loss(nn.Module):
     def __init__(self, dispersive: bool) -> None:
         super().__init__()
         from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
-        from nnunetv2_meddisseg.training.stage2_loss import Stage2Weights, dispersive_from_trainer, segmentation_loss
+        from nnunetv2_meddisseg.training.stage2_loss import Stage2Weights, dispersive_from_recipe, segmentation_loss
 
         self.seg = segmentation_loss(batch_dice=True)  # nnU-Net plans batch Dice for 2D
-        self.weights = Stage2Weights.from_trainer(nnUNetTrainerMedDisSeg)
-        self.dispersive = dispersive_from_trainer(nnUNetTrainerMedDisSeg) if dispersive else None
+        self.weights = Stage2Weights.from_recipe(nnUNetTrainerMedDisSeg.recipe)
+        self.dispersive = dispersive_from_recipe(nnUNetTrainerMedDisSeg.recipe) if dispersive else None
 
     def forward(self, output, target: Tensor) -> Tensor:
         from nnunetv2_meddisseg.training.stage2_loss import stage2_loss
@@ -90,7 +90,7 @@ def dispersive_alone(batch: int, size: int, repeats: int, device: torch.device) 
     from nnunetv2_meddisseg.losses import DispersiveLoss, dispersion_diagnostics
 
     feats = torch.randn(batch, 256, size // 4, size // 4, device=device, requires_grad=True)
-    loss = DispersiveLoss(placement="early", weight=0.6)
+    loss = DispersiveLoss(placement="early", lambda_dispersive=0.6)
 
     def fwd_bwd():
         feats.grad = None

@@ -8,6 +8,7 @@ that varies (a path, a count): each piece between them must appear, in order, in
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 import io
 import re
 import sys
@@ -128,7 +129,7 @@ def dispersive_batch_too_small(tmp, env) -> str:
     from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
 
     trainer = _smoke_trainer(env)
-    trainer.dispersive_variant = "infonce_cosine_centred"  # needs 3 samples; the tiny plans' batch is 2
+    trainer.recipe = replace(trainer.recipe, dispersive_variant="infonce_cosine_centred")  # needs 3 samples; the tiny plans' batch is 2
     nnunet_start = nnUNetTrainer.on_train_start
     nnUNetTrainer.on_train_start = lambda self: None  # no dataloaders here
     try:

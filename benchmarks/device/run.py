@@ -33,7 +33,7 @@ full mode, whatever the budget): Med-DisSeg at the GPU's pace.
    (b) nnU-Net's commands on the step 4 subset: ``nnUNetv2_train ... -tr nnUNetTrainerMedDisSeg_smoke``
    with nnU-Net's torch.compile and ``nnUNet_meddisseg_bf16=1`` through ``nnUNetv2_predict``; then
    seconds per epoch of 50 iterations (2 epochs, the second reported) of Med-DisSeg and of the default
-   nnU-Net through ``nnUNetv2_train`` (generated ``*_pace`` trainers), both eager (``nnUNet_compile=f``:
+   nnU-Net through ``nnUNetv2_train`` (a recipe override file sets their 2-epoch budget), both eager (``nnUNet_compile=f``:
    compiling would not fit the step's time).
 
 Every step appends to ``OUTDIR/results.json`` and ``OUTDIR/results.md`` and repacks
@@ -78,7 +78,6 @@ PAPER_IMAGES_PER_S = 59.6  # Med-DisSeg paper: batch 4, 256x256, RTX 4090
 STEPS = ("environment", "throughput", "training", "cli", "quality", "pace")
 #: the steps run when ``--steps`` is not given (``pace`` is selected explicitly)
 DEFAULT_STEPS = STEPS[:5]
-BUDGET_TRAINERS = REPO_ROOT / "nnunetv2_meddisseg" / "training" / "budget_trainers.py"
 CLI_DATASET_ID = 990
 #: console commands of nnunetv2 used here, in case its metadata cannot be read
 NNUNET_COMMANDS = {"nnUNetv2_plan_and_preprocess":
@@ -507,19 +506,19 @@ def _quality_summary(path: Path) -> Optional[dict]:
                             "s_per_iteration": m.get("s_per_iteration")} for k, m in payload.get("table", {}).items()}}
 
 
-def _load_budget_trainers():
-    """``nnunetv2_meddisseg/training/budget_trainers.py`` loaded by path (standard library only: the
-    harness imports neither torch nor the package)."""
-    spec = importlib.util.spec_from_file_location("meddisseg_budget_trainers_writer", BUDGET_TRAINERS)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses looks its module up
-    spec.loader.exec_module(module)
-    return module
+#: trainers timed per epoch in step 6 (default nnU-Net as the package's seeded nnUNetTrainerBaseline)
+PACE_TRAINERS = ("nnUNetTrainerMedDisSeg", "nnUNetTrainerBaseline")
+#: the recipe environment variable (``nnunetv2_meddisseg.training.recipe``; the harness does not import the package)
+RECIPE_VARIABLE = "nnUNet_meddisseg_recipe"
 
 
-#: trainers timed per epoch in step 6, and their modules
-PACE_TRAINERS = {"nnUNetTrainerMedDisSeg": "nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg",
-                 "nnUNetTrainer": "nnunetv2.training.nnUNetTrainer.nnUNetTrainer"}
+def write_pace_budget(target: Path, iterations_per_epoch: int) -> Path:
+    """The recipe override file of step 6's epoch timing: 2 epochs of ``iterations_per_epoch``, 2 validation
+    iterations, no final validation."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps({"num_epochs": 2, "iterations_per_epoch": iterations_per_epoch,
+                                  "val_iterations_per_epoch": 2, "final_validation": False}) + "\n")
+    return target
 
 
 def _epoch_times(log: Path) -> List[float]:
@@ -543,14 +542,9 @@ def step_pace(run: DeviceRun) -> dict:
         (work / name).mkdir(parents=True, exist_ok=True)
         env[name] = str(work / name)
     split = write_cli_split(work / "split.json", run.mode["cli_cases"])
-    writer = _load_budget_trainers()
-    writer.write_budget_trainers(work / "trainers" / "pace_budget_trainers.py", PACE_TRAINERS, "_pace",
-                                 writer.Budget(epochs=2, iterations_per_epoch=settings["epoch_iterations"],
-                                               val_iterations=2, final_validation=False),
-                                 "benchmarks/device/run.py, step pace")
-    env["nnUNet_extTrainer"] = os.pathsep.join([str(work / "trainers"), env["nnUNet_extTrainer"]])
+    budget = write_pace_budget(work / "pace_budget.json", settings["epoch_iterations"])
     bf16_env = {**env, "nnUNet_meddisseg_bf16": "1", "nnUNet_results": str(work / "nnUNet_results_bf16")}
-    eager_env = {**env, "nnUNet_compile": "f"}
+    eager_env = {**env, "nnUNet_compile": "f", RECIPE_VARIABLE: str(budget)}
     (work / "nnUNet_results_bf16").mkdir(exist_ok=True)
     d, dev = str(CLI_DATASET_ID), run.mode["device"]
     prepare = {name: command for name, command in _cli_commands(run, work, kvasir)}
@@ -563,9 +557,9 @@ def step_pace(run: DeviceRun) -> dict:
         ("bf16_predict", ["nnUNetv2_predict", "-i", lambda: _dataset_folder(work / "nnUNet_raw") / "imagesTs", "-o",
                           work / "predictions_bf16", "-d", d, "-c", "2d", "-f", "0", "-tr", smoke, "-p",
                           "nnUNetMedDisSegPlans", "-device", dev], bf16_env),
-        ("epochs_meddisseg", ["nnUNetv2_train", d, "2d", "0", "-tr", "nnUNetTrainerMedDisSeg_pace", "-p",
+        ("epochs_meddisseg", ["nnUNetv2_train", d, "2d", "0", "-tr", PACE_TRAINERS[0], "-p",
                               "nnUNetMedDisSegPlans", "-device", dev], eager_env),
-        ("epochs_default", ["nnUNetv2_train", d, "2d", "0", "-tr", "nnUNetTrainer_pace", "-p", "nnUNetPlans",
+        ("epochs_default", ["nnUNetv2_train", d, "2d", "0", "-tr", PACE_TRAINERS[1], "-p", "nnUNetPlans",
                             "-device", dev], eager_env)]
     data_ready = True
     for name, command, command_env in commands:

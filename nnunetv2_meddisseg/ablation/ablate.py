@@ -4,10 +4,12 @@ predict the test set, and tabulate the paper's metrics against the full method.
     nnUNetv2_meddisseg_ablate -d ID [-f FOLD] --variants NAME ... [--epochs N] [--iterations-per-epoch N]
                               [--seeds 3] [-p PLANS] [-o OUT] [--device cpu|cuda]
 
-Each variant (``noCBAT`` or ``nnUNetTrainerMedDisSeg_noCBAT``) and the full method
-(``nnUNetTrainerMedDisSeg``, always added) is trained once per seed 0 .. N-1 through
-``nnUNetv2_train`` (run seed from ``nnUNet_meddisseg_seed``, a separate ``nnUNet_results`` per
-seed), predicted on the raw dataset's ``imagesTs`` with ``nnUNetv2_predict`` and evaluated against
+Each variant and the full method (``nnUNetTrainerMedDisSeg``, always added) is trained once per seed
+0 .. N-1 through ``nnUNetv2_train`` (run seed from ``nnUNet_meddisseg_seed``, a separate ``nnUNet_results``
+per seed, the budget from the recipe override file ``OUT/budget.json``). A variant is a recipe variant of the
+trainer (``tau0p5`` or ``nnUNetTrainerMedDisSeg_tau0p5``), trained on the plans ``-p``, or a network ablation
+(``noELAT``, ``ReLU``, ``noCBAT``): the full method on a copy of the plans with that architecture option
+(``<plans>_noCBAT``), predicted on the raw dataset's ``imagesTs`` with ``nnUNetv2_predict`` and evaluated against
 ``labelsTs``. Rerunning the same command skips finished runs and resumes interrupted trainings with
 ``--c``. Writes ``OUT/ablation.md`` and ``OUT/ablation.csv`` (see :mod:`.table`).
 """
@@ -23,10 +25,12 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from nnunetv2_meddisseg.ablation.runs import PACKAGE_TRAINER_FOLDER, AblationRun, Budget, write_budget_trainers
+from nnunetv2_meddisseg.ablation.runs import (NETWORK_ABLATIONS, PACKAGE_TRAINER_FOLDER, AblationRun, Variant,
+                                              write_budget, write_network_ablation_plans)
 from nnunetv2_meddisseg.ablation.table import ablation_rows, markdown_table, write_csv
 from nnunetv2_meddisseg.cli import (DefaultsHelpFormatter, UserError, add_device_argument, plain_text, resolve_device,
                                     run_command)
+from nnunetv2_meddisseg.training.recipe import ScheduleRecipe
 
 __all__ = ["FULL_METHOD", "resolve_variants", "main"]
 
@@ -40,8 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-d", "--dataset", required=True, help="dataset ID or name (planned and preprocessed for 2d)")
     p.add_argument("-f", "--fold", default="0", help="fold to train")
     p.add_argument("--variants", nargs="+", required=True, metavar="NAME",
-                   help="trainer variants, e.g. noDispersive noCBAT ReLU (short for nnUNetTrainerMedDisSeg_<NAME>) or "
-                        "full trainer names; the full method nnUNetTrainerMedDisSeg is always added")
+                   help="recipe variants, e.g. noDispersive tau0p5 (short for nnUNetTrainerMedDisSeg_<NAME>) or full "
+                        "trainer names, and network ablations noELAT ReLU noCBAT (the full method on plans with that "
+                        "option); the full method nnUNetTrainerMedDisSeg is always added")
     p.add_argument("--epochs", type=int, default=None, help="epochs of every run (default: each trainer's own)")
     p.add_argument("--iterations-per-epoch", type=int, default=None,
                    help="training iterations per epoch (default: nnU-Net's 250)")
@@ -62,26 +67,29 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve_variants(names: Sequence[str]) -> Dict[str, str]:
-    """``{trainer name: module to import it from}``, the full method first; unknown names are a UserError."""
+def resolve_variants(names: Sequence[str], plans: str) -> Dict[str, Variant]:
+    """``{variant name: Variant}``, the full method first: trainers by their class name (found as nnU-Net finds
+    them), network ablations (``NETWORK_ABLATIONS``) by ``<plans>_<ablation>``; unknown names are a UserError."""
     from nnunetv2.utilities.find_objects import recursive_find_trainer_class_by_name
 
     os.environ.setdefault("nnUNet_extTrainer", str(PACKAGE_TRAINER_FOLDER))
-    resolved: Dict[str, str] = {}
+    resolved: Dict[str, Variant] = {}
     for name in [FULL_METHOD, *names]:
-        full = name if name.startswith("nnUNetTrainer") else f"{FULL_METHOD}_{name.lstrip('_')}"
+        short = name[len(FULL_METHOD) + 1:] if name.startswith(f"{FULL_METHOD}_") else name.lstrip("_")
+        if short in NETWORK_ABLATIONS:
+            resolved.setdefault(f"{plans}_{short}", Variant(FULL_METHOD, f"{plans}_{short}"))
+            continue
+        full = name if name.startswith("nnUNetTrainer") else f"{FULL_METHOD}_{short}"
         if full in resolved:
             continue
         try:
             with contextlib.redirect_stdout(io.StringIO()):
-                cls = recursive_find_trainer_class_by_name(full)
+                recursive_find_trainer_class_by_name(full)
         except (RuntimeError, AssertionError):
-            raise UserError(f"--variants: no trainer class named {full} (from {name!r}); the ablation variants are "
-                            f"listed in the README, e.g. noDispersive, noCBAT, ReLU, tau0p5") from None
-        if not cls.__module__.startswith(("nnunetv2_meddisseg.", "nnunetv2.")):
-            raise UserError(f"--variants: {full} is defined in the top-level module {cls.__module__!r}; the generated "
-                            f"budget trainers can only subclass trainers of an installed package")
-        resolved[full] = cls.__module__
+            raise UserError(f"--variants: no trainer class named {full} (from {name!r}) and no network ablation "
+                            f"({', '.join(NETWORK_ABLATIONS)}); the variants are listed in the README, e.g. "
+                            f"noDispersive, tau0p5, noCBAT") from None
+        resolved[full] = Variant(full, plans)
     return resolved
 
 
@@ -138,19 +146,26 @@ def _progress(done: int, total: int, variant: str, seed: int, state: str, durati
 
 
 def _ablate(argv: Optional[Sequence[str]]) -> None:
-    from nnunetv2.paths import nnUNet_results
+    from nnunetv2.paths import nnUNet_preprocessed, nnUNet_results
 
     args = _parser().parse_args(argv)
     args.device = resolve_device(args.device)
     _validate(args)
     name, images, labels, label_values = _dataset(args.dataset)
-    variants = resolve_variants(args.variants)
+    variants = resolve_variants(args.variants, args.plans)
     out = Path(args.output or Path(nnUNet_results.require()) / name
                / f"meddisseg_ablation__{args.plans}__fold{args.fold}").resolve()
-    budget = Budget(args.epochs, args.iterations_per_epoch, args.val_iterations, args.final_validation)
-    _check_settings(out, {"dataset": name, "fold": args.fold, "plans": args.plans, **budget.__dict__})
-    write_budget_trainers(out / "trainers", variants, budget)
-    run = AblationRun(out, name, args.fold, args.plans, args.device, images, labels, label_values,
+    budget = ScheduleRecipe(num_epochs=args.epochs, iterations_per_epoch=args.iterations_per_epoch,
+                            val_iterations_per_epoch=args.val_iterations, final_validation=args.final_validation)
+    _check_settings(out, {"dataset": name, "fold": args.fold, "plans": args.plans, "epochs": args.epochs,
+                          "iterations_per_epoch": args.iterations_per_epoch, "val_iterations": args.val_iterations,
+                          "final_validation": args.final_validation})
+    write_budget(out, budget)
+    preprocessed = Path(nnUNet_preprocessed.require()) / name
+    for variant in variants.values():
+        if variant.plans != args.plans:
+            write_network_ablation_plans(preprocessed, args.plans, variant.plans[len(args.plans) + 1:])
+    run = AblationRun(out, name, args.fold, variants, args.device, images, labels, label_values,
                       args.disable_tta, args.predict_processes)
     todo = [(variant, seed) for seed in range(args.seeds) for variant in variants]
     durations: List[float] = []

@@ -1,11 +1,15 @@
-"""The runs of ``nnUNetv2_meddisseg_ablate``: budget trainers, one nnU-Net results folder per seed, and
-one (variant, seed) run = ``nnUNetv2_train`` (resumed with ``--c``), ``nnUNetv2_predict`` on the test
-images, evaluation against the test labels.
+"""The runs of ``nnUNetv2_meddisseg_ablate``: the budget as a recipe override file, the plans of the network
+ablations, one nnU-Net results folder per seed, and one (variant, seed) run = ``nnUNetv2_train`` (resumed
+with ``--c``), ``nnUNetv2_predict`` on the test images, evaluation against the test labels.
+
+A variant is a trainer (a recipe variant, e.g. ``nnUNetTrainerMedDisSeg_tau0p5``) on the run's plans, or a
+network ablation: the full method's trainer on plans that differ from the run's in one architecture option
+(``NETWORK_ABLATIONS``; written next to them as ``<plans>_<ablation>.json``).
 
 Layout of the output folder ``OUT``::
 
     OUT/settings.json                    the budget, plans and fold; a rerun must match them
-    OUT/trainers/meddisseg_ablation_trainers.py   generated budget trainers (<variant>_ablation)
+    OUT/budget.json                      the budget, read by every trainer (``nnUNet_meddisseg_recipe``)
     OUT/seed_<s>/nnUNet_results/         nnUNet_results of every run with run seed s
     OUT/seed_<s>/predictions/<variant>/  the test-set predictions
     OUT/seed_<s>/runs/<variant>.json     written last: the run is finished (metrics and times)
@@ -20,24 +24,64 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, List
 
 from nnunetv2_meddisseg.cli import UserError
-from nnunetv2_meddisseg.training import budget_trainers
-from nnunetv2_meddisseg.training.budget_trainers import Budget
 from nnunetv2_meddisseg.evaluation.evaluate import evaluate_folders
+from nnunetv2_meddisseg.training.recipe import RECIPE_ENVIRONMENT_VARIABLE, ScheduleRecipe
 
-__all__ = ["TRAINER_MODULE", "BUDGET_SUFFIX", "Budget", "write_budget_trainers", "AblationRun"]
+__all__ = ["NETWORK_ABLATIONS", "Variant", "write_budget", "write_network_ablation_plans", "AblationRun"]
 
-TRAINER_MODULE = "meddisseg_ablation_trainers"
-BUDGET_SUFFIX = "_ablation"
 PACKAGE_TRAINER_FOLDER = Path(__file__).resolve().parent.parent / "nnunet_trainers"
+#: the paper's network ablations, as MedDisSegNet plans options (``nnUNetv2_meddisseg_plan --no-elat /
+#: --activation relu / --no-cbat``): name -> the ``arch_kwargs`` it changes
+NETWORK_ABLATIONS: Dict[str, dict] = {"noELAT": {"elat": False}, "ReLU": {"activation": "relu"},
+                                      "noCBAT": {"cbat": False}}
 
-def write_budget_trainers(folder: Path, variants: Mapping[str, str], budget: Budget) -> Path:
-    """Write ``folder/meddisseg_ablation_trainers.py``: ``<variant>_ablation`` subclassing each variant
-    (``variants``: trainer name -> importable module) with ``budget``; returns the file."""
-    return budget_trainers.write_budget_trainers(folder / f"{TRAINER_MODULE}.py", variants, BUDGET_SUFFIX, budget,
-                                                 "nnUNetv2_meddisseg_ablate evaluates the test set")
+
+@dataclass(frozen=True)
+class Variant:
+    """One arm of the ablation: a trainer class name and the plans it trains on."""
+
+    trainer: str
+    plans: str
+
+
+def write_budget(out: Path, budget: ScheduleRecipe) -> Path:
+    """Write ``out/budget.json``, the recipe override file every run reads (its settings that are not None)."""
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / "budget.json"
+    target.write_text(json.dumps({k: v for k, v in vars(budget).items() if v is not None}, indent=1) + "\n")
+    return target
+
+
+def write_network_ablation_plans(preprocessed: Path, plans: str, ablation: str) -> str:
+    """Write ``preprocessed/<plans>_<ablation>.json``: the plans ``plans`` with MedDisSegNet's ``arch_kwargs``
+    changed as ``NETWORK_ABLATIONS[ablation]`` says (plans of another network, e.g. nnU-Net's default, get
+    MedDisSegNet with its defaults, as ``nnUNetTrainerMedDisSeg`` builds it there); returns the new plans name."""
+    from nnunetv2_meddisseg.planning.plan_meddisseg import NETWORK_CLASS_NAME, default_arch_kwargs
+
+    source = preprocessed / f"{plans}.json"
+    if not source.is_file():
+        raise UserError(f"{source} not found: plan and preprocess the dataset with these plans first (-p)")
+    content = json.loads(source.read_text())
+    name = f"{plans}_{ablation}"
+    content["plans_name"] = name
+    for configuration in content.get("configurations", {}).values():
+        architecture = configuration.get("architecture")
+        if architecture is None:
+            continue
+        if str(architecture.get("network_class_name", "")).endswith("MedDisSegNet"):
+            architecture["arch_kwargs"].update(NETWORK_ABLATIONS[ablation])
+        else:
+            kwargs = default_arch_kwargs(**NETWORK_ABLATIONS[ablation])
+            configuration["architecture"] = {"network_class_name": NETWORK_CLASS_NAME, "arch_kwargs": kwargs,
+                                             "_kw_requires_import": ["conv_op", "norm_op"]}
+    target = preprocessed / f"{name}.json"
+    partial = target.with_suffix(".json.partial")
+    partial.write_text(json.dumps(content, indent=4))
+    os.replace(partial, target)
+    return name
 
 
 def _training_seconds(checkpoint_file: Path) -> float:
@@ -56,7 +100,7 @@ class AblationRun:
     out: Path
     dataset_name: str
     fold: str
-    plans: str
+    variants: Dict[str, Variant]  #: name -> trainer and plans
     device: str
     images: Path  #: the raw dataset's imagesTs
     labels: Path  #: the raw dataset's labelsTs
@@ -68,14 +112,15 @@ class AblationRun:
         env = dict(os.environ)
         env["nnUNet_results"] = str(self.out / f"seed_{seed}" / "nnUNet_results")
         env["nnUNet_meddisseg_seed"] = str(seed)
+        env[RECIPE_ENVIRONMENT_VARIABLE] = str(self.out / "budget.json")
         user_folders = [f for f in os.environ.get("nnUNet_extTrainer", "").split(os.pathsep) if f.strip()]
-        env["nnUNet_extTrainer"] = os.pathsep.join([str(self.out / "trainers"), str(PACKAGE_TRAINER_FOLDER),
-                                                    *user_folders])
+        env["nnUNet_extTrainer"] = os.pathsep.join([str(PACKAGE_TRAINER_FOLDER), *user_folders])
         return env
 
     def fold_folder(self, variant: str, seed: int) -> Path:
+        spec = self.variants[variant]
         return (self.out / f"seed_{seed}" / "nnUNet_results" / self.dataset_name
-                / f"{variant}{BUDGET_SUFFIX}__{self.plans}__2d" / f"fold_{self.fold}")
+                / f"{spec.trainer}__{spec.plans}__2d" / f"fold_{self.fold}")
 
     def record_file(self, variant: str, seed: int) -> Path:
         return self.out / f"seed_{seed}" / "runs" / f"{variant}.json"
@@ -102,8 +147,9 @@ class AblationRun:
                             f"{lines[-1] if lines else '(no output)'} (full log: {log})")
 
     def train(self, variant: str, seed: int) -> None:
-        command = ["nnUNetv2_train", self.dataset_name, "2d", self.fold, "-tr", f"{variant}{BUDGET_SUFFIX}",
-                   "-p", self.plans, "-device", self.device]
+        spec = self.variants[variant]
+        command = ["nnUNetv2_train", self.dataset_name, "2d", self.fold, "-tr", spec.trainer, "-p", spec.plans,
+                   "-device", self.device]
         if self.state(variant, seed) == "interrupted":
             command.append("--c")
         self._command(command, seed, self.out / "logs" / f"{variant}_seed{seed}_train.log")
@@ -111,7 +157,7 @@ class AblationRun:
     def predict_and_evaluate(self, variant: str, seed: int) -> dict:
         predictions = self.out / f"seed_{seed}" / "predictions" / variant
         command = ["nnUNetv2_predict", "-i", str(self.images), "-o", str(predictions), "-d", self.dataset_name,
-                   "-c", "2d", "-f", self.fold, "-tr", f"{variant}{BUDGET_SUFFIX}", "-p", self.plans,
+                   "-c", "2d", "-f", self.fold, "-tr", self.variants[variant].trainer, "-p", self.variants[variant].plans,
                    "-device", self.device, "-npp", str(self.predict_processes),
                    "-nps", str(self.predict_processes)]
         if self.disable_tta:

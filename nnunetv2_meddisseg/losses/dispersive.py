@@ -179,7 +179,7 @@ class DispersiveLoss(nn.Module):
     """Weighted dispersive loss on one named feature map of the network (or the mean over all three).
 
     forward(features): features is a mapping with the keys ``early``, ``middle``, ``late`` (as in
-    ``MedDisSegOutput.features``), each (B, C, H, W). Returns ``weight * dispersive_loss(...)`` at
+    ``MedDisSegOutput.features``), each (B, C, H, W). Returns ``lambda_dispersive * dispersive_loss(...)`` at
     ``placement``; ``placement="all"`` uses the mean over the three placements.
 
     gather: under ``torch.distributed``, disperse the batch of every process (``gather_batch``: the value
@@ -188,7 +188,7 @@ class DispersiveLoss(nn.Module):
     """
 
     def __init__(self, variant: str = "infonce_l2", tau: float = 0.8, eps: float = 1e-8, margin: float = 1.0,
-                 weight: float = 1.0, placement: str = "early", gather: bool = True):
+                 lambda_dispersive: float = 1.0, placement: str = "early", gather: bool = True):
         super().__init__()
         _check_options(variant, tau, eps, margin)
         if placement not in DISPERSIVE_PLACEMENTS + ("all",):
@@ -198,7 +198,7 @@ class DispersiveLoss(nn.Module):
         self.tau = float(tau)
         self.eps = float(eps)
         self.margin = float(margin)
-        self.weight = float(weight)
+        self.lambda_dispersive = float(lambda_dispersive)
         self.placement = placement
         self.gather = bool(gather)
 
@@ -215,11 +215,11 @@ class DispersiveLoss(nn.Module):
                                  f"got keys {sorted(features.keys())}")
             batch = gather_batch(features[name]) if self.gather else features[name]
             losses.append(dispersive_loss(batch, self.variant, self.tau, self.eps, self.margin))
-        return self.weight * torch.stack(losses).mean()
+        return self.lambda_dispersive * torch.stack(losses).mean()
 
     def extra_repr(self) -> str:
         return (f"variant={self.variant!r}, tau={self.tau}, eps={self.eps}, margin={self.margin}, "
-                f"weight={self.weight}, placement={self.placement!r}, gather={self.gather}")
+                f"lambda_dispersive={self.lambda_dispersive}, placement={self.placement!r}, gather={self.gather}")
 
 
 def _centred_gram_in_blocks(h: Tensor, dtype: torch.dtype, scale: float) -> Tensor:

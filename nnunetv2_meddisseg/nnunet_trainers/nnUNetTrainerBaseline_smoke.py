@@ -1,4 +1,4 @@
-"""Exposes nnUNetTrainerBaseline_smoke (a schedule of ``nnUNetv2_meddisseg_demo``) to nnU-Net's trainer search."""
-from nnunetv2_meddisseg.training.nnUNetTrainerBaseline_smoke import nnUNetTrainerBaseline_smoke
+"""Exposes nnUNetTrainerBaseline_smoke (``training.variants``) to nnU-Net's trainer search."""
+from nnunetv2_meddisseg.training.variants import nnUNetTrainerBaseline_smoke
 
 __all__ = ["nnUNetTrainerBaseline_smoke"]

@@ -1,4 +1,4 @@
-"""Exposes nnUNetTrainerDispersive_infonceL2 (``training.scratch_variants``) to nnU-Net's trainer search."""
-from nnunetv2_meddisseg.training.scratch_variants import nnUNetTrainerDispersive_infonceL2
+"""Exposes nnUNetTrainerDispersive_infonceL2 (``training.variants``) to nnU-Net's trainer search."""
+from nnunetv2_meddisseg.training.variants import nnUNetTrainerDispersive_infonceL2
 
 __all__ = ["nnUNetTrainerDispersive_infonceL2"]

@@ -1,4 +1,4 @@
-"""Exposes nnUNetTrainerMedDisSeg_hinge (``training.ablation_variants``) to nnU-Net's trainer search."""
-from nnunetv2_meddisseg.training.ablation_variants import nnUNetTrainerMedDisSeg_hinge
+"""Exposes nnUNetTrainerMedDisSeg_hinge (``training.variants``) to nnU-Net's trainer search."""
+from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg_hinge
 
 __all__ = ["nnUNetTrainerMedDisSeg_hinge"]

@@ -1,4 +1,4 @@
-"""Exposes nnUNetTrainerMedDisSeg_paperSettings (``training.scratch_variants``) to nnU-Net's trainer search."""
-from nnunetv2_meddisseg.training.scratch_variants import nnUNetTrainerMedDisSeg_paperSettings
+"""Exposes nnUNetTrainerMedDisSeg_paperSettings (``training.variants``) to nnU-Net's trainer search."""
+from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg_paperSettings
 
 __all__ = ["nnUNetTrainerMedDisSeg_paperSettings"]

@@ -1,4 +1,4 @@
-"""Exposes nnUNetTrainerMedDisSeg_runningStatistics (``training.scratch_variants``) to nnU-Net's trainer search."""
-from nnunetv2_meddisseg.training.scratch_variants import nnUNetTrainerMedDisSeg_runningStatistics
+"""Exposes nnUNetTrainerMedDisSeg_runningStatistics (``training.variants``) to nnU-Net's trainer search."""
+from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg_runningStatistics
 
 __all__ = ["nnUNetTrainerMedDisSeg_runningStatistics"]

@@ -1,5 +1,5 @@
-"""What ``nnUNetTrainerMedDisSeg``, ``nnUNetTrainerDispersive`` and their variants add to nnU-Net's
-``nnUNetTrainer``, whatever their network and losses. Each override
+"""What our trainers (``nnUNetTrainerMedDisSeg``, ``nnUNetTrainerDispersive``, the seeded baselines and their
+variants) add to nnU-Net's ``nnUNetTrainer``, whatever their network and losses. Each override
 calls nnU-Net's method and adds to it; the one copied piece, the checkpoint's entries, lives in
 ``nnunet_copies`` and is pinned to nnU-Net's source by a test.
 
@@ -26,6 +26,10 @@ calls nnU-Net's method and adds to it; the one copied piece, the checkpoint's en
   ``nnUNet_wandb_enabled=1``) and its ``logging`` checkpoint entry; plotted into ``progress_terms.png``
   beside nnU-Net's ``progress.png`` (``curves``). The diagnostics are computed on the first training batch
   of each epoch (``_dispersion_diagnostics``).
+- Every setting comes from the trainer's recipe (``recipe``): the class attribute ``recipe``, then the
+  overrides of the JSON file named by ``nnUNet_meddisseg_recipe`` (``recipe.recipe_overrides_from_environment``),
+  held as ``trainer.recipe``; its schedule (epochs, iterations, checkpoint period, final validation, torch
+  threads) is applied at construction and the log names every setting that differs from the defaults.
 - ``initialize`` and every epoch start by seeding Python's, NumPy's and torch's global generators
   from ``(run seed, epoch, rank)``. The run seed is the trainer's ``seed`` attribute, else the environment
   variable ``nnUNet_meddisseg_seed``, else drawn at random; checkpoints store it. An epoch is then a
@@ -58,6 +62,8 @@ from nnunetv2.utilities.collate_outputs import collate_outputs
 from nnunetv2_meddisseg.losses import DIAGNOSTIC_KEYS, MINIMUM_BATCH, dispersion_diagnostics, gather_batch
 from nnunetv2_meddisseg.training.curves import PLOT_FILENAME, CurvesLogger, TrainingCurves
 from nnunetv2_meddisseg.training.nnunet_copies import backward_clip_step, checkpoint_entries, train_autocast
+from nnunetv2_meddisseg.training.recipe import (RECIPE_ENVIRONMENT_VARIABLE, ScheduleRecipe, recipe_overrides_from_environment,
+                                                recipe_summary)
 
 __all__ = ["atomic_torch_save", "check_finite_input", "finite_per_sample", "non_finite_input_message",
            "unwrap_module", "run_seed_from_environment", "seed_epoch", "seed_generators", "preserved_random_state",
@@ -186,7 +192,8 @@ def unwrap_module(module: Optional[nn.Module]) -> Optional[nn.Module]:
 
 
 class SeededTrainer(nnUNetTrainer):
-    """nnUNetTrainer whose initial weights and every epoch are seeded from a run seed (``seed_epoch``).
+    """nnUNetTrainer whose initial weights and every epoch are seeded from a run seed (``seed_epoch``), with
+    its schedule from a recipe (``recipe``; ``nnUNetTrainerBaseline``: default nnU-Net, seeded).
 
     The run seed is the ``seed`` attribute, else ``nnUNet_meddisseg_seed``, else drawn at random. With the
     batches made in this process (``nnUNet_n_proc_DA=0``) and deterministic arithmetic (CPU), the same run
@@ -195,16 +202,36 @@ class SeededTrainer(nnUNetTrainer):
 
     #: run seed; None: ``nnUNet_meddisseg_seed`` if set, else random (see the module docstring)
     seed: Optional[int] = None
+    #: the settings of this trainer class (``recipe``); ``self.recipe`` is the instance's, overrides applied
+    recipe: ScheduleRecipe = ScheduleRecipe()
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
         super().__init__(plans, configuration, fold, dataset_json, device)
+        self.recipe = recipe_overrides_from_environment(self._class_recipe())
+        self._apply_schedule()
         seed = self.seed if self.seed is not None else run_seed_from_environment()
         self.run_seed: int = int(seed) if seed is not None else int.from_bytes(os.urandom(4), "little")
         if self.is_ddp:  # one run seed for all processes (each draws its own random seed otherwise)
             shared = [self.run_seed]
             dist.broadcast_object_list(shared, src=0)
             self.run_seed = int(shared[0])
+
+    def _class_recipe(self) -> ScheduleRecipe:
+        """The recipe before the override file: the class's (subclasses adapt it to the plans)."""
+        return type(self).recipe
+
+    def _apply_schedule(self) -> None:
+        """nnU-Net's schedule attributes from ``self.recipe`` (None keeps nnU-Net's)."""
+        recipe = self.recipe
+        for attribute, value in (("num_epochs", recipe.num_epochs),
+                                 ("num_iterations_per_epoch", recipe.iterations_per_epoch),
+                                 ("num_val_iterations_per_epoch", recipe.val_iterations_per_epoch),
+                                 ("save_every", recipe.save_every)):
+            if value is not None:
+                setattr(self, attribute, value)
+        if recipe.torch_threads is not None:
+            torch.set_num_threads(recipe.torch_threads)
 
     def initialize(self) -> None:
         if not self.was_initialized:
@@ -215,6 +242,16 @@ class SeededTrainer(nnUNetTrainer):
         super().on_train_start()
         self.print_to_log_file(f"run seed {self.run_seed} (every epoch is seeded from it and the epoch number; "
                                f"set {SEED_ENVIRONMENT_VARIABLE} to fix it)")
+        overrides = os.environ.get(RECIPE_ENVIRONMENT_VARIABLE, "").strip()
+        self.print_to_log_file(f"recipe {type(self.recipe).__name__}: {recipe_summary(self.recipe)}"
+                               + (f" (overrides from {overrides})" if overrides else ""))
+
+    def perform_actual_validation(self, save_probabilities: bool = False) -> None:
+        """nnU-Net's final validation, unless the recipe's ``final_validation`` is False."""
+        if not self.recipe.final_validation:
+            self.print_to_log_file("final validation skipped (recipe setting final_validation false)")
+            return
+        super().perform_actual_validation(save_probabilities)
 
     def on_epoch_start(self) -> None:
         super().on_epoch_start()
@@ -361,7 +398,7 @@ class ExtendedTrainerBase(SeededTrainer):
 
     def _dispersive_batch_warning(self) -> Optional[str]:
         """One line for the log when the dispersive form (``dispersive_variant``) needs a larger batch."""
-        variant = getattr(self, "dispersive_variant", None)
+        variant = getattr(self.recipe, "dispersive_variant", None)
         needed = MINIMUM_BATCH.get(variant, 2)
         size = self._dispersive_batch_size()
         if size >= needed:

@@ -6,8 +6,10 @@ from torch import Tensor, nn
 
 from nnunetv2_meddisseg.losses import dispersive_loss, gather_batch
 from nnunetv2_meddisseg.training.base import ExtendedTrainerBase
+from nnunetv2_meddisseg.training.recipe import DispersiveRecipe
+from nnunetv2_meddisseg.training.recipes import RECIPES
 
-__all__ = ["nnUNetTrainerDispersive", "nnUNetTrainerDispersive_smoke"]
+__all__ = ["nnUNetTrainerDispersive"]
 
 
 class nnUNetTrainerDispersive(ExtendedTrainerBase):
@@ -16,11 +18,11 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
     The plans' network (e.g. PlainConvUNet, ResEnc; 2D or 3D) and nnU-Net's loss, optimizer and
     schedule are unchanged. A forward hook on ``network.encoder.stages[0]`` (found behind the
     DDP / torch.compile wrappers) captures that stage's output in training mode, and
-    ``dispersive_weight * dispersive_loss(output, dispersive_variant, dispersive_tau, dispersive_eps,
-    dispersive_margin)`` is added to nnU-Net's loss. Only the training loss changes: validation and
-    prediction are nnU-Net's.
+    ``lambda_dispersive * dispersive_loss(output, dispersive_variant, dispersive_tau, dispersive_eps,
+    dispersive_margin)`` (the settings of its recipe, ``recipe.DispersiveRecipe``) is added to nnU-Net's loss.
+    Only the training loss changes: validation and prediction are nnU-Net's.
 
-    ``dispersive_weight`` = 0.2: nnU-Net trains a randomly initialised network in one stage, the
+    ``lambda_dispersive`` = 0.2: nnU-Net trains a randomly initialised network in one stage, the
     situation of Med-DisSeg's Stage I, where the paper's sweep found 0.2 best (larger weights
     over-constrain early optimisation); ``dispersive_tau`` = 0.8 as in the paper.
     ``infonce_cosine_centred`` instead of the paper's ``infonce_l2``: on raw features InfoNCE-L2 is
@@ -36,12 +38,7 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
     version cannot trace it).
     """
 
-    dispersive_weight: float = 0.2
-    dispersive_tau: float = 0.8
-    dispersive_variant: str = "infonce_cosine_centred"
-    #: margin of the ``hinge`` variant, eps of the two InfoNCE variants (``losses.dispersive``)
-    dispersive_margin: float = 1.0
-    dispersive_eps: float = 1e-8
+    recipe: DispersiveRecipe = RECIPES["Dispersive"]
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
@@ -75,9 +72,10 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
                 raise RuntimeError(f"expected one output of encoder.stages[0] per forward, got {len(self._captured)}")
             features = self._captured.pop()
             dispersed = gather_batch(features) if self.dispersive_gather else features
-            dispersive = dispersive_loss(dispersed, self.dispersive_variant, self.dispersive_tau, self.dispersive_eps,
-                                         self.dispersive_margin)
-            total = seg + self.dispersive_weight * dispersive
+            recipe = self.recipe
+            dispersive = dispersive_loss(dispersed, recipe.dispersive_variant, recipe.dispersive_tau,
+                                         recipe.dispersive_eps, recipe.dispersive_margin)
+            total = seg + recipe.lambda_dispersive * dispersive
         gradient_norms = self._optimizer_step(total)
         # one transfer to the host for the loss, the logged terms and norms, and the batch's input check
         result = self._step_result(total, {"loss_seg": seg, "loss_dispersive": dispersive, **gradient_norms})
@@ -87,14 +85,3 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
     def on_train_epoch_start(self) -> None:
         super().on_train_epoch_start()
         self.logger.log("lr_network", self.optimizer.param_groups[0]["lr"], self.current_epoch)
-
-
-class nnUNetTrainerDispersive_smoke(nnUNetTrainerDispersive):
-    """1 epoch, 4 training and 2 validation iterations: for tests."""
-
-    def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
-                 device: torch.device = torch.device("cuda")):
-        super().__init__(plans, configuration, fold, dataset_json, device)
-        self.num_epochs = 1
-        self.num_iterations_per_epoch = 4
-        self.num_val_iterations_per_epoch = 2

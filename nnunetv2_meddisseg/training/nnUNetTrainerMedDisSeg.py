@@ -1,9 +1,10 @@
 """nnUNetTrainerMedDisSeg: Med-DisSeg's two training stages in one ``nnUNetv2_train`` run."""
 import math
+import os
 from contextlib import contextmanager
 from copy import deepcopy
+from dataclasses import replace
 from time import time
-from types import MappingProxyType
 from pydoc import locate
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -16,6 +17,7 @@ from nnunetv2.utilities.helpers import empty_cache
 from nnunetv2.utilities.plans_handling.plans_handler import ConfigurationManager, PlansManager
 
 from nnunetv2_meddisseg.architectures import MedDisSegNet, MedDisSegOutput
+from nnunetv2_meddisseg.blocks.encoder import load_resnet50_weights, resolve_encoder_weights
 from nnunetv2_meddisseg.blocks.stage1_head import Stage1Head
 from nnunetv2_meddisseg.losses import DispersiveLoss, consistency_loss
 from nnunetv2_meddisseg.training.base import (ExtendedTrainerBase, preserved_random_state, seed_generators,
@@ -24,12 +26,16 @@ from nnunetv2_meddisseg.training.batchnorm_statistics import recalibrate_batchno
 from nnunetv2_meddisseg.training.lr_schedule import PerGroupPolyLRScheduler
 from nnunetv2_meddisseg.training.nnunet_copies import training_dataloader
 from nnunetv2_meddisseg.training.photometric import photometric_perturbation
-from nnunetv2_meddisseg.training.stage2_loss import Stage2Weights, dispersive_from_trainer, stage2_loss
+from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
+from nnunetv2_meddisseg.training.recipes import RECIPES
+from nnunetv2_meddisseg.training.stage2_loss import Stage2Weights, dispersive_from_recipe, stage2_loss
 
-__all__ = ["nnUNetTrainerMedDisSeg", "STAGE_1", "STAGE_2", "RGB_CHANNEL_NAMES"]
+__all__ = ["nnUNetTrainerMedDisSeg", "STAGE_1", "STAGE_2", "STAGE1_CHECKPOINT", "RGB_CHANNEL_NAMES"]
 
 STAGE_1 = "stage1"
 STAGE_2 = "stage2"
+#: the model at the end of Stage I, kept where the recipe sets ``stage1_checkpoint``
+STAGE1_CHECKPOINT = "checkpoint_stage1.pth"
 #: dataset.json channel names (lower case) that mark a 3-channel input as RGB (colour perturbations)
 RGB_CHANNEL_NAMES = frozenset({"r", "g", "b", "red", "green", "blue", "rgb", "rgb_to_0_1"})
 
@@ -85,9 +91,9 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     only, as the released code does). ``seg`` is ``DC_and_CE_loss`` built as nnU-Net's
     ``_build_loss`` builds it, without the deep-supervision wrapper.
 
-    Optimizer: ``optimizer_name`` "adam" (the paper's) or "sgd" (nnU-Net's Nesterov SGD). The values
+    Optimizer: ``optimizer`` "adam" (the paper's) or "sgd" (nnU-Net's Nesterov SGD). The values
     above are the paper's, which assume an ImageNet encoder; where the plans name no
-    ``encoder_weights`` the attributes listed in ``scratch_settings`` replace them (empty by default:
+    ``encoder_weights`` the settings listed in the recipe's ``from_scratch`` replace them (none by default:
     higher learning rates for a randomly initialised encoder let the early features collapse under
     the uncentred dispersive loss, see the README).
 
@@ -118,7 +124,9 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     and nnU-Net's EMA pseudo Dice restarts at the first Stage II epoch, so the best checkpoint is the
     Stage II network whose own EMA (never the Stage I head's) is the highest.
 
-    Every attribute below is a class attribute: subclasses override them (see ``variants.py``).
+    Every setting named here is a field of the trainer's recipe (``recipe.MedDisSegRecipe``, the class
+    attribute ``recipe``; the paper's values by default); variants are named recipes (``recipes``,
+    ``variants``: one line each).
 
     Kept from nnU-Net: network building from the plans (with nnU-Net's default ``nnUNetPlans``, whose
     architecture is not Med-DisSeg, ``MedDisSegNet`` is built with its default arguments), data
@@ -133,49 +141,13 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     Not supported: 3D configurations (a ``ValueError`` at construction) and region-based labels.
     """
 
-    stage1_fraction: float = 0.25
-    stage1_lr: float = 1e-4
-    stage2_lr: float = 1e-4
-    stage2_encoder_lr: float = 1e-5
-    adam_weight_decay: float = 0.0
-    lr_exponent: float = 0.9
-    lambda_dispersive_stage1: float = 0.2
-    lambda_dispersive_stage2: float = 0.6
-    dispersive_variant: str = "infonce_l2"
-    dispersive_tau: float = 0.8
-    dispersive_placement: str = "early"
-    #: margin of the ``hinge`` variant, eps of the two InfoNCE variants (``losses.dispersive``)
-    dispersive_margin: float = 1.0
-    dispersive_eps: float = 1e-8
-    consistency_weight: float = 1.0
-    path_supervision_weight: float = 0.5
-    fg_bg_weight: float = 1.0
-    complementarity_weight: float = 1.0
-    stage1_head_width: int = 64
-    #: "adam" (the paper's) or "sgd" (nnU-Net's: Nesterov, momentum ``sgd_momentum``, ``sgd_weight_decay``)
-    optimizer_name: str = "adam"
-    sgd_momentum: float = 0.99
-    sgd_weight_decay: float = 3e-5
-    #: attribute values that replace the ones above when the encoder starts from random initialisation
-    #: (the plans name no ``encoder_weights``); the paper's values above assume an ImageNet encoder
-    scratch_settings: Mapping[str, object] = MappingProxyType({})
-    #: None: RGB when the input has 3 channels named R, G, B (or normalised with rgb_to_0_1)
-    photometric_rgb: Optional[bool] = None
-    #: training samples over which BatchNorm's running statistics are re-estimated before every validation
-    #: (``_recalibrate_batchnorm``); 0 (default) keeps the running averages of training: re-estimating over 64
-    #: augmented samples was level with them on validation data (3 seeds, see the README)
-    batchnorm_calibration_samples: int = 0
-    #: draw them through nnU-Net's training augmentation (True: chosen on validation data) or as plain patches
-    batchnorm_calibration_augmentation: bool = True
+    recipe: MedDisSegRecipe = RECIPES["MedDisSeg"]
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
         _require_2d_configuration(plans, configuration, self.__class__.__name__)
         super().__init__(plans, configuration, fold, dataset_json, device)
-        self.encoder_pretrained = self._plans_name_encoder_weights()
-        if not self.encoder_pretrained:
-            self._apply_scratch_settings()
-        self.initial_lr = self.stage2_lr
+        self.initial_lr = self.recipe.stage2_lr
         self.training_stage: Optional[str] = None
         self.stage1_head: Optional[nn.Module] = None
         self.dispersive: Optional[DispersiveLoss] = None
@@ -184,36 +156,32 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     # ------------------------------------------------------------------ settings
     def _plans_name_encoder_weights(self) -> bool:
         """True when the plans build MedDisSegNet with ``encoder_weights`` (a file or ``imagenet``)."""
-        if not network_class_is_meddisseg(self.configuration_manager):
-            return False
-        return bool(self.configuration_manager.network_arch_init_kwargs.get("encoder_weights"))
+        return self._plans_encoder_weights() is not None
 
-    def _apply_scratch_settings(self) -> None:
-        for name, value in self.scratch_settings.items():
-            if not hasattr(type(self), name):
-                raise AttributeError(f"{self.__class__.__name__}.scratch_settings names an unknown setting {name!r}")
-            setattr(self, name, value)
+    def _class_recipe(self) -> MedDisSegRecipe:
+        """The class's recipe, with its ``from_scratch`` settings where the encoder starts from random
+        initialisation (the plans name no ``encoder_weights``)."""
+        self.encoder_pretrained = self._plans_name_encoder_weights()
+        recipe = super()._class_recipe()
+        return recipe if self.encoder_pretrained else recipe.for_random_encoder()
 
     def _make_optimizer(self, groups: Sequence[dict]) -> torch.optim.Optimizer:
-        if self.optimizer_name == "adam":
-            return torch.optim.Adam(groups, weight_decay=self.adam_weight_decay)
-        if self.optimizer_name == "sgd":
-            return torch.optim.SGD(groups, momentum=self.sgd_momentum, nesterov=True,
-                                   weight_decay=self.sgd_weight_decay)
-        raise ValueError(f"{self.__class__.__name__}.optimizer_name must be 'adam' or 'sgd', got {self.optimizer_name!r}")
+        recipe = self.recipe
+        if recipe.optimizer == "adam":
+            return torch.optim.Adam(groups, weight_decay=recipe.adam_weight_decay)
+        return torch.optim.SGD(groups, momentum=recipe.sgd_momentum, nesterov=True, weight_decay=recipe.sgd_weight_decay)
 
     # ------------------------------------------------------------------ stages
     @property
     def stage1_epochs(self) -> int:
-        """Epochs of Stage I: ``floor(stage1_fraction * num_epochs)`` unless set explicitly."""
-        explicit = self.__dict__.get("_stage1_epochs")
-        if explicit is not None:
-            return explicit
-        return int(math.floor(self.stage1_fraction * self.num_epochs))
+        """Epochs of Stage I: the recipe's ``stage1_epochs``, else ``floor(stage1_fraction * num_epochs)``."""
+        if self.recipe.stage1_epochs is not None:
+            return self.recipe.stage1_epochs
+        return int(math.floor(self.recipe.stage1_fraction * self.num_epochs))
 
     @stage1_epochs.setter
     def stage1_epochs(self, value: int) -> None:
-        self.__dict__["_stage1_epochs"] = int(value)
+        self.recipe = replace(self.recipe, stage1_epochs=int(value))
 
     def stage_for_epoch(self, epoch: int) -> str:
         return STAGE_1 if epoch < self.stage1_epochs else STAGE_2
@@ -226,7 +194,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
 
     def _build_stage1_head(self) -> nn.Module:
         norm_op, norm_op_kwargs = self._plain_network().added_norm
-        head = Stage1Head(self.label_manager.num_segmentation_heads, width=self.stage1_head_width, norm_op=norm_op,
+        head = Stage1Head(self.label_manager.num_segmentation_heads, width=self.recipe.stage1_head_width, norm_op=norm_op,
                           norm_op_kwargs=norm_op_kwargs).to(self.device)
         if self.is_ddp:
             device_ids = [self.device.index] if self.device.type == "cuda" else None
@@ -240,20 +208,20 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         needed and drops it in Stage II.
         """
         stage = stage or self.stage_for_epoch(self.current_epoch)
-        network = self._plain_network()
+        network, recipe = self._plain_network(), self.recipe
         if stage == STAGE_1:
             if self.stage1_head is None:
                 self.stage1_head = self._build_stage1_head()
             groups = [
-                {"name": "decoder", "params": list(self._plain_head().parameters()), "lr": self.stage1_lr},
-                {"name": "encoder", "params": list(network.encoder_parameters()), "lr": self.stage1_lr},
+                {"name": "decoder", "params": list(self._plain_head().parameters()), "lr": recipe.stage1_lr},
+                {"name": "encoder", "params": list(network.encoder_parameters()), "lr": recipe.stage1_lr},
             ]
             start, length = 0, self.stage1_epochs
         elif stage == STAGE_2:
             self.stage1_head = None
             groups = [
-                {"name": "decoder", "params": list(network.non_encoder_parameters()), "lr": self.stage2_lr},
-                {"name": "encoder", "params": list(network.encoder_parameters()), "lr": self.stage2_encoder_lr},
+                {"name": "decoder", "params": list(network.non_encoder_parameters()), "lr": recipe.stage2_lr},
+                {"name": "encoder", "params": list(network.encoder_parameters()), "lr": recipe.stage2_encoder_lr},
             ]
             start, length = self.stage1_epochs, self.num_epochs - self.stage1_epochs
         else:
@@ -261,7 +229,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         network.encoder_only = stage == STAGE_1
         optimizer = self._make_optimizer(groups)
         scheduler = PerGroupPolyLRScheduler(optimizer, [g["lr"] for g in groups], start, max(length, 1),
-                                            self.lr_exponent)
+                                            recipe.lr_exponent)
         self.training_stage = stage
         return optimizer, scheduler
 
@@ -270,8 +238,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         self.optimizer, self.lr_scheduler = self.configure_optimizers(stage)
         if previous == STAGE_1 and stage == STAGE_2:
             self._best_ema = None
-            self.print_to_log_file(f"Stage II from epoch {self.current_epoch}: full network, {self.optimizer_name} lr "
-                                   f"{self.stage2_encoder_lr} (encoder + ELAT) / {self.stage2_lr} (rest)")
+            self.print_to_log_file(f"Stage II from epoch {self.current_epoch}: full network, {self.recipe.optimizer} lr "
+                                   f"{self.recipe.stage2_encoder_lr} (encoder + ELAT) / {self.recipe.stage2_lr} (rest)")
         empty_cache(self.device)
 
     # ------------------------------------------------------------------ nnU-Net hooks
@@ -284,15 +252,14 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         """MedDisSegNet from the plans' ``arch_kwargs`` when the plans name it (``nnUNetMedDisSegPlans``),
         else (e.g. nnU-Net's default ``nnUNetPlans``) MedDisSegNet with its default arguments.
 
-        Training always builds with deep supervision (``initialize`` insists), so a build without it is
-        nnU-Net's prediction, which loads the checkpoint's weights next: the plans' ``encoder_weights``
-        file is not read then, and a trained model predicts where that file does not exist.
+        The plans' ``encoder_weights`` are never read here: nnU-Net's predictor builds the network through
+        this method and then loads the checkpoint's weights (a trained model predicts where that file does
+        not exist); training loads them in ``initialize`` (``_load_encoder_weights``).
         """
         if network_class_is_meddisseg(configuration_manager):
             class_name = configuration_manager.network_arch_class_name
             arch_kwargs = dict(configuration_manager.network_arch_init_kwargs)
-            if not enable_deep_supervision and "encoder_weights" in arch_kwargs:
-                arch_kwargs["encoder_weights"] = None
+            arch_kwargs["encoder_weights"] = None
             return get_network_from_plans(class_name, arch_kwargs,
                                           configuration_manager.network_arch_init_kwargs_req_import,
                                           num_input_channels, num_output_channels, allow_init=True,
@@ -332,11 +299,29 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         if not 0 <= self.stage1_epochs <= self.num_epochs:
             raise ValueError(f"{self.__class__.__name__}: stage1_epochs must lie in [0, num_epochs={self.num_epochs}], "
                              f"got {self.stage1_epochs}")
-        self.dispersive = dispersive_from_trainer(self)
+        self.dispersive = dispersive_from_recipe(self.recipe, self.dispersive_gather)
         was_initialized = self.was_initialized
         super().initialize()
         if not was_initialized:
+            self._load_encoder_weights()
             self._initial_stem = next(self._plain_network().parameters()).detach().clone()
+
+    def _plans_encoder_weights(self) -> Optional[str]:
+        """The plans' ``encoder_weights`` (a file or ``imagenet``), None where they name none."""
+        if not network_class_is_meddisseg(self.configuration_manager):
+            return None
+        return self.configuration_manager.network_arch_init_kwargs.get("encoder_weights") or None
+
+    def _load_encoder_weights(self) -> None:
+        """Load the plans' ``encoder_weights`` into the encoder of the network ``initialize`` built: training
+        only (prediction loads the checkpoint), before ``--c`` or ``-pretrained_weights`` load theirs over them."""
+        weights = self._plans_encoder_weights()
+        if weights is None:
+            return
+        path = resolve_encoder_weights(weights)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"encoder weights file not found: {path} (the plans' encoder_weights)")
+        load_resnet50_weights(self._plain_network().encoder, path)
 
     def _encoder_origin(self) -> str:
         """Where the encoder's weights come from, for the log: the plans' ``encoder_weights``, random
@@ -346,19 +331,20 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         if getattr(self, "_initial_stem", None) is not None and self.current_epoch == 0 and \
                 not torch.equal(first.to(self._initial_stem.device), self._initial_stem):
             return "the weights -pretrained_weights loaded (every layer whose name and shape match)"
-        return "pretrained weights" if self.encoder_pretrained else "random initialisation"
+        weights = self._plans_encoder_weights()
+        return f"pretrained weights ({weights})" if weights else "random initialisation"
 
     def on_train_start(self) -> None:
         super().on_train_start()
-        origin = self._encoder_origin()
+        origin, recipe = self._encoder_origin(), self.recipe
         self._initial_stem = None
-        self.print_to_log_file(f"encoder from {origin}: {self.optimizer_name}, learning rates Stage I {self.stage1_lr}, "
-                               f"Stage II {self.stage2_encoder_lr} (encoder + ELAT) / {self.stage2_lr} (rest)")
+        self.print_to_log_file(f"encoder from {origin}: {recipe.optimizer}, learning rates Stage I {recipe.stage1_lr}, "
+                               f"Stage II {recipe.stage2_encoder_lr} (encoder + ELAT) / {recipe.stage2_lr} (rest)")
         self.print_to_log_file(
             f"Med-DisSeg: Stage I epochs 0-{self.stage1_epochs - 1}, Stage II epochs {self.stage1_epochs}-"
-            f"{self.num_epochs - 1}; dispersive {self.dispersive_variant} tau {self.dispersive_tau} at "
-            f"'{self.dispersive_placement}', lambda {self.lambda_dispersive_stage1} / {self.lambda_dispersive_stage2}; "
-            f"photometric perturbation {'RGB' if self._input_is_rgb() else 'channel-wise'}")
+            f"{self.num_epochs - 1}; dispersive {recipe.dispersive_variant} tau {recipe.dispersive_tau} at "
+            f"'{recipe.dispersive_placement}', lambda {recipe.lambda_dispersive_stage1} / "
+            f"{recipe.lambda_dispersive_stage2}; photometric perturbation {'RGB' if self._input_is_rgb() else 'channel-wise'}")
         if self.stage1_epochs >= self.num_epochs:
             self.print_to_log_file("WARNING: no Stage II epochs: the decoder of the final network stays untrained")
 
@@ -395,10 +381,14 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         saved_periodically = (self.current_epoch + 1) % self.save_every == 0
         last_epoch = self.current_epoch == self.num_epochs - 1
         super().on_epoch_end()  # increments current_epoch
-        if end_of_stage1 and not saved_periodically and not last_epoch:
-            self.current_epoch -= 1  # the checkpoint must record the finished epoch, as nnU-Net's on_train_end does
+        if not end_of_stage1:
+            return
+        self.current_epoch -= 1  # the checkpoints must record the finished epoch, as nnU-Net's on_train_end does
+        if not saved_periodically and not last_epoch:
             self.save_checkpoint(join(self.output_folder, "checkpoint_latest.pth"))
-            self.current_epoch += 1
+        if self.recipe.stage1_checkpoint:
+            self.save_checkpoint(join(self.output_folder, STAGE1_CHECKPOINT))
+        self.current_epoch += 1
 
     def perform_actual_validation(self, save_probabilities: bool = False) -> None:
         network = self._plain_network()
@@ -435,8 +425,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
 
     # ------------------------------------------------------------------ steps
     def _input_is_rgb(self) -> bool:
-        if self.photometric_rgb is not None:
-            return bool(self.photometric_rgb)
+        if self.recipe.photometric_rgb is not None:
+            return bool(self.recipe.photometric_rgb)
         if self.num_input_channels != 3:
             return False
         names = self.dataset_json.get("channel_names", self.dataset_json.get("modality", {}))
@@ -463,8 +453,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         dispersive_clean, diagnosed = self._dispersion(views[0])
         dispersive_perturbed, _ = self._dispersion(views[1])
         dispersive = dispersive_clean + dispersive_perturbed
-        total = (seg_clean + seg_perturbed + self.consistency_weight * consistency
-                 + self.lambda_dispersive_stage1 * dispersive)
+        total = (seg_clean + seg_perturbed + self.recipe.consistency_weight * consistency
+                 + self.recipe.lambda_dispersive_stage1 * dispersive)
         if isinstance(self.network, DDP):
             # DDP's reducer expects a gradient for every parameter: the decoder is idle in Stage I
             idle = [p for p in self._plain_network().non_encoder_parameters() if p.requires_grad]
@@ -475,7 +465,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
 
     def _stage2_losses(self, data: Tensor, target: Tensor) -> Tuple[Tensor, Dict[str, Tensor], Tensor]:
         output = self.network(data)
-        total, terms = stage2_loss(output, target, self.loss, self.dispersive, Stage2Weights.from_trainer(self),
+        total, terms = stage2_loss(output, target, self.loss, self.dispersive, Stage2Weights.from_recipe(self.recipe),
                                    self.label_manager.ignore_label)
         return total, terms, output.features[self.dispersive.placements[0]]
 
@@ -513,8 +503,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         drawn as nnU-Net's training dataloader draws them (with or without its augmentation) from a
         generator seeded by the run seed alone: the same batches at every call, on every rank and after
         ``--c``, and no random number of the training stream is used."""
-        loader = training_dataloader(self, augmentation=self.batchnorm_calibration_augmentation)
-        count = math.ceil(self.batchnorm_calibration_samples / self.batch_size)
+        loader = training_dataloader(self, augmentation=self.recipe.batchnorm_calibration_augmentation)
+        count = math.ceil(self.recipe.batchnorm_calibration_samples / self.batch_size)
         with preserved_random_state():
             seed_generators([self.run_seed, 2])
             return [loader.generate_train_batch()["data"] for _ in range(count)]
@@ -525,7 +515,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         ``checkpoint_final.pth`` and every prediction from them normalise with statistics of the weights
         they hold (``batchnorm_statistics``). Runs the unwrapped modules (no DDP buffer broadcast, no
         compilation): each rank computes the same statistics from the same batches and weights."""
-        if self.batchnorm_calibration_samples <= 0 or self.training_stage is None:
+        if self.recipe.batchnorm_calibration_samples <= 0 or self.training_stage is None:
             return
         start = time()
         if self._calibration_batches is None:
@@ -540,7 +530,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         layers = recalibrate_batchnorm(modules, self._calibration_batches, forward)
         self.print_to_log_file(f"BatchNorm statistics of {layers} layers re-estimated over "
                                f"{len(self._calibration_batches) * self.batch_size} training samples "
-                               f"({'with' if self.batchnorm_calibration_augmentation else 'without'} augmentation) "
+                               f"({'with' if self.recipe.batchnorm_calibration_augmentation else 'without'} augmentation) "
                                f"in {time() - start:.1f} s")
 
     def validation_step(self, batch: dict) -> dict:

@@ -21,6 +21,8 @@ from nnunetv2.training.data_augmentation.compute_initial_patch_size import get_p
 
 from nnunetv2_meddisseg.training.lr_schedule import PerGroupCosineLRScheduler
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_2, nnUNetTrainerMedDisSeg
+from nnunetv2_meddisseg.training.recipe import PaperScheduleRecipe
+from nnunetv2_meddisseg.training.recipes import RECIPES
 
 __all__ = ["nnUNetTrainerMedDisSeg_paper", "EarlyStopping", "iterations_per_epoch"]
 
@@ -72,17 +74,15 @@ class nnUNetTrainerMedDisSeg_paper(nnUNetTrainerMedDisSeg):
     schedule from the stage's base rates (1e-4; the encoder 1e-5 in Stage II, as ours), early stopping
     once nnU-Net's EMA pseudo Dice has not improved for 100 Stage II epochs, and flips and rotations
     (probability ``rotation_probability``, nnU-Net's 2d angle range) as the only augmentation. The
-    batch size comes from the plans; Stage I is the first quarter, as in ``nnUNetTrainerMedDisSeg``."""
+    batch size comes from the plans; Stage I is the first quarter, as in ``nnUNetTrainerMedDisSeg``. Its
+    recipe (``recipe.PaperScheduleRecipe``) holds the epochs, the patience and the rotation probability."""
 
-    paper_epochs: int = 300
-    early_stopping_patience: int = 100
-    rotation_probability: float = 0.5
+    recipe: PaperScheduleRecipe = RECIPES["MedDisSeg_paper"]
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
         super().__init__(plans, configuration, fold, dataset_json, device)
-        self.num_epochs = self.paper_epochs
-        self.early_stopping = EarlyStopping(self.early_stopping_patience)
+        self.early_stopping = EarlyStopping(self.recipe.early_stopping_patience)
 
     def do_split(self):
         """nnU-Net's split; an epoch is then one pass over the training (validation) cases."""
@@ -103,9 +103,8 @@ class nnUNetTrainerMedDisSeg_paper(nnUNetTrainerMedDisSeg):
         initial_patch_size = get_patch_size(patch_size, rotation_for_DA, rotation_for_DA, rotation_for_DA, (1.0, 1.0))
         return rotation_for_DA, False, initial_patch_size, mirror_axes
 
-    @classmethod
     def get_training_transforms(
-            cls,
+            self,
             patch_size: Union[np.ndarray, Tuple[int]],
             rotation_for_DA: RandomScalar,
             deep_supervision_scales: Union[List, Tuple, None],
@@ -117,12 +116,12 @@ class nnUNetTrainerMedDisSeg_paper(nnUNetTrainerMedDisSeg):
             regions: List[Union[List[int], Tuple[int, ...], int]] = None,
             ignore_label: int = None,
     ) -> BasicTransform:
-        """Random rotation (probability ``rotation_probability`` of the class it is called on, crop to the patch)
-        and flips along ``mirror_axes``; nothing else. A class method where nnU-Net's is static, so that a
-        subclass's ``rotation_probability`` counts; nnU-Net calls it through the trainer as either."""
+        """Random rotation (probability: the recipe's ``rotation_probability``, crop to the patch) and flips along
+        ``mirror_axes``; nothing else. A method of the trainer where nnU-Net's is static, so that the trainer's
+        own recipe (overrides included) counts; nnU-Net calls it through the trainer."""
         transforms: List[BasicTransform] = [SpatialTransform(
             patch_size, patch_center_dist_from_border=0, random_crop=False, p_elastic_deform=0,
-            p_rotation=cls.rotation_probability, rotation=rotation_for_DA,
+            p_rotation=self.recipe.rotation_probability, rotation=rotation_for_DA,
             p_scaling=0, scaling=(1.0, 1.0), p_synchronize_scaling_across_axes=1, bg_style_seg_sampling=False,
             border_mode_seg="constant", padding_value_seg=-1)]
         if mirror_axes is not None and len(mirror_axes) > 0:

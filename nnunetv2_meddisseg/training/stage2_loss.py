@@ -3,7 +3,7 @@
 ``stage2_loss`` is what ``nnUNetTrainerMedDisSeg`` minimises in Stage II; ``segmentation_loss`` builds
 its ``seg`` term, which the trainer takes from nnU-Net's ``_build_loss`` (Dice + CE, no deep-supervision
 wrapper), for code outside a trainer;
-``Stage2Weights.from_trainer`` and ``dispersive_from_trainer`` read a trainer's settings, so that code
+``Stage2Weights.from_recipe`` and ``dispersive_from_recipe`` read a trainer's recipe, so that code
 outside the trainer (e.g. the training-step benchmark) computes exactly the trainer's loss.
 """
 from dataclasses import dataclass
@@ -17,8 +17,9 @@ from nnunetv2.training.loss.dice import MemoryEfficientSoftDiceLoss
 from nnunetv2_meddisseg.architectures import MedDisSegOutput
 from nnunetv2_meddisseg.losses import DispersiveLoss, complementarity_loss, foreground_background_loss
 from nnunetv2_meddisseg.losses.segmentation import dice_ce_per_output, dice_ce_settings
+from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
 
-__all__ = ["Stage2Weights", "dispersive_from_trainer", "segmentation_loss", "foreground_target", "stage2_loss"]
+__all__ = ["Stage2Weights", "dispersive_from_recipe", "segmentation_loss", "foreground_target", "stage2_loss"]
 
 
 @dataclass(frozen=True)
@@ -31,20 +32,19 @@ class Stage2Weights:
     dispersive: float
 
     @classmethod
-    def from_trainer(cls, trainer: object) -> "Stage2Weights":
-        """The weights a trainer (instance or class) sets: ``path_supervision_weight``, ``fg_bg_weight``,
-        ``complementarity_weight``, ``lambda_dispersive_stage2``."""
-        return cls(path_supervision=trainer.path_supervision_weight, fg_bg=trainer.fg_bg_weight,
-                   complementarity=trainer.complementarity_weight, dispersive=trainer.lambda_dispersive_stage2)
+    def from_recipe(cls, recipe: MedDisSegRecipe) -> "Stage2Weights":
+        """The weights a recipe sets: ``path_supervision_weight``, ``fg_bg_weight``, ``complementarity_weight``,
+        ``lambda_dispersive_stage2``."""
+        return cls(path_supervision=recipe.path_supervision_weight, fg_bg=recipe.fg_bg_weight,
+                   complementarity=recipe.complementarity_weight, dispersive=recipe.lambda_dispersive_stage2)
 
 
-def dispersive_from_trainer(trainer: object) -> DispersiveLoss:
-    """The (unweighted) dispersive loss a trainer (instance or class) sets: ``dispersive_variant``,
-    ``dispersive_tau``, ``dispersive_eps``, ``dispersive_margin``, ``dispersive_placement``,
-    ``dispersive_gather`` (under DDP: the batch of every process). Both stages use it."""
-    return DispersiveLoss(trainer.dispersive_variant, trainer.dispersive_tau, eps=trainer.dispersive_eps,
-                          margin=trainer.dispersive_margin, placement=trainer.dispersive_placement,
-                          gather=trainer.dispersive_gather)
+def dispersive_from_recipe(recipe: MedDisSegRecipe, gather: bool = True) -> DispersiveLoss:
+    """The (unweighted) dispersive loss a recipe sets: ``dispersive_variant``, ``dispersive_tau``,
+    ``dispersive_eps``, ``dispersive_margin``, ``dispersive_placement``; ``gather``: under DDP, the batch of
+    every process (the trainer's ``dispersive_gather``). Both stages use it."""
+    return DispersiveLoss(recipe.dispersive_variant, recipe.dispersive_tau, eps=recipe.dispersive_eps,
+                          margin=recipe.dispersive_margin, placement=recipe.dispersive_placement, gather=gather)
 
 
 def segmentation_loss(batch_dice: bool, ignore_label: Optional[int] = None, ddp: bool = False) -> nn.Module:

@@ -1,42 +1,65 @@
-"""nnUNetv2_meddisseg_ablate's pieces that need no training: budget trainers, variant names, settings."""
-import importlib.util
+"""nnUNetv2_meddisseg_ablate's pieces that need no training: the budget file, variant names, network-ablation
+plans, settings."""
 import json
 
 import pytest
 
 from nnunetv2_meddisseg.ablation import ablate
-from nnunetv2_meddisseg.ablation.runs import Budget, write_budget_trainers
+from nnunetv2_meddisseg.ablation.runs import AblationRun, Variant, write_budget, write_network_ablation_plans
 from nnunetv2_meddisseg.cli import UserError
-from nnunetv2_meddisseg.training import ablation_variants
+from nnunetv2_meddisseg.training.recipe import RECIPE_ENVIRONMENT_VARIABLE, ScheduleRecipe, apply_overrides
+from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg_noStage1
 
 
-def test_budget_trainers_subclass_each_variant_with_the_budget(tmp_path):
-    variants = {"nnUNetTrainerMedDisSeg": "nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg",
-                "nnUNetTrainerMedDisSeg_noStage1": "nnunetv2_meddisseg.training.ablation_variants"}
-    file = write_budget_trainers(tmp_path, variants, Budget(epochs=8, iterations_per_epoch=3, val_iterations=None))
-    spec = importlib.util.spec_from_file_location("generated_budget", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    trainer = module.nnUNetTrainerMedDisSeg_noStage1_ablation.__new__(module.nnUNetTrainerMedDisSeg_noStage1_ablation)
-    trainer.num_epochs, trainer.num_iterations_per_epoch, trainer.num_val_iterations_per_epoch = 1000, 250, 50
-    module._budget(trainer)
-    assert (trainer.num_epochs, trainer.num_iterations_per_epoch, trainer.num_val_iterations_per_epoch) == (8, 3, 50)
-    assert issubclass(module.nnUNetTrainerMedDisSeg_noStage1_ablation,
-                      ablation_variants.nnUNetTrainerMedDisSeg_noStage1)
-    assert trainer.stage1_epochs == 0  # the variant's own override survives the budget
-    full = module.nnUNetTrainerMedDisSeg_ablation.__new__(module.nnUNetTrainerMedDisSeg_ablation)
-    full.num_epochs = 8
-    assert full.stage1_epochs == 2
+def test_the_budget_file_is_a_recipe_override_every_run_reads(tmp_path):
+    file = write_budget(tmp_path, ScheduleRecipe(num_epochs=8, iterations_per_epoch=3, final_validation=False))
+    assert json.loads(file.read_text()) == {"num_epochs": 8, "iterations_per_epoch": 3, "final_validation": False}
+    recipe = apply_overrides(nnUNetTrainerMedDisSeg_noStage1.recipe, json.loads(file.read_text()), str(file))
+    assert (recipe.num_epochs, recipe.iterations_per_epoch, recipe.stage1_fraction) == (8, 3, 0.0)
+    run = AblationRun(tmp_path, "Dataset501_X", "0", {"a": Variant("nnUNetTrainerMedDisSeg", "P")}, "cpu",
+                      tmp_path, tmp_path, {})
+    env = run.environment(2)
+    assert env[RECIPE_ENVIRONMENT_VARIABLE] == str(file) and env["nnUNet_meddisseg_seed"] == "2"
+    assert run.fold_folder("a", 2) == tmp_path / "seed_2" / "nnUNet_results" / "Dataset501_X" / \
+        "nnUNetTrainerMedDisSeg__P__2d" / "fold_0"
 
 
-def test_variant_names_short_and_full_and_unknown(monkeypatch, tmp_path):
+def test_variant_names_short_and_full_network_ablations_and_unknown(monkeypatch, tmp_path):
     monkeypatch.delenv("nnUNet_extTrainer", raising=False)
-    resolved = ablate.resolve_variants(["noCBAT", "nnUNetTrainerMedDisSeg_tau0p5", "nnUNetTrainerMedDisSeg"])
-    assert list(resolved) == ["nnUNetTrainerMedDisSeg", "nnUNetTrainerMedDisSeg_noCBAT",
-                              "nnUNetTrainerMedDisSeg_tau0p5"]
-    assert resolved["nnUNetTrainerMedDisSeg_noCBAT"] == "nnunetv2_meddisseg.training.ablation_variants"
+    resolved = ablate.resolve_variants(["noCBAT", "nnUNetTrainerMedDisSeg_tau0p5", "nnUNetTrainerMedDisSeg", "ReLU"],
+                                       "nnUNetMedDisSegPlans")
+    assert resolved == {"nnUNetTrainerMedDisSeg": Variant("nnUNetTrainerMedDisSeg", "nnUNetMedDisSegPlans"),
+                        "nnUNetMedDisSegPlans_noCBAT": Variant("nnUNetTrainerMedDisSeg", "nnUNetMedDisSegPlans_noCBAT"),
+                        "nnUNetTrainerMedDisSeg_tau0p5": Variant("nnUNetTrainerMedDisSeg_tau0p5",
+                                                                 "nnUNetMedDisSegPlans"),
+                        "nnUNetMedDisSegPlans_ReLU": Variant("nnUNetTrainerMedDisSeg", "nnUNetMedDisSegPlans_ReLU")}
+    assert list(resolved)[0] == "nnUNetTrainerMedDisSeg"
     with pytest.raises(UserError, match=r"--variants: no trainer class named nnUNetTrainerMedDisSeg_noSuchThing"):
-        ablate.resolve_variants(["noSuchThing"])
+        ablate.resolve_variants(["noSuchThing"], "nnUNetPlans")
+
+
+def test_network_ablation_plans_change_one_option_and_keep_the_rest(tmp_path):
+    from nnunetv2_meddisseg.planning.plan_meddisseg import default_arch_kwargs
+
+    meddisseg = {"plans_name": "P", "configurations": {"2d": {"batch_size": 3, "architecture": {
+        "network_class_name": "nnunetv2_meddisseg.architectures.MedDisSegNet",
+        "arch_kwargs": {**default_arch_kwargs(activation="relu"), "encoder_weights": "w.pth"},
+        "_kw_requires_import": ["conv_op", "norm_op"]}}}}
+    (tmp_path / "P.json").write_text(json.dumps(meddisseg))
+    assert write_network_ablation_plans(tmp_path, "P", "noCBAT") == "P_noCBAT"
+    written = json.loads((tmp_path / "P_noCBAT.json").read_text())
+    kwargs = written["configurations"]["2d"]["architecture"]["arch_kwargs"]
+    assert written["plans_name"] == "P_noCBAT" and written["configurations"]["2d"]["batch_size"] == 3
+    assert kwargs == {**meddisseg["configurations"]["2d"]["architecture"]["arch_kwargs"], "cbat": False}
+    nnunet = {"plans_name": "nnUNetPlans", "configurations": {"2d": {"batch_size": 12, "architecture": {
+        "network_class_name": "dynamic_network_architectures.architectures.unet.PlainConvUNet", "arch_kwargs": {}}}}}
+    (tmp_path / "nnUNetPlans.json").write_text(json.dumps(nnunet))
+    write_network_ablation_plans(tmp_path, "nnUNetPlans", "noELAT")
+    architecture = json.loads((tmp_path / "nnUNetPlans_noELAT.json").read_text())["configurations"]["2d"]["architecture"]
+    assert architecture["arch_kwargs"] == default_arch_kwargs(elat=False)
+    assert architecture["network_class_name"].endswith("MedDisSegNet")
+    with pytest.raises(UserError, match="Q.json not found"):
+        write_network_ablation_plans(tmp_path, "Q", "ReLU")
 
 
 def test_rerun_with_another_budget_is_refused(tmp_path):

@@ -188,15 +188,19 @@ def test_pace_step_keeps_its_cap_and_budget(device_run, tmp_path):
     assert device_run.MODES["full"]["pace"]["probe"] + sum(timeouts.values()) <= cap
 
 
-def test_pace_budget_trainers_are_written_by_path(device_run, tmp_path):
-    writer = device_run._load_budget_trainers()
-    target = writer.write_budget_trainers(tmp_path / "pace_budget_trainers.py", device_run.PACE_TRAINERS, "_pace",
-                                          writer.Budget(epochs=2, iterations_per_epoch=50, val_iterations=2),
-                                          "test")
-    module = _load("pace_budget_trainers", target)
-    assert issubclass(module.nnUNetTrainerMedDisSeg_pace, module.nnUNetTrainerMedDisSeg)
-    assert issubclass(module.nnUNetTrainer_pace, module.nnUNetTrainer)
-    assert (module.NUM_EPOCHS, module.ITERATIONS_PER_EPOCH) == (2, 50)
+def test_pace_budget_is_a_recipe_override_file_the_trainers_accept(device_run, tmp_path):
+    import json
+
+    from nnunetv2_meddisseg.training.recipe import RECIPE_ENVIRONMENT_VARIABLE, apply_overrides
+    from nnunetv2_meddisseg.training.variants import nnUNetTrainerBaseline, nnUNetTrainerMedDisSeg
+
+    assert device_run.RECIPE_VARIABLE == RECIPE_ENVIRONMENT_VARIABLE
+    target = device_run.write_pace_budget(tmp_path / "pace_budget.json", 50)
+    overrides = json.loads(target.read_text())
+    assert device_run.PACE_TRAINERS == (nnUNetTrainerMedDisSeg.__name__, nnUNetTrainerBaseline.__name__)
+    for cls in (nnUNetTrainerMedDisSeg, nnUNetTrainerBaseline):
+        recipe = apply_overrides(cls.recipe, overrides, str(target))
+        assert (recipe.num_epochs, recipe.iterations_per_epoch, recipe.final_validation) == (2, 50, False)
 
 
 def test_pace_probe_on_the_cpu(tmp_path):

@@ -9,6 +9,7 @@ arguments: ELAT, TeLU, fusion "sum") and fed one batch through the hooks ``run_t
 import math
 from contextlib import contextmanager
 from copy import deepcopy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -52,7 +53,7 @@ def trainer(tmp_path, monkeypatch):
     trainer = nnUNetTrainerMedDisSeg_smoke(plans=_plans(), configuration="2d", fold=0,
                                            dataset_json=deepcopy(DATASET_JSON), device=torch.device("cpu"))
     trainer.initialize()
-    trainer.batchnorm_calibration_samples = 0  # re-estimation needs a dataset (tests/training/test_trainer_batchnorm.py)
+    trainer.recipe = replace(trainer.recipe, batchnorm_calibration_samples=0)  # re-estimation needs a dataset (tests/training/test_trainer_batchnorm.py)
     yield trainer
     torch.set_num_threads(threads)
 

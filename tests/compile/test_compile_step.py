@@ -13,7 +13,7 @@ from compile_check import graph_breaks
 from nnunetv2_meddisseg.architectures import MedDisSegNet
 from nnunetv2_meddisseg.blocks.device_forms import forced_form
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
-from nnunetv2_meddisseg.training.stage2_loss import Stage2Weights, dispersive_from_trainer, segmentation_loss, stage2_loss
+from nnunetv2_meddisseg.training.stage2_loss import Stage2Weights, dispersive_from_recipe, segmentation_loss, stage2_loss
 
 
 def _inputs(batch=2, size=32):
@@ -24,8 +24,8 @@ def _inputs(batch=2, size=32):
 
 
 def _stage2_objective(net):
-    seg, dispersive = segmentation_loss(batch_dice=True), dispersive_from_trainer(nnUNetTrainerMedDisSeg)
-    weights = Stage2Weights.from_trainer(nnUNetTrainerMedDisSeg)
+    seg, dispersive = segmentation_loss(batch_dice=True), dispersive_from_recipe(nnUNetTrainerMedDisSeg.recipe)
+    weights = Stage2Weights.from_recipe(nnUNetTrainerMedDisSeg.recipe)
 
     def objective(x, target):
         return stage2_loss(net(x), target, seg, dispersive, weights)[0]

@@ -1,6 +1,6 @@
 """nnUNetv2_meddisseg_ablate and nnUNetv2_meddisseg_features through the real commands on the generated
 64x64 Dataset501 (conftest's ``preprocessed_synthetic``), on the CPU, at the smallest useful budget:
-the full method and ``_noCBAT``, one seed (several seeds' tables: tests/ablation/test_table.py), 4 epochs (1 of Stage I) of 1 iteration each. The ablation
+the full method and ``_noDispersive``, one seed (several seeds' tables: tests/ablation/test_table.py), 4 epochs (1 of Stage I) of 1 iteration each. The ablation
 is killed (kill -9) in its second run after that run's Stage I checkpoint and rerun."""
 import csv
 import os
@@ -19,15 +19,15 @@ pytestmark = pytest.mark.e2e
 
 BIN = Path(sys.executable).parent
 DATASET = "Dataset501_SyntheticPolyps"
-FULL, VARIANT = "nnUNetTrainerMedDisSeg", "nnUNetTrainerMedDisSeg_noCBAT"
+FULL, VARIANT = "nnUNetTrainerMedDisSeg", "nnUNetTrainerMedDisSeg_noDispersive"
 
 
 def model_folder(out: Path, seed: int, trainer: str) -> Path:
-    return out / f"seed_{seed}" / "nnUNet_results" / DATASET / f"{trainer}_ablation__nnUNetPlans__2d"
+    return out / f"seed_{seed}" / "nnUNet_results" / DATASET / f"{trainer}__nnUNetPlans__2d"
 
 
 def ablate_command(out: Path) -> list:
-    return [str(BIN / "nnUNetv2_meddisseg_ablate"), "-d", "501", "--variants", "noCBAT", "--seeds", "1",
+    return [str(BIN / "nnUNetv2_meddisseg_ablate"), "-d", "501", "--variants", "noDispersive", "--seeds", "1",
             "--epochs", "4", "--iterations-per-epoch", "1", "--val-iterations", "1", "-o", str(out),
             "--device", "cpu", "--disable-tta", "--predict-processes", "0"]
 
@@ -103,13 +103,12 @@ def test_ablate_resumes_after_kill_and_writes_the_table(ablation):
 
 def test_features_cli_draws_the_trained_pair(ablation, tmp_path):
     env, out, _ = ablation
-    env = {**env, "nnUNet_results": str(out / "seed_0" / "nnUNet_results"),
-           "nnUNet_extTrainer": os.pathsep.join([str(out / "trainers"), env["nnUNet_extTrainer"]])}
+    env = {**env, "nnUNet_results": str(out / "seed_0" / "nnUNet_results")}
     png = tmp_path / "features.png"
-    proc = subprocess.run([str(BIN / "nnUNetv2_meddisseg_features"), "-d", "501", "-tr", f"{FULL}_ablation",
-                           "-tr", f"{VARIANT}_ablation", "-p", "nnUNetPlans", "--layer", "early", "--device", "cpu",
+    proc = subprocess.run([str(BIN / "nnUNetv2_meddisseg_features"), "-d", "501", "-tr", FULL,
+                           "-tr", VARIANT, "-p", "nnUNetPlans", "--layer", "early", "--device", "cpu",
                            "-o", str(png)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for trainer in (FULL, VARIANT):
-        assert f"{trainer}_ablation: mean pairwise distance " in proc.stdout and "(4 test images" in proc.stdout
+        assert f"{trainer}: mean pairwise distance " in proc.stdout and "(4 test images" in proc.stdout

@@ -230,9 +230,9 @@ def _features(seed: int = 5):
 
 def test_module_placement_and_weight():
     feats = _features()
-    module = DispersiveLoss(variant="infonce_l2", tau=0.5, weight=0.2, placement="middle")
+    module = DispersiveLoss(variant="infonce_l2", tau=0.5, lambda_dispersive=0.2, placement="middle")
     torch.testing.assert_close(module(feats), 0.2 * dispersive_loss(feats["middle"], tau=0.5))
-    every = DispersiveLoss(variant="hinge", margin=1.7, weight=0.6, placement="all")
+    every = DispersiveLoss(variant="hinge", margin=1.7, lambda_dispersive=0.6, placement="all")
     expected = 0.6 * sum(dispersive_loss(feats[k], "hinge", margin=1.7) for k in ("early", "middle", "late")) / 3
     torch.testing.assert_close(every(feats), expected)
     assert "hinge" in repr(every) and "'all'" in repr(every)

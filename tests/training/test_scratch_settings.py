@@ -2,21 +2,19 @@
 and the per-group gradient norms logged by every trainer."""
 import math
 from copy import deepcopy
-from types import MappingProxyType
 
 import pytest
 import torch
 
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_2, nnUNetTrainerMedDisSeg
-from nnunetv2_meddisseg.training.scratch_variants import (SCRATCH_SGD, SCRATCH_SGD_CENTRED,
-                                                          nnUNetTrainerDispersive_cosine,
-                                                          nnUNetTrainerDispersive_infonceL2,
-                                                          nnUNetTrainerMedDisSeg_cosineCentred,
-                                                          nnUNetTrainerMedDisSeg_paperSettings,
-                                                          nnUNetTrainerMedDisSeg_plainSGD,
-                                                          nnUNetTrainerMedDisSeg_scratchSGD,
-                                                          nnUNetTrainerMedDisSeg_scratchSGDCentred)
+from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
+from nnunetv2_meddisseg.training.recipes import PLAIN_TRAINING, SCRATCH_SGD, SCRATCH_SGD_CENTRED
+from nnunetv2_meddisseg.training.variants import (nnUNetTrainerDispersive_cosine, nnUNetTrainerDispersive_infonceL2,
+                                                  nnUNetTrainerMedDisSeg_cosineCentred,
+                                                  nnUNetTrainerMedDisSeg_paperSettings, nnUNetTrainerMedDisSeg_plainSGD,
+                                                  nnUNetTrainerMedDisSeg_scratchSGD,
+                                                  nnUNetTrainerMedDisSeg_scratchSGDCentred)
 from tests.training.test_trainer_meddisseg import (MEDDISSEG, PLAIN_UNET, make_batch, make_trainer, nnunet_dirs,
                                                    run_epoch, tiny_plans)
 
@@ -33,32 +31,32 @@ def test_scratch_settings_apply_only_without_encoder_weights(nnunet_dirs):
     scratch = make_trainer(nnUNetTrainerMedDisSeg_scratchSGD, initialize=False)
     assert not scratch.encoder_pretrained
     for name, value in SCRATCH_SGD.items():
-        assert getattr(scratch, name) == value
+        assert getattr(scratch.recipe, name) == value
+    assert not scratch.recipe.from_scratch  # applied once
     pretrained = make_trainer(nnUNetTrainerMedDisSeg_scratchSGD, plans=_pretrained_plans(), initialize=False)
     assert pretrained.encoder_pretrained
-    paper = nnUNetTrainerMedDisSeg_paperSettings
-    assert (pretrained.optimizer_name, pretrained.stage1_lr, pretrained.stage2_encoder_lr,
-            pretrained.dispersive_variant) == (paper.optimizer_name, paper.stage1_lr, paper.stage2_encoder_lr,
-                                               paper.dispersive_variant)
+    paper = nnUNetTrainerMedDisSeg_paperSettings.recipe
+    assert (pretrained.recipe.optimizer, pretrained.recipe.stage1_lr, pretrained.recipe.stage2_encoder_lr,
+            pretrained.recipe.dispersive_variant) == (paper.optimizer, paper.stage1_lr, paper.stage2_encoder_lr,
+                                                      paper.dispersive_variant)
     kept = make_trainer(nnUNetTrainerMedDisSeg_paperSettings, initialize=False)
-    assert (kept.optimizer_name, kept.stage2_encoder_lr) == ("adam", 1e-5)
+    assert (kept.recipe.optimizer, kept.recipe.stage2_encoder_lr) == ("adam", 1e-5)
 
 
 def test_centred_recipe_differs_from_sgd_only_in_the_dispersive_form(nnunet_dirs):
     assert {k: v for k, v in SCRATCH_SGD_CENTRED.items() if SCRATCH_SGD[k] != v} == {
         "dispersive_variant": "infonce_cosine_centred"}
     trainer = make_trainer(nnUNetTrainerMedDisSeg_scratchSGDCentred, num_epochs=2)
-    assert trainer.dispersive_variant == "infonce_cosine_centred"
+    assert trainer.recipe.dispersive_variant == "infonce_cosine_centred"
     result = trainer.train_step(make_batch())
     assert math.isfinite(float(result["loss"]))
 
 
-def test_unknown_scratch_setting_is_refused(nnunet_dirs):
-    class Misspelt(nnUNetTrainerMedDisSeg):
-        scratch_settings = MappingProxyType({"stage2_encoder_learning_rate": 1e-3})
-
-    with pytest.raises(AttributeError, match="unknown setting 'stage2_encoder_learning_rate'"):
-        make_trainer(Misspelt, initialize=False)
+def test_unknown_scratch_setting_is_refused():
+    with pytest.raises(ValueError, match="from_scratch: unknown setting 'stage2_encoder_learning_rate'"):
+        MedDisSegRecipe(from_scratch={"stage2_encoder_learning_rate": 1e-3})
+    with pytest.raises(ValueError, match="MedDisSegRecipe.stage1_lr must be a finite number > 0"):
+        MedDisSegRecipe(from_scratch={"stage1_lr": -1.0})
 
 
 def test_sgd_recipe_builds_nesterov_sgd_for_both_groups(nnunet_dirs):
@@ -107,18 +105,17 @@ def test_gradient_norms_are_the_groups_norms_before_clipping(nnunet_dirs, cls, p
 
 
 def test_plain_training_constants_match_the_plain_variants():
-    for name, value in __import__("nnunetv2_meddisseg.training.scratch_variants",
-                                  fromlist=["PLAIN_TRAINING"]).PLAIN_TRAINING.items():
-        assert getattr(nnUNetTrainerMedDisSeg_plainSGD, name) == value
+    for name, value in PLAIN_TRAINING.items():
+        assert getattr(nnUNetTrainerMedDisSeg_plainSGD.recipe, name) == value
 
 
 def test_dispersive_trainer_default_form_cannot_be_lowered_by_scale():
     from nnunetv2_meddisseg.losses import dispersive_loss
 
     h = torch.randn(4, 8, 5, 5, generator=torch.Generator().manual_seed(0))
-    default = nnUNetTrainerDispersive.dispersive_variant
+    default = nnUNetTrainerDispersive.recipe.dispersive_variant
     assert dispersive_loss(10 * h, default).item() == pytest.approx(dispersive_loss(h, default).item(), abs=1e-5)
-    paper = nnUNetTrainerDispersive_infonceL2.dispersive_variant
+    paper = nnUNetTrainerDispersive_infonceL2.recipe.dispersive_variant
     assert dispersive_loss(10 * h, paper).item() < dispersive_loss(h, paper).item() - 1.0
 
 
@@ -129,13 +126,13 @@ def test_dispersive_trainer_default_form_cannot_be_lowered_by_scale():
 def test_centred_form_trainers_train_with_the_centred_loss(nnunet_dirs, cls, plans_arch, uncentred):
     from nnunetv2_meddisseg.losses import dispersive_loss
 
-    assert cls.dispersive_variant == "infonce_cosine_centred" != uncentred.dispersive_variant
+    assert cls.recipe.dispersive_variant == "infonce_cosine_centred" != uncentred.recipe.dispersive_variant
     _, result = _one_train_step(cls, plans_arch)
     assert math.isfinite(float(result["loss"])) and math.isfinite(result["loss_dispersive"])
     # adding a common offset to every sample leaves the centred loss unchanged, unlike the uncentred one
     h = torch.rand(4, 6, 3, 3, generator=torch.Generator().manual_seed(1))
-    assert dispersive_loss(h + 5, cls.dispersive_variant).item() == pytest.approx(
-        dispersive_loss(h, cls.dispersive_variant).item(), abs=1e-4)
+    assert dispersive_loss(h + 5, cls.recipe.dispersive_variant).item() == pytest.approx(
+        dispersive_loss(h, cls.recipe.dispersive_variant).item(), abs=1e-4)
     assert abs(dispersive_loss(h + 5, "infonce_cosine").item() - dispersive_loss(h, "infonce_cosine").item()) > 0.01
 
 

@@ -6,6 +6,7 @@ without preprocessing a dataset.
 """
 import math
 from copy import deepcopy
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -83,8 +84,13 @@ def make_trainer(cls=nnUNetTrainerMedDisSeg_smoke, plans=None, initialize=True, 
     plans["continue_training"] = False
     trainer = cls(plans=plans, configuration="2d", fold=0, dataset_json=deepcopy(dataset_json),
                   device=torch.device("cpu"))
+    settings = {k: v for k, v in attributes.items() if k in trainer.recipe.field_names()}
+    if settings:  # recipe settings, as an override file would give them
+        trainer.recipe = replace(trainer.recipe, **settings)
+        trainer._apply_schedule()
     for name, value in attributes.items():
-        setattr(trainer, name, value)
+        if name not in settings:
+            setattr(trainer, name, value)
     if hasattr(trainer, "_draw_batchnorm_calibration_batches"):  # no preprocessed dataset to draw from
         patch = trainer.configuration_manager.patch_size
         trainer._draw_batchnorm_calibration_batches = lambda: [
@@ -171,16 +177,20 @@ class SubclassedNet(MedDisSegNet):
     """A network class derived from MedDisSegNet (``network_class_is_meddisseg``)."""
 
 
-def test_prediction_build_does_not_need_the_encoder_weights_file(tmp_path):
+def test_prediction_build_does_not_need_the_encoder_weights_file(nnunet_dirs, tmp_path):
     architecture = deepcopy(MEDDISSEG)
     architecture["arch_kwargs"]["encoder_weights"] = str(tmp_path / "resnet50_on_the_training_machine.pth")
     plans_manager = PlansManager(tiny_plans(architecture))
     configuration = plans_manager.get_configuration("2d")
-    # nnU-Net's prediction builds without deep supervision, then loads the checkpoint's weights
-    network = nnUNetTrainerMedDisSeg.build_network_architecture(plans_manager, configuration, 3, 3, False)
-    assert isinstance(network, MedDisSegNet)
-    with pytest.raises(Exception, match="resnet50_on_the_training_machine"):  # training must read it
-        nnUNetTrainerMedDisSeg.build_network_architecture(plans_manager, configuration, 3, 3, True)
+    # nnU-Net's predictor builds through the static method (with or without deep supervision), then loads
+    # the checkpoint's weights; it never calls initialize
+    for deep_supervision in (False, True):
+        network = nnUNetTrainerMedDisSeg.build_network_architecture(plans_manager, configuration, 3, 3,
+                                                                    deep_supervision)
+        assert isinstance(network, MedDisSegNet)
+    trainer = make_trainer(plans=tiny_plans(architecture), initialize=False)
+    with pytest.raises(FileNotFoundError, match="resnet50_on_the_training_machine"):  # training reads it
+        trainer.initialize()
 
 
 def test_training_without_deep_supervision_is_refused(nnunet_dirs):
@@ -375,6 +385,7 @@ def test_smoke_schedule_writes_stage_checkpoints_and_best_only_in_stage2(nnunet_
     latest = torch.load(folder / "checkpoint_latest.pth", weights_only=False)
     assert latest["meddisseg_stage"] == STAGE_1 and latest["current_epoch"] == 1
     assert "stage1_head_weights" in latest and latest["_best_ema"] is None
+    assert not (folder / "checkpoint_stage1.pth").exists()  # only where the recipe sets stage1_checkpoint
     run_epoch(trainer, batch)  # Stage II
     assert (folder / "checkpoint_best.pth").is_file()
     assert torch.load(folder / "checkpoint_best.pth", weights_only=False)["meddisseg_stage"] == STAGE_2
@@ -384,6 +395,18 @@ def test_smoke_schedule_writes_stage_checkpoints_and_best_only_in_stage2(nnunet_
     assert math.isnan(curves.get("loss_fg_bg", 0)) and math.isfinite(curves.get("loss_fg_bg", 1))
     assert all(math.isfinite(v) for v in curves.get("dispersion_effective_rank"))
     assert not list(folder.glob("*.tmp"))
+
+
+def test_stage1_checkpoint_keeps_the_model_at_the_end_of_stage1(nnunet_dirs):
+    trainer = make_trainer(stage1_checkpoint=True, num_epochs=3, stage1_epochs=2, save_every=2)
+    folder = Path(trainer.output_folder)
+    batch = make_batch()
+    run_epoch(trainer, batch)
+    assert not (folder / "checkpoint_stage1.pth").exists()
+    run_epoch(trainer, batch)  # the last Stage I epoch, also a periodic checkpoint_latest.pth
+    stage1 = torch.load(folder / "checkpoint_stage1.pth", weights_only=False)
+    assert stage1["meddisseg_stage"] == STAGE_1 and stage1["current_epoch"] == 2
+    assert torch.load(folder / "checkpoint_latest.pth", weights_only=False)["current_epoch"] == 2
 
 
 # ---------------------------------------------------------------------------------------- Dispersive

@@ -3,6 +3,7 @@ the training set, early stopping with patience 100, flips and rotations only).""
 import itertools
 import json
 import math
+from dataclasses import replace
 import os
 from pathlib import Path
 
@@ -187,25 +188,28 @@ def test_a_resumed_run_that_had_stopped_does_not_train(nnunet_dirs, monkeypatch)
     assert record["train_steps"][:2] == [stopped_epochs] * 2
 
 
-def test_flips_and_rotations_only():
-    transforms = nnUNetTrainerMedDisSeg_paper.get_training_transforms(
+def test_flips_and_rotations_only(nnunet_dirs):
+    transforms = make_trainer(nnUNetTrainerMedDisSeg_paper, initialize=False).get_training_transforms(
         (32, 32), (-math.pi, math.pi), None, (0, 1), False).transforms
     assert [type(t).__name__ for t in transforms] == ["SpatialTransform", "MirrorTransform", "RemoveLabelTransform"]
     spatial = transforms[0]
     assert isinstance(spatial, SpatialTransform) and isinstance(transforms[1], MirrorTransform)
-    assert spatial.p_rotation == nnUNetTrainerMedDisSeg_paper.rotation_probability
+    assert spatial.p_rotation == nnUNetTrainerMedDisSeg_paper.recipe.rotation_probability == 0.5
     assert spatial.p_scaling == 0 and spatial.p_elastic_deform == 0
 
 
-def test_a_subclass_sets_the_rotation_probability(nnunet_dirs):
+def test_a_recipe_sets_the_rotation_probability(nnunet_dirs, tmp_path, monkeypatch):
     class Rotated(nnUNetTrainerMedDisSeg_paper):
-        rotation_probability = 0.2
+        recipe = replace(nnUNetTrainerMedDisSeg_paper.recipe, rotation_probability=0.2)
 
     args = ((32, 32), (-math.pi, math.pi), None, (0, 1), False)
-    assert Rotated.get_training_transforms(*args).transforms[0].p_rotation == 0.2
     trainer = make_trainer(Rotated, initialize=False)  # nnU-Net calls it through the trainer
     assert trainer.get_training_transforms(*args).transforms[0].p_rotation == 0.2
-    assert nnUNetTrainerMedDisSeg_paper.get_training_transforms(*args).transforms[0].p_rotation == 0.5
+    (tmp_path / "recipe.json").write_text('{"rotation_probability": 0.7, "early_stopping_patience": 3}')
+    monkeypatch.setenv("nnUNet_meddisseg_recipe", str(tmp_path / "recipe.json"))
+    overridden = make_trainer(nnUNetTrainerMedDisSeg_paper, initialize=False)
+    assert overridden.get_training_transforms(*args).transforms[0].p_rotation == 0.7
+    assert overridden.early_stopping.patience == 3
 
 
 def test_nnunet_finds_the_paper_trainer(monkeypatch):

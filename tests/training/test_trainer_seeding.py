@@ -55,13 +55,14 @@ def test_preserved_random_state_leaves_the_streams_outside_untouched():
     assert draws() == inside
 
 
-@pytest.mark.parametrize("trainer_name", ["nnUNetTrainerBaseline_demo", "nnUNetTrainerBaseline_smoke"])
-def test_the_demo_baselines_are_seeded_like_our_trainers(nnunet_dirs, monkeypatch, trainer_name):
-    """The demo's default nnU-Net arm starts from the same weights and draws the same batches for the same
-    run seed (nnU-Net's own trainer draws new ones every run)."""
-    import importlib
+@pytest.mark.parametrize("trainer_name", ["nnUNetTrainerBaseline", "nnUNetTrainerBaseline_demo",
+                                          "nnUNetTrainerBaseline_smoke"])
+def test_the_baselines_are_seeded_like_our_trainers(nnunet_dirs, monkeypatch, trainer_name):
+    """Default nnU-Net as the studies and the demo train it starts from the same weights and draws the same
+    batches for the same run seed (nnU-Net's own trainer draws new ones every run)."""
+    from nnunetv2_meddisseg.training import variants
 
-    cls = getattr(importlib.import_module(f"nnunetv2_meddisseg.training.{trainer_name}"), trainer_name)
+    cls = getattr(variants, trainer_name)
     monkeypatch.setenv(SEED_ENVIRONMENT_VARIABLE, "5")
     first, second = make_trainer(cls), make_trainer(cls)
     for a, b in zip(first.network.state_dict().values(), second.network.state_dict().values()):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from nnunetv2.training.loss.compound_losses import DC_and_CE_loss
 
-from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive_smoke
+from nnunetv2_meddisseg.training.variants import nnUNetTrainerDispersive_smoke
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2
 from nnunetv2_meddisseg.training.stage2_loss import segmentation_loss
 from test_trainer_meddisseg import DATASET_JSON, make_batch, make_trainer, nnunet_dirs  # noqa: F401 (fixture)

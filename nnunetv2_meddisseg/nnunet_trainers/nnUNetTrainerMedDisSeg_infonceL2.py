@@ -1,4 +1,0 @@
-"""Exposes nnUNetTrainerMedDisSeg_infonceL2 (``training.ablation_variants``) to nnU-Net's trainer search."""
-from nnunetv2_meddisseg.training.ablation_variants import nnUNetTrainerMedDisSeg_infonceL2
-
-__all__ = ["nnUNetTrainerMedDisSeg_infonceL2"]

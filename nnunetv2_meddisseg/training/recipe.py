@@ -1,0 +1,293 @@
+"""The training recipes of our trainers: every setting a trainer reads, in one typed, validated dataclass.
+
+- ``ScheduleRecipe``: what every trainer of ours reads (also the seeded nnU-Net baselines): epochs,
+  iterations per epoch, checkpoint period, nnU-Net's final validation, torch's thread count.
+- ``DispersiveRecipe``: ``nnUNetTrainerDispersive`` (nnU-Net's network and training + a dispersive loss).
+- ``MedDisSegRecipe``: ``nnUNetTrainerMedDisSeg``, with the paper's values as defaults.
+- ``PaperScheduleRecipe``: ``nnUNetTrainerMedDisSeg_paper`` (the paper's own schedule).
+
+A trainer class holds its recipe in the class attribute ``recipe``; a variant is a named recipe
+(``training.recipes``) and a one-line class. ``trainer.recipe`` is the instance's recipe: the class's,
+then (Med-DisSeg, encoder from random initialisation) its ``from_scratch`` overrides, then the overrides of
+the JSON file named by the environment variable ``nnUNet_meddisseg_recipe`` (``recipe_overrides_from_environment``:
+budgets of studies, ``nnUNetv2_meddisseg_ablate``). Architecture options are no recipe settings: they live
+in the plans (``nnUNetv2_meddisseg_plan``).
+
+Every value is checked when a recipe is made (``dataclasses.replace`` included): a ``ValueError`` naming the
+field and what it expects.
+"""
+import json
+import math
+import os
+from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
+from typing import Mapping, Optional, TypeVar
+
+from nnunetv2_meddisseg.losses import DISPERSIVE_PLACEMENTS, DISPERSIVE_VARIANTS
+
+__all__ = ["ScheduleRecipe", "DispersiveTermRecipe", "DispersiveRecipe", "MedDisSegRecipe", "PaperScheduleRecipe",
+           "RECIPE_ENVIRONMENT_VARIABLE", "apply_overrides", "read_override_file", "recipe_overrides_from_environment",
+           "recipe_summary", "OPTIMIZERS"]
+
+#: environment variable naming a JSON file of recipe overrides (``{"num_epochs": 20, ...}``) applied to every
+#: trainer of ours that a process builds
+RECIPE_ENVIRONMENT_VARIABLE = "nnUNet_meddisseg_recipe"
+OPTIMIZERS = ("adam", "sgd")
+
+R = TypeVar("R", bound="ScheduleRecipe")
+
+
+def _fail(recipe: object, name: str, expected: str, value: object) -> None:
+    raise ValueError(f"{type(recipe).__name__}.{name} must be {expected}, got {value!r}")
+
+
+def _number(recipe, name, low=None, high=None, low_open=False, high_open=False, optional=False) -> None:
+    value = getattr(recipe, name)
+    if value is None and optional:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (low is None or (value > low if low_open else value >= low))
+    ok = ok and (high is None or (value < high if high_open else value <= high))
+    if not ok:
+        bounds = [f"{'>' if low_open else '>='} {low}" if low is not None else "",
+                  f"{'<' if high_open else '<='} {high}" if high is not None else ""]
+        _fail(recipe, name, "a finite number " + " and ".join(b for b in bounds if b)
+              + (" (or null)" if optional else ""), value)
+
+
+def _integer(recipe, name, low, optional=False) -> None:
+    value = getattr(recipe, name)
+    if value is None and optional:
+        return
+    if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+        _fail(recipe, name, f"an integer >= {low}" + (" (or null)" if optional else ""), value)
+
+
+def _boolean(recipe, name, optional=False) -> None:
+    value = getattr(recipe, name)
+    if not (isinstance(value, bool) or (value is None and optional)):
+        _fail(recipe, name, "true or false" + (" (or null)" if optional else ""), value)
+
+
+def _choice(recipe, name, choices) -> None:
+    if getattr(recipe, name) not in choices:
+        _fail(recipe, name, f"one of {tuple(choices)}", getattr(recipe, name))
+
+
+@dataclass(frozen=True)
+class ScheduleRecipe:
+    """The schedule of a run; None keeps nnU-Net's value (1000 epochs of 250 training and 50 validation
+    iterations, a checkpoint every 50 epochs)."""
+
+    #: epochs of the run
+    num_epochs: Optional[int] = None
+    #: training iterations (batches) per epoch
+    iterations_per_epoch: Optional[int] = None
+    #: validation iterations (batches) per epoch (nnU-Net's online pseudo Dice)
+    val_iterations_per_epoch: Optional[int] = None
+    #: ``checkpoint_latest.pth`` every this many epochs
+    save_every: Optional[int] = None
+    #: nnU-Net's validation of the fold's cases at the end of training (False: skipped, logged as such)
+    final_validation: bool = True
+    #: ``torch.set_num_threads`` at construction (None: torch's default)
+    torch_threads: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        for name in ("num_epochs", "iterations_per_epoch", "val_iterations_per_epoch", "save_every", "torch_threads"):
+            _integer(self, name, 1, optional=True)
+        _boolean(self, "final_validation")
+
+    @classmethod
+    def field_names(cls) -> tuple:
+        return tuple(f.name for f in fields(cls))
+
+
+@dataclass(frozen=True)
+class DispersiveTermRecipe(ScheduleRecipe):
+    """The form of a dispersive loss (``losses.dispersive`` defines them); its weights are the subclasses'."""
+
+    #: the loss form: infonce_l2 (the paper's), infonce_cosine, infonce_cosine_centred, hinge, covariance
+    dispersive_variant: str = "infonce_l2"
+    #: temperature tau of the InfoNCE forms (the paper's 0.8)
+    dispersive_tau: float = 0.8
+    #: eps inside the InfoNCE forms' log
+    dispersive_eps: float = 1e-8
+    #: margin of the hinge form
+    dispersive_margin: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _choice(self, "dispersive_variant", DISPERSIVE_VARIANTS)
+        _number(self, "dispersive_tau", 0, low_open=True)
+        _number(self, "dispersive_eps", 0, low_open=True)
+        _number(self, "dispersive_margin", 0, low_open=True)
+
+
+@dataclass(frozen=True)
+class DispersiveRecipe(DispersiveTermRecipe):
+    """``nnUNetTrainerDispersive``: ``lambda_dispersive * dispersive_loss(output of encoder.stages[0])`` added to
+    nnU-Net's loss. The batch-centred cosine form by default: on raw features InfoNCE-L2 is lowered by
+    inflating their scale, the uncentred cosine by shrinking them (see the trainer)."""
+
+    #: weight lambda of the dispersive term (0.2: the paper's Stage I value, a network learning from scratch)
+    lambda_dispersive: float = 0.2
+    dispersive_variant: str = "infonce_cosine_centred"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _number(self, "lambda_dispersive", 0)
+
+
+@dataclass(frozen=True)
+class MedDisSegRecipe(DispersiveTermRecipe):
+    """``nnUNetTrainerMedDisSeg``: the defaults are the paper's (Adam, learning rates 1e-4 / encoder 1e-5 in
+    Stage II, a quarter of the epochs in Stage I, InfoNCE-L2 with tau 0.8 on the early features, lambda
+    0.2 in Stage I and 0.6 in Stage II); they assume an ImageNet encoder (``from_scratch``).
+    Learning rates are the base rates of each stage's polynomial decay ``(1 - t) ** lr_exponent``."""
+
+    #: Stage I length as a fraction of ``num_epochs`` (``floor(stage1_fraction * num_epochs)`` epochs)
+    stage1_fraction: float = 0.25
+    #: Stage I length in epochs; None: from ``stage1_fraction``
+    stage1_epochs: Optional[int] = None
+    #: "adam" (the paper's) or "sgd" (nnU-Net's Nesterov SGD)
+    optimizer: str = "adam"
+    #: Stage I learning rate of both groups (Stage I head; encoder + ELAT)
+    stage1_lr: float = 1e-4
+    #: Stage II learning rate of the decoder group (everything but encoder + ELAT)
+    stage2_lr: float = 1e-4
+    #: Stage II learning rate of the encoder group (ResNet-50 + ELAT)
+    stage2_encoder_lr: float = 1e-5
+    #: Adam's weight decay
+    adam_weight_decay: float = 0.0
+    #: SGD's momentum (Nesterov) and weight decay (nnU-Net's)
+    sgd_momentum: float = 0.99
+    sgd_weight_decay: float = 3e-5
+    #: exponent of the polynomial learning-rate decay within each stage
+    lr_exponent: float = 0.9
+    #: weight lambda of the dispersive term in Stage I (per view, clean and perturbed)
+    lambda_dispersive_stage1: float = 0.2
+    #: weight lambda of the dispersive term in Stage II
+    lambda_dispersive_stage2: float = 0.6
+    dispersive_variant: str = "infonce_l2"
+    #: where the dispersive loss acts: "early" (ELAT-refined layer1 x2), "middle" (x4), "late" (the last feature
+    #: before the logits), "all" (mean of the three)
+    dispersive_placement: str = "early"
+    #: Stage I weight of the consistency term between the clean and the perturbed view's logits
+    consistency_weight: float = 1.0
+    #: Stage II weight of the mean Dice+CE of the three decoder paths (0: final logits only, as the released code)
+    path_supervision_weight: float = 0.5
+    #: Stage II weight of the foreground / background loss
+    fg_bg_weight: float = 1.0
+    #: Stage II weight of the complementarity loss of the fg / bg / uncertainty maps
+    complementarity_weight: float = 1.0
+    #: channels of the Stage I head
+    stage1_head_width: int = 64
+    #: Stage I photometric perturbation: colour (True) or channel-wise intensity (False) operations;
+    #: None: colour when the input has 3 channels named R, G, B (or normalised with rgb_to_0_1)
+    photometric_rgb: Optional[bool] = None
+    #: training samples over which BatchNorm's running statistics are re-estimated before every validation
+    #: (0: the running averages of training are kept; re-estimating over 64 augmented samples was level with
+    #: them on validation data, 3 seeds, see the README)
+    batchnorm_calibration_samples: int = 0
+    #: draw those samples through nnU-Net's training augmentation (True: chosen on validation data) or as plain
+    #: patches
+    batchnorm_calibration_augmentation: bool = True
+    #: also keep the model at the end of Stage I as ``checkpoint_stage1.pth``
+    stage1_checkpoint: bool = False
+    #: settings of this recipe that are replaced when the encoder starts from random initialisation (the
+    #: plans name no ``encoder_weights``): the paper's values assume an ImageNet encoder
+    from_scratch: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _number(self, "stage1_fraction", 0, 1)
+        _integer(self, "stage1_epochs", 0, optional=True)
+        _choice(self, "optimizer", OPTIMIZERS)
+        for name in ("stage1_lr", "stage2_lr", "stage2_encoder_lr", "lr_exponent"):
+            _number(self, name, 0, low_open=True)
+        for name in ("adam_weight_decay", "sgd_weight_decay", "consistency_weight", "path_supervision_weight",
+                     "fg_bg_weight", "complementarity_weight"):
+            _number(self, name, 0)
+        _number(self, "sgd_momentum", 0, 1, high_open=True)
+        _number(self, "lambda_dispersive_stage1", 0)
+        _number(self, "lambda_dispersive_stage2", 0)
+        _choice(self, "dispersive_placement", DISPERSIVE_PLACEMENTS + ("all",))
+        _integer(self, "stage1_head_width", 1)
+        _boolean(self, "photometric_rgb", optional=True)
+        _integer(self, "batchnorm_calibration_samples", 0)
+        _boolean(self, "batchnorm_calibration_augmentation")
+        _boolean(self, "stage1_checkpoint")
+        if not isinstance(self.from_scratch, Mapping):
+            _fail(self, "from_scratch", "a mapping of setting names to values", self.from_scratch)
+        object.__setattr__(self, "from_scratch", MappingProxyType(dict(self.from_scratch)))
+        if self.from_scratch:
+            apply_overrides(replace(self, from_scratch={}), self.from_scratch, f"{type(self).__name__}.from_scratch",
+                            exclude=("from_scratch",))  # checks names and values
+
+    def for_random_encoder(self) -> "MedDisSegRecipe":
+        """This recipe with its ``from_scratch`` settings applied (and none left to apply)."""
+        return replace(self, **dict(self.from_scratch), from_scratch={})
+
+
+@dataclass(frozen=True)
+class PaperScheduleRecipe(MedDisSegRecipe):
+    """``nnUNetTrainerMedDisSeg_paper``: the paper's 300 epochs (each one pass over the fold's cases), early
+    stopping and flip / rotation augmentation."""
+
+    num_epochs: Optional[int] = 300
+    #: stop once nnU-Net's EMA pseudo Dice has not improved for this many Stage II epochs
+    early_stopping_patience: int = 100
+    #: probability of a random rotation (nnU-Net's 2d angle range); flips are always drawn
+    rotation_probability: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _integer(self, "early_stopping_patience", 1)
+        _number(self, "rotation_probability", 0, 1)
+
+
+def apply_overrides(recipe: R, overrides: Mapping[str, object], source: str, exclude: tuple = ()) -> R:
+    """``recipe`` with ``overrides`` (setting name -> value) replaced; an unknown name is a one-line
+    ``ValueError`` naming it and ``source``, a bad value one naming the field."""
+    known = [name for name in recipe.field_names() if name not in exclude]
+    for name in overrides:
+        if name not in known:
+            raise ValueError(f"{source}: unknown setting {name!r} for {type(recipe).__name__} "
+                             f"(known: {', '.join(known)})")
+    try:
+        return replace(recipe, **overrides)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{source}: {error}") from None
+
+
+def read_override_file(path: str) -> dict:
+    """The JSON object of recipe overrides in ``path``; a one-line ``ValueError`` naming the file otherwise."""
+    try:
+        with open(path) as f:
+            overrides = json.load(f)
+    except OSError as error:
+        raise ValueError(f"{RECIPE_ENVIRONMENT_VARIABLE}: cannot read the recipe override file {path!r}: "
+                         f"{error.strerror}") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not a JSON file of recipe overrides ({error})") from None
+    if not isinstance(overrides, dict):
+        raise ValueError(f"{path}: expected a JSON object of recipe settings, got {type(overrides).__name__}")
+    return overrides
+
+
+def recipe_overrides_from_environment(recipe: R) -> R:
+    """``recipe`` with the overrides of the file named by ``nnUNet_meddisseg_recipe`` (unchanged where unset).
+    Settings the recipe does not have are an error, so that a budget never silently misses a trainer."""
+    path = os.environ.get(RECIPE_ENVIRONMENT_VARIABLE, "").strip()
+    if not path:
+        return recipe
+    return apply_overrides(recipe, read_override_file(path), path)
+
+
+def recipe_summary(recipe: ScheduleRecipe, default: Optional[ScheduleRecipe] = None) -> str:
+    """``name=value`` of every setting that differs from ``default`` (the recipe class's defaults)."""
+    default = default if default is not None else type(recipe)()
+    changed = [f"{f.name}={getattr(recipe, f.name)!r}" for f in fields(recipe)
+               if getattr(recipe, f.name) != getattr(default, f.name)]
+    return ", ".join(changed) if changed else "the defaults"
+
