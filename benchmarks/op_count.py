@@ -48,7 +48,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nnunetv2_meddisseg.planning.plan_meddisseg import default_arch_kwargs
+from nnunetv2_meddisseg.planning.plan_meddisseg import architecture_entry
 
 from common import (DEFAULT_OUT, NNUNET_ARCHITECTURES, alternating_timings, command_line, machine_info, markdown_table,
                     summarize, use_previous_implementations, use_reference_implementations, write_results)
@@ -109,11 +109,9 @@ def count(fn: Callable[[], object], watch: Optional[nn.Module] = None, names=())
 
 # ---------------------------------------------------------------------------------------- trainers
 DATASET = "Dataset998_OpCount"
-MEDDISSEG_ARCH = {
-    "network_class_name": "nnunetv2_meddisseg.architectures.MedDisSegNet",
-    "arch_kwargs": default_arch_kwargs(),  # what nnUNetv2_meddisseg_plan writes
-    "_kw_requires_import": ["conv_op", "norm_op"],
-}
+#: what ``nnUNetv2_meddisseg_plan --added-norm batch`` writes: the network the counts above measure
+#: (``MedDisSegNet``'s defaults, BatchNorm everywhere)
+MEDDISSEG_ARCH = architecture_entry(added_norm="batch")
 DATASET_JSON = {"channel_names": {"0": "R", "1": "G", "2": "B"}, "labels": {"background": 0, "polyp": 1},
                 "numTraining": 4, "file_ending": ".png"}
 

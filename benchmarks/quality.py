@@ -76,6 +76,7 @@ class Method(NamedTuple):
 #: Med-DisSeg plans families: plans name stem -> extra ``nnUNetv2_meddisseg_plan`` arguments
 MEDDISSEG_PLANS: Dict[str, tuple] = {
     "meddisseg": ("nnUNetMedDisSegPlans", ()),
+    "meddisseg_batchnorm": ("nnUNetMedDisSegPlans_batchNorm", ("--added-norm", "batch")),
     "meddisseg_instancenorm": ("nnUNetMedDisSegPlans_instanceNorm", ("--added-norm", "instance")),
     "meddisseg_relu": ("nnUNetMedDisSegPlans_relu", ("--activation", "relu")),
 }
@@ -102,11 +103,16 @@ METHODS: Dict[str, Method] = {
     "plain_paper": Method("Med-DisSeg network, plain, Adam 1e-4/1e-5",
                           "nnUNetTrainerMedDisSeg_plainPaper", "meddisseg"),
     "plain_sgd": Method("Med-DisSeg network, plain, SGD 1e-2", "nnUNetTrainerMedDisSeg_plainSGD", "meddisseg"),
-    "meddisseg_running_stats": Method("Med-DisSeg, BatchNorm's running averages (no re-estimation)",
-                                      "nnUNetTrainerMedDisSeg_runningStatistics", "meddisseg"),
-    "plain_paper_running_stats": Method("Med-DisSeg network, plain, Adam 1e-4/1e-5, BatchNorm's running averages",
-                                        "nnUNetTrainerMedDisSeg_plainPaperRunningStatistics", "meddisseg"),
+    "meddisseg_running_stats": Method("Med-DisSeg, BatchNorm everywhere, BatchNorm's running averages (no re-estimation)",
+                                      "nnUNetTrainerMedDisSeg_runningStatistics", "meddisseg_batchnorm"),
+    "plain_paper_running_stats": Method("Med-DisSeg network, plain, Adam 1e-4/1e-5, BatchNorm everywhere, "
+                                        "BatchNorm's running averages",
+                                        "nnUNetTrainerMedDisSeg_plainPaperRunningStatistics", "meddisseg_batchnorm"),
     "plain_adam": Method("Med-DisSeg network, plain, Adam 1e-3", "nnUNetTrainerMedDisSeg_plainAdam", "meddisseg"),
+    "meddisseg_batchnorm": Method("Med-DisSeg, BatchNorm in the added blocks (the paper)",
+                                  "nnUNetTrainerMedDisSeg", "meddisseg_batchnorm"),
+    "plain_paper_batchnorm": Method("Med-DisSeg network, plain, Adam 1e-4/1e-5, BatchNorm in the added blocks",
+                                    "nnUNetTrainerMedDisSeg_plainPaper", "meddisseg_batchnorm"),
     "meddisseg_instancenorm": Method("Med-DisSeg, InstanceNorm in the added blocks",
                                      "nnUNetTrainerMedDisSeg", "meddisseg_instancenorm"),
     "plain_paper_instancenorm": Method("Med-DisSeg network, plain, Adam 1e-4/1e-5, InstanceNorm in the added blocks",

@@ -59,7 +59,7 @@ def write_network_ablation_plans(preprocessed: Path, plans: str, ablation: str) 
     """Write ``preprocessed/<plans>_<ablation>.json``: the plans ``plans`` with MedDisSegNet's ``arch_kwargs``
     changed as ``NETWORK_ABLATIONS[ablation]`` says (plans of another network, e.g. nnU-Net's default, get
     MedDisSegNet with its defaults, as ``nnUNetTrainerMedDisSeg`` builds it there); returns the new plans name."""
-    from nnunetv2_meddisseg.planning.plan_meddisseg import NETWORK_CLASS_NAME, default_arch_kwargs
+    from nnunetv2_meddisseg.planning.plan_meddisseg import architecture_entry
 
     source = preprocessed / f"{plans}.json"
     if not source.is_file():
@@ -74,9 +74,7 @@ def write_network_ablation_plans(preprocessed: Path, plans: str, ablation: str) 
         if str(architecture.get("network_class_name", "")).endswith("MedDisSegNet"):
             architecture["arch_kwargs"].update(NETWORK_ABLATIONS[ablation])
         else:
-            kwargs = default_arch_kwargs(**NETWORK_ABLATIONS[ablation])
-            configuration["architecture"] = {"network_class_name": NETWORK_CLASS_NAME, "arch_kwargs": kwargs,
-                                             "_kw_requires_import": ["conv_op", "norm_op"]}
+            configuration["architecture"] = architecture_entry(**NETWORK_ABLATIONS[ablation])
     target = preprocessed / f"{name}.json"
     partial = target.with_suffix(".json.partial")
     partial.write_text(json.dumps(content, indent=4))

@@ -17,7 +17,8 @@ from typing import Optional, Sequence, Tuple
 
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
 
-__all__ = ["build_meddisseg_plans", "plan_meddisseg", "estimate_batch_size", "default_arch_kwargs", "main"]
+__all__ = ["build_meddisseg_plans", "plan_meddisseg", "estimate_batch_size", "default_arch_kwargs",
+           "architecture_entry", "main"]
 
 NETWORK_CLASS_NAME = "nnunetv2_meddisseg.architectures.MedDisSegNet"
 DEFAULT_PLANS_NAME = "nnUNetMedDisSegPlans"
@@ -32,14 +33,18 @@ STATIC_TRAINING_BYTES = 4 * 4 * 46_115_000
 
 #: ``--added-norm`` choices: the normalisation of the blocks Med-DisSeg adds to the encoder
 #: (``MedDisSegNet``'s ``added_norm_op`` / ``added_norm_op_kwargs``); "batch" keeps the plans' ``norm_op``
+#: (the paper's BatchNorm everywhere), "instance" normalises each image by its own statistics
 ADDED_NORMS = {
     "batch": (None, None),
     "instance": ("nnunetv2_meddisseg.blocks.norm.InstanceNorm2d", {"eps": 1e-5, "affine": True}),
 }
+#: what the plan command writes without ``--added-norm`` (chosen on validation data: benchmarks/RESULTS.md)
+DEFAULT_ADDED_NORM = "instance"
 
 
 def default_arch_kwargs(encoder_weights: Optional[str] = None, elat: bool = True, activation: str = "telu",
-                        decoder_fusion: str = "sum", cbat: bool = True, added_norm: str = "batch") -> dict:
+                        decoder_fusion: str = "sum", cbat: bool = True,
+                        added_norm: str = DEFAULT_ADDED_NORM) -> dict:
     """The ``arch_kwargs`` block of a MedDisSeg plan (what ``MedDisSegNet`` receives from nnU-Net).
     ``added_norm``: a key of :data:`ADDED_NORMS`; "batch" (the paper's BatchNorm everywhere) writes no
     ``added_norm_op`` entry."""
@@ -59,6 +64,18 @@ def default_arch_kwargs(encoder_weights: Optional[str] = None, elat: bool = True
     if added_op is not None:
         kwargs.update(added_norm_op=added_op, added_norm_op_kwargs=dict(added_kwargs))
     return kwargs
+
+
+def architecture_entry(**arch_kwargs) -> dict:
+    """The ``architecture`` block of a plans configuration running MedDisSegNet: class name, the
+    ``arch_kwargs`` of :func:`default_arch_kwargs` (``arch_kwargs`` override its arguments) and the
+    entries nnU-Net must import."""
+    kwargs = default_arch_kwargs(**arch_kwargs)
+    return {
+        "network_class_name": NETWORK_CLASS_NAME,
+        "arch_kwargs": kwargs,
+        "_kw_requires_import": [k for k in ("conv_op", "norm_op", "added_norm_op") if k in kwargs],
+    }
 
 
 def estimate_batch_size(patch_size: Sequence[int], memory_target_gb: float, min_batch_size: int = 2,
@@ -114,12 +131,7 @@ def build_meddisseg_plans(source_plans: dict, plans_name: str = DEFAULT_PLANS_NA
     config = deepcopy(source_2d)
     config["patch_size"] = list(patch_size)
     config["batch_size"] = int(batch_size)
-    kwargs = default_arch_kwargs(**arch_kwargs)
-    config["architecture"] = {
-        "network_class_name": NETWORK_CLASS_NAME,
-        "arch_kwargs": kwargs,
-        "_kw_requires_import": [k for k in ("conv_op", "norm_op", "added_norm_op") if k in kwargs],
-    }
+    config["architecture"] = architecture_entry(**arch_kwargs)
     plans["configurations"] = {"2d": config}
     return plans
 
@@ -227,9 +239,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="ablation: each decoding path ends in a plain 3x3 conv-norm-activation block instead of CBAT")
     p.add_argument("--decoder-fusion", choices=("sum", "concat"), default="sum",
                    help="sum = paper Eq. 9; concat = released code / ConDSeg")
-    p.add_argument("--added-norm", choices=tuple(ADDED_NORMS), default="batch",
+    p.add_argument("--added-norm", choices=tuple(ADDED_NORMS), default=DEFAULT_ADDED_NORM,
                    help="normalisation of the blocks Med-DisSeg adds to the ResNet-50 encoder (the encoder keeps "
-                        "BatchNorm): batch = the paper; instance = per-image statistics, as nnU-Net's own networks")
+                        "BatchNorm): instance (default) = per-image statistics, as nnU-Net's own networks; "
+                        "batch = BatchNorm, the paper")
     p.add_argument("--plans-name", default=DEFAULT_PLANS_NAME, help="name of the plans file to write")
     p.add_argument("--source-plans", default="nnUNetPlans", dest="source_plans_name",
                    help="nnU-Net plans to derive from (their preprocessed 2d data is reused)")

@@ -20,6 +20,7 @@ from nnunetv2_meddisseg.architectures import MedDisSegNet, MedDisSegOutput
 from nnunetv2_meddisseg.blocks.encoder import load_resnet50_weights, resolve_encoder_weights
 from nnunetv2_meddisseg.blocks.stage1_head import Stage1Head
 from nnunetv2_meddisseg.losses import DispersiveLoss, consistency_loss
+from nnunetv2_meddisseg.planning.plan_meddisseg import architecture_entry
 from nnunetv2_meddisseg.training.base import (ExtendedTrainerBase, preserved_random_state, seed_generators,
                                               unwrap_module)
 from nnunetv2_meddisseg.training.batchnorm_statistics import recalibrate_batchnorm
@@ -129,7 +130,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     ``variants``: one line each).
 
     Kept from nnU-Net: network building from the plans (with nnU-Net's default ``nnUNetPlans``, whose
-    architecture is not Med-DisSeg, ``MedDisSegNet`` is built with its default arguments), data
+    architecture is not Med-DisSeg, ``MedDisSegNet`` is built as ``nnUNetv2_meddisseg_plan`` plans it by default), data
     loading and augmentation, autocast + GradScaler on CUDA only, gradient clipping at 12,
     torch.compile (unwrapped via ``_orig_mod``), validation, export, DDP. Under DDP (``-num_gpus N``)
     the dispersive terms of both stages disperse the batch of every process (``dispersive_gather``;
@@ -250,7 +251,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
                                    num_output_channels: int,
                                    enable_deep_supervision: bool = True) -> nn.Module:
         """MedDisSegNet from the plans' ``arch_kwargs`` when the plans name it (``nnUNetMedDisSegPlans``),
-        else (e.g. nnU-Net's default ``nnUNetPlans``) MedDisSegNet with its default arguments.
+        else (e.g. nnU-Net's default ``nnUNetPlans``) MedDisSegNet as ``nnUNetv2_meddisseg_plan`` writes it
+        by default (:func:`~nnunetv2_meddisseg.planning.plan_meddisseg.architecture_entry`).
 
         The plans' ``encoder_weights`` are never read here: nnU-Net's predictor builds the network through
         this method and then loads the checkpoint's weights (a trained model predicts where that file does
@@ -259,12 +261,14 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         if network_class_is_meddisseg(configuration_manager):
             class_name = configuration_manager.network_arch_class_name
             arch_kwargs = dict(configuration_manager.network_arch_init_kwargs)
-            arch_kwargs["encoder_weights"] = None
-            return get_network_from_plans(class_name, arch_kwargs,
-                                          configuration_manager.network_arch_init_kwargs_req_import,
-                                          num_input_channels, num_output_channels, allow_init=True,
-                                          deep_supervision=enable_deep_supervision)
-        return MedDisSegNet(num_input_channels, num_output_channels, deep_supervision=enable_deep_supervision)
+            requires_import = configuration_manager.network_arch_init_kwargs_req_import
+        else:
+            entry = architecture_entry()
+            class_name, arch_kwargs, requires_import = (entry["network_class_name"], entry["arch_kwargs"],
+                                                        entry["_kw_requires_import"])
+        arch_kwargs["encoder_weights"] = None
+        return get_network_from_plans(class_name, arch_kwargs, requires_import, num_input_channels,
+                                      num_output_channels, allow_init=True, deep_supervision=enable_deep_supervision)
 
     def _get_deep_supervision_scales(self):
         # every output of MedDisSegNet is at full resolution: no down-sampled targets

@@ -75,26 +75,48 @@ def test_plan_command_writes_plans_that_nnunet_builds(preprocessed_synthetic):
     assert out.shape == (1, 2, *config.patch_size)
 
 
-def test_added_norm_instance_reaches_the_network(preprocessed_synthetic):
-    env = preprocessed_synthetic
-    run_cli(["nnUNetv2_meddisseg_plan", "-d", "501", "--added-norm", "instance", "--plans-name", "PlansIN"], env)
-    plans = json.loads((Path(env["nnUNet_preprocessed"]) / "Dataset501_SyntheticPolyps" / "PlansIN.json").read_text())
-    architecture = plans["configurations"]["2d"]["architecture"]
-    assert architecture["arch_kwargs"]["added_norm_op"] == "nnunetv2_meddisseg.blocks.norm.InstanceNorm2d"
-    assert "added_norm_op" in architecture["_kw_requires_import"]
+def _network_of(env, plans_name: str):
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 
+    plans = json.loads((Path(env["nnUNet_preprocessed"]) / "Dataset501_SyntheticPolyps" / f"{plans_name}.json").read_text())
+    architecture = plans["configurations"]["2d"]["architecture"]
     network = get_network_from_plans(architecture["network_class_name"], architecture["arch_kwargs"],
                                      architecture["_kw_requires_import"], 3, 2, deep_supervision=True)
+    return architecture, network
+
+
+def _running_statistics_outside_the_encoder(network) -> list:
     encoder = set(network.encoder.modules())
+    return [m for m in network.modules() if getattr(m, "track_running_stats", False) and m not in encoder]
+
+
+def test_default_plans_keep_no_running_statistics_outside_the_encoder(preprocessed_synthetic):
+    """The plan command's default: InstanceNorm in every block added to the ResNet-50 (nnU-Net builds the
+    network from the plans file), BatchNorm only in the encoder."""
     from nnunetv2_meddisseg.blocks.norm import InstanceNorm2d
 
+    env = preprocessed_synthetic
+    run_cli(["nnUNetv2_meddisseg_plan", "-d", "501", "--plans-name", "PlansDefault"], env)
+    architecture, network = _network_of(env, "PlansDefault")
+    assert architecture["arch_kwargs"]["added_norm_op"] == "nnunetv2_meddisseg.blocks.norm.InstanceNorm2d"
+    assert "added_norm_op" in architecture["_kw_requires_import"]
+    encoder = set(network.encoder.modules())
     added = [m for m in network.modules() if isinstance(m, InstanceNorm2d)]
     assert added and not encoder.intersection(added)
-    assert not [m for m in network.modules() if isinstance(m, torch.nn.BatchNorm2d) and m not in encoder]
-    # the default plans keep the paper's BatchNorm everywhere and name no added norm
-    assert "added_norm_op" not in build_meddisseg_plans(_source_plans())["configurations"]["2d"]["architecture"][
-        "arch_kwargs"]
+    assert not _running_statistics_outside_the_encoder(network)
+    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in encoder)
+    explicit = build_meddisseg_plans(_source_plans(), added_norm="instance")["configurations"]["2d"]["architecture"]
+    assert explicit["arch_kwargs"] == architecture["arch_kwargs"] | {"encoder_weights": None}
+
+
+def test_added_norm_batch_is_the_papers_batchnorm_everywhere(preprocessed_synthetic):
+    env = preprocessed_synthetic
+    run_cli(["nnUNetv2_meddisseg_plan", "-d", "501", "--added-norm", "batch", "--plans-name", "PlansBN"], env)
+    architecture, network = _network_of(env, "PlansBN")
+    assert "added_norm_op" not in architecture["arch_kwargs"]
+    assert "added_norm_op" not in architecture["_kw_requires_import"]
+    outside = _running_statistics_outside_the_encoder(network)
+    assert outside and all(isinstance(m, torch.nn.BatchNorm2d) for m in outside)
 
 
 def test_plan_command_errors_are_one_line(preprocessed_synthetic, tmp_path):

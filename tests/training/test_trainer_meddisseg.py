@@ -159,6 +159,19 @@ def test_network_from_default_plans_and_from_meddisseg_plans():
         assert out.shape == (1, 3, 32, 32)
 
 
+def test_network_on_nnunets_plans_is_what_the_plan_command_writes_by_default():
+    from nnunetv2_meddisseg.planning.plan_meddisseg import ADDED_NORMS, DEFAULT_ADDED_NORM
+
+    plans_manager = PlansManager(tiny_plans(PLAIN_UNET))
+    network = nnUNetTrainerMedDisSeg.build_network_architecture(plans_manager, plans_manager.get_configuration("2d"),
+                                                                3, 3, enable_deep_supervision=True)
+    added_op, added_kwargs = ADDED_NORMS[DEFAULT_ADDED_NORM]
+    assert f"{network.added_norm[0].__module__}.{network.added_norm[0].__name__}" == added_op
+    assert network.added_norm[1] == added_kwargs
+    encoder = set(network.encoder.modules())
+    assert not [m for m in network.modules() if getattr(m, "track_running_stats", False) and m not in encoder]
+
+
 def test_network_class_is_meddisseg_reads_the_class_not_the_plans_name():
     from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import network_class_is_meddisseg
 
