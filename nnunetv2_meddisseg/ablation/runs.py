@@ -58,7 +58,8 @@ def write_budget(out: Path, budget: ScheduleRecipe) -> Path:
 def write_network_ablation_plans(preprocessed: Path, plans: str, ablation: str) -> str:
     """Write ``preprocessed/<plans>_<ablation>.json``: the plans ``plans`` with MedDisSegNet's ``arch_kwargs``
     changed as ``NETWORK_ABLATIONS[ablation]`` says (plans of another network, e.g. nnU-Net's default, get
-    MedDisSegNet with its defaults, as ``nnUNetTrainerMedDisSeg`` builds it there); returns the new plans name."""
+    MedDisSegNet as ``nnUNetv2_meddisseg_plan`` writes it by default, as ``nnUNetTrainerMedDisSeg`` builds it
+    there); returns the new plans name."""
     from nnunetv2_meddisseg.planning.plan_meddisseg import architecture_entry
 
     source = preprocessed / f"{plans}.json"
