@@ -1,5 +1,7 @@
 """Fixtures shared by the test tree (temporary nnU-Net folders, a preprocessed tiny dataset) and the
-test layers: every test under ``tests/e2e`` is marked ``e2e``; tests marked ``real_data`` are skipped
+test layers: every test under ``tests/e2e`` and ``tests/compile`` is marked ``e2e`` (the layer the quick
+loop ``-m "not e2e"`` leaves out; elsewhere, tests that train the whole network through a trainer, start
+processes or run nnU-Net's preprocessing carry the mark themselves); tests marked ``real_data`` are skipped
 unless ``NNUNETV2_MEDDISSEG_TEST_DATA`` is set (``tests/real_data.py``); tests marked ``slow`` only
 run with ``-m slow`` or ``NNUNETV2_MEDDISSEG_SLOW_TESTS=1``."""
 from __future__ import annotations
@@ -15,7 +17,8 @@ from nnunetv2_meddisseg.nnunet_env import NNUNET_FOLDERS
 from real_data import SKIP_REASON, data_root
 from scratch import scratch_folder
 
-E2E_FOLDER = Path(__file__).resolve().parent / "e2e"
+#: folders whose every test is in the ``e2e`` layer: nnU-Net's commands in subprocesses, torch.compile
+E2E_FOLDERS = tuple(Path(__file__).resolve().parent / name for name in ("e2e", "compile"))
 
 
 SLOW_VARIABLE = "NNUNETV2_MEDDISSEG_SLOW_TESTS"
@@ -26,7 +29,7 @@ def pytest_collection_modifyitems(config, items):
     skip_real_data = None if data_root() is not None else pytest.mark.skip(reason=SKIP_REASON)
     run_slow = "slow" in (config.getoption("markexpr", "") or "") or os.environ.get(SLOW_VARIABLE) == "1"
     for item in items:
-        if E2E_FOLDER in Path(str(item.fspath)).resolve().parents:
+        if any(folder in Path(str(item.fspath)).resolve().parents for folder in E2E_FOLDERS):
             item.add_marker(pytest.mark.e2e)
         if skip_real_data is not None and item.get_closest_marker("real_data") is not None:
             item.add_marker(skip_real_data)

@@ -1,7 +1,8 @@
 """What our trainers (``nnUNetTrainerMedDisSeg``, ``nnUNetTrainerDispersive``, the seeded baselines and their
 variants) add to nnU-Net's ``nnUNetTrainer``, whatever their network and losses. Each override
-calls nnU-Net's method and adds to it; the one copied piece, the checkpoint's entries, lives in
-``nnunet_copies`` and is pinned to nnU-Net's source by a test.
+calls nnU-Net's method and adds to it; the pieces of nnU-Net that have no smaller hook (the checkpoint's
+entries, ``train_step``'s autocast rule and update, ``get_dataloaders``' training loader) are restated in
+``nnunet_copies`` alone, pinned to nnU-Net's source by a test.
 
 - Checkpoints are nnU-Net's plus the run seed and the subclasses' state (``_checkpoint_extras`` /
   ``_restore_checkpoint_extras``), written atomically (a temporary file in the same folder, then

@@ -142,6 +142,7 @@ def _blobs(generator: torch.Generator, n: int, size: int):
     return y[:, None].float().repeat(1, 3, 1, 1) + 0.5 * torch.randn(n, 3, size, size, generator=generator), y
 
 
+@pytest.mark.e2e  # trains the whole network (the quick loop leaves it out)
 def test_trained_network_bf16_predictions_agree_with_fp32(monkeypatch):
     generator = torch.Generator().manual_seed(0)
     torch.manual_seed(0)

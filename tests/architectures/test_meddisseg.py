@@ -147,6 +147,7 @@ def test_elat_off_encoder_only_is_plain_resnet():
     assert m(x).shape == (2, 2, 32, 32)
 
 
+@pytest.mark.e2e  # backward through the whole network, several times (the quick loop leaves it out)
 def test_all_parameters_receive_gradients_in_training():
     # nnU-Net's DDP needs every parameter in the graph in Stage II (deep supervision on, training)
     torch.manual_seed(0)

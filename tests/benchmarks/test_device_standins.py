@@ -68,6 +68,7 @@ print("OK", io.__name__)
 """
 
 
+@pytest.mark.e2e  # a subprocess importing every command's modules (the quick loop leaves it out)
 def test_nnunet_png_path_imports_and_reads_with_the_standin(tmp_path):
     """With the stand-in shadowing SimpleITK, every command's modules import and nnU-Net picks its PNG
     reader (never SimpleITK) for a PNG dataset and reads the image exactly."""
@@ -203,6 +204,7 @@ def test_pace_budget_is_a_recipe_override_file_the_trainers_accept(device_run, t
         assert (recipe.num_epochs, recipe.iterations_per_epoch, recipe.final_validation) == (2, 50, False)
 
 
+@pytest.mark.e2e  # profiles the whole network (the quick loop leaves it out)
 def test_pace_probe_on_the_cpu(tmp_path):
     """pace.py's profiles and timings at 32x32 on the CPU (no compile): the previous implementations
     issue more operations than the current ones, and every variant is timed."""

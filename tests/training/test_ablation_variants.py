@@ -15,6 +15,8 @@ from nnunetv2_meddisseg.training import variants as av
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2, nnUNetTrainerMedDisSeg
 from test_trainer_meddisseg import MEDDISSEG, make_batch, make_trainer, nnunet_dirs, tiny_plans  # noqa: F401
 
+pytestmark = pytest.mark.e2e  # trains the whole network through a trainer (the quick loop leaves it out)
+
 #: the paper's settings, which every variant keeps except where it says otherwise
 FULL = {"lambda1": 0.2, "lambda2": 0.6, "variant": "infonce_l2", "tau": 0.8, "placement": "early",
         "elat": True, "activation": "telu", "cbat": True, "stage1": True}

@@ -11,6 +11,7 @@ from tests.training.test_trainer_meddisseg import MEDDISSEG, make_batch, make_tr
 __all__ = ["nnunet_dirs"]
 
 
+@pytest.mark.e2e  # the whole network trained through a trainer (the quick loop leaves it out)
 @pytest.mark.parametrize("stage", [STAGE_1, STAGE_2])
 def test_step_under_bf16_autocast_without_grad_scaler(nnunet_dirs, monkeypatch, stage):
     monkeypatch.setenv(BF16_ENVIRONMENT_VARIABLE, "1")

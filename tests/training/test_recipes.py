@@ -168,6 +168,7 @@ def test_override_file_sets_the_budget_of_any_trainer(nnunet_dirs, tmp_path, mon
         torch.set_num_threads(threads)
 
 
+@pytest.mark.e2e  # the whole network trained through a trainer (the quick loop leaves it out)
 def test_a_budget_trains_for_the_stated_iterations(nnunet_dirs, tmp_path, monkeypatch):
     """nnU-Net's run_training with an override file: 2 epochs of 3 training and 1 validation iterations, the
     final validation skipped."""

@@ -92,6 +92,7 @@ def _one_train_step(cls, plans_arch) -> tuple:
     (nnUNetTrainerMedDisSeg_scratchSGD, PLAIN_UNET, ("decoder", "encoder")),
     (nnUNetTrainerDispersive_infonceL2, PLAIN_UNET, ("network",)),
 ])
+@pytest.mark.e2e  # the whole network trained through a trainer (the quick loop leaves it out)
 def test_gradient_norms_are_the_groups_norms_before_clipping(nnunet_dirs, cls, plans_arch, groups):
     trainer, result = _one_train_step(cls, plans_arch)
     reported = {name: result[f"grad_norm_{name}"] for name in groups}
@@ -123,6 +124,7 @@ def test_dispersive_trainer_default_form_cannot_be_lowered_by_scale():
     (nnUNetTrainerMedDisSeg_cosineCentred, MEDDISSEG, nnUNetTrainerMedDisSeg),
     (nnUNetTrainerDispersive, PLAIN_UNET, nnUNetTrainerDispersive_cosine),
 ])
+@pytest.mark.e2e  # the whole network trained through a trainer (the quick loop leaves it out)
 def test_centred_form_trainers_train_with_the_centred_loss(nnunet_dirs, cls, plans_arch, uncentred):
     from nnunetv2_meddisseg.losses import dispersive_loss
 
@@ -136,6 +138,7 @@ def test_centred_form_trainers_train_with_the_centred_loss(nnunet_dirs, cls, pla
     assert abs(dispersive_loss(h + 5, "infonce_cosine").item() - dispersive_loss(h, "infonce_cosine").item()) > 0.01
 
 
+@pytest.mark.e2e  # the whole network trained through a trainer (the quick loop leaves it out)
 def test_an_epoch_without_any_gradient_is_reported(nnunet_dirs):
     from pathlib import Path
 

@@ -23,6 +23,8 @@ from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDis
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2
 from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg_smoke
 
+pytestmark = pytest.mark.e2e  # several processes (the quick loop leaves it out)
+
 WORLD_SIZE = 2
 RUN_SEED = 123  # the same initial weights in every trainer of a test
 
