@@ -32,8 +32,8 @@ PLANS = "nnUNetMedDisSegPlans"
 #: what one run of each --schedule took on the generated dataset at the default --size (wall-clock minutes,
 #: GB of disk under the output folder), announced before the demo starts; the README quotes the same figures
 COST = {
-    "demo": {"minutes": 7.3, "disk_gb": 1.2, "machine": "a 2-core CPU"},
-    "smoke": {"minutes": 3.7, "disk_gb": 1.2, "machine": "a 2-core CPU"},
+    "demo": {"minutes": 5.1, "disk_gb": 1.2, "machine": "a 2-core CPU"},
+    "smoke": {"minutes": 2.2, "disk_gb": 1.2, "machine": "a 2-core CPU"},
 }
 
 
