@@ -60,7 +60,7 @@ def write_network_ablation_plans(preprocessed: Path, plans: str, ablation: str) 
     changed as ``NETWORK_ABLATIONS[ablation]`` says (plans of another network, e.g. nnU-Net's default, get
     MedDisSegNet as ``nnUNetv2_meddisseg_plan`` writes it by default, as ``nnUNetTrainerMedDisSeg`` builds it
     there); returns the new plans name."""
-    from nnunetv2_meddisseg.planning.plan_meddisseg import architecture_entry
+    from nnunetv2_meddisseg.architectures.plans_entry import architecture_entry
 
     source = preprocessed / f"{plans}.json"
     if not source.is_file():

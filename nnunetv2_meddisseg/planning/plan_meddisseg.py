@@ -15,12 +15,11 @@ from copy import deepcopy
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
+from nnunetv2_meddisseg.architectures.plans_entry import ADDED_NORMS, DEFAULT_ADDED_NORM, architecture_entry
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
 
-__all__ = ["build_meddisseg_plans", "plan_meddisseg", "estimate_batch_size", "default_arch_kwargs",
-           "architecture_entry", "main"]
+__all__ = ["build_meddisseg_plans", "plan_meddisseg", "estimate_batch_size", "main"]
 
-NETWORK_CLASS_NAME = "nnunetv2_meddisseg.architectures.MedDisSegNet"
 DEFAULT_PLANS_NAME = "nnUNetMedDisSegPlans"
 SIZE_MULTIPLE = 16
 # Peak training memory per input pixel and sample of the Stage II network: the slope of peak RSS
@@ -29,53 +28,6 @@ SIZE_MULTIPLE = 16
 TRAINING_BYTES_PER_PIXEL = 22_000
 # Parameters, gradients and two Adam moments of the 46.1 M parameter network, in bytes.
 STATIC_TRAINING_BYTES = 4 * 4 * 46_115_000
-
-
-#: ``--added-norm`` choices: the normalisation of the blocks Med-DisSeg adds to the encoder
-#: (``MedDisSegNet``'s ``added_norm_op`` / ``added_norm_op_kwargs``); "batch" keeps the plans' ``norm_op``
-#: (the paper's BatchNorm everywhere), "instance" normalises each image by its own statistics
-ADDED_NORMS = {
-    "batch": (None, None),
-    "instance": ("nnunetv2_meddisseg.blocks.norm.InstanceNorm2d", {"eps": 1e-5, "affine": True}),
-}
-#: what the plan command writes without ``--added-norm`` (chosen on validation data: benchmarks/RESULTS.md)
-DEFAULT_ADDED_NORM = "instance"
-
-
-def default_arch_kwargs(encoder_weights: Optional[str] = None, elat: bool = True, activation: str = "telu",
-                        decoder_fusion: str = "sum", cbat: bool = True,
-                        added_norm: str = DEFAULT_ADDED_NORM) -> dict:
-    """The ``arch_kwargs`` block of a MedDisSeg plan (what ``MedDisSegNet`` receives from nnU-Net).
-    ``added_norm``: a key of :data:`ADDED_NORMS`; "batch" (the paper's BatchNorm everywhere) writes no
-    ``added_norm_op`` entry."""
-    if added_norm not in ADDED_NORMS:
-        raise UserError(f"--added-norm must be one of {', '.join(ADDED_NORMS)}, got {added_norm!r}")
-    kwargs = {
-        "encoder_weights": encoder_weights,
-        "elat": elat,
-        "activation": activation,
-        "decoder_fusion": decoder_fusion,
-        "cbat": cbat,
-        "conv_op": "torch.nn.modules.conv.Conv2d",
-        "norm_op": "nnunetv2_meddisseg.blocks.norm.BatchNorm2d",
-        "norm_op_kwargs": {"eps": 1e-5, "affine": True},
-    }
-    added_op, added_kwargs = ADDED_NORMS[added_norm]
-    if added_op is not None:
-        kwargs.update(added_norm_op=added_op, added_norm_op_kwargs=dict(added_kwargs))
-    return kwargs
-
-
-def architecture_entry(**arch_kwargs) -> dict:
-    """The ``architecture`` block of a plans configuration running MedDisSegNet: class name, the
-    ``arch_kwargs`` of :func:`default_arch_kwargs` (``arch_kwargs`` override its arguments) and the
-    entries nnU-Net must import."""
-    kwargs = default_arch_kwargs(**arch_kwargs)
-    return {
-        "network_class_name": NETWORK_CLASS_NAME,
-        "arch_kwargs": kwargs,
-        "_kw_requires_import": [k for k in ("conv_op", "norm_op", "added_norm_op") if k in kwargs],
-    }
 
 
 def estimate_batch_size(patch_size: Sequence[int], memory_target_gb: float, min_batch_size: int = 2,
@@ -99,7 +51,7 @@ def build_meddisseg_plans(source_plans: dict, plans_name: str = DEFAULT_PLANS_NA
                           memory_target_gb: float = 8.0, num_training_cases: Optional[int] = None,
                           **arch_kwargs) -> dict:
     """Return a new plans dict with one ``2d`` configuration running MedDisSegNet on the source plans'
-    preprocessed 2d data. ``arch_kwargs`` go to :func:`default_arch_kwargs`."""
+    preprocessed 2d data. ``arch_kwargs`` go to :func:`~nnunetv2_meddisseg.architectures.plans_entry.default_arch_kwargs`."""
     configurations = source_plans.get("configurations", {})
     if "2d" not in configurations:
         raise UserError(f"plans '{source_plans.get('plans_name')}' of {source_plans.get('dataset_name')} have no "
