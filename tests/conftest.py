@@ -1,7 +1,8 @@
 """Fixtures shared by the test tree (temporary nnU-Net folders, a preprocessed tiny dataset) and the
 test layers: every test under ``tests/e2e`` and ``tests/compile`` is marked ``e2e`` (the layer the quick
-loop ``-m "not e2e"`` leaves out; elsewhere, tests that train the whole network through a trainer, start
-processes or run nnU-Net's preprocessing carry the mark themselves); tests marked ``real_data`` are skipped
+loop ``-m "not e2e"`` leaves out), and so is every test that uses ``preprocessed_synthetic`` (nnU-Net's
+preprocessing); elsewhere, tests that train the whole network through a trainer or start processes carry
+the mark themselves; tests marked ``real_data`` are skipped
 unless ``NNUNETV2_MEDDISSEG_TEST_DATA`` is set (``tests/real_data.py``); tests marked ``slow`` only
 run with ``-m slow`` or ``NNUNETV2_MEDDISSEG_SLOW_TESTS=1``."""
 from __future__ import annotations
@@ -29,8 +30,9 @@ def pytest_collection_modifyitems(config, items):
     skip_real_data = None if data_root() is not None else pytest.mark.skip(reason=SKIP_REASON)
     run_slow = "slow" in (config.getoption("markexpr", "") or "") or os.environ.get(SLOW_VARIABLE) == "1"
     for item in items:
-        if any(folder in Path(str(item.fspath)).resolve().parents for folder in E2E_FOLDERS):
-            item.add_marker(pytest.mark.e2e)
+        in_e2e_folder = any(folder in Path(str(item.fspath)).resolve().parents for folder in E2E_FOLDERS)
+        if in_e2e_folder or "preprocessed_synthetic" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.e2e)  # the fixture runs nnU-Net's planning and preprocessing
         if skip_real_data is not None and item.get_closest_marker("real_data") is not None:
             item.add_marker(skip_real_data)
         if not run_slow and item.get_closest_marker("slow") is not None:

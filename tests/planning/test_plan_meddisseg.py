@@ -55,7 +55,6 @@ def test_batch_size_follows_memory_budget():
     assert estimate_batch_size((256, 256), 80, max_batch_size=3) == 3
 
 
-@pytest.mark.e2e  # nnU-Net's preprocessing in a subprocess (the quick loop leaves it out)
 def test_plan_command_writes_plans_that_nnunet_builds(preprocessed_synthetic):
     env = preprocessed_synthetic
     proc = run_cli(["nnUNetv2_meddisseg_plan", "-d", "501", "--activation", "relu"], env)
@@ -91,7 +90,6 @@ def _running_statistics_outside_the_encoder(network) -> list:
     return [m for m in network.modules() if getattr(m, "track_running_stats", False) and m not in encoder]
 
 
-@pytest.mark.e2e  # nnU-Net's preprocessing in a subprocess (the quick loop leaves it out)
 def test_default_plans_keep_no_running_statistics_outside_the_encoder(preprocessed_synthetic):
     """The plan command's default: InstanceNorm in every block added to the ResNet-50 (nnU-Net builds the
     network from the plans file), BatchNorm only in the encoder."""
@@ -111,7 +109,6 @@ def test_default_plans_keep_no_running_statistics_outside_the_encoder(preprocess
     assert explicit["arch_kwargs"] == architecture["arch_kwargs"] | {"encoder_weights": None}
 
 
-@pytest.mark.e2e  # nnU-Net's preprocessing in a subprocess (the quick loop leaves it out)
 def test_added_norm_batch_is_the_papers_batchnorm_everywhere(preprocessed_synthetic):
     env = preprocessed_synthetic
     run_cli(["nnUNetv2_meddisseg_plan", "-d", "501", "--added-norm", "batch", "--plans-name", "PlansBN"], env)
@@ -122,7 +119,6 @@ def test_added_norm_batch_is_the_papers_batchnorm_everywhere(preprocessed_synthe
     assert outside and all(isinstance(m, torch.nn.BatchNorm2d) for m in outside)
 
 
-@pytest.mark.e2e  # nnU-Net's preprocessing in a subprocess (the quick loop leaves it out)
 def test_plan_command_errors_are_one_line(preprocessed_synthetic, tmp_path):
     env = dict(preprocessed_synthetic)
     proc = run_cli(["nnUNetv2_meddisseg_plan", "-d", "777"], env, check=False)
@@ -151,7 +147,6 @@ def test_plan_command_errors_are_one_line(preprocessed_synthetic, tmp_path):
     assert not (Path(env["nnUNet_preprocessed"]) / "Dataset501_SyntheticPolyps" / "X.json").exists()
 
 
-@pytest.mark.e2e  # nnU-Net's preprocessing in a subprocess (the quick loop leaves it out)
 def test_unpreprocessed_dataset_is_refused(preprocessed_synthetic, tmp_path):
     from nnunet_cli import nnunet_env
     from nnunetv2_meddisseg.datasets.synthetic import make_synthetic_dataset
@@ -212,7 +207,6 @@ def _trainer(folder: Path, plans_name: str):
                                   device=torch.device("cpu"))
 
 
-@pytest.mark.e2e  # nnU-Net's preprocessing in a subprocess (the quick loop leaves it out)
 def test_imagenet_weights_from_seeded_cache_reach_planning_and_training(in_process_env, tmp_path, capsys):
     folder = in_process_env
     state = _seed_imagenet_cache(tmp_path / "torch_home")
@@ -228,7 +222,6 @@ def test_imagenet_weights_from_seeded_cache_reach_planning_and_training(in_proce
         assert torch.equal(encoder[key], state[key]), key
 
 
-@pytest.mark.e2e  # nnU-Net's preprocessing in a subprocess (the quick loop leaves it out)
 def test_imagenet_offline_without_cache_is_one_line_error(in_process_env, tmp_path, capsys):
     assert main(["-d", "501", "--encoder-weights", "imagenet", "--plans-name", "ImageNetOffline"]) == 2
     err = capsys.readouterr().err
@@ -238,7 +231,6 @@ def test_imagenet_offline_without_cache_is_one_line_error(in_process_env, tmp_pa
     assert not (in_process_env / "ImageNetOffline.json").exists()
 
 
-@pytest.mark.e2e  # nnU-Net's preprocessing in a subprocess (the quick loop leaves it out)
 def test_training_never_downloads_imagenet_weights(in_process_env, tmp_path, monkeypatch):
     folder = in_process_env
     _seed_imagenet_cache(tmp_path / "torch_home")
