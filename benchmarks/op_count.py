@@ -48,7 +48,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nnunetv2_meddisseg.architectures.plans_entry import architecture_entry
+from nnunetv2_meddisseg.plans_entry import architecture_entry
 
 from common import (DEFAULT_OUT, NNUNET_ARCHITECTURES, alternating_timings, command_line, machine_info, markdown_table,
                     summarize, use_previous_implementations, use_reference_implementations, write_results)

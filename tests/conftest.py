@@ -31,8 +31,9 @@ def pytest_collection_modifyitems(config, items):
     run_slow = "slow" in (config.getoption("markexpr", "") or "") or os.environ.get(SLOW_VARIABLE) == "1"
     for item in items:
         in_e2e_folder = any(folder in Path(str(item.fspath)).resolve().parents for folder in E2E_FOLDERS)
-        if in_e2e_folder or "preprocessed_synthetic" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.e2e)  # the fixture runs nnU-Net's planning and preprocessing
+        preprocesses = "preprocessed_synthetic" in getattr(item, "fixturenames", ())  # nnU-Net's preprocessing
+        if in_e2e_folder or preprocesses:
+            item.add_marker(pytest.mark.e2e)
         if skip_real_data is not None and item.get_closest_marker("real_data") is not None:
             item.add_marker(skip_real_data)
         if not run_slow and item.get_closest_marker("slow") is not None:

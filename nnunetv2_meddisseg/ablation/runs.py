@@ -28,6 +28,7 @@ from typing import Dict, List
 
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.evaluation.evaluate import evaluate_folders
+from nnunetv2_meddisseg.plans_entry import architecture_entry
 from nnunetv2_meddisseg.training.recipe import RECIPE_ENVIRONMENT_VARIABLE, ScheduleRecipe
 
 __all__ = ["NETWORK_ABLATIONS", "Variant", "write_budget", "write_network_ablation_plans", "AblationRun"]
@@ -60,8 +61,6 @@ def write_network_ablation_plans(preprocessed: Path, plans: str, ablation: str) 
     changed as ``NETWORK_ABLATIONS[ablation]`` says (plans of another network, e.g. nnU-Net's default, get
     MedDisSegNet as ``nnUNetv2_meddisseg_plan`` writes it by default, as ``nnUNetTrainerMedDisSeg`` builds it
     there); returns the new plans name."""
-    from nnunetv2_meddisseg.architectures.plans_entry import architecture_entry
-
     source = preprocessed / f"{plans}.json"
     if not source.is_file():
         raise UserError(f"{source} not found: plan and preprocess the dataset with these plans first (-p)")

@@ -15,7 +15,7 @@ from copy import deepcopy
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
-from nnunetv2_meddisseg.architectures.plans_entry import ADDED_NORMS, DEFAULT_ADDED_NORM, architecture_entry
+from nnunetv2_meddisseg.plans_entry import ADDED_NORMS, DEFAULT_ADDED_NORM, architecture_entry
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
 
 __all__ = ["build_meddisseg_plans", "plan_meddisseg", "estimate_batch_size", "main"]
@@ -51,7 +51,8 @@ def build_meddisseg_plans(source_plans: dict, plans_name: str = DEFAULT_PLANS_NA
                           memory_target_gb: float = 8.0, num_training_cases: Optional[int] = None,
                           **arch_kwargs) -> dict:
     """Return a new plans dict with one ``2d`` configuration running MedDisSegNet on the source plans'
-    preprocessed 2d data. ``arch_kwargs`` go to :func:`~nnunetv2_meddisseg.architectures.plans_entry.default_arch_kwargs`."""
+    preprocessed 2d data. ``arch_kwargs`` go to
+    :func:`~nnunetv2_meddisseg.plans_entry.default_arch_kwargs`."""
     configurations = source_plans.get("configurations", {})
     if "2d" not in configurations:
         raise UserError(f"plans '{source_plans.get('plans_name')}' of {source_plans.get('dataset_name')} have no "

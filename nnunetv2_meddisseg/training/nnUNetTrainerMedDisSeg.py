@@ -17,10 +17,10 @@ from nnunetv2.utilities.helpers import empty_cache
 from nnunetv2.utilities.plans_handling.plans_handler import ConfigurationManager, PlansManager
 
 from nnunetv2_meddisseg.architectures import MedDisSegNet, MedDisSegOutput
-from nnunetv2_meddisseg.architectures.plans_entry import architecture_entry
 from nnunetv2_meddisseg.blocks.encoder import load_resnet50_weights, resolve_encoder_weights
 from nnunetv2_meddisseg.blocks.stage1_head import Stage1Head
 from nnunetv2_meddisseg.losses import DispersiveLoss, consistency_loss
+from nnunetv2_meddisseg.plans_entry import architecture_entry
 from nnunetv2_meddisseg.training.base import (ExtendedTrainerBase, preserved_random_state, seed_generators,
                                               unwrap_module)
 from nnunetv2_meddisseg.training.batchnorm_statistics import recalibrate_batchnorm
@@ -252,7 +252,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
                                    enable_deep_supervision: bool = True) -> nn.Module:
         """MedDisSegNet from the plans' ``arch_kwargs`` when the plans name it (``nnUNetMedDisSegPlans``),
         else (e.g. nnU-Net's default ``nnUNetPlans``) MedDisSegNet as ``nnUNetv2_meddisseg_plan`` writes it
-        by default (:func:`~nnunetv2_meddisseg.architectures.plans_entry.architecture_entry`).
+        by default (:func:`~nnunetv2_meddisseg.plans_entry.architecture_entry`).
 
         The plans' ``encoder_weights`` are never read here: nnU-Net's predictor builds the network through
         this method and then loads the checkpoint's weights (a trained model predicts where that file does

@@ -9,8 +9,8 @@ import torch
 
 from nnunet_cli import run_cli
 from nnunetv2_meddisseg.cli import UserError
-from nnunetv2_meddisseg.architectures.plans_entry import NETWORK_CLASS_NAME
 from nnunetv2_meddisseg.planning.plan_meddisseg import build_meddisseg_plans, estimate_batch_size, main
+from nnunetv2_meddisseg.plans_entry import NETWORK_CLASS_NAME
 
 
 def _source_plans(patch=(72, 60), configs=("2d",)) -> dict:

@@ -160,7 +160,7 @@ def test_network_from_default_plans_and_from_meddisseg_plans():
 
 
 def test_network_on_nnunets_plans_is_what_the_plan_command_writes_by_default():
-    from nnunetv2_meddisseg.architectures.plans_entry import ADDED_NORMS, DEFAULT_ADDED_NORM
+    from nnunetv2_meddisseg.plans_entry import ADDED_NORMS, DEFAULT_ADDED_NORM
 
     plans_manager = PlansManager(tiny_plans(PLAIN_UNET))
     network = nnUNetTrainerMedDisSeg.build_network_architecture(plans_manager, plans_manager.get_configuration("2d"),
