@@ -133,6 +133,10 @@ class MedDisSegNet(nn.Module):
     memory format, see :meth:`_forward_cpu_bf16`) and returns fp32 logits, if the CPU supports bf16
     natively (:func:`cpu_supports_bf16`; otherwise one warning and fp32). Training, validation with
     deep supervision and CUDA forwards are unaffected.
+
+    On CUDA every forward runs in channels-last memory format (weights moved once, in place; the input
+    converted at each call): cuDNN's convolutions, the normalisations and the bilinear up-sampling then
+    read and write NHWC tensors without layout conversions in between. Values are unchanged.
     """
 
     def __init__(
@@ -179,7 +183,7 @@ class MedDisSegNet(nn.Module):
         self.input_channels = input_channels
         self.num_classes = num_classes
         self.encoder_only = False
-        self._channels_last = False  # weights moved to channels-last by the CPU bf16 forward
+        self._channels_last = False  # weights moved to channels-last (CUDA forwards, the CPU bf16 forward)
         ops = dict(conv_op=conv_op, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs)
         #: (class, kwargs) of the normalisation in the blocks added to the encoder (also the Stage I head's)
         self.added_norm = (added_norm_op, dict(added_norm_op_kwargs or {}))
@@ -226,6 +230,14 @@ class MedDisSegNet(nn.Module):
             if id(p) not in encoder_ids:
                 yield p
 
+    def compile_regions(self) -> List[nn.Module]:
+        """The blocks that the trainers compile one by one (``training.compilation``): every ResNet bottleneck
+        (those of one layer after the first share their shapes, hence their compiled code), each ELAT,
+        enhancement, aggregation block, the decoupling, auxiliary heads, guidance pyramid and decoder."""
+        bottlenecks = [block for name in ("layer1", "layer2", "layer3") for block in getattr(self.encoder, name)]
+        return [*bottlenecks, *self.elat, *self.enhancement, self.decoupling, self.auxiliary_heads, self.guidance,
+                *self.cdfa, self.decoder]
+
     def encode(self, x: Tensor) -> List[Tensor]:
         """x: (B, C, H', W'), H', W' multiples of 16 -> the four ELAT-refined encoder features."""
         return [att(f) for att, f in zip(self.elat, self.encoder(x))]
@@ -243,7 +255,16 @@ class MedDisSegNet(nn.Module):
     def forward(self, x: Tensor) -> Union[Tensor, MedDisSegOutput, List[Tensor]]:
         if self._cpu_bf16_inference(x):
             return self._forward_cpu_bf16(x)
+        if x.is_cuda:
+            self._use_channels_last()
+            x = x.contiguous(memory_format=torch.channels_last)
         return self._forward(x)
+
+    def _use_channels_last(self) -> None:
+        """Move the weights to channels-last memory format, once (in place: parameters keep their identity)."""
+        if not self._channels_last:
+            self.to(memory_format=torch.channels_last)
+            self._channels_last = True
 
     def _forward_cpu_bf16(self, x: Tensor) -> Tensor:
         """The CPU bf16 inference forward: x (B, C, H, W) -> fp32 logits (B, num_classes, H, W).
@@ -253,9 +274,7 @@ class MedDisSegNet(nn.Module):
         as the arithmetic saves. The encoder and ELAT (6 % of the FLOPs at 256x256) stay in fp32: in bf16
         they account for most of the pixels whose arg-max differs from fp32.
         """
-        if not self._channels_last:
-            self.to(memory_format=torch.channels_last)
-            self._channels_last = True
+        self._use_channels_last()
         x = x.contiguous(memory_format=torch.channels_last)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logits = self._forward(x, fp32_encoder=True)

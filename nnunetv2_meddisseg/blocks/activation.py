@@ -5,6 +5,8 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from nnunetv2_meddisseg.blocks.telu_kernels import telu_triton, telu_triton_available
+
 __all__ = ["TELU_EXP_CLAMP", "telu", "TeLU", "get_activation"]
 
 #: Upper clamp of the exponent input. tanh(exp(x)) == 1 exactly (even in float64) for x > ~3.7,
@@ -52,7 +54,7 @@ class _TeLUFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
-        y, slope = _telu_and_slope(x)
+        y, slope = telu_triton(x, with_slope=True) if telu_triton_available(x) else _telu_and_slope(x)
         ctx.save_for_backward(slope)
         return y
 
@@ -66,10 +68,13 @@ class _TeLUFunction(torch.autograd.Function):
 def telu(x: Tensor) -> Tensor:
     """TeLU(x) = x * tanh(exp(x)), numerically safe in fp32 / fp16 / bf16.
 
-    x: any shape; returns the same shape and dtype.
+    x: any shape; returns the same shape and dtype. On CUDA (outside torch.compile) one Triton kernel computes
+    it (``telu_kernels``), elsewhere PyTorch's operations.
     """
     if torch.is_grad_enabled() and x.requires_grad:
         return _TeLUFunction.apply(x)
+    if telu_triton_available(x):
+        return telu_triton(x)[0]
     return _telu_forward(x)
 
 

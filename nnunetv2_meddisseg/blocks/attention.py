@@ -5,7 +5,7 @@ import torch
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.activation import TeLU
-from nnunetv2_meddisseg.blocks.conv import PointwiseLinear
+from nnunetv2_meddisseg.blocks.conv import PointwiseLinear, memory_format_of
 
 __all__ = ["ChannelAttention", "SpatialAttention", "CBAT", "ELAT"]
 
@@ -59,7 +59,8 @@ class SpatialAttention(nn.Module):
     def attention(self, x: Tensor) -> Tensor:
         """Spatial weights a: (B, 1, H, W) in (0, 1)."""
         pooled = torch.cat([x.mean(dim=1, keepdim=True), x.amax(dim=1, keepdim=True)], dim=1)
-        return torch.sigmoid(self.conv(pooled))
+        # (B, 1, H, W) halves carry no channel order, so cat gives NCHW: keep x's format for the convolution
+        return torch.sigmoid(self.conv(pooled.contiguous(memory_format=memory_format_of(x))))
 
     def forward(self, x: Tensor) -> Tensor:
         return x * self.attention(x)

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from nnunetv2_meddisseg.blocks.activation import TeLU
-from nnunetv2_meddisseg.blocks.conv import ConvNormAct, PointwiseLinear, merge_branch_states
+from nnunetv2_meddisseg.blocks.conv import ConvNormAct, PointwiseLinear, memory_format_of, merge_branch_states
 from nnunetv2_meddisseg.blocks.device_forms import few_op_form
 
 __all__ = [
@@ -148,7 +148,8 @@ def displacement_sum(values: Tensor, displacement: Tensor) -> Tensor:
     b, heads, _, _, h, w = displacement.shape
     if values.ndim != 4 or values.shape[0] != b or values.shape[2:] != (h, w) or values.shape[1] % heads:
         raise ValueError(f"values {tuple(values.shape)} do not match displacement weights {tuple(displacement.shape)}")
-    return _DisplacementSum.apply(values.contiguous(), displacement.contiguous())
+    out = _DisplacementSum.apply(values.contiguous(), displacement.contiguous())
+    return out.contiguous(memory_format=memory_format_of(values))  # channels-last in, channels-last out
 
 
 def _fp16_autocast(device_type: str) -> bool:
@@ -352,8 +353,10 @@ class ContrastGuidancePyramid(nn.Module):
             nxt = self.step_levels[s]
             k = len(nxt)
             if k < n:
+                # channel slices joined by cat, which keeps the memory format (a reshape of a channels-last
+                # view would copy it into NCHW, and every later up-sampling would run NCHW)
                 if nxt == levels[:k]:
-                    y = y.view(y.shape[0], 2, n, c, *y.shape[2:])[:, :, :k].reshape(y.shape[0], 2 * k * c, *y.shape[2:])
+                    y = torch.cat([y[:, :k * c], y[:, n * c:(n + k) * c]], dim=1)
                 else:
                     idx = [levels.index(lv) for lv in nxt]
                     y = torch.cat([y[:, (side * n + i) * c:(side * n + i + 1) * c] for side in (0, 1) for i in idx],

@@ -6,7 +6,15 @@ from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.activation import TeLU
 
-__all__ = ["same_padding", "ConvNormAct", "PointwiseLinear", "BranchLayout", "merge_branch_states", "split_branch_states"]
+__all__ = ["memory_format_of", "same_padding", "ConvNormAct", "PointwiseLinear", "BranchLayout", "merge_branch_states", "split_branch_states"]
+
+
+def memory_format_of(x: Tensor) -> torch.memory_format:
+    """``torch.channels_last`` where the channels of a (B, C, H, W) tensor are its innermost axis (a
+    channels-last tensor or a channel slice of one), else ``torch.contiguous_format``."""
+    if x.dim() == 4 and x.shape[1] > 1 and x.stride(1) < x.stride(3):
+        return torch.channels_last
+    return torch.contiguous_format
 
 
 def same_padding(kernel_size: int, dilation: int = 1) -> int:

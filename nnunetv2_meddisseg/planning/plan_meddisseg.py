@@ -13,10 +13,13 @@ import sys
 import zipfile
 from copy import deepcopy
 from pathlib import Path
-from typing import Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Tuple
 
 from nnunetv2_meddisseg.plans_entry import ADDED_NORMS, DEFAULT_ADDED_NORM, architecture_entry
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
+
+if TYPE_CHECKING:
+    from nnunetv2_meddisseg.planning.memory import MemoryLine
 
 __all__ = ["build_meddisseg_plans", "plan_meddisseg", "estimate_batch_size", "main"]
 
@@ -49,10 +52,15 @@ def _round_up_to_multiple(size: int) -> int:
 def build_meddisseg_plans(source_plans: dict, plans_name: str = DEFAULT_PLANS_NAME,
                           patch_size: Optional[Tuple[int, int]] = None, batch_size: Optional[int] = None,
                           memory_target_gb: float = 8.0, num_training_cases: Optional[int] = None,
+                          memory_line: Optional[Callable[[Tuple[int, int], dict], "MemoryLine"]] = None,
                           **arch_kwargs) -> dict:
     """Return a new plans dict with one ``2d`` configuration running MedDisSegNet on the source plans'
     preprocessed 2d data. ``arch_kwargs`` go to
-    :func:`~nnunetv2_meddisseg.plans_entry.default_arch_kwargs`."""
+    :func:`~nnunetv2_meddisseg.plans_entry.default_arch_kwargs`.
+
+    Without ``batch_size``, the batch is the largest whose training memory fits ``memory_target_gb``: measured
+    by ``memory_line(patch_size, arch_kwargs)`` where given (``planning.memory``), else estimated from
+    :data:`TRAINING_BYTES_PER_PIXEL`. The configuration's ``batch_size_source`` says which."""
     configurations = source_plans.get("configurations", {})
     if "2d" not in configurations:
         raise UserError(f"plans '{source_plans.get('plans_name')}' of {source_plans.get('dataset_name')} have no "
@@ -75,18 +83,51 @@ def build_meddisseg_plans(source_plans: dict, plans_name: str = DEFAULT_PLANS_NA
             # as nnU-Net: a batch should not cover more than 5 % of the data set
             median = source_2d.get("median_image_size_in_voxels", patch_size)
             max_bs = int(0.05 * num_training_cases * math.prod(median) / math.prod(patch_size))
-        batch_size = estimate_batch_size(patch_size, memory_target_gb, max_batch_size=max_bs)
+        if memory_line is not None:
+            from nnunetv2_meddisseg.planning.memory import batch_size_for_memory
+
+            line = memory_line(patch_size, architecture_entry(**arch_kwargs)["arch_kwargs"])
+            batch_size = batch_size_for_memory(line, memory_target_gb, max_batch_size=max_bs)
+            source = (f"{memory_target_gb:g} GiB target, {line.describe()}: "
+                      f"{line.peak_bytes(batch_size) / 1024 ** 3:.2f} GiB expected at batch {batch_size}")
+        else:
+            batch_size = estimate_batch_size(patch_size, memory_target_gb, max_batch_size=max_bs)
+            source = (f"{memory_target_gb:g} GiB target, estimated from a CPU measurement "
+                      f"({TRAINING_BYTES_PER_PIXEL} bytes per pixel and sample)")
+        if max_bs is not None and batch_size == max(max_bs, 2):
+            source += f"; capped at 5 % of the {num_training_cases} training cases"
     elif batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, got {batch_size}")
+    else:
+        source = "--batch-size"
 
     plans = deepcopy(source_plans)
     plans["plans_name"] = plans_name
     config = deepcopy(source_2d)
     config["patch_size"] = list(patch_size)
     config["batch_size"] = int(batch_size)
+    config["batch_size_source"] = source
     config["architecture"] = architecture_entry(**arch_kwargs)
     plans["configurations"] = {"2d": config}
     return plans
+
+
+def _memory_measurement(memory_from: str) -> Optional[Callable]:
+    """The ``memory_line`` of :func:`build_meddisseg_plans` for ``--memory-from`` (None: the estimate)."""
+    if memory_from not in ("auto", "gpu", "estimate"):
+        raise UserError(f"--memory-from must be auto, gpu or estimate, got {memory_from!r}")
+    if memory_from == "estimate":
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        if memory_from == "gpu":
+            raise UserError("--memory-from gpu: no CUDA GPU is available here (torch.cuda.is_available() is False); "
+                            "use --memory-from estimate")
+        return None
+    from nnunetv2_meddisseg.planning.memory import measure_training_memory
+
+    return lambda patch_size, arch_kwargs: measure_training_memory(patch_size, arch_kwargs)
 
 
 def _check_encoder_weights(weights: str) -> str:
@@ -129,8 +170,13 @@ def _check_weights_file(path: str) -> str:
 
 
 def plan_meddisseg(dataset: str, plans_name: str = DEFAULT_PLANS_NAME, source_plans_name: str = "nnUNetPlans",
-                   encoder_weights: Optional[str] = None, overwrite: bool = True, **kwargs) -> Path:
-    """Write ``$nnUNet_preprocessed/DatasetXXX_Name/<plans_name>.json`` and return its path."""
+                   encoder_weights: Optional[str] = None, overwrite: bool = True, memory_from: str = "auto",
+                   **kwargs) -> Path:
+    """Write ``$nnUNet_preprocessed/DatasetXXX_Name/<plans_name>.json`` and return its path.
+
+    memory_from: how the batch size's memory is known: ``gpu`` (measured on this machine's CUDA GPU,
+    ``planning.memory``), ``estimate`` (:data:`TRAINING_BYTES_PER_PIXEL`), ``auto`` (``gpu`` where CUDA is
+    available)."""
     preprocessed = os.environ.get("nnUNet_preprocessed")
     if not preprocessed:
         raise UserError("the environment variable nnUNet_preprocessed is not set (see the README's "
@@ -157,7 +203,8 @@ def plan_meddisseg(dataset: str, plans_name: str = DEFAULT_PLANS_NAME, source_pl
     dataset_json_file = folder / "dataset.json"
     num_training = json.loads(dataset_json_file.read_text()).get("numTraining") if dataset_json_file.is_file() else None
     plans = build_meddisseg_plans(source, plans_name, encoder_weights=encoder_weights,
-                                  num_training_cases=num_training, **kwargs)
+                                  num_training_cases=num_training, memory_line=_memory_measurement(memory_from),
+                                  **kwargs)
     if not (folder / source["configurations"]["2d"]["data_identifier"]).is_dir():
         raise UserError(f"{folder / source['configurations']['2d']['data_identifier']} not found: the 2d data is "
                         f"not preprocessed yet; run nnUNetv2_plan_and_preprocess -d {dataset} -c 2d")
@@ -185,7 +232,11 @@ def _parser() -> argparse.ArgumentParser:
                         "for the paper protocol on images resized to 256)")
     p.add_argument("--batch-size", type=int, default=None, help="samples per batch (default: from --gpu-memory-target)")
     p.add_argument("--gpu-memory-target", type=float, default=8.0, dest="memory_target_gb",
-                   help="GB of accelerator memory the batch size is planned for (default 8, as nnU-Net)")
+                   help="GiB of GPU memory the batch size is planned for (default 8, as nnU-Net)")
+    p.add_argument("--memory-from", choices=("auto", "gpu", "estimate"), default="auto",
+                   help="how the batch size's training memory is known: gpu = measured by two training steps on "
+                        "this machine's CUDA GPU in the precision training uses; estimate = a per-pixel constant "
+                        "measured on a CPU; auto (default) = gpu where CUDA is available")
     p.add_argument("--no-elat", dest="elat", action="store_false", help="ablation: no ELAT attention")
     p.add_argument("--activation", choices=("telu", "relu"), default="telu", help="activation of the network")
     p.add_argument("--no-cbat", dest="cbat", action="store_false",
@@ -207,7 +258,8 @@ def _plan_command(argv: Optional[Sequence[str]]) -> None:
     dataset = args.pop("dataset")
     target = plan_meddisseg(dataset, **args)
     plans = json.loads(target.read_text())["configurations"]["2d"]
-    print(f"wrote {target}\n  patch size {plans['patch_size']}, batch size {plans['batch_size']}, "
+    print(f"wrote {target}\n  patch size {plans['patch_size']}, batch size {plans['batch_size']} "
+          f"({plans['batch_size_source']}), "
           f"arch_kwargs {plans['architecture']['arch_kwargs']}")
     if plans["architecture"]["arch_kwargs"]["encoder_weights"] == "imagenet":
         from nnunetv2_meddisseg.blocks.encoder import imagenet_weights_file

@@ -258,6 +258,12 @@ class SeededTrainer(nnUNetTrainer):
         super().on_epoch_start()
         seed_epoch(self.run_seed, self.current_epoch, self.local_rank)
 
+    def on_train_epoch_end(self, train_outputs: List[dict]) -> None:
+        super().on_train_epoch_end(train_outputs)
+        if self.device.type == "cuda":  # what a user sizes the plans' batch by (nnUNetv2_meddisseg_plan)
+            self.print_to_log_file(f"peak GPU memory {torch.cuda.max_memory_allocated(self.device) / 1024 ** 3:.2f} GiB "
+                                   f"(batch {self.batch_size})")
+
 
 class ExtendedTrainerBase(SeededTrainer):
     """SeededTrainer + atomic checkpoints, input checks, per-epoch curves (see the module docstring).

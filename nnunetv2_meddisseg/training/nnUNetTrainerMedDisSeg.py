@@ -6,10 +6,11 @@ from copy import deepcopy
 from dataclasses import replace
 from time import time
 from pydoc import locate
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
+from torch._dynamo import OptimizedModule
 from torch.nn.parallel import DistributedDataParallel as DDP
 from batchgenerators.utilities.file_and_folder_operations import join
 from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
@@ -24,6 +25,8 @@ from nnunetv2_meddisseg.plans_entry import architecture_entry
 from nnunetv2_meddisseg.training.base import (ExtendedTrainerBase, preserved_random_state, seed_generators,
                                               unwrap_module)
 from nnunetv2_meddisseg.training.batchnorm_statistics import recalibrate_batchnorm
+from nnunetv2_meddisseg.training.compilation import (compile_error_summary, compile_regions, eager_stance, is_compile_error,
+                                                     uncompile_regions)
 from nnunetv2_meddisseg.training.lr_schedule import PerGroupPolyLRScheduler
 from nnunetv2_meddisseg.training.nnunet_copies import training_dataloader
 from nnunetv2_meddisseg.training.photometric import photometric_perturbation
@@ -143,6 +146,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     """
 
     recipe: MedDisSegRecipe = RECIPES["MedDisSeg"]
+    #: the torch.compile backend (a name or a callable) of the blocks where nnU-Net compiles (``training.compilation``)
+    compile_backend: Union[str, Callable] = "inductor"
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
@@ -153,6 +158,9 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         self.stage1_head: Optional[nn.Module] = None
         self.dispersive: Optional[DispersiveLoss] = None
         self._calibration_batches: Optional[List[Tensor]] = None
+        #: the network's blocks (and the Stage I head) are compiled (``_compile_regions``)
+        self.compiled = False
+        self._timed_steps: set = set()
 
     # ------------------------------------------------------------------ settings
     def _plans_name_encoder_weights(self) -> bool:
@@ -169,7 +177,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     def _make_optimizer(self, groups: Sequence[dict]) -> torch.optim.Optimizer:
         recipe = self.recipe
         if recipe.optimizer == "adam":
-            return torch.optim.Adam(groups, weight_decay=recipe.adam_weight_decay)
+            # one fused kernel per step for all parameters on CUDA (same update as the for-each form)
+            return torch.optim.Adam(groups, weight_decay=recipe.adam_weight_decay, fused=self.device.type == "cuda")
         return torch.optim.SGD(groups, momentum=recipe.sgd_momentum, nesterov=True, weight_decay=recipe.sgd_weight_decay)
 
     # ------------------------------------------------------------------ stages
@@ -200,6 +209,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         if self.is_ddp:
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             head = DDP(nn.SyncBatchNorm.convert_sync_batchnorm(head), device_ids=device_ids)
+        if self.compiled:
+            unwrap_module(head).compile(backend=self.compile_backend, dynamic=False)
         return head
 
     def configure_optimizers(self, stage: Optional[str] = None):
@@ -307,8 +318,43 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         was_initialized = self.was_initialized
         super().initialize()
         if not was_initialized:
+            self._compile_regions()
             self._load_encoder_weights()
             self._initial_stem = next(self._plain_network().parameters()).detach().clone()
+
+    # ------------------------------------------------------------------ compilation
+    def _compile_regions(self) -> None:
+        """Where nnU-Net compiled the whole network (``_do_i_compile``), compile its blocks instead
+        (``training.compilation.compile_regions``: static shapes, one graph per stage and mode, repeated
+        blocks compiled once); the Stage I head is compiled when it is built."""
+        holder = self.network.module if isinstance(self.network, DDP) else self.network
+        if not isinstance(holder, OptimizedModule):
+            return
+        plain = holder._orig_mod
+        if isinstance(self.network, DDP):
+            self.network.module = plain
+        else:
+            self.network = plain
+        regions = compile_regions(plain, backend=self.compile_backend)
+        self.compiled = True
+        if self.stage1_head is not None:
+            unwrap_module(self.stage1_head).compile(backend=self.compile_backend, dynamic=False)
+        backend = getattr(self.compile_backend, "__name__", self.compile_backend)
+        self.print_to_log_file(f"torch.compile ({backend}) of {len(regions)} blocks of the network, static "
+                               f"shapes (nnUNet_compile=f runs eagerly)")
+
+    def _continue_eagerly(self, error: Exception) -> None:
+        """After ``error`` in a compiled step: re-raise it unless torch.compile raised it; else undo the
+        compilation, say so in one line of the log, and let the caller repeat the step eagerly."""
+        if not self.compiled or not is_compile_error(error):
+            raise error
+        blocks = uncompile_regions(self._plain_network())
+        if self._plain_head() is not None:
+            blocks += uncompile_regions(self._plain_head())
+        self.compiled = False
+        self.print_to_log_file(f"WARNING: torch.compile failed ({compile_error_summary(error)}); training "
+                               f"continues without compilation ({blocks} blocks run eagerly; set nnUNet_compile=f "
+                               f"to skip compiling)")
 
     def _plans_encoder_weights(self) -> Optional[str]:
         """The plans' ``encoder_weights`` (a file or ``imagenet``), None where they name none."""
@@ -474,6 +520,28 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         return total, terms, output.features[self.dispersive.placements[0]]
 
     def train_step(self, batch: dict) -> dict:
+        with self._timed_first_step("training"):
+            try:
+                return self._train_step(batch)
+            except Exception as error:  # a compile error: once, then eagerly (``_continue_eagerly``)
+                self._continue_eagerly(error)
+                return self._train_step(batch)
+
+    @contextmanager
+    def _timed_first_step(self, kind: str):
+        """Log the seconds of the first ``kind`` step of each stage where the network is compiled (its graphs
+        are compiled in that step; the step ends with a transfer to the host, so no extra synchronisation)."""
+        key = (kind, self.training_stage)
+        if not self.compiled or key in self._timed_steps:
+            yield
+            return
+        self._timed_steps.add(key)
+        start = time()
+        yield
+        stage = "I" if self.training_stage == STAGE_1 else "II"
+        self.print_to_log_file(f"first {kind} step of Stage {stage}: {time() - start:.1f} s (compilation included)")
+
+    def _train_step(self, batch: dict) -> dict:
         data, target = self._batch_to_device(batch, training=True)
         self.optimizer.zero_grad(set_to_none=True)
         with self._autocast():
@@ -518,7 +586,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         I) on the calibration batches, so that validation, ``checkpoint_best.pth``,
         ``checkpoint_final.pth`` and every prediction from them normalise with statistics of the weights
         they hold (``batchnorm_statistics``). Runs the unwrapped modules (no DDP buffer broadcast, no
-        compilation): each rank computes the same statistics from the same batches and weights."""
+        compiled code): each rank computes the same statistics from the same batches and weights."""
         if self.recipe.batchnorm_calibration_samples <= 0 or self.training_stage is None:
             return
         start = time()
@@ -531,7 +599,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
             with self._autocast():
                 self._validation_logits(data.to(self.device, non_blocking=True), network, head)
 
-        layers = recalibrate_batchnorm(modules, self._calibration_batches, forward)
+        with eager_stance():  # a few forwards: not worth graphs of their own
+            layers = recalibrate_batchnorm(modules, self._calibration_batches, forward)
         self.print_to_log_file(f"BatchNorm statistics of {layers} layers re-estimated over "
                                f"{len(self._calibration_batches) * self.batch_size} training samples "
                                f"({'with' if self.recipe.batchnorm_calibration_augmentation else 'without'} augmentation) "
@@ -543,6 +612,14 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         the network's final logits), under ``_autocast`` (fp32 under bf16 autocast), and deep supervision
         is off (one full-resolution output, as ``_get_deep_supervision_scales`` gives one target), so
         nnU-Net's loss, pseudo Dice and ignore-label handling apply to them unchanged."""
+        with self._timed_first_step("validation"):
+            try:
+                return self._validation_step(batch)
+            except Exception as error:  # a compile error: once, then eagerly (``_continue_eagerly``)
+                self._continue_eagerly(error)
+                return self._validation_step(batch)
+
+    def _validation_step(self, batch: dict) -> dict:
         network, head = self.network, self.stage1_head
 
         def stage_logits(data: Tensor) -> Tensor:

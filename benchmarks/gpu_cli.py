@@ -1,0 +1,247 @@
+"""nnU-Net's own commands with Med-DisSeg on one CUDA GPU: the main command end to end, and seconds per epoch.
+
+``python benchmarks/gpu_cli.py --kvasir PATH/Kvasir-SEG [--size 256] [--cases 40 8 10] [--work DIR] [--out DIR]
+[--budget-s 900] [--parts main epochs]``
+
+On the first ``--cases`` train / validation / test cases of the shipped Kvasir-SEG split, resized to ``--size``
+by ``nnUNetv2_meddisseg_convert``:
+
+1. ``main``: ``nnUNetv2_plan_and_preprocess``, ``nnUNetv2_meddisseg_plan`` (its batch measured on this GPU),
+   ``nnUNetv2_train -tr nnUNetTrainerMedDisSeg_smoke`` as nnU-Net runs it by default (torch.compile on), then
+   ``nnUNetv2_predict`` and ``nnUNetv2_meddisseg_evaluate`` on the test cases. ``completed_through_predict`` is
+   true only when the prediction wrote every test case after the compiled training; ``compile_s`` holds the
+   first epoch of each stage minus a warm epoch of the same stage (compilation of that stage's graphs), and
+   ``peak_memory_gib`` the training's peak GPU memory against the plan's target.
+2. ``epochs``: seconds per 50-iteration epoch, Stage I and Stage II of ``nnUNetTrainerMedDisSeg`` (fp16 with
+   nnU-Net's GradScaler, and bf16 with ``nnUNet_meddisseg_bf16=1``; eager, and compiled where the time left
+   allows) beside default nnU-Net (``nnUNetTrainerBaseline``, nnU-Net's own plans): each from nnU-Net's
+   ``Epoch time`` log lines, the last epoch of each stage (the first of a stage includes its warm-up).
+
+Results: ``OUT/gpu_cli_<device>.json`` and ``.md``, rewritten after every command; the logs of every command
+under ``WORK/logs``. Each command is stopped at the time left (``--budget-s``).
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO / "benchmarks" / "results"
+DATASET_ID = 990
+ITERATIONS = 50
+#: console command -> its entry point (run as ``python -c``, so that a checkout works without installing)
+ENTRY_POINTS = {
+    "nnUNetv2_plan_and_preprocess": "nnunetv2.experiment_planning.plan_and_preprocess_entrypoints:plan_and_preprocess_entry",
+    "nnUNetv2_train": "nnunetv2.run.run_training:run_training_entry",
+    "nnUNetv2_predict": "nnunetv2.inference.predict_from_raw_data:predict_entry_point",
+    "nnUNetv2_meddisseg_convert": "nnunetv2_meddisseg.datasets.convert:main",
+    "nnUNetv2_meddisseg_plan": "nnunetv2_meddisseg.planning.plan_meddisseg:main",
+    "nnUNetv2_meddisseg_evaluate": "nnunetv2_meddisseg.evaluation.evaluate:main",
+}
+
+
+def command_line(name: str, args: Sequence[object]) -> List[str]:
+    module, function = ENTRY_POINTS[name].split(":")
+    code = f"import sys; sys.argv[0] = {name!r}; from {module} import {function}; sys.exit({function}())"
+    return [sys.executable, "-c", code, *map(str, args)]
+
+
+class Run:
+    """Commands with logs and a deadline; the results dict rewritten after each."""
+
+    def __init__(self, work: Path, out: Path, budget_s: float) -> None:
+        import torch
+
+        self.device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+        slug = re.sub(r"[^a-z0-9]+", "_", self.device.lower()).strip("_")
+        self.json_path, self.md_path = out / f"gpu_cli_{slug}.json", out / f"gpu_cli_{slug}.md"
+        self.work, self.logs = work, work / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.deadline = time.monotonic() + budget_s
+        self.data: Dict[str, object] = {"device": self.device, "torch": torch.__version__,
+                                        "command": " ".join(["python", *sys.argv]), "completed_through_predict": False,
+                                        "compile_s": {}, "epoch_s": {}, "peak_memory_gib": {}, "commands": []}
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def call(self, label: str, name: str, args: Sequence[object], env: Dict[str, str],
+             limit_s: Optional[float] = None) -> dict:
+        timeout = max(1.0, min(self.left(), limit_s or 1e9))
+        log = self.logs / f"{label}.log"
+        start = time.monotonic()
+        with open(log, "w") as f:
+            process = subprocess.Popen(command_line(name, args), stdout=f, stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True)
+            try:
+                rc = process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, 9)
+                process.wait()
+                rc = "timeout"
+        record = {"label": label, "command": name, "rc": rc, "seconds": round(time.monotonic() - start, 1),
+                  "log": str(log.relative_to(self.work))}
+        self.data["commands"].append(record)
+        print(f"{label}: rc {rc} in {record['seconds']} s", flush=True)
+        self.write()
+        return record
+
+    def write(self) -> None:
+        self.json_path.parent.mkdir(parents=True, exist_ok=True)
+        self.json_path.write_text(json.dumps(self.data, indent=1) + "\n")
+        self.md_path.write_text(markdown(self.data))
+
+
+def markdown(data: dict) -> str:
+    lines = [f"# nnU-Net's commands on {data['device']}", "", f"torch {data['torch']}; `{data['command']}`", "",
+             f"Compiled `nnUNetv2_train` through `nnUNetv2_predict`: **{data['completed_through_predict']}**", ""]
+    if data.get("epoch_s"):
+        lines += ["| run | Stage I s / epoch | Stage II s / epoch |", "|---|---|---|"]
+        for run, figures in data["epoch_s"].items():
+            lines.append(f"| {run} | {figures.get('meddisseg_stage1', figures.get('nnunet', '-'))} | "
+                         f"{figures.get('meddisseg_stage2', '-')} |")
+        lines.append("")
+    for key in ("compile_s", "peak_memory_gib"):
+        if data.get(key):
+            lines += [f"| {key} | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in data[key].items()] + [""]
+    lines += ["| command | rc | seconds |", "|---|---|---|"]
+    lines += [f"| {c['label']} | {c['rc']} | {c['seconds']} |" for c in data["commands"]]
+    return "\n".join(lines) + "\n"
+
+
+def epoch_times(log_text: str) -> List[float]:
+    """nnU-Net's ``Epoch time: X s`` values of one training log, in order."""
+    return [float(t) for t in re.findall(r"Epoch time: ([0-9.]+) s", log_text)]
+
+
+def training_log(results: Path, trainer: str) -> str:
+    logs = sorted(results.rglob(f"{trainer}__*/fold_0/training_log_*.txt"))
+    return logs[-1].read_text(errors="replace") if logs else ""
+
+
+def write_split(target: Path, counts: Sequence[int]) -> dict:
+    shipped = json.loads((REPO / "nnunetv2_meddisseg" / "datasets" / "splits" / "kvasir_seg.json").read_text())
+    split = {"description": "the first cases of each part of the shipped Kvasir-SEG split",
+             **{key: shipped[key][:n] for key, n in zip(("train", "val", "test"), counts)}}
+    target.write_text(json.dumps(split, indent=1) + "\n")
+    return split
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--kvasir", type=Path, required=True, help="Kvasir-SEG folder (images/, masks/)")
+    parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--cases", type=int, nargs=3, default=(40, 8, 10), metavar=("TRAIN", "VAL", "TEST"))
+    parser.add_argument("--work", type=Path, default=Path("gpu_cli_work"))
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--budget-s", type=float, default=900.0)
+    parser.add_argument("--parts", nargs="+", choices=("main", "epochs"), default=("main", "epochs"))
+    parser.add_argument("--device", default="cuda", help="-device of nnUNetv2_train / nnUNetv2_predict")
+    args = parser.parse_args(argv)
+    from nnunetv2_meddisseg.nnunet_env import nnunet_environment, planning_environment
+
+    work = args.work.resolve()
+    run = Run(work, args.out, args.budget_s)
+    env = nnunet_environment(work)
+    env.pop("nnUNet_compile", None)  # nnU-Net's default: compile on a GPU
+    d, processes = str(DATASET_ID), str(min(8, os.cpu_count() or 1))
+    split = write_split(work / "split.json", args.cases)
+    run.data["cases"] = {k: len(v) for k, v in split.items() if isinstance(v, list)}
+    run.data["size"] = args.size
+    steps = [("convert", "nnUNetv2_meddisseg_convert", ["kvasir-seg", args.kvasir, "-d", d, "--resize", args.size,
+                                                         "--split-file", work / "split.json", "--overwrite", "-np",
+                                                         processes], env),
+             ("plan_and_preprocess", "nnUNetv2_plan_and_preprocess", ["-d", d, "-c", "2d", "-np", processes, "-npfp",
+                                                                      processes], planning_environment(env)),
+             ("meddisseg_plan", "nnUNetv2_meddisseg_plan", ["-d", d], env)]
+    for label, name, command_args, step_env in steps:
+        if run.call(label, name, command_args, step_env)["rc"] != 0:
+            return 1
+    preprocessed = next(Path(env["nnUNet_preprocessed"]).glob(f"Dataset{DATASET_ID}_*"))
+    config = json.loads((preprocessed / "nnUNetMedDisSegPlans.json").read_text())["configurations"]["2d"]
+    run.data["plan"] = {"batch_size": config["batch_size"], "batch_size_source": config.get("batch_size_source")}
+    raw = next(Path(env["nnUNet_raw"]).glob(f"Dataset{DATASET_ID}_*"))
+    results = Path(env["nnUNet_results"])
+
+    if "main" in args.parts:
+        trainer = "nnUNetTrainerMedDisSeg_smoke"
+        train = run.call("main_train", "nnUNetv2_train", [d, "2d", "0", "-tr", trainer, "-p", "nnUNetMedDisSegPlans",
+                                                          "-device", args.device], env)
+        text = training_log(results, trainer)
+        run.data["main_training"] = {"compiled": "torch.compile" in text and "torch.compile failed" not in text,
+                                     "epoch_s": epoch_times(text), "rc": train["rc"]}
+        memory = re.findall(r"peak GPU memory ([0-9.]+) GiB", text)
+        if memory:
+            run.data["peak_memory_gib"]["main_training"] = max(map(float, memory))
+        for kind, stage, seconds in re.findall(r"first (training|validation) step of Stage (I+): ([0-9.]+) s", text):
+            run.data["compile_s"][f"stage{len(stage)}_{kind}_first_step"] = float(seconds)
+        if train["rc"] == 0:
+            predictions = work / "predictions"
+            predict = run.call("main_predict", "nnUNetv2_predict", [
+                "-i", raw / "imagesTs", "-o", predictions, "-d", d, "-c", "2d", "-f", "0", "-tr", trainer, "-p",
+                "nnUNetMedDisSegPlans", "-device", args.device], env)
+            written = sorted(predictions.glob("*.png")) if predictions.is_dir() else []
+            run.data["predicted_cases"] = len(written)
+            run.data["completed_through_predict"] = (predict["rc"] == 0 and run.data["main_training"]["compiled"]
+                                                     and len(written) == len(split["test"]))
+            if predict["rc"] == 0:
+                run.call("main_evaluate", "nnUNetv2_meddisseg_evaluate", [
+                    "-ref", raw / "labelsTs", "-pred", predictions, "-o", work / "evaluation.json"], env)
+                if (work / "evaluation.json").is_file():
+                    run.data["main_evaluation"] = json.loads((work / "evaluation.json").read_text())
+        run.write()
+
+    if "epochs" in args.parts:
+        meddisseg = {"num_epochs": 3, "stage1_epochs": 1, "iterations_per_epoch": ITERATIONS,
+                     "val_iterations_per_epoch": 2, "final_validation": False, "save_every": 1000}
+        baseline = {"num_epochs": 2, "iterations_per_epoch": ITERATIONS, "val_iterations_per_epoch": 2,
+                    "final_validation": False}
+        for key, recipe in (("meddisseg", meddisseg), ("baseline", baseline)):
+            (work / f"epochs_{key}.json").write_text(json.dumps(recipe))
+        arms = [("meddisseg_fp16_eager", "nnUNetTrainerMedDisSeg", "nnUNetMedDisSegPlans", {"nnUNet_compile": "f"}),
+                ("meddisseg_bf16_eager", "nnUNetTrainerMedDisSeg", "nnUNetMedDisSegPlans",
+                 {"nnUNet_compile": "f", "nnUNet_meddisseg_bf16": "1"}),
+                ("nnunet_fp16_eager", "nnUNetTrainerBaseline", "nnUNetPlans", {"nnUNet_compile": "f"}),
+                ("meddisseg_bf16_compiled", "nnUNetTrainerMedDisSeg", "nnUNetMedDisSegPlans",
+                 {"nnUNet_compile": "t", "nnUNet_meddisseg_bf16": "1"}),
+                ("nnunet_fp16_compiled", "nnUNetTrainerBaseline", "nnUNetPlans", {"nnUNet_compile": "t"})]
+        for label, trainer, plans, extra in arms:
+            if run.left() < 60:
+                run.data.setdefault("skipped", []).append(label)
+                continue
+            key = "meddisseg" if "MedDisSeg" in trainer else "baseline"
+            arm_env = {**env, **extra, "nnUNet_meddisseg_recipe": str(work / f"epochs_{key}.json")}
+            arm_results = work / "results_epochs" / label
+            arm_env["nnUNet_results"] = str(arm_results)
+            call = run.call(f"epochs_{label}", "nnUNetv2_train", [d, "2d", "0", "-tr", trainer, "-p", plans, "-device",
+                                                                   args.device], arm_env)
+            text = training_log(arm_results, trainer)
+            times = epoch_times(text)
+            figures: Dict[str, object] = {"all": times, "rc": call["rc"]}
+            memory = re.findall(r"peak GPU memory ([0-9.]+) GiB", text)
+            if memory:
+                run.data["peak_memory_gib"][label] = max(map(float, memory))
+            if key == "meddisseg" and len(times) >= 3:
+                figures.update(meddisseg_stage1=times[0], meddisseg_stage2=times[2])
+                if "compiled" in label:
+                    run.data["compile_s"][f"{label}_stage2_first_epoch_minus_warm"] = round(times[1] - times[2], 1)
+            elif key == "baseline" and len(times) >= 2:
+                figures.update(nnunet=times[1], nnunet_images_per_s=round(ITERATIONS * _batch(preprocessed) / times[1], 1))
+            run.data["epoch_s"][label] = figures
+            run.write()
+    run.write()
+    print(f"wrote {run.json_path} and {run.md_path}")
+    return 0
+
+
+def _batch(preprocessed: Path) -> int:
+    return int(json.loads((preprocessed / "nnUNetPlans.json").read_text())["configurations"]["2d"]["batch_size"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""TeLU as one Triton kernel on CUDA: one pass over memory where PyTorch's operations take several.
+
+:func:`telu_triton` computes TeLU(x) = x * tanh(exp(x)) and, for training, its slope (the only tensor the
+backward needs) in one read of x and one or two writes, in fp32 whatever x's dtype (fp32 / fp16 / bf16),
+with the exponent clamped at :data:`~nnunetv2_meddisseg.blocks.activation` ``_TELU_BACKWARD_CLAMP`` exactly
+as the PyTorch form (values equal, slope zero-safe in fp16). :func:`telu_triton_available` says where it
+runs: CUDA tensors with Triton installed, dense in memory (any memory format), outside ``torch.compile``
+(which fuses the PyTorch form itself); and CPU tensors under ``TRITON_INTERPRET=1``, which the tests use.
+"""
+import os
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the package works without Triton: the PyTorch form runs everywhere then
+    triton = None
+
+__all__ = ["telu_triton", "telu_triton_available"]
+
+_BLOCK = 1024
+#: where TeLU's slope is exactly 1 (tanh(exp(4)) rounds to 1 in every float dtype); see ``activation``
+_CLAMP = 4.0
+
+if triton is not None:
+    @triton.jit
+    def _telu_kernel(x_ptr, y_ptr, slope_ptr, n, WITH_SLOPE: tl.constexpr, CLAMP: tl.constexpr,
+                     BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < n
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        xc = tl.minimum(x, CLAMP)
+        e = tl.exp(xc)
+        t = 1.0 - 2.0 / (tl.exp(2.0 * tl.minimum(e, 20.0)) + 1.0)  # tanh(e), e > 0 (exactly 1 in fp32 from e ~ 9)
+        tl.store(y_ptr + offsets, (x * t).to(y_ptr.dtype.element_ty), mask=mask)
+        if WITH_SLOPE:
+            slope = t + xc * (1.0 - t * t) * e
+            tl.store(slope_ptr + offsets, slope.to(slope_ptr.dtype.element_ty), mask=mask)
+
+
+def _dense(x: Tensor) -> bool:
+    return x.is_contiguous() or (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last))
+
+
+def telu_triton_available(x: Tensor) -> bool:
+    """Whether :func:`telu_triton` runs for ``x`` (see the module docstring)."""
+    if triton is None or not _dense(x) or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return False
+    if torch.compiler.is_compiling():
+        return False
+    return x.is_cuda or (x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def telu_triton(x: Tensor, with_slope: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+    """(TeLU(x), its slope or None): same shape, dtype and memory format as x (dense: any memory format)."""
+    y = torch.empty_like(x)
+    slope = torch.empty_like(x) if with_slope else y
+    n = x.numel()
+    if n:
+        _telu_kernel[(triton.cdiv(n, _BLOCK),)](x, y, slope, n, WITH_SLOPE=with_slope, CLAMP=_CLAMP, BLOCK=_BLOCK)
+    return y, (slope if with_slope else None)

@@ -1,0 +1,93 @@
+"""Training memory of Med-DisSeg on a CUDA GPU, measured, for the plan command's batch size.
+
+:func:`measure_training_memory` runs Stage II training steps (the network as planned, deep supervision, the
+trainer's Stage II loss with its dispersive term, Adam) at two batch sizes on the GPU, in the precision
+training will use (fp16 autocast, or bf16 with ``nnUNet_meddisseg_bf16``), and reads the peak of
+``torch.cuda.max_memory_allocated`` of each: their difference per sample is the memory a sample costs, the
+rest is what any batch costs (weights, gradients, Adam's moments, workspaces).
+:func:`batch_size_for_memory` turns that line into the largest batch under a memory target.
+"""
+import math
+from typing import NamedTuple, Optional, Sequence
+
+__all__ = ["MemoryLine", "measure_training_memory", "batch_size_for_memory", "GIB"]
+
+GIB = 1024 ** 3
+
+
+class MemoryLine(NamedTuple):
+    """Peak training memory = ``static_bytes + per_sample_bytes * batch`` on ``device``."""
+
+    per_sample_bytes: float
+    static_bytes: float
+    device: str
+    precision: str
+    batches: Sequence[int]
+    peaks_bytes: Sequence[int]
+
+    def peak_bytes(self, batch: int) -> float:
+        return self.static_bytes + self.per_sample_bytes * batch
+
+    def describe(self) -> str:
+        peaks = ", ".join(f"{p / GIB:.2f} GiB at batch {b}" for b, p in zip(self.batches, self.peaks_bytes))
+        return f"measured on {self.device} ({self.precision} training step: {peaks})"
+
+
+def batch_size_for_memory(line: MemoryLine, memory_target_gb: float, min_batch_size: int = 2,
+                          max_batch_size: Optional[int] = None) -> int:
+    """Largest batch whose peak (``line``) stays within ``memory_target_gb`` GiB, clipped to
+    ``[min_batch_size, max_batch_size]``."""
+    fitting = math.floor((memory_target_gb * GIB - line.static_bytes) / max(line.per_sample_bytes, 1.0))
+    batch = max(fitting, min_batch_size)
+    if max_batch_size is not None:
+        batch = max(min(batch, max_batch_size), min_batch_size)
+    return int(batch)
+
+
+def measure_training_memory(patch_size: Sequence[int], arch_kwargs: dict, num_input_channels: int = 3,
+                            num_classes: int = 2, batches: Sequence[int] = (2, 4), device: str = "cuda") -> MemoryLine:
+    """Peak memory of two Stage II training steps per batch in ``batches`` (the second step holds Adam's
+    moments), fitted to a line (see the module docstring). Needs a CUDA device."""
+    import torch
+    from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
+
+    from nnunetv2_meddisseg.plans_entry import architecture_entry
+    from nnunetv2_meddisseg.training.base import bf16_training_requested
+    from nnunetv2_meddisseg.training.recipes import RECIPES
+    from nnunetv2_meddisseg.training.stage2_loss import Stage2Weights, dispersive_from_recipe, segmentation_loss, stage2_loss
+
+    dev = torch.device(device)
+    entry = architecture_entry(**{k: v for k, v in arch_kwargs.items() if k != "encoder_weights"})
+    dtype = torch.bfloat16 if bf16_training_requested() else torch.float16
+    recipe = RECIPES["MedDisSeg"]
+    seg, dispersive = segmentation_loss(batch_dice=True), dispersive_from_recipe(recipe)
+    weights = Stage2Weights.from_recipe(recipe)
+    peaks = []
+    for batch in batches:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
+        net = get_network_from_plans(entry["network_class_name"], dict(entry["arch_kwargs"]),
+                                     entry["_kw_requires_import"], num_input_channels, num_classes, allow_init=True,
+                                     deep_supervision=True).to(dev).train()
+        optimizer = torch.optim.Adam(net.parameters(), lr=1e-4, fused=True)
+        scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
+        x = torch.randn(batch, num_input_channels, *patch_size, device=dev)
+        target = (torch.rand(batch, 1, *patch_size, device=dev) > 0.5).float()
+        for _ in range(2):
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=dtype):
+                loss = stage2_loss(net(x), target, seg, dispersive, weights)[0]
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                optimizer.step()
+        torch.cuda.synchronize(dev)
+        peaks.append(int(torch.cuda.max_memory_allocated(dev)))
+        del net, optimizer, x, target, loss
+    torch.cuda.empty_cache()
+    per_sample = (peaks[-1] - peaks[0]) / (batches[-1] - batches[0])
+    return MemoryLine(per_sample, peaks[0] - per_sample * batches[0], torch.cuda.get_device_name(dev),
+                      "bf16" if dtype == torch.bfloat16 else "fp16", tuple(batches), tuple(peaks))

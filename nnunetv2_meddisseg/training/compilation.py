@@ -1,0 +1,104 @@
+"""Regional ``torch.compile`` for the trainers: each block compiled on its own, static shapes, and a way back.
+
+nnU-Net compiles the whole network (``torch.compile(self.network)``) where ``_do_i_compile`` says so. For
+Med-DisSeg that one graph is large (a ResNet-50 encoder, attention, four aggregation levels, three
+decoders), and the two training stages, validation and the final validation each trace it again.
+:func:`compile_regions` compiles the network's blocks instead (``nn.Module.compile``: the module keeps its
+class and state-dict keys, no ``_orig_mod``). A block that occurs several times with the same shapes (the
+ResNet bottlenecks of one layer) traces to the same graph, which inductor's graph cache compiles once.
+
+Shapes are static (``dynamic=False``): the batch is fixed within a stage (Stage I runs a doubled batch of
+clean and perturbed views, Stage II the plans' batch), so each (stage, mode) gets one graph per block and a
+batch change compiles a new static graph instead of a slower symbolic one.
+
+:func:`is_compile_error` recognises the errors that compilation raises (in dynamo, AOT autograd or the
+backend); the trainer then calls :func:`uncompile_regions` and repeats the step eagerly.
+"""
+import contextlib
+from typing import Callable, ContextManager, Iterable, List, Optional, Union
+
+import torch
+from torch import nn
+
+__all__ = ["COMPILE_RECOMPILE_LIMIT", "compile_error_summary", "compile_regions", "eager_stance", "compiled_regions", "uncompile_regions", "is_compile_error",
+           "region_modules"]
+
+#: graphs a compiled block may hold: (Stage I, Stage II) x (training, validation, BatchNorm re-estimation,
+#: final validation) with their batch sizes; dynamo's default limit (8) would fall back to eager silently
+COMPILE_RECOMPILE_LIMIT = 32
+
+
+def region_modules(network: nn.Module) -> List[nn.Module]:
+    """The blocks :func:`compile_regions` compiles: ``network.compile_regions()`` where the network defines
+    it, else its direct children with parameters (``nn.ModuleList`` / ``nn.Sequential`` items one by one)."""
+    regions = getattr(network, "compile_regions", None)
+    if callable(regions):
+        return list(regions())
+    found: List[nn.Module] = []
+    for child in network.children():
+        items: Iterable[nn.Module] = child if isinstance(child, (nn.ModuleList, nn.Sequential)) else [child]
+        found.extend(m for m in items if any(True for _ in m.parameters()))
+    return found
+
+
+def compile_regions(network: nn.Module, backend: Union[str, Callable] = "inductor",
+                    mode: Optional[str] = None) -> List[nn.Module]:
+    """Compile each block of ``network`` in place (:func:`region_modules`), static shapes; returns the blocks.
+
+    Nothing is traced until the first forward: errors of compilation surface there
+    (:func:`is_compile_error`)."""
+    limit_name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+    if getattr(torch._dynamo.config, limit_name) < COMPILE_RECOMPILE_LIMIT:
+        setattr(torch._dynamo.config, limit_name, COMPILE_RECOMPILE_LIMIT)
+    modules = region_modules(network)
+    for module in modules:
+        module.compile(backend=backend, mode=mode, dynamic=False)
+    return modules
+
+
+def compiled_regions(network: nn.Module) -> List[nn.Module]:
+    """The submodules of ``network`` that ``nn.Module.compile`` compiled."""
+    return [m for m in network.modules() if getattr(m, "_compiled_call_impl", None) is not None]
+
+
+def uncompile_regions(network: nn.Module) -> int:
+    """Undo :func:`compile_regions` on ``network`` (every compiled submodule runs eagerly again) and drop
+    dynamo's caches; returns the number of blocks that were compiled."""
+    modules = compiled_regions(network)
+    for module in modules:
+        module._compiled_call_impl = None
+    torch._dynamo.reset()
+    return len(modules)
+
+
+def is_compile_error(error: BaseException) -> bool:
+    """Whether ``error`` was raised by torch.compile's machinery (dynamo, AOT autograd, inductor or another
+    backend) rather than by the model's own code."""
+    from torch._dynamo import exc as dynamo_exc
+
+    if isinstance(error, (dynamo_exc.TorchDynamoException, dynamo_exc.BackendCompilerFailed)):
+        return True
+    module = type(error).__module__ or ""
+    return module.startswith(("torch._dynamo", "torch._inductor", "torch._functorch", "torch.fx", "triton"))
+
+
+def eager_stance() -> ContextManager:
+    """Within the block, compiled modules run their eager code and compile nothing
+    (``torch.compiler.set_stance("force_eager")``)."""
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
+
+
+def compile_error_summary(error: BaseException, limit: int = 300) -> str:
+    """``Type: first line`` of the innermost error that ``error`` wraps (a backend's own error inside dynamo's
+    ``BackendCompilerFailed``), for one line of a log."""
+    seen = set()
+    while id(error) not in seen:
+        seen.add(id(error))
+        inner = getattr(error, "inner_exception", None) or error.__cause__
+        if inner is None:
+            break
+        error = inner
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(error).__name__}: {first[:limit]}" if first else type(error).__name__
