@@ -19,8 +19,9 @@ centred outside the image contribute nothing). The two ops compute these two ste
 Both take any memory layout (the strides go into the kernels); outputs of the shape of an input have
 that input's layout (``torch.empty_like``), D is allocated contiguous. Triton is imported on the first
 kernel launch, so this module imports where Triton is missing (:func:`fused_cdfa_available` says
-whether the ops can run on a tensor). With ``TRITON_INTERPRET=1`` the kernels run on CPU tensors
-through Triton's interpreter (slow: for tests).
+whether the ops can run on a tensor). With ``TRITON_INTERPRET=1`` in the environment before Triton is
+first imported in the process (Triton fixes its own library functions then), the kernels run on CPU
+tensors through Triton's interpreter (slow: for tests).
 """
 import functools
 import importlib.util
@@ -58,9 +59,8 @@ def _new_output(like: Tensor, shape: Optional[Sequence[int]] = None, dtype: Opti
 
 
 @functools.lru_cache(maxsize=None)
-def _kernels(interpreted: bool) -> Tuple[Callable, ...]:
-    """The Triton kernels, defined on first use (``interpreted``: under ``TRITON_INTERPRET``, which Triton reads
-    when a kernel is defined). Offsets d are indexed ``(dy + k - 1) * (2k - 1) + (dx + k - 1)``."""
+def _kernels() -> Tuple[Callable, ...]:
+    """The Triton kernels, defined on first use. Offsets d are indexed ``(dy + k - 1) * (2k - 1) + (dx + k - 1)``."""
     import triton
     import triton.language as tl
 
@@ -214,7 +214,7 @@ def _kernels(interpreted: bool) -> Tuple[Callable, ...]:
 
 
 def _kernel(index: int) -> Callable:
-    return _kernels(_interpreted())[index]
+    return _kernels()[index]
 
 
 def _cdiv(a: int, b: int) -> int:
