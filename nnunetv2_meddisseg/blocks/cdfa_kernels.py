@@ -23,6 +23,7 @@ whether the ops can run on a tensor). With ``TRITON_INTERPRET=1`` in the environ
 first imported in the process (Triton fixes its own library functions then), the kernels run on CPU
 tensors through Triton's interpreter (slow: for tests).
 """
+import contextlib
 import functools
 import importlib.util
 import os
@@ -217,6 +218,11 @@ def _kernel(index: int) -> Callable:
     return _kernels()[index]
 
 
+def _on_device(t: Tensor) -> contextlib.AbstractContextManager:
+    """Launches on ``t``'s CUDA device (Triton launches on the current one)."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -229,11 +235,6 @@ def _next_power_of_2(n: int) -> int:
 _BLOCK_P = 64
 #: channels per program at most (a head's channels; more are split over programs / loop iterations)
 _MAX_BLOCK_C = 64
-
-
-def _offset_strides(d: Tensor) -> Tuple[int, ...]:
-    """(B, heads, S*S, H, W) strides of D."""
-    return tuple(d.stride())
 
 
 def _check_dtype(name: str, t: Tensor) -> None:
@@ -251,8 +252,9 @@ def _window_offset_weights(logits: Tensor, scale: float, num_heads: int, kernel_
     out = _new_output(logits, (b, num_heads, span * span, h, w), torch.float32)
     if out.numel():
         grid = (_cdiv(h * w, _BLOCK_P), b * num_heads)
-        _kernel(0)[grid](logits, out, float(scale), h, w, *logits.stride(), *_offset_strides(out),
-                         HEADS=num_heads, K=kernel_size, BLOCK_P=_BLOCK_P, BLOCK_D=_next_power_of_2(span * span))
+        with _on_device(logits):
+            _kernel(0)[grid](logits, out, float(scale), h, w, *logits.stride(), *out.stride(),
+                             HEADS=num_heads, K=kernel_size, BLOCK_P=_BLOCK_P, BLOCK_D=_next_power_of_2(span * span))
     return out
 
 
@@ -269,9 +271,10 @@ def _window_offset_weights_backward(grad: Tensor, logits: Tensor, scale: float, 
     out = _new_output(logits)
     if out.numel():
         grid = (_cdiv(h * w, _BLOCK_P), b * num_heads)
-        _kernel(1)[grid](logits, grad, out, float(scale), h, w, *logits.stride(), *_offset_strides(grad),
-                         *out.stride(), HEADS=num_heads, K=kernel_size, BLOCK_P=_BLOCK_P,
-                         BLOCK_J=_next_power_of_2(kernel_size ** 2))
+        with _on_device(logits):
+            _kernel(1)[grid](logits, grad, out, float(scale), h, w, *logits.stride(), *grad.stride(), *out.stride(),
+                             HEADS=num_heads, K=kernel_size, BLOCK_P=_BLOCK_P,
+                             BLOCK_J=_next_power_of_2(kernel_size ** 2))
     return out
 
 
@@ -319,8 +322,9 @@ def _aggregate_launch(values: Tensor, weights: Tensor, out: Tensor, transposed: 
     head_dim = c // heads
     block_c = min(_next_power_of_2(head_dim), _MAX_BLOCK_C)
     grid = (_cdiv(h * w, _BLOCK_P), b * heads, _cdiv(head_dim, block_c))
-    _kernel(2)[grid](values, weights, out, h, w, head_dim, *values.stride(), *_offset_strides(weights), *out.stride(),
-                     HEADS=heads, S=span, TRANSPOSED=transposed, BLOCK_P=_BLOCK_P, BLOCK_C=block_c)
+    with _on_device(values):
+        _kernel(2)[grid](values, weights, out, h, w, head_dim, *values.stride(), *weights.stride(), *out.stride(),
+                         HEADS=heads, S=span, TRANSPOSED=transposed, BLOCK_P=_BLOCK_P, BLOCK_C=block_c)
 
 
 @torch.library.custom_op("meddisseg::offset_aggregate", mutates_args=())
@@ -347,9 +351,10 @@ def _offset_aggregate_backward(grad: Tensor, values: Tensor, weights: Tensor) ->
         head_dim = c // heads
         block_c = min(_next_power_of_2(head_dim), _MAX_BLOCK_C)
         grid = (_cdiv(h * w, _BLOCK_P), b * heads)
-        _kernel(3)[grid](grad, values, grad_weights, h, w, head_dim, *grad.stride(), *values.stride(),
-                         *_offset_strides(grad_weights), HEADS=heads, S=span, BLOCK_P=_BLOCK_P, BLOCK_C=block_c,
-                         ONE_BLOCK=block_c >= head_dim)
+        with _on_device(values):
+            _kernel(3)[grid](grad, values, grad_weights, h, w, head_dim, *grad.stride(), *values.stride(),
+                             *grad_weights.stride(), HEADS=heads, S=span, BLOCK_P=_BLOCK_P, BLOCK_C=block_c,
+                             ONE_BLOCK=block_c >= head_dim)
     elif grad_weights.numel():
         grad_weights.zero_()
     return grad_values, grad_weights
