@@ -41,7 +41,7 @@ _TRUE = ("1", "true", "yes", "on", "y")
 
 
 def _interpreted() -> bool:
-    """Whether Triton kernels defined now run in Triton's interpreter (``TRITON_INTERPRET``)."""
+    """Whether ``TRITON_INTERPRET`` asks for Triton's interpreter (kernels on any device's tensors)."""
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in _TRUE
 
 
