@@ -24,7 +24,7 @@ from nnunetv2_meddisseg.blocks.device_forms import FORMS, forced_form, implement
 
 HERE = Path(__file__).resolve().parent
 REPOSITORY = HERE.parents[1]
-#: seconds the subprocess may take for all checks (about 30 s idle on 2 CPU cores)
+#: seconds the subprocess may take for all checks (they take under a minute of CPU time)
 CHECKS_TIMEOUT = 600
 
 
