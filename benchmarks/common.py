@@ -176,7 +176,7 @@ def use_reference_implementations(net: nn.Module) -> nn.Module:
 
 def use_previous_implementations(net: nn.Module) -> nn.Module:
     """Switch the blocks of ``net`` (in place) back to their implementations before the launch-count
-    reduction: CDFA's shifted-view window attention on every device (the block's CPU form), each
+    reduction: CDFA's shifted-view window attention on every device (the block's shifted form), each
     enhancement branch with its own channel attention, one MLP pass per pooling in every channel
     attention, TeLU's longer backward, the guidance pyramid's, the decoupling's and the auxiliary heads'
     branches each on its own. Same parameters (the separate branches get copies of the merged blocks'
@@ -190,13 +190,13 @@ def use_previous_implementations(net: nn.Module) -> nn.Module:
     from reference_impls import (PreviousAuxiliaryHeads, PreviousContrastGuidancePyramid, PreviousFeatureDecoupling,
                                  PreviousFeatureEnhancement, previous_channel_attention, previous_of, previous_telu)
 
-    def aggregate_in_cpu_form(module, *args):
-        with forced_form("cpu"):
+    def aggregate_in_shifted_form(module, *args):
+        with forced_form("shifted"):
             return type(module)._aggregate(module, *args)
 
     for m in net.modules():
         if isinstance(m, ContrastDrivenAggregation):
-            m._aggregate = types.MethodType(aggregate_in_cpu_form, m)
+            m._aggregate = types.MethodType(aggregate_in_shifted_form, m)
         elif isinstance(m, ChannelAttention):
             m.attention = types.MethodType(previous_channel_attention, m)
         elif isinstance(m, TeLU):

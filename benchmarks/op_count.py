@@ -22,16 +22,17 @@ stages need it):
   Med-DisSeg and PlainConvUNet;
 - per module: the forward of each part of Med-DisSeg in the Stage II training forward.
 
-Med-DisSeg's blocks choose their implementation by device (see ``blocks/cdfa.py``): on the CPU the
-count is taken with the CUDA form forced (``--form cuda``, the default), which is what a GPU runs;
-``--form cpu`` counts the CPU form. ``--implementations previous`` counts the blocks as they were before
+Med-DisSeg's blocks choose their implementation by device (see ``blocks/device_forms.py``): the
+count is taken with the few-op form forced (``--form few_op``, the default; ``cuda`` is an alias);
+``--form shifted`` (alias ``cpu``) counts the shifted form, ``--form fused`` the Triton kernels (CUDA, or
+``TRITON_INTERPRET=1``). ``--implementations previous`` counts the blocks as they were before
 the launch-count reduction (``common.use_previous_implementations``), ``first`` the first block
 implementations (``common.use_reference_implementations``), both kept in ``tests/blocks/reference_impls.py``.
 
 ``--speed N`` also times, on the CPU, an inference forward at 256x256 and a training step at 128x128
 (batch 2) of the current vs the previous implementations in N alternating rounds (same weights).
 
-Usage: ``python benchmarks/op_count.py [--form cuda|cpu] [--implementations current|previous|first]
+Usage: ``python benchmarks/op_count.py [--form few_op|shifted|fused] [--implementations current|previous|first]
 [--speed N] [--name op_count]``
 """
 import argparse
@@ -353,7 +354,7 @@ def _markdown(payload: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--form", choices=("cuda", "cpu"), default="cuda",
+    p.add_argument("--form", choices=("fused", "shifted", "few_op", "cuda", "cpu"), default="few_op",
                    help="implementation form of the device-dependent blocks to count")
     p.add_argument("--implementations", choices=("current", "previous", "first"), default="current",
                    help="block implementations to count: current, before the launch-count reduction, or the first")

@@ -1,20 +1,27 @@
 """Contrast-driven feature aggregation (CDFA, after ConDSeg) and the guidance pyramid feeding it.
 
-The window attention has two forms with equal results, chosen by device inside the block
-(``blocks.device_forms``):
+The window attention has three forms with equal results up to rounding, chosen by device inside the
+block (``blocks.device_forms``):
 
-- the *CPU form* does not materialise the k x k windows: the weights of all windows that touch a
-  pixel are first summed per displacement between the written pixel and the read pixel
-  (:func:`window_displacement_weights`), then the values are accumulated from (2k-1)^2 shifted views
-  (:func:`displacement_sum`). Both are linear maps with hand-written backward passes. Its hundreds of
-  small in-place operations on views are fast on a CPU (no large intermediates);
-- the *few-op form* (every other device) unfolds the values into their k x k windows, applies each
+- the *fused form* (CUDA with Triton): the identity below computed by two Triton kernels registered as
+  custom ops (``blocks.cdfa_kernels``): logits (B, heads * k^4, H, W) from the 1x1 convolution ->
+  per-offset weights D (B, heads, (2k-1)^2, H, W) (softmax and sum per offset fused) -> the values
+  (B, dim, H, W) summed over the offsets, without any intermediate of k*k times the values' size;
+- the *shifted form* (the CPU, and CUDA without Triton) does not materialise the k x k windows either:
+  the weights of all windows that touch a pixel are first summed per displacement between the written
+  pixel and the read pixel (:func:`window_displacement_weights`), then the values are accumulated from
+  (2k-1)^2 shifted views (:func:`displacement_sum`). Both are linear maps with hand-written backward
+  passes. Its hundreds of small in-place operations on views are fast on a CPU (no large
+  intermediates);
+- the *few-op form* (for benchmarks and tests) unfolds the values into their k x k windows, applies each
   pixel's (k*k, k*k) weights per head in one batched matrix product and folds the windows back
-  (overlaps summed): a dozen operations per attention, where the CPU form issues hundreds, each of
-  which is a kernel launch on a GPU.
+  (overlaps summed): a dozen operations per attention, but k*k copies of the values in memory.
+
+The identity: per head, out(q) = sum_d D_d(q) * v(q + d) over the offsets d in [-(k-1), k-1]^2 (zero
+outside the image), with D_d(q) = sum_{i, j: off_j - off_i = d} A_{q - off_i}[i, j].
 
 The first implementation (unfold -> per-pixel matmul -> fold, with Linear layers on channel-last
-views) lives with the tests (``tests/blocks/reference_impls.py``), which check both forms against it.
+views) lives with the tests (``tests/blocks/reference_impls.py``), which check the forms against it.
 """
 from typing import List, Optional, Sequence, Tuple, Type
 
@@ -25,7 +32,8 @@ from torch.autograd.function import once_differentiable
 
 from nnunetv2_meddisseg.blocks.activation import TeLU
 from nnunetv2_meddisseg.blocks.conv import ConvNormAct, PointwiseLinear, memory_format_of, merge_branch_states
-from nnunetv2_meddisseg.blocks.device_forms import few_op_form
+from nnunetv2_meddisseg.blocks.cdfa_kernels import fused_cdfa_available, offset_aggregate, window_offset_weights
+from nnunetv2_meddisseg.blocks.device_forms import implementation_form
 
 __all__ = [
     "ContrastDrivenAggregation",
@@ -253,10 +261,27 @@ class ContrastDrivenAggregation(nn.Module):
         out = F.fold(out, (h, w), k, padding=k // 2)  # sums the overlapping window contributions
         return self._pointwise(self.proj, out)
 
+    def window_attention_fused(self, values: Tensor, guidance: Tensor, layer: nn.Linear) -> Tensor:
+        """The fused form of ``window_attention(values, window_weights(guidance, layer))``.
+
+        values, guidance: (B, dim, H, W) -> projected (B, dim, H, W). The logits of the 1x1 convolution
+        (B, heads * k^4, H, W) -> per-offset weights (B, heads, (2k-1)^2, H, W) (fp32) -> the values summed
+        over the offsets (B, dim, H, W), each step one Triton kernel (:mod:`blocks.cdfa_kernels`).
+        """
+        logits = self._pointwise(layer, guidance)
+        weights = window_offset_weights(logits, self.scale, self.num_heads, self.kernel_size)
+        return self._pointwise(self.proj, offset_aggregate(values, weights))
+
     def _aggregate(self, x: Tensor, fg: Tensor, bg: Tensor) -> Tensor:
         """Value projection, both window attentions and the first output block (shapes as ``forward``)."""
         v = self._pointwise(self.value, x)
-        if few_op_form(x):
+        form = implementation_form(x)
+        if form == "fused":
+            if not fused_cdfa_available(x):
+                raise RuntimeError("the fused CDFA form needs Triton and CUDA tensors (or TRITON_INTERPRET=1)")
+            x = self.window_attention_fused(v, fg, self.attn_fg)
+            x = self.window_attention_fused(x, bg, self.attn_bg)
+        elif form == "few_op":
             x = self.window_attention_few_ops(v, fg, self.attn_fg)
             x = self.window_attention_few_ops(x, bg, self.attn_bg)
         else:

@@ -1,37 +1,56 @@
-"""Which implementation form a device-dependent block runs.
+"""Which implementation form a device-dependent block (the CDFA window attention) runs.
 
-Some blocks have two forms with equal results: a *few-op* form (a handful of large operations: on a
-GPU every operation is at least one kernel launch, so the launch count, not the arithmetic, bounds
-their speed) and a *CPU* form (many small in-place operations on shifted views: no large
-intermediates, faster on a CPU). A block calls :func:`few_op_form` with its input and runs the
-few-op form on every device but the CPU. :func:`forced_form` overrides the choice (for tests and
-benchmarks that check or count one form on the CPU).
+The forms have equal results up to rounding:
+
+- ``"fused"``: Triton kernels registered as custom ops (``blocks.cdfa_kernels``), what CUDA runs when
+  Triton is installed;
+- ``"shifted"``: many small in-place operations on shifted views (no large intermediates), what the CPU
+  and every device without the fused kernels run;
+- ``"few_op"``: a handful of large operations (unfold, batched matrix product, fold); kept for
+  benchmarks and tests.
+
+A block calls :func:`implementation_form` with its input. :func:`forced_form` overrides the choice
+(for tests and benchmarks that check or count one form on any device). ``"cuda"`` and ``"cpu"`` are
+accepted as aliases of ``"few_op"`` and ``"shifted"``.
 """
 import contextlib
 from typing import Iterator, Optional
 
 from torch import Tensor
 
-__all__ = ["FORMS", "few_op_form", "forced_form"]
+from nnunetv2_meddisseg.blocks.cdfa_kernels import fused_cdfa_available
 
-#: "cuda": the few-op form (what every non-CPU device runs); "cpu": the CPU form
-FORMS = ("cuda", "cpu")
+__all__ = ["FORMS", "ALIASES", "implementation_form", "few_op_form", "forced_form"]
+
+#: the implementation forms
+FORMS = ("fused", "shifted", "few_op")
+#: other accepted names: ``"cuda"`` for the few-op form, ``"cpu"`` for the shifted form
+ALIASES = {"cuda": "few_op", "cpu": "shifted"}
 _forced: Optional[str] = None
 
 
-def few_op_form(x: Tensor) -> bool:
-    """Whether a block given ``x`` runs its few-op form: off the CPU, unless :func:`forced_form` says otherwise."""
+def implementation_form(x: Tensor) -> str:
+    """The form a block given ``x`` runs: the forced one (:func:`forced_form`), else ``"fused"`` for CUDA
+    tensors where the fused kernels are available, ``"shifted"`` otherwise."""
     if _forced is not None:
-        return _forced == "cuda"
-    return x.device.type != "cpu"
+        return _forced
+    return "fused" if x.device.type == "cuda" and fused_cdfa_available(x) else "shifted"
+
+
+def few_op_form(x: Tensor) -> bool:
+    """Whether a block given ``x`` runs its few-op form (only when :func:`forced_form` says so)."""
+    return implementation_form(x) == "few_op"
 
 
 @contextlib.contextmanager
 def forced_form(form: Optional[str]) -> Iterator[None]:
-    """Within the context, every device-dependent block runs ``form`` ("cuda" | "cpu"; None: by device)."""
+    """Within the context, every device-dependent block runs ``form`` (one of :data:`FORMS` or
+    :data:`ALIASES`; None: by device)."""
     global _forced
-    if form is not None and form not in FORMS:
-        raise ValueError(f"unknown implementation form {form!r}: choose one of {list(FORMS)}")
+    if form is not None:
+        if form not in FORMS and form not in ALIASES:
+            raise ValueError(f"unknown implementation form {form!r}: choose one of {list(FORMS) + list(ALIASES)}")
+        form = ALIASES.get(form, form)
     previous, _forced = _forced, form
     try:
         yield

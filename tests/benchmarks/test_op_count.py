@@ -10,7 +10,7 @@ import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
-#: counts of the few-op form (what every non-CPU device runs), measured on the CPU; each pinned within MARGIN
+#: counts of the few-op form (forced), measured on the CPU; each pinned within MARGIN
 STAGE2_STEP_OPS = 3159
 INFERENCE_OPS = 938
 CDFA_INFERENCE_OPS = 63
@@ -57,7 +57,7 @@ def test_stage2_step_count_is_pinned(op_count):
         net.zero_grad(set_to_none=True)
         loss(net(x), target).backward()
 
-    with forced_form("cuda"):
+    with forced_form("few_op"):
         step()
         counted = op_count.count(step).total
     assert _pinned(counted, STAGE2_STEP_OPS), counted
@@ -70,7 +70,7 @@ def test_inference_count_is_pinned_and_far_below_the_previous_implementations(op
 
     net = _network(False).eval()
     x, _ = _inputs()
-    with forced_form("cuda"), torch.no_grad():
+    with forced_form("few_op"), torch.no_grad():
         counter = op_count.count(lambda: net(x), net, ["cdfa.0", "cdfa.3"])
         previous = op_count.count(lambda: use_previous_implementations(net)(x)).total
     assert _pinned(counter.total, INFERENCE_OPS), counter.total

@@ -47,15 +47,15 @@ def _brute_force_cdfa(m, x, fg, bg):
 
 
 def _in_form(form):
-    """The block's forward in one implementation form ("cpu": shifted views, "cuda": few ops)."""
+    """The block's forward in one implementation form ("shifted": shifted views, "few_op": unfold / bmm / fold)."""
     def forward(m, x, fg, bg):
         with forced_form(form):
             return m(x, fg, bg)
     return forward
 
 
-IMPLEMENTATIONS = {"current": _in_form("cpu"), "few_ops": _in_form("cuda"), "first": reference_cdfa_forward}
-FORMS = ("cpu", "cuda")
+IMPLEMENTATIONS = {"current": _in_form("shifted"), "few_ops": _in_form("few_op"), "first": reference_cdfa_forward}
+FORMS = ("shifted", "few_op")
 
 
 @pytest.mark.parametrize(
