@@ -2,7 +2,8 @@
 
 ``python benchmarks/gpu.py [--size 256] [--batch 0] [--repeats 20] [--budget-s 600] [--parts eager compiled] [--out DIR]``
 
-(``--device cpu --size 32 --batch 2 --repeats 1`` rehearses every part on the CPU in a minute: its figures mean nothing.)
+(``--device cpu --size 128 --batch 2 --infer-batch 2 --repeats 1`` rehearses every part on the CPU: its figures mean
+nothing.)
 
 Measured in one process, side by side, with ``torch.backends.cudnn.benchmark = True`` as nnU-Net sets it:
 
@@ -86,8 +87,8 @@ def timed_ms(fn: Callable[[], object]) -> float:
 
 
 def median_ms(fn: Callable[[], object], repeats: int, warmup: int = 3) -> float:
-    """Median milliseconds of ``fn()`` over ``repeats`` calls after ``warmup`` calls."""
-    for _ in range(warmup):
+    """Median milliseconds of ``fn()`` over ``repeats`` calls after ``min(warmup, repeats)`` warm-up calls."""
+    for _ in range(min(warmup, repeats)):
         fn()
     synchronize()
     return statistics.median(timed_ms(fn) for _ in range(repeats))
@@ -211,7 +212,8 @@ def markdown(data: dict) -> str:
     for key in ("eager", "compiled"):
         lines.append(f"| training images/s, {key} | {data.get('train_images_per_s', {}).get(key, '-')} | "
                      f"{data.get('nnunet_train_images_per_s', {}).get(key, '-')} |")
-    for key in ("b4_fp32", "b32_bf16_channels_last", "b32_bf16_channels_last_compiled"):
+    big = data.get("infer_batch", 32)
+    for key in ("b4_fp32", f"b{big}_bf16_channels_last", f"b{big}_bf16_channels_last_compiled"):
         lines.append(f"| inference images/s, {key} | {data.get('infer_images_per_s', {}).get(key, '-')} | "
                      f"{data.get('nnunet_infer_images_per_s', {}).get(key, '-')} |")
     if data.get("forms"):
@@ -223,7 +225,7 @@ def markdown(data: dict) -> str:
         lines += [f"| {k} | {v} |" for k, v in data["compile_s"].items()]
     blocks = data.get("blocks")
     if blocks:
-        lines += ["", f"Batch-32 bf16 inference forward: wall {blocks['wall_ms']} ms, summed kernel time "
+        lines += ["", f"Batch-{big} bf16 inference forward: wall {blocks['wall_ms']} ms, summed kernel time "
                       f"{blocks['kernel_ms']} ms.", "", "| block | CUDA ms |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in blocks["per_block_ms"].items()]
         lines += ["", "| kernel | calls | self CUDA ms |", "|---|---|---|"]
@@ -276,6 +278,7 @@ def main(argv=None) -> int:
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--batch", type=int, default=0, help="training batch; 0: the plan's (8 GB target)")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--infer-batch", type=int, default=32, help="the large inference batch (default 32)")
     parser.add_argument("--budget-s", type=float, default=600.0, help="time for all parts (default: 600)")
     parser.add_argument("--parts", nargs="+", choices=("eager", "compiled"), default=("eager", "compiled"),
                         help="eager: parts 1-4; compiled: part 5 (a later run with --parts compiled adds its figures "
@@ -290,6 +293,7 @@ def main(argv=None) -> int:
         return 2
     torch.backends.cudnn.benchmark = True
     device = torch.device(args.device)
+    from nnunetv2_meddisseg.blocks.cdfa_kernels import fused_cdfa_available
     from nnunetv2_meddisseg.blocks.device_forms import FORMS, forced_form
     from nnunetv2_meddisseg.planning.plan_meddisseg import estimate_batch_size
     from nnunetv2_meddisseg.training.compilation import compile_regions
@@ -298,19 +302,21 @@ def main(argv=None) -> int:
     size, repeats = args.size, args.repeats
     batch = args.batch or estimate_batch_size((size, size), 8.0)
     amp = torch.bfloat16 if precision(device) == "bf16" else torch.float16
+    big = args.infer_batch
     report.put("size", size)
+    report.put("infer_batch", big)
     report.put("train_batch", batch)
     report.put("train_precision", precision(device) + ("_channels_last" if amp == torch.bfloat16 else ""))
 
     def images_per_s(fn, n):
-        return round(n * 1e3 / median_ms(fn, repeats), 1)
+        return round(n * 1e3 / median_ms(fn, repeats), 2)
 
     # 1-2: eager throughput of both networks
     for name, prefix in ((("meddisseg", ""), ("nnunet", "nnunet_")) if "eager" in args.parts else ()):
         net = build(name, deep_supervision=False).to(device).eval()
         report.put(f"{prefix}infer_images_per_s/b4_fp32", images_per_s(inference_call(net, 4, size, None, False, device), 4))
-        report.put(f"{prefix}infer_images_per_s/b32_bf16_channels_last",
-                   images_per_s(inference_call(copy.deepcopy(net), 32, size, torch.bfloat16, True, device), 32))
+        report.put(f"{prefix}infer_images_per_s/b{big}_bf16_channels_last",
+                   images_per_s(inference_call(copy.deepcopy(net), big, size, torch.bfloat16, True, device), big))
         del net
         net = build(name, deep_supervision=True).to(device).train()
         report.put(f"{prefix}train_images_per_s/eager", images_per_s(training_call(net, name, batch, size, amp, device), batch))
@@ -324,6 +330,9 @@ def main(argv=None) -> int:
     # 3: every form of the aggregation block, eager
     reference = None
     for form in (FORMS if "eager" in args.parts else ()):
+        if form == "fused" and not fused_cdfa_available(torch.empty(0, device=device)):
+            report.skip(f"forms/{form}", "needs Triton and a CUDA device")
+            continue
         if report.left() < 60:
             report.skip(f"forms/{form}", "time budget")
             continue
@@ -335,8 +344,8 @@ def main(argv=None) -> int:
             report.put(f"forms/{form}/rel_error_vs_{FORMS[0]}",
                        float((logits - reference).norm() / reference.norm()))
             report.put(f"forms/{form}/b4_fp32", images_per_s(call, 4))
-            report.put(f"forms/{form}/b32_bf16_channels_last",
-                       images_per_s(inference_call(net, 32, size, torch.bfloat16, True, device), 32))
+            report.put(f"forms/{form}/b{big}_bf16_channels_last",
+                       images_per_s(inference_call(net, big, size, torch.bfloat16, True, device), big))
             net = build("meddisseg", deep_supervision=True).to(device).train()
             report.put(f"forms/{form}/train_eager",
                        images_per_s(training_call(net, "meddisseg", batch, size, amp, device), batch))
@@ -348,7 +357,7 @@ def main(argv=None) -> int:
         pass
     elif report.left() > 45:
         net = build("meddisseg", deep_supervision=False).to(device).eval()
-        report.put("blocks", block_profile(net, inference_call(net, 32, size, torch.bfloat16, True, device)))
+        report.put("blocks", block_profile(net, inference_call(net, big, size, torch.bfloat16, True, device)))
         del net
         report.write()
     else:
@@ -356,17 +365,17 @@ def main(argv=None) -> int:
 
     # 5: compiled (the trainer's regional compilation), inference then training, both networks
     for name, prefix in (("meddisseg", ""), ("nnunet", "nnunet_")):
-        if "compiled" not in args.parts or report.left() < 120:
+        if "compiled" not in args.parts or report.left() < 30:
             if "compiled" in args.parts:
                 report.skip(f"{prefix}compiled", "time budget")
             continue
         net = build(name, deep_supervision=False).to(device).eval()
         compile_regions(net)
-        call = inference_call(net, 32, size, torch.bfloat16, True, device)
+        call = inference_call(net, big, size, torch.bfloat16, True, device)
         report.put(f"compile_s/{name}_inference_b32", round(first_call_s(call), 1))
-        report.put(f"{prefix}infer_images_per_s/b32_bf16_channels_last_compiled", images_per_s(call, 32))
+        report.put(f"{prefix}infer_images_per_s/b{big}_bf16_channels_last_compiled", images_per_s(call, big))
         report.write()
-        if report.left() < 90:
+        if report.left() < 30:
             report.skip(f"{prefix}train_compiled", "time budget")
             continue
         net = build(name, deep_supervision=True).to(device).train()

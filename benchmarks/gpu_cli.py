@@ -18,7 +18,9 @@ by ``nnUNetv2_meddisseg_convert``:
    ``Epoch time`` log lines, the last epoch of each stage (the first of a stage includes its warm-up).
 
 Results: ``OUT/gpu_cli_<device>.json`` and ``.md``, rewritten after every command; the logs of every command
-under ``WORK/logs``. Each command is stopped at the time left (``--budget-s``).
+under ``WORK/logs``. Each command is stopped at the time left (``--budget-s``). A later run on the same
+``--work`` folder reuses its dataset and plans and adds its figures to the same results file (e.g.
+``--parts epochs`` after ``--parts main``).
 """
 import argparse
 import json
@@ -66,6 +68,11 @@ class Run:
         self.data: Dict[str, object] = {"device": self.device, "torch": torch.__version__,
                                         "command": " ".join(["python", *sys.argv]), "completed_through_predict": False,
                                         "compile_s": {}, "epoch_s": {}, "peak_memory_gib": {}, "commands": []}
+        if self.json_path.is_file():  # an earlier run on this work folder: its figures stay, this run adds
+            previous = json.loads(self.json_path.read_text())
+            if previous.get("device") == self.device:
+                self.data.update({k: v for k, v in previous.items() if k not in ("command",)})
+                self.data["command"] = f"{previous.get('command')}; {' '.join(['python', *sys.argv])}"
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -142,6 +149,7 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=float, default=900.0)
     parser.add_argument("--parts", nargs="+", choices=("main", "epochs"), default=("main", "epochs"))
     parser.add_argument("--device", default="cuda", help="-device of nnUNetv2_train / nnUNetv2_predict")
+    parser.add_argument("--iterations", type=int, default=ITERATIONS, help="iterations per epoch of the epochs part")
     args = parser.parse_args(argv)
     from nnunetv2_meddisseg.nnunet_env import nnunet_environment, planning_environment
 
@@ -153,13 +161,15 @@ def main(argv=None) -> int:
     split = write_split(work / "split.json", args.cases)
     run.data["cases"] = {k: len(v) for k, v in split.items() if isinstance(v, list)}
     run.data["size"] = args.size
+    run.data["iterations_per_epoch"] = args.iterations
     steps = [("convert", "nnUNetv2_meddisseg_convert", ["kvasir-seg", args.kvasir, "-d", d, "--resize", args.size,
                                                          "--split-file", work / "split.json", "--overwrite", "-np",
                                                          processes], env),
              ("plan_and_preprocess", "nnUNetv2_plan_and_preprocess", ["-d", d, "-c", "2d", "-np", processes, "-npfp",
                                                                       processes], planning_environment(env)),
              ("meddisseg_plan", "nnUNetv2_meddisseg_plan", ["-d", d], env)]
-    for label, name, command_args, step_env in steps:
+    planned = list(Path(env["nnUNet_preprocessed"]).glob(f"Dataset{DATASET_ID}_*/nnUNetMedDisSegPlans.json"))
+    for label, name, command_args, step_env in ([] if planned else steps):  # planned by an earlier run: reused
         if run.call(label, name, command_args, step_env)["rc"] != 0:
             return 1
     preprocessed = next(Path(env["nnUNet_preprocessed"]).glob(f"Dataset{DATASET_ID}_*"))
@@ -193,13 +203,14 @@ def main(argv=None) -> int:
                 run.call("main_evaluate", "nnUNetv2_meddisseg_evaluate", [
                     "-ref", raw / "labelsTs", "-pred", predictions, "-o", work / "evaluation.json"], env)
                 if (work / "evaluation.json").is_file():
-                    run.data["main_evaluation"] = json.loads((work / "evaluation.json").read_text())
+                    summary = json.loads((work / "evaluation.json").read_text())
+                    run.data["main_evaluation"] = {k: summary[k] for k in ("mean", "std") if k in summary}
         run.write()
 
     if "epochs" in args.parts:
-        meddisseg = {"num_epochs": 3, "stage1_epochs": 1, "iterations_per_epoch": ITERATIONS,
+        meddisseg = {"num_epochs": 3, "stage1_epochs": 1, "iterations_per_epoch": args.iterations,
                      "val_iterations_per_epoch": 2, "final_validation": False, "save_every": 1000}
-        baseline = {"num_epochs": 2, "iterations_per_epoch": ITERATIONS, "val_iterations_per_epoch": 2,
+        baseline = {"num_epochs": 2, "iterations_per_epoch": args.iterations, "val_iterations_per_epoch": 2,
                     "final_validation": False}
         for key, recipe in (("meddisseg", meddisseg), ("baseline", baseline)):
             (work / f"epochs_{key}.json").write_text(json.dumps(recipe))
@@ -231,7 +242,8 @@ def main(argv=None) -> int:
                 if "compiled" in label:
                     run.data["compile_s"][f"{label}_stage2_first_epoch_minus_warm"] = round(times[1] - times[2], 1)
             elif key == "baseline" and len(times) >= 2:
-                figures.update(nnunet=times[1], nnunet_images_per_s=round(ITERATIONS * _batch(preprocessed) / times[1], 1))
+                figures.update(nnunet=times[1],
+                               nnunet_images_per_s=round(args.iterations * _batch(preprocessed) / times[1], 1))
             run.data["epoch_s"][label] = figures
             run.write()
     run.write()

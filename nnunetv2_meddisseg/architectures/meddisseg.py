@@ -256,7 +256,8 @@ class MedDisSegNet(nn.Module):
         if self._cpu_bf16_inference(x):
             return self._forward_cpu_bf16(x)
         if x.is_cuda:
-            self._use_channels_last()
+            if not torch.compiler.is_compiling():  # a whole-network compile traces the input's conversion only
+                self._use_channels_last()
             x = x.contiguous(memory_format=torch.channels_last)
         return self._forward(x)
 

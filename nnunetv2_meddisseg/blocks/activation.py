@@ -54,7 +54,8 @@ class _TeLUFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
-        y, slope = telu_triton(x, with_slope=True) if telu_triton_available(x) else _telu_and_slope(x)
+        fast = telu_triton(x, with_slope=True) if telu_triton_available(x) else None
+        y, slope = fast if fast is not None else _telu_and_slope(x)
         ctx.save_for_backward(slope)
         return y
 
@@ -73,9 +74,8 @@ def telu(x: Tensor) -> Tensor:
     """
     if torch.is_grad_enabled() and x.requires_grad:
         return _TeLUFunction.apply(x)
-    if telu_triton_available(x):
-        return telu_triton(x)[0]
-    return _telu_forward(x)
+    fast = telu_triton(x) if telu_triton_available(x) else None
+    return fast[0] if fast is not None else _telu_forward(x)
 
 
 class TeLU(nn.Module):

@@ -33,7 +33,7 @@ from torch.autograd.function import once_differentiable
 from nnunetv2_meddisseg.blocks.activation import TeLU
 from nnunetv2_meddisseg.blocks.conv import ConvNormAct, PointwiseLinear, memory_format_of, merge_branch_states
 from nnunetv2_meddisseg.blocks.cdfa_kernels import fused_cdfa_available, offset_aggregate, window_offset_weights
-from nnunetv2_meddisseg.blocks.device_forms import implementation_form
+from nnunetv2_meddisseg.blocks.device_forms import form_is_forced, give_up_fused, implementation_form
 
 __all__ = [
     "ContrastDrivenAggregation",
@@ -160,6 +160,11 @@ def displacement_sum(values: Tensor, displacement: Tensor) -> Tensor:
     return out.contiguous(memory_format=memory_format_of(values))  # channels-last in, channels-last out
 
 
+def _is_triton_error(error: BaseException) -> bool:
+    """Whether ``error`` comes from Triton (building or launching a kernel)."""
+    return any((type(e).__module__ or "").startswith("triton") for e in (error, error.__cause__) if e is not None)
+
+
 def _fp16_autocast(device_type: str) -> bool:
     """Whether autocast to fp16 is active for ``device_type`` here."""
     return torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.float16
@@ -279,9 +284,15 @@ class ContrastDrivenAggregation(nn.Module):
         if form == "fused":
             if not fused_cdfa_available(x):
                 raise RuntimeError("the fused CDFA form needs Triton and CUDA tensors (or TRITON_INTERPRET=1)")
-            x = self.window_attention_fused(v, fg, self.attn_fg)
-            x = self.window_attention_fused(x, bg, self.attn_bg)
-        elif form == "few_op":
+            try:
+                fused = self.window_attention_fused(v, fg, self.attn_fg)
+                return self.output_convs[0](self.window_attention_fused(fused, bg, self.attn_bg))
+            except Exception as error:  # Triton could not build or launch a kernel here: the shifted form
+                if form_is_forced() or torch.compiler.is_compiling() or not _is_triton_error(error):
+                    raise
+                give_up_fused(f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}")
+                form = "shifted"
+        if form == "few_op":
             x = self.window_attention_few_ops(v, fg, self.attn_fg)
             x = self.window_attention_few_ops(x, bg, self.attn_bg)
         else:

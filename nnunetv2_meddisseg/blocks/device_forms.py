@@ -11,22 +11,26 @@ The forms have equal results up to rounding:
 
 A block calls :func:`implementation_form` with its input. :func:`forced_form` overrides the choice
 (for tests and benchmarks that check or count one form on any device). ``"cuda"`` and ``"cpu"`` are
-accepted as aliases of ``"few_op"`` and ``"shifted"``.
+accepted as aliases of ``"few_op"`` and ``"shifted"``. Where Triton cannot build or run the fused kernels on
+a GPU, :func:`give_up_fused` turns the fused form off for the process, with one warning naming the error.
 """
 import contextlib
+import warnings
 from typing import Iterator, Optional
 
 from torch import Tensor
 
 from nnunetv2_meddisseg.blocks.cdfa_kernels import fused_cdfa_available
 
-__all__ = ["FORMS", "ALIASES", "implementation_form", "few_op_form", "forced_form"]
+__all__ = ["FORMS", "ALIASES", "implementation_form", "few_op_form", "forced_form", "form_is_forced", "give_up_fused"]
 
 #: the implementation forms
 FORMS = ("fused", "shifted", "few_op")
 #: other accepted names: ``"cuda"`` for the few-op form, ``"cpu"`` for the shifted form
 ALIASES = {"cuda": "few_op", "cpu": "shifted"}
 _forced: Optional[str] = None
+#: why the fused form is off for this process (``give_up_fused``), None while it is on
+_fused_failure: Optional[str] = None
 
 
 def implementation_form(x: Tensor) -> str:
@@ -34,7 +38,22 @@ def implementation_form(x: Tensor) -> str:
     tensors where the fused kernels are available, ``"shifted"`` otherwise."""
     if _forced is not None:
         return _forced
-    return "fused" if x.device.type == "cuda" and fused_cdfa_available(x) else "shifted"
+    fused = _fused_failure is None and x.device.type == "cuda" and fused_cdfa_available(x)
+    return "fused" if fused else "shifted"
+
+
+def form_is_forced() -> bool:
+    """Whether :func:`forced_form` chooses the form now."""
+    return _forced is not None
+
+
+def give_up_fused(reason: str) -> None:
+    """Run the shifted form instead of the fused one from now on in this process, warning once with ``reason``."""
+    global _fused_failure
+    if _fused_failure is None:
+        _fused_failure = reason
+        warnings.warn(f"the fused CDFA kernels failed on this GPU ({reason}); Med-DisSeg continues with the "
+                      f"shifted form (same results, slower)", RuntimeWarning, stacklevel=2)
 
 
 def few_op_form(x: Tensor) -> bool:

@@ -6,8 +6,11 @@ with the exponent clamped at :data:`~nnunetv2_meddisseg.blocks.activation` ``_TE
 as the PyTorch form (values equal, slope zero-safe in fp16). :func:`telu_triton_available` says where it
 runs: CUDA tensors with Triton installed, dense in memory (any memory format), outside ``torch.compile``
 (which fuses the PyTorch form itself); and CPU tensors under ``TRITON_INTERPRET=1``, which the tests use.
+Where Triton cannot build or launch the kernel, it is turned off for the process with one warning, and
+:func:`telu_triton` returns None (the caller computes the PyTorch form).
 """
 import os
+import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -22,6 +25,8 @@ except ImportError:  # the package works without Triton: the PyTorch form runs e
 __all__ = ["telu_triton", "telu_triton_available"]
 
 _BLOCK = 1024
+#: why the kernel is off for this process, None while it is on
+_failure: Optional[str] = None
 #: where TeLU's slope is exactly 1 (tanh(exp(4)) rounds to 1 in every float dtype); see ``activation``
 _CLAMP = 4.0
 
@@ -47,18 +52,28 @@ def _dense(x: Tensor) -> bool:
 
 def telu_triton_available(x: Tensor) -> bool:
     """Whether :func:`telu_triton` runs for ``x`` (see the module docstring)."""
-    if triton is None or not _dense(x) or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    if triton is None or _failure is not None or not _dense(x) or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False
     if torch.compiler.is_compiling():
         return False
     return x.is_cuda or (x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
 
 
-def telu_triton(x: Tensor, with_slope: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
-    """(TeLU(x), its slope or None): same shape, dtype and memory format as x (dense: any memory format)."""
+def telu_triton(x: Tensor, with_slope: bool = False) -> Optional[Tuple[Tensor, Optional[Tensor]]]:
+    """(TeLU(x), its slope or None): same shape, dtype and memory format as x (dense: any memory format);
+    None where Triton failed to build or launch the kernel (see the module docstring)."""
+    global _failure
     y = torch.empty_like(x)
     slope = torch.empty_like(x) if with_slope else y
     n = x.numel()
     if n:
-        _telu_kernel[(triton.cdiv(n, _BLOCK),)](x, y, slope, n, WITH_SLOPE=with_slope, CLAMP=_CLAMP, BLOCK=_BLOCK)
+        try:
+            _telu_kernel[(triton.cdiv(n, _BLOCK),)](x, y, slope, n, WITH_SLOPE=with_slope, CLAMP=_CLAMP, BLOCK=_BLOCK)
+        except Exception as error:
+            if not (type(error).__module__ or "").startswith("triton"):
+                raise
+            _failure = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
+            warnings.warn(f"the TeLU Triton kernel failed on this GPU ({_failure}); PyTorch's operations compute "
+                          f"TeLU instead (same values, slower)", RuntimeWarning, stacklevel=2)
+            return None
     return y, (slope if with_slope else None)
