@@ -82,8 +82,8 @@ def _kernels() -> Tuple[Callable, ...]:
         dy, dx = d // S, d % S
         acc = tl.zeros((BLOCK_P, BLOCK_D), dtype=tl.float32)
         for i in tl.static_range(KK):
-            iy: tl.constexpr = i // K
-            ix: tl.constexpr = i % K
+            iy = i // K
+            ix = i % K
             # the window centred at p = q - off_i; its row i, loaded so that column d holds j with off_j - off_i = d
             py, px = qy - (iy - R), qx - (ix - R)
             p_ok = q_ok & (py >= 0) & (py < H) & (px >= 0) & (px < W)
@@ -118,8 +118,8 @@ def _kernels() -> Tuple[Callable, ...]:
         j_ok = j < KK
         jy, jx = j // K, j % K
         for i in tl.static_range(KK):
-            iy: tl.constexpr = i // K
-            ix: tl.constexpr = i % K
+            iy = i // K
+            ix = i % K
             mask = p_ok[:, None] & j_ok[None, :]
             channel = (h * KK + i) * KK + j
             ptrs = logits_ptr + b * sl_b + channel[None, :] * sl_c + py[:, None] * sl_y + px[:, None] * sl_x
@@ -157,8 +157,8 @@ def _kernels() -> Tuple[Callable, ...]:
         channel = h * HEAD_DIM + c
         acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
         for d in tl.static_range(S * S):
-            ddy: tl.constexpr = d // S - C
-            ddx: tl.constexpr = d % S - C
+            ddy = d // S - C
+            ddx = d % S - C
             if TRANSPOSED:
                 ry, rx = qy - ddy, qx - ddx
             else:

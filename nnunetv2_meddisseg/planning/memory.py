@@ -44,20 +44,20 @@ def batch_size_for_memory(line: MemoryLine, memory_target_gb: float, min_batch_s
     return int(batch)
 
 
-def measure_training_memory(patch_size: Sequence[int], arch_kwargs: dict, num_input_channels: int = 3,
+def measure_training_memory(patch_size: Sequence[int], architecture: dict, num_input_channels: int = 3,
                             num_classes: int = 2, batches: Sequence[int] = (2, 4), device: str = "cuda") -> MemoryLine:
     """Peak memory of two Stage II training steps per batch in ``batches`` (the second step holds Adam's
-    moments), fitted to a line (see the module docstring). Needs a CUDA device."""
+    moments), fitted to a line (see the module docstring). ``architecture``: a plans configuration's
+    ``architecture`` block (``plans_entry.architecture_entry``). Needs a CUDA device."""
     import torch
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 
-    from nnunetv2_meddisseg.plans_entry import architecture_entry
     from nnunetv2_meddisseg.training.base import bf16_training_requested
     from nnunetv2_meddisseg.training.recipes import RECIPES
     from nnunetv2_meddisseg.training.stage2_loss import Stage2Weights, dispersive_from_recipe, segmentation_loss, stage2_loss
 
     dev = torch.device(device)
-    entry = architecture_entry(**{k: v for k, v in arch_kwargs.items() if k != "encoder_weights"})
+    arch_kwargs = {**architecture["arch_kwargs"], "encoder_weights": None}  # the weights do not change the memory
     dtype = torch.bfloat16 if bf16_training_requested() else torch.float16
     recipe = RECIPES["MedDisSeg"]
     seg, dispersive = segmentation_loss(batch_dice=True), dispersive_from_recipe(recipe)
@@ -66,9 +66,9 @@ def measure_training_memory(patch_size: Sequence[int], arch_kwargs: dict, num_in
     for batch in batches:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
-        net = get_network_from_plans(entry["network_class_name"], dict(entry["arch_kwargs"]),
-                                     entry["_kw_requires_import"], num_input_channels, num_classes, allow_init=True,
-                                     deep_supervision=True).to(dev).train()
+        net = get_network_from_plans(architecture["network_class_name"], dict(arch_kwargs),
+                                     architecture["_kw_requires_import"], num_input_channels, num_classes,
+                                     allow_init=True, deep_supervision=True).to(dev).train()
         optimizer = torch.optim.Adam(net.parameters(), lr=1e-4, fused=True)
         scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
         x = torch.randn(batch, num_input_channels, *patch_size, device=dev)

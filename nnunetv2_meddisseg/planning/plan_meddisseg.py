@@ -59,7 +59,7 @@ def build_meddisseg_plans(source_plans: dict, plans_name: str = DEFAULT_PLANS_NA
     :func:`~nnunetv2_meddisseg.plans_entry.default_arch_kwargs`.
 
     Without ``batch_size``, the batch is the largest whose training memory fits ``memory_target_gb``: measured
-    by ``memory_line(patch_size, arch_kwargs)`` where given (``planning.memory``), else estimated from
+    by ``memory_line(patch_size, architecture)`` where given (``architecture``: the configuration's block) (``planning.memory``), else estimated from
     :data:`TRAINING_BYTES_PER_PIXEL`. The configuration's ``batch_size_source`` says which."""
     configurations = source_plans.get("configurations", {})
     if "2d" not in configurations:
@@ -86,7 +86,7 @@ def build_meddisseg_plans(source_plans: dict, plans_name: str = DEFAULT_PLANS_NA
         if memory_line is not None:
             from nnunetv2_meddisseg.planning.memory import batch_size_for_memory
 
-            line = memory_line(patch_size, architecture_entry(**arch_kwargs)["arch_kwargs"])
+            line = memory_line(patch_size, architecture_entry(**arch_kwargs))
             batch_size = batch_size_for_memory(line, memory_target_gb, max_batch_size=max_bs)
             source = (f"{memory_target_gb:g} GiB target, {line.describe()}: "
                       f"{line.peak_bytes(batch_size) / 1024 ** 3:.2f} GiB expected at batch {batch_size}")
@@ -127,7 +127,7 @@ def _memory_measurement(memory_from: str) -> Optional[Callable]:
         return None
     from nnunetv2_meddisseg.planning.memory import measure_training_memory
 
-    return lambda patch_size, arch_kwargs: measure_training_memory(patch_size, arch_kwargs)
+    return lambda patch_size, architecture: measure_training_memory(patch_size, architecture)
 
 
 def _check_encoder_weights(weights: str) -> str:

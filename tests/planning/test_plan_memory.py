@@ -32,8 +32,8 @@ def test_batch_is_the_largest_that_fits_the_target(per_sample, static, target):
 def test_plans_use_the_measured_line_and_record_it():
     calls = []
 
-    def measured(patch_size, arch_kwargs):
-        calls.append((tuple(patch_size), arch_kwargs["added_norm_op"]))
+    def measured(patch_size, architecture):
+        calls.append((tuple(patch_size), architecture["arch_kwargs"]["added_norm_op"]))
         return _line(1.0, 2.0)
 
     plans = build_meddisseg_plans(_source_plans((256, 256)), memory_target_gb=8.0, memory_line=measured)
@@ -62,7 +62,7 @@ def test_memory_from_auto_measures_where_cuda_is_available(monkeypatch):
     from nnunetv2_meddisseg.planning import memory
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(memory, "measure_training_memory", lambda patch_size, arch_kwargs: _line(0.5, 1.0))
+    monkeypatch.setattr(memory, "measure_training_memory", lambda patch_size, architecture: _line(0.5, 1.0))
     measure = plan_module._memory_measurement("auto")
     assert measure is not None and measure((64, 64), {}).per_sample_bytes == 0.5 * GIB
     assert math.isclose(_line(0.5, 1.0).peak_bytes(4), 3.0 * GIB)
