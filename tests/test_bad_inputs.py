@@ -291,6 +291,25 @@ def plan_weights_pickled_model(tmp, env):
     return ["-d", "801", "--encoder-weights", str(tmp / "model.pth")]
 
 
+def plan_weights_payload(tmp, env):
+    """An encoder file whose unpickling would create ``payload_ran`` (see tests/payload.py)."""
+    from payload import Payload
+
+    _fake_preprocessed(env)
+    state = _encoder_state_dict()
+    state["layer2.0.conv1.weight"] = Payload(tmp / "payload_ran")
+    torch.save(state, tmp / "payload.pth")
+    return ["-d", "801", "--encoder-weights", str(tmp / "payload.pth")]
+
+
+def plan_weights_nan(tmp, env):
+    _fake_preprocessed(env)
+    state = _encoder_state_dict()
+    state["layer1.0.conv1.weight"][0, 0, 0, 0] = float("nan")
+    torch.save(state, tmp / "nan.pth")
+    return ["-d", "801", "--encoder-weights", str(tmp / "nan.pth")]
+
+
 def plan_weights_wrong_shapes(tmp, env):
     _fake_preprocessed(env)
     state = _encoder_state_dict()
@@ -483,6 +502,11 @@ ROWS = [
         ["--encoder-weights", "weights.pth", "not a file written by torch.save"]),
     Row("plan/weights_pickled_model", "plan", plan_weights_pickled_model, 2,
         ["--encoder-weights", "model.pth", "not a plain state dict", "state_dict()"]),
+    Row("plan/weights_payload_not_run", "plan", plan_weights_payload, 2,
+        ["--encoder-weights", "payload.pth", f"not a plain state dict (needs GLOBAL {open.__module__}.open;",
+         "not loaded, since loading them can run code"]),
+    Row("plan/weights_nan", "plan", plan_weights_nan, 2,
+        ["--encoder-weights", "nan.pth", "key 'layer1.0.conv1.weight' holds NaN or inf values"]),
     Row("plan/weights_wrong_shapes", "plan", plan_weights_wrong_shapes, 2,
         ["--encoder-weights", "wrong.pth", "'layer2.0.conv1.weight'", "(3, 3, 1, 1)"]),
     Row("plan/weights_ok", "plan", plan_weights_ok, 0, check=check_plan_names_weights),
@@ -527,6 +551,7 @@ def test_bad_input(row: Row, tmp_path, env, capsys):
     code = run_entry_point(row.command, argv)
     out, err = capsys.readouterr()
     assert "Traceback" not in err and "Traceback" not in out
+    assert "weights_only" not in err  # never the advice to load with weights_only=False
     assert code == row.exit_code, f"exit code {code}, expected {row.exit_code}; stderr: {err}"
     if row.exit_code == 0:
         row.check(work, env)
@@ -563,3 +588,54 @@ def test_table_covers_every_command_and_train_row():
     tests = Path(__file__).resolve().parent
     for case, (file, test) in TRAIN_ROWS.items():
         assert f"\ndef {test}(" in (tests / file).read_text(), f"train row {case!r}: {test} not in tests/{file}"
+
+
+# ------------------------------------------------------------------------------------------------
+# pickle payloads in the other files we load (the plan's encoder file is a row above, the shared model
+# folder's checkpoints in tests/test_sharing.py): refused, never run, and no advice to load unsafely
+
+
+def test_encoder_weights_payload_is_refused_without_unsafe_advice(tmp_path):
+    """What the trainer (and the network's constructor) reports for an encoder file carrying code."""
+    from payload import Payload
+
+    from nnunetv2_meddisseg.blocks.encoder import ResNet50Encoder, load_resnet50_weights
+
+    state = _encoder_state_dict()
+    state["conv1.weight"] = Payload(tmp_path / "payload_ran")
+    torch.save(state, tmp_path / "encoder.pth")
+    with pytest.raises(ValueError) as e:
+        load_resnet50_weights(ResNet50Encoder(3), str(tmp_path / "encoder.pth"))
+    message = str(e.value)
+    assert message == (f"encoder weights {tmp_path / 'encoder.pth'} holds pickled objects other than tensors, numbers "
+                       f"and containers (needs GLOBAL {open.__module__}.open); it was not loaded, since loading such objects "
+                       f"can run code: save plain data (state_dict() and built-in types) instead")
+    assert "weights_only" not in message and not (tmp_path / "payload_ran").exists()
+
+
+def test_encoder_weights_with_nan_are_refused(tmp_path):
+    from nnunetv2_meddisseg.blocks.encoder import ResNet50Encoder, load_resnet50_weights
+
+    state = _encoder_state_dict()
+    state["bn1.running_var"][3] = float("inf")
+    torch.save(state, tmp_path / "inf.pth")
+    with pytest.raises(ValueError, match=r"key 'bn1.running_var' holds NaN or inf values \(expected finite weights\)"):
+        load_resnet50_weights(ResNet50Encoder(3), str(tmp_path / "inf.pth"))
+
+
+def test_ablation_checkpoint_payload_is_refused(tmp_path):
+    """The ablation table reads the training time of each run's checkpoint."""
+    import numpy as np
+    from payload import Payload
+
+    from nnunetv2_meddisseg.ablation.runs import _training_seconds
+    from nnunetv2_meddisseg.torch_files import UnsafeTorchFile
+
+    logging = {"epoch_start_timestamps": [np.float64(1.0)], "epoch_end_timestamps": [np.float64(3.5)]}
+    torch.save({"logging": logging}, tmp_path / "checkpoint_final.pth")
+    assert _training_seconds(tmp_path / "checkpoint_final.pth") == 2.5
+    logging["epoch_end_timestamps"] = [Payload(tmp_path / "payload_ran")]
+    torch.save({"logging": logging}, tmp_path / "checkpoint_final.pth")
+    with pytest.raises(UnsafeTorchFile, match=f"needs GLOBAL {open.__module__}.open"):
+        _training_seconds(tmp_path / "checkpoint_final.pth")
+    assert not (tmp_path / "payload_ran").exists()

@@ -10,7 +10,6 @@ import json
 import math
 import os
 import sys
-import zipfile
 from copy import deepcopy
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
@@ -108,22 +107,22 @@ def _check_encoder_weights(weights: str) -> str:
 def _check_weights_file(path: str) -> str:
     """Load the file into a fresh encoder now; return its absolute path."""
     from nnunetv2_meddisseg.blocks.encoder import ResNet50Encoder, load_resnet50_weights
+    from nnunetv2_meddisseg.torch_files import UnsafeTorchFile, is_torch_file, refusal_reason
 
     path = os.path.abspath(path)
     if not os.path.isfile(path):
         raise UserError(f"--encoder-weights: file {path} does not exist (expected a torchvision ResNet-50 "
                         f"state dict saved with torch.save)")
-    with open(path, "rb") as f:
-        is_pickle = f.read(1) == b"\x80"  # torch.save's legacy format; the default one is a zip archive
-    if not (is_pickle or zipfile.is_zipfile(path)):
+    if not is_torch_file(path):
         raise UserError(f"--encoder-weights: {path} is not a file written by torch.save (expected a torchvision "
                         f"ResNet-50 state dict)")
     try:
         load_resnet50_weights(ResNet50Encoder(3), path)
+    except UnsafeTorchFile as e:
+        raise UserError(f"--encoder-weights: {path} holds pickled objects, not a plain state dict ({refusal_reason(e)}; "
+                        f"not loaded, since loading them can run code; a whole model? save model.state_dict() "
+                        f"instead)") from None
     except ValueError as e:
-        if "Weights only load failed" in str(e):  # torch's explanation runs over many lines
-            raise UserError(f"--encoder-weights: {path} holds pickled objects, not a plain state dict (a whole "
-                            f"model? save model.state_dict() instead)") from None
         raise UserError(f"--encoder-weights: {e}") from None
     return path
 
