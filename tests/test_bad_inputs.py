@@ -268,6 +268,49 @@ def plan_batch_size_zero(tmp, env):
     return ["-d", "801", "--batch-size", "0"]
 
 
+def plan_name_is_a_path(tmp, env):
+    _fake_preprocessed(env)
+    return ["-d", "801", "--plans-name", "../../x"]
+
+
+def plan_memory_target(value: str):
+    def setup(tmp, env):
+        _fake_preprocessed(env)
+        return ["-d", "801", "--gpu-memory-target", value]
+    return setup
+
+
+def plan_rerun_other_settings(tmp, env):
+    argv = plan_ok(tmp, env)
+    assert plan_main(argv) == 0
+    return ["-d", "801", "--batch-size", "4"]
+
+
+def plan_rerun_same_settings(tmp, env):
+    argv = plan_ok(tmp, env)
+    assert plan_main(argv) == 0
+    return argv
+
+
+def plan_rerun_overwrite(tmp, env):
+    argv = plan_ok(tmp, env)
+    assert plan_main(argv) == 0
+    return ["-d", "801", "--batch-size", "4", "--overwrite"]
+
+
+def check_plan_batch_4(tmp, env):
+    plans = json.loads((env["nnUNet_preprocessed"] / PLAN_DATASET / "nnUNetMedDisSegPlans.json").read_text())
+    assert plans["configurations"]["2d"]["batch_size"] == 4
+
+
+def plan_truncated_json(name: str):
+    def setup(tmp, env):
+        file = _fake_preprocessed(env) / name
+        file.write_text(file.read_text()[:40])
+        return ["-d", "801"]
+    return setup
+
+
 def plan_weights_missing(tmp, env):
     _fake_preprocessed(env)
     return ["-d", "801", "--encoder-weights", str(tmp / "nope.pth")]
@@ -495,6 +538,23 @@ ROWS = [
     Row("plan/patch_not_multiple_of_16", "plan", plan_patch_not_multiple_of_16, 2,
         ["--patch-size", "multiples of 16", "50 64"]),
     Row("plan/batch_size_zero", "plan", plan_batch_size_zero, 2, ["--batch-size", "at least 1", "0"]),
+    Row("plan/plans_name_is_a_path", "plan", plan_name_is_a_path, 2,
+        ["--plans-name must be a name of letters, digits", "not a path: got '../../x'"]),
+    Row("plan/gpu_memory_target_nan", "plan", plan_memory_target("nan"), 2,
+        ["--gpu-memory-target must be a finite number of GB above 0, got nan"]),
+    Row("plan/gpu_memory_target_inf", "plan", plan_memory_target("inf"), 2,
+        ["--gpu-memory-target must be a finite number of GB above 0, got inf"]),
+    Row("plan/gpu_memory_target_negative", "plan", plan_memory_target("-3"), 2,
+        ["--gpu-memory-target must be a finite number of GB above 0, got -3.0"]),
+    Row("plan/rerun_other_settings", "plan", plan_rerun_other_settings, 2,
+        [f"{PLAN_DATASET}/nnUNetMedDisSegPlans.json exists with other settings (configurations.2d.batch_size: 2 -> 4)",
+         "pass --overwrite to replace it"]),
+    Row("plan/rerun_same_settings", "plan", plan_rerun_same_settings, 0, check=check_plan_written),
+    Row("plan/rerun_overwrite", "plan", plan_rerun_overwrite, 0, check=check_plan_batch_4),
+    Row("plan/truncated_source_plans", "plan", plan_truncated_json("nnUNetPlans.json"), 2,
+        [f"{PLAN_DATASET}/nnUNetPlans.json is not valid JSON", "rerun nnUNetv2_plan_and_preprocess -d 801"]),
+    Row("plan/truncated_dataset_json", "plan", plan_truncated_json("dataset.json"), 2,
+        [f"{PLAN_DATASET}/dataset.json is not valid JSON"]),
     Row("plan/weights_missing", "plan", plan_weights_missing, 2, ["--encoder-weights", "nope.pth", "does not exist"]),
     Row("plan/weights_not_a_state_dict", "plan", plan_weights_not_a_state_dict, 2,
         ["--encoder-weights", "list.pth", "not a state dict", "list"]),
