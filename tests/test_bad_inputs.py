@@ -401,6 +401,22 @@ def check_eval_summary(tmp, env):
     assert summary["mean"]["dice"] == 1.0
 
 
+def eval_output_is_a_reference_label(tmp, env):
+    argv = _eval_folders(tmp)
+    return [*argv[:-1], str(tmp / "ref" / "a.png")]
+
+
+def eval_output_inside_prediction_folder(tmp, env):
+    argv = _eval_folders(tmp)
+    return [*argv[:-1], str(tmp / "pred" / "summary.json")]
+
+
+def eval_output_is_a_folder(tmp, env):
+    argv = _eval_folders(tmp)
+    (tmp / "out").mkdir()
+    return [*argv[:-1], str(tmp / "out")]
+
+
 def eval_missing_cases(tmp, env):
     argv = _eval_folders(tmp)
     (tmp / "pred" / "b.png").unlink()
@@ -571,6 +587,12 @@ ROWS = [
         ["--encoder-weights", "wrong.pth", "'layer2.0.conv1.weight'", "(3, 3, 1, 1)"]),
     Row("plan/weights_ok", "plan", plan_weights_ok, 0, check=check_plan_names_weights),
     Row("evaluate/ok", "evaluate", eval_ok, 0, check=check_eval_summary),
+    Row("evaluate/output_is_a_reference_label", "evaluate", eval_output_is_a_reference_label, 2,
+        ["-o ", "ref/a.png is inside -ref ", "the summary would be written into the input; choose a file outside it"]),
+    Row("evaluate/output_inside_prediction_folder", "evaluate", eval_output_inside_prediction_folder, 2,
+        ["pred/summary.json is inside -pred "]),
+    Row("evaluate/output_is_a_folder", "evaluate", eval_output_is_a_folder, 2,
+        ["out is a folder: name the summary file, e.g. ", "out/summary.json"]),
     Row("evaluate/missing_cases", "evaluate", eval_missing_cases, 2,
         ["prediction folder", "lacks 2 of 3 cases", "first missing: b.png"]),
     Row("evaluate/different_file_endings", "evaluate", eval_different_endings, 2,
@@ -699,3 +721,26 @@ def test_ablation_checkpoint_payload_is_refused(tmp_path):
     with pytest.raises(UnsafeTorchFile, match=f"needs GLOBAL {open.__module__}.open"):
         _training_seconds(tmp_path / "checkpoint_final.pth")
     assert not (tmp_path / "payload_ran").exists()
+
+
+def test_evaluate_write_failure_leaves_nothing(tmp_path, env, capsys, monkeypatch):
+    """A full disk while the summary is written: one line naming the file and the OS error, no ``.tmp``."""
+    import errno
+
+    import nnunetv2_meddisseg.evaluation.evaluate as evaluate
+
+    argv = _eval_folders(tmp_path)
+    real_dump = json.dump
+
+    def disk_full(obj, f, **kwargs):
+        f.write("{")
+        raise OSError(errno.ENOSPC, "No space left on device", f.name)
+
+    monkeypatch.setattr(evaluate.json, "dump", disk_full)
+    before = _tree(tmp_path)
+    assert run_entry_point("evaluate", argv) == 2
+    monkeypatch.setattr(evaluate.json, "dump", real_dump)
+    err = capsys.readouterr().err.strip()
+    assert err == f"nnUNetv2_meddisseg_evaluate: error: cannot write the summary {tmp_path / 'out' / 'summary.json'}: " \
+                  f"No space left on device"
+    assert _tree(tmp_path) - before <= {"out"}  # the folder -o names may stay, never a file
