@@ -148,22 +148,54 @@ def conv_undeclared_label(tmp, env):
 def conv_dataset_exists(tmp, env):
     argv = _kvasir(tmp)
     assert convert_main(argv) == 0
-    return [*argv, "--resize", "8"]
+    return [*argv, "--resize", "16"]
 
 
 def conv_resize_zero(tmp, env):
     return [*_kvasir(tmp), "--resize", "0"]
 
 
+def conv_resize_one(tmp, env):
+    return [*_kvasir(tmp), "--resize", "1"]
+
+
+def conv_blue_masks(tmp, env):
+    """Masks drawn in pure blue (grey value 29 by the usual conversion)."""
+    argv = _kvasir(tmp)
+    for case in KVASIR_IDS:
+        path = tmp / "Kvasir-SEG" / "masks" / f"{case}.jpg"
+        mask = np.asarray(Image.open(path)).copy()
+        mask[..., :2] = 0
+        save(mask, path, quality=100)
+    return argv
+
+
+def check_blue_masks_kept(tmp, env):
+    labels = env["nnUNet_raw"] / KVASIR_DATASET / "labelsTr"
+    for case in ("k0", "k1", "k2"):
+        label = read_png(labels / f"{case}.png")
+        assert label.any()
+        np.testing.assert_array_equal(label, expected_binary(tmp / "Kvasir-SEG" / "masks" / f"{case}.jpg"))
+
+
+def conv_faint_mask(tmp, env):
+    """k2's mask drawn at grey 100: below the JPEG threshold, it would come out empty."""
+    argv = _kvasir(tmp)
+    path = tmp / "Kvasir-SEG" / "masks" / "k2.jpg"
+    mask = np.asarray(Image.open(path).convert("L"))
+    save(np.where(mask > 127, 100, 0).astype(np.uint8), path, quality=100)
+    return argv
+
+
 def conv_overwrite_replaces(tmp, env):
     argv = _kvasir(tmp)
     assert convert_main(argv) == 0
-    return [*argv, "--resize", "8", "--overwrite"]
+    return [*argv, "--resize", "16", "--overwrite"]
 
 
 def check_overwrite_replaced(tmp, env):
     labels = env["nnUNet_raw"] / KVASIR_DATASET / "labelsTr"
-    assert read_png(labels / "k0.png").shape == (8, 8)
+    assert read_png(labels / "k0.png").shape == (16, 16)
     assert sorted(p.name for p in env["nnUNet_raw"].iterdir()) == [KVASIR_DATASET]
 
 
@@ -542,6 +574,10 @@ ROWS = [
     Row("convert/undeclared_label", "convert", conv_undeclared_label, 2, ["label0006.nii.gz", "14"]),
     Row("convert/dataset_exists", "convert", conv_dataset_exists, 2, [KVASIR_DATASET, "already exists", "--overwrite"]),
     Row("convert/resize_zero", "convert", conv_resize_zero, 2, ["--resize", "0", "positive"]),
+    Row("convert/resize_one", "convert", conv_resize_one, 2, ["--resize must be at least 16 pixels", "got 1"]),
+    Row("convert/blue_masks_kept", "convert", conv_blue_masks, 0, check=check_blue_masks_kept),
+    Row("convert/faint_mask_would_be_empty", "convert", conv_faint_mask, 2,
+        ["mask ", "masks/k2.jpg would be written empty: its values reach", "but none exceeds half its range (127.5)"]),
     Row("convert/overwrite_replaces", "convert", conv_overwrite_replaces, 0, check=check_overwrite_replaced),
     Row("convert/noisy_jpeg_mask_thresholded", "convert", conv_noisy_jpeg_mask, 0, check=check_noisy_mask_thresholded),
     Row("plan/ok", "plan", plan_ok, 0, check=check_plan_written),
