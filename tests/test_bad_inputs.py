@@ -187,6 +187,17 @@ def conv_faint_mask(tmp, env):
     return argv
 
 
+def conv_source_is_the_dataset(tmp, env):
+    """--overwrite with the dataset of this ID as the source: it would replace its own input."""
+    argv = _kvasir(tmp)
+    assert convert_main(argv) == 0
+    target = env["nnUNet_raw"] / KVASIR_DATASET
+    (target / "Kvasir-SEG").mkdir()
+    for sub in ("images", "masks"):
+        (tmp / "Kvasir-SEG" / sub).rename(target / "Kvasir-SEG" / sub)
+    return ["kvasir-seg", str(target / "Kvasir-SEG"), "-d", "31", "--split-file", argv[5], "-np", "1", "--overwrite"]
+
+
 def conv_overwrite_replaces(tmp, env):
     argv = _kvasir(tmp)
     assert convert_main(argv) == 0
@@ -578,6 +589,8 @@ ROWS = [
     Row("convert/blue_masks_kept", "convert", conv_blue_masks, 0, check=check_blue_masks_kept),
     Row("convert/faint_mask_would_be_empty", "convert", conv_faint_mask, 2,
         ["mask ", "masks/k2.jpg would be written empty: its values reach", "but none exceeds half its range (127.5)"]),
+    Row("convert/source_inside_the_dataset", "convert", conv_source_is_the_dataset, 2,
+        [f"{KVASIR_DATASET}/Kvasir-SEG is inside ", "the dataset this conversion writes (and --overwrite replaces)"]),
     Row("convert/overwrite_replaces", "convert", conv_overwrite_replaces, 0, check=check_overwrite_replaced),
     Row("convert/noisy_jpeg_mask_thresholded", "convert", conv_noisy_jpeg_mask, 0, check=check_noisy_mask_thresholded),
     Row("plan/ok", "plan", plan_ok, 0, check=check_plan_written),
@@ -780,3 +793,38 @@ def test_evaluate_write_failure_leaves_nothing(tmp_path, env, capsys, monkeypatc
     assert err == f"nnUNetv2_meddisseg_evaluate: error: cannot write the summary {tmp_path / 'out' / 'summary.json'}: " \
                   f"No space left on device"
     assert _tree(tmp_path) - before <= {"out"}  # the folder -o names may stay, never a file
+
+
+def test_convert_nnunet_raw_inside_the_source_is_refused(tmp_path, env, capsys, monkeypatch):
+    work = tmp_path / "work"
+    argv = _kvasir(work)
+    monkeypatch.setenv("nnUNet_raw", str(work / "Kvasir-SEG" / "converted"))
+    assert run_entry_point("convert", argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("nnUNetv2_meddisseg_convert: error: nnUNet_raw ") and err.count("\n") == 0
+    assert "is inside the source folder" in err and "the dataset would be written into its own input" in err
+    assert not list((work / "Kvasir-SEG" / "converted").iterdir())
+
+
+def test_convert_write_failure_leaves_nothing_and_names_the_path(tmp_path, env, capsys, monkeypatch):
+    """A full disk while a case is written: one line naming the file and the OS error, no partial folder."""
+    import errno
+
+    import nnunetv2_meddisseg.datasets.image_io as image_io
+
+    work = tmp_path / "work"
+    argv = _kvasir(work)
+    real_save = Image.Image.save
+
+    def disk_full(self, fp, *args, **kwargs):
+        if str(fp).endswith("k2.png"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(fp))
+        return real_save(self, fp, *args, **kwargs)
+
+    monkeypatch.setattr(image_io.Image.Image, "save", disk_full)
+    before = _tree(tmp_path)
+    assert run_entry_point("convert", argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"nnUNetv2_meddisseg_convert: error: cannot write {env['nnUNet_raw']}/.{KVASIR_DATASET}.partial/")
+    assert err.endswith("labelsTr/k2.png: No space left on device") and err.count("\n") == 0
+    assert _tree(tmp_path) == before
