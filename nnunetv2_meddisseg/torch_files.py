@@ -50,15 +50,16 @@ def refusal_reason(error: BaseException) -> str:
     return f"needs GLOBAL {found.group(1)}" if found else "needs a Python object that is no tensor"
 
 
-def load_weights_only(path: str, what: str = "file") -> Any:
-    """``torch.load(path, weights_only=True)`` on the CPU with :data:`NUMPY_SCALAR_GLOBALS` allowed.
+def load_weights_only(path: str, what: str = "file", mmap: bool = False) -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU with :data:`NUMPY_SCALAR_GLOBALS` allowed
+    (``mmap``: tensors are read when used; for files in torch.save's default zip format).
 
     Raises :class:`UnsafeTorchFile` (naming ``what`` and ``path``) where the file holds anything else;
     other read errors (a truncated or empty file, not a torch file) propagate as torch raises them."""
     path = os.fspath(path)
     with torch.serialization.safe_globals(NUMPY_SCALAR_GLOBALS):
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap or None)
         except pickle.UnpicklingError as e:
             if "Weights only load failed" not in str(e):
                 raise

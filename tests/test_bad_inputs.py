@@ -572,6 +572,49 @@ def cmp_meddisseg_model_missing(tmp, env):
     return _compare_argv(tmp, "802")
 
 
+def _two_models(env: Env, baseline: object, meddisseg: object = None) -> Dict[str, Path]:
+    """Both models' ``fold_0/checkpoint_final.pth``: bytes written as they are, anything else with torch.save."""
+    files = {}
+    for name, content in (("nnUNetTrainer__nnUNetPlans__2d", baseline),
+                          ("nnUNetTrainerMedDisSeg__nnUNetMedDisSegPlans__2d", meddisseg)):
+        fold = env["nnUNet_results"] / COMPARE_DATASET / name / "fold_0"
+        fold.mkdir(parents=True)
+        files[name] = fold / "checkpoint_final.pth"
+        if isinstance(content, bytes):
+            files[name].write_bytes(content)
+        else:
+            torch.save(content if content is not None else {"network_weights": {}}, files[name])
+    return files
+
+
+def cmp_zero_byte_checkpoint(tmp, env):
+    _raw_with_test_set(env)
+    _two_models(env, b"")
+    return _compare_argv(tmp, "802")
+
+
+def cmp_truncated_checkpoint(tmp, env):
+    _raw_with_test_set(env)
+    files = _two_models(env, {"network_weights": {"w": torch.zeros(1000)}})
+    data = files["nnUNetTrainer__nnUNetPlans__2d"].read_bytes()
+    files["nnUNetTrainer__nnUNetPlans__2d"].write_bytes(data[: len(data) // 2])
+    return _compare_argv(tmp, "802")
+
+
+def cmp_checkpoint_payload(tmp, env):
+    from payload import Payload
+
+    _raw_with_test_set(env)
+    _two_models(env, {"network_weights": {}}, {"network_weights": {}, "logging": Payload(tmp / "payload_ran")})
+    return _compare_argv(tmp, "802")
+
+
+def cmp_output_inside_test_labels(tmp, env):
+    raw = _raw_with_test_set(env)
+    _two_models(env, {"network_weights": {}})
+    return [*_compare_argv(tmp, "802")[:-1], str(raw / "labelsTs" / "comparison")]
+
+
 # ------------------------------------------------------------------------------------------------
 
 ROWS = [
@@ -665,6 +708,15 @@ ROWS = [
     Row("compare/no_test_labels", "compare", cmp_no_test_labels, 2, [f"{COMPARE_DATASET}/labelsTs", "not found"]),
     Row("compare/baseline_model_missing", "compare", cmp_baseline_model_missing, 2,
         ["no trained model: ", "nnUNetTrainer__nnUNetPlans__2d/fold_0/checkpoint_final.pth not found (train it first"]),
+    Row("compare/zero_byte_checkpoint", "compare", cmp_zero_byte_checkpoint, 2,
+        ["nnUNetTrainer__nnUNetPlans__2d/fold_0/checkpoint_final.pth is empty (0 bytes)"]),
+    Row("compare/truncated_checkpoint", "compare", cmp_truncated_checkpoint, 2,
+        ["nnUNetTrainer__nnUNetPlans__2d/fold_0/checkpoint_final.pth cannot be read as a checkpoint (truncated or corrupt?"]),
+    Row("compare/checkpoint_payload_not_run", "compare", cmp_checkpoint_payload, 2,
+        ["nnUNetTrainerMedDisSeg__nnUNetMedDisSegPlans__2d/fold_0/checkpoint_final.pth holds pickled objects other than "
+         "tensors", "it was not loaded, since loading such objects can run code"]),
+    Row("compare/output_inside_test_labels", "compare", cmp_output_inside_test_labels, 2,
+        ["-o ", "labelsTs/comparison is inside the input folder ", "choose a folder outside it"]),
     Row("compare/meddisseg_model_missing", "compare", cmp_meddisseg_model_missing, 2,
         ["no trained model: neither ",
          "nnUNetTrainerMedDisSeg__nnUNetMedDisSegPlans__2d/fold_0/checkpoint_final.pth nor ",
