@@ -880,3 +880,37 @@ def test_convert_write_failure_leaves_nothing_and_names_the_path(tmp_path, env, 
     assert err.startswith(f"nnUNetv2_meddisseg_convert: error: cannot write {env['nnUNet_raw']}/.{KVASIR_DATASET}.partial/")
     assert err.endswith("labelsTr/k2.png: No space left on device") and err.count("\n") == 0
     assert _tree(tmp_path) == before
+
+
+# ------------------------------------------------------------------------------------------------
+# nnUNetv2_train --c: the checkpoint our trainers resume from (read before nnU-Net reads it)
+
+
+def test_truncated_checkpoint_latest_names_the_file_and_checkpoint_best(tmp_path):
+    from nnunetv2_meddisseg.training.base import _read_checkpoint_for_resuming
+
+    latest, best = tmp_path / "checkpoint_latest.pth", tmp_path / "checkpoint_best.pth"
+    torch.save({"network_weights": {"w": torch.zeros(1000)}}, best)
+    latest.write_bytes(best.read_bytes()[:1500])
+    with pytest.raises(RuntimeError) as e:
+        _read_checkpoint_for_resuming(str(latest))
+    message = str(e.value)
+    assert message.startswith(f"cannot read the checkpoint {latest} (truncated or corrupt? ")
+    assert message.endswith(f"): copy {best} over it to resume from the best epoch, or train again without --c")
+    assert "\n" not in message
+    best.unlink()
+    with pytest.raises(RuntimeError, match=r"\): train again without --c$"):
+        _read_checkpoint_for_resuming(str(latest))
+
+
+def test_resuming_from_a_checkpoint_carrying_code_is_refused(tmp_path):
+    from payload import Payload
+
+    from nnunetv2_meddisseg.torch_files import UnsafeTorchFile
+    from nnunetv2_meddisseg.training.base import _read_checkpoint_for_resuming
+
+    torch.save({"network_weights": {}, "logging": {"x": [Payload(tmp_path / "payload_ran")]}},
+               tmp_path / "checkpoint_latest.pth")
+    with pytest.raises(UnsafeTorchFile, match="it was not loaded, since loading such objects can run code"):
+        _read_checkpoint_for_resuming(str(tmp_path / "checkpoint_latest.pth"))
+    assert not (tmp_path / "payload_ran").exists()

@@ -208,6 +208,22 @@ def raw_inside_source(tmp, env) -> str:
         return _command("convert", lambda t, e: argv)(tmp, env)
 
 
+def truncated_checkpoint_latest(tmp, env) -> str:
+    from nnunetv2_meddisseg.training.base import _read_checkpoint_for_resuming
+
+    torch.save({"network_weights": {"w": torch.zeros(1000)}}, tmp / "checkpoint_best.pth")
+    (tmp / "checkpoint_latest.pth").write_bytes((tmp / "checkpoint_best.pth").read_bytes()[:1500])
+    return _error_of(lambda: _read_checkpoint_for_resuming(str(tmp / "checkpoint_latest.pth")))
+
+
+def seed_not_a_number(tmp, env) -> str:
+    from nnunetv2_meddisseg.training.base import SEED_ENVIRONMENT_VARIABLE, run_seed_from_environment
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(SEED_ENVIRONMENT_VARIABLE, "abc")
+        return _error_of(run_seed_from_environment)
+
+
 TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "RuntimeError: Could not find requested nnunet trainer nnUNetTrainerMedDisSeg in nnunetv2.training.nnUNetTrainer":
         trainer_not_found,
@@ -258,6 +274,10 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "is inside MODEL_FOLDER": share_inside_model_folder,
     "is inside the source folder": raw_inside_source,
     "the dataset this conversion writes (and --overwrite replaces)": _command("convert", bad.conv_source_is_the_dataset),
+    "RuntimeError: cannot read the checkpoint .../checkpoint_latest.pth (truncated or corrupt? ...): copy "
+    ".../checkpoint_best.pth over it to resume from the best epoch, or train again without --c":
+        truncated_checkpoint_latest,
+    "ValueError: nnUNet_meddisseg_seed must be an integer >= 0, got '...'": seed_not_a_number,
     "RuntimeError: input with NaN or inf values in a training batch": nan_batch,
     "WARNING: a training batch holds a single sample: the dispersive loss needs at least two samples":
         single_sample_batch,
