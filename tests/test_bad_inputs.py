@@ -847,17 +847,6 @@ def test_evaluate_write_failure_leaves_nothing(tmp_path, env, capsys, monkeypatc
     assert _tree(tmp_path) - before <= {"out"}  # the folder -o names may stay, never a file
 
 
-def test_convert_nnunet_raw_inside_the_source_is_refused(tmp_path, env, capsys, monkeypatch):
-    work = tmp_path / "work"
-    argv = _kvasir(work)
-    monkeypatch.setenv("nnUNet_raw", str(work / "Kvasir-SEG" / "converted"))
-    assert run_entry_point("convert", argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("nnUNetv2_meddisseg_convert: error: nnUNet_raw ") and err.count("\n") == 0
-    assert "is inside the source folder" in err and "the dataset would be written into its own input" in err
-    assert not list((work / "Kvasir-SEG" / "converted").iterdir())
-
-
 def test_convert_write_failure_leaves_nothing_and_names_the_path(tmp_path, env, capsys, monkeypatch):
     """A full disk while a case is written: one line naming the file and the OS error, no partial folder."""
     import errno

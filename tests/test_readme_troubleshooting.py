@@ -201,13 +201,6 @@ def share_inside_model_folder(tmp, env) -> str:
     return err.getvalue()
 
 
-def raw_inside_source(tmp, env) -> str:
-    argv = bad._kvasir(tmp)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("nnUNet_raw", str(tmp / "Kvasir-SEG" / "converted"))
-        return _command("convert", lambda t, e: argv)(tmp, env)
-
-
 def truncated_checkpoint_latest(tmp, env) -> str:
     from nnunetv2_meddisseg.training.base import _read_checkpoint_for_resuming
 
@@ -272,7 +265,6 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "-o ... is inside -ref ...": _command("evaluate", bad.eval_output_is_a_reference_label),
     "-o ... is inside the input folder ...": _command("compare", bad.cmp_output_inside_test_labels),
     "is inside MODEL_FOLDER": share_inside_model_folder,
-    "is inside the source folder": raw_inside_source,
     "the dataset this conversion writes (and --overwrite replaces)": _command("convert", bad.conv_source_is_the_dataset),
     "RuntimeError: cannot read the checkpoint .../checkpoint_latest.pth (truncated or corrupt? ...): copy "
     ".../checkpoint_best.pth over it to resume from the best epoch, or train again without --c":

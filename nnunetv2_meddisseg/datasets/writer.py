@@ -71,7 +71,7 @@ def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional
     name = f"Dataset{dataset_id:03d}_{spec.name}"
     target = raw_root / name
     _check_target(raw_root, prep_root, name, dataset_id, overwrite)
-    _check_not_inside_source(Path(plan.source), raw_root, target)
+    _check_source_outside_target(Path(plan.source), target)
     if plan.split_problem:
         raise ConversionError(plan.split_problem)
     if not plan.train and not plan.val and not plan.test:
@@ -124,13 +124,10 @@ def _check_target(raw_root: Path, prep_root: Optional[Path], name: str, dataset_
         raise ConversionError(f"{target} already exists: pass --overwrite to replace it or choose another -d")
 
 
-def _check_not_inside_source(source: Path, raw_root: Path, target: Path) -> None:
-    """Refuse a dataset folder (or its hidden siblings in ``raw_root``) inside the source folder, and a
-    source folder inside the dataset folder it would replace."""
-    source, raw, out = source.resolve(), raw_root.resolve(), target.resolve()
-    if source == raw or source in raw.parents:
-        raise ConversionError(f"nnUNet_raw {raw_root} is inside the source folder {source}: the dataset would be "
-                              f"written into its own input; point nnUNet_raw elsewhere")
+def _check_source_outside_target(source: Path, target: Path) -> None:
+    """Refuse a source folder that is, or lies inside, the dataset folder this conversion writes (and
+    ``--overwrite`` replaces)."""
+    source, out = source.resolve(), target.resolve()
     if source == out or out in source.parents:
         raise ConversionError(f"the source folder {source} is inside {target}, the dataset this conversion writes "
                               f"(and --overwrite replaces): copy the source elsewhere first")
