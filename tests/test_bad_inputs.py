@@ -550,6 +550,12 @@ def _compare_argv(tmp: Path, dataset: str) -> List[str]:
     return ["-d", dataset, "--device", "cpu", "-o", str(tmp / "comparison")]
 
 
+def cmp_negative_option(option: str):
+    def setup(tmp, env):
+        return [*_compare_argv(tmp, "802"), option, "-1"]
+    return setup
+
+
 def cmp_unknown_dataset(tmp, env):
     return _compare_argv(tmp, "777")
 
@@ -708,6 +714,9 @@ ROWS = [
     Row("compare/no_test_labels", "compare", cmp_no_test_labels, 2, [f"{COMPARE_DATASET}/labelsTs", "not found"]),
     Row("compare/baseline_model_missing", "compare", cmp_baseline_model_missing, 2,
         ["no trained model: ", "nnUNetTrainer__nnUNetPlans__2d/fold_0/checkpoint_final.pth not found (train it first"]),
+    Row("compare/npp_negative", "compare", cmp_negative_option("-npp"), 2, ["-npp must be 0 or more, got -1"]),
+    Row("compare/num_overlays_negative", "compare", cmp_negative_option("--num-overlays"), 2,
+        ["--num-overlays must be 0 or more, got -1"]),
     Row("compare/zero_byte_checkpoint", "compare", cmp_zero_byte_checkpoint, 2,
         ["nnUNetTrainer__nnUNetPlans__2d/fold_0/checkpoint_final.pth is empty (0 bytes)"]),
     Row("compare/truncated_checkpoint", "compare", cmp_truncated_checkpoint, 2,

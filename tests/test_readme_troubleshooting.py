@@ -217,6 +217,19 @@ def seed_not_a_number(tmp, env) -> str:
         return _error_of(run_seed_from_environment)
 
 
+def recipe_file_missing(tmp, env) -> str:
+    from nnunetv2_meddisseg.training.recipe import read_override_file
+
+    return _error_of(lambda: read_override_file(str(tmp / "budget.json")))
+
+
+def recipe_file_truncated(tmp, env) -> str:
+    from nnunetv2_meddisseg.training.recipe import read_override_file
+
+    (tmp / "budget.json").write_text('{"num_epochs": ')
+    return _error_of(lambda: read_override_file(str(tmp / "budget.json")))
+
+
 TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "RuntimeError: Could not find requested nnunet trainer nnUNetTrainerMedDisSeg in nnunetv2.training.nnUNetTrainer":
         trainer_not_found,
@@ -270,6 +283,8 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     ".../checkpoint_best.pth over it to resume from the best epoch, or train again without --c":
         truncated_checkpoint_latest,
     "ValueError: nnUNet_meddisseg_seed must be an integer >= 0, got '...'": seed_not_a_number,
+    "ValueError: nnUNet_meddisseg_recipe: cannot read the recipe override file '...'": recipe_file_missing,
+    "not a JSON file of recipe overrides": recipe_file_truncated,
     "RuntimeError: input with NaN or inf values in a training batch": nan_batch,
     "WARNING: a training batch holds a single sample: the dispersive loss needs at least two samples":
         single_sample_batch,

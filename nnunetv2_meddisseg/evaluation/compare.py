@@ -123,6 +123,9 @@ def _compare_command(argv: Optional[Sequence[str]]) -> None:
     from nnunetv2.paths import nnUNet_raw, nnUNet_results
 
     args = _parser().parse_args(argv)
+    for option, value in (("-npp", args.npp), ("--num-overlays", args.num_overlays)):
+        if value < 0:
+            raise UserError(f"{option} must be 0 or more, got {value}")
     dataset_name = _dataset_name(args.d)
     raw = os.path.join(nnUNet_raw.get(), dataset_name)
     labels, file_ending = load_dataset_json_labels(os.path.join(raw, "dataset.json"))
