@@ -12,6 +12,10 @@ is two more tensors per weight, so a checkpoint is about three times its weights
 the same files, each ``checkpoint_*.pth`` reduced to those keys (training cannot resume from them).
 ``nnUNetv2_export_model_to_zip`` zips whatever the folder holds: run it on a results tree that holds
 the reduced copy to share the smaller files.
+
+Checkpoints are read with ``weights_only=True`` (``torch_files``): a model folder someone shares can
+hold a checkpoint whose pickle would run code, and such a checkpoint is refused, never run. The copy
+carries no temporary files (``*.tmp``, ``*.partial``) and may not lie inside MODEL_FOLDER.
 """
 from __future__ import annotations
 

@@ -9,6 +9,13 @@ dataset folder, no plans JSON, no summary, no comparison folder). Rows with exit
 documented graceful paths (a JPEG-noisy mask is thresholded, ``--overwrite`` replaces a dataset)
 and controls showing that the inputs the failing rows break are otherwise accepted.
 
+No error line ever advises ``weights_only=False``. Files carrying a pickle payload (``tests/payload.py``: its
+unpickling would create a file under ``tmp_path``) are refused without running it: the encoder file of
+``plan``, the checkpoints ``compare`` hands to nnU-Net, and, in the functions after the table, the encoder
+file the trainer reads, the checkpoint ``--c`` resumes from and the ablation's checkpoints (the shared model
+folder's in tests/test_sharing.py, the benchmark's in tests/benchmarks/test_weight_travel.py). Writes that
+fail half-way (a simulated full disk) are tested after the table too.
+
 Nothing here runs nnU-Net's planning, preprocessing or training: plan rows use a hand-written
 ``nnUNetPlans.json`` with an empty ``nnUNetPlans_2d`` folder. The train rows of the bad-input table are tested
 elsewhere: ``-c 3d_fullres``, input with NaN and batch size 1 in tests/training/test_trainer_meddisseg.py
