@@ -19,6 +19,8 @@ import torch
 
 from common import DEFAULT_OUT, command_line, machine_info, markdown_table, write_results
 
+from nnunetv2_meddisseg.torch_files import load_weights_only
+
 
 def norm_travel(state_dict: Mapping[str, torch.Tensor]) -> Dict[str, dict]:
     """Per top-level module: number of normalisation layers, mean |gamma - 1| and mean |beta|.
@@ -77,7 +79,7 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     runs = {}
     for checkpoint in find_checkpoints(args.paths):
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        state = load_weights_only(checkpoint, "checkpoint")
         runs[run_label(checkpoint)] = norm_travel(state.get("network_weights", state))
     rows = [[label, part, t["layers"], f"{t['gamma_travel']:.2e}", f"{t['beta_travel']:.2e}"]
             for label, parts in runs.items() for part, t in parts.items()]

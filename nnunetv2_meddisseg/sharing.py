@@ -12,10 +12,16 @@ is two more tensors per weight, so a checkpoint is about three times its weights
 the same files, each ``checkpoint_*.pth`` reduced to those keys (training cannot resume from them).
 ``nnUNetv2_export_model_to_zip`` zips whatever the folder holds: run it on a results tree that holds
 the reduced copy to share the smaller files.
+
+Checkpoints are read with ``weights_only=True`` (``torch_files``): a model folder someone shares can
+hold a checkpoint whose pickle would run code, and such a checkpoint is refused, never run. The copy
+carries no temporary files (``*.tmp``, ``*.partial``) and may not lie inside MODEL_FOLDER.
 """
 from __future__ import annotations
 
 import argparse
+import io
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -24,7 +30,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import torch
 
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
-from nnunetv2_meddisseg.training.base import atomic_torch_save
+from nnunetv2_meddisseg.torch_files import UnsafeTorchFile, load_weights_only
 
 __all__ = ["PREDICTION_KEYS", "weights_only_checkpoint", "copy_weights_only", "main"]
 
@@ -32,6 +38,8 @@ __all__ = ["PREDICTION_KEYS", "weights_only_checkpoint", "copy_weights_only", "m
 PREDICTION_KEYS = ("network_weights", "trainer_name", "init_args", "inference_allowed_mirroring_axes",
                    "current_epoch")
 PROG = "nnUNetv2_meddisseg_weights_only"
+#: files a share never carries: temporaries of interrupted writes (``checkpoint_*.pth.<pid>.tmp``, ...)
+TEMPORARY_SUFFIXES = (".tmp", ".partial")
 
 
 def weights_only_checkpoint(checkpoint: Mapping[str, object], source: str = "checkpoint") -> Dict[str, object]:
@@ -44,14 +52,22 @@ def weights_only_checkpoint(checkpoint: Mapping[str, object], source: str = "che
 
 
 def copy_weights_only(model_folder: Path, output_folder: Path) -> List[Path]:
-    """Copy ``model_folder`` to ``output_folder`` (which must not exist or be empty) with every
-    ``checkpoint_*.pth`` reduced by :func:`weights_only_checkpoint`; returns the reduced checkpoints.
+    """Copy ``model_folder`` to ``output_folder`` (which must not exist or be empty, nor lie inside
+    ``model_folder``) with every ``checkpoint_*.pth`` reduced by :func:`weights_only_checkpoint` and
+    without temporary files (``*.tmp``, ``*.partial``); returns the reduced checkpoints.
 
-    Every checkpoint is read before anything is written, so a bad one leaves no output behind."""
+    Checkpoints are read with ``weights_only=True`` (``torch_files``): one holding other objects is
+    refused, never run. Every checkpoint is read before anything is written, and the copy is written
+    into a hidden sibling that is renamed into place at the end, so a bad checkpoint or a failed write
+    (disk full, read-only) leaves no output behind."""
     model_folder, output_folder = Path(model_folder), Path(output_folder)
     if not (model_folder / "plans.json").is_file() or not list(model_folder.glob("fold_*")):
         raise UserError(f"{model_folder} is not a trained nnU-Net model folder: expected plans.json and fold_* "
                         f"folders (<trainer>__<plans>__<configuration> under $nnUNet_results/<dataset>)")
+    source, target = model_folder.resolve(), output_folder.resolve()
+    if target == source or source in target.parents or target in source.parents:
+        raise UserError(f"OUTPUT_FOLDER {output_folder} is inside MODEL_FOLDER {model_folder} (or holds it): choose "
+                        f"a folder outside the model folder")
     if output_folder.exists() and (not output_folder.is_dir() or any(output_folder.iterdir())):
         raise UserError(f"{output_folder} exists and is not an empty folder: choose a new OUTPUT_FOLDER")
     checkpoints = sorted(model_folder.glob("fold_*/checkpoint_*.pth"))
@@ -60,19 +76,54 @@ def copy_weights_only(model_folder: Path, output_folder: Path) -> List[Path]:
     reduced = {}
     for path in checkpoints:
         try:
-            loaded = torch.load(path, map_location="cpu", weights_only=False)
+            loaded = load_weights_only(path, "checkpoint")
+        except UnsafeTorchFile as e:
+            raise UserError(str(e)) from None
         except Exception as e:  # noqa: BLE001 - any unreadable file is the user's file
             raise UserError(f"{path} cannot be read as a checkpoint ({type(e).__name__}: {e})") from e
         if not isinstance(loaded, Mapping):
             raise UserError(f"{path} is not an nnU-Net checkpoint: it holds a {type(loaded).__name__}, not a dict")
         reduced[path.relative_to(model_folder)] = weights_only_checkpoint(loaded, str(path))
-    shutil.copytree(model_folder, output_folder, dirs_exist_ok=True,
-                    ignore=lambda folder, names: [n for n in names if n.startswith("checkpoint_") and n.endswith(".pth")])
-    written = []
-    for relative, checkpoint in reduced.items():
-        atomic_torch_save(checkpoint, str(output_folder / relative))
-        written.append(output_folder / relative)
-    return written
+    partial = target.parent / f".{target.name}.partial"
+    try:
+        if partial.exists():
+            shutil.rmtree(partial)
+        shutil.copytree(model_folder, partial, ignore=_not_shared)
+        for relative, checkpoint in reduced.items():
+            _save(checkpoint, partial / relative)
+        if output_folder.exists():
+            output_folder.rmdir()
+        os.replace(partial, target)
+    except OSError as e:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise UserError(f"cannot write the copy {output_folder}: {_os_error(e)}") from None
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return [output_folder / relative for relative in reduced]
+
+
+def _save(checkpoint: Mapping[str, object], path: Path) -> None:
+    """``torch.save`` through memory, so that a failed write is the OSError naming ``path`` and its cause
+    (torch's own writer reports a full disk as a RuntimeError without either)."""
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)
+    with open(path, "wb") as f:
+        f.write(buffer.getbuffer())
+
+
+def _not_shared(folder: str, names: List[str]) -> List[str]:
+    """``shutil.copytree``'s ignore: checkpoints (written reduced) and temporary files."""
+    return [n for n in names if (n.startswith("checkpoint_") and n.endswith(".pth")) or n.endswith(TEMPORARY_SUFFIXES)]
+
+
+def _os_error(e: OSError) -> str:
+    """``<path>: <strerror>`` of an OSError (shutil.Error: its first failure)."""
+    if isinstance(e, shutil.Error) and e.args and isinstance(e.args[0], list) and e.args[0]:
+        source, destination, why = e.args[0][0]
+        return f"{destination}: {why}"
+    where = e.filename if e.filename is not None else ""
+    return f"{where}: {e.strerror or e}" if where else (e.strerror or str(e))
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -9,6 +9,13 @@ dataset folder, no plans JSON, no summary, no comparison folder). Rows with exit
 documented graceful paths (a JPEG-noisy mask is thresholded, ``--overwrite`` replaces a dataset)
 and controls showing that the inputs the failing rows break are otherwise accepted.
 
+No error line ever advises ``weights_only=False``. Files carrying a pickle payload (``tests/payload.py``: its
+unpickling would create a file under ``tmp_path``) are refused without running it: the encoder file of
+``plan``, the checkpoints ``compare`` hands to nnU-Net, and, in the functions after the table, the encoder
+file the trainer reads, the checkpoint ``--c`` resumes from and the ablation's checkpoints (the shared model
+folder's in tests/test_sharing.py, the benchmark's in tests/benchmarks/test_weight_travel.py). Writes that
+fail half-way (a simulated full disk) are tested after the table too.
+
 Nothing here runs nnU-Net's planning, preprocessing or training: plan rows use a hand-written
 ``nnUNetPlans.json`` with an empty ``nnUNetPlans_2d`` folder. The train rows of the bad-input table are tested
 elsewhere: ``-c 3d_fullres``, input with NaN and batch size 1 in tests/training/test_trainer_meddisseg.py
@@ -148,22 +155,65 @@ def conv_undeclared_label(tmp, env):
 def conv_dataset_exists(tmp, env):
     argv = _kvasir(tmp)
     assert convert_main(argv) == 0
-    return [*argv, "--resize", "8"]
+    return [*argv, "--resize", "16"]
 
 
 def conv_resize_zero(tmp, env):
     return [*_kvasir(tmp), "--resize", "0"]
 
 
+def conv_resize_one(tmp, env):
+    return [*_kvasir(tmp), "--resize", "1"]
+
+
+def conv_blue_masks(tmp, env):
+    """Masks drawn in pure blue (grey value 29 by the usual conversion)."""
+    argv = _kvasir(tmp)
+    for case in KVASIR_IDS:
+        path = tmp / "Kvasir-SEG" / "masks" / f"{case}.jpg"
+        mask = np.asarray(Image.open(path)).copy()
+        mask[..., :2] = 0
+        save(mask, path, quality=100)
+    return argv
+
+
+def check_blue_masks_kept(tmp, env):
+    labels = env["nnUNet_raw"] / KVASIR_DATASET / "labelsTr"
+    for case in ("k0", "k1", "k2"):
+        label = read_png(labels / f"{case}.png")
+        assert label.any()
+        np.testing.assert_array_equal(label, expected_binary(tmp / "Kvasir-SEG" / "masks" / f"{case}.jpg"))
+
+
+def conv_faint_mask(tmp, env):
+    """k2's mask drawn at grey 100: below the JPEG threshold, it would come out empty."""
+    argv = _kvasir(tmp)
+    path = tmp / "Kvasir-SEG" / "masks" / "k2.jpg"
+    mask = np.asarray(Image.open(path).convert("L"))
+    save(np.where(mask > 127, 100, 0).astype(np.uint8), path, quality=100)
+    return argv
+
+
+def conv_source_is_the_dataset(tmp, env):
+    """--overwrite with the dataset of this ID as the source: it would replace its own input."""
+    argv = _kvasir(tmp)
+    assert convert_main(argv) == 0
+    target = env["nnUNet_raw"] / KVASIR_DATASET
+    (target / "Kvasir-SEG").mkdir()
+    for sub in ("images", "masks"):
+        (tmp / "Kvasir-SEG" / sub).rename(target / "Kvasir-SEG" / sub)
+    return ["kvasir-seg", str(target / "Kvasir-SEG"), "-d", "31", "--split-file", argv[5], "-np", "1", "--overwrite"]
+
+
 def conv_overwrite_replaces(tmp, env):
     argv = _kvasir(tmp)
     assert convert_main(argv) == 0
-    return [*argv, "--resize", "8", "--overwrite"]
+    return [*argv, "--resize", "16", "--overwrite"]
 
 
 def check_overwrite_replaced(tmp, env):
     labels = env["nnUNet_raw"] / KVASIR_DATASET / "labelsTr"
-    assert read_png(labels / "k0.png").shape == (8, 8)
+    assert read_png(labels / "k0.png").shape == (16, 16)
     assert sorted(p.name for p in env["nnUNet_raw"].iterdir()) == [KVASIR_DATASET]
 
 
@@ -268,6 +318,49 @@ def plan_batch_size_zero(tmp, env):
     return ["-d", "801", "--batch-size", "0"]
 
 
+def plan_name_is_a_path(tmp, env):
+    _fake_preprocessed(env)
+    return ["-d", "801", "--plans-name", "../../x"]
+
+
+def plan_memory_target(value: str):
+    def setup(tmp, env):
+        _fake_preprocessed(env)
+        return ["-d", "801", "--gpu-memory-target", value]
+    return setup
+
+
+def plan_rerun_other_settings(tmp, env):
+    argv = plan_ok(tmp, env)
+    assert plan_main(argv) == 0
+    return ["-d", "801", "--batch-size", "4"]
+
+
+def plan_rerun_same_settings(tmp, env):
+    argv = plan_ok(tmp, env)
+    assert plan_main(argv) == 0
+    return argv
+
+
+def plan_rerun_overwrite(tmp, env):
+    argv = plan_ok(tmp, env)
+    assert plan_main(argv) == 0
+    return ["-d", "801", "--batch-size", "4", "--overwrite"]
+
+
+def check_plan_batch_4(tmp, env):
+    plans = json.loads((env["nnUNet_preprocessed"] / PLAN_DATASET / "nnUNetMedDisSegPlans.json").read_text())
+    assert plans["configurations"]["2d"]["batch_size"] == 4
+
+
+def plan_truncated_json(name: str):
+    def setup(tmp, env):
+        file = _fake_preprocessed(env) / name
+        file.write_text(file.read_text()[:40])
+        return ["-d", "801"]
+    return setup
+
+
 def plan_weights_missing(tmp, env):
     _fake_preprocessed(env)
     return ["-d", "801", "--encoder-weights", str(tmp / "nope.pth")]
@@ -289,6 +382,25 @@ def plan_weights_pickled_model(tmp, env):
     _fake_preprocessed(env)
     torch.save(torch.nn.Conv2d(3, 4, 1), tmp / "model.pth")  # the module, not its state_dict()
     return ["-d", "801", "--encoder-weights", str(tmp / "model.pth")]
+
+
+def plan_weights_payload(tmp, env):
+    """An encoder file whose unpickling would create ``payload_ran`` (see tests/payload.py)."""
+    from payload import Payload
+
+    _fake_preprocessed(env)
+    state = _encoder_state_dict()
+    state["layer2.0.conv1.weight"] = Payload(tmp / "payload_ran")
+    torch.save(state, tmp / "payload.pth")
+    return ["-d", "801", "--encoder-weights", str(tmp / "payload.pth")]
+
+
+def plan_weights_nan(tmp, env):
+    _fake_preprocessed(env)
+    state = _encoder_state_dict()
+    state["layer1.0.conv1.weight"][0, 0, 0, 0] = float("nan")
+    torch.save(state, tmp / "nan.pth")
+    return ["-d", "801", "--encoder-weights", str(tmp / "nan.pth")]
 
 
 def plan_weights_wrong_shapes(tmp, env):
@@ -337,6 +449,22 @@ def check_eval_summary(tmp, env):
     summary = json.loads((tmp / "out" / "summary.json").read_text())
     assert [c["case"] for c in summary["metric_per_case"]] == ["a", "b", "c"]
     assert summary["mean"]["dice"] == 1.0
+
+
+def eval_output_is_a_reference_label(tmp, env):
+    argv = _eval_folders(tmp)
+    return [*argv[:-1], str(tmp / "ref" / "a.png")]
+
+
+def eval_output_inside_prediction_folder(tmp, env):
+    argv = _eval_folders(tmp)
+    return [*argv[:-1], str(tmp / "pred" / "summary.json")]
+
+
+def eval_output_is_a_folder(tmp, env):
+    argv = _eval_folders(tmp)
+    (tmp / "out").mkdir()
+    return [*argv[:-1], str(tmp / "out")]
 
 
 def eval_missing_cases(tmp, env):
@@ -429,6 +557,12 @@ def _compare_argv(tmp: Path, dataset: str) -> List[str]:
     return ["-d", dataset, "--device", "cpu", "-o", str(tmp / "comparison")]
 
 
+def cmp_negative_option(option: str):
+    def setup(tmp, env):
+        return [*_compare_argv(tmp, "802"), option, "-1"]
+    return setup
+
+
 def cmp_unknown_dataset(tmp, env):
     return _compare_argv(tmp, "777")
 
@@ -451,6 +585,49 @@ def cmp_meddisseg_model_missing(tmp, env):
     return _compare_argv(tmp, "802")
 
 
+def _two_models(env: Env, baseline: object, meddisseg: object = None) -> Dict[str, Path]:
+    """Both models' ``fold_0/checkpoint_final.pth``: bytes written as they are, anything else with torch.save."""
+    files = {}
+    for name, content in (("nnUNetTrainer__nnUNetPlans__2d", baseline),
+                          ("nnUNetTrainerMedDisSeg__nnUNetMedDisSegPlans__2d", meddisseg)):
+        fold = env["nnUNet_results"] / COMPARE_DATASET / name / "fold_0"
+        fold.mkdir(parents=True)
+        files[name] = fold / "checkpoint_final.pth"
+        if isinstance(content, bytes):
+            files[name].write_bytes(content)
+        else:
+            torch.save(content if content is not None else {"network_weights": {}}, files[name])
+    return files
+
+
+def cmp_zero_byte_checkpoint(tmp, env):
+    _raw_with_test_set(env)
+    _two_models(env, b"")
+    return _compare_argv(tmp, "802")
+
+
+def cmp_truncated_checkpoint(tmp, env):
+    _raw_with_test_set(env)
+    files = _two_models(env, {"network_weights": {"w": torch.zeros(1000)}})
+    data = files["nnUNetTrainer__nnUNetPlans__2d"].read_bytes()
+    files["nnUNetTrainer__nnUNetPlans__2d"].write_bytes(data[: len(data) // 2])
+    return _compare_argv(tmp, "802")
+
+
+def cmp_checkpoint_payload(tmp, env):
+    from payload import Payload
+
+    _raw_with_test_set(env)
+    _two_models(env, {"network_weights": {}}, {"network_weights": {}, "logging": Payload(tmp / "payload_ran")})
+    return _compare_argv(tmp, "802")
+
+
+def cmp_output_inside_test_labels(tmp, env):
+    raw = _raw_with_test_set(env)
+    _two_models(env, {"network_weights": {}})
+    return [*_compare_argv(tmp, "802")[:-1], str(raw / "labelsTs" / "comparison")]
+
+
 # ------------------------------------------------------------------------------------------------
 
 ROWS = [
@@ -464,6 +641,12 @@ ROWS = [
     Row("convert/undeclared_label", "convert", conv_undeclared_label, 2, ["label0006.nii.gz", "14"]),
     Row("convert/dataset_exists", "convert", conv_dataset_exists, 2, [KVASIR_DATASET, "already exists", "--overwrite"]),
     Row("convert/resize_zero", "convert", conv_resize_zero, 2, ["--resize", "0", "positive"]),
+    Row("convert/resize_one", "convert", conv_resize_one, 2, ["--resize must be at least 16 pixels", "got 1"]),
+    Row("convert/blue_masks_kept", "convert", conv_blue_masks, 0, check=check_blue_masks_kept),
+    Row("convert/faint_mask_would_be_empty", "convert", conv_faint_mask, 2,
+        ["mask ", "masks/k2.jpg would be written empty: its values reach", "but none exceeds half its range (127.5)"]),
+    Row("convert/source_inside_the_dataset", "convert", conv_source_is_the_dataset, 2,
+        [f"{KVASIR_DATASET}/Kvasir-SEG is inside ", "the dataset this conversion writes (and --overwrite replaces)"]),
     Row("convert/overwrite_replaces", "convert", conv_overwrite_replaces, 0, check=check_overwrite_replaced),
     Row("convert/noisy_jpeg_mask_thresholded", "convert", conv_noisy_jpeg_mask, 0, check=check_noisy_mask_thresholded),
     Row("plan/ok", "plan", plan_ok, 0, check=check_plan_written),
@@ -476,6 +659,23 @@ ROWS = [
     Row("plan/patch_not_multiple_of_16", "plan", plan_patch_not_multiple_of_16, 2,
         ["--patch-size", "multiples of 16", "50 64"]),
     Row("plan/batch_size_zero", "plan", plan_batch_size_zero, 2, ["--batch-size", "at least 1", "0"]),
+    Row("plan/plans_name_is_a_path", "plan", plan_name_is_a_path, 2,
+        ["--plans-name must be a name of letters, digits", "not a path: got '../../x'"]),
+    Row("plan/gpu_memory_target_nan", "plan", plan_memory_target("nan"), 2,
+        ["--gpu-memory-target must be a finite number of GB above 0, got nan"]),
+    Row("plan/gpu_memory_target_inf", "plan", plan_memory_target("inf"), 2,
+        ["--gpu-memory-target must be a finite number of GB above 0, got inf"]),
+    Row("plan/gpu_memory_target_negative", "plan", plan_memory_target("-3"), 2,
+        ["--gpu-memory-target must be a finite number of GB above 0, got -3.0"]),
+    Row("plan/rerun_other_settings", "plan", plan_rerun_other_settings, 2,
+        [f"{PLAN_DATASET}/nnUNetMedDisSegPlans.json exists with other settings (configurations.2d.batch_size: 2 -> 4)",
+         "pass --overwrite to replace it"]),
+    Row("plan/rerun_same_settings", "plan", plan_rerun_same_settings, 0, check=check_plan_written),
+    Row("plan/rerun_overwrite", "plan", plan_rerun_overwrite, 0, check=check_plan_batch_4),
+    Row("plan/truncated_source_plans", "plan", plan_truncated_json("nnUNetPlans.json"), 2,
+        [f"{PLAN_DATASET}/nnUNetPlans.json is not valid JSON", "rerun nnUNetv2_plan_and_preprocess -d 801"]),
+    Row("plan/truncated_dataset_json", "plan", plan_truncated_json("dataset.json"), 2,
+        [f"{PLAN_DATASET}/dataset.json is not valid JSON"]),
     Row("plan/weights_missing", "plan", plan_weights_missing, 2, ["--encoder-weights", "nope.pth", "does not exist"]),
     Row("plan/weights_not_a_state_dict", "plan", plan_weights_not_a_state_dict, 2,
         ["--encoder-weights", "list.pth", "not a state dict", "list"]),
@@ -483,10 +683,21 @@ ROWS = [
         ["--encoder-weights", "weights.pth", "not a file written by torch.save"]),
     Row("plan/weights_pickled_model", "plan", plan_weights_pickled_model, 2,
         ["--encoder-weights", "model.pth", "not a plain state dict", "state_dict()"]),
+    Row("plan/weights_payload_not_run", "plan", plan_weights_payload, 2,
+        ["--encoder-weights", "payload.pth", f"not a plain state dict (needs GLOBAL {open.__module__}.open;",
+         "not loaded, since loading them can run code"]),
+    Row("plan/weights_nan", "plan", plan_weights_nan, 2,
+        ["--encoder-weights", "nan.pth", "key 'layer1.0.conv1.weight' holds NaN or inf values"]),
     Row("plan/weights_wrong_shapes", "plan", plan_weights_wrong_shapes, 2,
         ["--encoder-weights", "wrong.pth", "'layer2.0.conv1.weight'", "(3, 3, 1, 1)"]),
     Row("plan/weights_ok", "plan", plan_weights_ok, 0, check=check_plan_names_weights),
     Row("evaluate/ok", "evaluate", eval_ok, 0, check=check_eval_summary),
+    Row("evaluate/output_is_a_reference_label", "evaluate", eval_output_is_a_reference_label, 2,
+        ["-o ", "ref/a.png is inside -ref ", "the summary would be written into the input; choose a file outside it"]),
+    Row("evaluate/output_inside_prediction_folder", "evaluate", eval_output_inside_prediction_folder, 2,
+        ["pred/summary.json is inside -pred "]),
+    Row("evaluate/output_is_a_folder", "evaluate", eval_output_is_a_folder, 2,
+        ["out is a folder: name the summary file, e.g. ", "out/summary.json"]),
     Row("evaluate/missing_cases", "evaluate", eval_missing_cases, 2,
         ["prediction folder", "lacks 2 of 3 cases", "first missing: b.png"]),
     Row("evaluate/different_file_endings", "evaluate", eval_different_endings, 2,
@@ -510,6 +721,18 @@ ROWS = [
     Row("compare/no_test_labels", "compare", cmp_no_test_labels, 2, [f"{COMPARE_DATASET}/labelsTs", "not found"]),
     Row("compare/baseline_model_missing", "compare", cmp_baseline_model_missing, 2,
         ["no trained model: ", "nnUNetTrainer__nnUNetPlans__2d/fold_0/checkpoint_final.pth not found (train it first"]),
+    Row("compare/npp_negative", "compare", cmp_negative_option("-npp"), 2, ["-npp must be 0 or more, got -1"]),
+    Row("compare/num_overlays_negative", "compare", cmp_negative_option("--num-overlays"), 2,
+        ["--num-overlays must be 0 or more, got -1"]),
+    Row("compare/zero_byte_checkpoint", "compare", cmp_zero_byte_checkpoint, 2,
+        ["nnUNetTrainer__nnUNetPlans__2d/fold_0/checkpoint_final.pth is empty (0 bytes)"]),
+    Row("compare/truncated_checkpoint", "compare", cmp_truncated_checkpoint, 2,
+        ["nnUNetTrainer__nnUNetPlans__2d/fold_0/checkpoint_final.pth cannot be read as a checkpoint (truncated or corrupt?"]),
+    Row("compare/checkpoint_payload_not_run", "compare", cmp_checkpoint_payload, 2,
+        ["nnUNetTrainerMedDisSeg__nnUNetMedDisSegPlans__2d/fold_0/checkpoint_final.pth holds pickled objects other than "
+         "tensors", "it was not loaded, since loading such objects can run code"]),
+    Row("compare/output_inside_test_labels", "compare", cmp_output_inside_test_labels, 2,
+        ["-o ", "labelsTs/comparison is inside the input folder ", "choose a folder outside it"]),
     Row("compare/meddisseg_model_missing", "compare", cmp_meddisseg_model_missing, 2,
         ["no trained model: neither ",
          "nnUNetTrainerMedDisSeg__nnUNetMedDisSegPlans__2d/fold_0/checkpoint_final.pth nor ",
@@ -527,6 +750,7 @@ def test_bad_input(row: Row, tmp_path, env, capsys):
     code = run_entry_point(row.command, argv)
     out, err = capsys.readouterr()
     assert "Traceback" not in err and "Traceback" not in out
+    assert "weights_only" not in err  # never the advice to load with weights_only=False
     assert code == row.exit_code, f"exit code {code}, expected {row.exit_code}; stderr: {err}"
     if row.exit_code == 0:
         row.check(work, env)
@@ -563,3 +787,135 @@ def test_table_covers_every_command_and_train_row():
     tests = Path(__file__).resolve().parent
     for case, (file, test) in TRAIN_ROWS.items():
         assert f"\ndef {test}(" in (tests / file).read_text(), f"train row {case!r}: {test} not in tests/{file}"
+
+
+# ------------------------------------------------------------------------------------------------
+# pickle payloads in the other files we load (the plan's encoder file is a row above, the shared model
+# folder's checkpoints in tests/test_sharing.py): refused, never run, and no advice to load unsafely
+
+
+def test_encoder_weights_payload_is_refused_without_unsafe_advice(tmp_path):
+    """What the trainer (and the network's constructor) reports for an encoder file carrying code."""
+    from payload import Payload
+
+    from nnunetv2_meddisseg.blocks.encoder import ResNet50Encoder, load_resnet50_weights
+
+    state = _encoder_state_dict()
+    state["conv1.weight"] = Payload(tmp_path / "payload_ran")
+    torch.save(state, tmp_path / "encoder.pth")
+    with pytest.raises(ValueError) as e:
+        load_resnet50_weights(ResNet50Encoder(3), str(tmp_path / "encoder.pth"))
+    message = str(e.value)
+    assert message == (f"encoder weights {tmp_path / 'encoder.pth'} holds pickled objects other than tensors, numbers "
+                       f"and containers (needs GLOBAL {open.__module__}.open); it was not loaded, since loading such objects "
+                       f"can run code: save plain data (state_dict() and built-in types) instead")
+    assert "weights_only" not in message and not (tmp_path / "payload_ran").exists()
+
+
+def test_encoder_weights_with_nan_are_refused(tmp_path):
+    from nnunetv2_meddisseg.blocks.encoder import ResNet50Encoder, load_resnet50_weights
+
+    state = _encoder_state_dict()
+    state["bn1.running_var"][3] = float("inf")
+    torch.save(state, tmp_path / "inf.pth")
+    with pytest.raises(ValueError, match=r"key 'bn1.running_var' holds NaN or inf values \(expected finite weights\)"):
+        load_resnet50_weights(ResNet50Encoder(3), str(tmp_path / "inf.pth"))
+
+
+def test_ablation_checkpoint_payload_is_refused(tmp_path):
+    """The ablation table reads the training time of each run's checkpoint."""
+    import numpy as np
+    from payload import Payload
+
+    from nnunetv2_meddisseg.ablation.runs import _training_seconds
+    from nnunetv2_meddisseg.torch_files import UnsafeTorchFile
+
+    logging = {"epoch_start_timestamps": [np.float64(1.0)], "epoch_end_timestamps": [np.float64(3.5)]}
+    torch.save({"logging": logging}, tmp_path / "checkpoint_final.pth")
+    assert _training_seconds(tmp_path / "checkpoint_final.pth") == 2.5
+    logging["epoch_end_timestamps"] = [Payload(tmp_path / "payload_ran")]
+    torch.save({"logging": logging}, tmp_path / "checkpoint_final.pth")
+    with pytest.raises(UnsafeTorchFile, match=f"needs GLOBAL {open.__module__}.open"):
+        _training_seconds(tmp_path / "checkpoint_final.pth")
+    assert not (tmp_path / "payload_ran").exists()
+
+
+def test_evaluate_write_failure_leaves_nothing(tmp_path, env, capsys, monkeypatch):
+    """A full disk while the summary is written: one line naming the file and the OS error, no ``.tmp``."""
+    import errno
+
+    import nnunetv2_meddisseg.evaluation.evaluate as evaluate
+
+    argv = _eval_folders(tmp_path)
+    real_dump = json.dump
+
+    def disk_full(obj, f, **kwargs):
+        f.write("{")
+        raise OSError(errno.ENOSPC, "No space left on device", f.name)
+
+    monkeypatch.setattr(evaluate.json, "dump", disk_full)
+    before = _tree(tmp_path)
+    assert run_entry_point("evaluate", argv) == 2
+    monkeypatch.setattr(evaluate.json, "dump", real_dump)
+    err = capsys.readouterr().err.strip()
+    assert err == f"nnUNetv2_meddisseg_evaluate: error: cannot write the summary {tmp_path / 'out' / 'summary.json'}: " \
+                  f"No space left on device"
+    assert _tree(tmp_path) - before <= {"out"}  # the folder -o names may stay, never a file
+
+
+def test_convert_write_failure_leaves_nothing_and_names_the_path(tmp_path, env, capsys, monkeypatch):
+    """A full disk while a case is written: one line naming the file and the OS error, no partial folder."""
+    import errno
+
+    import nnunetv2_meddisseg.datasets.image_io as image_io
+
+    work = tmp_path / "work"
+    argv = _kvasir(work)
+    real_save = Image.Image.save
+
+    def disk_full(self, fp, *args, **kwargs):
+        if str(fp).endswith("k2.png"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(fp))
+        return real_save(self, fp, *args, **kwargs)
+
+    monkeypatch.setattr(image_io.Image.Image, "save", disk_full)
+    before = _tree(tmp_path)
+    assert run_entry_point("convert", argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"nnUNetv2_meddisseg_convert: error: cannot write {env['nnUNet_raw']}/.{KVASIR_DATASET}.partial/")
+    assert err.endswith("labelsTr/k2.png: No space left on device") and err.count("\n") == 0
+    assert _tree(tmp_path) == before
+
+
+# ------------------------------------------------------------------------------------------------
+# nnUNetv2_train --c: the checkpoint our trainers resume from (read before nnU-Net reads it)
+
+
+def test_truncated_checkpoint_latest_names_the_file_and_checkpoint_best(tmp_path):
+    from nnunetv2_meddisseg.training.base import _read_checkpoint_for_resuming
+
+    latest, best = tmp_path / "checkpoint_latest.pth", tmp_path / "checkpoint_best.pth"
+    torch.save({"network_weights": {"w": torch.zeros(1000)}}, best)
+    latest.write_bytes(best.read_bytes()[:1500])
+    with pytest.raises(RuntimeError) as e:
+        _read_checkpoint_for_resuming(str(latest))
+    message = str(e.value)
+    assert message.startswith(f"cannot read the checkpoint {latest} (truncated or corrupt? ")
+    assert message.endswith(f"): copy {best} over it to resume from the best epoch, or train again without --c")
+    assert "\n" not in message
+    best.unlink()
+    with pytest.raises(RuntimeError, match=r"\): train again without --c$"):
+        _read_checkpoint_for_resuming(str(latest))
+
+
+def test_resuming_from_a_checkpoint_carrying_code_is_refused(tmp_path):
+    from payload import Payload
+
+    from nnunetv2_meddisseg.torch_files import UnsafeTorchFile
+    from nnunetv2_meddisseg.training.base import _read_checkpoint_for_resuming
+
+    torch.save({"network_weights": {}, "logging": {"x": [Payload(tmp_path / "payload_ran")]}},
+               tmp_path / "checkpoint_latest.pth")
+    with pytest.raises(UnsafeTorchFile, match="it was not loaded, since loading such objects can run code"):
+        _read_checkpoint_for_resuming(str(tmp_path / "checkpoint_latest.pth"))
+    assert not (tmp_path / "payload_ran").exists()

@@ -151,6 +151,85 @@ def no_gradient_epoch(tmp, env) -> str:
     return Path(trainer.log_file).read_text()
 
 
+def three_valued_mask(tmp, env) -> str:
+    import numpy as np
+    from PIL import Image
+
+    from nnunetv2_meddisseg.datasets.image_io import read_binary_mask
+
+    mask = np.zeros((10, 10), np.uint8)
+    mask[:3] = 255
+    mask[5:] = 128
+    Image.fromarray(mask).save(tmp / "mask.png")
+    return _error_of(lambda: read_binary_mask(tmp / "mask.png"))
+
+
+def nan_image(tmp, env) -> str:
+    import numpy as np
+    from PIL import Image
+
+    from nnunetv2_meddisseg.datasets.image_io import read_rgb
+
+    Image.fromarray(np.full((4, 4), np.nan, np.float32)).save(tmp / "image.tif")
+    return _error_of(lambda: read_rgb(tmp / "image.tif"))
+
+
+def foreground_vanishes(tmp, env) -> str:
+    import numpy as np
+    from PIL import Image
+
+    from nnunetv2_meddisseg.datasets.cases import SourceCase
+    from nnunetv2_meddisseg.datasets.image_io import write_binary_2d_case
+
+    mask = np.zeros((100, 100), np.uint8)
+    mask[41, 43] = 255
+    Image.fromarray(mask).save(tmp / "mask.png")
+    Image.fromarray(np.zeros((100, 100, 3), np.uint8)).save(tmp / "image.png")
+    case = SourceCase("c", tmp / "image.png", tmp / "mask.png")
+    return _error_of(lambda: write_binary_2d_case(case, tmp / "o_0000.png", tmp / "o.png", resize=16))
+
+
+def share_inside_model_folder(tmp, env) -> str:
+    from nnunetv2_meddisseg.sharing import main as share_main
+
+    model = tmp / "nnUNetTrainer__nnUNetPlans__2d"
+    (model / "fold_0").mkdir(parents=True)
+    (model / "plans.json").write_text("{}")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert share_main([str(model), str(model / "fold_0" / "shared")]) == 2
+    return err.getvalue()
+
+
+def truncated_checkpoint_latest(tmp, env) -> str:
+    from nnunetv2_meddisseg.training.base import _read_checkpoint_for_resuming
+
+    torch.save({"network_weights": {"w": torch.zeros(1000)}}, tmp / "checkpoint_best.pth")
+    (tmp / "checkpoint_latest.pth").write_bytes((tmp / "checkpoint_best.pth").read_bytes()[:1500])
+    return _error_of(lambda: _read_checkpoint_for_resuming(str(tmp / "checkpoint_latest.pth")))
+
+
+def seed_not_a_number(tmp, env) -> str:
+    from nnunetv2_meddisseg.training.base import SEED_ENVIRONMENT_VARIABLE, run_seed_from_environment
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(SEED_ENVIRONMENT_VARIABLE, "abc")
+        return _error_of(run_seed_from_environment)
+
+
+def recipe_file_missing(tmp, env) -> str:
+    from nnunetv2_meddisseg.training.recipe import read_override_file
+
+    return _error_of(lambda: read_override_file(str(tmp / "budget.json")))
+
+
+def recipe_file_truncated(tmp, env) -> str:
+    from nnunetv2_meddisseg.training.recipe import read_override_file
+
+    (tmp / "budget.json").write_text('{"num_epochs": ')
+    return _error_of(lambda: read_override_file(str(tmp / "budget.json")))
+
+
 TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "RuntimeError: Could not find requested nnunet trainer nnUNetTrainerMedDisSeg in nnunetv2.training.nnUNetTrainer":
         trainer_not_found,
@@ -179,6 +258,33 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "-djfile dataset.json or --labels ...)": _command("evaluate", bad.eval_multiclass_undeclared),
     "nnUNetv2_meddisseg_compare: error: no trained model: .../nnUNetTrainer__nnUNetPlans__2d/fold_0/"
     "checkpoint_final.pth not found (train it first, ...)": _command("compare", bad.cmp_baseline_model_missing),
+    "nnUNetv2_meddisseg_plan: error: .../nnUNetMedDisSegPlans.json exists with other settings (...): pass "
+    "--overwrite to replace it": _command("plan", bad.plan_rerun_other_settings),
+    "--plans-name must be a name of letters, digits, '_', '.' and '-'": _command("plan", bad.plan_name_is_a_path),
+    "--gpu-memory-target must be a finite number of GB above 0": _command("plan", bad.plan_memory_target("nan")),
+    "nnUNetv2_meddisseg_plan: error: .../nnUNetPlans.json is not valid JSON":
+        _command("plan", bad.plan_truncated_json("nnUNetPlans.json")),
+    "holds pickled objects other than tensors, numbers and containers (needs GLOBAL ...); it was not loaded, since "
+    "loading such objects can run code": _command("compare", bad.cmp_checkpoint_payload),
+    "holds NaN or inf values (expected finite weights)": _command("plan", bad.plan_weights_nan),
+    "checkpoint_final.pth is empty (0 bytes)": _command("compare", bad.cmp_zero_byte_checkpoint),
+    "cannot be read as a checkpoint (truncated or corrupt?": _command("compare", bad.cmp_truncated_checkpoint),
+    "mask ... would be written empty: its values reach ... but none exceeds half its range":
+        _command("convert", bad.conv_faint_mask),
+    "holds the values {0, 128, 255}: 128 covers ... % of the pixels, so it is no anti-aliased edge": three_valued_mask,
+    "holds NaN or inf values: replace them (e.g. numpy.nan_to_num)": nan_image,
+    "--resize must be at least 16 pixels": _command("convert", bad.conv_resize_one),
+    "vanishes at ...: choose a larger --resize": foreground_vanishes,
+    "-o ... is inside -ref ...": _command("evaluate", bad.eval_output_is_a_reference_label),
+    "-o ... is inside the input folder ...": _command("compare", bad.cmp_output_inside_test_labels),
+    "is inside MODEL_FOLDER": share_inside_model_folder,
+    "the dataset this conversion writes (and --overwrite replaces)": _command("convert", bad.conv_source_is_the_dataset),
+    "RuntimeError: cannot read the checkpoint .../checkpoint_latest.pth (truncated or corrupt? ...): copy "
+    ".../checkpoint_best.pth over it to resume from the best epoch, or train again without --c":
+        truncated_checkpoint_latest,
+    "ValueError: nnUNet_meddisseg_seed must be an integer >= 0, got '...'": seed_not_a_number,
+    "ValueError: nnUNet_meddisseg_recipe: cannot read the recipe override file '...'": recipe_file_missing,
+    "not a JSON file of recipe overrides": recipe_file_truncated,
     "RuntimeError: input with NaN or inf values in a training batch": nan_batch,
     "WARNING: a training batch holds a single sample: the dispersive loss needs at least two samples":
         single_sample_batch,
@@ -192,6 +298,8 @@ NOT_TRIGGERED: Dict[str, str] = {
     "operator torchvision::nms does not exist": "needs a torch / torchvision pair that do not match (a broken install)",
     "--encoder-weights imagenet: cannot download torchvision's ResNet-50 IMAGENET1K_V1 weights":
         "needs a failed download, and tests never touch the network",
+    "cannot write ...: No space left on device": "needs a full disk; tests/test_bad_inputs.py simulates one for "
+                                                   "convert and evaluate, tests/test_sharing.py for weights_only",
 }
 
 # quotes in the first column that name a command or variable rather than a message

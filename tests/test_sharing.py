@@ -77,3 +77,73 @@ def test_a_bad_checkpoint_writes_nothing(model_folder, tmp_path, capsys):
 def test_a_folder_without_plans_is_named(tmp_path, capsys):
     assert main([str(tmp_path), str(tmp_path / "out")]) == 2
     assert f"{tmp_path} is not a trained nnU-Net model folder" in capsys.readouterr().err
+
+
+def test_a_checkpoint_carrying_code_is_refused_and_never_run(model_folder, tmp_path, capsys):
+    import numpy as np
+
+    from payload import Payload
+
+    marker = tmp_path / "payload_ran"
+    checkpoint = _checkpoint(1)
+    checkpoint["logging"] = {"train_losses": [np.float64(0.5)], "ema_fg_dice": [Payload(marker)]}
+    torch.save(checkpoint, model_folder / "fold_1" / "checkpoint_final.pth")
+    out = tmp_path / "shared"
+    assert main([str(model_folder), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "fold_1/checkpoint_final.pth holds pickled objects other than tensors" in err
+    assert "needs GLOBAL" in err and "it was not loaded, since loading such objects can run code" in err
+    assert "weights_only=False" not in err and "weights_only` set to `False" not in err
+    assert not marker.exists() and not out.exists()
+
+
+def test_numpy_scalars_of_nnunet_logs_are_read(model_folder, tmp_path):
+    import numpy as np
+
+    checkpoint = _checkpoint(1)
+    checkpoint["logging"] = {"train_losses": [np.float64(0.5), np.float32(0.25)], "epoch": np.int64(3)}
+    checkpoint["_best_ema"] = np.float64(0.3)
+    torch.save(checkpoint, model_folder / "fold_1" / "checkpoint_final.pth")
+    assert main([str(model_folder), str(tmp_path / "shared")]) == 0
+
+
+def test_temporaries_are_not_shared(model_folder, tmp_path):
+    (model_folder / "fold_0" / "checkpoint_latest.pth.1234.tmp").write_bytes(b"half a checkpoint")
+    (model_folder / ".plans.json.partial").write_text("{")
+    out = tmp_path / "shared"
+    assert main([str(model_folder), str(out)]) == 0
+    assert not [p for p in out.rglob("*") if p.name.endswith((".tmp", ".partial"))]
+
+
+@pytest.mark.parametrize("inside", ["fold_0/shared", ".", "fold_0"])
+def test_an_output_folder_inside_the_model_folder_is_refused(model_folder, tmp_path, capsys, inside):
+    before = sorted(model_folder.rglob("*"))
+    assert main([str(model_folder), str(model_folder / inside)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is inside MODEL_FOLDER" in err and "choose a folder outside the model folder" in err
+    assert sorted(model_folder.rglob("*")) == before
+
+
+def test_a_model_folder_inside_the_output_folder_is_refused(model_folder, tmp_path, capsys):
+    assert main([str(model_folder), str(tmp_path)]) == 2
+    assert "is inside MODEL_FOLDER" in capsys.readouterr().err
+
+
+def test_a_failed_write_leaves_nothing_and_names_the_path(model_folder, tmp_path, capsys, monkeypatch):
+    import errno
+
+    import nnunetv2_meddisseg.sharing as sharing
+
+    def disk_full(checkpoint, path):
+        with open(path, "wb") as f:
+            f.write(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(sharing, "_save", disk_full)
+    out = tmp_path / "shared"
+    before = sorted(tmp_path.rglob("*"))
+    assert main([str(model_folder), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("nnUNetv2_meddisseg_weights_only: error: cannot write the copy ")
+    assert "checkpoint_best.pth: No space left on device" in err
+    assert sorted(tmp_path.rglob("*")) == before

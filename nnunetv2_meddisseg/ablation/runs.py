@@ -84,9 +84,9 @@ def write_network_ablation_plans(preprocessed: Path, plans: str, ablation: str) 
 
 def _training_seconds(checkpoint_file: Path) -> float:
     """Sum of nnU-Net's epoch durations recorded in a checkpoint (survives interruptions and ``--c``)."""
-    import torch
+    from nnunetv2_meddisseg.torch_files import load_weights_only
 
-    logging = torch.load(checkpoint_file, map_location="cpu", weights_only=False)["logging"]
+    logging = load_weights_only(checkpoint_file, "checkpoint")["logging"]
     return float(sum(end - start for start, end in zip(logging["epoch_start_timestamps"],
                                                         logging["epoch_end_timestamps"])))
 

@@ -17,6 +17,8 @@ from urllib.parse import urlparse
 import torch
 from torch import Tensor, nn
 
+from nnunetv2_meddisseg.torch_files import UnsafeTorchFile, load_weights_only
+
 __all__ = ["Bottleneck", "ResNet50Encoder", "load_resnet50_weights", "RESNET50_BLOCKS", "ENCODER_CHANNELS",
            "IMAGENET", "imagenet_weights_url", "imagenet_weights_file", "resolve_encoder_weights",
            "download_imagenet_weights"]
@@ -138,16 +140,20 @@ def load_resnet50_weights(encoder: ResNet50Encoder, path: str) -> None:
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: the file cannot be read as a state dict, or a key is missing / unexpected /
-            has the wrong shape (the message names the file and the first bad key).
+        ValueError: the file cannot be read as a state dict (``UnsafeTorchFile``: it holds other objects;
+            it is read with ``weights_only=True``), or a key is missing / unexpected / has the wrong shape
+            or NaN / inf values (the message names the file and the first bad key).
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"encoder weights file not found: {path}")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # pickle errors, zip errors, disallowed globals, ...
-        raise ValueError(f"cannot read encoder weights {path} as a torch state dict: {e}") from e
+        state = load_weights_only(path, "encoder weights")
+    except UnsafeTorchFile:
+        raise
+    except Exception as e:  # pickle errors, zip errors, ...
+        raise ValueError(f"cannot read encoder weights {path} as a torch state dict: "
+                         f"{' '.join(str(e).split()) or type(e).__name__}") from e
     if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
         raise ValueError(
             f"encoder weights {path} are not a state dict (expected a dict of tensors, got {type(state).__name__})"
@@ -172,6 +178,8 @@ def load_resnet50_weights(encoder: ResNet50Encoder, path: str) -> None:
                 f"encoder weights {path}: shape mismatch for key {key!r}: "
                 f"file {tuple(value.shape)} vs encoder {tuple(target.shape)}"
             )
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise ValueError(f"encoder weights {path}: key {key!r} holds NaN or inf values (expected finite weights)")
         new_state[key] = value
     for key in state:
         if key not in own and not _is_ignored(key):

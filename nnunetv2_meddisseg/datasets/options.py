@@ -14,12 +14,19 @@ __all__ = ["validate_resize", "validate_dataset_id", "require_env_folder", "opti
 _ENV_HINT = "see nnU-Net's documentation/setting_up_paths.md"
 
 
+#: the smallest ``--resize``: a network down-samples its input 16x (Med-DisSeg's encoder; nnU-Net's 2D U-Nets more)
+MIN_RESIZE = 16
+
+
 def validate_resize(resize: Optional[int]) -> None:
-    """``None`` (keep the original size) or a positive number of pixels."""
+    """``None`` (keep the original size) or a positive number of pixels, at least :data:`MIN_RESIZE`."""
     if resize is None:
         return
     if isinstance(resize, bool) or not isinstance(resize, (int, np.integer)) or resize <= 0:
         raise OptionError(f"--resize must be a positive number of pixels (N gives NxN), got {resize!r}")
+    if resize < MIN_RESIZE:
+        raise OptionError(f"--resize must be at least {MIN_RESIZE} pixels (N gives NxN; the networks down-sample "
+                          f"{MIN_RESIZE}x; the paper uses 256), got {resize}")
 
 
 def validate_dataset_id(dataset_id: int) -> None:

@@ -71,6 +71,7 @@ def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional
     name = f"Dataset{dataset_id:03d}_{spec.name}"
     target = raw_root / name
     _check_target(raw_root, prep_root, name, dataset_id, overwrite)
+    _check_source_outside_target(Path(plan.source), target)
     if plan.split_problem:
         raise ConversionError(plan.split_problem)
     if not plan.train and not plan.val and not plan.test:
@@ -90,6 +91,14 @@ def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional
         if splits is not None:
             _write_json_atomic(splits, partial_dir / "splits_final.json")
         _move_into_place(partial_dir, target, raw_root / f".{name}.old")
+    except ConversionError:
+        shutil.rmtree(partial_dir, ignore_errors=True)
+        raise
+    except OSError as err:  # disk full, read-only file system, permissions: one line, nothing left behind
+        shutil.rmtree(partial_dir, ignore_errors=True)
+        where = str(err.filename or partial_dir)
+        verb = "write" if where.startswith(str(raw_root)) else "read"
+        raise ConversionError(f"cannot {verb} {where}: {err.strerror or err}") from None
     except BaseException:
         shutil.rmtree(partial_dir, ignore_errors=True)
         raise
@@ -113,6 +122,15 @@ def _check_target(raw_root: Path, prep_root: Optional[Path], name: str, dataset_
     target = raw_root / name
     if target.exists() and not overwrite:
         raise ConversionError(f"{target} already exists: pass --overwrite to replace it or choose another -d")
+
+
+def _check_source_outside_target(source: Path, target: Path) -> None:
+    """Refuse a source folder that is, or lies inside, the dataset folder this conversion writes (and
+    ``--overwrite`` replaces)."""
+    source, out = source.resolve(), target.resolve()
+    if source == out or out in source.parents:
+        raise ConversionError(f"the source folder {source} is inside {target}, the dataset this conversion writes "
+                              f"(and --overwrite replaces): copy the source elsewhere first")
 
 
 def _check_preprocessed_splits(splits: Optional[List[dict]], prep_splits: Optional[Path], overwrite: bool) -> bool:

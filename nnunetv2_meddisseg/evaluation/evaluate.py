@@ -283,14 +283,35 @@ def format_summary(summary: Mapping) -> str:
     return "\n".join(lines)
 
 
+def check_output_file(output_file: str, inputs: Mapping[str, Optional[str]]) -> None:
+    """``-o`` names a file that is neither one of the ``inputs`` (option -> path) nor inside an input
+    folder, nor an existing folder."""
+    target = os.path.realpath(output_file)
+    for option, path in inputs.items():
+        if path is None:
+            continue
+        source = os.path.realpath(path)
+        if target == source or target.startswith(source.rstrip(os.sep) + os.sep):
+            raise UserError(f"-o {output_file} is inside {option} {path}: the summary would be written into the "
+                            f"input; choose a file outside it")
+    if os.path.isdir(output_file):
+        raise UserError(f"-o {output_file} is a folder: name the summary file, e.g. "
+                        f"{os.path.join(output_file, 'summary.json')}")
+
+
 def save_summary(summary: Mapping, output_file: str) -> None:
-    """Write a summary as JSON (written to a temporary file, then renamed into place)."""
-    folder = os.path.dirname(os.path.abspath(output_file))
-    os.makedirs(folder, exist_ok=True)
+    """Write a summary as JSON (written to a temporary file, then renamed into place); a failed write
+    (disk full, read-only) leaves nothing behind and raises a ``UserError`` naming the file."""
     tmp = output_file + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2)
-    os.replace(tmp, output_file)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(output_file)), exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
+        os.replace(tmp, output_file)
+    except OSError as e:
+        if os.path.isfile(tmp):
+            os.remove(tmp)
+        raise UserError(f"cannot write the summary {output_file}: {e.strerror or e}") from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -319,6 +340,8 @@ def _evaluate_command(argv: Optional[Sequence[str]], stdout: TextIO) -> None:
         labels, file_ending = load_dataset_json_labels(args.djfile)
     elif args.labels is not None:
         labels = {("background" if v == 0 else f"label_{v}"): v for v in sorted(set(args.labels))}
+    if args.o is not None:
+        check_output_file(args.o, {"-ref": args.ref, "-pred": args.pred, "-djfile": args.djfile})
     summary = evaluate_folders(args.ref, args.pred, labels, file_ending, args.hd95_physical)
     if args.o is not None:
         save_summary(summary, args.o)

@@ -10,10 +10,10 @@ import json
 import math
 import os
 import sys
-import zipfile
 from copy import deepcopy
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Tuple
+import re
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
 from nnunetv2_meddisseg.plans_entry import ADDED_NORMS, DEFAULT_ADDED_NORM, architecture_entry
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
@@ -25,6 +25,7 @@ __all__ = ["build_meddisseg_plans", "plan_meddisseg", "estimate_batch_size", "ma
 
 DEFAULT_PLANS_NAME = "nnUNetMedDisSegPlans"
 SIZE_MULTIPLE = 16
+PLANS_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 # Peak training memory per input pixel and sample of the Stage II network: the slope of peak RSS
 # between batch 1 and batch 4 at 256x256, fp32 on CPU, measured with benchmarks/train_step.py
 # (benchmarks/results/train_step.md). Mixed precision on CUDA needs less, so budgets are conservative.
@@ -149,34 +150,95 @@ def _check_encoder_weights(weights: str) -> str:
 def _check_weights_file(path: str) -> str:
     """Load the file into a fresh encoder now; return its absolute path."""
     from nnunetv2_meddisseg.blocks.encoder import ResNet50Encoder, load_resnet50_weights
+    from nnunetv2_meddisseg.torch_files import UnsafeTorchFile, is_torch_file, refusal_reason
 
     path = os.path.abspath(path)
     if not os.path.isfile(path):
         raise UserError(f"--encoder-weights: file {path} does not exist (expected a torchvision ResNet-50 "
                         f"state dict saved with torch.save)")
-    with open(path, "rb") as f:
-        is_pickle = f.read(1) == b"\x80"  # torch.save's legacy format; the default one is a zip archive
-    if not (is_pickle or zipfile.is_zipfile(path)):
+    if not is_torch_file(path):
         raise UserError(f"--encoder-weights: {path} is not a file written by torch.save (expected a torchvision "
                         f"ResNet-50 state dict)")
     try:
         load_resnet50_weights(ResNet50Encoder(3), path)
+    except UnsafeTorchFile as e:
+        raise UserError(f"--encoder-weights: {path} holds pickled objects, not a plain state dict ({refusal_reason(e)}; "
+                        f"not loaded, since loading them can run code; a whole model? save model.state_dict() "
+                        f"instead)") from None
     except ValueError as e:
-        if "Weights only load failed" in str(e):  # torch's explanation runs over many lines
-            raise UserError(f"--encoder-weights: {path} holds pickled objects, not a plain state dict (a whole "
-                            f"model? save model.state_dict() instead)") from None
         raise UserError(f"--encoder-weights: {e}") from None
     return path
 
 
+def check_plans_name(name: str, option: str = "--plans-name") -> None:
+    """A plans name is a file name stem (letters, digits, ``_ . -``), never a path."""
+    if not PLANS_NAME.fullmatch(name) or name.startswith("."):
+        raise UserError(f"{option} must be a name of letters, digits, '_', '.' and '-' (the plans file "
+                        f"<name>.json in the dataset's preprocessed folder), not a path: got {name!r}")
+
+
+def check_memory_target(memory_target_gb: float) -> None:
+    """``--gpu-memory-target``: a finite number of GB above 0."""
+    if not math.isfinite(memory_target_gb) or memory_target_gb <= 0:
+        raise UserError(f"--gpu-memory-target must be a finite number of GB above 0, got {memory_target_gb}")
+
+
+def _read_json(file: Path, dataset: str) -> dict:
+    """A JSON file of nnU-Net's planning; an error naming it where it is not valid JSON."""
+    try:
+        return json.loads(file.read_text())
+    except ValueError as e:
+        raise UserError(f"{file} is not valid JSON ({e}): a truncated or hand-edited file? rerun "
+                        f"nnUNetv2_plan_and_preprocess -d {dataset} -c 2d") from None
+
+
+def differences(old: object, new: object, where: str = "") -> List[str]:
+    """``<key path>: <old> -> <new>`` for every value that differs between two JSON documents."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        found = []
+        for key in list(old) + [k for k in new if k not in old]:
+            found += differences(old.get(key, "(none)"), new.get(key, "(none)"), f"{where}.{key}" if where else key)
+        return found
+    return [] if old == new else [f"{where}: {json.dumps(old)} -> {json.dumps(new)}"]
+
+
+def _write_plans(plans: dict, target: Path, overwrite: bool) -> None:
+    """Write ``plans`` to ``target`` through a temporary file; an existing ``target`` with other
+    content is refused unless ``overwrite``."""
+    if target.exists() and not overwrite:
+        try:
+            existing = json.loads(target.read_text())
+        except ValueError:
+            existing = {}
+        # the record of how the batch was chosen is no setting (a measured peak varies in its last digits)
+        changed = [d for d in differences(existing, plans) if not d.startswith("configurations.2d.batch_size_source:")]
+        if changed:
+            shown = "; ".join(changed[:3]) + (f"; and {len(changed) - 3} more" if len(changed) > 3 else "")
+            raise UserError(f"{target} exists with other settings ({shown}): pass --overwrite to replace it (a "
+                            f"training run resumed with --c would then continue on the new plans) or choose "
+                            f"another --plans-name")
+    partial = target.with_suffix(".json.partial")
+    try:
+        partial.write_text(json.dumps(plans, indent=4))
+        os.replace(partial, target)
+    except OSError as e:
+        partial.unlink(missing_ok=True)
+        raise UserError(f"cannot write {target}: {e.strerror or e}") from None
+
+
 def plan_meddisseg(dataset: str, plans_name: str = DEFAULT_PLANS_NAME, source_plans_name: str = "nnUNetPlans",
-                   encoder_weights: Optional[str] = None, overwrite: bool = True, memory_from: str = "auto",
+                   encoder_weights: Optional[str] = None, overwrite: bool = False, memory_from: str = "auto",
                    **kwargs) -> Path:
     """Write ``$nnUNet_preprocessed/DatasetXXX_Name/<plans_name>.json`` and return its path.
 
-    memory_from: how the batch size's memory is known: ``gpu`` (measured on this machine's CUDA GPU,
-    ``planning.memory``), ``estimate`` (:data:`TRAINING_BYTES_PER_PIXEL`), ``auto`` (``gpu`` where CUDA is
-    available)."""
+    An existing plans file with other content is refused unless ``overwrite`` (one with the same
+    content is written again). memory_from: how the batch size's memory is known: ``gpu`` (measured on
+    this machine's CUDA GPU, ``planning.memory``), ``estimate`` (:data:`TRAINING_BYTES_PER_PIXEL`), ``auto``
+    (``gpu`` where CUDA is available)."""
+    check_plans_name(plans_name)
+    check_plans_name(source_plans_name, "--source-plans")
+    if "memory_target_gb" in kwargs:
+        check_memory_target(kwargs["memory_target_gb"])
     preprocessed = os.environ.get("nnUNet_preprocessed")
     if not preprocessed:
         raise UserError("the environment variable nnUNet_preprocessed is not set (see the README's "
@@ -197,11 +259,11 @@ def plan_meddisseg(dataset: str, plans_name: str = DEFAULT_PLANS_NAME, source_pl
                         f"nnUNetv2_plan_and_preprocess -d {dataset} -c 2d first")
     if plans_name == source_plans_name:
         raise UserError(f"--plans-name must differ from the source plans '{source_plans_name}'")
-    source = json.loads(source_file.read_text())
+    source = _read_json(source_file, dataset)
     if encoder_weights is not None:
         encoder_weights = _check_encoder_weights(encoder_weights)
     dataset_json_file = folder / "dataset.json"
-    num_training = json.loads(dataset_json_file.read_text()).get("numTraining") if dataset_json_file.is_file() else None
+    num_training = _read_json(dataset_json_file, dataset).get("numTraining") if dataset_json_file.is_file() else None
     plans = build_meddisseg_plans(source, plans_name, encoder_weights=encoder_weights,
                                   num_training_cases=num_training, memory_line=_memory_measurement(memory_from),
                                   **kwargs)
@@ -209,11 +271,7 @@ def plan_meddisseg(dataset: str, plans_name: str = DEFAULT_PLANS_NAME, source_pl
         raise UserError(f"{folder / source['configurations']['2d']['data_identifier']} not found: the 2d data is "
                         f"not preprocessed yet; run nnUNetv2_plan_and_preprocess -d {dataset} -c 2d")
     target = folder / f"{plans_name}.json"
-    if target.exists() and not overwrite:
-        raise UserError(f"{target} exists")
-    partial = target.with_suffix(".json.partial")
-    partial.write_text(json.dumps(plans, indent=4))
-    os.replace(partial, target)
+    _write_plans(plans, target, overwrite)
     return target
 
 
@@ -247,7 +305,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="normalisation of the blocks Med-DisSeg adds to the ResNet-50 encoder (the encoder keeps "
                         "BatchNorm): instance (default) = per-image statistics, as nnU-Net's own networks; "
                         "batch = BatchNorm, the paper")
-    p.add_argument("--plans-name", default=DEFAULT_PLANS_NAME, help="name of the plans file to write")
+    p.add_argument("--plans-name", default=DEFAULT_PLANS_NAME,
+                   help="name of the plans file to write (<name>.json in the dataset's preprocessed folder)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing plans file of this name that holds other settings")
     p.add_argument("--source-plans", default="nnUNetPlans", dest="source_plans_name",
                    help="nnU-Net plans to derive from (their preprocessed 2d data is reused)")
     return p

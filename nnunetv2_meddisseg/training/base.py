@@ -48,6 +48,7 @@ from contextlib import contextmanager
 import os
 import random
 import tempfile
+import zipfile
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -154,6 +155,24 @@ def atomic_torch_save(obj: object, filename: str) -> None:
         if os.path.exists(temporary):
             os.remove(temporary)
         raise
+
+
+def _read_checkpoint_for_resuming(filename: str) -> Mapping[str, object]:
+    """The checkpoint ``load_checkpoint`` resumes from (``torch_files.load_weights_only``, memory-mapped); a
+    ``RuntimeError`` naming the file (and ``checkpoint_best.pth`` beside it, where there is one) if it
+    cannot be read."""
+    from nnunetv2_meddisseg.torch_files import UnsafeTorchFile, load_weights_only
+
+    try:
+        return load_weights_only(filename, "checkpoint", mmap=zipfile.is_zipfile(filename))
+    except UnsafeTorchFile:
+        raise
+    except Exception as error:  # noqa: BLE001 - truncated, empty or not a torch file
+        best = os.path.join(os.path.dirname(os.path.abspath(filename)), "checkpoint_best.pth")
+        fallback = (f"copy {best} over it to resume from the best epoch, or " if os.path.isfile(best)
+                    and os.path.abspath(filename) != best else "")
+        raise RuntimeError(f"cannot read the checkpoint {filename} (truncated or corrupt? {type(error).__name__}: "
+                           f"{' '.join(str(error).split())[:200]}): {fallback}train again without --c") from None
 
 
 def finite_per_sample(data: torch.Tensor) -> torch.Tensor:
@@ -554,8 +573,9 @@ class ExtendedTrainerBase(SeededTrainer):
                 torch.save(filename_or_checkpoint, filename)
                 self.load_checkpoint(filename)
             return
-        # our entries, read lazily (memory-mapped, tensors are read when used); nnU-Net reads its own
-        checkpoint = torch.load(filename_or_checkpoint, map_location="cpu", weights_only=False, mmap=True)
+        # our entries, read lazily (memory-mapped, tensors are read when used) and with weights_only=True, so
+        # that a checkpoint carrying code is refused before nnU-Net reads its own entries
+        checkpoint = _read_checkpoint_for_resuming(filename_or_checkpoint)
         self._before_restoring_checkpoint(checkpoint)
         super().load_checkpoint(filename_or_checkpoint)
         if checkpoint.get("training_curves"):  # checkpoints that keep the curves in an entry of their own

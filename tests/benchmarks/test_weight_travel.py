@@ -57,3 +57,17 @@ def test_folder_of_nnunet_checkpoints(tmp_path):
 def test_nothing_found_is_a_one_line_error(tmp_path):
     with pytest.raises(SystemExit, match="no checkpoint_final.pth"):
         weight_travel.main([str(tmp_path)])
+
+
+def test_a_checkpoint_carrying_code_is_refused_and_never_run(tmp_path):
+    from payload import Payload
+
+    from nnunetv2_meddisseg.torch_files import UnsafeTorchFile
+
+    fold = tmp_path / "T__P__2d" / "fold_0"
+    fold.mkdir(parents=True)
+    torch.save({"network_weights": _Net().state_dict(), "logging": Payload(tmp_path / "payload_ran")},
+               fold / "checkpoint_final.pth")
+    with pytest.raises(UnsafeTorchFile, match="it was not loaded, since loading such objects can run code"):
+        weight_travel.main([str(tmp_path), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "payload_ran").exists()

@@ -62,11 +62,10 @@ def write_split(path: Path, train=(), val=(), test=()) -> Path:
 
 
 def expected_binary(mask_path: Path) -> np.ndarray:
-    """Independent reference: 8-bit grey by ITU-R 601 integer weights (as documented for Pillow's
-    "L" conversion), then > 127."""
+    """Independent reference of the rule for JPEG masks: the brightest channel of each pixel > 127."""
     arr = np.asarray(Image.open(mask_path)).astype(np.int64)
     if arr.ndim == 3:
-        arr = (arr[..., 0] * 19595 + arr[..., 1] * 38470 + arr[..., 2] * 7471 + 0x8000) >> 16
+        arr = arr.max(axis=-1)
     return (arr > 127).astype(np.uint8)
 
 

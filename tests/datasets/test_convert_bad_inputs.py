@@ -245,15 +245,15 @@ def test_existing_dataset_is_refused_then_replaced_with_overwrite(tmp_path, nnun
     raw = nnunet_dirs["nnUNet_raw"] / "Dataset031_KvasirSEG"
     assert main(["kvasir-seg", str(src), "-d", "31", *split, "-np", "1"]) == 0
     capsys.readouterr()
-    assert main(["kvasir-seg", str(src), "-d", "31", "--resize", "8", *split, "-np", "1"]) == 2
+    assert main(["kvasir-seg", str(src), "-d", "31", "--resize", "16", *split, "-np", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(PREFIX) and str(raw) in err and "--overwrite" in err and len(err.splitlines()) == 1
     assert read_png(raw / "labelsTr" / "k0.png").shape == (24, 20)  # untouched
     (nnunet_dirs["nnUNet_preprocessed"] / raw.name / "nnUNetPlans.json").write_text("{}")
-    assert main(["kvasir-seg", str(src), "-d", "31", "--resize", "8", *split, "-np", "1", "--overwrite"]) == 0
+    assert main(["kvasir-seg", str(src), "-d", "31", "--resize", "16", *split, "-np", "1", "--overwrite"]) == 0
     err = capsys.readouterr().err
     assert "preprocessed data of an earlier conversion" in err
-    assert read_png(raw / "labelsTr" / "k0.png").shape == (8, 8)
+    assert read_png(raw / "labelsTr" / "k0.png").shape == (16, 16)
     assert _left_behind(nnunet_dirs["nnUNet_raw"]) == [raw.name]
 
 

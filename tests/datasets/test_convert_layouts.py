@@ -92,14 +92,14 @@ def _isic2016_tree(root: Path) -> dict:
 
 def test_isic2016_layout(nnunet_dirs, tmp_path):
     pairs = _isic2016_tree(tmp_path)
-    assert main(["isic2016", str(tmp_path), "-d", "13", "--resize", "8"]) == 0
+    assert main(["isic2016", str(tmp_path), "-d", "13", "--resize", "16"]) == 0
     raw = _raw(nnunet_dirs, "Dataset013_ISIC2016")
     assert case_ids(raw / "imagesTs") == {"ISIC_0000010", "ISIC_0000011"}
     (split,) = _splits(nnunet_dirs, raw.name)
     assert len(split["train"]) == 3 and len(split["val"]) == 1
     for case_id in pairs:
         sub = "Ts" if case_id in {"ISIC_0000010", "ISIC_0000011"} else "Tr"
-        assert read_png(raw / f"labels{sub}" / f"{case_id}.png").shape == (8, 8)
+        assert read_png(raw / f"labels{sub}" / f"{case_id}.png").shape == (16, 16)
         assert set(np.unique(read_png(raw / f"labels{sub}" / f"{case_id}.png"))) <= {0, 1}
 
 
@@ -232,14 +232,14 @@ def test_synapse_dataset_passes_nnunet_check(nnunet_dirs, tmp_path):
     from nnunetv2.experiment_planning import verify_dataset_integrity as vdi
 
     src = make_btcv_tree(tmp_path / "btcv")
-    assert main(["synapse", str(src / "RawData"), "-d", "19", "--resize", "4"]) == 0
+    assert main(["synapse", str(src / "RawData"), "-d", "19", "--resize", "16"]) == 0
     raw = _raw(nnunet_dirs, "Dataset019_Synapse")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(vdi, "multiprocessing", SimpleNamespace(get_context=lambda method: multiprocessing.dummy))
         vdi.verify_dataset_integrity(str(raw), num_processes=2)
     label = sitk.ReadImage(str(raw / "labelsTr" / "case0005.nii.gz"))
-    assert label.GetSize() == (4, 4, 3)
-    assert label.GetSpacing() == pytest.approx((0.8 * 5 / 4, 0.7 * 6 / 4, 2.5))  # (x, y, z); source 5 x 6 x 3
+    assert label.GetSize() == (16, 16, 3)
+    assert label.GetSpacing() == pytest.approx((0.8 * 5 / 16, 0.7 * 6 / 16, 2.5))  # (x, y, z); source 5 x 6 x 3
 
 
 def test_resize_in_plane_keeps_extent_and_picks_nearest_labels():

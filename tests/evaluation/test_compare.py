@@ -8,6 +8,7 @@ import pytest
 import SimpleITK as sitk
 from PIL import Image
 from scipy import stats
+import torch
 
 from nnunetv2_meddisseg.evaluation.compare import main
 from nnunetv2_meddisseg.evaluation import comparison_report
@@ -294,7 +295,7 @@ def test_main_with_existing_predictions(nnunet_env, tmp_path, capsys):
     model_b = results / ds.name / "nnUNetTrainerMedDisSeg__nnUNetPlans__2d"  # no nnUNetMedDisSegPlans: fallback
     for m in (model_a, model_b):
         (m / "fold_0").mkdir(parents=True)
-        (m / "fold_0" / "checkpoint_final.pth").write_bytes(b"")
+        torch.save({"network_weights": {}}, m / "fold_0" / "checkpoint_final.pth")  # checked, never used here
     out = tmp_path / "cmp"
     (out / "predictions").mkdir(parents=True)
     os.rename(a, out / "predictions" / model_a.name)

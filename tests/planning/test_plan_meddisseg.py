@@ -57,9 +57,10 @@ def test_batch_size_follows_memory_budget():
 
 def test_plan_command_writes_plans_that_nnunet_builds(preprocessed_synthetic):
     env = preprocessed_synthetic
-    proc = run_cli(["nnUNetv2_meddisseg_plan", "-d", "501", "--activation", "relu"], env)
-    assert "nnUNetMedDisSegPlans.json" in proc.stdout
-    plans_file = Path(env["nnUNet_preprocessed"]) / "Dataset501_SyntheticPolyps" / "nnUNetMedDisSegPlans.json"
+    # a plans name of its own: the session's other tests plan nnUNetMedDisSegPlans with the defaults
+    proc = run_cli(["nnUNetv2_meddisseg_plan", "-d", "501", "--activation", "relu", "--plans-name", "PlansReLU"], env)
+    assert "PlansReLU.json" in proc.stdout
+    plans_file = Path(env["nnUNet_preprocessed"]) / "Dataset501_SyntheticPolyps" / "PlansReLU.json"
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
     from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
     from nnunetv2_meddisseg.architectures import MedDisSegNet
