@@ -17,6 +17,7 @@ from typing import List, Optional, Sequence
 from nnunetv2_meddisseg.cli import (DefaultsHelpFormatter, UserError, add_device_argument, plain_text, resolve_device,
                                     run_command)
 from nnunetv2_meddisseg.logged_command import run_logged
+from nnunetv2_meddisseg.environment import DATA_AUGMENTATION_PROCESSES_VARIABLE, SEED_ENVIRONMENT_VARIABLE
 from nnunetv2_meddisseg.nnunet_env import nnunet_environment, planning_environment
 
 __all__ = ["main"]
@@ -93,8 +94,8 @@ def _demo(argv: Optional[Sequence[str]]) -> None:
     env.setdefault("nnUNet_def_n_proc", "2")
     # both trainers seed every epoch from the run seed; with the batches made in the training process the
     # same command gives the same models (on a CPU) and the same table
-    env["nnUNet_meddisseg_seed"] = str(args.seed)
-    env.setdefault("nnUNet_n_proc_DA", "0")
+    env[SEED_ENVIRONMENT_VARIABLE] = str(args.seed)
+    env.setdefault(DATA_AUGMENTATION_PROCESSES_VARIABLE, "0")
     start = time.time()
 
     print(f"[1/5] dataset -> {out / 'nnUNet_raw'}")

@@ -24,6 +24,7 @@ from nnunetv2_meddisseg.blocks.encoder import (ENCODER_CHANNELS, ResNet50Encoder
                                                resolve_encoder_weights)
 from nnunetv2_meddisseg.blocks.enhancement import FeatureEnhancement
 from nnunetv2_meddisseg.blocks.norm import BatchNorm2d
+from nnunetv2_meddisseg.environment import CPU_BF16_ENVIRONMENT_VARIABLE
 
 __all__ = ["MedDisSegOutput", "MedDisSegNet", "CPU_BF16_ENV", "cpu_bf16_requested", "cpu_supports_bf16"]
 
@@ -33,7 +34,7 @@ SIZE_DIVISOR = 16
 #: Environment variable (nnU-Net's style: "1", "true" or "t") that makes inference forwards on the CPU
 #: run under bfloat16 autocast; read at every forward, so it also reaches networks built by
 #: ``nnUNetv2_predict`` and its worker processes.
-CPU_BF16_ENV = "nnUNet_meddisseg_cpu_bf16"
+CPU_BF16_ENV = CPU_BF16_ENVIRONMENT_VARIABLE
 
 
 def cpu_bf16_requested() -> bool:

@@ -23,15 +23,13 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Mapping, Optional, TypeVar
 
+from nnunetv2_meddisseg.environment import RECIPE_ENVIRONMENT_VARIABLE
 from nnunetv2_meddisseg.losses import DISPERSIVE_PLACEMENTS, DISPERSIVE_VARIANTS
 
 __all__ = ["ScheduleRecipe", "DispersiveTermRecipe", "DispersiveRecipe", "MedDisSegRecipe", "PaperScheduleRecipe",
            "RECIPE_ENVIRONMENT_VARIABLE", "apply_overrides", "read_override_file", "recipe_overrides_from_environment",
            "recipe_summary", "OPTIMIZERS"]
 
-#: environment variable naming a JSON file of recipe overrides (``{"num_epochs": 20, ...}``) applied to every
-#: trainer of ours that a process builds
-RECIPE_ENVIRONMENT_VARIABLE = "nnUNet_meddisseg_recipe"
 OPTIMIZERS = ("adam", "sgd")
 
 R = TypeVar("R", bound="ScheduleRecipe")
