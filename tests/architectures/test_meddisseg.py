@@ -266,8 +266,8 @@ def test_state_dict_of_the_separate_branch_layout_loads():
     from copy import deepcopy
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from common import use_previous_implementations
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "blocks"))
+    from reference_impls import use_previous_implementations
 
     torch.manual_seed(0)
     net = MedDisSegNet(3, 2).eval()
