@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="training schedule of both models: 'demo' (8 epochs x 15 iterations) or 'smoke' "
                         "(3 x 4: checks the whole pipeline in a few minutes; the tests use it)")
     p.add_argument("--seed", type=int, default=0,
-                   help="run seed of both trainings (nnUNet_meddisseg_seed): the same seed gives the same table on a CPU")
+                   help=f"run seed of both trainings ({SEED_ENVIRONMENT_VARIABLE}): the same seed gives the same table on a CPU")
     return p
 
 
