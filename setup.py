@@ -30,7 +30,7 @@ setup(
             "nnUNetv2_meddisseg_compare=nnunetv2_meddisseg.evaluation.compare:main",
             "nnUNetv2_meddisseg_demo=nnunetv2_meddisseg.demo:main",
             "nnUNetv2_meddisseg_ablate=nnunetv2_meddisseg.ablation.ablate:main",
-            "nnUNetv2_meddisseg_features=nnunetv2_meddisseg.ablation.features:main",
+            "nnUNetv2_meddisseg_features=nnunetv2_meddisseg.evaluation.feature_space:main",
             "nnUNetv2_meddisseg_weights_only=nnunetv2_meddisseg.sharing:main",
         ]
     },

@@ -12,7 +12,6 @@ import shlex
 import statistics
 import sys
 import time
-import types
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Sequence
 
@@ -21,9 +20,9 @@ from torch import nn
 
 __all__ = [
     "NNUNET_ARCHITECTURES", "NETWORK_NAMES", "DEFAULT_OUT", "machine_info", "command_line", "build_network",
-    "set_mode", "use_reference_implementations", "use_previous_implementations", "alternating_timings", "summarize", "markdown_table",
+    "set_mode", "alternating_timings", "summarize", "markdown_table",
     "write_results", "synchronize", "parse_device", "peak_rss_bytes", "current_rss_bytes", "reset_peak_rss",
-    "parameters", "nnunet_environment", "run_logged",
+    "parameters", "run_logged",
 ]
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -56,32 +55,19 @@ NNUNET_ARCHITECTURES: Dict[str, dict] = {
         },
         "_kw_requires_import": _IMPORTED,
     },
-    "ResEncM": {
-        "plans": "nnUNetResEncUNetMPlans (nnUNetPlannerResEncM), 2d",
-        "network_class_name": "dynamic_network_architectures.architectures.unet.ResidualEncoderUNet",
-        "arch_kwargs": {
-            "n_stages": 7,
-            "features_per_stage": [32, 64, 128, 256, 512, 512, 512],
-            "conv_op": "torch.nn.modules.conv.Conv2d",
-            "kernel_sizes": [[3, 3]] * 7,
-            "strides": [[1, 1]] + [[2, 2]] * 6,
-            "n_blocks_per_stage": [1, 3, 4, 6, 6, 6, 6],
-            "n_conv_per_stage_decoder": [1, 1, 1, 1, 1, 1],
-            "conv_bias": True,
-            "norm_op": "torch.nn.modules.instancenorm.InstanceNorm2d",
-            "norm_op_kwargs": {"eps": 1e-05, "affine": True},
-            "dropout_op": None,
-            "dropout_op_kwargs": None,
-            "nonlin": "torch.nn.LeakyReLU",
-            "nonlin_kwargs": {"inplace": True},
-        },
-        "_kw_requires_import": _IMPORTED,
-    },
+}
+#: nnU-Net's residual-encoder network for the same data: the same kwargs but for the blocks per stage
+NNUNET_ARCHITECTURES["ResEncM"] = {
+    "plans": "nnUNetResEncUNetMPlans (nnUNetPlannerResEncM), 2d",
+    "network_class_name": "dynamic_network_architectures.architectures.unet.ResidualEncoderUNet",
+    "arch_kwargs": {**{k: v for k, v in NNUNET_ARCHITECTURES["PlainConvUNet"]["arch_kwargs"].items()
+                       if k != "n_conv_per_stage"},
+                    "n_blocks_per_stage": [1, 3, 4, 6, 6, 6, 6], "n_conv_per_stage_decoder": [1, 1, 1, 1, 1, 1]},
+    "_kw_requires_import": _IMPORTED,
 }
 
-#: "MedDisSeg" (current implementation), "MedDisSeg-reference" (same network with the first,
-#: unoptimised block implementations: see :func:`use_reference_implementations`) and nnU-Net's two.
-NETWORK_NAMES = ("MedDisSeg", "MedDisSeg-reference", "PlainConvUNet", "ResEncM")
+#: Med-DisSeg and the two networks nnU-Net plans for the same data
+NETWORK_NAMES = ("MedDisSeg", "PlainConvUNet", "ResEncM")
 
 
 def _cpu_model() -> str:
@@ -131,13 +117,10 @@ def command_line() -> str:
 
 def build_network(name: str, input_channels: int = 3, num_classes: int = 2, deep_supervision: bool = False) -> nn.Module:
     """One of :data:`NETWORK_NAMES`, as nnU-Net would build it for the 256x256 RGB plans."""
-    if name in ("MedDisSeg", "MedDisSeg-reference"):
+    if name == "MedDisSeg":
         from nnunetv2_meddisseg.architectures import MedDisSegNet
 
-        net = MedDisSegNet(input_channels, num_classes, deep_supervision=deep_supervision)
-        if name == "MedDisSeg-reference":
-            use_reference_implementations(net)
-        return net
+        return MedDisSegNet(input_channels, num_classes, deep_supervision=deep_supervision)
     if name not in NNUNET_ARCHITECTURES:
         raise ValueError(f"unknown network {name!r}: choose from {list(NETWORK_NAMES)}")
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
@@ -151,76 +134,6 @@ def set_mode(net: nn.Module, training: bool, deep_supervision: bool) -> nn.Modul
     """train()/eval() and the deep-supervision switch nnU-Net sets (``network.decoder.deep_supervision``)."""
     net.train(training)
     net.decoder.deep_supervision = deep_supervision
-    return net
-
-
-def use_reference_implementations(net: nn.Module) -> nn.Module:
-    """Switch every optimised block of ``net`` (in place) back to its first implementation.
-
-    Same parameters, same results up to floating-point rounding (tests/blocks prove it); used to
-    measure before/after ratios side by side in one run.
-    """
-    from nnunetv2_meddisseg.blocks.activation import TeLU
-    from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "blocks"))
-    from reference_impls import reference_cdfa_forward, reference_telu
-
-    for m in net.modules():
-        if isinstance(m, ContrastDrivenAggregation):
-            m.forward = (lambda mod: lambda x, fg, bg: reference_cdfa_forward(mod, x, fg, bg))(m)
-        elif isinstance(m, TeLU):
-            m.forward = reference_telu
-    return net
-
-
-def use_previous_implementations(net: nn.Module) -> nn.Module:
-    """Switch the blocks of ``net`` (in place) back to their implementations before the launch-count
-    reduction: CDFA's shifted-view window attention on every device (the block's shifted form), each
-    enhancement branch with its own channel attention, one MLP pass per pooling in every channel
-    attention, TeLU's longer backward, the guidance pyramid's, the decoupling's and the auxiliary heads'
-    branches each on its own. Same parameters (the separate branches get copies of the merged blocks'
-    slices), same results up to rounding (tests/blocks)."""
-    from nnunetv2_meddisseg.blocks.activation import TeLU
-    from nnunetv2_meddisseg.blocks.attention import ChannelAttention
-    from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
-    from nnunetv2_meddisseg.blocks.device_forms import forced_form
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "blocks"))
-    from reference_impls import (PreviousAuxiliaryHeads, PreviousContrastGuidancePyramid, PreviousFeatureDecoupling,
-                                 PreviousFeatureEnhancement, previous_channel_attention, previous_of, previous_telu)
-
-    def aggregate_in_shifted_form(module, *args):
-        with forced_form("shifted"):
-            return type(module)._aggregate(module, *args)
-
-    for m in net.modules():
-        if isinstance(m, ContrastDrivenAggregation):
-            m._aggregate = types.MethodType(aggregate_in_shifted_form, m)
-        elif isinstance(m, ChannelAttention):
-            m.attention = types.MethodType(previous_channel_attention, m)
-        elif isinstance(m, TeLU):
-            m.forward = previous_telu
-    # the blocks whose branches now run as one: separate branches again (copies of the merged weights)
-    guidance, decoupling, heads = net.guidance, net.decoupling, net.auxiliary_heads
-    ops = dict(conv_op=type(guidance.stem.conv), norm_op=type(guidance.stem.norm), nonlin=type(guidance.stem.nonlin))
-    net.guidance = previous_of(guidance, PreviousContrastGuidancePyramid(
-        guidance.stem.conv.in_channels // 2, guidance.out_channels, guidance.num_upsamplings, **ops))
-    first = decoupling.uc[0].conv
-    net.decoupling = previous_of(decoupling, PreviousFeatureDecoupling(
-        first.in_channels, first.out_channels, decoupling.out_channels, **ops))
-    channels = [heads.stem.conv.out_channels // 3] + [c.conv.out_channels // 3 for c in heads.up_convs]
-    net.auxiliary_heads = previous_of(heads, PreviousAuxiliaryHeads(heads.stem.conv.in_channels // 3, channels, **ops))
-    for i, enh in enumerate(net.enhancement):
-        net.enhancement[i] = previous_of(enh, PreviousFeatureEnhancement(
-            enh.pointwise.in_channels, enh.out_channels, enh.dilations, conv_op=type(enh.pointwise),
-            norm_op=type(enh.norm), nonlin=type(enh.nonlin)))
-    for part in (net.guidance, net.decoupling, net.auxiliary_heads, net.enhancement):
-        for m in part.modules():
-            if isinstance(m, ChannelAttention):
-                m.attention = types.MethodType(previous_channel_attention, m)
-            elif isinstance(m, TeLU):
-                m.forward = previous_telu
     return net
 
 
@@ -322,14 +235,6 @@ def parameters(module: nn.Module) -> int:
 
 # ------------------------------------------------------------------------------------------------
 # driving nnU-Net's console commands (predict.py, quality.py): the package's own helpers
-
-
-def nnunet_environment(work: Path, trainer_folders: Sequence[str] = ()) -> Dict[str, str]:
-    """:func:`nnunetv2_meddisseg.nnunet_env.nnunet_environment` (the three folders in ``work``, our
-    trainers in ``nnUNet_extTrainer`` after ``trainer_folders``)."""
-    from nnunetv2_meddisseg.nnunet_env import nnunet_environment as package_environment
-
-    return package_environment(work, trainer_folders)
 
 
 def run_logged(command: Sequence[str], env: Mapping[str, str], log_file: Path, echo: bool = True,

@@ -8,32 +8,23 @@ every aten operation dispatched (forward and backward; views included, listed ap
 Counted, on tiny batches (batch 2; 64x64 for Med-DisSeg, 128x128 for nnU-Net's network, whose seven
 stages need it):
 
-- ``stage2_step``: nnUNetTrainerMedDisSeg in Stage II: forward with deep supervision, the trainer's
-  Stage II loss (Dice+CE of the logits and of the three paths, foreground/background, complementarity,
-  dispersive), backward;
-- ``stage1_step``: the same in Stage I (clean + perturbed views, head, consistency, dispersive);
-- ``dispersive_step``: nnUNetTrainerDispersive on nnU-Net's default 2d network (PlainConvUNet):
-  forward with nnU-Net's deep supervision, Dice+CE + dispersive loss, backward;
-- ``default_step``: nnU-Net's own nnUNetTrainer on the same network (forward, loss, backward);
-- ``*_train_step``: the trainers' whole ``train_step`` (also gradient norms, clipping, the optimizer
-  step with its multi-tensor kernels as on CUDA, and the logged values; the second step of an epoch,
-  without the once-per-epoch diagnostics);
-- ``inference``: the network's inference forward (eval mode, deep supervision off, no grad), for
-  Med-DisSeg and PlainConvUNet;
-- per module: the forward of each part of Med-DisSeg in the Stage II training forward.
+- ``stage2_step`` / ``stage1_step``: nnUNetTrainerMedDisSeg's forward, stage loss and backward;
+- ``dispersive_step`` / ``default_step``: nnUNetTrainerDispersive / nnUNetTrainer on nnU-Net's default 2d
+  network (PlainConvUNet), forward with deep supervision, loss, backward;
+- ``*_train_step``: the trainers' whole ``train_step`` (gradient norms, clipping, the optimizer step with
+  its multi-tensor kernels as on CUDA, the logged values; an epoch's second step);
+- ``inference``: the inference forward of Med-DisSeg and PlainConvUNet; per module for Med-DisSeg.
 
 Med-DisSeg's blocks choose their implementation by device (see ``blocks/device_forms.py``): the
 count is taken with the few-op form forced (``--form few_op``, the default; ``cuda`` is an alias);
 ``--form shifted`` (alias ``cpu``) counts the shifted form, ``--form fused`` the Triton kernels (CUDA, or
-``TRITON_INTERPRET=1``). ``--implementations previous`` counts the blocks as they were before
-the launch-count reduction (``common.use_previous_implementations``), ``first`` the first block
-implementations (``common.use_reference_implementations``), both kept in ``tests/blocks/reference_impls.py``.
+``TRITON_INTERPRET=1``).
 
 ``--speed N`` also times, on the CPU, an inference forward at 256x256 and a training step at 128x128
-(batch 2) of the current vs the previous implementations in N alternating rounds (same weights).
+(batch 2) of the blocks' CPU form vs their few-launch form in N alternating rounds (same weights): the
+measurement behind the choice of form per device.
 
-Usage: ``python benchmarks/op_count.py [--form few_op|shifted|fused] [--implementations current|previous|first]
-[--speed N] [--name op_count]``
+Usage: ``python benchmarks/op_count.py [--form few_op|shifted|fused] [--speed N] [--name op_count]``
 """
 import argparse
 import contextlib
@@ -52,8 +43,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from nnunetv2_meddisseg.plans_entry import architecture_entry
 
 from common import (DEFAULT_OUT, NNUNET_ARCHITECTURES, alternating_timings, command_line, machine_info, markdown_table,
-                    summarize, use_previous_implementations, use_reference_implementations, write_results)
+                    summarize, write_results)
 
+#: the two forms of the device-dependent blocks (``blocks/device_forms.py``)
+FORMS = ("cpu", "cuda")
 #: the parts of MedDisSegNet counted one by one in the training forward
 MODULES = ("encoder", "elat.0", "elat.1", "elat.2", "elat.3", "enhancement.0", "enhancement.1", "enhancement.2",
            "enhancement.3", "decoupling", "guidance", "cdfa.0", "cdfa.1", "cdfa.2", "cdfa.3", "decoder",
@@ -183,20 +176,13 @@ def make_batch(size: int, deep_supervision_scales: int = 1, seed: int = 0) -> di
     return batch
 
 
-def _backward(total: torch.Tensor) -> None:
-    total.backward()
-
-
-def count_meddisseg(implementations: str, size: int = 64) -> Dict[str, dict]:
-    """Stage II / Stage I steps, whole train_steps, inference and per-module counts of Med-DisSeg with the
-    ``implementations`` "current", "previous" (before the launch-count reduction) or "first"."""
+def count_meddisseg(size: int = 64) -> Dict[str, dict]:
+    """Stage II / Stage I steps, whole train_steps, inference and per-module counts of Med-DisSeg."""
     from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2, nnUNetTrainerMedDisSeg
 
     results: Dict[str, dict] = {}
     trainer = make_trainer(nnUNetTrainerMedDisSeg, plans(MEDDISSEG_ARCH, size))
     network = trainer._plain_network()
-    if implementations != "current":
-        (use_previous_implementations if implementations == "previous" else use_reference_implementations)(network)
     batch = make_batch(size)
     data, target = batch["data"], batch["target"]
 
@@ -289,47 +275,48 @@ ROWS = (("stage2_step", "Med-DisSeg Stage II step (forward + loss + backward)"),
 
 def cpu_speed(repeats: int, infer_size: int = 256, train_size: int = 128, batch: int = 2) -> dict:
     """Seconds of an inference forward at ``infer_size`` and of a training step (Stage II forward, loss,
-    backward, Adam step) at ``train_size`` on the CPU, current vs previous implementations (same weights),
-    in alternating rounds. Returns the median timings and the ratios previous / current (> 1: faster now)."""
+    backward, Adam step) at ``train_size`` on the CPU, the blocks' CPU form (what the CPU runs) vs their
+    few-launch form (what a GPU runs), same weights, in alternating rounds. Returns the median timings and
+    the ratios few-launch / CPU form (> 1: the CPU form is the faster one on this CPU)."""
     from train_step import Stage2Loss, make_batch as train_batch, make_step
     from nnunetv2_meddisseg.architectures import MedDisSegNet
+    from nnunetv2_meddisseg.blocks.device_forms import forced_form
 
-    torch.manual_seed(0)
-    built = MedDisSegNet(3, 2)
-    # both deep copies: a network fresh from its constructor and a deep copy of it run the same code at
-    # different speeds on the CPU (the copy 7 % faster at 256x256 in one measurement: where the weights lie in memory)
-    current, previous = deepcopy(built), use_previous_implementations(deepcopy(built))
-    for net in (current, previous):
-        net.eval()
-        net.decoder.deep_supervision = False
-    x = torch.randn(batch, 3, infer_size, infer_size)
-
-    def infer(net):
+    def in_form(form: str, fn: Callable[[], object]) -> Callable[[], object]:
         def run():
-            with torch.inference_mode():
-                return net(x)
+            with forced_form(form):
+                return fn()
         return run
 
-    infer_times = alternating_timings({"current": infer(current), "previous": infer(previous)}, repeats)
+    torch.manual_seed(0)
+    net = MedDisSegNet(3, 2).eval()
+    net.decoder.deep_supervision = False
+    x = torch.randn(batch, 3, infer_size, infer_size)
+
+    def infer():
+        with torch.inference_mode():
+            return net(x)
+
+    infer_times = alternating_timings({form: in_form(form, infer) for form in FORMS}, repeats)
     xt, target = train_batch(batch, train_size, torch.device("cpu"))
     steps = {}
-    for name, net in (("current", deepcopy(current)), ("previous", use_previous_implementations(deepcopy(current)))):
-        net.train()
-        net.decoder.deep_supervision = True
-        steps[name] = make_step(net, Stage2Loss(dispersive=True), xt, target, amp=False)
+    for form in FORMS:
+        copy = deepcopy(net).train()
+        copy.decoder.deep_supervision = True
+        steps[form] = in_form(form, make_step(copy, Stage2Loss(dispersive=True), xt, target, amp=False))
     train_times = alternating_timings(steps, repeats)
     result = {"inference": {k: summarize(v) for k, v in infer_times.items()},
               "training_step": {k: summarize(v) for k, v in train_times.items()},
               "inference_size": infer_size, "training_size": train_size, "batch": batch, "repeats": repeats}
     for part in ("inference", "training_step"):
-        result[f"{part}_ratio_previous_over_current"] = (result[part]["previous"]["median_s"]
-                                                         / result[part]["current"]["median_s"])
+        result[f"{part}_ratio_cuda_form_over_cpu_form"] = (result[part]["cuda"]["median_s"]
+                                                           / result[part]["cpu"]["median_s"])
     return result
 
 
 def _markdown(payload: dict) -> str:
     r = payload["results"]
-    lines = [f"Block implementations counted: `{payload['implementations']}`, device form `{payload['form']}`", "",
+    lines = [f"Device form of the blocks counted: `{payload['form']}`", "",
              markdown_table(["what", "aten ops", "of which views"],
                             [[label, r[k]["ops"], r[k]["views"]] for k, label in ROWS if k in r]), "",
              "Per module, Stage II training forward / inference forward:", "",
@@ -343,11 +330,11 @@ def _markdown(payload: dict) -> str:
         rows = []
         for part, label in (("inference", f"inference forward {speed['inference_size']}x{speed['inference_size']}"),
                             ("training_step", f"training step {speed['training_size']}x{speed['training_size']}")):
-            rows.append([label, f"{speed[part]['current']['median_s']:.3f}", f"{speed[part]['previous']['median_s']:.3f}",
-                         f"{speed[f'{part}_ratio_previous_over_current']:.3f}"])
-        lines += ["", f"CPU speed, current vs previous implementations (batch {speed['batch']}, median of "
-                      f"{speed['repeats']} alternating rounds; ratio > 1: current faster):", "",
-                  markdown_table(["what", "current s", "previous s", "previous / current"], rows)]
+            rows.append([label, f"{speed[part]['cpu']['median_s']:.3f}", f"{speed[part]['cuda']['median_s']:.3f}",
+                         f"{speed[f'{part}_ratio_cuda_form_over_cpu_form']:.3f}"])
+        lines += ["", f"CPU speed of the blocks' two forms (batch {speed['batch']}, median of {speed['repeats']} "
+                      f"alternating rounds; ratio > 1: the CPU form is faster here):", "",
+                  markdown_table(["what", "CPU form s", "few-launch form s", "few-launch / CPU form"], rows)]
     return "\n".join(lines)
 
 
@@ -356,10 +343,8 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--form", choices=("fused", "shifted", "few_op", "cuda", "cpu"), default="few_op",
                    help="implementation form of the device-dependent blocks to count")
-    p.add_argument("--implementations", choices=("current", "previous", "first"), default="current",
-                   help="block implementations to count: current, before the launch-count reduction, or the first")
     p.add_argument("--speed", type=int, default=0, metavar="ROUNDS",
-                   help="also time current vs previous implementations on the CPU in ROUNDS alternating rounds")
+                   help="also time the blocks' CPU form vs their few-launch form on the CPU in ROUNDS alternating rounds")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for the timings")
     p.add_argument("--name", default="op_count", help="results file name (without extension)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="folder for <name>.json / .md")
@@ -369,10 +354,9 @@ def main(argv=None) -> int:
     from nnunetv2_meddisseg.blocks import device_forms
 
     with nnunet_folders(), device_forms.forced_form(args.form):
-        results = count_meddisseg(args.implementations)
+        results = count_meddisseg()
         results.update(count_nnunet_default())
-    payload = {"machine": machine_info("cpu"), "command": command_line(), "form": args.form,
-               "implementations": args.implementations, "results": results}
+    payload = {"machine": machine_info("cpu"), "command": command_line(), "form": args.form, "results": results}
     if args.speed:
         payload["cpu_speed"] = cpu_speed(args.speed)
     files = write_results(Path(args.out), args.name, payload, _markdown(payload))

@@ -18,7 +18,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from common import (DEFAULT_OUT, NNUNET_ARCHITECTURES, build_network, command_line, machine_info, markdown_table,
-                    parameters, set_mode, use_reference_implementations, write_results)
+                    parameters, set_mode, write_results)
 
 #: target for Med-DisSeg inference per 256x256 image
 INFERENCE_TARGET_GFLOPS = 150.0
@@ -104,10 +104,6 @@ def main(argv=None) -> int:
         if mode != "training_forward_backward":  # backward FLOPs are not attributed to modules reliably
             med["flops_per_part"][mode] = {part: _part_flops(per_module, f"MedDisSegNet.{part}")
                                            for part in parts + detail_paths}
-    # the same network with the first CDFA implementation (unfold / per-pixel matmul / fold): its
-    # window products are matrix products and therefore counted, the current shifted sums are not
-    ref = use_reference_implementations(_on_meta(lambda: build_network("MedDisSeg", args.channels, args.classes)))
-    med["flops"]["inference_reference_cdfa"] = count_flops(ref, x, training=False)[0]
     # the released code's fusion (concatenation + full-resolution output block) for comparison
     concat = _on_meta(lambda: _concat_fusion_network(args.channels, args.classes))
     med["flops"]["inference_decoder_fusion_concat"] = count_flops(concat, x, training=False)[0]
@@ -181,9 +177,8 @@ def _markdown(payload: dict, parts, detail_paths) -> str:
     rows = [[path] + [_g(med["flops_per_part"][m][path]) for m in fwd] for path in detail_paths]
     out.append(markdown_table(["module"] + [f"{m} GFLOPs" for m in fwd], rows))
     out += ["", "Variants (inference GFLOPs):", "",
-            f"- first CDFA implementation (unfold / per-pixel matmul / fold, counted as matmuls): "
-            f"{_g(med['flops']['inference_reference_cdfa'])}; the current one accumulates shifted views "
-            f"element-wise (not counted; about 50 FLOPs per channel and pixel instead of 162)",
+            f"- CDFA's window aggregation accumulates shifted views element-wise: not counted (about 50 FLOPs "
+            f"per channel and pixel)",
             f"- `decoder_fusion=\"concat\"` (released code: concatenation + full-resolution output block): "
             f"{_g(med['flops']['inference_decoder_fusion_concat'])}", ""]
     for name in ("PlainConvUNet", "ResEncM"):

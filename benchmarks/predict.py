@@ -10,25 +10,23 @@ the whole image folder (N images) and a folder holding only its first image; the
 - marginal per image: (N-image run - 1-image run) / (N - 1), the cost of one more image;
 - start-up: 1-image run - marginal per image (imports, lookup, building and loading the model).
 
-Test-time augmentation: ``--tta on`` is nnU-Net's default (mirroring along both image axes: four
-forward passes per tile in 2d), ``--tta off`` passes ``--disable_tta`` (one forward pass); ``both``
-(default) times both. All candidates (model x TTA x folder) run in alternating rounds, the order
-rotating per round, after untimed warm-up runs; medians are reported with the Med-DisSeg / default
-ratio.
+``--tta on`` is nnU-Net's default mirroring (four forward passes per tile in 2d), ``off`` passes
+``--disable_tta``, ``both`` (default) times both. All candidates (model x TTA x folder) run in alternating
+rounds, the order rotating per round, after untimed warm-up runs; medians, with the Med-DisSeg / default ratio.
 
-Models. By default everything is built in ``--work``: a generated polyp-like dataset
-(``nnunetv2_meddisseg.datasets.synthetic``, ``--size`` x ``--size`` RGB, ``--num-images`` test
-images), ``nnUNetv2_plan_and_preprocess -c 2d``, ``nnUNetv2_meddisseg_plan``, then for each trainer
-a model folder whose ``checkpoint_final.pth`` holds the freshly initialised network (the trainer is
-constructed, ``initialize()``-d and saved as nnU-Net saves a trained one; BatchNorm statistics are
-calibrated on the dataset's training images so that the untrained network's logits stay finite).
-No training is needed: the time of a prediction does not depend on the values of the weights (same
-operations on tensors of the same shapes; only the exported masks differ). With ``--dataset ID``
-the trained models of an existing nnU-Net setup are timed instead (``nnUNet_results`` etc. taken
-from the environment; the test images from ``--images`` or ``$nnUNet_raw/DatasetXXX_Name/imagesTs``).
+bf16 on the CPU: ``--cpu-bf16`` adds Med-DisSeg predicting with ``nnUNet_meddisseg_cpu_bf16=1`` (its inference
+forward under ``torch.autocast("cpu", dtype=torch.bfloat16)``; fast only with AVX512-BF16 or AMX) as a third
+candidate, and reports the mean Dice between its masks and the fp32 masks of the same images.
+
+Models. By default everything is built in ``--work``: a generated dataset (``datasets.synthetic``,
+``--size`` x ``--size`` RGB, ``--num-images`` test images), planned and preprocessed, and for each trainer
+a model folder whose ``checkpoint_final.pth`` holds the freshly initialised network (BatchNorm statistics
+calibrated on the training images so that its logits stay finite): the time of a prediction does not
+depend on the values of the weights. ``--dataset ID`` times the trained models of an existing nnU-Net
+setup instead (folders from the environment; test images from ``--images`` or the dataset's imagesTs).
 
 Usage: ``python benchmarks/predict.py [--size 256] [--num-images 8] [--repeats 3] [--tta both]
-[--device cpu|cuda] [--work DIR] [--dataset ID --images DIR]``
+[--device cpu|cuda] [--cpu-bf16] [--work DIR] [--dataset ID --images DIR]``
 """
 import argparse
 import json
@@ -39,16 +37,16 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from common import (DEFAULT_OUT, command_line, machine_info, markdown_table, nnunet_environment, parse_device,
-                    run_logged, summarize, write_results)
-from nnunetv2_meddisseg.nnunet_env import planning_environment, trainer_output_folder
-from nnunetv2_meddisseg.trainer_path import trainer_folder
+from common import (DEFAULT_OUT, command_line, machine_info, markdown_table, parse_device, run_logged, summarize,
+                    write_results)
+from nnunetv2_meddisseg.environment import CPU_BF16_ENVIRONMENT_VARIABLE, set_nnunet_environment
+from nnunetv2_meddisseg.nnunet_env import nnunet_environment, planning_environment, trainer_output_folder
 
 CONFIGURATION = "2d"
 SYNTHETIC_DATASET_ID = 990
 SYNTHETIC_TRAINING_CASES = 8  # planning needs a fingerprint of some training cases; they are never trained on
-MODEL_KEYS = ("default", "meddisseg")
-MODEL_NAMES = {"default": "nnU-Net default", "meddisseg": "Med-DisSeg"}
+MODEL_KEYS = ("default", "meddisseg", "meddisseg_bf16")
+MODEL_NAMES = {"default": "nnU-Net default", "meddisseg": "Med-DisSeg", "meddisseg_bf16": "Med-DisSeg bf16"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -224,10 +222,7 @@ def _existing_environment() -> Dict[str, str]:
         if not env.get(name):
             raise SystemExit(f"--dataset: the environment variable {name} is not set (it must point at the "
                              f"nnU-Net folders holding the trained models)")
-    folders = [f for f in env.get("nnUNet_extTrainer", "").split(os.pathsep) if f]
-    if trainer_folder() not in folders:
-        env["nnUNet_extTrainer"] = os.pathsep.join(folders + [trainer_folder()])
-    return env
+    return set_nnunet_environment(env)
 
 
 def _predict_command(dataset: str, images: Path, out: Path, trainer: str, plans: str, tta: bool, args) -> List[str]:
@@ -248,6 +243,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--tta", choices=("on", "off", "both"), default="both",
                    help="nnU-Net's mirroring test-time augmentation: on (its default), off (--disable_tta) or both")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="nnUNetv2_predict -device")
+    p.add_argument("--cpu-bf16", action="store_true",
+                   help="also time Med-DisSeg with nnUNet_meddisseg_cpu_bf16=1 (bf16 autocast on the CPU)")
     p.add_argument("--npp", type=int, default=1, help="nnUNetv2_predict -npp (pre-processing processes)")
     p.add_argument("--nps", type=int, default=1, help="nnUNetv2_predict -nps (export processes)")
     p.add_argument("--work", default=None,
@@ -278,6 +275,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise SystemExit(f"--size must be a multiple of 16 and at least 32, got {args.size}")
     if args.dataset is None and args.num_images is None:
         args.num_images = 8
+    if args.cpu_bf16 and args.device != "cpu":
+        raise SystemExit("--cpu-bf16 needs --device cpu")
     if args.num_images is not None and args.num_images < 2:
         raise SystemExit(f"--num-images must be at least 2 (the 1-image run separates start-up), got {args.num_images}")
 
@@ -309,8 +308,12 @@ def _run(args, work: Path, logs: Path) -> dict:
         print(f"[1-3/4] existing models of dataset {dataset} ({env['nnUNet_results']})")
     results_dataset = _dataset_folder(env["nnUNet_results"], dataset)
     models = {"default": (args.baseline_trainer, args.baseline_plans), "meddisseg": (args.trainer, args.plans)}
+    if args.cpu_bf16:
+        models["meddisseg_bf16"] = models["meddisseg"]
     folders = {k: trainer_output_folder(results_dataset.name, t, pl, CONFIGURATION, results=str(results_dataset.parent))
                for k, (t, pl) in models.items()}
+    environments = {k: dict(env, **({CPU_BF16_ENVIRONMENT_VARIABLE: "1"} if k == "meddisseg_bf16" else {}))
+                    for k in models}
     for k, folder in folders.items():
         ckpt = folder / f"fold_{args.fold}" / args.checkpoint
         if not ckpt.is_file():
@@ -343,11 +346,12 @@ def _run(args, work: Path, logs: Path) -> dict:
                 candidates[key] = (k, trainer, plans, tta, count)
 
     def run_one(key: str, label: str) -> float:
-        _, trainer, plans, tta, count = candidates[key]
+        model, trainer, plans, tta, count = candidates[key]
         out = work / "predictions" / _slug(key)
         if out.exists():
             shutil.rmtree(out)
-        seconds = run_logged(_predict_command(dataset, folders_in[count], out, trainer, plans, tta, args), env,
+        seconds = run_logged(_predict_command(dataset, folders_in[count], out, trainer, plans, tta, args),
+                             environments[model],
                              logs / "predict" / f"{_slug(key)}_{label}.log", echo=False)
         written = len([f for f in out.iterdir() if f.name.endswith(file_ending)]) if out.is_dir() else 0
         if written != count:
@@ -372,7 +376,13 @@ def _run(args, work: Path, logs: Path) -> dict:
             times[key].append(run_one(key, f"round{r}"))
 
     stats = {k: summarize(v) for k, v in times.items()}
-    derived = {f"tta_{'on' if tta else 'off'}": per_image(stats, n, tta) for tta in tta_modes}
+    derived = {f"tta_{'on' if tta else 'off'}": per_image(stats, n, tta, list(models)) for tta in tta_modes}
+    if args.cpu_bf16:
+        for tta in tta_modes:
+            keys_fp32_bf16 = [_slug(f"{MODEL_NAMES[k]} / TTA {'on' if tta else 'off'} / {n} images")
+                              for k in ("meddisseg", "meddisseg_bf16")]
+            derived[f"tta_{'on' if tta else 'off'}"]["bf16_vs_fp32_mean_dice"] = mask_agreement(
+                *(work / "predictions" / k for k in keys_fp32_bf16), file_ending)
     architectures = {k: dict(zip(("network", "patch_size"), _architecture(f))) for k, f in folders.items()}
     return {"machine": machine_info(args.device), "command": command_line(), "models": source,
             "dataset": results_dataset.name, "images": n, "image_size": args.size if source == "generated" else None,
@@ -382,11 +392,24 @@ def _run(args, work: Path, logs: Path) -> dict:
             "timings": stats, "per_image": derived, "load_average_after": [round(v, 2) for v in os.getloadavg()]}
 
 
-def per_image(stats: Dict[str, dict], n: int, tta: bool) -> dict:
-    """Per-image figures of both models from the medians of their N-image and 1-image runs."""
+def mask_agreement(first: Path, second: Path, file_ending: str) -> float:
+    """Mean over the images of the Dice between the foreground (label > 0) of two folders of predicted masks."""
+    import numpy as np
+    import SimpleITK as sitk
+
+    scores = []
+    for a in sorted(first.glob(f"*{file_ending}")):
+        x, y = (sitk.GetArrayFromImage(sitk.ReadImage(str(f))) > 0 for f in (a, second / a.name))
+        total = x.sum() + y.sum()
+        scores.append(1.0 if total == 0 else 2.0 * float((x & y).sum()) / float(total))
+    return float(np.mean(scores)) if scores else float("nan")
+
+
+def per_image(stats: Dict[str, dict], n: int, tta: bool, models: Sequence[str] = MODEL_KEYS[:2]) -> dict:
+    """Per-image figures of the models from the medians of their N-image and 1-image runs."""
     t = "on" if tta else "off"
     row: Dict[str, object] = {}
-    for k in MODEL_KEYS:
+    for k in models:
         full = stats[f"{MODEL_NAMES[k]} / TTA {t} / {n} images"]["median_s"]
         one = stats[f"{MODEL_NAMES[k]} / TTA {t} / 1 image"]["median_s"]
         marginal = (full - one) / (n - 1)
@@ -396,6 +419,8 @@ def per_image(stats: Dict[str, dict], n: int, tta: bool) -> dict:
     row["ratio_per_image"] = meddisseg["per_image_s"] / default["per_image_s"]
     row["ratio_marginal_per_image"] = (meddisseg["marginal_per_image_s"] / default["marginal_per_image_s"]
                                        if default["marginal_per_image_s"] > 0 else float("nan"))
+    if "meddisseg_bf16" in row:
+        row["ratio_bf16_over_fp32_per_image"] = row["meddisseg_bf16"]["per_image_s"] / meddisseg["per_image_s"]
     return row
 
 
@@ -418,13 +443,16 @@ def _markdown(payload: dict) -> str:
     rows = []
     for tta, row in payload["per_image"].items():
         t = tta.split("_")[1]
-        for k in MODEL_KEYS:
+        for k in [k for k in MODEL_KEYS if k in row]:
             r = row[k]
             rows.append([MODEL_NAMES[k], t, f"{r['run_s']:.2f}", f"**{r['per_image_s']:.2f}**",
                          f"{r['one_image_run_s']:.2f}", f"{r['marginal_per_image_s']:.2f}", f"{r['startup_s']:.2f}"])
         marginal = row["ratio_marginal_per_image"]
         rows.append(["ratio Med-DisSeg / default", t, "", f"**{row['ratio_per_image']:.2f}x**", "",
                      "n/a" if math.isnan(marginal) or marginal <= 0 else f"{marginal:.2f}x", ""])
+        if "ratio_bf16_over_fp32_per_image" in row:
+            rows.append(["ratio Med-DisSeg bf16 / fp32", t, "", f"**{row['ratio_bf16_over_fp32_per_image']:.2f}x**",
+                         "", f"mean Dice bf16 vs fp32 masks {row['bf16_vs_fp32_mean_dice']:.4f}", ""])
     out.append(markdown_table(["model", "TTA", f"{n}-image run s", "per image s (run / N)", "1-image run s",
                                "marginal per image s", "start-up s"], rows))
     out += ["", "per image = N-image run / N; marginal per image = (N-image run - 1-image run) / (N - 1); "

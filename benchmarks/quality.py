@@ -14,22 +14,18 @@ Phases (each subprocess writes a log file under ``WORK/logs``):
    792 train / 88 validation (nnU-Net fold 0) / 120 test. Read from ``--kvasir`` (default:
    ``$NNUNETV2_MEDDISSEG_TEST_DATA/Kvasir-SEG``), written to ``WORK/nnUNet_raw``.
 2. ``nnUNetv2_plan_and_preprocess -d ID -c 2d``; reused on a rerun with the same work folder.
-3. Plans with the budget's batch size (``nnUNetPlans_bs<B>``, a copy of nnUNetPlans; and
-   ``nnUNetv2_meddisseg_plan --batch-size B --plans-name nnUNetMedDisSegPlans_bs<B>``, plus one plans
-   file per architecture option a method uses: ``MEDDISSEG_PLANS``), and the budget as a recipe override file
-   ``WORK/recipes/budget_<tag>.json`` (epochs, iterations, validation iterations, final validation, threads),
-   named by ``nnUNet_meddisseg_recipe`` in every run: each method's trainer (the package's classes, default
-   nnU-Net as ``nnUNetTrainerBaseline``) reads it.
-4. For every (method, seed), ``--parallel`` at a time, in seed-major order so that a run cut short by
-   ``--deadline-min`` leaves whole seeds: ``nnUNetv2_train ID 2d 0`` with its own ``nnUNet_results``
-   folder per budget and seed and ``nnUNet_meddisseg_seed`` = the seed, then ``nnUNetv2_predict`` on the test images. A finished run
-   (``checkpoint_final.pth`` and its predictions) is reused on a rerun.
+3. Plans with the budget's batch size (``nnUNetPlans_bs<B>``, a copy of nnUNetPlans; ``nnUNetv2_meddisseg_plan
+   --batch-size B`` for each of ``MEDDISSEG_PLANS`` a method uses), and the budget as the recipe override file
+   ``WORK/runs_<tag>/budget.json`` (``ablation.runs.write_budget``), which every run's trainer reads.
+4. For every (method, seed), ``--parallel`` at a time, seed-major so that ``--deadline-min`` leaves whole
+   seeds: one run of ``nnunetv2_meddisseg.ablation.runs.AblationRun`` (the runner of
+   ``nnUNetv2_meddisseg_ablate``): ``nnUNetv2_train`` with one ``nnUNet_results`` folder per seed and
+   ``nnUNet_meddisseg_seed`` = the seed (resumed with ``--c``), ``nnUNetv2_predict`` on the test images, the
+   evaluation. A finished run is reused on a rerun.
 5. One table (``<name>.json`` / ``.md``): per method the mean and spread over seeds of validation mDSC
-   and of the four test metrics, the difference to the ``--baseline`` method's test mDSC (default:
-   default nnU-Net) with a two-sided
+   and of the four test metrics, the difference to the ``--baseline`` method's test mDSC with a two-sided
    Wilcoxon signed-rank p-value over the test images (each image's Dice averaged over the seeds both
-   methods completed), wall time, and training diagnostics read from the logs (per-group gradient
-   norms, dispersion diagnostics, loss terms; first and last epoch).
+   methods completed), wall time, and training diagnostics read from the logs (first and last epoch).
 
 No ImageNet weights unless ``--encoder-weights`` names a local ResNet-50 state dict (or
 ``imagenet`` where the plan command supports it): Med-DisSeg's encoder starts from random
@@ -44,8 +40,6 @@ import math
 import os
 import re
 import shutil
-import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -55,9 +49,12 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from common import DEFAULT_OUT, command_line, machine_info, markdown_table, nnunet_environment, write_results
-from nnunetv2_meddisseg.logged_command import console_command
-from nnunetv2_meddisseg.training.recipe import RECIPE_ENVIRONMENT_VARIABLE, ScheduleRecipe
+from common import DEFAULT_OUT, command_line, machine_info, markdown_table, write_results
+from nnunetv2_meddisseg.ablation.runs import AblationRun, Variant, write_budget
+from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.environment import DATA_AUGMENTATION_PROCESSES_VARIABLE, set_nnunet_environment
+from nnunetv2_meddisseg.logged_command import run_logged
+from nnunetv2_meddisseg.training.recipe import ScheduleRecipe
 
 DATASET_ID = 502
 CONFIGURATION = "2d"
@@ -76,8 +73,6 @@ class Method(NamedTuple):
 #: Med-DisSeg plans families: plans name stem -> extra ``nnUNetv2_meddisseg_plan`` arguments
 MEDDISSEG_PLANS: Dict[str, tuple] = {
     "meddisseg": ("nnUNetMedDisSegPlans", ()),
-    "meddisseg_batchnorm": ("nnUNetMedDisSegPlans_batchNorm", ("--added-norm", "batch")),
-    "meddisseg_instancenorm": ("nnUNetMedDisSegPlans_instanceNorm", ("--added-norm", "instance")),
     "meddisseg_relu": ("nnUNetMedDisSegPlans_relu", ("--activation", "relu")),
 }
 
@@ -103,45 +98,13 @@ METHODS: Dict[str, Method] = {
     "plain_paper": Method("Med-DisSeg network, plain, Adam 1e-4/1e-5",
                           "nnUNetTrainerMedDisSeg_plainPaper", "meddisseg"),
     "plain_sgd": Method("Med-DisSeg network, plain, SGD 1e-2", "nnUNetTrainerMedDisSeg_plainSGD", "meddisseg"),
-    "meddisseg_running_stats": Method("Med-DisSeg, BatchNorm everywhere, BatchNorm's running averages (no re-estimation)",
-                                      "nnUNetTrainerMedDisSeg_runningStatistics", "meddisseg_batchnorm"),
-    "plain_paper_running_stats": Method("Med-DisSeg network, plain, Adam 1e-4/1e-5, BatchNorm everywhere, "
-                                        "BatchNorm's running averages",
-                                        "nnUNetTrainerMedDisSeg_plainPaperRunningStatistics", "meddisseg_batchnorm"),
     "plain_adam": Method("Med-DisSeg network, plain, Adam 1e-3", "nnUNetTrainerMedDisSeg_plainAdam", "meddisseg"),
-    "meddisseg_batchnorm": Method("Med-DisSeg, BatchNorm in the added blocks (the paper)",
-                                  "nnUNetTrainerMedDisSeg", "meddisseg_batchnorm"),
-    "plain_paper_batchnorm": Method("Med-DisSeg network, plain, Adam 1e-4/1e-5, BatchNorm in the added blocks",
-                                    "nnUNetTrainerMedDisSeg_plainPaper", "meddisseg_batchnorm"),
-    "meddisseg_instancenorm": Method("Med-DisSeg, InstanceNorm in the added blocks",
-                                     "nnUNetTrainerMedDisSeg", "meddisseg_instancenorm"),
-    "plain_paper_instancenorm": Method("Med-DisSeg network, plain, Adam 1e-4/1e-5, InstanceNorm in the added blocks",
-                                       "nnUNetTrainerMedDisSeg_plainPaper", "meddisseg_instancenorm"),
 }
 #: the default comparison reference of every p-value (``--baseline``)
 BASELINE = "default"
 
-def budget_trainer(key: str) -> str:
-    """The trainer class a method trains with (its budget comes from the recipe override file)."""
-    return METHODS[key].trainer
-
-
 # ------------------------------------------------------------------------------------------------
 # preparation
-
-
-def write_budget(folder: Path, tag: str, num_epochs: int, iterations_per_epoch: int, val_iterations: int,
-                 final_validation: bool, threads: Optional[int] = None) -> Path:
-    """Write the budget as the recipe override file ``folder/budget_<tag>.json`` (for ``nnUNet_meddisseg_recipe``);
-    returns its path. threads: ``torch.set_num_threads`` in each trainer's constructor (after nnUNetv2_train's
-    own setting), or None to keep nnUNetv2_train's choice."""
-    budget = ScheduleRecipe(num_epochs=num_epochs, iterations_per_epoch=iterations_per_epoch,
-                            val_iterations_per_epoch=val_iterations, final_validation=final_validation,
-                            torch_threads=threads)
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / f"budget_{tag}.json"
-    target.write_text(json.dumps({k: v for k, v in vars(budget).items() if v is not None}, indent=1) + "\n")
-    return target
 
 
 def write_batch_plans(preprocessed: Path, source_name: str, target_name: str, batch: int) -> Path:
@@ -181,40 +144,17 @@ def _dataset_folder(root: str, dataset_id: int) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------
-# subprocesses with a deadline
+# a deadline
 
 
 class Deadline:
-    """No new run starts after ``soft`` (epoch seconds); a running command is killed at ``hard``."""
+    """No new run starts after ``soft`` (epoch seconds); runs already started finish."""
 
-    def __init__(self, soft: float, hard: float):
-        self.soft, self.hard = soft, hard
+    def __init__(self, soft: float):
+        self.soft = soft
 
     def may_start(self) -> bool:
         return time.time() < self.soft
-
-    def remaining(self) -> float:
-        return self.hard - time.time()
-
-
-def run_command(command: Sequence[str], env: Dict[str, str], log_file: Path, deadline: Deadline) -> float:
-    """Run a console command with its output in ``log_file``; return the wall time. Raises
-    ``RuntimeError`` (naming the log's last line) on failure or when the deadline kills it."""
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    with open(log_file, "w") as log:
-        proc = subprocess.Popen([console_command(command[0]), *map(str, command[1:])], env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code = proc.wait(timeout=max(1.0, deadline.remaining()))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise RuntimeError(f"'{command[0]}' killed at the deadline (log: {log_file})")
-    if code != 0:
-        tail = log_file.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-        raise RuntimeError(f"'{' '.join(map(str, command))}' failed with exit code {code}: {tail[0]} (log: {log_file})")
-    return time.perf_counter() - start
 
 
 # ------------------------------------------------------------------------------------------------
@@ -254,77 +194,42 @@ def _first_last(values: Sequence[float]) -> Optional[List[float]]:
 
 
 class Study:
-    """Everything the runs share: arguments, environment, folders, the deadline."""
+    """The runs of one budget: an ``AblationRun`` (one ``nnUNet_results`` folder per seed) and the deadline."""
 
-    def __init__(self, args, env: Dict[str, str], work: Path, dataset: str, raw: Path, plans: Dict[str, str],
-                 deadline: Deadline):
-        self.args, self.env, self.work, self.dataset, self.raw = args, env, work, dataset, raw
-        self.plans, self.deadline = plans, deadline
+    def __init__(self, runner: AblationRun, deadline: Deadline):
+        self.runner, self.deadline = runner, deadline
         self.lock = threading.Lock()
 
-    @property
-    def budget_tag(self) -> str:
-        return f"it{self.args.iterations}_bs{self.args.batch}"
-
-    def results_folder(self, seed: int) -> Path:
-        return self.work / f"nnUNet_results_{self.budget_tag}_seed{seed}"
-
-    def model_folder(self, key: str, seed: int) -> Path:
-        m = METHODS[key]
-        return (self.results_folder(seed) / self.raw.name
-                / f"{budget_trainer(key)}__{self.plans[m.family]}__{CONFIGURATION}")
-
     def run(self, key: str, seed: int) -> dict:
-        m = METHODS[key]
-        tag = f"{key}_{self.budget_tag}_seed{seed}"
-        result = {"method": key, "seed": seed, "trainer": budget_trainer(key), "plans": self.plans[m.family]}
+        spec = self.runner.variants[key]
+        tag = f"{key}_seed{seed}"
+        result = {"method": key, "seed": seed, "trainer": spec.trainer, "plans": spec.plans}
         if not self.deadline.may_start():
             return {**result, "status": "not started (deadline)"}
-        env = dict(self.env, nnUNet_results=str(self.results_folder(seed)), nnUNet_meddisseg_seed=str(seed))
-        Path(env["nnUNet_results"]).mkdir(parents=True, exist_ok=True)
-        fold_dir = self.model_folder(key, seed) / f"fold_{FOLD}"
-        predictions = self.work / "predictions" / tag
-        logs = self.work / "logs"
         try:
             self._say(f"start {tag}")
-            if not (fold_dir / "checkpoint_final.pth").is_file():
-                result["train_wall_s"] = run_command(
-                    ["nnUNetv2_train", self.dataset, CONFIGURATION, FOLD, "-tr", budget_trainer(key), "-p",
-                     self.plans[m.family], "-device", self.args.device], env, logs / f"train_{tag}.log", self.deadline)
-            if not (predictions / "done").is_file():
-                shutil.rmtree(predictions, ignore_errors=True)
-                result["predict_wall_s"] = run_command(
-                    ["nnUNetv2_predict", "-i", self.raw / "imagesTs", "-o", predictions, "-d", self.dataset, "-c",
-                     CONFIGURATION, "-f", FOLD, "-tr", budget_trainer(key), "-p", self.plans[m.family], "-device",
-                     self.args.device, "-chk", "checkpoint_final.pth", "-npp", "1", "-nps", "1",
-                     *(["--disable_tta"] if self.args.disable_tta else [])],
-                    env, logs / f"predict_{tag}.log", self.deadline)
-                (predictions / "done").touch()
-        except RuntimeError as e:
+            state = self.runner.state(key, seed)
+            if state in ("new", "interrupted"):
+                self.runner.train(key, seed)
+            record = (self.runner.load_record(key, seed) if state == "finished"
+                      else self.runner.predict_and_evaluate(key, seed))
+        except UserError as e:
             self._say(f"FAILED {tag}: {e}")
             return {**result, "status": f"failed: {e}"}
-        result.update(self._scores(fold_dir, predictions))
-        result.update(read_training_log(self._training_log(fold_dir, logs / f"train_{tag}.log")))
+        fold_dir = self.runner.fold_folder(key, seed)
+        summary = record["summary"]
+        result.update({"train_wall_s": record["train_seconds"], "predict_wall_s": record["predict_seconds"],
+                       "test_per_case": {c["case"]: {k: c[k] for k in METRICS} for c in summary["metric_per_case"]},
+                       "test_mean": {k: summary["mean"][k] for k in METRICS}})
+        validation = fold_dir / "validation" / "summary.json"
+        if validation.is_file():
+            result["val_dice"] = json.loads(validation.read_text())["foreground_mean"]["Dice"]
+        logs = sorted(fold_dir.glob("training_log_*.txt"))
+        result.update(read_training_log(logs[-1] if logs else self.runner.out / "logs" / f"{key}_seed{seed}_train.log"))
         result["status"] = "done"
         self._say(f"done {tag}: validation mDSC {_pct(result.get('val_dice'))}, test mDSC "
                   f"{_pct(result['test_mean']['dice'])}")
         return result
-
-    @staticmethod
-    def _training_log(fold_dir: Path, console_log: Path) -> Path:
-        logs = sorted(fold_dir.glob("training_log_*.txt"))
-        return logs[-1] if logs else console_log
-
-    def _scores(self, fold_dir: Path, predictions: Path) -> dict:
-        from nnunetv2_meddisseg.evaluation.evaluate import evaluate_folders
-
-        summary = evaluate_folders(str(self.raw / "labelsTs"), str(predictions), progress=False)
-        out = {"test_per_case": {c["case"]: {k: c[k] for k in METRICS} for c in summary["metric_per_case"]},
-               "test_mean": {k: summary["mean"][k] for k in METRICS}}
-        validation = fold_dir / "validation" / "summary.json"
-        if validation.is_file():
-            out["val_dice"] = json.loads(validation.read_text())["foreground_mean"]["Dice"]
-        return out
 
     def _say(self, text: str) -> None:
         with self.lock:
@@ -362,7 +267,7 @@ def aggregate(runs: Sequence[dict], methods: Sequence[str], baseline: str = BASE
     table = {}
     for key in methods:
         rs = done[key]
-        row = {"name": METHODS[key].name, "trainer": budget_trainer(key), "seeds": [r["seed"] for r in rs],
+        row = {"name": METHODS[key].name, "trainer": METHODS[key].trainer, "seeds": [r["seed"] for r in rs],
                "val_dice": _mean_sd([r.get("val_dice") for r in rs]),
                "test": {k: _mean_sd([r["test_mean"][k] for r in rs]) for k in METRICS},
                "train_wall_s": _mean_sd([r.get("train_wall_s") for r in rs]),
@@ -464,7 +369,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=1, help="runs per method (seeds 0 .. N-1)")
     p.add_argument("--parallel", type=int, default=1, help="runs at a time")
     p.add_argument("--deadline-min", type=float, default=None,
-                   help="start no run after this many minutes; kill what still runs 3 minutes later")
+                   help="start no run after this many minutes (runs already started finish)")
     p.add_argument("--disable-tta", action="store_true",
                    help="predict the test images without nnU-Net's mirroring (4x faster on a CPU)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -524,7 +429,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"work folder (kept): {work}")
     start = time.time()
     soft = start + 60 * args.deadline_min if args.deadline_min is not None else math.inf
-    payload = _run(args, kvasir, work, Deadline(soft, soft + 180))
+    payload = _run(args, kvasir, work, Deadline(soft))
     payload["total_wall_s"] = time.time() - start
     files = write_results(args.out, args.name, payload, _markdown(payload))
     print(files["markdown"].read_text())
@@ -532,7 +437,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def _prepare_data(args, kvasir: Path, env: Dict[str, str], work: Path, deadline: Deadline) -> None:
+def _prepare_data(args, kvasir: Path, env: Dict[str, str], work: Path) -> None:
     """Phases 1-2, skipped when ``work`` already holds the same preprocessed data."""
     stamp_file = work / "prepared.json"
     stamp = {"kvasir": str(kvasir), "size": args.size, "dataset_id": args.dataset_id,
@@ -553,26 +458,27 @@ def _prepare_data(args, kvasir: Path, env: Dict[str, str], work: Path, deadline:
         command += ["--split-file", str(work / "subset_split.json")]
     for old in Path(env["nnUNet_preprocessed"]).glob(f"Dataset{args.dataset_id:03d}_*"):
         shutil.rmtree(old)
-    run_command(command, env, logs / "convert.log", deadline)
+    run_logged(command, env, logs / "convert.log")
     print("[2/5] nnU-Net planning and preprocessing (2d)")
-    run_command(["nnUNetv2_plan_and_preprocess", "-d", dataset, "-c", CONFIGURATION, "-np", str(args.num_processes)],
-                env, logs / "plan_and_preprocess.log", deadline)
+    run_logged(["nnUNetv2_plan_and_preprocess", "-d", dataset, "-c", CONFIGURATION, "-np", str(args.num_processes)],
+               env, logs / "plan_and_preprocess.log")
     stamp_file.write_text(json.dumps(stamp, indent=1) + "\n")
 
 
 def _run(args, kvasir: Path, work: Path, deadline: Deadline) -> dict:
     from nnunetv2_meddisseg.training.recipes import MEDDISSEG
 
-    env = nnunet_environment(work, [])
+    # the runs' environment is this process's (AblationRun starts from os.environ)
+    env = set_nnunet_environment(os.environ, work)
     env.setdefault("nnUNet_def_n_proc", str(args.num_processes))
     if args.da_processes is not None:
-        env["nnUNet_n_proc_DA"] = str(args.da_processes)
+        env[DATA_AUGMENTATION_PROCESSES_VARIABLE] = str(args.da_processes)
     elif args.device == "cpu":
-        env.setdefault("nnUNet_n_proc_DA", "2")
+        env.setdefault(DATA_AUGMENTATION_PROCESSES_VARIABLE, "2")
     if not args.compile:
         env["nnUNet_compile"] = "f"
     dataset = str(args.dataset_id)
-    _prepare_data(args, kvasir, env, work, deadline)
+    _prepare_data(args, kvasir, env, work)
     raw = _dataset_folder(env["nnUNet_raw"], args.dataset_id)
     preprocessed = Path(env["nnUNet_preprocessed"]) / raw.name
     splits = json.loads((preprocessed / "splits_final.json").read_text())[0]
@@ -582,9 +488,10 @@ def _run(args, kvasir: Path, work: Path, deadline: Deadline) -> dict:
     stage1_epochs = int(math.floor(MEDDISSEG.stage1_fraction * epochs))
     print(f"[3/5] budget: {args.iterations} iterations = {epochs} epochs x {args.iterations_per_epoch}, batch "
           f"{args.batch}; Med-DisSeg Stage I {stage1_epochs} epochs")
-    env[RECIPE_ENVIRONMENT_VARIABLE] = str(write_budget(
-        work / "recipes", f"it{args.iterations}_bs{args.batch}", epochs, args.iterations_per_epoch, args.val_iterations,
-        not args.no_final_validation, args.threads))
+    out = work / f"runs_it{args.iterations}_bs{args.batch}"
+    write_budget(out, ScheduleRecipe(num_epochs=epochs, iterations_per_epoch=args.iterations_per_epoch,
+                                     val_iterations_per_epoch=args.val_iterations,
+                                     final_validation=not args.no_final_validation, torch_threads=args.threads))
     plans = {"nnunet": f"nnUNetPlans_bs{args.batch}"}
     plans.update({family: f"{stem}_bs{args.batch}" for family, (stem, _) in MEDDISSEG_PLANS.items()})
     write_batch_plans(preprocessed, "nnUNetPlans", plans["nnunet"], args.batch)
@@ -593,9 +500,14 @@ def _run(args, kvasir: Path, work: Path, deadline: Deadline) -> dict:
                    plans[family], *MEDDISSEG_PLANS[family][1]]
         if args.encoder_weights:
             command += ["--encoder-weights", args.encoder_weights]
-        run_command(command, env, work / "logs" / f"{family}_plan.log", deadline)
+        run_logged(command, env, work / "logs" / f"{family}_plan.log")
 
-    study = Study(args, env, work, dataset, raw, plans, deadline)
+    labels = json.loads((raw / "dataset.json").read_text())["labels"]
+    runner = AblationRun(out, raw.name, FOLD, {k: Variant(METHODS[k].trainer, plans[METHODS[k].family])
+                                               for k in args.methods}, args.device, raw / "imagesTs",
+                         raw / "labelsTs", {k: int(v) for k, v in labels.items()}, args.disable_tta,
+                         predict_processes=1)
+    study = Study(runner, deadline)
     order = [(k, s) for s in range(args.seeds) for k in args.methods]
     print(f"[4/5] {len(order)} runs, {args.parallel} at a time")
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
@@ -613,7 +525,8 @@ def _run(args, kvasir: Path, work: Path, deadline: Deadline) -> dict:
             "device": args.device, "seeds": args.seeds, "parallel": args.parallel, "compile": args.compile,
             "test_time_augmentation": not args.disable_tta,
             "encoder_weights": args.encoder_weights or "random initialisation (no ImageNet weights)",
-            "environment": {k: env.get(k) for k in ("nnUNet_n_proc_DA", "nnUNet_def_n_proc", "nnUNet_compile")},
+            "environment": {k: env.get(k) for k in (DATA_AUGMENTATION_PROCESSES_VARIABLE, "nnUNet_def_n_proc",
+                                                    "nnUNet_compile")},
             "baseline": args.baseline, "table": aggregate(runs, args.methods, args.baseline),
             "runs": runs}
 

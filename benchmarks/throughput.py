@@ -1,10 +1,8 @@
 """Forward-only inference throughput of Med-DisSeg vs the 2d networks nnU-Net plans for the same data.
 
 All candidates (networks x variants) are timed in alternating rounds in one run, after warm-up, and
-the median per candidate is reported, so that the ratios stay meaningful on a noisy machine.
-``MedDisSeg-reference`` is the same network with the first, unoptimised block implementations
-(before/after ratio of the optimisations). A CDFA micro-benchmark (finest level, before/after) and a
-``torch.profiler`` breakdown of Med-DisSeg follow.
+the median per candidate is reported, so that the ratios stay meaningful on a noisy machine. A
+``torch.profiler`` breakdown of Med-DisSeg follows.
 
 Variants: ``fp32``; on CUDA also ``bf16`` (autocast), ``channels_last``, ``channels_last_bf16`` and
 ``compile`` (torch.compile; skipped with the reason recorded where it fails).
@@ -16,16 +14,11 @@ import contextlib
 import copy
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Callable, Dict, List
 
 import torch
 from torch import nn
-
-#: the first block implementations live with the tests that check the current ones against them
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "blocks"))
 
 from common import (DEFAULT_OUT, NETWORK_NAMES, alternating_timings, build_network, command_line, machine_info,
                     markdown_table, parse_device, set_mode, summarize, synchronize, write_results)
@@ -59,36 +52,6 @@ def _try_prepare(run: Callable[[], object], device: torch.device) -> str:
         return ""
     except Exception as e:  # torch.compile may be unavailable (no compiler, unsupported op, ...)
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-
-
-def cdfa_microbenchmark(batch: int, size: int, repeats: int, device: torch.device) -> dict:
-    """Finest CDFA (256 -> 128 channels at size/2): current vs first implementation, forward only."""
-    from nnunetv2_meddisseg.blocks import cdfa
-    from reference_impls import reference_cdfa_forward, reference_window_attention, reference_window_weights
-
-    torch.manual_seed(0)
-    m = cdfa.ContrastDrivenAggregation(256, 128, 4).to(device).eval()
-    h = size // 2
-    x = torch.randn(batch, 256, h, h, device=device)
-    fg, bg = torch.randn(batch, 128, h, h, device=device), torch.randn(batch, 128, h, h, device=device)
-    v = torch.randn(batch, 128, h, h, device=device)
-
-    def new_attention():
-        return m.window_attention(v, m.window_weights(fg, m.attn_fg))
-
-    def old_attention():
-        return reference_window_attention(m, v, reference_window_weights(m, fg, m.attn_fg))
-
-    fns = {"cdfa_current": lambda: m(x, fg, bg), "cdfa_reference": lambda: reference_cdfa_forward(m, x, fg, bg),
-           "window_attention_current": new_attention, "window_attention_reference": old_attention}
-    with torch.inference_mode():
-        diff = (m(x, fg, bg) - reference_cdfa_forward(m, x, fg, bg)).abs().max().item()
-        times = alternating_timings(fns, repeats, warmup=1, device=device)
-    stats = {k: summarize(v) for k, v in times.items()}
-    return {"input": [batch, 256, h, h], "max_abs_difference": diff, "timings": stats,
-            "speedup_cdfa": stats["cdfa_reference"]["median_s"] / stats["cdfa_current"]["median_s"],
-            "speedup_window_attention": stats["window_attention_reference"]["median_s"]
-            / stats["window_attention_current"]["median_s"]}
 
 
 def profile_network(net: nn.Module, x: torch.Tensor, device: torch.device, rows: int = 15, repeats: int = 3) -> dict:
@@ -190,14 +153,8 @@ def main(argv=None) -> int:
                "load_average_after": [round(v, 2) for v in os.getloadavg()]}
     if base in stats:
         payload["ratios_vs_meddisseg_fp32"] = {k: stats[base]["median_s"] / s["median_s"] for k, s in stats.items()}
-    if "MedDisSeg-reference / fp32" in stats and base in stats:
-        payload["speedup_meddisseg_vs_reference"] = stats["MedDisSeg-reference / fp32"]["median_s"] / stats[base][
-            "median_s"]
-    payload["cdfa_microbenchmark"] = cdfa_microbenchmark(args.batch, args.size, args.repeats, device)
     if not args.no_profile and "MedDisSeg" in nets:
         payload["profile_meddisseg"] = profile_network(nets["MedDisSeg"], x, device)
-        if "MedDisSeg-reference" in nets:
-            payload["profile_meddisseg_reference"] = profile_network(nets["MedDisSeg-reference"], x, device)
     files = write_results(args.out, "throughput", payload, _markdown(payload))
     print(files["markdown"].read_text())
     print(f"written: {files['json']}, {files['markdown']}")
@@ -221,9 +178,6 @@ def _markdown(payload: dict) -> str:
                                "speed vs MedDisSeg fp32"], rows))
     if payload["skipped"]:
         out += ["", "Skipped:", ""] + [f"- {k}: {v}" for k, v in payload["skipped"].items()]
-    if "speedup_meddisseg_vs_reference" in payload:
-        out += ["", f"Optimised blocks (CDFA window attention, TeLU) vs first implementation, whole network: "
-                f"**{payload['speedup_meddisseg_vs_reference']:.2f}x** faster (same run, alternating)."]
     if payload["variants"] != ["fp32"]:
         out += ["", "Which variant helps (speed vs fp32 of the same network):", ""]
         for net in {k.split(" / ")[0] for k in payload["results"]}:
@@ -233,20 +187,7 @@ def _markdown(payload: dict) -> str:
             parts = [f"{v}: {f32['median_s'] / payload['results'][f'{net} / {v}']['median_s']:.2f}x"
                      for v in payload["variants"] if v != "fp32" and f"{net} / {v}" in payload["results"]]
             out.append(f"- {net}: " + ", ".join(parts))
-    c = payload["cdfa_microbenchmark"]
-    t = c["timings"]
-    out += ["", "## CDFA at the finest level, before/after", "",
-            f"Input {tuple(c['input'])} (+ fg, bg guidance of 128 channels), forward, alternating; max |difference| "
-            f"of the outputs {c['max_abs_difference']:.2e}.", "",
-            markdown_table(["", "current ms", "first implementation ms", "speed-up"],
-                           [["CDFA forward", _ms(t["cdfa_current"]["median_s"]), _ms(t["cdfa_reference"]["median_s"]),
-                             f"{c['speedup_cdfa']:.2f}x"],
-                            ["window attention (weights + aggregation + projection)",
-                             _ms(t["window_attention_current"]["median_s"]),
-                             _ms(t["window_attention_reference"]["median_s"]),
-                             f"{c['speedup_window_attention']:.2f}x"]])]
-    for key, title in (("profile_meddisseg", "MedDisSeg"), ("profile_meddisseg_reference",
-                                                            "MedDisSeg with the first block implementations")):
+    for key, title in (("profile_meddisseg", "MedDisSeg"),):
         if key not in payload:
             continue
         prof = payload[key]

@@ -6,24 +6,20 @@ weights: nnU-Net's Dice+CE on the logits, mean Dice+CE of the three path logits,
 and complementarity terms, and the trainer's dispersive loss or not), backward and an Adam step. The
 candidates run in alternating rounds on the same batch; the median is reported:
 
-- ``without_dispersive`` / ``with_dispersive``: overhead ratio (target <= 3 %);
-- ``reference_without_dispersive``: the same step with the first block implementations
-  (before/after ratio of the optimisations).
+``without_dispersive`` / ``with_dispersive``: overhead ratio (target <= 3 %).
 
 The dispersive loss (forward + backward) and ``dispersion_diagnostics`` (what the trainer computes on
 the first step of each epoch) are also timed alone on the same features, which gives an overhead
 estimate free of the noise of the full step.
 
-Peak memory is measured in fresh subprocesses (one per configuration, ``--memory-steps`` steps):
-peak RSS above the RSS before the first step on CPU (VmHWM of /proc/self/status), or
-``torch.cuda.max_memory_allocated`` on CUDA. Two batch sizes give the training bytes per input pixel
-and sample (the slope), which is what ``TRAINING_BYTES_PER_PIXEL`` of the plan command estimates.
+Peak memory is measured in a fresh subprocess per configuration: peak RSS above the RSS before the first
+step on CPU (VmHWM), or ``torch.cuda.max_memory_allocated`` on CUDA. Two batch sizes give the training bytes
+per input pixel and sample (the slope: what the plan command's ``TRAINING_BYTES_PER_PIXEL`` estimates).
 
 Usage: ``python benchmarks/train_step.py [--batch 4] [--size 256] [--repeats N] [--device cpu|cuda]``
 """
 import argparse
 import contextlib
-import copy
 import json
 import os
 import subprocess
@@ -36,7 +32,7 @@ from torch import Tensor, nn
 
 from common import (DEFAULT_OUT, alternating_timings, build_network, command_line, current_rss_bytes, machine_info,
                     markdown_table, parse_device, peak_rss_bytes, reset_peak_rss, set_mode, summarize, synchronize,
-                    use_reference_implementations, write_results)
+                    write_results)
 
 OVERHEAD_TARGET = 0.03  # target: dispersive loss overhead <= 3 % of a training step
 GIB = 1024 ** 3
@@ -104,17 +100,14 @@ def dispersive_alone(batch: int, size: int, repeats: int, device: torch.device) 
 
 # --------------------------------------------------------------------------- memory (subprocess)
 
-def memory_probe(batch: int, size: int, dispersive: bool, reference: bool, steps: int, device: torch.device,
-                 amp: bool) -> dict:
+def memory_probe(batch: int, size: int, dispersive: bool, steps: int, device: torch.device, amp: bool) -> dict:
     """Peak memory of ``steps`` training steps in this (fresh) process."""
     torch.manual_seed(0)
     net = set_mode(build_network("MedDisSeg", deep_supervision=True).to(device), training=True,
                    deep_supervision=True)
-    if reference:
-        use_reference_implementations(net)
     x, target = make_batch(batch, size, device)
     step = make_step(net, Stage2Loss(dispersive).to(device), x, target, amp)
-    result = {"batch": batch, "size": size, "dispersive": dispersive, "reference": reference, "steps": steps}
+    result = {"batch": batch, "size": size, "dispersive": dispersive, "steps": steps}
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
@@ -133,15 +126,15 @@ def memory_probe(batch: int, size: int, dispersive: bool, reference: bool, steps
     return result
 
 
-def run_memory_probe(args, batch: int, dispersive: bool, reference: bool) -> dict:
+def run_memory_probe(args, batch: int, dispersive: bool) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-probe", "--batch", str(batch),
            "--size", str(args.memory_size), "--memory-steps", str(args.memory_steps), "--device", args.device]
-    cmd += (["--dispersive"] if dispersive else []) + (["--reference"] if reference else [])
+    cmd += ["--dispersive"] if dispersive else []
     cmd += ["--bf16"] if args.bf16 else []
     cmd += ["--threads", str(args.threads)] if args.threads else []
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     if proc.returncode != 0:
-        return {"batch": batch, "dispersive": dispersive, "reference": reference,
+        return {"batch": batch, "dispersive": dispersive,
                 "error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -158,18 +151,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (as nnU-Net trains on CUDA)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
-    p.add_argument("--no-reference", action="store_true", help="skip the first-implementation candidate")
     p.add_argument("--memory-size", type=int, default=None, help="image size of the memory probes (default --size)")
     p.add_argument("--memory-batches", type=int, nargs="+", default=None,
-                   help="batch sizes of the memory probes (default: 1 and --batch); the first-implementation "
-                        "probe uses the smallest")
+                   help="batch sizes of the memory probes (default: 1 and --batch)")
     p.add_argument("--memory-steps", type=int, default=2)
     p.add_argument("--no-memory", action="store_true", help="skip the memory probes")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="folder for train_step.json / .md")
     # internal: one memory probe in this process
     p.add_argument("--memory-probe", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--dispersive", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--reference", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     device = parse_device(args.device)
     if args.threads:
@@ -177,8 +167,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args.memory_size = args.memory_size or args.size
 
     if args.memory_probe:
-        print(json.dumps(memory_probe(args.batch, args.memory_size, args.dispersive, args.reference,
-                                      args.memory_steps, device, args.bf16)))
+        print(json.dumps(memory_probe(args.batch, args.memory_size, args.dispersive, args.memory_steps, device,
+                                      args.bf16)))
         return 0
 
     machine = machine_info(str(device))
@@ -187,10 +177,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     x, target = make_batch(args.batch, args.size, device)
     candidates = {"without_dispersive": make_step(net, Stage2Loss(False).to(device), x, target, args.bf16),
                   "with_dispersive": make_step(net, Stage2Loss(True).to(device), x, target, args.bf16)}
-    if not args.no_reference:
-        ref = use_reference_implementations(copy.deepcopy(net))
-        candidates["reference_without_dispersive"] = make_step(ref, Stage2Loss(False).to(device), x, target,
-                                                               args.bf16)
     times = alternating_timings(candidates, args.repeats, args.warmup, device)
     stats = {k: summarize(v) for k, v in times.items()}
     base = stats["without_dispersive"]["median_s"]
@@ -204,17 +190,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                "diagnostics_share_of_step": alone["dispersion_diagnostics"]["median_s"] / base,
                "overhead_target": OVERHEAD_TARGET,
                "load_average_after": [round(v, 2) for v in os.getloadavg()]}
-    if "reference_without_dispersive" in stats:
-        payload["speedup_vs_reference"] = stats["reference_without_dispersive"]["median_s"] / base
     del net, candidates
 
     if not args.no_memory:
         batches = sorted(set(args.memory_batches or [1, args.batch]))
-        probes = [run_memory_probe(args, b, True, False) for b in batches]
-        if not args.no_reference:
-            probes.append(run_memory_probe(args, batches[0], True, True))
+        probes = [run_memory_probe(args, b, True) for b in batches]
         payload["memory"] = probes
-        main_probes = [pr for pr in probes if pr.get("dispersive") and not pr.get("reference") and "error" not in pr]
+        main_probes = [pr for pr in probes if pr.get("dispersive") and "error" not in pr]
         if len(main_probes) >= 2:
             lo, hi = main_probes[0], main_probes[-1]
             payload["training_bytes_per_pixel_per_sample"] = (
@@ -252,23 +234,19 @@ def _markdown(payload: dict) -> str:
             f"- `dispersion_diagnostics` (the trainer computes it on the first step of each epoch): "
             f"{a['dispersion_diagnostics']['median_s'] * 1e3:.2f} ms = {payload['diagnostics_share_of_step']:.3%} "
             f"of a step"]
-    if "speedup_vs_reference" in payload:
-        out.append(f"- optimised blocks vs first implementation (training step without dispersive loss): "
-                   f"**{payload['speedup_vs_reference']:.2f}x** faster")
     if "memory" in payload:
         out += ["", "## Peak memory", ""]
         rows = []
         for pr in payload["memory"]:
             if "error" in pr:
-                rows.append([pr["batch"], pr.get("dispersive"), pr.get("reference"), "error", pr["error"], ""])
+                rows.append([pr["batch"], pr.get("dispersive"), "error", pr["error"], ""])
                 continue
-            rows.append([pr["batch"], "yes" if pr["dispersive"] else "no", "yes" if pr["reference"] else "no",
-                         pr["kind"], f"{pr['peak_bytes'] / GIB:.2f}", f"{pr['peak_above_setup_bytes'] / GIB:.2f}"])
+            rows.append([pr["batch"], "yes" if pr["dispersive"] else "no", pr["kind"], f"{pr['peak_bytes'] / GIB:.2f}", f"{pr['peak_above_setup_bytes'] / GIB:.2f}"])
         size_m = payload["memory"][0].get("size", size)
         out.append(f"{payload['memory'][0].get('steps', '')} steps at {size_m}x{size_m} in a fresh process per row; "
                    "'above setup' excludes the process and model before the first step (includes gradients and "
                    "Adam moments).")
-        out += ["", markdown_table(["batch", "dispersive", "first implementation", "measure", "peak GiB",
+        out += ["", markdown_table(["batch", "dispersive", "measure", "peak GiB",
                                     "above setup GiB"], rows)]
         if "training_bytes_per_pixel_per_sample" in payload:
             out += ["", f"Training peak per input pixel and sample (slope between the batch sizes): "

@@ -14,7 +14,7 @@ for var in nnUNet_raw nnUNet_preprocessed nnUNet_results; do
     if [ -z "${!var:-}" ]; then echo "$0: error: environment variable $var is not set (see the README)" >&2; exit 2; fi
 done
 if [ ! -d "$source" ]; then echo "$0: error: source folder '$source' does not exist" >&2; exit 2; fi
-export nnUNet_extTrainer=${nnUNet_extTrainer:-$(python -m nnunetv2_meddisseg.trainer_path)}
+export nnUNet_extTrainer=$(python -m nnunetv2_meddisseg.trainer_path --search-path)
 case $epochs in
     1000) baseline=nnUNetTrainer; ours=nnUNetTrainerMedDisSeg ;;
     *) baseline=nnUNetTrainer_${epochs}epochs; ours=nnUNetTrainerMedDisSeg_${epochs}epochs ;;

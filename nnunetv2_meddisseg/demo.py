@@ -17,6 +17,7 @@ from typing import List, Optional, Sequence
 from nnunetv2_meddisseg.cli import (DefaultsHelpFormatter, UserError, add_device_argument, plain_text, resolve_device,
                                     run_command)
 from nnunetv2_meddisseg.logged_command import run_logged
+from nnunetv2_meddisseg.environment import DATA_AUGMENTATION_PROCESSES_VARIABLE, SEED_ENVIRONMENT_VARIABLE
 from nnunetv2_meddisseg.nnunet_env import nnunet_environment, planning_environment
 
 __all__ = ["main"]
@@ -72,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="training schedule of both models: 'demo' (8 epochs x 15 iterations) or 'smoke' "
                         "(3 x 4: checks the whole pipeline in a few minutes; the tests use it)")
     p.add_argument("--seed", type=int, default=0,
-                   help="run seed of both trainings (nnUNet_meddisseg_seed): the same seed gives the same table on a CPU")
+                   help=f"run seed of both trainings ({SEED_ENVIRONMENT_VARIABLE}): the same seed gives the same table on a CPU")
     return p
 
 
@@ -93,8 +94,8 @@ def _demo(argv: Optional[Sequence[str]]) -> None:
     env.setdefault("nnUNet_def_n_proc", "2")
     # both trainers seed every epoch from the run seed; with the batches made in the training process the
     # same command gives the same models (on a CPU) and the same table
-    env["nnUNet_meddisseg_seed"] = str(args.seed)
-    env.setdefault("nnUNet_n_proc_DA", "0")
+    env[SEED_ENVIRONMENT_VARIABLE] = str(args.seed)
+    env.setdefault(DATA_AUGMENTATION_PROCESSES_VARIABLE, "0")
     start = time.time()
 
     print(f"[1/5] dataset -> {out / 'nnUNet_raw'}")

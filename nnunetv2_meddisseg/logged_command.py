@@ -1,9 +1,9 @@
 """Running a console command of this Python environment with its output in a log file.
 
-The demo and the benchmarks drive nnU-Net's commands (``nnUNetv2_plan_and_preprocess``,
-``nnUNetv2_train``, ...) and ours this way: one log file per command, the command and its log echoed
-before, its wall time after, and a failure reported as one line naming the command, the last line of
-its log and the log file.
+The demo, the ablation runs and the benchmarks drive nnU-Net's commands (``nnUNetv2_plan_and_preprocess``,
+``nnUNetv2_train``, ...) and ours this way, the package's one subprocess runner: one log file per command
+(or commands appended to one log), the command and its log echoed before, its wall time after, and a
+failure reported as one line naming the command, the last line of its log and the log file.
 """
 from __future__ import annotations
 
@@ -39,13 +39,14 @@ def console_command(name: str) -> str:
 
 
 def run_logged(command: Sequence[str], env: Mapping[str, str], log_file: Path, echo: bool = True,
-               check: bool = True) -> float:
+               check: bool = True, append: bool = False) -> float:
     """Run ``command`` (``command[0]`` a console command, see :func:`console_command`) with stdout and
     stderr going to ``log_file``; return its wall time in seconds.
 
     ``echo`` prints the command with its log file before and the time after. A non-zero exit raises
     :class:`CommandFailed` naming the command, the last line of its log and the log file (unless not
-    ``check``).
+    ``check``). ``append`` adds ``$ command`` and the output to the end of ``log_file`` instead of
+    replacing it (several commands, or a resumed one, in one log).
     """
     log_file = Path(log_file)
     log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -53,7 +54,10 @@ def run_logged(command: Sequence[str], env: Mapping[str, str], log_file: Path, e
     if echo:
         print(f"  $ {' '.join(map(str, command))}   (log: {log_file})", flush=True)
     start = time.perf_counter()
-    with open(log_file, "w") as log:
+    with open(log_file, "a" if append else "w") as log:
+        if append:
+            log.write(f"$ {' '.join(map(str, command))}\n")
+            log.flush()
         proc = subprocess.run([executable, *map(str, command[1:])], env=dict(env), stdout=log,
                               stderr=subprocess.STDOUT)
     seconds = time.perf_counter() - start

@@ -2,8 +2,8 @@
 
 nnU-Net reads three folders from the environment (``nnUNet_raw``, ``nnUNet_preprocessed``,
 ``nnUNet_results``) and finds trainers it does not ship in the folders of ``nnUNet_extTrainer``
-(this package's: :func:`nnunetv2_meddisseg.trainer_path.trainer_folder`). A trained model lives in
-:func:`trainer_output_folder`.
+(this package's first: :func:`nnunetv2_meddisseg.environment.set_nnunet_environment`, the one function
+that sets them). A trained model lives in :func:`trainer_output_folder`.
 """
 from __future__ import annotations
 
@@ -11,25 +11,18 @@ import os
 from pathlib import Path
 from typing import Dict, Mapping, Optional, Sequence
 
-from nnunetv2_meddisseg.trainer_path import trainer_folder
+from nnunetv2_meddisseg.environment import (DATA_AUGMENTATION_PROCESSES_VARIABLE, NNUNET_FOLDERS,
+                                            set_nnunet_environment)
 
 __all__ = ["NNUNET_FOLDERS", "nnunet_environment", "planning_environment", "use_our_trainers",
            "trainer_output_folder"]
-
-NNUNET_FOLDERS = ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results")
 
 
 def nnunet_environment(root: Path, trainer_folders: Sequence[str] = (),
                        base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """A copy of ``base`` (default ``os.environ``) with the three nnU-Net folders in ``root`` (created)
-    and ``nnUNet_extTrainer`` = ``trainer_folders`` + this package's trainer folder (``os.pathsep``-separated)."""
-    env = dict(os.environ if base is None else base)
-    for name in NNUNET_FOLDERS:
-        folder = Path(root) / name
-        folder.mkdir(parents=True, exist_ok=True)
-        env[name] = str(folder)
-    env["nnUNet_extTrainer"] = os.pathsep.join([*map(str, trainer_folders), trainer_folder()])
-    return env
+    and ``nnUNet_extTrainer`` = this package's trainer folder, ``trainer_folders``, then ``base``'s own folders."""
+    return dict(set_nnunet_environment(dict(os.environ if base is None else base), root, trainer_folders))
 
 
 def planning_environment(env: Mapping[str, str]) -> Dict[str, str]:
@@ -38,13 +31,12 @@ def planning_environment(env: Mapping[str, str]) -> Dict[str, str]:
     nnU-Net 2.8.1's planner calls ``torch.set_num_threads(nnUNet_n_proc_DA)`` while it estimates the
     network's memory, which fails for 0; training reads the variable as "no worker processes", so
     only planning must do without it."""
-    return {k: v for k, v in env.items() if not (k == "nnUNet_n_proc_DA" and v.strip() == "0")}
+    return {k: v for k, v in env.items() if not (k == DATA_AUGMENTATION_PROCESSES_VARIABLE and v.strip() == "0")}
 
 
 def use_our_trainers() -> None:
-    """Point ``nnUNet_extTrainer`` of this process at this package's trainers where it is unset."""
-    if not os.environ.get("nnUNet_extTrainer"):
-        os.environ["nnUNet_extTrainer"] = trainer_folder()
+    """Put this package's trainer folder first in ``nnUNet_extTrainer`` of this process (other folders stay)."""
+    set_nnunet_environment(os.environ)
 
 
 def trainer_output_folder(dataset_name: str, trainer: str, plans: str, configuration: str,

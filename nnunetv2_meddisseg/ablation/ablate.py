@@ -19,17 +19,17 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from nnunetv2_meddisseg.ablation.runs import (NETWORK_ABLATIONS, PACKAGE_TRAINER_FOLDER, AblationRun, Variant,
-                                              write_budget, write_network_ablation_plans)
+from nnunetv2_meddisseg.ablation.runs import (NETWORK_ABLATIONS, AblationRun, Variant, write_budget,
+                                              write_network_ablation_plans)
 from nnunetv2_meddisseg.ablation.table import ablation_rows, markdown_table, write_csv
 from nnunetv2_meddisseg.cli import (DefaultsHelpFormatter, UserError, add_device_argument, plain_text, resolve_device,
                                     run_command)
+from nnunetv2_meddisseg.nnunet_env import use_our_trainers
 from nnunetv2_meddisseg.training.recipe import ScheduleRecipe
 
 __all__ = ["FULL_METHOD", "resolve_variants", "main"]
@@ -72,7 +72,7 @@ def resolve_variants(names: Sequence[str], plans: str) -> Dict[str, Variant]:
     them), network ablations (``NETWORK_ABLATIONS``) by ``<plans>_<ablation>``; unknown names are a UserError."""
     from nnunetv2.utilities.find_objects import recursive_find_trainer_class_by_name
 
-    os.environ.setdefault("nnUNet_extTrainer", str(PACKAGE_TRAINER_FOLDER))
+    use_our_trainers()
     resolved: Dict[str, Variant] = {}
     for name in [FULL_METHOD, *names]:
         short = name[len(FULL_METHOD) + 1:] if name.startswith(f"{FULL_METHOD}_") else name.lstrip("_")

@@ -19,21 +19,20 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List
 
 from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.environment import RECIPE_ENVIRONMENT_VARIABLE, SEED_ENVIRONMENT_VARIABLE, set_nnunet_environment
 from nnunetv2_meddisseg.evaluation.evaluate import evaluate_folders
+from nnunetv2_meddisseg.logged_command import run_logged
 from nnunetv2_meddisseg.plans_entry import architecture_entry
-from nnunetv2_meddisseg.training.recipe import RECIPE_ENVIRONMENT_VARIABLE, ScheduleRecipe
+from nnunetv2_meddisseg.training.recipe import ScheduleRecipe
 
 __all__ = ["NETWORK_ABLATIONS", "Variant", "write_budget", "write_network_ablation_plans", "AblationRun"]
 
-PACKAGE_TRAINER_FOLDER = Path(__file__).resolve().parent.parent / "nnunet_trainers"
 #: the paper's network ablations, as MedDisSegNet plans options (``nnUNetv2_meddisseg_plan --no-elat /
 #: --activation relu / --no-cbat``): name -> the ``arch_kwargs`` it changes
 NETWORK_ABLATIONS: Dict[str, dict] = {"noELAT": {"elat": False}, "ReLU": {"activation": "relu"},
@@ -107,12 +106,10 @@ class AblationRun:
     predict_processes: int = 2  #: nnUNetv2_predict's -npp and -nps
 
     def environment(self, seed: int) -> dict:
-        env = dict(os.environ)
+        env = set_nnunet_environment(dict(os.environ))
         env["nnUNet_results"] = str(self.out / f"seed_{seed}" / "nnUNet_results")
-        env["nnUNet_meddisseg_seed"] = str(seed)
+        env[SEED_ENVIRONMENT_VARIABLE] = str(seed)
         env[RECIPE_ENVIRONMENT_VARIABLE] = str(self.out / "budget.json")
-        user_folders = [f for f in os.environ.get("nnUNet_extTrainer", "").split(os.pathsep) if f.strip()]
-        env["nnUNet_extTrainer"] = os.pathsep.join([str(PACKAGE_TRAINER_FOLDER), *user_folders])
         return env
 
     def fold_folder(self, variant: str, seed: int) -> Path:
@@ -133,16 +130,8 @@ class AblationRun:
         return "interrupted" if (folder / "checkpoint_latest.pth").is_file() else "new"
 
     def _command(self, command: List[str], seed: int, log: Path) -> None:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "a") as f:
-            f.write(f"$ {' '.join(command)}\n")
-            f.flush()
-            proc = subprocess.run([str(Path(sys.executable).parent / command[0]), *command[1:]],
-                                  env=self.environment(seed), stdout=f, stderr=subprocess.STDOUT)
-        if proc.returncode != 0:
-            lines = log.read_text(errors="replace").strip().splitlines()
-            raise UserError(f"'{' '.join(command)}' failed with exit code {proc.returncode}: "
-                            f"{lines[-1] if lines else '(no output)'} (full log: {log})")
+        """Run ``command`` in the environment of ``seed``, appending to ``log``; a failure is a UserError."""
+        run_logged(command, self.environment(seed), log, echo=False, append=True)
 
     def train(self, variant: str, seed: int) -> None:
         spec = self.variants[variant]

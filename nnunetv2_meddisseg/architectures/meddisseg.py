@@ -23,7 +23,8 @@ from nnunetv2_meddisseg.blocks.decoupling import AuxiliaryHeads, FeatureDecoupli
 from nnunetv2_meddisseg.blocks.encoder import (ENCODER_CHANNELS, ResNet50Encoder, load_resnet50_weights,
                                                resolve_encoder_weights)
 from nnunetv2_meddisseg.blocks.enhancement import FeatureEnhancement
-from nnunetv2_meddisseg.blocks.norm import BatchNorm2d
+from nnunetv2_meddisseg.blocks.norm import UncountedBatchNorm2d
+from nnunetv2_meddisseg.environment import CPU_BF16_ENVIRONMENT_VARIABLE
 
 __all__ = ["MedDisSegOutput", "MedDisSegNet", "CPU_BF16_ENV", "cpu_bf16_requested", "cpu_supports_bf16"]
 
@@ -33,7 +34,7 @@ SIZE_DIVISOR = 16
 #: Environment variable (nnU-Net's style: "1", "true" or "t") that makes inference forwards on the CPU
 #: run under bfloat16 autocast; read at every forward, so it also reaches networks built by
 #: ``nnUNetv2_predict`` and its worker processes.
-CPU_BF16_ENV = "nnUNet_meddisseg_cpu_bf16"
+CPU_BF16_ENV = CPU_BF16_ENVIRONMENT_VARIABLE
 
 
 def cpu_bf16_requested() -> bool:
@@ -150,7 +151,7 @@ class MedDisSegNet(nn.Module):
         decoder_fusion: str = "sum",
         cbat: bool = True,
         conv_op: Union[str, Type[nn.Module]] = nn.Conv2d,
-        norm_op: Union[str, Type[nn.Module]] = BatchNorm2d,
+        norm_op: Union[str, Type[nn.Module]] = UncountedBatchNorm2d,
         norm_op_kwargs: Optional[dict] = None,
         added_norm_op: Union[str, Type[nn.Module], None] = None,
         added_norm_op_kwargs: Optional[dict] = None,

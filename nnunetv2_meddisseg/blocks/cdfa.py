@@ -329,8 +329,8 @@ class ContrastGuidancePyramid(nn.Module):
     one bilinear x2 and one grouped CBT3x3 over the branches of the levels with more than s steps
     (``2 * len(levels)`` groups). Per channel this is the same function as separate branches (a group of a
     grouped convolution sees only its branch's channels; norm and activation are per channel), in a
-    handful of operations. :attr:`LAYOUT` maps the separate branches' state-dict keys
-    (``fg.<level>.stem``, ``fg.<level>.up_convs.<s>``, ...), which loading converts.
+    handful of operations. A state dict that stores the branches separately (``fg.<level>.stem``,
+    ``fg.<level>.up_convs.<s>``, ...) loads too: :attr:`LAYOUT` names its keys.
 
     f_fg, f_bg: (B, in_channels, h, w) -> [(fg_l, bg_l): (B, out_channels, h * 2**n_l, w * 2**n_l)] for each
     level (fg_l, bg_l: channel slices of one tensor)

@@ -33,8 +33,8 @@ class FeatureDecoupling(nn.Module):
     The foreground and background branches run as one stack (:attr:`fg_bg`: the first convolution's
     filters stacked, then grouped convolutions of 2 groups; the same function per channel, in a third
     of the operations); the uncertainty branch (:attr:`uc`), which only the training-only head reads, on
-    its own. :attr:`LAYOUT` maps the separate branches' state-dict keys (``branches.fg.0``, ...), which
-    loading converts.
+    its own. A state dict that stores the branches separately (``branches.fg.0``, ...) loads too:
+    :attr:`LAYOUT` names its keys per merged sub-module.
 
     x: (B, in_channels, h, w) -> f_fg, f_bg, f_uc: (B, out_channels, h, w) each
     (f_uc is None when ``with_uncertainty=False``: it only feeds the training-only head; f_fg and f_bg are
@@ -79,8 +79,8 @@ class AuxiliaryHeads(nn.Module):
     Each head: CBT3x3 (in -> channels[0]); then per entry c of channels[1:]: bilinear x2 and CBT3x3 to c;
     then a 1x1 conv to 1 channel. Default: 128 -> 256, x2 256, x2 128, x2 64, x2 64 (from H/16 to H).
     The three heads are the three groups of every convolution (norm and activation are per channel: the
-    same function as three heads, in a third of the operations). :attr:`LAYOUT` maps the separate heads'
-    state-dict keys (``fg.stem``, ``fg.up_convs.<i>``, ``fg.out``, ...), which loading converts.
+    same function as three heads, in a third of the operations). A state dict that stores the heads
+    separately (``fg.stem``, ``fg.up_convs.<i>``, ``fg.out``, ...) loads too: :attr:`LAYOUT` names its keys.
 
     f_fg, f_bg, f_uc: (B, in_channels, h, w) each -> fg, bg, uc: (B, 1, h * 2**n_up, w * 2**n_up) each
     (channel slices of one tensor), n_up = len(channels) - 1

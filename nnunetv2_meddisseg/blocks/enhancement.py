@@ -25,8 +25,8 @@ class FeatureEnhancement(nn.Module):
     ...] (per channel, so the same as a norm per branch); one activation over the branches; the channel
     attentions of all branches in two batched matrix products, their MLP weights stacked
     (:attr:`attention_hidden`, :attr:`attention_out`: branch i's rows are the i-th share). The same
-    function as separate branches; :attr:`LAYOUT` maps the separate branches' state-dict keys
-    (``branches.<i>.0``, ``branches.<i>.1.mlp``, ``shortcut``), which loading converts.
+    function as separate branches. A state dict that stores the branches separately (``branches.<i>.0``,
+    ``branches.<i>.1.mlp``, ``shortcut``) loads too: :attr:`LAYOUT` names its keys.
 
     x: (B, in_channels, H, W) -> (B, out_channels, H, W)
     """

@@ -1,13 +1,16 @@
-"""Normalisation layers of Med-DisSeg."""
+"""Normalisation layers of Med-DisSeg: torch's, with fewer kernel launches.
+
+``BatchNorm2d`` and ``InstanceNorm2d`` are the names plans files store for these classes
+(``nnunetv2_meddisseg.blocks.norm.BatchNorm2d``); they stay importable under those names."""
 from typing import Optional
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["BatchNorm2d", "InstanceNorm2d"]
+__all__ = ["UncountedBatchNorm2d", "SingleKernelInstanceNorm2d", "BatchNorm2d", "InstanceNorm2d"]
 
 
-class BatchNorm2d(nn.BatchNorm2d):
+class UncountedBatchNorm2d(nn.BatchNorm2d):
     """``torch.nn.BatchNorm2d`` that does not count its training batches when ``momentum`` is set.
 
     torch's layer adds 1 to ``num_batches_tracked`` at every training forward, one extra operation (a
@@ -28,7 +31,7 @@ class BatchNorm2d(nn.BatchNorm2d):
         return super().forward(x)
 
 
-class InstanceNorm2d(nn.GroupNorm):
+class SingleKernelInstanceNorm2d(nn.GroupNorm):
     """``torch.nn.InstanceNorm2d(num_features, eps, affine=affine)`` computed as a group norm with one
     channel per group: the same output, gradients and state-dict keys (``weight``, ``bias``), in one
     kernel per forward instead of torch's repeat + view + batch norm over a (1, B*C, H, W) reshape.
@@ -41,11 +44,16 @@ class InstanceNorm2d(nn.GroupNorm):
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = None,
                  affine: bool = True, track_running_stats: bool = False) -> None:
         if track_running_stats:
-            raise ValueError("InstanceNorm2d keeps no running statistics: track_running_stats must be False")
+            raise ValueError(f"{type(self).__name__} keeps no running statistics: track_running_stats must be False")
         super().__init__(num_features, num_features, eps=eps, affine=affine)
         self.num_features = num_features
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 4:
-            raise ValueError(f"InstanceNorm2d expects (B, C, H, W) input, got shape {tuple(x.shape)}")
+            raise ValueError(f"{type(self).__name__} expects (B, C, H, W) input, got shape {tuple(x.shape)}")
         return super().forward(x)
+
+
+#: the names plans files store (``norm_op`` / ``added_norm_op``): the same classes
+BatchNorm2d = UncountedBatchNorm2d
+InstanceNorm2d = SingleKernelInstanceNorm2d

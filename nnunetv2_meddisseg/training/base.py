@@ -61,6 +61,7 @@ from batchgenerators.utilities.file_and_folder_operations import join
 from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
 from nnunetv2.utilities.collate_outputs import collate_outputs
 
+from nnunetv2_meddisseg.environment import BF16_ENVIRONMENT_VARIABLE, SEED_ENVIRONMENT_VARIABLE
 from nnunetv2_meddisseg.losses import DIAGNOSTIC_KEYS, MINIMUM_BATCH, dispersion_diagnostics, gather_batch
 from nnunetv2_meddisseg.training.curves import PLOT_FILENAME, CurvesLogger, TrainingCurves
 from nnunetv2_meddisseg.training.nnunet_copies import backward_clip_step, checkpoint_entries, train_autocast
@@ -74,10 +75,6 @@ __all__ = ["atomic_torch_save", "check_finite_input", "finite_per_sample", "non_
 
 #: train_step output keys with these prefixes are averaged per epoch and logged (``self.logger.log``)
 CURVE_PREFIXES = ("loss_", "dispersion_", "grad_norm_")
-#: environment variable that fixes the run seed (an integer >= 0)
-SEED_ENVIRONMENT_VARIABLE = "nnUNet_meddisseg_seed"
-#: environment variable ("1", "true" or "t") that trains under bf16 autocast without a GradScaler
-BF16_ENVIRONMENT_VARIABLE = "nnUNet_meddisseg_bf16"
 
 
 def bf16_training_requested() -> bool:

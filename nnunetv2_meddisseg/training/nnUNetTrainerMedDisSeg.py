@@ -52,6 +52,18 @@ def network_class_is_meddisseg(configuration_manager: ConfigurationManager) -> b
     return isinstance(located, type) and issubclass(located, MedDisSegNet)
 
 
+def plans_recording_the_network(plans: dict, configuration: str) -> dict:
+    """``plans`` where ``configuration`` builds MedDisSegNet; else (e.g. nnU-Net's default ``nnUNetPlans``) a
+    copy whose configuration names MedDisSegNet as ``nnUNetv2_meddisseg_plan`` writes it by default
+    (:func:`~nnunetv2_meddisseg.plans_entry.architecture_entry`), so that the plans nnU-Net saves with the
+    model (``plans.json``, the checkpoints' ``init_args``) rebuild the network the trainer trained."""
+    if network_class_is_meddisseg(PlansManager(deepcopy(plans)).get_configuration(configuration)):
+        return plans
+    recorded = deepcopy(plans)
+    recorded["configurations"][configuration]["architecture"] = architecture_entry()
+    return recorded
+
+
 def _require_2d_configuration(plans: dict, configuration: str, trainer_name: str) -> None:
     manager = PlansManager(deepcopy(plans)).get_configuration(configuration)
     patch_size = list(manager.patch_size)
@@ -133,7 +145,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     ``variants``: one line each).
 
     Kept from nnU-Net: network building from the plans (with nnU-Net's default ``nnUNetPlans``, whose
-    architecture is not Med-DisSeg, ``MedDisSegNet`` is built as ``nnUNetv2_meddisseg_plan`` plans it by default), data
+    architecture is not Med-DisSeg, the trainer's plans name ``MedDisSegNet`` as ``nnUNetv2_meddisseg_plan``
+    plans it by default, and the model's ``plans.json`` records it: ``plans_recording_the_network``), data
     loading and augmentation, autocast + GradScaler on CUDA only, gradient clipping at 12,
     torch.compile (unwrapped via ``_orig_mod``), validation, export, DDP. Under DDP (``-num_gpus N``)
     the dispersive terms of both stages disperse the batch of every process (``dispersive_gather``;
@@ -152,6 +165,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
         _require_2d_configuration(plans, configuration, self.__class__.__name__)
+        plans = plans_recording_the_network(plans, configuration)
         super().__init__(plans, configuration, fold, dataset_json, device)
         self.initial_lr = self.recipe.stage2_lr
         self.training_stage: Optional[str] = None
@@ -261,9 +275,10 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
                                    num_input_channels: int,
                                    num_output_channels: int,
                                    enable_deep_supervision: bool = True) -> nn.Module:
-        """MedDisSegNet from the plans' ``arch_kwargs`` when the plans name it (``nnUNetMedDisSegPlans``),
-        else (e.g. nnU-Net's default ``nnUNetPlans``) MedDisSegNet as ``nnUNetv2_meddisseg_plan`` writes it
-        by default (:func:`~nnunetv2_meddisseg.plans_entry.architecture_entry`).
+        """MedDisSegNet from the plans' ``arch_kwargs`` when the plans name it (``nnUNetMedDisSegPlans``, and the
+        plans this trainer records with a model), else (a ``plans.json`` that names nnU-Net's network)
+        MedDisSegNet as ``nnUNetv2_meddisseg_plan`` writes it by default
+        (:func:`~nnunetv2_meddisseg.plans_entry.architecture_entry`).
 
         The plans' ``encoder_weights`` are never read here: nnU-Net's predictor builds the network through
         this method and then loads the checkpoint's weights (a trained model predicts where that file does

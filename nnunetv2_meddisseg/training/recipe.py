@@ -23,15 +23,13 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Mapping, Optional, TypeVar
 
+from nnunetv2_meddisseg.environment import RECIPE_ENVIRONMENT_VARIABLE
 from nnunetv2_meddisseg.losses import DISPERSIVE_PLACEMENTS, DISPERSIVE_VARIANTS
 
 __all__ = ["ScheduleRecipe", "DispersiveTermRecipe", "DispersiveRecipe", "MedDisSegRecipe", "PaperScheduleRecipe",
            "RECIPE_ENVIRONMENT_VARIABLE", "apply_overrides", "read_override_file", "recipe_overrides_from_environment",
            "recipe_summary", "OPTIMIZERS"]
 
-#: environment variable naming a JSON file of recipe overrides (``{"num_epochs": 20, ...}``) applied to every
-#: trainer of ours that a process builds
-RECIPE_ENVIRONMENT_VARIABLE = "nnUNet_meddisseg_recipe"
 OPTIMIZERS = ("adam", "sgd")
 
 R = TypeVar("R", bound="ScheduleRecipe")
@@ -186,11 +184,9 @@ class MedDisSegRecipe(DispersiveTermRecipe):
     #: None: colour when the input has 3 channels named R, G, B (or normalised with rgb_to_0_1)
     photometric_rgb: Optional[bool] = None
     #: training samples over which BatchNorm's running statistics are re-estimated before every validation
-    #: (0: the running averages of training are kept; re-estimating over 64 augmented samples was level with
-    #: them on validation data, 3 seeds, see the README)
+    #: (0: the running averages of training are kept; benchmarks/RESULTS.md compares the two)
     batchnorm_calibration_samples: int = 0
-    #: draw those samples through nnU-Net's training augmentation (True: chosen on validation data) or as plain
-    #: patches
+    #: draw those samples through nnU-Net's training augmentation (True) or as plain patches
     batchnorm_calibration_augmentation: bool = True
     #: also keep the model at the end of Stage I as ``checkpoint_stage1.pth``
     stage1_checkpoint: bool = False

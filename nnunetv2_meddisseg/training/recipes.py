@@ -52,8 +52,8 @@ _MEDDISSEG_VARIANTS: Mapping[str, MedDisSegRecipe] = {
     "smoke": replace(MEDDISSEG, **SMOKE_SCHEDULE, stage1_epochs=1, batchnorm_calibration_samples=2),
     "250epochs": replace(MEDDISSEG, num_epochs=250),
     "100epochs": replace(MEDDISSEG, num_epochs=100),
-    # the demo trains from random initialisation for 120 iterations: Adam 1e-3 for every group (chosen on the
-    # demo's validation cases), BatchNorm statistics over 16 plain training samples (19 training cases)
+    # the demo trains from random initialisation for 120 iterations: Adam 1e-3 for every group, BatchNorm
+    # statistics over 16 plain training samples (of its 19 training cases)
     "demo": replace(MEDDISSEG, **DEMO_SCHEDULE, from_scratch=SCRATCH_ADAM, batchnorm_calibration_samples=16,
                     batchnorm_calibration_augmentation=False),
     # the paper's ablations: the dispersive loss per stage, its form, placement, temperature, Stage II weight
@@ -74,6 +74,7 @@ _MEDDISSEG_VARIANTS: Mapping[str, MedDisSegRecipe] = {
     # no Stage I: the full network trains in Stage II from the first epoch
     "noStage1": replace(MEDDISSEG, stage1_fraction=0.0),
     # from random initialisation (the plans name no encoder_weights): the from-scratch study's arms
+    # (classes in ablation.study_trainers)
     "scratchSGD": replace(MEDDISSEG, from_scratch=SCRATCH_SGD),
     "scratchSGDCentred": replace(MEDDISSEG, from_scratch=SCRATCH_SGD_CENTRED),
     "scratchAdam": replace(MEDDISSEG, from_scratch=SCRATCH_ADAM),
@@ -82,12 +83,12 @@ _MEDDISSEG_VARIANTS: Mapping[str, MedDisSegRecipe] = {
     "plainPaper": replace(MEDDISSEG, **PLAIN_TRAINING),
     "cosineCentred": replace(MEDDISSEG, dispersive_variant="infonce_cosine_centred"),
     # BatchNorm's running averages of training, and a copy of the model at the end of Stage I
-    # (checkpoint_stage1.pth): the arms of the BatchNorm statistics study
+    # (checkpoint_stage1.pth): the BatchNorm statistics study's arms (classes in ablation.study_trainers)
     "runningStatistics": replace(MEDDISSEG, stage1_checkpoint=True),
     "plainPaperRunningStatistics": replace(MEDDISSEG, **PLAIN_TRAINING, stage1_checkpoint=True),
 }
 
-#: variants whose recipe equals another's, kept because result tables name them: alias -> the recipe it equals
+#: variants whose recipe equals another's under a name result tables use: alias -> the recipe it equals
 ALIASES: Mapping[str, str] = MappingProxyType({
     "MedDisSeg_paperSettings": "MedDisSeg",  # the paper's settings also from random initialisation (the default)
 })

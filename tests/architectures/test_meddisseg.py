@@ -266,8 +266,8 @@ def test_state_dict_of_the_separate_branch_layout_loads():
     from copy import deepcopy
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from common import use_previous_implementations
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "blocks"))
+    from reference_impls import use_previous_implementations
 
     torch.manual_seed(0)
     net = MedDisSegNet(3, 2).eval()
@@ -292,7 +292,7 @@ def test_state_dict_of_the_separate_branch_layout_loads():
 
 @pytest.mark.parametrize("op", [nn.InstanceNorm2d, "torch.nn.modules.instancenorm.InstanceNorm2d"])
 def test_added_norm_op_normalises_the_added_blocks_and_the_encoder_keeps_its_own(op):
-    from nnunetv2_meddisseg.blocks.norm import BatchNorm2d
+    from nnunetv2_meddisseg.blocks.norm import UncountedBatchNorm2d as BatchNorm2d
 
     net = MedDisSegNet(3, 2, added_norm_op=op, added_norm_op_kwargs={"affine": True})
     encoder = set(net.encoder.modules())

@@ -64,7 +64,8 @@ def test_stage2_step_count_is_pinned(op_count):
 
 
 def test_inference_count_is_pinned_and_far_below_the_previous_implementations(op_count):
-    from common import use_previous_implementations
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "blocks"))
+    from reference_impls import use_previous_implementations
 
     from nnunetv2_meddisseg.blocks.device_forms import forced_form
 

@@ -1,8 +1,10 @@
 """First implementations of optimised blocks: the references the tests check the current ones against.
 
-Same parameters, same results up to floating-point rounding. ``benchmarks/`` imports this module (by
-path) to time before/after side by side.
+Same parameters, same results up to floating-point rounding. ``use_reference_implementations`` and
+``use_previous_implementations`` swap them into a whole network (the op-count and architecture tests).
 """
+import types
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -15,7 +17,8 @@ from nnunetv2_meddisseg.blocks.conv import ConvNormAct, split_branch_states
 __all__ = ["reference_window_weights", "reference_window_attention", "reference_linear", "reference_cdfa_forward",
            "reference_telu", "previous_telu", "previous_channel_attention", "previous_enhancement_forward",
            "PreviousContrastGuidancePyramid", "PreviousFeatureDecoupling", "PreviousAuxiliaryHead",
-           "PreviousAuxiliaryHeads", "PreviousFeatureEnhancement", "previous_of"]
+           "PreviousAuxiliaryHeads", "PreviousFeatureEnhancement", "previous_of", "use_reference_implementations",
+           "use_previous_implementations"]
 
 
 def reference_window_weights(module: ContrastDrivenAggregation, guidance: Tensor, layer: nn.Linear) -> Tensor:
@@ -241,3 +244,65 @@ class PreviousFeatureEnhancement(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return previous_enhancement_forward(self, x)
+
+
+def use_reference_implementations(net: nn.Module) -> nn.Module:
+    """Switch every optimised block of ``net`` (in place) back to its first implementation.
+
+    Same parameters, same results up to floating-point rounding (the block tests prove it).
+    """
+    from nnunetv2_meddisseg.blocks.activation import TeLU
+    from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
+
+    for m in net.modules():
+        if isinstance(m, ContrastDrivenAggregation):
+            m.forward = (lambda mod: lambda x, fg, bg: reference_cdfa_forward(mod, x, fg, bg))(m)
+        elif isinstance(m, TeLU):
+            m.forward = reference_telu
+    return net
+
+
+def use_previous_implementations(net: nn.Module) -> nn.Module:
+    """Switch the blocks of ``net`` (in place) back to their implementations before the launch-count
+    reduction: CDFA's shifted-view window attention on every device (the block's CPU form), each
+    enhancement branch with its own channel attention, one MLP pass per pooling in every channel
+    attention, TeLU's longer backward, the guidance pyramid's, the decoupling's and the auxiliary heads'
+    branches each on its own. Same parameters (the separate branches get copies of the merged blocks'
+    slices), same results up to rounding (the block tests)."""
+    from nnunetv2_meddisseg.blocks.activation import TeLU
+    from nnunetv2_meddisseg.blocks.attention import ChannelAttention
+    from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
+    from nnunetv2_meddisseg.blocks.device_forms import forced_form
+
+    def aggregate_in_cpu_form(module, *args):
+        with forced_form("cpu"):
+            return type(module)._aggregate(module, *args)
+
+    for m in net.modules():
+        if isinstance(m, ContrastDrivenAggregation):
+            m._aggregate = types.MethodType(aggregate_in_cpu_form, m)
+        elif isinstance(m, ChannelAttention):
+            m.attention = types.MethodType(previous_channel_attention, m)
+        elif isinstance(m, TeLU):
+            m.forward = previous_telu
+    # the blocks whose branches now run as one: separate branches again (copies of the merged weights)
+    guidance, decoupling, heads = net.guidance, net.decoupling, net.auxiliary_heads
+    ops = dict(conv_op=type(guidance.stem.conv), norm_op=type(guidance.stem.norm), nonlin=type(guidance.stem.nonlin))
+    net.guidance = previous_of(guidance, PreviousContrastGuidancePyramid(
+        guidance.stem.conv.in_channels // 2, guidance.out_channels, guidance.num_upsamplings, **ops))
+    first = decoupling.uc[0].conv
+    net.decoupling = previous_of(decoupling, PreviousFeatureDecoupling(
+        first.in_channels, first.out_channels, decoupling.out_channels, **ops))
+    channels = [heads.stem.conv.out_channels // 3] + [c.conv.out_channels // 3 for c in heads.up_convs]
+    net.auxiliary_heads = previous_of(heads, PreviousAuxiliaryHeads(heads.stem.conv.in_channels // 3, channels, **ops))
+    for i, enh in enumerate(net.enhancement):
+        net.enhancement[i] = previous_of(enh, PreviousFeatureEnhancement(
+            enh.pointwise.in_channels, enh.out_channels, enh.dilations, conv_op=type(enh.pointwise),
+            norm_op=type(enh.norm), nonlin=type(enh.nonlin)))
+    for part in (net.guidance, net.decoupling, net.auxiliary_heads, net.enhancement):
+        for m in part.modules():
+            if isinstance(m, ChannelAttention):
+                m.attention = types.MethodType(previous_channel_attention, m)
+            elif isinstance(m, TeLU):
+                m.forward = previous_telu
+    return net

@@ -3,7 +3,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nnunetv2_meddisseg.blocks.norm import BatchNorm2d
+from nnunetv2_meddisseg.blocks.norm import UncountedBatchNorm2d
 
 
 class _Ops(TorchDispatchMode):
@@ -18,7 +18,7 @@ class _Ops(TorchDispatchMode):
 
 def _pair(momentum):
     torch.manual_seed(0)
-    ours, theirs = BatchNorm2d(4, momentum=momentum).double(), nn.BatchNorm2d(4, momentum=momentum).double()
+    ours, theirs = UncountedBatchNorm2d(4, momentum=momentum).double(), nn.BatchNorm2d(4, momentum=momentum).double()
     with torch.no_grad():
         for layer in (ours, theirs):
             layer.weight.copy_(torch.tensor([0.5, 1.0, 1.5, 2.0]))
@@ -70,7 +70,7 @@ def test_state_dicts_load_both_ways():
 
 
 def test_instance_norm_matches_torch():
-    from nnunetv2_meddisseg.blocks.norm import InstanceNorm2d
+    from nnunetv2_meddisseg.blocks.norm import SingleKernelInstanceNorm2d as InstanceNorm2d
 
     torch.manual_seed(0)
     ours, theirs = InstanceNorm2d(4, eps=1e-5).double(), nn.InstanceNorm2d(4, eps=1e-5, affine=True).double()
@@ -99,3 +99,16 @@ def test_instance_norm_matches_torch():
     assert [n for n in ops.names if n != "detach"] == ["native_group_norm"]
     with pytest.raises(ValueError, match="track_running_stats"):
         InstanceNorm2d(4, track_running_stats=True)
+
+
+def test_the_names_plans_files_store_find_the_same_classes():
+    """Plans store class paths as strings; nnU-Net resolves them with pydoc.locate."""
+    import pydoc
+
+    from nnunetv2_meddisseg.blocks.norm import SingleKernelInstanceNorm2d, UncountedBatchNorm2d
+
+    for stored, cls in (("BatchNorm2d", UncountedBatchNorm2d), ("InstanceNorm2d", SingleKernelInstanceNorm2d),
+                        ("UncountedBatchNorm2d", UncountedBatchNorm2d),
+                        ("SingleKernelInstanceNorm2d", SingleKernelInstanceNorm2d)):
+        assert pydoc.locate(f"nnunetv2_meddisseg.blocks.norm.{stored}") is cls
+    assert UncountedBatchNorm2d is not nn.BatchNorm2d and SingleKernelInstanceNorm2d is not nn.InstanceNorm2d

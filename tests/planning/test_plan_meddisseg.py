@@ -94,12 +94,12 @@ def _running_statistics_outside_the_encoder(network) -> list:
 def test_default_plans_keep_no_running_statistics_outside_the_encoder(preprocessed_synthetic):
     """The plan command's default: InstanceNorm in every block added to the ResNet-50 (nnU-Net builds the
     network from the plans file), BatchNorm only in the encoder."""
-    from nnunetv2_meddisseg.blocks.norm import InstanceNorm2d
+    from nnunetv2_meddisseg.blocks.norm import SingleKernelInstanceNorm2d as InstanceNorm2d
 
     env = preprocessed_synthetic
     run_cli(["nnUNetv2_meddisseg_plan", "-d", "501", "--plans-name", "PlansDefault"], env)
     architecture, network = _network_of(env, "PlansDefault")
-    assert architecture["arch_kwargs"]["added_norm_op"] == "nnunetv2_meddisseg.blocks.norm.InstanceNorm2d"
+    assert architecture["arch_kwargs"]["added_norm_op"] == "nnunetv2_meddisseg.blocks.norm.SingleKernelInstanceNorm2d"
     assert "added_norm_op" in architecture["_kw_requires_import"]
     encoder = set(network.encoder.modules())
     added = [m for m in network.modules() if isinstance(m, InstanceNorm2d)]

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from nnunetv2_meddisseg.ablation import study_trainers
 from nnunetv2_meddisseg.training import variants
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
@@ -95,11 +96,12 @@ def test_each_recipe_differs_from_its_default_in_what_its_name_says(name):
 
 def test_every_recipe_has_its_one_line_trainer_and_no_two_variants_are_equal():
     classes = {f"nnUNetTrainer{name}" for name in RECIPES}
-    exported = set(variants.__all__) | {"nnUNetTrainerMedDisSeg", "nnUNetTrainerDispersive",
-                                        "nnUNetTrainerMedDisSeg_paper"}
+    exported = set(variants.__all__) | set(study_trainers.__all__) | {"nnUNetTrainerMedDisSeg", "nnUNetTrainerDispersive",
+                                                                      "nnUNetTrainerMedDisSeg_paper"}
     assert classes == exported
-    for name in variants.__all__:
-        assert getattr(variants, name).recipe is RECIPES[name[len("nnUNetTrainer"):]]
+    for module in (variants, study_trainers):
+        for name in module.__all__:
+            assert getattr(module, name).recipe is RECIPES[name[len("nnUNetTrainer"):]]
     seen = {}
     for name, recipe in RECIPES.items():
         twin = [other for other, r in seen.items() if r == recipe and type(r) is type(recipe)]

@@ -10,11 +10,11 @@ from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDis
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_2, nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
 from nnunetv2_meddisseg.training.recipes import PLAIN_TRAINING, SCRATCH_SGD, SCRATCH_SGD_CENTRED
-from nnunetv2_meddisseg.training.variants import (nnUNetTrainerDispersive_cosine, nnUNetTrainerDispersive_infonceL2,
-                                                  nnUNetTrainerMedDisSeg_cosineCentred,
-                                                  nnUNetTrainerMedDisSeg_paperSettings, nnUNetTrainerMedDisSeg_plainSGD,
-                                                  nnUNetTrainerMedDisSeg_scratchSGD,
-                                                  nnUNetTrainerMedDisSeg_scratchSGDCentred)
+from nnunetv2_meddisseg.ablation.study_trainers import (nnUNetTrainerMedDisSeg_cosineCentred,
+                                                        nnUNetTrainerMedDisSeg_paperSettings,
+                                                        nnUNetTrainerMedDisSeg_plainSGD, nnUNetTrainerMedDisSeg_scratchSGD,
+                                                        nnUNetTrainerMedDisSeg_scratchSGDCentred)
+from nnunetv2_meddisseg.training.variants import nnUNetTrainerDispersive_cosine, nnUNetTrainerDispersive_infonceL2
 from tests.training.test_trainer_meddisseg import (MEDDISSEG, PLAIN_UNET, make_batch, make_trainer, nnunet_dirs,
                                                    run_epoch, tiny_plans)
 

@@ -4,6 +4,7 @@ The trainers are built from a hand-written 32x32 plan; batches are fed to the sa
 ``run_training`` calls, so stages, optimizer groups, schedules and checkpoints are exercised
 without preprocessing a dataset.
 """
+import json
 import math
 from copy import deepcopy
 from dataclasses import replace
@@ -170,6 +171,32 @@ def test_network_on_nnunets_plans_is_what_the_plan_command_writes_by_default():
     assert network.added_norm[1] == added_kwargs
     encoder = set(network.encoder.modules())
     assert not [m for m in network.modules() if getattr(m, "track_running_stats", False) and m not in encoder]
+
+
+def test_on_nnunets_plans_the_trainer_records_the_network_it_builds(nnunet_dirs):
+    """The plans a model keeps (``plans.json`` is ``plans_manager.plans``; the checkpoints' ``init_args``)
+    name MedDisSegNet with every argument, so prediction rebuilds the trained network whatever the code's
+    defaults; everything else stays nnU-Net's plans, and the caller's plans are not changed."""
+    from nnunetv2_meddisseg.plans_entry import architecture_entry
+
+    plans = dict(tiny_plans(PLAIN_UNET), continue_training=False)
+    before = deepcopy(plans)
+    trainer = nnUNetTrainerMedDisSeg_smoke(plans=plans, configuration="2d", fold=0, dataset_json=deepcopy(DATASET_JSON),
+                                           device=torch.device("cpu"))
+    assert plans == before
+    recorded = trainer.plans_manager.plans
+    assert recorded["configurations"]["2d"]["architecture"] == architecture_entry()
+    assert trainer.my_init_kwargs["plans"] is recorded
+    for key in ("patch_size", "batch_size", "normalization_schemes"):
+        assert recorded["configurations"]["2d"][key] == plans["configurations"]["2d"][key]
+    trainer.initialize()
+    saved = PlansManager(json.loads(json.dumps(recorded)))  # as plans.json is written and read
+    rebuilt = nnUNetTrainerMedDisSeg.build_network_architecture(saved, saved.get_configuration("2d"), 3, 3, True)
+    assert {k: v.shape for k, v in rebuilt.state_dict().items()} == \
+        {k: v.shape for k, v in trainer._plain_network().state_dict().items()}
+    meddisseg_plans = tiny_plans(MEDDISSEG)
+    kept = make_trainer(plans=meddisseg_plans, initialize=False).plans_manager.plans
+    assert kept["configurations"] == meddisseg_plans["configurations"]  # Med-DisSeg plans are kept as they are
 
 
 def test_network_class_is_meddisseg_reads_the_class_not_the_plans_name():

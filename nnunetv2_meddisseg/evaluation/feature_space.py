@@ -33,6 +33,7 @@ import numpy as np
 
 from nnunetv2_meddisseg.cli import (DefaultsHelpFormatter, UserError, add_device_argument, plain_text, resolve_device,
                                     run_command)
+from nnunetv2_meddisseg.nnunet_env import use_our_trainers
 
 __all__ = ["LAYERS", "pca_2d", "tsne_2d", "sample_pixels", "ModelFeatures", "model_features", "draw_features",
            "main"]
@@ -266,7 +267,7 @@ def _features(argv: Optional[Sequence[str]]) -> None:
         dataset = maybe_convert_to_dataset_name(args.dataset)
     except RuntimeError as e:
         raise UserError(f"-d {args.dataset}: {e}") from None
-    os.environ.setdefault("nnUNet_extTrainer", str(Path(__file__).resolve().parent.parent / "nnunet_trainers"))
+    use_our_trainers()
     device = torch.device(resolve_device(args.device))
     tsne = not args.no_tsne
     if tsne and importlib.util.find_spec("sklearn") is None:
