@@ -177,11 +177,14 @@ class Report:
             triton_version = None
         previous = json.loads(self.json_path.read_text()) if self.json_path.is_file() else {}
         self.data: Dict[str, object] = previous if previous.get("device") == device_name and keep else {}
+        earlier = self.data.get("command")
         self.data.update({
             "device": device_name, "torch": torch.__version__, "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version(), "triton": triton_version,
             "python": platform.python_version(), "command": " ".join(["python", *sys.argv]),
             "cudnn_benchmark": True})
+        if earlier:  # this run adds to an earlier one's results
+            self.data["command"] = f"{earlier}; {self.data['command']}"
         self.data.setdefault("skipped", {})
 
     def left(self) -> float:
@@ -241,7 +244,9 @@ def block_profile(net: nn.Module, call: Callable[[], object]) -> dict:
 
     ranges: List[contextlib.AbstractContextManager] = []
     handles = []
-    for name, module in net.named_children():
+    blocks = [(f"{name}.{i}", item) for name, child in net.named_children()
+              for i, item in (enumerate(child) if isinstance(child, nn.ModuleList) else [(None, child)])]
+    for name, module in ((n[:-5] if n.endswith(".None") else n, m) for n, m in blocks):
         def pre(_m, _a, name=name):
             ranges.append(record_function(f"block:{name}"))
             ranges[-1].__enter__()
@@ -265,7 +270,9 @@ def block_profile(net: nn.Module, call: Callable[[], object]) -> dict:
 
     per_block = {e.key[len("block:"):]: round(device_ms(e, "cuda_time_total") / 1e3, 3)
                  for e in events if e.key.startswith("block:")}
-    kernels = [e for e in events if device_ms(e, "self_cuda_time_total") > 0 and not e.key.startswith("block:")]
+    # kernel rows only: operator rows (aten::...) carry their kernels' time as well, and would count it twice
+    kernels = [e for e in events if device_ms(e, "self_cuda_time_total") > 0 and not e.key.startswith("block:")
+               and getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
     kernels.sort(key=lambda e: -device_ms(e, "self_cuda_time_total"))
     kernel_ms = sum(device_ms(e, "self_cuda_time_total") for e in kernels) / 1e3
     return {"wall_ms": round(wall_ms, 3), "kernel_ms": round(kernel_ms, 3), "per_block_ms": per_block,

@@ -4,10 +4,14 @@
 (``nnunetv2_meddisseg.blocks.norm.BatchNorm2d``); they stay importable under those names."""
 from typing import Optional
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["UncountedBatchNorm2d", "SingleKernelInstanceNorm2d", "BatchNorm2d", "InstanceNorm2d"]
+from nnunetv2_meddisseg.blocks.conv import memory_format_of
+
+__all__ = ["UncountedBatchNorm2d", "SingleKernelInstanceNorm2d", "BatchNorm2d", "InstanceNorm2d",
+           "instance_norm_channels_last"]
 
 
 class UncountedBatchNorm2d(nn.BatchNorm2d):
@@ -31,12 +35,33 @@ class UncountedBatchNorm2d(nn.BatchNorm2d):
         return super().forward(x)
 
 
+def instance_norm_channels_last(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float) -> Tensor:
+    """Instance normalisation that keeps x's memory format and dtype: statistics per (image, channel) over H, W
+    in fp32, then one fused multiply-add ``x * scale + shift`` in x's dtype.
+
+    CUDA's group-norm kernel reads and writes NCHW only: on a channels-last tensor it costs a layout copy in,
+    and the NCHW output a copy back at the next convolution (and slow NCHW kernels in between).
+
+    x: (B, C, H, W), weight, bias: (C,) or None -> (B, C, H, W), layout and dtype of x
+    """
+    var, mean = torch.var_mean(x.float(), dim=(2, 3), keepdim=True, correction=0)  # (B, C, 1, 1)
+    scale = torch.rsqrt(var + eps)
+    if weight is not None:
+        scale = scale * weight.float().view(1, -1, 1, 1)
+    shift = -mean * scale
+    if bias is not None:
+        shift = shift + bias.float().view(1, -1, 1, 1)
+    return torch.addcmul(shift.to(x.dtype), x, scale.to(x.dtype))
+
+
 class SingleKernelInstanceNorm2d(nn.GroupNorm):
     """``torch.nn.InstanceNorm2d(num_features, eps, affine=affine)`` computed as a group norm with one
     channel per group: the same output, gradients and state-dict keys (``weight``, ``bias``), in one
     kernel per forward instead of torch's repeat + view + batch norm over a (1, B*C, H, W) reshape.
-    No running statistics (``track_running_stats`` must stay False): each image is normalised by its
-    own statistics in training and at prediction alike.
+    A channels-last CUDA tensor (outside ``torch.compile``, which fuses the group norm itself) is normalised by
+    :func:`instance_norm_channels_last` instead, which keeps its layout. No running statistics
+    (``track_running_stats`` must stay False): each image is normalised by its own statistics in training and
+    at prediction alike.
 
     x: (B, C, H, W) -> (B, C, H, W)
     """
@@ -51,6 +76,8 @@ class SingleKernelInstanceNorm2d(nn.GroupNorm):
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 4:
             raise ValueError(f"{type(self).__name__} expects (B, C, H, W) input, got shape {tuple(x.shape)}")
+        if x.is_cuda and memory_format_of(x) == torch.channels_last and not torch.compiler.is_compiling():
+            return instance_norm_channels_last(x, self.weight, self.bias, self.eps)
         return super().forward(x)
 
 

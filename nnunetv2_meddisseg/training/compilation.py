@@ -1,28 +1,33 @@
-"""Regional ``torch.compile`` for the trainers: each block compiled on its own, static shapes, and a way back.
+"""``torch.compile`` for the trainers: static shapes, the whole network or block by block, and a way back.
 
-nnU-Net compiles the whole network (``torch.compile(self.network)``) where ``_do_i_compile`` says so. For
-Med-DisSeg that one graph is large (a ResNet-50 encoder, attention, four aggregation levels, three
-decoders), and the two training stages, validation and the final validation each trace it again.
-:func:`compile_regions` compiles the network's blocks instead (``nn.Module.compile``: the module keeps its
-class and state-dict keys, no ``_orig_mod``). A block that occurs several times with the same shapes (the
-ResNet bottlenecks of one layer) traces to the same graph, which inductor's graph cache compiles once.
+nnU-Net compiles the whole network (``torch.compile(self.network)``) where ``_do_i_compile`` says so, with
+dynamo's automatic dynamic shapes: a change of batch (Stage I runs a doubled batch of clean and perturbed
+views, Stage II the plans' batch) would recompile it with a symbolic batch. :func:`compile_network` compiles
+with static shapes (``dynamic=False``) instead, so each (stage, mode) gets one graph and no stage recompiles
+after its first step:
 
-Shapes are static (``dynamic=False``): the batch is fixed within a stage (Stage I runs a doubled batch of
-clean and perturbed views, Stage II the plans' batch), so each (stage, mode) gets one graph per block and a
-batch change compiles a new static graph instead of a slower symbolic one.
+- ``whole`` (the trainer's default): one graph of the network per stage and mode;
+- ``regional``: each block compiled on its own (:func:`compile_regions`, ``nn.Module.compile``: the module
+  keeps its class and state-dict keys). A block that occurs several times with the same shapes (the ResNet
+  bottlenecks of one layer) traces to the same graph, which inductor's graph cache compiles once; on an H200
+  the first compiled Stage I step still took longer this way (``benchmarks/RESULTS.md``).
 
 :func:`is_compile_error` recognises the errors that compilation raises (in dynamo, AOT autograd or the
-backend); the trainer then calls :func:`uncompile_regions` and repeats the step eagerly.
+backend); the trainer then drops the compiled code (:func:`uncompile_regions` for compiled blocks) and repeats
+the step eagerly.
 """
 import contextlib
-from typing import Callable, ContextManager, Iterable, List, Optional, Union
+from typing import Callable, ContextManager, Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
-__all__ = ["COMPILE_RECOMPILE_LIMIT", "compile_error_summary", "compile_regions", "eager_stance", "compiled_regions", "uncompile_regions", "is_compile_error",
+__all__ = ["COMPILE_RECOMPILE_LIMIT", "COMPILE_SCOPES", "compile_network", "compile_error_summary", "compile_regions",
+           "eager_stance", "compiled_regions", "uncompile_regions", "is_compile_error",
            "region_modules"]
 
+#: what :func:`compile_network` compiles: the network as one graph, or each block on its own
+COMPILE_SCOPES = ("whole", "regional")
 #: graphs a compiled block may hold: (Stage I, Stage II) x (training, validation, BatchNorm re-estimation,
 #: final validation) with their batch sizes; dynamo's default limit (8) would fall back to eager silently
 COMPILE_RECOMPILE_LIMIT = 32
@@ -41,15 +46,31 @@ def region_modules(network: nn.Module) -> List[nn.Module]:
     return found
 
 
+def _raise_recompile_limit() -> None:
+    limit_name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+    if getattr(torch._dynamo.config, limit_name) < COMPILE_RECOMPILE_LIMIT:
+        setattr(torch._dynamo.config, limit_name, COMPILE_RECOMPILE_LIMIT)
+
+
+def compile_network(network: nn.Module, scope: str = "whole",
+                    backend: Union[str, Callable] = "inductor") -> Tuple[nn.Module, str]:
+    """(the module to call, what was compiled): ``torch.compile(network, dynamic=False)`` for ``scope``
+    "whole", ``network`` itself with its blocks compiled in place (:func:`compile_regions`) for "regional"."""
+    if scope == "regional":
+        return network, f"{len(compile_regions(network, backend=backend))} blocks of the network"
+    if scope != "whole":
+        raise ValueError(f"scope must be one of {', '.join(COMPILE_SCOPES)}, got {scope!r}")
+    _raise_recompile_limit()
+    return torch.compile(network, backend=backend, dynamic=False), "the network"
+
+
 def compile_regions(network: nn.Module, backend: Union[str, Callable] = "inductor",
                     mode: Optional[str] = None) -> List[nn.Module]:
     """Compile each block of ``network`` in place (:func:`region_modules`), static shapes; returns the blocks.
 
     Nothing is traced until the first forward: errors of compilation surface there
     (:func:`is_compile_error`)."""
-    limit_name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
-    if getattr(torch._dynamo.config, limit_name) < COMPILE_RECOMPILE_LIMIT:
-        setattr(torch._dynamo.config, limit_name, COMPILE_RECOMPILE_LIMIT)
+    _raise_recompile_limit()
     modules = region_modules(network)
     for module in modules:
         module.compile(backend=backend, mode=mode, dynamic=False)

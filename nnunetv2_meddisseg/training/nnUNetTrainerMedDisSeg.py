@@ -25,8 +25,8 @@ from nnunetv2_meddisseg.plans_entry import architecture_entry
 from nnunetv2_meddisseg.training.base import (ExtendedTrainerBase, preserved_random_state, seed_generators,
                                               unwrap_module)
 from nnunetv2_meddisseg.training.batchnorm_statistics import recalibrate_batchnorm
-from nnunetv2_meddisseg.training.compilation import (compile_error_summary, compile_regions, eager_stance, is_compile_error,
-                                                     uncompile_regions)
+from nnunetv2_meddisseg.training.compilation import (COMPILE_SCOPES, compile_error_summary, compile_network,
+                                                     eager_stance, is_compile_error, uncompile_regions)
 from nnunetv2_meddisseg.training.lr_schedule import PerGroupPolyLRScheduler
 from nnunetv2_meddisseg.training.nnunet_copies import training_dataloader
 from nnunetv2_meddisseg.training.photometric import photometric_perturbation
@@ -159,8 +159,11 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     """
 
     recipe: MedDisSegRecipe = RECIPES["MedDisSeg"]
-    #: the torch.compile backend (a name or a callable) of the blocks where nnU-Net compiles (``training.compilation``)
+    #: the torch.compile backend (a name or a callable) where nnU-Net compiles (``training.compilation``)
     compile_backend: Union[str, Callable] = "inductor"
+    #: "whole": the network as one graph per stage and mode (nnU-Net's compile, static shapes); "regional": each
+    #: block on its own (``training.compilation.compile_regions``), which took longer on an H200
+    compile_scope: str = "whole"
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
@@ -172,7 +175,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         self.stage1_head: Optional[nn.Module] = None
         self.dispersive: Optional[DispersiveLoss] = None
         self._calibration_batches: Optional[List[Tensor]] = None
-        #: the network's blocks (and the Stage I head) are compiled (``_compile_regions``)
+        #: the network (and the Stage I head) are compiled (``_compile_network``)
         self.compiled = False
         self._timed_steps: set = set()
 
@@ -333,43 +336,52 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         was_initialized = self.was_initialized
         super().initialize()
         if not was_initialized:
-            self._compile_regions()
+            self._compile_network()
             self._load_encoder_weights()
             self._initial_stem = next(self._plain_network().parameters()).detach().clone()
 
     # ------------------------------------------------------------------ compilation
-    def _compile_regions(self) -> None:
-        """Where nnU-Net compiled the whole network (``_do_i_compile``), compile its blocks instead
-        (``training.compilation.compile_regions``: static shapes, one graph per stage and mode, repeated
-        blocks compiled once); the Stage I head is compiled when it is built."""
+    def _set_network(self, network: nn.Module) -> None:
+        """Replace the network inside the DDP wrapper where there is one, else ``self.network``."""
+        if isinstance(self.network, DDP):
+            self.network.module = network
+        else:
+            self.network = network
+
+    def _compile_network(self) -> None:
+        """Where nnU-Net compiled the network (``_do_i_compile``), compile it again as ``compile_scope`` says,
+        with static shapes (``training.compilation.compile_network``: one graph per stage and mode, no
+        recompilation within a stage); the Stage I head is compiled when it is built."""
         holder = self.network.module if isinstance(self.network, DDP) else self.network
         if not isinstance(holder, OptimizedModule):
             return
+        if self.compile_scope not in COMPILE_SCOPES:
+            raise ValueError(f"{type(self).__name__}.compile_scope must be one of {', '.join(COMPILE_SCOPES)}, got "
+                             f"{self.compile_scope!r}")
         plain = holder._orig_mod
-        if isinstance(self.network, DDP):
-            self.network.module = plain
-        else:
-            self.network = plain
-        regions = compile_regions(plain, backend=self.compile_backend)
+        if self.device.type == "cuda" and hasattr(plain, "_use_channels_last"):
+            plain._use_channels_last()  # the layout the compiled graphs see (an eager forward sets it itself)
+        compiled, what = compile_network(plain, self.compile_scope, backend=self.compile_backend)
+        self._set_network(compiled)
         self.compiled = True
         if self.stage1_head is not None:
             unwrap_module(self.stage1_head).compile(backend=self.compile_backend, dynamic=False)
         backend = getattr(self.compile_backend, "__name__", self.compile_backend)
-        self.print_to_log_file(f"torch.compile ({backend}) of {len(regions)} blocks of the network, static "
-                               f"shapes (nnUNet_compile=f runs eagerly)")
+        self.print_to_log_file(f"torch.compile ({backend}) of {what}, static shapes (nnUNet_compile=f runs eagerly)")
 
     def _continue_eagerly(self, error: Exception) -> None:
         """After ``error`` in a compiled step: re-raise it unless torch.compile raised it; else undo the
         compilation, say so in one line of the log, and let the caller repeat the step eagerly."""
         if not self.compiled or not is_compile_error(error):
             raise error
-        blocks = uncompile_regions(self._plain_network())
+        plain = self._plain_network()
+        self._set_network(plain)  # the whole-network wrapper goes
+        uncompile_regions(plain)  # and so do compiled blocks, the head's too; dynamo's caches are dropped
         if self._plain_head() is not None:
-            blocks += uncompile_regions(self._plain_head())
+            uncompile_regions(self._plain_head())
         self.compiled = False
         self.print_to_log_file(f"WARNING: torch.compile failed ({compile_error_summary(error)}); training "
-                               f"continues without compilation ({blocks} blocks run eagerly; set nnUNet_compile=f "
-                               f"to skip compiling)")
+                               f"continues without compilation (set nnUNet_compile=f to skip compiling)")
 
     def _plans_encoder_weights(self) -> Optional[str]:
         """The plans' ``encoder_weights`` (a file or ``imagenet``), None where they name none."""

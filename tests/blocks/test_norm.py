@@ -112,3 +112,28 @@ def test_the_names_plans_files_store_find_the_same_classes():
                         ("SingleKernelInstanceNorm2d", SingleKernelInstanceNorm2d)):
         assert pydoc.locate(f"nnunetv2_meddisseg.blocks.norm.{stored}") is cls
     assert UncountedBatchNorm2d is not nn.BatchNorm2d and SingleKernelInstanceNorm2d is not nn.InstanceNorm2d
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_channels_last_instance_norm_matches_group_norm_and_keeps_the_layout(affine):
+    from nnunetv2_meddisseg.blocks.norm import instance_norm_channels_last
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, (1,))))
+    x = (torch.randn(3, 6, 7, 5, generator=g) * 4 + 2).contiguous(memory_format=torch.channels_last)
+    weight = torch.randn(6, generator=g) if affine else None
+    bias = torch.randn(6, generator=g) if affine else None
+    xs = [x.clone().double().requires_grad_(), x.clone().requires_grad_()]
+    params = [[p.clone().double().requires_grad_() if p is not None else None for p in (weight, bias)],
+              [p.clone().requires_grad_() if p is not None else None for p in (weight, bias)]]
+    upstream = torch.randn(x.shape, generator=g)
+    reference = torch.nn.functional.group_norm(xs[0], 6, *params[0], eps=1e-5)  # float64, NCHW
+    out = instance_norm_channels_last(xs[1], *params[1], eps=1e-5)
+    assert out.is_contiguous(memory_format=torch.channels_last) and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), reference, rtol=1e-5, atol=1e-5)
+    wanted = [xs[0]] + [p for p in params[0] if p is not None]
+    got = [xs[1]] + [p for p in params[1] if p is not None]
+    for a, b in zip(torch.autograd.grad(reference, wanted, upstream.double()), torch.autograd.grad(out, got, upstream)):
+        torch.testing.assert_close(b.double(), a, rtol=1e-4, atol=1e-4)
+    low = instance_norm_channels_last(x.bfloat16(), weight, bias, 1e-5)
+    assert low.dtype == torch.bfloat16 and low.is_contiguous(memory_format=torch.channels_last)
+    assert float((low.double() - reference.detach()).norm() / reference.detach().norm()) < 1e-2

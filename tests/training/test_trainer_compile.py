@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch._dynamo
+from torch._dynamo import OptimizedModule
 from torch._dynamo.utils import counters
 
 from nnunetv2_meddisseg.training.compilation import compiled_regions, is_compile_error
@@ -33,11 +34,16 @@ def _graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def test_each_stage_compiles_in_its_first_epoch_only(nnunet_dirs, compiling):
+@pytest.mark.parametrize("scope", ["whole", "regional"])
+def test_each_stage_compiles_in_its_first_epoch_only(nnunet_dirs, compiling, scope):
     trainer = make_trainer(nnUNetTrainerMedDisSeg_smoke, plans=tiny_plans(MEDDISSEG), compile_backend="eager",
-                           num_epochs=4, stage1_epochs=2)
-    assert trainer.compiled and trainer.network is trainer._plain_network()  # no whole-network wrapper
-    assert len(compiled_regions(trainer.network)) == len(trainer.network.compile_regions())
+                           compile_scope=scope, num_epochs=4, stage1_epochs=2)
+    assert trainer.compiled
+    if scope == "whole":
+        assert isinstance(trainer.network, OptimizedModule) and compiled_regions(trainer._plain_network()) == []
+    else:  # no whole-network wrapper: the blocks are compiled in place
+        assert trainer.network is trainer._plain_network()
+        assert len(compiled_regions(trainer.network)) == len(trainer.network.compile_regions())
     batch = make_batch()
     graphs = []
     for epoch in range(4):
@@ -50,17 +56,18 @@ def test_each_stage_compiles_in_its_first_epoch_only(nnunet_dirs, compiling):
     assert trainer.compiled and trainer.stage1_head is None
 
 
-def test_a_compile_error_continues_eagerly_and_says_so(nnunet_dirs, compiling):
+@pytest.mark.parametrize("scope", ["whole", "regional"])
+def test_a_compile_error_continues_eagerly_and_says_so(nnunet_dirs, compiling, scope):
     def failing_backend(graph_module, example_inputs):
         raise RuntimeError("no kernel for this graph")
 
     trainer = make_trainer(nnUNetTrainerMedDisSeg_smoke, plans=tiny_plans(MEDDISSEG), compile_backend=failing_backend,
-                           num_epochs=2, stage1_epochs=1)
+                           compile_scope=scope, num_epochs=2, stage1_epochs=1)
     assert trainer.compiled
     batch = make_batch()
     first = run_epoch(trainer, batch)  # Stage I: the first forward fails to compile
     assert np.isfinite(first["loss"]) and not trainer.compiled
-    assert compiled_regions(trainer.network) == []
+    assert trainer.network is trainer._plain_network() and compiled_regions(trainer.network) == []
     second = run_epoch(trainer, batch)  # Stage II runs eagerly from the start
     assert np.isfinite(second["loss"]) and trainer.training_stage == STAGE_2
     with open(trainer.log_file) as f:
