@@ -31,7 +31,7 @@ PLANS = "nnUNetMedDisSegPlans"
 
 
 #: what one run of each --schedule took on the generated dataset at the default --size (wall-clock minutes,
-#: GB of disk under the output folder), announced before the demo starts; the README quotes the same figures
+#: GB of disk under the output folder), announced before the demo starts; docs/testing.md quotes the same figures
 COST = {
     "demo": {"minutes": 5.1, "disk_gb": 1.2, "machine": "a 2-core CPU"},
     "smoke": {"minutes": 2.2, "disk_gb": 1.2, "machine": "a 2-core CPU"},

@@ -1,5 +1,5 @@
 """What ``nnUNetv2_meddisseg_demo`` tells before it starts: time and disk of the chosen schedule (the
-figures in ``demo.COST``, which the README quotes), and a warning where the disk is too small. The whole
+figures in ``demo.COST``, which docs/testing.md quotes), and a warning where the disk is too small. The whole
 demo runs in tests/e2e/test_demo.py."""
 import shutil
 from pathlib import Path
@@ -52,7 +52,7 @@ def test_the_demo_announces_before_it_starts(tmp_path, monkeypatch, capsys):
 
 
 def test_readme_quotes_the_announced_figures():
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "testing.md").read_text()  # "Time and disk", moved there from the README
     for schedule, cost in demo.COST.items():
         quote = f"`{schedule}` {cost['minutes']} min and {cost['disk_gb']} GB"
-        assert quote in readme, f"README does not say {quote!r} (nnunetv2_meddisseg/demo.py's COST)"
+        assert quote in readme, f"docs/testing.md does not say {quote!r} (nnunetv2_meddisseg/demo.py's COST)"

@@ -1,4 +1,5 @@
-"""The README's Troubleshooting table quotes the messages the tools really print.
+"""The Troubleshooting table (docs/troubleshooting.md, linked from the README) quotes the messages the tools
+really print.
 
 Every backtick-quoted message in the table's first column is either triggered here through the real
 entry point (our commands' ``main``, nnU-Net's trainer lookup, the trainer itself) and checked against
@@ -27,9 +28,9 @@ if _TRAINING_TESTS not in sys.path:
     sys.path.append(_TRAINING_TESTS)
 
 
-def troubleshooting_quotes(readme: str) -> List[str]:
-    """The backtick-quoted texts of the first column of the README's Troubleshooting table, in order."""
-    section = readme.split("\n## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+def troubleshooting_quotes(text: str) -> List[str]:
+    """The backtick-quoted texts of the first column of the Troubleshooting table, in order."""
+    section = text.split("# Troubleshooting", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("|") and not line.startswith("|---")][1:]
     quotes = []
     for row in rows:
@@ -319,10 +320,10 @@ def _appears_in_order(quote: str, output: str) -> bool:
 
 
 def test_every_quote_is_triggered_or_listed_with_a_reason():
-    quotes = [q for q in troubleshooting_quotes((ROOT / "README.md").read_text()) if q not in NOT_MESSAGES]
+    quotes = [q for q in troubleshooting_quotes((ROOT / "docs" / "troubleshooting.md").read_text()) if q not in NOT_MESSAGES]
     assert len(quotes) >= 15
     assert not set(TRIGGERS) & set(NOT_TRIGGERED)
-    assert sorted(quotes) == sorted({*TRIGGERS, *NOT_TRIGGERED}), "README table and this test disagree"
+    assert sorted(quotes) == sorted({*TRIGGERS, *NOT_TRIGGERED}), "docs/troubleshooting.md's table and this test disagree"
 
 
 def test_quote_matching_needs_every_piece_in_order():

@@ -87,7 +87,7 @@ def resolve_variants(names: Sequence[str], plans: str) -> Dict[str, Variant]:
                 recursive_find_trainer_class_by_name(full)
         except (RuntimeError, AssertionError):
             raise UserError(f"--variants: no trainer class named {full} (from {name!r}) and no network ablation "
-                            f"({', '.join(NETWORK_ABLATIONS)}); the variants are listed in the README, e.g. "
+                            f"({', '.join(NETWORK_ABLATIONS)}); the variants are listed in docs/ablations.md, e.g. "
                             f"noDispersive, tau0p5, noCBAT") from None
         resolved[full] = Variant(full, plans)
     return resolved

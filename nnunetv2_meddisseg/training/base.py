@@ -36,7 +36,7 @@ entries, ``train_step``'s autocast rule and update, ``get_dataloaders``' trainin
   variable ``nnUNet_meddisseg_seed``, else drawn at random; checkpoints store it. An epoch is then a
   function of the weights and optimizer state it starts from, so ``--c`` replays the rest of an
   interrupted run exactly where the batches come from this process (``nnUNet_n_proc_DA=0``) and the
-  arithmetic is deterministic (CPU; see the README for what differs otherwise).
+  arithmetic is deterministic (CPU; see docs/method.md, "Exact resumption", for what differs otherwise).
 - With the environment variable ``nnUNet_meddisseg_bf16`` set ("1", "true" or "t"), training and
   validation steps run under bfloat16 autocast without a GradScaler (on CUDA and on the CPU), instead
   of nnU-Net's fp16 autocast + GradScaler on CUDA and fp32 on the CPU. bf16 has fp32's exponent range,
@@ -465,7 +465,7 @@ class ExtendedTrainerBase(SeededTrainer):
         scaler = f" (GradScaler scale {self.grad_scaler.get_scale():.3g})" if self.grad_scaler is not None else ""
         self.print_to_log_file(
             f"WARNING: no training step of epoch {self.current_epoch} changed the weights: every gradient was zero "
-            f"or not finite{scaler}. The run has stopped learning; see the README's Troubleshooting.")
+            f"or not finite{scaler}. The run has stopped learning; see docs/troubleshooting.md.")
 
     def on_train_epoch_end(self, train_outputs: List[dict]) -> None:
         super().on_train_epoch_end(train_outputs)

@@ -111,7 +111,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     above are the paper's, which assume an ImageNet encoder; where the plans name no
     ``encoder_weights`` the settings listed in the recipe's ``from_scratch`` replace them (none by default:
     higher learning rates for a randomly initialised encoder let the early features collapse under
-    the uncentred dispersive loss, see the README).
+    the uncentred dispersive loss, see docs/method.md).
 
     Dispersive loss: ``dispersive_variant`` (infonce_l2), ``dispersive_tau`` (0.8), ``dispersive_eps``
     (1e-8, InfoNCE variants), ``dispersive_margin`` (1.0, hinge) at
@@ -153,7 +153,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     in Stage I the clean and the perturbed views each over all processes); in Stage I the head is
     wrapped in its own DDP and the unused decoder parameters receive zero gradients (added to the loss
     with weight 0) so that DDP's reducer completes; the loss-term curves are averaged over ranks. Run
-    on CPU processes (gloo) in the tests; on several GPUs, see the README.
+    on CPU processes (gloo) in the tests; on several GPUs, see docs/several_gpus.md.
 
     Not supported: 3D configurations (a ``ValueError`` at construction) and region-based labels.
     """

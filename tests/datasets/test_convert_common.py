@@ -94,7 +94,7 @@ def test_split_file_reading(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# the mask rule (read_binary_mask's docstring, the README's "Masks and images") one case each
+# the mask rule (read_binary_mask's docstring, docs/data.md's "Masks and images") one case each
 
 
 def _foreground_square(value, shape=(10, 10), dtype=np.uint8) -> np.ndarray:

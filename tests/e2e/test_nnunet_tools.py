@@ -1,5 +1,5 @@
-"""nnU-Net's own tools on Med-DisSeg models, run as a new nnU-Net user would (README section "nnU-Net's
-tools on Med-DisSeg models").
+"""nnU-Net's own tools on Med-DisSeg models, run as a new nnU-Net user would (docs/nnunet_tools.md,
+"nnU-Net's tools on Med-DisSeg models").
 
 Everything runs on the CPU on the generated 64x64 Dataset501 (conftest's ``preprocessed_synthetic``,
 12 training cases: nnU-Net's own 5-fold split), with the smoke trainers trained once per module on

@@ -194,9 +194,10 @@ def test_a_budget_trains_for_the_stated_iterations(nnunet_dirs, tmp_path, monkey
 
 
 def _readme_section(title: str) -> str:
+    """A section of docs/method.md (moved there from the README), up to the next subsection."""
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "method.md").read_text()
     start = text.index(title)
     return text[start:text.index("\n### ", start + len(title))]
 
