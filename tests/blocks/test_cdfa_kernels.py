@@ -18,6 +18,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     pytest.skip(f"Triton cannot be imported ({error}): the fused CDFA kernels need it", allow_module_level=True)
 
 from cdfa_kernel_checks import CHECKS, SCALE
+from scratch import scratch_folder
 from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
 from nnunetv2_meddisseg.blocks.cdfa_kernels import fused_cdfa_available, offset_aggregate, window_offset_weights
 from nnunetv2_meddisseg.blocks.device_forms import FORMS, forced_form, implementation_form
@@ -33,7 +34,7 @@ def interpreter_results(request, tmp_path_factory):
     """Runs the checks of the selected ``test_interpreted`` cases in one subprocess: {name: "" or traceback}."""
     names = [item.callspec.params["check"] for item in request.session.items
              if item.module is request.module and item.originalname == "test_interpreted"]
-    results_path = tmp_path_factory.mktemp("cdfa_kernels") / "results.json"
+    results_path = scratch_folder(request, tmp_path_factory, "cdfa_kernels") / "results.json"
     env = dict(os.environ, TRITON_INTERPRET="1")
     env["PYTHONPATH"] = os.pathsep.join([str(REPOSITORY), str(HERE)] + [p for p in [env.get("PYTHONPATH")] if p])
     done = subprocess.run([sys.executable, str(HERE / "cdfa_kernel_checks.py"), str(results_path), *names],
