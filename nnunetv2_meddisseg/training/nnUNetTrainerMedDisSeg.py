@@ -22,8 +22,7 @@ from nnunetv2_meddisseg.blocks.encoder import load_resnet50_weights, resolve_enc
 from nnunetv2_meddisseg.blocks.stage1_head import Stage1Head
 from nnunetv2_meddisseg.losses import DispersiveLoss, consistency_loss
 from nnunetv2_meddisseg.plans_entry import architecture_entry
-from nnunetv2_meddisseg.training.base import (ExtendedTrainerBase, preserved_random_state, seed_generators,
-                                              unwrap_module)
+from nnunetv2_meddisseg.training.extended_trainer import ExtendedTrainerBase, unwrap_module
 from nnunetv2_meddisseg.training.batchnorm_statistics import recalibrate_batchnorm
 from nnunetv2_meddisseg.training.compilation import (COMPILE_SCOPES, compile_error_summary, compile_network,
                                                      eager_stance, is_compile_error, uncompile_regions)
@@ -33,6 +32,7 @@ from nnunetv2_meddisseg.training.photometric import photometric_perturbation
 from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
 from nnunetv2_meddisseg.training.recipes import RECIPES
 from nnunetv2_meddisseg.training.stage2_loss import Stage2Weights, dispersive_from_recipe, stage2_loss
+from nnunetv2_meddisseg.training.seeding import preserved_random_state, seed_generators
 
 __all__ = ["nnUNetTrainerMedDisSeg", "STAGE_1", "STAGE_2", "STAGE1_CHECKPOINT", "RGB_CHANNEL_NAMES"]
 
