@@ -11,8 +11,8 @@ block (``blocks.device_forms``):
   the weights of all windows that touch a pixel are first summed per displacement between the written
   pixel and the read pixel (:func:`window_displacement_weights`), then the values are accumulated from
   (2k-1)^2 shifted views (:func:`displacement_sum`). Both are linear maps with hand-written backward
-  passes (``blocks.cdfa_shifted``). Its hundreds of small in-place operations on views are fast on a CPU (no large
-  intermediates);
+  passes (``blocks.cdfa_shifted``). Its hundreds of small in-place operations on views are fast on a
+  CPU (no large intermediates);
 - the *few-op form* (for benchmarks and tests) unfolds the values into their k x k windows, applies each
   pixel's (k*k, k*k) weights per head in one batched matrix product and folds the windows back
   (overlaps summed): a dozen operations per attention, but k*k copies of the values in memory.
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.activation import TeLU
-from nnunetv2_meddisseg.blocks.conv import ConvNormAct, PointwiseLinear, memory_format_of, merge_branch_states
+from nnunetv2_meddisseg.blocks.conv import ConvNormAct, PointwiseLinear, merge_branch_states
 from nnunetv2_meddisseg.blocks.cdfa_kernels import fused_cdfa_available, offset_aggregate, window_offset_weights
 from nnunetv2_meddisseg.blocks.cdfa_shifted import _overlap, displacement_sum, window_displacement_weights  # noqa: F401
 from nnunetv2_meddisseg.blocks.device_forms import form_is_forced, give_up_fused, implementation_form

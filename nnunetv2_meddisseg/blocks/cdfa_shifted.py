@@ -13,6 +13,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from nnunetv2_meddisseg.blocks.conv import memory_format_of
+
 __all__ = ["window_displacement_weights", "displacement_sum"]
 
 

@@ -2,7 +2,7 @@
 import math
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
