@@ -1,17 +1,15 @@
 """Forward-only inference throughput of Med-DisSeg vs the 2d networks nnU-Net plans for the same data.
 
-All candidates (networks x variants) are timed in alternating rounds in one run, after warm-up, and
+All networks are timed in alternating rounds in one run, after warm-up, and
 the median per candidate is reported, so that the ratios stay meaningful on a noisy machine. A
 ``torch.profiler`` breakdown of Med-DisSeg follows.
 
-Variants: ``fp32``; on CUDA also ``bf16`` (autocast), ``channels_last``, ``channels_last_bf16`` and
-``compile`` (torch.compile; skipped with the reason recorded where it fails).
+fp32, for the CPU; on CUDA, ``benchmarks/gpu.py`` measures inference in fp32 and bf16 + channels-last, eager and
+compiled.
 
-Usage: ``python benchmarks/throughput.py [--batch 4] [--size 256] [--repeats N] [--device cpu|cuda]``
+Usage: ``python benchmarks/throughput.py [--batch 4] [--size 256] [--repeats N] [--threads N]``
 """
 import argparse
-import contextlib
-import copy
 import os
 import statistics
 import time
@@ -23,35 +21,13 @@ from torch import nn
 from common import (DEFAULT_OUT, NETWORK_NAMES, alternating_timings, build_network, command_line, machine_info,
                     markdown_table, parse_device, set_mode, summarize, synchronize, write_results)
 
-CUDA_VARIANTS = ("fp32", "bf16", "channels_last", "channels_last_bf16", "compile")
-
-
-def _variant_callable(net: nn.Module, x: torch.Tensor, variant: str, device: torch.device
-                      ) -> Callable[[], object]:
-    """A no-argument function running one inference forward of ``net`` in ``variant``."""
-    amp = variant.endswith("bf16")
-    if variant.startswith("channels_last"):
-        net = copy.deepcopy(net).to(memory_format=torch.channels_last)
-        x = x.contiguous(memory_format=torch.channels_last)
-    if variant == "compile":
-        net = torch.compile(copy.deepcopy(net))
-
+def _forward(net: nn.Module, x: torch.Tensor) -> Callable[[], object]:
+    """A no-argument function running one inference forward of ``net``."""
     def run() -> object:
-        ctx = torch.autocast(device.type, dtype=torch.bfloat16) if amp else contextlib.nullcontext()
-        with torch.inference_mode(), ctx:
+        with torch.inference_mode():
             return net(x)
 
     return run
-
-
-def _try_prepare(run: Callable[[], object], device: torch.device) -> str:
-    """Run once (compiles / allocates); '' on success, else the error in one line."""
-    try:
-        run()
-        synchronize(device)
-        return ""
-    except Exception as e:  # torch.compile may be unavailable (no compiler, unsupported op, ...)
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
 
 
 def profile_network(net: nn.Module, x: torch.Tensor, device: torch.device, rows: int = 15, repeats: int = 3) -> dict:
@@ -115,10 +91,8 @@ def main(argv=None) -> int:
     p.add_argument("--size", type=int, default=256, help="image height = width")
     p.add_argument("--repeats", type=int, default=10, help="timed rounds (median reported)")
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="cpu", help="cpu; on CUDA, gpu.py measures inference")
     p.add_argument("--networks", nargs="+", default=list(NETWORK_NAMES), choices=NETWORK_NAMES)
-    p.add_argument("--variants", nargs="+", default=None, choices=CUDA_VARIANTS,
-                   help="default: all on CUDA, fp32 on CPU")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--no-profile", action="store_true", help="skip the torch.profiler breakdown")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="folder for throughput.json / .md")
@@ -127,29 +101,19 @@ def main(argv=None) -> int:
     device = parse_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    variants = args.variants or (list(CUDA_VARIANTS) if device.type == "cuda" else ["fp32"])
     torch.manual_seed(0)
     x = torch.randn(args.batch, 3, args.size, args.size, device=device)
     nets = {name: set_mode(build_network(name).to(device), training=False, deep_supervision=False)
             for name in args.networks}
 
-    fns, skipped = {}, {}
-    for name, net in nets.items():
-        for variant in variants:
-            run = _variant_callable(net, x, variant, device)
-            error = _try_prepare(run, device)
-            if error:
-                skipped[f"{name} / {variant}"] = error
-            else:
-                fns[f"{name} / {variant}"] = run
+    fns = {f"{name} / fp32": _forward(net, x) for name, net in nets.items()}
     times = alternating_timings(fns, args.repeats, args.warmup, device)
     stats = {k: summarize(v) for k, v in times.items()}
     for k, s in stats.items():
         s["images_per_s"] = args.batch / s["median_s"]
     base = "MedDisSeg / fp32"
     payload = {"machine": machine_info(str(device)), "command": command_line(), "batch": args.batch,
-               "size": args.size, "repeats": args.repeats, "warmup": args.warmup, "variants": variants,
-               "results": stats, "skipped": skipped,
+               "size": args.size, "repeats": args.repeats, "warmup": args.warmup, "results": stats,
                "load_average_after": [round(v, 2) for v in os.getloadavg()]}
     if base in stats:
         payload["ratios_vs_meddisseg_fp32"] = {k: stats[base]["median_s"] / s["median_s"] for k, s in stats.items()}
@@ -176,21 +140,8 @@ def _markdown(payload: dict) -> str:
              f"{ratios[k]:.2f}" if k in ratios else "n/a"] for k, s in payload["results"].items()]
     out.append(markdown_table(["network / variant", "median ms/batch", "IQR ms", "images/s",
                                "speed vs MedDisSeg fp32"], rows))
-    if payload["skipped"]:
-        out += ["", "Skipped:", ""] + [f"- {k}: {v}" for k, v in payload["skipped"].items()]
-    if payload["variants"] != ["fp32"]:
-        out += ["", "Which variant helps (speed vs fp32 of the same network):", ""]
-        for net in {k.split(" / ")[0] for k in payload["results"]}:
-            f32 = payload["results"].get(f"{net} / fp32")
-            if not f32:
-                continue
-            parts = [f"{v}: {f32['median_s'] / payload['results'][f'{net} / {v}']['median_s']:.2f}x"
-                     for v in payload["variants"] if v != "fp32" and f"{net} / {v}" in payload["results"]]
-            out.append(f"- {net}: " + ", ".join(parts))
-    for key, title in (("profile_meddisseg", "MedDisSeg"),):
-        if key not in payload:
-            continue
-        prof = payload[key]
+    if "profile_meddisseg" in payload:
+        prof, title = payload["profile_meddisseg"], "MedDisSeg"
         wall = prof["forward_seconds"]
         out += ["", f"## Profile: {title} (forward {_ms(wall)} ms, median of 3; operators of one forward)", "",
                 markdown_table(["part", "ms", "share"],

@@ -52,7 +52,7 @@ def measure_training_memory(patch_size: Sequence[int], architecture: dict, num_i
     import torch
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 
-    from nnunetv2_meddisseg.training.base import bf16_training_requested
+    from nnunetv2_meddisseg.training.extended_trainer import bf16_training_requested
     from nnunetv2_meddisseg.training.recipes import RECIPES
     from nnunetv2_meddisseg.training.stage2_loss import Stage2Weights, dispersive_from_recipe, segmentation_loss, stage2_loss
 

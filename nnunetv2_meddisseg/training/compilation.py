@@ -14,17 +14,21 @@ after its first step:
 
 :func:`is_compile_error` recognises the errors that compilation raises (in dynamo, AOT autograd or the
 backend); the trainer then drops the compiled code (:func:`uncompile_regions` for compiled blocks) and repeats
-the step eagerly.
+the step eagerly. :func:`compile_trainer_network`, :func:`continue_eagerly` and :func:`timed_first_step` are
+``nnUNetTrainerMedDisSeg``'s compile handling, called by its methods of the same names.
 """
 import contextlib
+from time import time
 from typing import Callable, ContextManager, Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
+from torch._dynamo import OptimizedModule
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 __all__ = ["COMPILE_RECOMPILE_LIMIT", "COMPILE_SCOPES", "compile_network", "compile_error_summary", "compile_regions",
            "eager_stance", "compiled_regions", "uncompile_regions", "is_compile_error",
-           "region_modules"]
+           "region_modules", "compile_trainer_network", "continue_eagerly", "timed_first_step"]
 
 #: what :func:`compile_network` compiles: the network as one graph, or each block on its own
 COMPILE_SCOPES = ("whole", "regional")
@@ -123,3 +127,59 @@ def compile_error_summary(error: BaseException, limit: int = 300) -> str:
     text = str(error).strip()
     first = text.splitlines()[0] if text else ""
     return f"{type(error).__name__}: {first[:limit]}" if first else type(error).__name__
+
+
+def compile_trainer_network(trainer) -> None:
+    """Where nnU-Net compiled ``trainer.network`` (``_do_i_compile``), compile it again as ``trainer.compile_scope``
+    says, with static shapes (:func:`compile_network`: one graph per stage and mode, no recompilation within a
+    stage); the Stage I head, where there is one, is compiled too (else when it is built)."""
+    from nnunetv2_meddisseg.training.extended_trainer import unwrap_module
+
+    holder = trainer.network.module if isinstance(trainer.network, DDP) else trainer.network
+    if not isinstance(holder, OptimizedModule):
+        return
+    if trainer.compile_scope not in COMPILE_SCOPES:
+        raise ValueError(f"{type(trainer).__name__}.compile_scope must be one of {', '.join(COMPILE_SCOPES)}, got "
+                         f"{trainer.compile_scope!r}")
+    plain = holder._orig_mod
+    if trainer.device.type == "cuda" and hasattr(plain, "_use_channels_last"):
+        plain._use_channels_last()  # the layout the compiled graphs see (an eager forward sets it itself)
+    compiled, what = compile_network(plain, trainer.compile_scope, backend=trainer.compile_backend)
+    trainer._set_network(compiled)
+    trainer.compiled = True
+    if trainer.stage1_head is not None:
+        unwrap_module(trainer.stage1_head).compile(backend=trainer.compile_backend, dynamic=False)
+    backend = getattr(trainer.compile_backend, "__name__", trainer.compile_backend)
+    trainer.print_to_log_file(f"torch.compile ({backend}) of {what}, static shapes (nnUNet_compile=f runs eagerly)")
+
+
+def continue_eagerly(trainer, error: Exception) -> None:
+    """After ``error`` in a compiled step of ``trainer``: re-raise it unless torch.compile raised it; else undo
+    the compilation, say so in one line of the log, and let the caller repeat the step eagerly."""
+    if not trainer.compiled or not is_compile_error(error):
+        raise error
+    plain = trainer._plain_network()
+    trainer._set_network(plain)  # the whole-network wrapper goes
+    uncompile_regions(plain)  # and so do compiled blocks, the head's too; dynamo's caches are dropped
+    if trainer._plain_head() is not None:
+        uncompile_regions(trainer._plain_head())
+    trainer.compiled = False
+    trainer.print_to_log_file(f"WARNING: torch.compile failed ({compile_error_summary(error)}); training "
+                              f"continues without compilation (set nnUNet_compile=f to skip compiling)")
+
+
+@contextlib.contextmanager
+def timed_first_step(trainer, kind: str):
+    """Log the seconds of the first ``kind`` step of each stage where ``trainer``'s network is compiled (its graphs
+    are compiled in that step; the step ends with a transfer to the host, so no extra synchronisation)."""
+    from nnunetv2_meddisseg.training.stage_losses import STAGE_1
+
+    key = (kind, trainer.training_stage)
+    if not trainer.compiled or key in trainer._timed_steps:
+        yield
+        return
+    trainer._timed_steps.add(key)
+    start = time()
+    yield
+    stage = "I" if trainer.training_stage == STAGE_1 else "II"
+    trainer.print_to_log_file(f"first {kind} step of Stage {stage}: {time() - start:.1f} s (compilation included)")

@@ -5,7 +5,7 @@ import torch
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.losses import dispersive_loss, gather_batch
-from nnunetv2_meddisseg.training.base import ExtendedTrainerBase
+from nnunetv2_meddisseg.training.extended_trainer import ExtendedTrainerBase
 from nnunetv2_meddisseg.training.recipe import DispersiveRecipe
 from nnunetv2_meddisseg.training.recipes import RECIPES
 

@@ -5,7 +5,7 @@ nnU-Net finds them by class name (``-tr nnUNetTrainerMedDisSeg_tau0p5``) through
 (``nnunet_trainers/meddisseg_trainers.py``); ``python -m nnunetv2_meddisseg.trainer_path --list`` prints them.
 The arms of finished studies are in ``nnunetv2_meddisseg.ablation.study_trainers``.
 """
-from nnunetv2_meddisseg.training.base import SeededTrainer
+from nnunetv2_meddisseg.training.seeded_trainer import SeededTrainer
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.recipes import RECIPES

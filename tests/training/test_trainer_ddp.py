@@ -69,7 +69,7 @@ def _epoch(trainer, batch) -> dict:
 
 
 def _meddisseg_worker(rank, world_size, folder):
-    from nnunetv2_meddisseg.training import base as base_module
+    from nnunetv2_meddisseg.training import extended_trainer as base_module
     from nnunetv2_meddisseg.training import nnUNetTrainerMedDisSeg as meddisseg_module
     from nnunetv2_meddisseg.training.base import seed_epoch
     from nnunetv2_meddisseg.training.photometric import photometric_perturbation

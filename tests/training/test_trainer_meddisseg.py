@@ -17,7 +17,7 @@ import torch
 from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
 from nnunetv2_meddisseg.architectures import MedDisSegNet
 from nnunetv2_meddisseg.losses import foreground_background_loss
-from nnunetv2_meddisseg.training import base as base_module
+from nnunetv2_meddisseg.training import extended_trainer as base_module
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2, nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.stage2_loss import foreground_target

@@ -1,0 +1,114 @@
+"""What ``nnUNetTrainerMedDisSeg`` reads from and records in nnU-Net's plans: whether a configuration builds
+MedDisSegNet, the plans saved with a model (naming MedDisSegNet where nnU-Net's default plans name another
+network), the 2D requirement, the network built from them, and the encoder weights they name."""
+import os
+from copy import deepcopy
+from pydoc import locate
+from typing import Optional
+
+import torch
+from torch import nn
+from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
+from nnunetv2.utilities.plans_handling.plans_handler import ConfigurationManager, PlansManager
+
+from nnunetv2_meddisseg.architectures import MedDisSegNet
+from nnunetv2_meddisseg.blocks.encoder import load_resnet50_weights, resolve_encoder_weights
+from nnunetv2_meddisseg.plans_entry import architecture_entry
+
+__all__ = ["network_class_is_meddisseg", "plans_recording_the_network", "require_2d_configuration",
+           "build_meddisseg_network", "plans_encoder_weights", "load_plans_encoder_weights"]
+
+
+def network_class_is_meddisseg(configuration_manager: ConfigurationManager) -> bool:
+    """True when the configuration's network class is MedDisSegNet or a subclass of it (as in
+    ``nnUNetMedDisSegPlans``; False for nnU-Net's default plans, whatever their name)."""
+    class_name = configuration_manager.network_arch_class_name
+    located = locate(class_name) if isinstance(class_name, str) else None
+    return isinstance(located, type) and issubclass(located, MedDisSegNet)
+
+
+def plans_recording_the_network(plans: dict, configuration: str) -> dict:
+    """``plans`` where ``configuration`` builds MedDisSegNet; else (e.g. nnU-Net's default ``nnUNetPlans``) a
+    copy whose configuration names MedDisSegNet as ``nnUNetv2_meddisseg_plan`` writes it by default
+    (:func:`~nnunetv2_meddisseg.plans_entry.architecture_entry`), so that the plans nnU-Net saves with the
+    model (``plans.json``, the checkpoints' ``init_args``) rebuild the network the trainer trained."""
+    if network_class_is_meddisseg(PlansManager(deepcopy(plans)).get_configuration(configuration)):
+        return plans
+    recorded = deepcopy(plans)
+    recorded["configurations"][configuration]["architecture"] = architecture_entry()
+    return recorded
+
+
+def require_2d_configuration(plans: dict, configuration: str, trainer_name: str) -> None:
+    """A ``ValueError`` naming the remedies where ``configuration`` has no 2D patch size."""
+    manager = PlansManager(deepcopy(plans)).get_configuration(configuration)
+    patch_size = list(manager.patch_size)
+    if len(patch_size) != 2:
+        raise ValueError(f"{trainer_name} trains 2D networks only, but configuration '{configuration}' has a "
+                         f"{len(patch_size)}D patch size {patch_size}: use the 2d configuration (-c 2d), or "
+                         f"nnUNetTrainerDispersive for 3D.")
+
+
+def build_meddisseg_network(configuration_manager: ConfigurationManager, num_input_channels: int,
+                            num_output_channels: int, enable_deep_supervision: bool = True) -> nn.Module:
+    """MedDisSegNet from the plans' ``arch_kwargs`` when the plans name it, else MedDisSegNet as
+    ``nnUNetv2_meddisseg_plan`` writes it by default (:func:`~nnunetv2_meddisseg.plans_entry.architecture_entry`);
+    the plans' ``encoder_weights`` are never read (``nnUNetTrainerMedDisSeg.build_network_architecture``)."""
+    if network_class_is_meddisseg(configuration_manager):
+        class_name = configuration_manager.network_arch_class_name
+        arch_kwargs = dict(configuration_manager.network_arch_init_kwargs)
+        requires_import = configuration_manager.network_arch_init_kwargs_req_import
+    else:
+        entry = architecture_entry()
+        class_name, arch_kwargs, requires_import = (entry["network_class_name"], entry["arch_kwargs"],
+                                                    entry["_kw_requires_import"])
+    arch_kwargs["encoder_weights"] = None
+    return get_network_from_plans(class_name, arch_kwargs, requires_import, num_input_channels,
+                                  num_output_channels, allow_init=True, deep_supervision=enable_deep_supervision)
+
+
+def plans_encoder_weights(configuration_manager: ConfigurationManager) -> Optional[str]:
+    """The plans' ``encoder_weights`` (a file or ``imagenet``), None where they name none."""
+    if not network_class_is_meddisseg(configuration_manager):
+        return None
+    return configuration_manager.network_arch_init_kwargs.get("encoder_weights") or None
+
+
+def load_plans_encoder_weights(network: nn.Module, configuration_manager: ConfigurationManager) -> None:
+    """Load the plans' ``encoder_weights`` (where they name any) into ``network.encoder``."""
+    weights = plans_encoder_weights(configuration_manager)
+    if weights is None:
+        return
+    path = resolve_encoder_weights(weights)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"encoder weights file not found: {path} (the plans' encoder_weights)")
+    load_resnet50_weights(network.encoder, path)
+
+
+class PlansEncoderWeights:
+    """Mixin of ``nnUNetTrainerMedDisSeg``: the encoder weights the plans name (``encoder_weights``), loaded in
+    ``initialize`` for training, and where the encoder's weights came from, for the log."""
+
+    def _plans_name_encoder_weights(self) -> bool:
+        """True when the plans build MedDisSegNet with ``encoder_weights`` (a file or ``imagenet``)."""
+        return self._plans_encoder_weights() is not None
+
+    def _plans_encoder_weights(self) -> Optional[str]:
+        """The plans' ``encoder_weights`` (a file or ``imagenet``), None where they name none."""
+        return plans_encoder_weights(self.configuration_manager)
+
+    def _load_encoder_weights(self) -> None:
+        """Load the plans' ``encoder_weights`` into the encoder of the network ``initialize`` built: training
+        only (prediction loads the checkpoint), before ``--c`` or ``-pretrained_weights`` load theirs over them."""
+        load_plans_encoder_weights(self._plain_network(), self.configuration_manager)
+
+    def _encoder_origin(self) -> str:
+        """Where the encoder's weights come from, for the log: the plans' ``encoder_weights``, random
+        initialisation, or the file nnU-Net's ``-pretrained_weights`` loaded after ``initialize`` (nnU-Net
+        does not tell the trainer; the network's first weight tensor tells: it changed since ``initialize``)."""
+        first = next(self._plain_network().parameters()).detach()
+        if getattr(self, "_initial_stem", None) is not None and self.current_epoch == 0 and \
+                not torch.equal(first.to(self._initial_stem.device), self._initial_stem):
+            return "the weights -pretrained_weights loaded (every layer whose name and shape match)"
+        weights = self._plans_encoder_weights()
+        return f"pretrained weights ({weights})" if weights else "random initialisation"
