@@ -26,11 +26,12 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
+
+from nnunetv2_meddisseg.logged_command import run_logged_status
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "benchmarks" / "results"
@@ -48,9 +49,10 @@ ENTRY_POINTS = {
 
 
 def command_line(name: str, args: Sequence[object]) -> List[str]:
+    """``python -c`` calling the console command's entry point with ``args``."""
     module, function = ENTRY_POINTS[name].split(":")
     code = f"import sys; sys.argv[0] = {name!r}; from {module} import {function}; sys.exit({function}())"
-    return [sys.executable, "-c", code, *map(str, args)]
+    return ["python", "-c", code, *map(str, args)]
 
 
 class Run:
@@ -81,20 +83,11 @@ class Run:
              limit_s: Optional[float] = None) -> dict:
         timeout = max(1.0, min(self.left(), limit_s or 1e9))
         log = self.logs / f"{label}.log"
-        start = time.monotonic()
-        with open(log, "w") as f:
-            process = subprocess.Popen(command_line(name, args), stdout=f, stderr=subprocess.STDOUT, env=env,
-                                       start_new_session=True)
-            try:
-                rc = process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, 9)
-                process.wait()
-                rc = "timeout"
-        record = {"label": label, "command": name, "rc": rc, "seconds": round(time.monotonic() - start, 1),
+        rc, seconds = run_logged_status(command_line(name, args), env, log, echo=False, timeout_s=timeout)
+        record = {"label": label, "command": name, "rc": "timeout" if rc is None else rc, "seconds": round(seconds, 1),
                   "log": str(log.relative_to(self.work))}
         self.data["commands"].append(record)
-        print(f"{label}: rc {rc} in {record['seconds']} s", flush=True)
+        print(f"{label}: rc {record['rc']} in {record['seconds']} s", flush=True)
         self.write()
         return record
 
@@ -124,6 +117,13 @@ def markdown(data: dict) -> str:
 def epoch_times(log_text: str) -> List[float]:
     """nnU-Net's ``Epoch time: X s`` values of one training log, in order."""
     return [float(t) for t in re.findall(r"Epoch time: ([0-9.]+) s", log_text)]
+
+
+def first_step_seconds(log_text: str) -> Dict[str, float]:
+    """``{stage<N>_<training|validation>_first_step: seconds}`` from the trainer's log lines on its compiled
+    first steps (compilation included)."""
+    found = re.findall(r"first (training|validation) step of Stage (I+): ([0-9.]+) s", log_text)
+    return {f"stage{len(stage)}_{kind}_first_step": float(seconds) for kind, stage, seconds in found}
 
 
 def training_log(results: Path, trainer: str) -> str:
@@ -188,8 +188,7 @@ def main(argv=None) -> int:
         memory = re.findall(r"peak GPU memory ([0-9.]+) GiB", text)
         if memory:
             run.data["peak_memory_gib"]["main_training"] = max(map(float, memory))
-        for kind, stage, seconds in re.findall(r"first (training|validation) step of Stage (I+): ([0-9.]+) s", text):
-            run.data["compile_s"][f"stage{len(stage)}_{kind}_first_step"] = float(seconds)
+        run.data["compile_s"].update(first_step_seconds(text))
         if train["rc"] == 0:
             predictions = work / "predictions"
             predict = run.call("main_predict", "nnUNetv2_predict", [

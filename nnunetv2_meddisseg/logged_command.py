@@ -7,16 +7,18 @@ failure reported as one line naming the command, the last line of its log and th
 """
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence, Tuple
 
 from nnunetv2_meddisseg.cli import UserError
 
-__all__ = ["CommandFailed", "console_command", "run_logged"]
+__all__ = ["CommandFailed", "console_command", "run_logged", "run_logged_status"]
 
 
 class CommandFailed(UserError):
@@ -48,6 +50,18 @@ def run_logged(command: Sequence[str], env: Mapping[str, str], log_file: Path, e
     ``check``). ``append`` adds ``$ command`` and the output to the end of ``log_file`` instead of
     replacing it (several commands, or a resumed one, in one log).
     """
+    returncode, seconds = run_logged_status(command, env, log_file, echo=echo, append=append)
+    if returncode != 0 and check:
+        tail = Path(log_file).read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+        raise CommandFailed(f"'{' '.join(map(str, command))}' failed with exit code {returncode}: {tail[0]} "
+                            f"(full log: {log_file})")
+    return seconds
+
+
+def run_logged_status(command: Sequence[str], env: Mapping[str, str], log_file: Path, echo: bool = True,
+                      append: bool = False, timeout_s: Optional[float] = None) -> Tuple[Optional[int], float]:
+    """:func:`run_logged` without the check: (exit code, wall seconds). With ``timeout_s``, a command still
+    running then is stopped with its child processes (its own process group) and the exit code is None."""
     log_file = Path(log_file)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     executable = console_command(command[0])
@@ -58,13 +72,15 @@ def run_logged(command: Sequence[str], env: Mapping[str, str], log_file: Path, e
         if append:
             log.write(f"$ {' '.join(map(str, command))}\n")
             log.flush()
-        proc = subprocess.run([executable, *map(str, command[1:])], env=dict(env), stdout=log,
-                              stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([executable, *map(str, command[1:])], env=dict(env), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=timeout_s is not None)
+        try:
+            returncode: Optional[int] = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            returncode = None
     seconds = time.perf_counter() - start
-    if proc.returncode != 0 and check:
-        tail = log_file.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-        raise CommandFailed(f"'{' '.join(map(str, command))}' failed with exit code {proc.returncode}: {tail[0]} "
-                            f"(full log: {log_file})")
     if echo:
-        print(f"    done in {seconds:.1f} s", flush=True)
-    return seconds
+        print(f"    {'stopped after' if returncode is None else 'done in'} {seconds:.1f} s", flush=True)
+    return returncode, seconds
