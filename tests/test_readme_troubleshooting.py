@@ -231,7 +231,17 @@ def recipe_file_truncated(tmp, env) -> str:
     return _error_of(lambda: read_override_file(str(tmp / "budget.json")))
 
 
+def memory_from_gpu_without_cuda(tmp: Path, env) -> str:
+    from unittest import mock
+
+    from nnunetv2_meddisseg.planning import plan_meddisseg
+
+    with mock.patch.object(torch.cuda, "is_available", return_value=False):
+        return _error_of(lambda: plan_meddisseg._memory_measurement("gpu"))
+
+
 TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
+    "--memory-from gpu: no CUDA GPU is available here": memory_from_gpu_without_cuda,
     "RuntimeError: Could not find requested nnunet trainer nnUNetTrainerMedDisSeg in nnunetv2.training.nnUNetTrainer":
         trainer_not_found,
     "nnUNetv2_meddisseg_plan: error: -d ...: the dataset is missing from nnUNet_raw":
@@ -296,6 +306,12 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
 
 # quoted in the table but not triggered here, with the reason
 NOT_TRIGGERED: Dict[str, str] = {
+    "WARNING: torch.compile failed (...); training continues without compilation":
+        "trains through a compiled trainer; tests/training/test_trainer_compile.py forces a compile error and reads "
+        "this line from the training log",
+    "the fused CDFA kernels failed on this GPU (...)": "needs a GPU whose Triton cannot build the kernels; "
+                                                        "tests/blocks/test_kernel_fallbacks.py simulates one",
+    "the TeLU Triton kernel failed on this GPU (...)": "as the fused CDFA kernels: tests/blocks/test_kernel_fallbacks.py",
     "operator torchvision::nms does not exist": "needs a torch / torchvision pair that do not match (a broken install)",
     "--encoder-weights imagenet: cannot download torchvision's ResNet-50 IMAGENET1K_V1 weights":
         "needs a failed download, and tests never touch the network",
