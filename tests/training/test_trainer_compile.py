@@ -34,7 +34,7 @@ def _graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-@pytest.mark.parametrize("scope", ["whole", "regional"])
+@pytest.mark.parametrize("scope", ["whole", pytest.param("regional", marks=pytest.mark.slow)])
 def test_each_stage_compiles_in_its_first_epoch_only(nnunet_dirs, compiling, scope):
     trainer = make_trainer(nnUNetTrainerMedDisSeg_smoke, plans=tiny_plans(MEDDISSEG), compile_backend="eager",
                            compile_scope=scope, num_epochs=4, stage1_epochs=2)
