@@ -124,6 +124,7 @@ def training_call(net: nn.Module, name: str, batch: int, size: int, amp: torch.d
                   device: torch.device) -> Callable[[], object]:
     """One training step: Stage II loss for Med-DisSeg, nnU-Net's deep-supervision Dice + CE for its network."""
     from nnunetv2_meddisseg.training.stage2_loss import Stage2Weights, dispersive_from_recipe, segmentation_loss, stage2_loss
+    from nnunetv2_meddisseg.training.nnunet_copies import backward_clip_step
     from nnunetv2_meddisseg.training.recipes import RECIPES
 
     channels_last = amp == torch.bfloat16
@@ -151,13 +152,7 @@ def training_call(net: nn.Module, name: str, batch: int, size: int, amp: torch.d
                 loss = stage2_loss(out, target, seg, dispersive, weights)[0]
             else:
                 loss = sum(seg(o, t) / 2 ** i for i, (o, t) in enumerate(zip(out, targets)))
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            loss.backward()
-            optimizer.step()
+        backward_clip_step(loss, optimizer, scaler, net.parameters())  # the trainers' update, clipping at 12
         return loss
     return step
 

@@ -53,6 +53,7 @@ def measure_training_memory(patch_size: Sequence[int], architecture: dict, num_i
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 
     from nnunetv2_meddisseg.training.extended_trainer import bf16_training_requested
+    from nnunetv2_meddisseg.training.nnunet_copies import backward_clip_step
     from nnunetv2_meddisseg.training.recipes import RECIPES
     from nnunetv2_meddisseg.training.stage2_loss import Stage2Weights, dispersive_from_recipe, segmentation_loss, stage2_loss
 
@@ -77,13 +78,7 @@ def measure_training_memory(patch_size: Sequence[int], architecture: dict, num_i
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast("cuda", dtype=dtype):
                 loss = stage2_loss(net(x), target, seg, dispersive, weights)[0]
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()
-                optimizer.step()
+            backward_clip_step(loss, optimizer, scaler, net.parameters())  # the trainer's update
         torch.cuda.synchronize(dev)
         peaks.append(int(torch.cuda.max_memory_allocated(dev)))
         del net, optimizer, x, target, loss

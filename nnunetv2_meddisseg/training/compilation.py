@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 __all__ = ["COMPILE_RECOMPILE_LIMIT", "COMPILE_SCOPES", "compile_network", "compile_error_summary", "compile_regions",
            "eager_stance", "compiled_regions", "uncompile_regions", "is_compile_error",
-           "region_modules", "compile_trainer_network", "continue_eagerly", "timed_first_step"]
+           "region_modules", "compile_trainer_network", "continue_eagerly", "timed_first_step", "compiled_step"]
 
 #: what :func:`compile_network` compiles: the network as one graph, or each block on its own
 COMPILE_SCOPES = ("whole", "regional")
@@ -166,6 +166,17 @@ def continue_eagerly(trainer, error: Exception) -> None:
     trainer.compiled = False
     trainer.print_to_log_file(f"WARNING: torch.compile failed ({compile_error_summary(error)}); training "
                               f"continues without compilation (set nnUNet_compile=f to skip compiling)")
+
+
+def compiled_step(trainer, kind: str, step: Callable[[dict], dict], batch: dict) -> dict:
+    """``step(batch)`` of ``trainer`` (``kind``: "training" or "validation"), its first one per stage timed
+    (:func:`timed_first_step`); after a compile error (:func:`continue_eagerly`) repeated once, eagerly."""
+    with timed_first_step(trainer, kind):
+        try:
+            return step(batch)
+        except Exception as error:
+            continue_eagerly(trainer, error)
+            return step(batch)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from nnunetv2.utilities.plans_handling.plans_handler import ConfigurationManager
 from nnunetv2_meddisseg.blocks.stage1_head import Stage1Head
 from nnunetv2_meddisseg.losses import DispersiveLoss
 from nnunetv2_meddisseg.training.batchnorm_statistics import BatchNormRecalibration
-from nnunetv2_meddisseg.training.compilation import compile_trainer_network, continue_eagerly, timed_first_step
+from nnunetv2_meddisseg.training.compilation import compile_trainer_network, compiled_step
 from nnunetv2_meddisseg.training.extended_trainer import ExtendedTrainerBase, unwrap_module
 from nnunetv2_meddisseg.training.lr_schedule import PerGroupPolyLRScheduler
 from nnunetv2_meddisseg.training.meddisseg_plans import (PlansEncoderWeights, build_meddisseg_network,
@@ -283,12 +283,6 @@ class nnUNetTrainerMedDisSeg(StageValidation, StageCheckpoints, PlansEncoderWeig
         it is built."""
         compile_trainer_network(self)
 
-    def _continue_eagerly(self, error: Exception) -> None:
-        """After ``error`` in a compiled step: re-raise it unless torch.compile raised it; else undo the
-        compilation, say so in one line of the log, and let the caller repeat the step eagerly
-        (``training.compilation.continue_eagerly``)."""
-        continue_eagerly(self, error)
-
     def on_train_start(self) -> None:
         super().on_train_start()
         origin, recipe = self._encoder_origin(), self.recipe
@@ -372,17 +366,7 @@ class nnUNetTrainerMedDisSeg(StageValidation, StageCheckpoints, PlansEncoderWeig
                              self.label_manager.ignore_label)
 
     def train_step(self, batch: dict) -> dict:
-        with self._timed_first_step("training"):
-            try:
-                return self._train_step(batch)
-            except Exception as error:  # a compile error: once, then eagerly (``_continue_eagerly``)
-                self._continue_eagerly(error)
-                return self._train_step(batch)
-
-    def _timed_first_step(self, kind: str):
-        """Log the seconds of the first ``kind`` step of each stage where the network is compiled
-        (``training.compilation.timed_first_step``)."""
-        return timed_first_step(self, kind)
+        return compiled_step(self, "training", self._train_step, batch)
 
     def _train_step(self, batch: dict) -> dict:
         data, target = self._batch_to_device(batch, training=True)

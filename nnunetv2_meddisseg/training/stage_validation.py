@@ -6,6 +6,7 @@ from typing import Optional
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.architectures import MedDisSegOutput
+from nnunetv2_meddisseg.training.compilation import compiled_step
 from nnunetv2_meddisseg.training.stage_losses import STAGE_1, stage1_logits
 
 __all__ = ["StageValidation"]
@@ -14,7 +15,7 @@ __all__ = ["StageValidation"]
 class StageValidation:
     """Mixin of ``nnUNetTrainerMedDisSeg``: ``validation_step``, ``_validation_logits`` and
     ``perform_actual_validation``. Uses the trainer's ``network``, ``stage1_head``, ``training_stage``,
-    ``_autocast``, ``_single_output``, ``_timed_first_step`` and ``_continue_eagerly``."""
+    ``_autocast``, ``_single_output`` and, where compiled, ``training.compilation.compiled_step``'s attributes."""
 
     def _validation_logits(self, data: Tensor, network: Optional[nn.Module] = None,
                            head: Optional[nn.Module] = None) -> Tensor:
@@ -33,12 +34,7 @@ class StageValidation:
         the network's final logits), under ``_autocast`` (fp32 under bf16 autocast), and deep supervision
         is off (one full-resolution output, as ``_get_deep_supervision_scales`` gives one target), so
         nnU-Net's loss, pseudo Dice and ignore-label handling apply to them unchanged."""
-        with self._timed_first_step("validation"):
-            try:
-                return self._validation_step(batch)
-            except Exception as error:  # a compile error: once, then eagerly (``_continue_eagerly``)
-                self._continue_eagerly(error)
-                return self._validation_step(batch)
+        return compiled_step(self, "validation", self._validation_step, batch)
 
     def _validation_step(self, batch: dict) -> dict:
         network, head = self.network, self.stage1_head
