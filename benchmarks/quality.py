@@ -1,38 +1,35 @@
 """Budgeted quality study on Kvasir-SEG: default nnU-Net, nnU-Net + dispersive loss and Med-DisSeg
-(and its training-recipe variants), several seeds each, all through nnU-Net's own commands.
+(and its recipe variants), several seeds each, all through nnU-Net's own commands.
 
-Every method is trained for the same budget: the same number of training iterations (``--iterations``,
-in epochs of ``--iterations-per-epoch``) at the same batch size (``--batch``), on the same images.
-Each run is scored twice: on the 88 fold-0 validation cases by nnU-Net's own final validation
-(``validation/summary.json``: the numbers to choose settings on) and on the 120 test images
-(predicted with ``nnUNetv2_predict``, scored with the paper's metrics by this package's evaluator:
-the numbers to report, once).
+Every run trains ``--epochs E`` epochs; the budgets (``--budget``, repeatable) set the iterations per epoch:
 
-Phases (each subprocess writes a log file under ``WORK/logs``):
+- ``iterations:N``: every method N iterations at the same ``--batch`` (plans copies with that batch);
+- ``images:N``: **the same training images**, each method at its own plans' batch (nnU-Net's
+  ``nnUNetPlans``, ``nnUNetv2_meddisseg_plan``'s default plans): ``ceil(N / (batch * E))`` per epoch;
+- ``minutes:M``: **the same training minutes**, each at its plans' batch, from the method's equal-images
+  run on the same device (epoch durations above their median count as one-off overhead, e.g.
+  compilation; the rest scales with the iterations); the table reports the minutes each run trained.
 
-1. ``nnUNetv2_meddisseg_convert kvasir-seg KVASIR -d ID --resize SIZE``: the shipped seeded split,
-   792 train / 88 validation (nnU-Net fold 0) / 120 test. Read from ``--kvasir`` (default:
-   ``$NNUNETV2_MEDDISSEG_TEST_DATA/Kvasir-SEG``), written to ``WORK/nnUNet_raw``.
-2. ``nnUNetv2_plan_and_preprocess -d ID -c 2d``; reused on a rerun with the same work folder.
-3. Plans with the budget's batch size (``nnUNetPlans_bs<B>``, a copy of nnUNetPlans; ``nnUNetv2_meddisseg_plan
-   --batch-size B`` for each of ``MEDDISSEG_PLANS`` a method uses), and the budget as the recipe override file
-   ``WORK/runs_<tag>/budget.json`` (``ablation.runs.write_budget``), which every run's trainer reads.
-4. For every (method, seed), ``--parallel`` at a time, seed-major so that ``--deadline-min`` leaves whole
-   seeds: one run of ``nnunetv2_meddisseg.ablation.runs.AblationRun`` (the runner of
-   ``nnUNetv2_meddisseg_ablate``): ``nnUNetv2_train`` with one ``nnUNet_results`` folder per seed and
-   ``nnUNet_meddisseg_seed`` = the seed (resumed with ``--c``), ``nnUNetv2_predict`` on the test images, the
-   evaluation. A finished run is reused on a rerun.
-5. One table (``<name>.json`` / ``.md``): per method the mean and spread over seeds of validation mDSC
-   and of the four test metrics, the difference to the ``--baseline`` method's test mDSC with a two-sided
-   Wilcoxon signed-rank p-value over the test images (each image's Dice averaged over the seeds both
-   methods completed), wall time, and training diagnostics read from the logs (first and last epoch).
+Phases (logs under ``WORK/logs`` and ``WORK/runs_*/logs``): (1) ``nnUNetv2_meddisseg_convert kvasir-seg``
+at ``--size`` with the shipped seeded split (792 train / 88 validation = nnU-Net fold 0, drawn from the
+880 training images / 120 test); (2) ``nnUNetv2_plan_and_preprocess -c 2d`` (both reused on a rerun
+with the same ``--work``); (3) the plans and the budget as recipe override files (``budget.json``);
+(4) per (method, seed), seed-major: a run of ``nnunetv2_meddisseg.ablation.runs.AblationRun`` (the
+runner of ``nnUNetv2_meddisseg_ablate``: ``nnUNetv2_train`` with ``nnUNet_meddisseg_seed``, resumed with
+``--c``; ``nnUNetv2_predict`` on the test images; the paper's metrics); (5) a table per budget: mean ± sd
+over seeds of validation mDSC (nnU-Net's final validation: choose settings on this) and of the four test
+metrics, the test mDSC difference to ``--baseline`` with a Wilcoxon signed-rank p-value over the test
+images (each image's Dice averaged over the seeds both completed), time, training diagnostics.
 
-No ImageNet weights unless ``--encoder-weights`` names a local ResNet-50 state dict (or
-``imagenet`` where the plan command supports it): Med-DisSeg's encoder starts from random
-initialisation. torch.compile is off in the training runs (``nnUNet_compile=f``) unless ``--compile``.
+**In pieces.** ``--piece-min P`` stops the command after P minutes: a training still running is stopped
+(its last epoch's checkpoint stays) and resumes with ``--c`` when the same command runs again
+(``--deadline-min M`` only stops starting runs); a checkpoint is written every epoch. The results file
+accumulates: each command adds its finished runs to ``<name>.json`` (from any work folder or machine,
+same settings) and rewrites the tables, which state the seeds and images per method so far
+(``"complete": false`` while runs are missing).
 
-Usage: ``python benchmarks/quality.py --kvasir PATH [--size 64] [--iterations N] [--iterations-per-epoch N]
-[--batch 4] [--methods default meddisseg ...] [--seeds 3] [--parallel 1] [--device cpu|cuda] [--work DIR]``
+No ImageNet weights unless ``--encoder-weights`` (passed to ``nnUNetv2_meddisseg_plan``). torch.compile as
+nnU-Net decides (on by default on CUDA) unless ``--no-compile``.
 """
 import argparse
 import json
@@ -45,22 +42,21 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from common import DEFAULT_OUT, command_line, machine_info, markdown_table, write_results
 from nnunetv2_meddisseg.ablation.runs import AblationRun, Variant, write_budget
+from nnunetv2_meddisseg.ablation.table import BINARY_METRICS as METRICS, METRIC_TITLES
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.environment import DATA_AUGMENTATION_PROCESSES_VARIABLE, set_nnunet_environment
-from nnunetv2_meddisseg.logged_command import run_logged
+from nnunetv2_meddisseg.logged_command import CommandStopped, run_logged
 from nnunetv2_meddisseg.training.recipe import ScheduleRecipe
 
 DATASET_ID = 502
 CONFIGURATION = "2d"
 FOLD = "0"
-METRICS = ("iou", "dice", "recall", "precision")
-METRIC_TITLES = {"iou": "mIoU", "dice": "mDSC", "recall": "Recall", "precision": "Precision"}
 DATA_VARIABLE = "NNUNETV2_MEDDISSEG_TEST_DATA"
 
 
@@ -148,13 +144,74 @@ def _dataset_folder(root: str, dataset_id: int) -> Path:
 
 
 class Deadline:
-    """No new run starts after ``soft`` (epoch seconds); runs already started finish."""
+    """No new run starts after ``soft`` or ``hard`` (epoch seconds); a command still running at ``hard``
+    is stopped."""
 
-    def __init__(self, soft: float):
-        self.soft = soft
+    def __init__(self, soft: float = math.inf, hard: float = math.inf):
+        self.soft, self.hard = soft, hard
 
     def may_start(self) -> bool:
-        return time.time() < self.soft
+        return time.time() < min(self.soft, self.hard)
+
+    def remaining(self) -> Optional[float]:
+        """Seconds to ``hard`` (None: no limit)."""
+        return None if math.isinf(self.hard) else max(0.0, self.hard - time.time())
+
+
+# ------------------------------------------------------------------------------------------------
+# budgets
+
+
+class Budget(NamedTuple):
+    """The same training iterations at ``batch`` (``iterations``), training images (``images``, each
+    method at its plans' batch) or training minutes (``minutes``: the sum of nnU-Net's epoch durations)."""
+
+    kind: str
+    amount: float
+    batch: Optional[int] = None  #: ``iterations`` only
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}{self.amount:g}" + (f"_bs{self.batch}" if self.batch else "")
+
+    def describe(self) -> str:
+        if self.kind == "iterations":
+            return f"{self.amount:g} training iterations per run at batch {self.batch}"
+        return f"{self.amount:g} training {self.kind} per run, each method at its plans' batch"
+
+
+def parse_budget(text: str) -> Budget:
+    kind, _, amount = text.partition(":")
+    try:
+        value = float(amount)
+    except ValueError:
+        value = math.nan
+    if kind not in ("iterations", "images", "minutes") or not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected iterations:N, images:N or minutes:M with a number above 0, "
+                                         f"got {text!r}")
+    return Budget(kind, value)
+
+
+def iterations_per_epoch(budget: Budget, epochs: int, batch: int, calibration: Optional[dict] = None) -> int:
+    """Training iterations per epoch that spend ``budget`` in ``epochs`` epochs at ``batch``.
+
+    ``calibration`` (``minutes`` only): a finished run of the same method and ``epochs`` on the same device,
+    ``{"epoch_seconds": [...], "iterations_per_epoch": n}``. Epoch durations above their median count as
+    one-off overhead (compilation, the first epoch after a resume); the rest scales with the iterations."""
+    if budget.kind == "iterations":
+        return max(1, round(budget.amount / epochs))
+    if budget.kind == "images":
+        return max(1, math.ceil(budget.amount / (batch * epochs)))
+    seconds = calibration["epoch_seconds"]
+    median = float(np.median(seconds))
+    overhead = sum(max(0.0, s - median) for s in seconds)
+    iterations = math.floor(calibration["iterations_per_epoch"] * (60 * budget.amount - overhead)
+                            / (sum(seconds) - overhead))
+    if iterations < 1:
+        raise UserError(f"--budget {budget.kind}:{budget.amount:g} is too small: the calibration run spent "
+                        f"{overhead:.0f} s on overhead and {sum(seconds) - overhead:.0f} s on "
+                        f"{calibration['iterations_per_epoch']} iterations per epoch")
+    return iterations
 
 
 # ------------------------------------------------------------------------------------------------
@@ -194,38 +251,43 @@ def _first_last(values: Sequence[float]) -> Optional[List[float]]:
 
 
 class Study:
-    """The runs of one budget: an ``AblationRun`` (one ``nnUNet_results`` folder per seed) and the deadline."""
+    """Runs (method, seed) of ``AblationRun``s (one ``nnUNet_results`` folder per seed) within a deadline."""
 
-    def __init__(self, runner: AblationRun, deadline: Deadline):
-        self.runner, self.deadline = runner, deadline
+    def __init__(self, deadline: Deadline):
+        self.deadline = deadline
         self.lock = threading.Lock()
 
-    def run(self, key: str, seed: int) -> dict:
-        spec = self.runner.variants[key]
+    def run(self, runner: AblationRun, key: str, seed: int) -> dict:
+        spec = runner.variants[key]
         tag = f"{key}_seed{seed}"
         result = {"method": key, "seed": seed, "trainer": spec.trainer, "plans": spec.plans}
         if not self.deadline.may_start():
             return {**result, "status": "not started (deadline)"}
         try:
-            self._say(f"start {tag}")
-            state = self.runner.state(key, seed)
+            state = runner.state(key, seed)
+            self._say(f"start {tag}" + (" (resuming the interrupted training with --c)" if state == "interrupted"
+                                        else ""))
             if state in ("new", "interrupted"):
-                self.runner.train(key, seed)
-            record = (self.runner.load_record(key, seed) if state == "finished"
-                      else self.runner.predict_and_evaluate(key, seed))
+                runner.train(key, seed, self.deadline.remaining())
+            record = (runner.load_record(key, seed) if state == "finished"
+                      else runner.predict_and_evaluate(key, seed, self.deadline.remaining()))
+        except CommandStopped:
+            self._say(f"stopped {tag} at the end of the piece: the same command continues it")
+            return {**result, "status": "stopped at the end of the piece"}
         except UserError as e:
             self._say(f"FAILED {tag}: {e}")
             return {**result, "status": f"failed: {e}"}
-        fold_dir = self.runner.fold_folder(key, seed)
+        fold_dir = runner.fold_folder(key, seed)
         summary = record["summary"]
         result.update({"train_wall_s": record["train_seconds"], "predict_wall_s": record["predict_seconds"],
+                       "epoch_seconds": record.get("epoch_seconds"),
                        "test_per_case": {c["case"]: {k: c[k] for k in METRICS} for c in summary["metric_per_case"]},
                        "test_mean": {k: summary["mean"][k] for k in METRICS}})
         validation = fold_dir / "validation" / "summary.json"
         if validation.is_file():
             result["val_dice"] = json.loads(validation.read_text())["foreground_mean"]["Dice"]
         logs = sorted(fold_dir.glob("training_log_*.txt"))
-        result.update(read_training_log(logs[-1] if logs else self.runner.out / "logs" / f"{key}_seed{seed}_train.log"))
+        result.update(read_training_log(logs[-1] if logs else runner.out / "logs" / f"{key}_seed{seed}_train.log"))
         result["status"] = "done"
         self._say(f"done {tag}: validation mDSC {_pct(result.get('val_dice'))}, test mDSC "
                   f"{_pct(result['test_mean']['dice'])}")
@@ -298,44 +360,51 @@ def _fmt_ms(s: Dict[str, Optional[float]], scale: float = 100.0, digits: int = 1
     return text + (f" ± {scale * s['sd']:.{digits}f}" if s["sd"] is not None else "")
 
 
+def _p_value(v: Optional[dict]) -> str:
+    if not v:
+        return "–"
+    return f"{v['p_value']:.1e}" if v["p_value"] < 1e-3 else f"{v['p_value']:.3f}"
+
+
 def _markdown(payload: dict) -> str:
-    b, d = payload["budget"], payload["data"]
-    out = [f"Kvasir-SEG ({payload['dataset']}) resized to {d['size']}x{d['size']}: {d['train_cases']} training / "
-           f"{d['val_cases']} validation (nnU-Net fold 0) / {d['test_cases']} test images"
-           + (" (**debugging subset**)" if d["subset"] else "") + f"; device {payload['device']}. Budget for every "
-           f"run: **{b['iterations']} training iterations** ({b['epochs']} epochs x {b['iterations_per_epoch']}) at "
-           f"**batch {b['batch']}** = {b['iterations'] * b['batch']} training images; Med-DisSeg's Stage I = the "
-           f"first {b['meddisseg_stage1_epochs']} epochs (none for the plain variants). Seeds per method: "
-           f"{payload['seeds']}; {payload['parallel']} runs at a time; torch.compile "
-           f"{'on' if payload['compile'] else 'off'}; test prediction "
-           f"{'with' if payload.get('test_time_augmentation', True) else 'without'} nnU-Net's mirroring. "
-           f"Encoder: {payload['encoder_weights']}.", "",
+    st = payload["settings"]
+    out = [f"Kvasir-SEG ({st['dataset']}) resized to {st['size']}x{st['size']}: {st['train_cases']} training / "
+           f"{st['val_cases']} validation (nnU-Net fold 0) / {st['test_cases']} test images"
+           + (" (**debugging subset**)" if st["subset"] else "") + f". Every run: {st['epochs']} epochs (Med-DisSeg's "
+           f"Stage I the first quarter), a checkpoint every epoch; test prediction "
+           f"{'with' if st['test_time_augmentation'] else 'without'} nnU-Net's mirroring. Encoder: "
+           f"{st['encoder_weights']}. Train min: the sum of nnU-Net's epoch durations (compilation included; "
+           "process start-up and a stopped piece's unfinished epoch not).", "",
            "val mDSC: nnU-Net's final validation of the fold-0 validation cases (choose settings on this). "
            "Test metrics: this package's evaluator on the test images (percent). Each cell: mean ± standard "
-           f"deviation over seeds. Δ, p: test mDSC difference to {METHODS[payload.get('baseline', BASELINE)].name} "
-           "and the two-sided Wilcoxon "
-           "signed-rank p-value over the test images (each image's Dice averaged over the seeds both completed).", ""]
-    rows = []
-    for key, r in payload["table"].items():
-        v = r.get("vs_baseline")
-        rows.append([r["name"], f"`{r['trainer']}`", len(r["seeds"]), _fmt_ms(r["val_dice"]),
-                     *[_fmt_ms(r["test"][k]) for k in METRICS],
-                     f"{100 * v['mean_dice_difference']:+.1f}" if v else "–",
-                     (f"{v['p_value']:.1e}" if v["p_value"] < 1e-3 else f"{v['p_value']:.3f}") if v else "–",
-                     _fmt_ms(r["train_wall_s"], 1 / 60), _fmt_ms(r["s_per_iteration"], 1.0, 3)])
-    out.append(markdown_table(["method", "trainer", "seeds", "val mDSC", *[f"test {METRIC_TITLES[k]}" for k in METRICS],
-                               "Δ mDSC", "p", "train min / run", "s / iteration"], rows))
-    out += ["", "Training diagnostics (mean over seeds; first → last epoch):", ""]
-    diag_rows = []
-    for key, r in payload["table"].items():
-        for name, v in r["diagnostics"].items():
-            if name.startswith(("grad_norm", "dispersion", "loss_fg_bg", "loss_dispersive", "loss_seg")):
-                diag_rows.append([r["name"], name, f"{v['first_epoch']:.4g} → {v['last_epoch']:.4g}"])
-    out.append(markdown_table(["method", "figure", "first → last epoch"], diag_rows))
-    failed = [f"{r['method']} seed {r['seed']}: {r['status']}" for r in payload["runs"] if r["status"] != "done"]
-    if failed:
-        out += ["", "Runs not completed: " + "; ".join(failed) + "."]
-    out += ["", f"Total time {payload['total_wall_s'] / 60:.1f} min."]
+           f"deviation over seeds. Δ, p: test mDSC difference to {METHODS[payload['baseline']].name} and the "
+           "two-sided Wilcoxon signed-rank p-value over the test images (each image's Dice averaged over the "
+           "seeds both completed).", ""]
+    diagnostics = []
+    for label, table in payload["tables"].items():
+        out += [f"### {Budget(**payload['budgets'][label]).describe()}", ""]
+        rows = []
+        for key, r in table.items():
+            mine = [run for run in payload["runs"] if run["budget"] == label and run["method"] == key]
+            v = r.get("vs_baseline")
+            rows.append([r["name"], f"`{r['trainer']}`", len(r["seeds"]),
+                         ", ".join(sorted({str(run["batch"]) for run in mine})),
+                         ", ".join(sorted({f"{run['images_seen']:,}" for run in mine})),
+                         _fmt_ms(r["train_wall_s"], 1 / 60), _fmt_ms(r["val_dice"]),
+                         *[_fmt_ms(r["test"][k]) for k in METRICS],
+                         f"{100 * v['mean_dice_difference']:+.1f}" if v else "–", _p_value(v)])
+            diagnostics += [[label, r["name"], name, f"{d['first_epoch']:.4g} → {d['last_epoch']:.4g}"]
+                            for name, d in r["diagnostics"].items()
+                            if name.startswith(("grad_norm", "dispersion", "loss_dispersive", "loss_seg"))]
+        out += [markdown_table(["method", "trainer", "seeds", "batch", "images seen", "train min", "val mDSC",
+                                *[f"test {METRIC_TITLES[k]}" for k in METRICS], "Δ mDSC", "p"], rows), ""]
+    if diagnostics:
+        out += ["Training diagnostics (mean over seeds; first → last epoch):", "",
+                markdown_table(["budget", "method", "figure", "first → last epoch"], diagnostics), ""]
+    if payload["pending"]:
+        out += ["Not yet done: " + "; ".join(payload["pending"]) + ".", ""]
+    out += ["Pieces: " + "; ".join(f"{pc['date']} on {pc['device_name']}, {pc['wall_s'] / 60:.1f} min, "
+                                   f"torch.compile {pc['compile']}" for pc in payload["pieces"]) + "."]
     return "\n".join(out) + "\n"
 
 
@@ -354,10 +423,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kvasir", default=_default_kvasir(),
                    help=f"Kvasir-SEG folder (images/, masks/), read only (default: ${DATA_VARIABLE}/Kvasir-SEG)")
     p.add_argument("--size", type=int, default=64, help="images resized to SIZE x SIZE (paper: 256)")
-    p.add_argument("--iterations", type=int, default=2000, help="training iterations per run (the budget)")
-    p.add_argument("--iterations-per-epoch", type=int, default=50,
-                   help="iterations per nnU-Net epoch (Med-DisSeg's Stage I is the first quarter of the epochs)")
-    p.add_argument("--batch", type=int, default=4, help="batch size of every method (paper: 4)")
+    p.add_argument("--budget", type=parse_budget, action="append", default=None,
+                   metavar="iterations:N|images:N|minutes:M",
+                   help="the budget of every run (repeatable; default iterations:2000)")
+    p.add_argument("--epochs", type=int, default=40, help="epochs per run (Med-DisSeg's Stage I: the first quarter)")
+    p.add_argument("--iterations", type=int, default=None, help="shorthand for --budget iterations:N")
+    p.add_argument("--iterations-per-epoch", type=int, default=None,
+                   help="with --iterations N: --epochs N / ITERATIONS_PER_EPOCH")
+    p.add_argument("--batch", type=int, default=4, help="batch size of every method for iterations:N (paper: 4)")
     p.add_argument("--val-iterations", type=int, default=5,
                    help="validation batches per epoch (nnU-Net's online pseudo Dice; nnU-Net's default is 50)")
     p.add_argument("--no-final-validation", action="store_true",
@@ -366,14 +439,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="methods to train")
     p.add_argument("--baseline", default=BASELINE, choices=list(METHODS),
                    help="the method every other one is compared to (paired test)")
-    p.add_argument("--seeds", type=int, default=1, help="runs per method (seeds 0 .. N-1)")
+    p.add_argument("--seeds", type=int, default=1, help="runs per method and budget (seeds 0 .. N-1)")
     p.add_argument("--parallel", type=int, default=1, help="runs at a time")
+    p.add_argument("--piece-min", type=float, default=None,
+                   help="stop after this many minutes; a training still running then resumes with --c when the "
+                        "same command runs again")
     p.add_argument("--deadline-min", type=float, default=None,
                    help="start no run after this many minutes (runs already started finish)")
     p.add_argument("--disable-tta", action="store_true",
                    help="predict the test images without nnU-Net's mirroring (4x faster on a CPU)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--compile", action="store_true", help="let nnU-Net torch.compile the networks (CUDA only)")
+    p.add_argument("--no-compile", action="store_true",
+                   help="nnUNet_compile=f (default: as nnU-Net decides, compiled on CUDA)")
     p.add_argument("--encoder-weights", default=None,
                    help="passed to nnUNetv2_meddisseg_plan --encoder-weights (default: random initialisation)")
     p.add_argument("--work", default=None,
@@ -388,36 +465,54 @@ def _parser() -> argparse.ArgumentParser:
                    help="torch threads of the training processes (default: nnUNetv2_train's choice)")
     p.add_argument("--max-train-cases", type=int, default=None, help="debugging: only the first N training cases")
     p.add_argument("--max-test-cases", type=int, default=None, help="debugging: only the first N test cases")
-    p.add_argument("--name", default="quality", help="results file name (NAME.json / NAME.md)")
+    p.add_argument("--name", default="quality", help="results file name (NAME.json / NAME.md), extended by each run")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="folder for the results files")
     return p
 
 
 def _check_args(args) -> Path:
+    def fail(message: str) -> None:
+        raise SystemExit(f"quality.py: error: {message}")
+
     if args.kvasir is None:
-        raise SystemExit(f"quality.py: error: --kvasir is required (or set {DATA_VARIABLE} to the folder holding "
-                         f"Kvasir-SEG/)")
+        fail(f"--kvasir is required (or set {DATA_VARIABLE} to the folder holding Kvasir-SEG/)")
     if args.baseline not in args.methods:
-        raise SystemExit(f"quality.py: error: --baseline {args.baseline} is not among --methods {' '.join(args.methods)}")
+        fail(f"--baseline {args.baseline} is not among --methods {' '.join(args.methods)}")
     if args.size < 32 or args.size % 16:
-        raise SystemExit(f"quality.py: error: --size must be a multiple of 16 and at least 32, got {args.size}")
-    if args.iterations < 1 or args.iterations_per_epoch < 1 or args.iterations % args.iterations_per_epoch:
-        raise SystemExit(f"quality.py: error: --iterations ({args.iterations}) must be a positive multiple of "
-                         f"--iterations-per-epoch ({args.iterations_per_epoch})")
+        fail(f"--size must be a multiple of 16 and at least 32, got {args.size}")
     if args.batch < 2:
-        raise SystemExit(f"quality.py: error: --batch must be at least 2 (the dispersive loss needs pairs), "
-                         f"got {args.batch}")
+        fail(f"--batch must be at least 2 (the dispersive loss needs pairs), got {args.batch}")
+    if args.iterations is not None:
+        per_epoch = args.iterations_per_epoch or args.iterations // args.epochs
+        if args.iterations < 1 or per_epoch < 1 or args.iterations % per_epoch:
+            fail(f"--iterations ({args.iterations}) must be a positive multiple of --iterations-per-epoch "
+                 f"({per_epoch})")
+        args.budget = [*(args.budget or []), Budget("iterations", args.iterations)]
+        args.epochs = args.iterations // per_epoch
+    elif args.iterations_per_epoch is not None:
+        fail("--iterations-per-epoch needs --iterations")
+    args.budget = [b._replace(batch=args.batch) if b.kind == "iterations" else b
+                   for b in args.budget or [Budget("iterations", 2000)]]
+    if args.epochs < 4:
+        fail(f"--epochs must be at least 4 (Med-DisSeg's Stage I is the first quarter), got {args.epochs}")
+    for b in args.budget:
+        if b.kind == "iterations" and b.amount % args.epochs:
+            fail(f"--budget iterations:{b.amount:g} must be a multiple of --epochs ({args.epochs})")
+    for name in ("piece_min", "deadline_min"):
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            fail(f"--{name.replace('_', '-')} must be a number of minutes above 0, got {value}")
     for name in ("seeds", "parallel", "threads", "max_train_cases", "max_test_cases"):
         value = getattr(args, name)
         if value is not None and value < (2 if name.startswith("max") else 1):
-            raise SystemExit(f"quality.py: error: --{name.replace('_', '-')} is too small: {value}")
+            fail(f"--{name.replace('_', '-')} is too small: {value}")
     kvasir = Path(args.kvasir).resolve()
     if not (kvasir / "images").is_dir() or not (kvasir / "masks").is_dir():
-        raise SystemExit(f"quality.py: error: --kvasir {kvasir}: expected a Kvasir-SEG folder with images/ and masks/")
+        fail(f"--kvasir {kvasir}: expected a Kvasir-SEG folder with images/ and masks/")
     if args.device == "cuda":
         import torch
         if not torch.cuda.is_available():
-            raise SystemExit("quality.py: error: --device cuda: CUDA is not available")
+            fail("--device cuda: CUDA is not available")
     return kvasir
 
 
@@ -428,9 +523,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     (work / "logs").mkdir(parents=True, exist_ok=True)
     print(f"work folder (kept): {work}")
     start = time.time()
-    soft = start + 60 * args.deadline_min if args.deadline_min is not None else math.inf
-    payload = _run(args, kvasir, work, Deadline(soft))
-    payload["total_wall_s"] = time.time() - start
+    deadline = Deadline(start + 60 * args.deadline_min if args.deadline_min is not None else math.inf,
+                        start + 60 * args.piece_min if args.piece_min is not None else math.inf)
+    payload = _run(args, kvasir, work, deadline, start)
     files = write_results(args.out, args.name, payload, _markdown(payload))
     print(files["markdown"].read_text())
     print(f"written: {files['json']}, {files['markdown']} (models, predictions and logs: {work})")
@@ -461,74 +556,158 @@ def _prepare_data(args, kvasir: Path, env: Dict[str, str], work: Path) -> None:
     run_logged(command, env, logs / "convert.log")
     print("[2/5] nnU-Net planning and preprocessing (2d)")
     run_logged(["nnUNetv2_plan_and_preprocess", "-d", dataset, "-c", CONFIGURATION, "-np", str(args.num_processes)],
-               env, logs / "plan_and_preprocess.log")
+               _planning_environment(env), logs / "plan_and_preprocess.log")
     stamp_file.write_text(json.dumps(stamp, indent=1) + "\n")
 
 
-def _run(args, kvasir: Path, work: Path, deadline: Deadline) -> dict:
-    from nnunetv2_meddisseg.training.recipes import MEDDISSEG
-
-    # the runs' environment is this process's (AblationRun starts from os.environ)
+def _environment(args, work: Path) -> Dict[str, str]:
+    """The runs' environment: this process's (AblationRun starts from os.environ) with the work folder's
+    nnU-Net folders, data-augmentation processes and torch.compile as asked."""
     env = set_nnunet_environment(os.environ, work)
     env.setdefault("nnUNet_def_n_proc", str(args.num_processes))
     if args.da_processes is not None:
         env[DATA_AUGMENTATION_PROCESSES_VARIABLE] = str(args.da_processes)
     elif args.device == "cpu":
         env.setdefault(DATA_AUGMENTATION_PROCESSES_VARIABLE, "2")
-    if not args.compile:
+    if args.no_compile:
         env["nnUNet_compile"] = "f"
-    dataset = str(args.dataset_id)
+    return env
+
+
+def _planning_environment(env: Dict[str, str]) -> Dict[str, str]:
+    """``env`` for the planners, which set torch's thread count from nnUNet_n_proc_DA (0 is refused there)."""
+    return {k: v for k, v in env.items() if not (k == DATA_AUGMENTATION_PROCESSES_VARIABLE and v == "0")}
+
+
+def _previous_results(path: Path, settings: dict) -> dict:
+    """The results file this run extends (empty if none); refused if it was made with other settings."""
+    if not path.is_file():
+        return {}
+    try:
+        previous = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"quality.py: error: {path} is not valid JSON ({e}): restore it or choose another --name")
+    differing = sorted(k for k in set(settings) | set(previous.get("settings", {}))
+                       if previous.get("settings", {}).get(k) != settings.get(k))
+    if differing:
+        raise SystemExit(f"quality.py: error: {path} holds results made with other settings "
+                         f"({', '.join(differing)}): use the same settings or another --name")
+    return previous
+
+
+class Plans:
+    """The plans (and their batch) each method trains on under a budget; Med-DisSeg's written on first use."""
+
+    def __init__(self, args, env: Dict[str, str], work: Path, preprocessed: Path):
+        self.args, self.env, self.work, self.preprocessed = args, env, work, preprocessed
+
+    def of(self, key: str, budget: Budget) -> Tuple[str, int]:
+        family = METHODS[key].family
+        stem = "nnUNetPlans" if family == "nnunet" else MEDDISSEG_PLANS[family][0]
+        name = stem + (f"_bs{budget.batch}" if budget.batch else "")
+        if not (self.preprocessed / f"{name}.json").is_file():
+            if family == "nnunet":
+                write_batch_plans(self.preprocessed, stem, name, budget.batch)
+            else:
+                command = ["nnUNetv2_meddisseg_plan", "-d", str(self.args.dataset_id), "--plans-name", name,
+                           *MEDDISSEG_PLANS[family][1]]
+                command += ["--batch-size", str(budget.batch)] if budget.batch else []
+                command += ["--encoder-weights", self.args.encoder_weights] if self.args.encoder_weights else []
+                run_logged(command, _planning_environment(self.env), self.work / "logs" / f"{name}_plan.log")
+        plans = json.loads((self.preprocessed / f"{name}.json").read_text())
+        return name, int(plans["configurations"][CONFIGURATION]["batch_size"])
+
+
+def _run(args, kvasir: Path, work: Path, deadline: Deadline, start: float) -> dict:
+    env = _environment(args, work)
     _prepare_data(args, kvasir, env, work)
     raw = _dataset_folder(env["nnUNet_raw"], args.dataset_id)
     preprocessed = Path(env["nnUNet_preprocessed"]) / raw.name
     splits = json.loads((preprocessed / "splits_final.json").read_text())[0]
-    num_test = len([f for f in (raw / "labelsTs").iterdir() if f.name.endswith(".png")])
+    labels = {k: int(v) for k, v in json.loads((raw / "dataset.json").read_text())["labels"].items()}
+    settings = {"dataset": raw.name, "size": args.size, "train_cases": len(splits["train"]),
+                "val_cases": len(splits["val"]), "test_cases": len(list((raw / "labelsTs").glob("*.png"))),
+                "subset": args.max_train_cases is not None or args.max_test_cases is not None, "epochs": args.epochs,
+                "val_iterations_per_epoch": args.val_iterations, "final_validation": not args.no_final_validation,
+                "test_time_augmentation": not args.disable_tta,
+                "encoder_weights": args.encoder_weights or "random initialisation (no ImageNet weights)"}
+    previous = _previous_results(Path(args.out) / f"{args.name}.json", settings)
+    runs = {(r["budget"], r["method"], r["seed"]): r for r in previous.get("runs", [])}
+    machine = machine_info(args.device)
+    device_name = machine.get("gpu", machine["cpu"])
+    budgets = {**previous.get("budgets", {}), **{b.label: b._asdict() for b in args.budget}}
+    plans, study, pending, lock = Plans(args, env, work, preprocessed), Study(deadline), [], threading.Lock()
+    order = [(b, k, seed) for seed in range(args.seeds) for b in args.budget for k in args.methods]
+    print(f"[3/5] budgets {', '.join(b.label for b in args.budget)}, {args.epochs} epochs per run; "
+          f"{sum(k in runs for k in ((b.label, m, s) for b, m, s in order))} of {len(order)} runs done before")
 
-    epochs = args.iterations // args.iterations_per_epoch
-    stage1_epochs = int(math.floor(MEDDISSEG.stage1_fraction * epochs))
-    print(f"[3/5] budget: {args.iterations} iterations = {epochs} epochs x {args.iterations_per_epoch}, batch "
-          f"{args.batch}; Med-DisSeg Stage I {stage1_epochs} epochs")
-    out = work / f"runs_it{args.iterations}_bs{args.batch}"
-    write_budget(out, ScheduleRecipe(num_epochs=epochs, iterations_per_epoch=args.iterations_per_epoch,
-                                     val_iterations_per_epoch=args.val_iterations,
-                                     final_validation=not args.no_final_validation, torch_threads=args.threads))
-    plans = {"nnunet": f"nnUNetPlans_bs{args.batch}"}
-    plans.update({family: f"{stem}_bs{args.batch}" for family, (stem, _) in MEDDISSEG_PLANS.items()})
-    write_batch_plans(preprocessed, "nnUNetPlans", plans["nnunet"], args.batch)
-    for family in sorted({METHODS[k].family for k in args.methods} & set(MEDDISSEG_PLANS)):
-        command = ["nnUNetv2_meddisseg_plan", "-d", dataset, "--batch-size", str(args.batch), "--plans-name",
-                   plans[family], *MEDDISSEG_PLANS[family][1]]
-        if args.encoder_weights:
-            command += ["--encoder-weights", args.encoder_weights]
-        run_logged(command, env, work / "logs" / f"{family}_plan.log")
+    def payload() -> dict:
+        done = list(runs.values())
+        return {"machine": machine, "command": command_line(), "settings": settings, "budgets": budgets,
+                "baseline": args.baseline,
+                "tables": {label: aggregate([r for r in done if r["budget"] == label],
+                                            [k for k in METHODS if any(r["budget"] == label and r["method"] == k
+                                                                       for r in done)], args.baseline)
+                           for label in budgets},
+                "pieces": [*previous.get("pieces", []), {"date": machine["date"], "device_name": device_name,
+                                                         "wall_s": time.time() - start,
+                                                         "compile": env.get("nnUNet_compile", "nnU-Net's default")}],
+                "pending": sorted(pending), "complete": all((b.label, k, s) in runs for b, k, s in order),
+                "runs": done}
 
-    labels = json.loads((raw / "dataset.json").read_text())["labels"]
-    runner = AblationRun(out, raw.name, FOLD, {k: Variant(METHODS[k].trainer, plans[METHODS[k].family])
-                                               for k in args.methods}, args.device, raw / "imagesTs",
-                         raw / "labelsTs", {k: int(v) for k, v in labels.items()}, args.disable_tta,
-                         predict_processes=1)
-    study = Study(runner, deadline)
-    order = [(k, s) for s in range(args.seeds) for k in args.methods]
+    def one(budget: Budget, key: str, seed: int) -> None:
+        if (budget.label, key, seed) in runs:
+            return
+        what = f"{budget.label} {key} seed {seed}"
+        out = work / f"runs_{budget.label}_e{args.epochs}" / key
+        try:
+            with lock:
+                plans_name, batch = plans.of(key, budget)
+                iterations = _iterations(args, budget, key, batch, out, list(runs.values()), device_name)
+        except UserError as e:
+            pending.append(f"{what} ({e})")
+            return
+        if iterations is None:
+            pending.append(f"{what} (waits for {key}'s equal-images run on {device_name})")
+            return
+        runner = AblationRun(out, raw.name, FOLD, {key: Variant(METHODS[key].trainer, plans_name)}, args.device,
+                             raw / "imagesTs", raw / "labelsTs", labels, args.disable_tta, predict_processes=1)
+        result = study.run(runner, key, seed)
+        if result["status"] != "done":
+            pending.append(f"{what} ({result['status']})")
+            return
+        result.update(budget=budget.label, batch=batch, iterations_per_epoch=iterations,
+                      iterations=args.epochs * iterations, images_seen=args.epochs * iterations * batch,
+                      device_name=device_name)
+        with lock:
+            runs[(budget.label, key, seed)] = result
+            current = payload()
+            write_results(args.out, args.name, current, _markdown(current))
+
     print(f"[4/5] {len(order)} runs, {args.parallel} at a time")
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        runs = list(pool.map(lambda ks: study.run(*ks), order))
-    for r in runs:
-        r["iterations"] = args.iterations
-    print("[5/5] results")
-    return {"machine": machine_info(args.device), "command": command_line(), "dataset": raw.name,
-            "data": {"size": args.size, "train_cases": len(splits["train"]), "val_cases": len(splits["val"]),
-                     "test_cases": num_test,
-                     "subset": args.max_train_cases is not None or args.max_test_cases is not None},
-            "budget": {"iterations": args.iterations, "iterations_per_epoch": args.iterations_per_epoch,
-                       "epochs": epochs, "batch": args.batch, "val_iterations_per_epoch": args.val_iterations,
-                       "meddisseg_stage1_epochs": stage1_epochs},
-            "device": args.device, "seeds": args.seeds, "parallel": args.parallel, "compile": args.compile,
-            "test_time_augmentation": not args.disable_tta,
-            "encoder_weights": args.encoder_weights or "random initialisation (no ImageNet weights)",
-            "environment": {k: env.get(k) for k in (DATA_AUGMENTATION_PROCESSES_VARIABLE, "nnUNet_def_n_proc",
-                                                    "nnUNet_compile")},
-            "baseline": args.baseline, "table": aggregate(runs, args.methods, args.baseline),
-            "runs": runs}
+        list(pool.map(lambda item: one(*item), order))
+    print("[5/5] results" + (f" ({len(pending)} runs still to do: run the command again)" if pending else ""))
+    return payload()
+
+
+def _iterations(args, budget: Budget, key: str, batch: int, out: Path, runs: List[dict], device_name: str
+                ) -> Optional[int]:
+    """Iterations per epoch of ``key``'s runs of ``budget``, fixed in ``out/budget.json`` when first chosen;
+    None while an equal-minutes budget has no calibration run yet."""
+    if (out / "budget.json").is_file():
+        return json.loads((out / "budget.json").read_text())["iterations_per_epoch"]
+    calibration = None
+    if budget.kind == "minutes":
+        calibration = next((r for r in runs if r["method"] == key and r["budget"].startswith("images")
+                            and r["device_name"] == device_name and r.get("epoch_seconds")), None)
+        if calibration is None:
+            return None
+    iterations = iterations_per_epoch(budget, args.epochs, batch, calibration)
+    write_budget(out, ScheduleRecipe(num_epochs=args.epochs, iterations_per_epoch=iterations,
+                                     val_iterations_per_epoch=args.val_iterations, save_every=1,
+                                     final_validation=not args.no_final_validation, torch_threads=args.threads))
+    return iterations
 
 
 if __name__ == "__main__":

@@ -18,11 +18,15 @@ from typing import Mapping, Optional, Sequence, Tuple
 
 from nnunetv2_meddisseg.cli import UserError
 
-__all__ = ["CommandFailed", "console_command", "run_logged", "run_logged_status"]
+__all__ = ["CommandFailed", "CommandStopped", "console_command", "run_logged", "run_logged_status"]
 
 
 class CommandFailed(UserError):
     """A command exited non-zero (or could not be found); the message names it and its log file."""
+
+
+class CommandStopped(CommandFailed):
+    """A command was still running at its time limit and was stopped (with its child processes)."""
 
 
 def console_command(name: str) -> str:
@@ -41,16 +45,21 @@ def console_command(name: str) -> str:
 
 
 def run_logged(command: Sequence[str], env: Mapping[str, str], log_file: Path, echo: bool = True,
-               check: bool = True, append: bool = False) -> float:
+               check: bool = True, append: bool = False, timeout_s: Optional[float] = None) -> float:
     """Run ``command`` (``command[0]`` a console command, see :func:`console_command`) with stdout and
     stderr going to ``log_file``; return its wall time in seconds.
 
     ``echo`` prints the command with its log file before and the time after. A non-zero exit raises
     :class:`CommandFailed` naming the command, the last line of its log and the log file (unless not
     ``check``). ``append`` adds ``$ command`` and the output to the end of ``log_file`` instead of
-    replacing it (several commands, or a resumed one, in one log).
+    replacing it (several commands, or a resumed one, in one log). With ``timeout_s``, a command still
+    running then is stopped with its child processes and :class:`CommandStopped` is raised (even unless
+    ``check``).
     """
-    returncode, seconds = run_logged_status(command, env, log_file, echo=echo, append=append)
+    returncode, seconds = run_logged_status(command, env, log_file, echo=echo, append=append, timeout_s=timeout_s)
+    if returncode is None:
+        raise CommandStopped(f"'{' '.join(map(str, command))}' was stopped at its time limit of {timeout_s:.0f} s "
+                             f"(full log: {log_file})")
     if returncode != 0 and check:
         tail = Path(log_file).read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
         raise CommandFailed(f"'{' '.join(map(str, command))}' failed with exit code {returncode}: {tail[0]} "

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from nnunetv2_meddisseg.logged_command import console_command
@@ -11,7 +13,7 @@ from nnunetv2_meddisseg.nnunet_env import nnunet_environment, planning_environme
 
 BIN = Path(sys.executable).parent
 
-__all__ = ["BIN", "nnunet_env", "planning_environment", "run_cli"]
+__all__ = ["BIN", "nnunet_env", "planning_environment", "run_cli", "run_until"]
 
 
 def nnunet_env(root: Path) -> dict:
@@ -33,3 +35,24 @@ def run_cli(args, env: dict, check: bool = True, timeout: float = 900) -> subpro
         raise AssertionError(f"{' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
                              f"{proc.stderr[-3000:]}")
     return proc
+
+
+def run_until(command: list, env: dict, log: Path, done, timeout: float = 900) -> None:
+    """Run ``command`` and SIGKILL its process group once ``done`` (a path, or a function returning one or None)
+    exists; the command must still be running then."""
+    exists = (lambda: (done() or Path("/nonexistent")).exists()) if callable(done) else done.exists
+    with open(log, "w") as f:
+        proc = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + timeout
+            while not exists():
+                assert proc.poll() is None, f"ended before {done} was written:\n{log.read_text()[-3000:]}"
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        finally:
+            alive = proc.poll() is None
+            if alive:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert alive, f"finished before it could be killed:\n{log.read_text()[-3000:]}"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nnunetv2_meddisseg.logged_command import CommandFailed, run_logged, run_logged_status
+from nnunetv2_meddisseg.logged_command import CommandFailed, CommandStopped, run_logged, run_logged_status
 
 
 def test_exit_code_and_log(tmp_path):
@@ -29,3 +29,10 @@ def test_a_time_limit_stops_the_command_and_its_children(tmp_path):
     assert code is None and seconds < 10 and time.monotonic() - start < 10
     time.sleep(3.5)
     assert not marker.exists()  # the child went with its parent
+
+
+def test_run_logged_raises_command_stopped_at_its_time_limit(tmp_path):
+    with pytest.raises(CommandStopped, match=r"was stopped at its time limit of 1 s \(full log: .*c\.log\)"):
+        run_logged(["python", "-c", "import time; time.sleep(30)"], dict(os.environ), tmp_path / "c.log", echo=False,
+                   check=False, timeout_s=1.0)
+    assert issubclass(CommandStopped, CommandFailed)  # callers that catch failures see a stop as one

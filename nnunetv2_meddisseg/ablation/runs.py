@@ -22,7 +22,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.environment import RECIPE_ENVIRONMENT_VARIABLE, SEED_ENVIRONMENT_VARIABLE, set_nnunet_environment
@@ -31,7 +31,8 @@ from nnunetv2_meddisseg.logged_command import run_logged
 from nnunetv2_meddisseg.plans_entry import architecture_entry
 from nnunetv2_meddisseg.training.recipe import ScheduleRecipe
 
-__all__ = ["NETWORK_ABLATIONS", "Variant", "write_budget", "write_network_ablation_plans", "AblationRun"]
+__all__ = ["NETWORK_ABLATIONS", "Variant", "write_budget", "write_network_ablation_plans", "epoch_seconds",
+           "AblationRun"]
 
 #: the paper's network ablations, as MedDisSegNet plans options (``nnUNetv2_meddisseg_plan --no-elat /
 #: --activation relu / --no-cbat``): name -> the ``arch_kwargs`` it changes
@@ -81,13 +82,18 @@ def write_network_ablation_plans(preprocessed: Path, plans: str, ablation: str) 
     return name
 
 
-def _training_seconds(checkpoint_file: Path) -> float:
-    """Sum of nnU-Net's epoch durations recorded in a checkpoint (survives interruptions and ``--c``)."""
+def epoch_seconds(checkpoint_file: Path) -> List[float]:
+    """nnU-Net's epoch durations recorded in a checkpoint, one per epoch (survive interruptions and ``--c``)."""
     from nnunetv2_meddisseg.torch_files import load_weights_only
 
     logging = load_weights_only(checkpoint_file, "checkpoint")["logging"]
-    return float(sum(end - start for start, end in zip(logging["epoch_start_timestamps"],
-                                                        logging["epoch_end_timestamps"])))
+    return [float(end - start) for start, end in zip(logging["epoch_start_timestamps"],
+                                                     logging["epoch_end_timestamps"])]
+
+
+def _training_seconds(checkpoint_file: Path) -> float:
+    """Sum of nnU-Net's epoch durations recorded in a checkpoint."""
+    return float(sum(epoch_seconds(checkpoint_file)))
 
 
 @dataclass
@@ -129,19 +135,22 @@ class AblationRun:
             return "trained"
         return "interrupted" if (folder / "checkpoint_latest.pth").is_file() else "new"
 
-    def _command(self, command: List[str], seed: int, log: Path) -> None:
-        """Run ``command`` in the environment of ``seed``, appending to ``log``; a failure is a UserError."""
-        run_logged(command, self.environment(seed), log, echo=False, append=True)
+    def _command(self, command: List[str], seed: int, log: Path, time_limit_s: Optional[float] = None) -> None:
+        """Run ``command`` in the environment of ``seed``, appending to ``log``; a failure is a UserError, a
+        command still running after ``time_limit_s`` is stopped (``CommandStopped``)."""
+        run_logged(command, self.environment(seed), log, echo=False, append=True, timeout_s=time_limit_s)
 
-    def train(self, variant: str, seed: int) -> None:
+    def train(self, variant: str, seed: int, time_limit_s: Optional[float] = None) -> None:
+        """Train (resuming with ``--c`` after an interruption); stopped after ``time_limit_s`` seconds
+        (``CommandStopped``) with its last checkpoint kept for the next call."""
         spec = self.variants[variant]
         command = ["nnUNetv2_train", self.dataset_name, "2d", self.fold, "-tr", spec.trainer, "-p", spec.plans,
                    "-device", self.device]
         if self.state(variant, seed) == "interrupted":
             command.append("--c")
-        self._command(command, seed, self.out / "logs" / f"{variant}_seed{seed}_train.log")
+        self._command(command, seed, self.out / "logs" / f"{variant}_seed{seed}_train.log", time_limit_s)
 
-    def predict_and_evaluate(self, variant: str, seed: int) -> dict:
+    def predict_and_evaluate(self, variant: str, seed: int, time_limit_s: Optional[float] = None) -> dict:
         predictions = self.out / f"seed_{seed}" / "predictions" / variant
         command = ["nnUNetv2_predict", "-i", str(self.images), "-o", str(predictions), "-d", self.dataset_name,
                    "-c", "2d", "-f", self.fold, "-tr", self.variants[variant].trainer, "-p", self.variants[variant].plans,
@@ -150,12 +159,12 @@ class AblationRun:
         if self.disable_tta:
             command.append("--disable_tta")
         start = time.monotonic()
-        self._command(command, seed, self.out / "logs" / f"{variant}_seed{seed}_predict.log")
+        self._command(command, seed, self.out / "logs" / f"{variant}_seed{seed}_predict.log", time_limit_s)
         predict_seconds = time.monotonic() - start
         summary = evaluate_folders(str(self.labels), str(predictions), self.label_values, progress=False)
+        epochs = epoch_seconds(self.fold_folder(variant, seed) / "checkpoint_final.pth")
         record = {"variant": variant, "seed": seed, "predict_seconds": predict_seconds,
-                  "train_seconds": _training_seconds(self.fold_folder(variant, seed) / "checkpoint_final.pth"),
-                  "summary": summary}
+                  "train_seconds": float(sum(epochs)), "epoch_seconds": epochs, "summary": summary}
         target = self.record_file(variant, seed)
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(".json.partial")

@@ -69,12 +69,18 @@ def test_aggregate_means_spread_and_paired_test():
     reversed_table = quality.aggregate(runs, ["default", "dispersive"], baseline="dispersive")
     assert "vs_baseline" not in reversed_table["dispersive"]
     assert reversed_table["default"]["vs_baseline"]["mean_dice_difference"] == pytest.approx(-differences.mean())
-    markdown = quality._markdown({"dataset": "D", "data": {"size": 64, "train_cases": 8, "val_cases": 2,
-                                                           "test_cases": 12, "subset": False},
-                                  "device": "cpu", "budget": {"iterations": 20, "epochs": 2,
-                                                              "iterations_per_epoch": 10, "batch": 2,
-                                                              "meddisseg_stage1_epochs": 0},
-                                  "seeds": 3, "parallel": 1, "compile": False, "encoder_weights": "random",
-                                  "table": table, "runs": runs, "total_wall_s": 120.0})
-    assert "Runs not completed: dispersive seed 2: failed: killed at the deadline." in markdown
+    label = "iterations20_bs2"
+    for r in runs:
+        r.update(budget=label, batch=2, images_seen=40)
+    markdown = quality._markdown({
+        "settings": {"dataset": "D", "size": 64, "train_cases": 8, "val_cases": 2, "test_cases": 12, "subset": False,
+                     "epochs": 2, "test_time_augmentation": True, "encoder_weights": "random"},
+        "baseline": "default", "budgets": {label: {"kind": "iterations", "amount": 20, "batch": 2}},
+        "tables": {label: table}, "runs": [r for r in runs if r["status"] == "done"],
+        "pending": ["iterations20_bs2 dispersive seed 2 (failed: killed)"],
+        "pieces": [{"date": "2026-11-26 09:00 UTC", "device_name": "cpu", "wall_s": 120.0, "compile": "f"}]})
+    assert "### 20 training iterations per run at batch 2" in markdown
+    row = next(line for line in markdown.splitlines() if line.startswith("| nnU-Net + dispersive"))
+    assert "| 2 | 2 | 40 |" in row and f"{100 * d['test']['dice']['mean']:.1f} ± " in row
+    assert "Not yet done: iterations20_bs2 dispersive seed 2 (failed: killed)." in markdown
     assert math.isfinite(v["p_value"])

@@ -3,16 +3,14 @@
 the full method and ``_noDispersive``, one seed (several seeds' tables: tests/ablation/test_table.py), 4 epochs (1 of Stage I) of 1 iteration each. The ablation
 is killed (kill -9) in its second run after that run's Stage I checkpoint and rerun."""
 import csv
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from nnunet_cli import run_until
 from scratch import scratch_folder
 
 pytestmark = pytest.mark.e2e
@@ -30,25 +28,6 @@ def ablate_command(out: Path) -> list:
     return [str(BIN / "nnUNetv2_meddisseg_ablate"), "-d", "501", "--variants", "noDispersive", "--seeds", "1",
             "--epochs", "4", "--iterations-per-epoch", "1", "--val-iterations", "1", "-o", str(out),
             "--device", "cpu", "--disable-tta", "--predict-processes", "0"]
-
-
-def run_until(command: list, env: dict, log: Path, done: Path) -> None:
-    """Run ``command`` and SIGKILL its process group once ``done`` exists."""
-    with open(log, "w") as f:
-        proc = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=f, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            deadline = time.monotonic() + 900
-            while not done.exists():
-                assert proc.poll() is None, f"ended before {done} was written:\n{log.read_text()[-3000:]}"
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
-        finally:
-            alive = proc.poll() is None
-            if alive:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert alive, f"finished before it could be killed:\n{log.read_text()[-3000:]}"
 
 
 @pytest.fixture(scope="module")
