@@ -272,6 +272,12 @@ def encoder_weights_not_here(tmp, env) -> str:
     return _train_error_of(trainer.initialize)
 
 
+def ddp_on_cpu(tmp, env) -> str:
+    from nnunetv2.run.run_training import run_training
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        return _error_of(lambda: run_training("999", "2d", 0, num_gpus=2, device=torch.device("cpu")))
+
 
 def memory_from_gpu_without_cuda(tmp: Path, env) -> str:
     from unittest import mock
@@ -340,6 +346,7 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "nnUNetv2_train: error: ...: not a JSON file of recipe overrides": recipe_file_truncated,
     "nnUNetv2_train: error: ...: unknown setting '...' for MedDisSegRecipe (known: ...)": recipe_file_unknown_setting,
     "nnUNetv2_train: error: encoder weights file not found: ... (the plans' encoder_weights)": encoder_weights_not_here,
+    "DDP training (triggered by num_gpus > 1) is only implemented for cuda devices. Your device: cpu": ddp_on_cpu,
     "nnUNetv2_train: error: input with NaN or inf values in a training batch": nan_batch,
     "WARNING: a training batch holds a single sample: the dispersive loss needs at least two samples":
         single_sample_batch,
@@ -359,6 +366,10 @@ NOT_TRIGGERED: Dict[str, str] = {
     "operator torchvision::nms does not exist": "needs a torch / torchvision pair that do not match (a broken install)",
     "--encoder-weights imagenet: cannot download torchvision's ResNet-50 IMAGENET1K_V1 weights":
         "needs a failed download, and tests never touch the network",
+    "ProcessGroupNCCL is only supported with GPUs, no GPUs found!":
+        "torch's NCCL process group on a machine without a CUDA GPU (nnU-Net's -num_gpus start, in processes it "
+        "spawns before any trainer of ours is loaded); the -device cpu form of that mistake is triggered above",
+    "Distributed package doesn't have NCCL built in": "as the line above, with a torch built without NCCL",
     "cannot write ...: No space left on device": "needs a full disk; tests/test_bad_inputs.py simulates one for "
                                                    "convert and evaluate, tests/test_sharing.py for weights_only",
 }
