@@ -18,6 +18,8 @@ from typing import Any, List
 import numpy as np
 import torch
 
+from nnunetv2_meddisseg.cli import UserError
+
 __all__ = ["NUMPY_SCALAR_GLOBALS", "UnsafeTorchFile", "is_torch_file", "load_weights_only", "refusal_reason"]
 
 
@@ -32,8 +34,9 @@ def _numpy_scalar_globals() -> List[Any]:
 NUMPY_SCALAR_GLOBALS = _numpy_scalar_globals()
 
 
-class UnsafeTorchFile(ValueError):
-    """A ``torch.save`` file that holds objects other than tensors, containers, numbers and NumPy scalars."""
+class UnsafeTorchFile(UserError, ValueError):
+    """A ``torch.save`` file that holds objects other than tensors, containers, numbers and NumPy scalars (the
+    user's file: a :class:`~nnunetv2_meddisseg.cli.UserError`, reported without a traceback)."""
 
 
 def is_torch_file(path: str) -> bool:

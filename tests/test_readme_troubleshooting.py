@@ -3,7 +3,9 @@ really print.
 
 Every backtick-quoted message in the table's first column is either triggered here through the real
 entry point (our commands' ``main``, nnU-Net's trainer lookup, the trainer itself) and checked against
-what it printed, or listed in ``NOT_TRIGGERED`` with the reason. ``...`` in a quote stands for a part
+what it printed, or listed in ``NOT_TRIGGERED`` with the reason. The trainers' errors are shown as
+``nnUNetv2_train`` prints them (``_train_error_of``: the excepthook nnU-Net's trainer search installs; the
+real command is run in tests/test_bad_inputs.py). ``...`` in a quote stands for a part
 that varies (a path, a count): each piece between them must appear, in order, in the real output.
 """
 from __future__ import annotations
@@ -57,6 +59,22 @@ def _error_of(call: Callable[[], object]) -> str:
         call()
     except Exception as e:  # noqa: BLE001 (any exception: its text is what the user sees)
         return f"{type(e).__name__}: {e}"
+    raise AssertionError("no error raised")
+
+
+def _train_error_of(call: Callable[[], object]) -> str:
+    """What ``nnUNetv2_train`` prints on stderr when ``call`` raises, where nothing catches the error: the line of
+    our excepthook (``cli.user_error_excepthook``, installed by nnU-Net's trainer search), else Python's traceback."""
+    from nnunetv2_meddisseg.cli import user_error_excepthook
+
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 (any exception: what the hook prints for it is what the user sees)
+        err = io.StringIO()
+        with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err):
+            mp.setattr(sys, "argv", [str(Path("bin") / "nnUNetv2_train")])
+            user_error_excepthook(sys.__excepthook__)(type(e), e, e.__traceback__)
+        return err.getvalue()
     raise AssertionError("no error raised")
 
 
@@ -114,7 +132,7 @@ def nan_batch(tmp, env) -> str:
     trainer.on_train_epoch_start()
     batch = make_batch()
     batch["data"][0, 0, 0, 0] = float("nan")
-    return _error_of(lambda: trainer.train_step(batch))
+    return _train_error_of(lambda: trainer.train_step(batch))
 
 
 def single_sample_batch(tmp, env) -> str:
@@ -207,7 +225,7 @@ def truncated_checkpoint_latest(tmp, env) -> str:
 
     torch.save({"network_weights": {"w": torch.zeros(1000)}}, tmp / "checkpoint_best.pth")
     (tmp / "checkpoint_latest.pth").write_bytes((tmp / "checkpoint_best.pth").read_bytes()[:1500])
-    return _error_of(lambda: _read_checkpoint_for_resuming(str(tmp / "checkpoint_latest.pth")))
+    return _train_error_of(lambda: _read_checkpoint_for_resuming(str(tmp / "checkpoint_latest.pth")))
 
 
 def seed_not_a_number(tmp, env) -> str:
@@ -215,20 +233,50 @@ def seed_not_a_number(tmp, env) -> str:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(SEED_ENVIRONMENT_VARIABLE, "abc")
-        return _error_of(run_seed_from_environment)
+        return _train_error_of(run_seed_from_environment)
 
 
 def recipe_file_missing(tmp, env) -> str:
     from nnunetv2_meddisseg.training.recipe import read_override_file
 
-    return _error_of(lambda: read_override_file(str(tmp / "budget.json")))
+    return _train_error_of(lambda: read_override_file(str(tmp / "budget.json")))
 
 
 def recipe_file_truncated(tmp, env) -> str:
     from nnunetv2_meddisseg.training.recipe import read_override_file
 
     (tmp / "budget.json").write_text('{"num_epochs": ')
-    return _error_of(lambda: read_override_file(str(tmp / "budget.json")))
+    return _train_error_of(lambda: read_override_file(str(tmp / "budget.json")))
+
+
+def recipe_file_unknown_setting(tmp, env) -> str:
+    from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe, recipe_overrides_from_environment
+
+    (tmp / "budget.json").write_text('{"num_epoch": 20}')
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("nnUNet_meddisseg_recipe", str(tmp / "budget.json"))
+        return _train_error_of(lambda: recipe_overrides_from_environment(MedDisSegRecipe()))
+
+
+def encoder_weights_not_here(tmp, env) -> str:
+    from copy import deepcopy
+
+    from test_trainer_meddisseg import MEDDISSEG, make_trainer, tiny_plans
+
+    architecture = deepcopy(MEDDISSEG)
+    architecture["arch_kwargs"]["encoder_weights"] = str(tmp / "resnet50_of_another_machine.pth")
+    folder = env["nnUNet_preprocessed"] / "Dataset999_Tiny" / "nnUNetPlans_2d"
+    folder.mkdir(parents=True)
+    (folder / "case_000.b2nd").touch()  # lets nnU-Net infer its dataset class; never read
+    trainer = make_trainer(plans=tiny_plans(architecture), initialize=False)
+    return _train_error_of(trainer.initialize)
+
+
+def ddp_on_cpu(tmp, env) -> str:
+    from nnunetv2.run.run_training import run_training
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        return _error_of(lambda: run_training("999", "2d", 0, num_gpus=2, device=torch.device("cpu")))
 
 
 def memory_from_gpu_without_cuda(tmp: Path, env) -> str:
@@ -290,13 +338,16 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "-o ... is inside the input folder ...": _command("compare", bad.cmp_output_inside_test_labels),
     "is inside MODEL_FOLDER": share_inside_model_folder,
     "the dataset this conversion writes (and --overwrite replaces)": _command("convert", bad.conv_source_is_the_dataset),
-    "RuntimeError: cannot read the checkpoint .../checkpoint_latest.pth (truncated or corrupt? ...): copy "
+    "nnUNetv2_train: error: cannot read the checkpoint .../checkpoint_latest.pth (truncated or corrupt? ...): copy "
     ".../checkpoint_best.pth over it to resume from the best epoch, or train again without --c":
         truncated_checkpoint_latest,
-    "ValueError: nnUNet_meddisseg_seed must be an integer >= 0, got '...'": seed_not_a_number,
-    "ValueError: nnUNet_meddisseg_recipe: cannot read the recipe override file '...'": recipe_file_missing,
-    "not a JSON file of recipe overrides": recipe_file_truncated,
-    "RuntimeError: input with NaN or inf values in a training batch": nan_batch,
+    "nnUNetv2_train: error: nnUNet_meddisseg_seed must be an integer >= 0, got '...'": seed_not_a_number,
+    "nnUNetv2_train: error: nnUNet_meddisseg_recipe: cannot read the recipe override file '...'": recipe_file_missing,
+    "nnUNetv2_train: error: ...: not a JSON file of recipe overrides": recipe_file_truncated,
+    "nnUNetv2_train: error: ...: unknown setting '...' for MedDisSegRecipe (known: ...)": recipe_file_unknown_setting,
+    "nnUNetv2_train: error: encoder weights file not found: ... (the plans' encoder_weights)": encoder_weights_not_here,
+    "DDP training (triggered by num_gpus > 1) is only implemented for cuda devices. Your device: cpu": ddp_on_cpu,
+    "nnUNetv2_train: error: input with NaN or inf values in a training batch": nan_batch,
     "WARNING: a training batch holds a single sample: the dispersive loss needs at least two samples":
         single_sample_batch,
     "WARNING: the dispersive loss (...) sees ... sample(s) per step but needs at least ...": dispersive_batch_too_small,
@@ -315,6 +366,10 @@ NOT_TRIGGERED: Dict[str, str] = {
     "operator torchvision::nms does not exist": "needs a torch / torchvision pair that do not match (a broken install)",
     "--encoder-weights imagenet: cannot download torchvision's ResNet-50 IMAGENET1K_V1 weights":
         "needs a failed download, and tests never touch the network",
+    "ProcessGroupNCCL is only supported with GPUs, no GPUs found!":
+        "torch's NCCL process group on a machine without a CUDA GPU (nnU-Net's -num_gpus start, in processes it "
+        "spawns before any trainer of ours is loaded); the -device cpu form of that mistake is triggered above",
+    "Distributed package doesn't have NCCL built in": "as the line above, with a torch built without NCCL",
     "cannot write ...: No space left on device": "needs a full disk; tests/test_bad_inputs.py simulates one for "
                                                    "convert and evaluate, tests/test_sharing.py for weights_only",
 }

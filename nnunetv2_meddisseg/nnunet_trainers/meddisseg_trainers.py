@@ -3,7 +3,13 @@
 nnU-Net imports this file as the top-level module ``meddisseg_trainers`` and drops it afterwards, so it
 defines nothing: it imports the classes from the package (absolute imports), where they are defined once.
 ``python -m nnunetv2_meddisseg.trainer_path --list`` prints the catalogue, one line per trainer.
+
+Importing it also installs (once per process) the ``sys.excepthook`` that prints a mistake in the user's input
+(``nnunetv2_meddisseg.cli.UserError``, e.g. ``training.input_errors.TrainingInputError``) that ends nnU-Net's
+``nnUNetv2_train`` / ``nnUNetv2_predict`` as one line, ``nnUNetv2_train: error: <message>``, instead of a traceback
+(``nnunetv2_meddisseg.cli.install_excepthook``): nnU-Net's entry points are not ours to wrap.
 """
+from nnunetv2_meddisseg.cli import install_excepthook
 from nnunetv2_meddisseg.ablation.study_trainers import *  # noqa: F401,F403  the arms of finished studies
 from nnunetv2_meddisseg.ablation.study_trainers import __all__ as _study
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
@@ -17,3 +23,5 @@ from nnunetv2_meddisseg.training.variants import __all__ as _variants
 __all__ = ["nnUNetTrainerMedDisSeg", "nnUNetTrainerMedDisSeg_paper",
            *[name for name in _variants if name.startswith("nnUNetTrainerMedDisSeg_")], "nnUNetTrainerDispersive",
            *[name for name in _variants if not name.startswith("nnUNetTrainerMedDisSeg_")], *_study]
+
+install_excepthook()

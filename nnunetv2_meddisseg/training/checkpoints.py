@@ -39,9 +39,10 @@ def atomic_torch_save(obj: object, filename: str) -> None:
 
 def read_checkpoint_for_resuming(filename: str) -> Mapping[str, object]:
     """The checkpoint ``load_checkpoint`` resumes from (``torch_files.load_weights_only``, memory-mapped); a
-    ``RuntimeError`` naming the file (and ``checkpoint_best.pth`` beside it, where there is one) if it
-    cannot be read."""
+    :class:`~nnunetv2_meddisseg.training.input_errors.TrainingInputRuntimeError` (a ``RuntimeError``) naming the
+    file (and ``checkpoint_best.pth`` beside it, where there is one) if it cannot be read."""
     from nnunetv2_meddisseg.torch_files import UnsafeTorchFile, load_weights_only
+    from nnunetv2_meddisseg.training.input_errors import TrainingInputRuntimeError
 
     try:
         return load_weights_only(filename, "checkpoint", mmap=zipfile.is_zipfile(filename))
@@ -51,8 +52,9 @@ def read_checkpoint_for_resuming(filename: str) -> Mapping[str, object]:
         best = os.path.join(os.path.dirname(os.path.abspath(filename)), "checkpoint_best.pth")
         fallback = (f"copy {best} over it to resume from the best epoch, or " if os.path.isfile(best)
                     and os.path.abspath(filename) != best else "")
-        raise RuntimeError(f"cannot read the checkpoint {filename} (truncated or corrupt? {type(error).__name__}: "
-                           f"{' '.join(str(error).split())[:200]}): {fallback}train again without --c") from None
+        raise TrainingInputRuntimeError(f"cannot read the checkpoint {filename} (truncated or corrupt? "
+                                        f"{type(error).__name__}: {' '.join(str(error).split())[:200]}): {fallback}"
+                                        f"train again without --c") from None
 
 
 #: the name the trainers and tests have used

@@ -62,6 +62,7 @@ from nnunetv2_meddisseg.losses import DIAGNOSTIC_KEYS, MINIMUM_BATCH, dispersion
 from nnunetv2_meddisseg.training.checkpoints import atomic_torch_save, read_checkpoint_for_resuming
 from nnunetv2_meddisseg.training.curves import PLOT_FILENAME, CurvesLogger, TrainingCurves
 from nnunetv2_meddisseg.training.input_checks import check_finite_input, finite_per_sample, non_finite_input_message
+from nnunetv2_meddisseg.training.input_errors import TrainingInputError, TrainingInputRuntimeError
 from nnunetv2_meddisseg.training.nnunet_copies import backward_clip_step, checkpoint_entries, train_autocast
 from nnunetv2_meddisseg.training.seeded_trainer import SeededTrainer
 
@@ -203,7 +204,7 @@ class ExtendedTrainerBase(SeededTrainer):
         if check is not None:
             finite = host[1 + len(names):] > 0
             if not finite.all():
-                raise RuntimeError(non_finite_input_message(finite.tolist(), check[1], check[2]))
+                raise TrainingInputRuntimeError(non_finite_input_message(finite.tolist(), check[1], check[2]))
         result = {"loss": np.array(host[0])}
         result.update({n: float(v) for n, v in zip(names, host[1:1 + len(names)])})
         return result
@@ -378,7 +379,10 @@ class ExtendedTrainerBase(SeededTrainer):
         # our entries, read lazily (memory-mapped, tensors are read when used) and with weights_only=True, so
         # that a checkpoint carrying code is refused before nnU-Net reads its own entries
         checkpoint = read_checkpoint_for_resuming(filename_or_checkpoint)
-        self._before_restoring_checkpoint(checkpoint)
+        try:
+            self._before_restoring_checkpoint(checkpoint)
+        except TrainingInputError as error:  # the hook's message does not know the file
+            raise type(error)(f"checkpoint {filename_or_checkpoint}: {error}") from None
         super().load_checkpoint(filename_or_checkpoint)
         if checkpoint.get("training_curves"):  # checkpoints that keep the curves in an entry of their own
             self.logger.local_logger.adopt(checkpoint["training_curves"])

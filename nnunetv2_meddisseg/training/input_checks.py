@@ -3,6 +3,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from nnunetv2_meddisseg.training.input_errors import TrainingInputRuntimeError
+
 __all__ = ["finite_per_sample", "non_finite_input_message", "check_finite_input"]
 
 
@@ -23,11 +25,12 @@ def non_finite_input_message(finite: Sequence[bool], keys: Optional[Sequence[str
 
 
 def check_finite_input(data: torch.Tensor, keys: Optional[Sequence[str]] = None, where: str = "") -> None:
-    """Raise a ``RuntimeError`` naming the offending cases if ``data`` (B, C, ...) holds NaN or inf.
+    """Raise a :class:`TrainingInputRuntimeError` (a ``RuntimeError``) naming the offending cases if ``data``
+    (B, C, ...) holds NaN or inf.
 
     keys: the case identifiers of the batch (nnU-Net's dataloader gives them as ``batch['keys']``).
     """
     finite = finite_per_sample(data)
     if bool(finite.all()):
         return
-    raise RuntimeError(non_finite_input_message(finite.tolist(), keys, where))
+    raise TrainingInputRuntimeError(non_finite_input_message(finite.tolist(), keys, where))

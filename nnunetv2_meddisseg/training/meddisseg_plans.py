@@ -14,6 +14,8 @@ from nnunetv2.utilities.plans_handling.plans_handler import ConfigurationManager
 from nnunetv2_meddisseg.architectures import MedDisSegNet
 from nnunetv2_meddisseg.blocks.encoder import load_resnet50_weights, resolve_encoder_weights
 from nnunetv2_meddisseg.plans_entry import architecture_entry
+from nnunetv2_meddisseg.torch_files import UnsafeTorchFile
+from nnunetv2_meddisseg.training.input_errors import TrainingInputError, TrainingInputFileNotFoundError
 
 __all__ = ["network_class_is_meddisseg", "plans_recording_the_network", "require_2d_configuration",
            "build_meddisseg_network", "plans_encoder_weights", "load_plans_encoder_weights"]
@@ -40,13 +42,14 @@ def plans_recording_the_network(plans: dict, configuration: str) -> dict:
 
 
 def require_2d_configuration(plans: dict, configuration: str, trainer_name: str) -> None:
-    """A ``ValueError`` naming the remedies where ``configuration`` has no 2D patch size."""
+    """A :class:`TrainingInputError` (a ``ValueError``) naming the remedies where ``configuration`` has no 2D
+    patch size."""
     manager = PlansManager(deepcopy(plans)).get_configuration(configuration)
     patch_size = list(manager.patch_size)
     if len(patch_size) != 2:
-        raise ValueError(f"{trainer_name} trains 2D networks only, but configuration '{configuration}' has a "
-                         f"{len(patch_size)}D patch size {patch_size}: use the 2d configuration (-c 2d), or "
-                         f"nnUNetTrainerDispersive for 3D.")
+        raise TrainingInputError(f"{trainer_name} trains 2D networks only, but configuration '{configuration}' has "
+                                 f"a {len(patch_size)}D patch size {patch_size}: use the 2d configuration (-c 2d), or "
+                                 f"nnUNetTrainerDispersive for 3D.")
 
 
 def build_meddisseg_network(configuration_manager: ConfigurationManager, num_input_channels: int,
@@ -75,14 +78,26 @@ def plans_encoder_weights(configuration_manager: ConfigurationManager) -> Option
 
 
 def load_plans_encoder_weights(network: nn.Module, configuration_manager: ConfigurationManager) -> None:
-    """Load the plans' ``encoder_weights`` (where they name any) into ``network.encoder``."""
+    """Load the plans' ``encoder_weights`` (where they name any) into ``network.encoder``.
+
+    A file that does not exist is a :class:`TrainingInputFileNotFoundError` (a ``FileNotFoundError``), one that
+    is no ResNet-50 state dict a :class:`TrainingInputError` (a ``ValueError``; ``UnsafeTorchFile`` for a file
+    carrying code), each naming the file and the plans' setting."""
     weights = plans_encoder_weights(configuration_manager)
     if weights is None:
         return
-    path = resolve_encoder_weights(weights)
+    try:
+        path = resolve_encoder_weights(weights)
+    except FileNotFoundError as error:  # 'imagenet' without the file in torch.hub's cache
+        raise TrainingInputFileNotFoundError(f"{error} (the plans' encoder_weights)") from None
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"encoder weights file not found: {path} (the plans' encoder_weights)")
-    load_resnet50_weights(network.encoder, path)
+        raise TrainingInputFileNotFoundError(f"encoder weights file not found: {path} (the plans' encoder_weights)")
+    try:
+        load_resnet50_weights(network.encoder, path)
+    except UnsafeTorchFile:
+        raise
+    except ValueError as error:
+        raise TrainingInputError(f"{error} (the plans' encoder_weights)") from None
 
 
 class PlansEncoderWeights:

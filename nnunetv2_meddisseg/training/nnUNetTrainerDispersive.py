@@ -6,6 +6,7 @@ from torch import Tensor, nn
 
 from nnunetv2_meddisseg.losses import dispersive_loss, gather_batch
 from nnunetv2_meddisseg.training.extended_trainer import ExtendedTrainerBase
+from nnunetv2_meddisseg.training.input_errors import TrainingInputRuntimeError
 from nnunetv2_meddisseg.training.recipe import DispersiveRecipe
 from nnunetv2_meddisseg.training.recipes import RECIPES
 
@@ -49,8 +50,8 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
         network = self._plain_network()
         stages = getattr(getattr(network, "encoder", None), "stages", None)
         if stages is None or len(stages) == 0:
-            raise RuntimeError(f"{self.__class__.__name__} needs a network with encoder.stages (nnU-Net's "
-                               f"PlainConvUNet / ResidualEncoderUNet), got {network.__class__.__name__}")
+            raise TrainingInputRuntimeError(f"{self.__class__.__name__} needs a network with encoder.stages (nnU-Net's "
+                                            f"PlainConvUNet / ResidualEncoderUNet), got {network.__class__.__name__}")
         return stages[0]
 
     def _capture(self, module: nn.Module, inputs, output: Tensor) -> None:

@@ -16,6 +16,7 @@ from nnunetv2_meddisseg.losses import DispersiveLoss
 from nnunetv2_meddisseg.training.batchnorm_statistics import BatchNormRecalibration
 from nnunetv2_meddisseg.training.compilation import compile_trainer_network, compiled_step
 from nnunetv2_meddisseg.training.extended_trainer import ExtendedTrainerBase, unwrap_module
+from nnunetv2_meddisseg.training.input_errors import TrainingInputError
 from nnunetv2_meddisseg.training.lr_schedule import PerGroupPolyLRScheduler
 from nnunetv2_meddisseg.training.meddisseg_plans import (PlansEncoderWeights, build_meddisseg_network,
                                                          network_class_is_meddisseg, plans_recording_the_network,
@@ -98,7 +99,8 @@ class nnUNetTrainerMedDisSeg(StageValidation, StageCheckpoints, PlansEncoderWeig
     own DDP and the idle decoder parameters enter the loss with weight 0 so that DDP's reducer completes;
     the loss-term curves are averaged over ranks.
 
-    Not supported: 3D configurations (a ``ValueError`` at construction) and region-based labels.
+    Not supported: 3D configurations (a ``TrainingInputError``, a ``ValueError``, at construction) and region-based
+    labels.
     """
 
     recipe: MedDisSegRecipe = RECIPES["MedDisSeg"]
@@ -246,21 +248,21 @@ class nnUNetTrainerMedDisSeg(StageValidation, StageCheckpoints, PlansEncoderWeig
         """nnU-Net's loss (Dice + CE; the Dice compiled where nnU-Net compiles it) without its deep-supervision
         wrapper: ``seg`` of both stages (``stage2_loss`` applies it to every full-resolution output)."""
         if self.label_manager.has_regions:
-            raise ValueError(f"{self.__class__.__name__} does not support region-based labels "
-                             f"(dataset.json 'regions_class_order')")
+            raise TrainingInputError(f"{self.__class__.__name__} does not support region-based labels "
+                                     f"(dataset.json 'regions_class_order')")
         with self._single_output():
             return super()._build_loss()
 
     def initialize(self) -> None:
         if self.label_manager.has_regions:
-            raise ValueError(f"{self.__class__.__name__} does not support region-based labels "
-                             f"(dataset.json 'regions_class_order')")
+            raise TrainingInputError(f"{self.__class__.__name__} does not support region-based labels "
+                                     f"(dataset.json 'regions_class_order')")
         if not self.enable_deep_supervision:
             raise ValueError(f"{self.__class__.__name__} needs enable_deep_supervision = True: Stage II trains on "
                              f"the network's auxiliary outputs")
         if not 0 <= self.stage1_epochs <= self.num_epochs:
-            raise ValueError(f"{self.__class__.__name__}: stage1_epochs must lie in [0, num_epochs={self.num_epochs}], "
-                             f"got {self.stage1_epochs}")
+            raise TrainingInputError(f"{self.__class__.__name__}: the recipe's stage1_epochs must lie in [0, "
+                                     f"num_epochs={self.num_epochs}], got {self.stage1_epochs}")
         self.dispersive = dispersive_from_recipe(self.recipe, self.dispersive_gather)
         was_initialized = self.was_initialized
         super().initialize()

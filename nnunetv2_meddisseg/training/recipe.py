@@ -25,6 +25,7 @@ from typing import Mapping, Optional, TypeVar
 
 from nnunetv2_meddisseg.environment import RECIPE_ENVIRONMENT_VARIABLE
 from nnunetv2_meddisseg.losses import DISPERSIVE_PLACEMENTS, DISPERSIVE_VARIANTS
+from nnunetv2_meddisseg.training.input_errors import TrainingInputError
 
 __all__ = ["ScheduleRecipe", "DispersiveTermRecipe", "DispersiveRecipe", "MedDisSegRecipe", "PaperScheduleRecipe",
            "RECIPE_ENVIRONMENT_VARIABLE", "apply_overrides", "read_override_file", "recipe_overrides_from_environment",
@@ -257,27 +258,34 @@ def apply_overrides(recipe: R, overrides: Mapping[str, object], source: str, exc
 
 
 def read_override_file(path: str) -> dict:
-    """The JSON object of recipe overrides in ``path``; a one-line ``ValueError`` naming the file otherwise."""
+    """The JSON object of recipe overrides in ``path``; a one-line :class:`TrainingInputError` (a ``ValueError``)
+    naming the file otherwise."""
     try:
         with open(path) as f:
             overrides = json.load(f)
     except OSError as error:
-        raise ValueError(f"{RECIPE_ENVIRONMENT_VARIABLE}: cannot read the recipe override file {path!r}: "
-                         f"{error.strerror}") from None
+        raise TrainingInputError(f"{RECIPE_ENVIRONMENT_VARIABLE}: cannot read the recipe override file {path!r}: "
+                                 f"{error.strerror}") from None
     except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not a JSON file of recipe overrides ({error})") from None
+        raise TrainingInputError(f"{path}: not a JSON file of recipe overrides ({error})") from None
     if not isinstance(overrides, dict):
-        raise ValueError(f"{path}: expected a JSON object of recipe settings, got {type(overrides).__name__}")
+        raise TrainingInputError(f"{path}: expected a JSON object of recipe settings, got "
+                                 f"{type(overrides).__name__}")
     return overrides
 
 
 def recipe_overrides_from_environment(recipe: R) -> R:
     """``recipe`` with the overrides of the file named by ``nnUNet_meddisseg_recipe`` (unchanged where unset).
-    Settings the recipe does not have are an error, so that a budget never silently misses a trainer."""
+    Settings the recipe does not have are an error, so that a budget never silently misses a trainer; every
+    error is a :class:`TrainingInputError` naming the file."""
     path = os.environ.get(RECIPE_ENVIRONMENT_VARIABLE, "").strip()
     if not path:
         return recipe
-    return apply_overrides(recipe, read_override_file(path), path)
+    overrides = read_override_file(path)
+    try:
+        return apply_overrides(recipe, overrides, path)
+    except ValueError as error:
+        raise TrainingInputError(str(error)) from None
 
 
 def recipe_summary(recipe: ScheduleRecipe, default: Optional[ScheduleRecipe] = None) -> str:

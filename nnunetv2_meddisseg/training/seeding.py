@@ -14,13 +14,15 @@ import numpy as np
 import torch
 
 from nnunetv2_meddisseg.environment import SEED_ENVIRONMENT_VARIABLE
+from nnunetv2_meddisseg.training.input_errors import TrainingInputError
 
 __all__ = ["SEED_ENVIRONMENT_VARIABLE", "run_seed_from_environment", "seed_epoch", "seed_generators",
            "preserved_random_state"]
 
 
 def run_seed_from_environment() -> Optional[int]:
-    """The integer in ``nnUNet_meddisseg_seed``, or None where it is unset or empty."""
+    """The integer in ``nnUNet_meddisseg_seed``, or None where it is unset or empty; a
+    :class:`~nnunetv2_meddisseg.training.input_errors.TrainingInputError` for anything but an integer >= 0."""
     value = os.environ.get(SEED_ENVIRONMENT_VARIABLE, "").strip()
     if not value:
         return None
@@ -29,7 +31,7 @@ def run_seed_from_environment() -> Optional[int]:
     except ValueError:
         seed = -1
     if seed < 0:
-        raise ValueError(f"{SEED_ENVIRONMENT_VARIABLE} must be an integer >= 0, got {value!r}")
+        raise TrainingInputError(f"{SEED_ENVIRONMENT_VARIABLE} must be an integer >= 0, got {value!r}")
     return seed
 
 

@@ -3,6 +3,7 @@ head's weights; resuming (``--c``) puts the trainer into the recorded stage with
 before nnU-Net restores its state."""
 from typing import Dict, Mapping
 
+from nnunetv2_meddisseg.training.input_errors import TrainingInputRuntimeError
 from nnunetv2_meddisseg.training.stage_losses import STAGE_1, STAGE_2
 
 __all__ = ["StageCheckpoints"]
@@ -23,9 +24,11 @@ class StageCheckpoints:
         if stage is None:  # not written by this trainer: a Stage I checkpoint always holds the head
             stage = STAGE_1 if "stage1_head_weights" in checkpoint else STAGE_2
         if stage not in (STAGE_1, STAGE_2):
-            raise RuntimeError(f"checkpoint records an unknown Med-DisSeg stage {stage!r}")
+            raise TrainingInputRuntimeError(f"it records an unknown Med-DisSeg stage {stage!r} (expected {STAGE_1!r} "
+                                            f"or {STAGE_2!r}): not a checkpoint of this trainer")
         if stage == STAGE_1 and "stage1_head_weights" not in checkpoint:
-            raise RuntimeError("a Stage I checkpoint without 'stage1_head_weights' cannot be resumed")
+            raise TrainingInputRuntimeError("a Stage I checkpoint without 'stage1_head_weights' cannot be resumed: "
+                                            "not a checkpoint of this trainer")
         if stage != self.training_stage or (stage == STAGE_1 and self.stage1_head is None):
             self.optimizer, self.lr_scheduler = self.configure_optimizers(stage)
 

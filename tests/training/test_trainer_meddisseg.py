@@ -18,6 +18,8 @@ from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
 from nnunetv2_meddisseg.architectures import MedDisSegNet
 from nnunetv2_meddisseg.losses import foreground_background_loss
 from nnunetv2_meddisseg.training import extended_trainer as base_module
+from nnunetv2_meddisseg.training.input_errors import (TrainingInputError, TrainingInputFileNotFoundError,
+                                                      TrainingInputRuntimeError)
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2, nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.stage2_loss import foreground_target
@@ -131,7 +133,7 @@ def run_epoch(trainer, batch):
 def test_3d_configuration_is_refused_before_anything_is_written(nnunet_dirs):
     plans = tiny_plans(patch_size=(16, 32, 32), configuration="3d_fullres")
     plans["continue_training"] = False
-    with pytest.raises(ValueError, match=r"2D networks only.*'3d_fullres'.*-c 2d"):
+    with pytest.raises(TrainingInputError, match=r"2D networks only.*'3d_fullres'.*-c 2d"):  # a ValueError
         nnUNetTrainerMedDisSeg(plans, "3d_fullres", 0, deepcopy(DATASET_JSON), torch.device("cpu"))
     assert not (nnunet_dirs / "results").exists()
 
@@ -229,7 +231,7 @@ def test_prediction_build_does_not_need_the_encoder_weights_file(nnunet_dirs, tm
                                                                     deep_supervision)
         assert isinstance(network, MedDisSegNet)
     trainer = make_trainer(plans=tiny_plans(architecture), initialize=False)
-    with pytest.raises(FileNotFoundError, match="resnet50_on_the_training_machine"):  # training reads it
+    with pytest.raises(TrainingInputFileNotFoundError, match="resnet50_on_the_training_machine"):  # training reads it
         trainer.initialize()
 
 
@@ -351,10 +353,10 @@ def test_nan_input_is_a_clear_error(nnunet_dirs):
     batch = make_batch()
     batch["data"][1, 0, 3, 3] = float("nan")
     weights_before = trainer.network.encoder.conv1.weight.detach().clone()
-    with pytest.raises(RuntimeError, match=r"NaN or inf.*training batch of epoch 0: case_001\."):
+    with pytest.raises(TrainingInputRuntimeError, match=r"NaN or inf.*training batch of epoch 0: case_001\."):
         trainer.train_step(batch)
     assert torch.equal(trainer.network.encoder.conv1.weight, weights_before)
-    with pytest.raises(RuntimeError, match="validation batch"):
+    with pytest.raises(TrainingInputRuntimeError, match="validation batch"):
         trainer.validation_step(batch)
 
 
@@ -369,6 +371,21 @@ def test_batch_size_one_warns_once_and_has_zero_dispersion(nnunet_dirs):
 
 
 # ---------------------------------------------------------------------------------------- checkpoints
+def test_resuming_from_a_checkpoint_of_another_trainer_names_the_file(nnunet_dirs):
+    trainer = make_trainer()
+    for entries, message in (
+            ({"meddisseg_stage": "stage3"},
+             "it records an unknown Med-DisSeg stage 'stage3' (expected 'stage1' or 'stage2'): not a checkpoint of "
+             "this trainer"),
+            ({"meddisseg_stage": STAGE_1},
+             "a Stage I checkpoint without 'stage1_head_weights' cannot be resumed: not a checkpoint of this trainer")):
+        file = nnunet_dirs / "checkpoint_latest.pth"
+        torch.save({"network_weights": {}, **entries}, file)
+        with pytest.raises(TrainingInputRuntimeError) as error:  # a RuntimeError; nnUNetv2_train prints one line
+            trainer.load_checkpoint(str(file))
+        assert str(error.value) == f"checkpoint {file}: {message}"
+
+
 def test_checkpoint_round_trip_in_stage1_and_stage2(nnunet_dirs):
     torch.manual_seed(0)
     batch = make_batch()
