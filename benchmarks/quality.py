@@ -10,16 +10,11 @@ Every run trains ``--epochs E`` epochs; the budgets (``--budget``, repeatable) s
   run on the same device (epoch durations above their median count as one-off overhead, e.g.
   compilation; the rest scales with the iterations); the table reports the minutes each run trained.
 
-Phases (logs under ``WORK/logs`` and ``WORK/runs_*/logs``): (1) ``nnUNetv2_meddisseg_convert kvasir-seg``
-at ``--size`` with the shipped seeded split (792 train / 88 validation = nnU-Net fold 0, drawn from the
-880 training images / 120 test); (2) ``nnUNetv2_plan_and_preprocess -c 2d`` (both reused on a rerun
-with the same ``--work``); (3) the plans and the budget as recipe override files (``budget.json``);
-(4) per (method, seed), seed-major: a run of ``nnunetv2_meddisseg.ablation.runs.AblationRun`` (the
-runner of ``nnUNetv2_meddisseg_ablate``: ``nnUNetv2_train`` with ``nnUNet_meddisseg_seed``, resumed with
-``--c``; ``nnUNetv2_predict`` on the test images; the paper's metrics); (5) a table per budget: mean ± sd
-over seeds of validation mDSC (nnU-Net's final validation: choose settings on this) and of the four test
-metrics, the test mDSC difference to ``--baseline`` with a Wilcoxon signed-rank p-value over the test
-images (each image's Dice averaged over the seeds both completed), time, training diagnostics.
+Kvasir-SEG is converted at ``--size`` with the shipped split (792 train / 88 validation = nnU-Net fold 0 /
+120 test) and preprocessed once per ``--work`` folder; each (method, seed) is a run of
+``ablation.runs.AblationRun`` (the runner of ``nnUNetv2_meddisseg_ablate``: ``nnUNetv2_train`` with
+``nnUNet_meddisseg_seed``, ``nnUNetv2_predict`` on the test images, the paper's metrics). The tables are
+described in ``benchmarks/README.md``.
 
 **In pieces.** ``--piece-min P`` stops the command after P minutes: a training still running is stopped
 (its last epoch's checkpoint stays) and resumes with ``--c`` when the same command runs again
@@ -103,18 +98,6 @@ BASELINE = "default"
 # preparation
 
 
-def write_batch_plans(preprocessed: Path, source_name: str, target_name: str, batch: int) -> Path:
-    """``target_name.json``: a copy of ``source_name.json`` whose 2d configuration has ``batch_size = batch``."""
-    plans = json.loads((preprocessed / f"{source_name}.json").read_text())
-    if CONFIGURATION not in plans.get("configurations", {}):
-        raise SystemExit(f"{preprocessed / source_name}.json has no '{CONFIGURATION}' configuration")
-    plans["plans_name"] = target_name
-    plans["configurations"][CONFIGURATION]["batch_size"] = batch
-    target = preprocessed / f"{target_name}.json"
-    target.write_text(json.dumps(plans, indent=4) + "\n")
-    return target
-
-
 def write_subset_split(target: Path, max_train: Optional[int], max_test: Optional[int]) -> dict:
     """A ``--split-file`` with the first cases of the shipped Kvasir-SEG lists (debugging runs)."""
     import nnunetv2_meddisseg.datasets as datasets
@@ -137,25 +120,6 @@ def _dataset_folder(root: str, dataset_id: int) -> Path:
     if len(found) != 1:
         raise SystemExit(f"expected one Dataset{dataset_id:03d}_* folder in {root}, found {len(found)}")
     return found[0]
-
-
-# ------------------------------------------------------------------------------------------------
-# a deadline
-
-
-class Deadline:
-    """No new run starts after ``soft`` or ``hard`` (epoch seconds); a command still running at ``hard``
-    is stopped."""
-
-    def __init__(self, soft: float = math.inf, hard: float = math.inf):
-        self.soft, self.hard = soft, hard
-
-    def may_start(self) -> bool:
-        return time.time() < min(self.soft, self.hard)
-
-    def remaining(self) -> Optional[float]:
-        """Seconds to ``hard`` (None: no limit)."""
-        return None if math.isinf(self.hard) else max(0.0, self.hard - time.time())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -251,26 +215,33 @@ def _first_last(values: Sequence[float]) -> Optional[List[float]]:
 
 
 class Study:
-    """Runs (method, seed) of ``AblationRun``s (one ``nnUNet_results`` folder per seed) within a deadline."""
+    """Runs (method, seed) of ``AblationRun``s (one ``nnUNet_results`` folder per seed): none starts after
+    ``soft`` or ``hard`` (epoch seconds), a command still running at ``hard`` is stopped."""
 
-    def __init__(self, deadline: Deadline):
-        self.deadline = deadline
+    def __init__(self, soft: float = math.inf, hard: float = math.inf):
+        self.soft, self.hard = soft, hard
         self.lock = threading.Lock()
+
+    def may_start(self) -> bool:
+        return time.time() < min(self.soft, self.hard)
+
+    def remaining(self) -> Optional[float]:
+        return None if math.isinf(self.hard) else max(0.0, self.hard - time.time())
 
     def run(self, runner: AblationRun, key: str, seed: int) -> dict:
         spec = runner.variants[key]
         tag = f"{key}_seed{seed}"
         result = {"method": key, "seed": seed, "trainer": spec.trainer, "plans": spec.plans}
-        if not self.deadline.may_start():
+        if not self.may_start():
             return {**result, "status": "not started (deadline)"}
         try:
             state = runner.state(key, seed)
             self._say(f"start {tag}" + (" (resuming the interrupted training with --c)" if state == "interrupted"
                                         else ""))
             if state in ("new", "interrupted"):
-                runner.train(key, seed, self.deadline.remaining())
+                runner.train(key, seed, self.remaining())
             record = (runner.load_record(key, seed) if state == "finished"
-                      else runner.predict_and_evaluate(key, seed, self.deadline.remaining()))
+                      else runner.predict_and_evaluate(key, seed, self.remaining()))
         except CommandStopped:
             self._say(f"stopped {tag} at the end of the piece: the same command continues it")
             return {**result, "status": "stopped at the end of the piece"}
@@ -412,15 +383,11 @@ def _markdown(payload: dict) -> str:
 # the benchmark
 
 
-def _default_kvasir() -> Optional[str]:
-    root = os.environ.get(DATA_VARIABLE)
-    return str(Path(root) / "Kvasir-SEG") if root else None
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--kvasir", default=_default_kvasir(),
+    data = os.environ.get(DATA_VARIABLE)
+    p.add_argument("--kvasir", default=str(Path(data) / "Kvasir-SEG") if data else None,
                    help=f"Kvasir-SEG folder (images/, masks/), read only (default: ${DATA_VARIABLE}/Kvasir-SEG)")
     p.add_argument("--size", type=int, default=64, help="images resized to SIZE x SIZE (paper: 256)")
     p.add_argument("--budget", type=parse_budget, action="append", default=None,
@@ -523,9 +490,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     (work / "logs").mkdir(parents=True, exist_ok=True)
     print(f"work folder (kept): {work}")
     start = time.time()
-    deadline = Deadline(start + 60 * args.deadline_min if args.deadline_min is not None else math.inf,
-                        start + 60 * args.piece_min if args.piece_min is not None else math.inf)
-    payload = _run(args, kvasir, work, deadline, start)
+    study = Study(start + 60 * args.deadline_min if args.deadline_min is not None else math.inf,
+                  start + 60 * args.piece_min if args.piece_min is not None else math.inf)
+    payload = _run(args, kvasir, work, study, start)
     files = write_results(args.out, args.name, payload, _markdown(payload))
     print(files["markdown"].read_text())
     print(f"written: {files['json']}, {files['markdown']} (models, predictions and logs: {work})")
@@ -607,7 +574,9 @@ class Plans:
         name = stem + (f"_bs{budget.batch}" if budget.batch else "")
         if not (self.preprocessed / f"{name}.json").is_file():
             if family == "nnunet":
-                write_batch_plans(self.preprocessed, stem, name, budget.batch)
+                plans = json.loads((self.preprocessed / f"{stem}.json").read_text())
+                plans["plans_name"], plans["configurations"][CONFIGURATION]["batch_size"] = name, budget.batch
+                (self.preprocessed / f"{name}.json").write_text(json.dumps(plans, indent=4) + "\n")
             else:
                 command = ["nnUNetv2_meddisseg_plan", "-d", str(self.args.dataset_id), "--plans-name", name,
                            *MEDDISSEG_PLANS[family][1]]
@@ -618,7 +587,7 @@ class Plans:
         return name, int(plans["configurations"][CONFIGURATION]["batch_size"])
 
 
-def _run(args, kvasir: Path, work: Path, deadline: Deadline, start: float) -> dict:
+def _run(args, kvasir: Path, work: Path, study: Study, start: float) -> dict:
     env = _environment(args, work)
     _prepare_data(args, kvasir, env, work)
     raw = _dataset_folder(env["nnUNet_raw"], args.dataset_id)
@@ -636,7 +605,7 @@ def _run(args, kvasir: Path, work: Path, deadline: Deadline, start: float) -> di
     machine = machine_info(args.device)
     device_name = machine.get("gpu", machine["cpu"])
     budgets = {**previous.get("budgets", {}), **{b.label: b._asdict() for b in args.budget}}
-    plans, study, pending, lock = Plans(args, env, work, preprocessed), Study(deadline), [], threading.Lock()
+    plans, pending, lock = Plans(args, env, work, preprocessed), [], threading.Lock()
     order = [(b, k, seed) for seed in range(args.seeds) for b in args.budget for k in args.methods]
     print(f"[3/5] budgets {', '.join(b.label for b in args.budget)}, {args.epochs} epochs per run; "
           f"{sum(k in runs for k in ((b.label, m, s) for b, m, s in order))} of {len(order)} runs done before")
