@@ -158,3 +158,29 @@ def test_budget_option_and_results_file_errors(tmp_path):
 def test_budget_command_line_errors(argv, message):
     with pytest.raises(SystemExit, match=message):
         quality.main(["--kvasir", "/nonexistent", *argv])
+
+
+class _Runner:
+    """An AblationRun stand-in whose training is still running when the piece ends."""
+
+    variants = {"default": quality.Variant("nnUNetTrainerBaseline", "nnUNetPlans")}
+
+    def __init__(self):
+        self.time_limits = []
+
+    def state(self, key, seed):
+        return "interrupted"
+
+    def train(self, key, seed, time_limit_s):
+        self.time_limits.append(time_limit_s)
+        raise quality.CommandStopped("stopped at its time limit")
+
+
+def test_a_piece_ends_a_running_training_and_starts_nothing_after():
+    import time
+
+    runner = _Runner()
+    result = quality.Study(hard=time.time() + 60).run(runner, "default", 0)
+    assert result["status"] == "stopped at the end of the piece" and 0 < runner.time_limits[0] <= 60
+    assert quality.Study(hard=time.time() - 1).run(runner, "default", 1)["status"] == "not started (deadline)"
+    assert len(runner.time_limits) == 1
