@@ -1,8 +1,6 @@
-"""Shared helpers of the benchmark scripts: machine description, the networks nnU-Net would use, the Stage II
-loss, alternating timers, block profiles and result files (JSON + markdown).
-
-The scripts import this module as ``common`` (``python benchmarks/<script>.py`` puts this folder on ``sys.path``).
-"""
+"""Shared helpers of the benchmark scripts (imported as ``common``: ``python benchmarks/<script>.py`` puts this
+folder on ``sys.path``): machine description, the networks nnU-Net would use, the Stage II loss, alternating
+timers, block profiles and result files (JSON + markdown)."""
 import argparse
 import datetime
 import json
@@ -56,36 +54,27 @@ NETWORK_NAMES = ("MedDisSeg", "PlainConvUNet", "ResEncM")
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+            return next(line.split(":", 1)[1].strip() for line in f if line.lower().startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
+
+
+def package_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
 
 
 def machine_info(device: str = "cpu") -> dict:
     """Date, CPU model, cores, load, versions and (on CUDA) the GPU of this run."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    def _version(name: str) -> str:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return "not installed"
-
-    info = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": _cpu_model(),
-        "cpu_cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "load_average_1_5_15min": load_average(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "nnunetv2": _version("nnunetv2"),
-        "dynamic_network_architectures": _version("dynamic_network_architectures"),
-        "device": device,
-    }
+    info = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": _cpu_model(),
+            "cpu_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "load_average_1_5_15min": load_average(), "python": platform.python_version(), "torch": torch.__version__,
+            "nnunetv2": package_version("nnunetv2"),
+            "dynamic_network_architectures": package_version("dynamic_network_architectures"), "device": device}
     if device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
         info["cuda"] = torch.version.cuda

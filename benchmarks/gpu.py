@@ -16,8 +16,8 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from common import (NNUNET_ARCHITECTURES, PartialResults, argument_parser, block_profile, make_batch,
-                    network_from_plans, stage2_loss, timed_ms)
+from common import (NNUNET_ARCHITECTURES, PartialResults, argument_parser, block_profile, make_batch, markdown_table,
+                    network_from_plans, package_version, stage2_loss, timed_ms)
 
 
 def build(name: str, deep_supervision: bool) -> nn.Module:
@@ -87,13 +87,8 @@ class Report(PartialResults):
     def __init__(self, out, budget_s: float, device: torch.device, keep: bool = False) -> None:
         name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU ({platform.machine()})"
         super().__init__(out, "gpu", name, budget_s, markdown, keep)
-        try:
-            import triton
-            triton_version = triton.__version__
-        except ImportError:
-            triton_version = None
-        self.data.update(cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(), triton=triton_version,
-                         python=platform.python_version(), cudnn_benchmark=True)
+        self.data.update(cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version(),
+                         triton=package_version("triton"), python=platform.python_version(), cudnn_benchmark=True)
         self.data.setdefault("skipped", {})
 
     def put(self, path: str, value) -> None:
@@ -121,19 +116,18 @@ def markdown(data: dict) -> str:
         lines.append(f"| inference images/s, {key} | {data.get('infer_images_per_s', {}).get(key, '-')} | "
                      f"{data.get('nnunet_infer_images_per_s', {}).get(key, '-')} |")
     if data.get("forms"):
-        lines += ["", "Aggregation-block forms, eager, same run:", "", "| form | figure | images/s |", "|---|---|---|"]
-        for form, figures in data["forms"].items():
-            lines += [f"| {form} | {k} | {v} |" for k, v in figures.items()]
+        rows = [[form, k, v] for form, figures in data["forms"].items() for k, v in figures.items()]
+        lines += ["", "Aggregation-block forms, eager, same run:", "",
+                  markdown_table(["form", "figure", "images/s"], rows)]
     if data.get("compile_s"):
-        lines += ["", "| compilation (first call) | seconds |", "|---|---|"]
-        lines += [f"| {k} | {v} |" for k, v in data["compile_s"].items()]
+        lines += ["", markdown_table(["compilation (first call)", "seconds"], list(data["compile_s"].items()))]
     blocks = data.get("blocks")
     if blocks:
+        kernels = [[f"`{k['name'][:90]}`", k["calls"], k["ms"]] for k in blocks["top_kernels"]]
         lines += ["", f"Batch-{big} bf16 inference forward: wall {blocks['wall_ms']} ms, summed kernel time "
-                      f"{blocks['kernel_ms']} ms.", "", "| block | CUDA ms |", "|---|---|"]
-        lines += [f"| {k} | {v} |" for k, v in blocks["per_block_ms"].items()]
-        lines += ["", "| kernel | calls | self CUDA ms |", "|---|---|---|"]
-        lines += [f"| `{k['name'][:90]}` | {k['calls']} | {k['ms']} |" for k in blocks["top_kernels"]]
+                      f"{blocks['kernel_ms']} ms.", ""]
+        lines += [markdown_table(["block", "CUDA ms"], blocks["per_block_ms"].items()), "",
+                  markdown_table(["kernel", "calls", "self CUDA ms"], kernels)]
     if data.get("skipped"):
         lines += ["", "Skipped: " + "; ".join(f"{k} ({v})" for k, v in data["skipped"].items())]
     return "\n".join(lines) + "\n"

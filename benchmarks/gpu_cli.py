@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Sequence
 
-from common import PartialResults, argument_parser
+from common import PartialResults, argument_parser, markdown_table
 from nnunetv2_meddisseg.logged_command import run_logged_status
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,16 +77,14 @@ def markdown(data: dict) -> str:
     lines = [f"# nnU-Net's commands on {data['device']}", "", f"torch {data['torch']}; `{data['command']}`", "",
              f"Compiled `nnUNetv2_train` through `nnUNetv2_predict`: **{data['completed_through_predict']}**", ""]
     if data.get("epoch_s"):
-        lines += ["| run | Stage I s / epoch | Stage II s / epoch |", "|---|---|---|"]
-        for run, figures in data["epoch_s"].items():
-            lines.append(f"| {run} | {figures.get('meddisseg_stage1', figures.get('nnunet', '-'))} | "
-                         f"{figures.get('meddisseg_stage2', '-')} |")
-        lines.append("")
+        rows = [[run, f.get("meddisseg_stage1", f.get("nnunet", "-")), f.get("meddisseg_stage2", "-")]
+                for run, f in data["epoch_s"].items()]
+        lines += [markdown_table(["run", "Stage I s / epoch", "Stage II s / epoch"], rows), ""]
     for key in ("compile_s", "peak_memory_gib"):
         if data.get(key):
-            lines += [f"| {key} | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in data[key].items()] + [""]
-    lines += ["| command | rc | seconds |", "|---|---|---|"]
-    lines += [f"| {c['label']} | {c['rc']} | {c['seconds']} |" for c in data["commands"]]
+            lines += [markdown_table([key, ""], list(data[key].items())), ""]
+    commands = [[c["label"], c["rc"], c["seconds"]] for c in data["commands"]]
+    lines.append(markdown_table(["command", "rc", "seconds"], commands))
     return "\n".join(lines) + "\n"
 
 

@@ -13,11 +13,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from common import (argument_parser, command_line, load_average, machine_info, markdown_table, parse_device, report,
                     summarize)
 from nnunetv2_meddisseg.environment import CPU_BF16_ENVIRONMENT_VARIABLE, set_nnunet_environment
+from nnunetv2_meddisseg.logged_command import CommandFailed, run_logged
 from nnunetv2_meddisseg.nnunet_env import nnunet_environment, planning_environment, trainer_output_folder
 
 CONFIGURATION = "2d"
@@ -25,18 +26,6 @@ SYNTHETIC_DATASET_ID = 990
 SYNTHETIC_TRAINING_CASES = 8  # planning needs a fingerprint of some training cases; they are never trained on
 MODEL_KEYS = ("default", "meddisseg", "meddisseg_bf16")
 MODEL_NAMES = {"default": "nnU-Net default", "meddisseg": "Med-DisSeg", "meddisseg_bf16": "Med-DisSeg bf16"}
-
-
-def run_logged(command: Sequence[str], env: Mapping[str, str], log_file: Path, echo: bool = True) -> float:
-    """:func:`nnunetv2_meddisseg.logged_command.run_logged`, a failed command ending the script with its
-    one-line message."""
-    from nnunetv2_meddisseg.logged_command import CommandFailed
-    from nnunetv2_meddisseg.logged_command import run_logged as package_run_logged
-
-    try:
-        return package_run_logged(command, env, log_file, echo=echo)
-    except CommandFailed as e:
-        raise SystemExit(str(e)) from None
 
 
 def calibrate_batch_norm(network, batches: Sequence) -> None:
@@ -161,15 +150,6 @@ def _prepare_generated(args, work: Path, logs: Path) -> Tuple[Dict[str, str], st
     return env, dataset
 
 
-def _existing_environment() -> Dict[str, str]:
-    env = dict(os.environ)
-    for name in ("nnUNet_raw", "nnUNet_results"):
-        if not env.get(name):
-            raise SystemExit(f"--dataset: the environment variable {name} is not set (it must point at the "
-                             f"nnU-Net folders holding the trained models)")
-    return set_nnunet_environment(env)
-
-
 def _predict_command(dataset: str, images: Path, out: Path, trainer: str, plans: str, tta: bool, args) -> List[str]:
     command = ["nnUNetv2_predict", "-i", str(images), "-o", str(out), "-d", dataset, "-c", CONFIGURATION,
                "-f", str(args.fold), "-tr", trainer, "-p", plans, "-chk", args.checkpoint, "-device", args.device,
@@ -224,6 +204,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"work folder: {work}")
     try:
         payload = _run(args, work, work / "logs")
+    except CommandFailed as e:  # its one-line message names the command and its log
+        raise SystemExit(str(e)) from None
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -235,7 +217,11 @@ def _run(args, work: Path, logs: Path) -> dict:
     if args.dataset is None:
         env, dataset = _prepare_generated(args, work, logs)
     else:
-        env, dataset = _existing_environment(), args.dataset
+        for name in ("nnUNet_raw", "nnUNet_results"):
+            if not os.environ.get(name):
+                raise SystemExit(f"--dataset: the environment variable {name} is not set (it must point at the "
+                                 f"nnU-Net folders holding the trained models)")
+        env, dataset = set_nnunet_environment(dict(os.environ)), args.dataset
         print(f"[1-3/4] existing models of dataset {dataset} ({env['nnUNet_results']})")
     results_dataset = _dataset_folder(env["nnUNet_results"], dataset)
     models = {"default": (args.baseline_trainer, args.baseline_plans), "meddisseg": (args.trainer, args.plans)}
