@@ -1,29 +1,21 @@
-"""Shared helpers of the benchmark scripts: machine description, the networks nnU-Net would use,
-alternating timers and result files (JSON + markdown).
-
-The scripts import this module as ``common`` (``python benchmarks/<script>.py`` puts this folder on
-``sys.path``).
-"""
+"""Shared helpers of the benchmark scripts (imported as ``common``: ``python benchmarks/<script>.py`` puts this
+folder on ``sys.path``): machine description, the networks nnU-Net would use, the Stage II loss, alternating
+timers, block profiles and result files (JSON + markdown)."""
+import argparse
 import datetime
 import json
 import os
 import platform
+import re
 import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Sequence
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
-
-__all__ = [
-    "NNUNET_ARCHITECTURES", "NETWORK_NAMES", "DEFAULT_OUT", "machine_info", "command_line", "build_network",
-    "set_mode", "alternating_timings", "summarize", "markdown_table",
-    "write_results", "synchronize", "parse_device", "peak_rss_bytes", "current_rss_bytes", "reset_peak_rss",
-    "parameters", "run_logged",
-]
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
@@ -33,29 +25,18 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 # ``nnunetv2_meddisseg.datasets.synthetic.make_synthetic_dataset(raw, dataset_id=990, size=256)``
 # (patch size 256 x 256, spacing 1 x 1, 3 channels).
 _IMPORTED = ("conv_op", "norm_op", "dropout_op", "nonlin")
-NNUNET_ARCHITECTURES: Dict[str, dict] = {
-    "PlainConvUNet": {
-        "plans": "nnUNetPlans (ExperimentPlanner), 2d",
-        "network_class_name": "dynamic_network_architectures.architectures.unet.PlainConvUNet",
-        "arch_kwargs": {
-            "n_stages": 7,
-            "features_per_stage": [32, 64, 128, 256, 512, 512, 512],
-            "conv_op": "torch.nn.modules.conv.Conv2d",
-            "kernel_sizes": [[3, 3]] * 7,
-            "strides": [[1, 1]] + [[2, 2]] * 6,
-            "n_conv_per_stage": [2, 2, 2, 2, 2, 2, 2],
-            "n_conv_per_stage_decoder": [2, 2, 2, 2, 2, 2],
-            "conv_bias": True,
-            "norm_op": "torch.nn.modules.instancenorm.InstanceNorm2d",
-            "norm_op_kwargs": {"eps": 1e-05, "affine": True},
-            "dropout_op": None,
-            "dropout_op_kwargs": None,
-            "nonlin": "torch.nn.LeakyReLU",
-            "nonlin_kwargs": {"inplace": True},
-        },
-        "_kw_requires_import": _IMPORTED,
-    },
-}
+NNUNET_ARCHITECTURES: Dict[str, dict] = {"PlainConvUNet": {
+    "plans": "nnUNetPlans (ExperimentPlanner), 2d",
+    "network_class_name": "dynamic_network_architectures.architectures.unet.PlainConvUNet",
+    "arch_kwargs": {"n_stages": 7, "features_per_stage": [32, 64, 128, 256, 512, 512, 512],
+                    "conv_op": "torch.nn.modules.conv.Conv2d", "kernel_sizes": [[3, 3]] * 7,
+                    "strides": [[1, 1]] + [[2, 2]] * 6, "n_conv_per_stage": [2] * 7,
+                    "n_conv_per_stage_decoder": [2] * 6,
+                    "conv_bias": True, "norm_op": "torch.nn.modules.instancenorm.InstanceNorm2d",
+                    "norm_op_kwargs": {"eps": 1e-05, "affine": True}, "dropout_op": None, "dropout_op_kwargs": None,
+                    "nonlin": "torch.nn.LeakyReLU", "nonlin_kwargs": {"inplace": True}},
+    "_kw_requires_import": _IMPORTED,
+}}
 #: nnU-Net's residual-encoder network for the same data: the same kwargs but for the blocks per stage
 NNUNET_ARCHITECTURES["ResEncM"] = {
     "plans": "nnUNetResEncUNetMPlans (nnUNetPlannerResEncM), 2d",
@@ -73,40 +54,35 @@ NETWORK_NAMES = ("MedDisSeg", "PlainConvUNet", "ResEncM")
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+            return next(line.split(":", 1)[1].strip() for line in f if line.lower().startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
+
+
+def package_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
 
 
 def machine_info(device: str = "cpu") -> dict:
     """Date, CPU model, cores, load, versions and (on CUDA) the GPU of this run."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    def _version(name: str) -> str:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return "not installed"
-
-    info = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": _cpu_model(),
-        "cpu_cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "load_average_1_5_15min": [round(x, 2) for x in os.getloadavg()],
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "nnunetv2": _version("nnunetv2"),
-        "dynamic_network_architectures": _version("dynamic_network_architectures"),
-        "device": device,
-    }
+    info = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": _cpu_model(),
+            "cpu_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "load_average_1_5_15min": load_average(), "python": platform.python_version(), "torch": torch.__version__,
+            "nnunetv2": package_version("nnunetv2"),
+            "dynamic_network_architectures": package_version("dynamic_network_architectures"), "device": device}
     if device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
         info["cuda"] = torch.version.cuda
     return info
+
+
+def load_average() -> List[float]:
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def command_line() -> str:
@@ -115,7 +91,16 @@ def command_line() -> str:
     return " ".join(shlex.quote(a) for a in ["python", script, *sys.argv[1:]])
 
 
-def build_network(name: str, input_channels: int = 3, num_classes: int = 2, deep_supervision: bool = False) -> nn.Module:
+def argument_parser(doc: str, name: str) -> argparse.ArgumentParser:
+    """The parser of a measuring script (the first paragraph of ``doc`` as its description), with ``--out``."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", default=str(DEFAULT_OUT), help=f"folder for {name}.json / .md")
+    return p
+
+
+def build_network(name: str, input_channels: int = 3, num_classes: int = 2,
+                  deep_supervision: bool = False) -> nn.Module:
     """One of :data:`NETWORK_NAMES`, as nnU-Net would build it for the 256x256 RGB plans."""
     if name == "MedDisSeg":
         from nnunetv2_meddisseg.architectures import MedDisSegNet
@@ -123,11 +108,16 @@ def build_network(name: str, input_channels: int = 3, num_classes: int = 2, deep
         return MedDisSegNet(input_channels, num_classes, deep_supervision=deep_supervision)
     if name not in NNUNET_ARCHITECTURES:
         raise ValueError(f"unknown network {name!r}: choose from {list(NETWORK_NAMES)}")
+    return network_from_plans(NNUNET_ARCHITECTURES[name], input_channels, num_classes, deep_supervision)
+
+
+def network_from_plans(entry: dict, input_channels: int, num_classes: int, deep_supervision: bool) -> nn.Module:
+    """nnU-Net's ``get_network_from_plans`` on a plans' architecture entry."""
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 
-    arch = NNUNET_ARCHITECTURES[name]
-    return get_network_from_plans(arch["network_class_name"], arch["arch_kwargs"], arch["_kw_requires_import"],
-                                  input_channels, num_classes, allow_init=True, deep_supervision=deep_supervision)
+    return get_network_from_plans(entry["network_class_name"], dict(entry["arch_kwargs"]),
+                                  entry["_kw_requires_import"], input_channels, num_classes, allow_init=True,
+                                  deep_supervision=deep_supervision)
 
 
 def set_mode(net: nn.Module, training: bool, deep_supervision: bool) -> nn.Module:
@@ -135,6 +125,28 @@ def set_mode(net: nn.Module, training: bool, deep_supervision: bool) -> nn.Modul
     net.train(training)
     net.decoder.deep_supervision = deep_supervision
     return net
+
+
+def stage2_loss(dispersive: bool = True) -> Callable[[object, torch.Tensor], torch.Tensor]:
+    """nnUNetTrainerMedDisSeg's Stage II loss with its default weights (nnU-Net's batch Dice + CE, as planned
+    for 2D), with or without its dispersive term, as a function ``(network output, target) -> loss``."""
+    from nnunetv2_meddisseg.training.recipes import MEDDISSEG
+    from nnunetv2_meddisseg.training.stage2_loss import (Stage2Weights, dispersive_from_recipe, segmentation_loss,
+                                                         stage2_loss as loss)
+
+    seg, weights = segmentation_loss(batch_dice=True), Stage2Weights.from_recipe(MEDDISSEG)
+    term = dispersive_from_recipe(MEDDISSEG) if dispersive else None
+    return lambda output, target: loss(output, target, seg, term, weights)[0]
+
+
+def make_batch(batch: int, size: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Seeded random RGB images and a disc of random radius per image as the foreground target."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, 3, size, size, generator=g)
+    yy, xx = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
+    radius = torch.rand(batch, generator=g) * size / 4 + size / 8
+    target = ((yy - size / 2) ** 2 + (xx - size / 2) ** 2)[None] < radius[:, None, None] ** 2
+    return x.to(device), target[:, None].float().to(device)
 
 
 def synchronize(device: torch.device) -> None:
@@ -171,6 +183,72 @@ def summarize(samples: Sequence[float]) -> dict:
             "n": len(s)}
 
 
+def timed_ms(fn: Callable[[], object], cuda: bool = None) -> float:
+    """Milliseconds of one ``fn()``: CUDA events on a GPU, the host clock elsewhere."""
+    if not (torch.cuda.is_available() if cuda is None else cuda):
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def top_level_blocks(net: nn.Module) -> Iterator[Tuple[str, nn.Module]]:
+    """(name, module) of every child of ``net``, the items of a ModuleList or ModuleDict one by one."""
+    for name, child in net.named_children():
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            yield from ((f"{name}.{key}", item) for key, item in child.named_children())
+        else:
+            yield name, child
+
+
+def block_profile(net: nn.Module, call: Callable[[], object], top: int = 20) -> dict:
+    """One profiled ``call()`` (after an unprofiled one): the time of each top-level block (a ``record_function``
+    range pushed by forward hooks), the call's wall time against its summed kernel (CUDA) or operator self (CPU)
+    time, and the ``top`` kernels or operators with the most self time."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    cuda = next(net.parameters()).device.type == "cuda"
+    ranges, handles = [], []
+    for name, module in top_level_blocks(net):
+        def pre(_m, _a, name=name):
+            ranges.append(record_function(f"block:{name}"))
+            ranges[-1].__enter__()
+
+        def post(_m, _a, _o):
+            ranges.pop().__exit__(None, None, None)
+        handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    try:
+        call()
+        synchronize(torch.device("cuda" if cuda else "cpu"))
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            wall_ms = timed_ms(call, cuda)
+    finally:
+        for h in handles:
+            h.remove()
+    kind = "cuda" if cuda else "cpu"
+
+    def ms(event, attribute: str) -> float:  # recent torch versions name the CUDA attributes device_*
+        attribute = attribute.format(kind)
+        return (getattr(event, attribute.replace("cuda", "device"), None) or getattr(event, attribute, 0.0)) / 1e3
+
+    events = prof.key_averages()
+    per_block = {e.key[len("block:"):]: round(ms(e, "{}_time_total"), 3) for e in events if e.key.startswith("block:")}
+    # kernel (or operator) rows by self time, so that nested operators do not count twice
+    device_type = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    kernels = [e for e in events if ms(e, "self_{}_time_total") > 0 and not e.key.startswith("block:")
+               and getattr(e, "device_type", None) == device_type]
+    kernels.sort(key=lambda e: -ms(e, "self_{}_time_total"))
+    return {"wall_ms": round(wall_ms, 3), "kernel_ms": round(sum(ms(e, "self_{}_time_total") for e in kernels), 3),
+            "per_block_ms": per_block,
+            "top_kernels": [{"name": e.key, "calls": e.count, "ms": round(ms(e, "self_{}_time_total"), 3)}
+                            for e in kernels[:top]]}
+
+
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -196,27 +274,54 @@ def write_results(out_dir: Path, name: str, payload: dict, markdown_body: str) -
     return {"json": json_path, "markdown": md_path}
 
 
+def report(out_dir: Path, name: str, payload: dict, markdown_body: str, missed: Optional[str] = None) -> int:
+    """:func:`write_results`, then print the markdown, where both files are and ``missed`` (a target missed, the
+    exit status then 1)."""
+    files = write_results(out_dir, name, payload, markdown_body)
+    print(files["markdown"].read_text())
+    print(f"written: {files['json']}, {files['markdown']}")
+    if missed:
+        print(f"TARGET MISSED: {missed}", file=sys.stderr)
+    return 1 if missed else 0
+
+
+class PartialResults:
+    """Results of a GPU benchmark, rewritten to ``OUT/<prefix>_<device>.json`` and ``.md`` after every part, and
+    the time left before its budget ends. With ``keep``, a run on the same device adds to the figures of the
+    earlier run in that file (its command is appended to the earlier one's)."""
+
+    def __init__(self, out: Path, prefix: str, device: str, budget_s: float, markdown: Callable[[dict], str],
+                 keep: bool = True) -> None:
+        slug = re.sub(r"[^a-z0-9]+", "_", device.lower()).strip("_")
+        self.json_path, self.md_path = Path(out) / f"{prefix}_{slug}.json", Path(out) / f"{prefix}_{slug}.md"
+        self.deadline = time.monotonic() + budget_s
+        self.markdown = markdown
+        previous = json.loads(self.json_path.read_text()) if keep and self.json_path.is_file() else {}
+        self.data: Dict[str, object] = previous if previous.get("device") == device else {}
+        earlier = self.data.get("command")
+        self.data.update(device=device, torch=torch.__version__,
+                         command=f"{earlier}; {command_line()}" if earlier else command_line())
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def write(self) -> None:
+        self.json_path.parent.mkdir(parents=True, exist_ok=True)
+        self.json_path.write_text(json.dumps(self.data, indent=1) + "\n")
+        self.md_path.write_text(self.markdown(self.data))
+
+
 def parse_device(device: str) -> torch.device:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(f"--device {device}: CUDA is not available (torch.cuda.is_available() is False)")
     return torch.device(device)
 
 
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process (VmHWM from /proc/self/status)."""
+def rss_bytes(peak: bool = False) -> int:
+    """Resident set size of this process now (VmRSS), or its peak (VmHWM), from /proc/self/status."""
+    field = "VmHWM:" if peak else "VmRSS:"
     with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("VmHWM not found in /proc/self/status")
-
-
-def current_rss_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("VmRSS not found in /proc/self/status")
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field))
 
 
 def reset_peak_rss() -> bool:
@@ -231,20 +336,3 @@ def reset_peak_rss() -> bool:
 
 def parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
-
-
-# ------------------------------------------------------------------------------------------------
-# driving nnU-Net's console commands (predict.py, quality.py): the package's own helpers
-
-
-def run_logged(command: Sequence[str], env: Mapping[str, str], log_file: Path, echo: bool = True,
-               check: bool = True) -> float:
-    """:func:`nnunetv2_meddisseg.logged_command.run_logged`, a failed command ending the script
-    (``SystemExit`` with the one-line message) instead of raising."""
-    from nnunetv2_meddisseg.logged_command import CommandFailed
-    from nnunetv2_meddisseg.logged_command import run_logged as package_run_logged
-
-    try:
-        return package_run_logged(command, env, log_file, echo=echo, check=check)
-    except CommandFailed as e:
-        raise SystemExit(str(e)) from None

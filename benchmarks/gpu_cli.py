@@ -1,45 +1,31 @@
 """nnU-Net's own commands with Med-DisSeg on one CUDA GPU: the main command end to end, and seconds per epoch.
 
-``python benchmarks/gpu_cli.py --kvasir PATH/Kvasir-SEG [--size 256] [--cases 40 8 10] [--work DIR] [--out DIR]
-[--budget-s 900] [--parts main epochs]``
-
-On the first ``--cases`` train / validation / test cases of the shipped Kvasir-SEG split, resized to ``--size``
-by ``nnUNetv2_meddisseg_convert``:
-
-1. ``main``: ``nnUNetv2_plan_and_preprocess``, ``nnUNetv2_meddisseg_plan`` (its batch measured on this GPU),
-   ``nnUNetv2_train -tr nnUNetTrainerMedDisSeg_smoke`` as nnU-Net runs it by default (torch.compile on), then
-   ``nnUNetv2_predict`` and ``nnUNetv2_meddisseg_evaluate`` on the test cases. ``completed_through_predict`` is
-   true only when the prediction wrote every test case after the compiled training; ``compile_s`` holds the
-   first epoch of each stage minus a warm epoch of the same stage (compilation of that stage's graphs), and
-   ``peak_memory_gib`` the training's peak GPU memory against the plan's target.
-2. ``epochs``: seconds per 50-iteration epoch, Stage I and Stage II of ``nnUNetTrainerMedDisSeg`` (fp16 with
-   nnU-Net's GradScaler, and bf16 with ``nnUNet_meddisseg_bf16=1``; eager, and compiled where the time left
-   allows) beside default nnU-Net (``nnUNetTrainerBaseline``, nnU-Net's own plans): each from nnU-Net's
-   ``Epoch time`` log lines, the last epoch of each stage (the first of a stage includes its warm-up).
-
-Results: ``OUT/gpu_cli_<device>.json`` and ``.md``, rewritten after every command; the logs of every command
-under ``WORK/logs``. Each command is stopped at the time left (``--budget-s``). A later run on the same
-``--work`` folder reuses its dataset and plans and adds its figures to the same results file (e.g.
-``--parts epochs`` after ``--parts main``).
+On the first ``--cases`` train / validation / test cases of the shipped Kvasir-SEG split at ``--size``:
+``main`` runs ``nnUNetv2_plan_and_preprocess``, ``nnUNetv2_meddisseg_plan``, ``nnUNetv2_train -tr
+nnUNetTrainerMedDisSeg_smoke`` compiled as nnU-Net runs it by default, ``nnUNetv2_predict`` and
+``nnUNetv2_meddisseg_evaluate``; ``epochs`` trains both trainers (fp16 / bf16, eager / compiled) and reads the
+seconds per epoch of each stage from nnU-Net's logs (the last epoch of a stage; its first includes warm-up and
+compilation). ``completed_through_predict`` is true only when the prediction after the compiled training wrote
+every test case. Each command stops at the time left (``--budget-s``); logs are under ``WORK/logs``. A later run
+on the same ``--work`` reuses its data and plans and adds to the results.
 """
-import argparse
 import json
 import os
 import re
 import sys
-import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
+from common import PartialResults, argument_parser, markdown_table
 from nnunetv2_meddisseg.logged_command import run_logged_status
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = REPO / "benchmarks" / "results"
 DATASET_ID = 990
 ITERATIONS = 50
 #: console command -> its entry point (run as ``python -c``, so that a checkout works without installing)
 ENTRY_POINTS = {
-    "nnUNetv2_plan_and_preprocess": "nnunetv2.experiment_planning.plan_and_preprocess_entrypoints:plan_and_preprocess_entry",
+    "nnUNetv2_plan_and_preprocess":
+        "nnunetv2.experiment_planning.plan_and_preprocess_entrypoints:plan_and_preprocess_entry",
     "nnUNetv2_train": "nnunetv2.run.run_training:run_training_entry",
     "nnUNetv2_predict": "nnunetv2.inference.predict_from_raw_data:predict_entry_point",
     "nnUNetv2_meddisseg_convert": "nnunetv2_meddisseg.datasets.convert:main",
@@ -55,35 +41,24 @@ def command_line(name: str, args: Sequence[object]) -> List[str]:
     return ["python", "-c", code, *map(str, args)]
 
 
-class Run:
-    """Commands with logs and a deadline; the results dict rewritten after each."""
+class Run(PartialResults):
+    """Commands with logs and a deadline; the results rewritten after each."""
 
     def __init__(self, work: Path, out: Path, budget_s: float) -> None:
         import torch
 
-        self.device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
-        slug = re.sub(r"[^a-z0-9]+", "_", self.device.lower()).strip("_")
-        self.json_path, self.md_path = out / f"gpu_cli_{slug}.json", out / f"gpu_cli_{slug}.md"
+        super().__init__(out, "gpu_cli", torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU",
+                         budget_s, markdown)
         self.work, self.logs = work, work / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.deadline = time.monotonic() + budget_s
-        self.data: Dict[str, object] = {"device": self.device, "torch": torch.__version__,
-                                        "command": " ".join(["python", *sys.argv]), "completed_through_predict": False,
-                                        "compile_s": {}, "epoch_s": {}, "peak_memory_gib": {}, "commands": []}
-        if self.json_path.is_file():  # an earlier run on this work folder: its figures stay, this run adds
-            previous = json.loads(self.json_path.read_text())
-            if previous.get("device") == self.device:
-                self.data.update({k: v for k, v in previous.items() if k not in ("command",)})
-                self.data["command"] = f"{previous.get('command')}; {' '.join(['python', *sys.argv])}"
+        for key in ("compile_s", "epoch_s", "peak_memory_gib"):
+            self.data.setdefault(key, {})
+        self.data.setdefault("commands", [])
+        self.data.setdefault("completed_through_predict", False)
 
-    def left(self) -> float:
-        return self.deadline - time.monotonic()
-
-    def call(self, label: str, name: str, args: Sequence[object], env: Dict[str, str],
-             limit_s: Optional[float] = None) -> dict:
-        timeout = max(1.0, min(self.left(), limit_s or 1e9))
+    def call(self, label: str, name: str, args: Sequence[object], env: Dict[str, str]) -> dict:
         log = self.logs / f"{label}.log"
-        rc, seconds = run_logged_status(command_line(name, args), env, log, echo=False, timeout_s=timeout)
+        rc, seconds = run_logged_status(command_line(name, args), env, log, echo=False, timeout_s=max(1.0, self.left()))
         record = {"label": label, "command": name, "rc": "timeout" if rc is None else rc, "seconds": round(seconds, 1),
                   "log": str(log.relative_to(self.work))}
         self.data["commands"].append(record)
@@ -91,26 +66,25 @@ class Run:
         self.write()
         return record
 
-    def write(self) -> None:
-        self.json_path.parent.mkdir(parents=True, exist_ok=True)
-        self.json_path.write_text(json.dumps(self.data, indent=1) + "\n")
-        self.md_path.write_text(markdown(self.data))
+    def note_peak_memory(self, label: str, log_text: str) -> None:
+        """The largest ``peak GPU memory X GiB`` of a training log, where it has one."""
+        memory = re.findall(r"peak GPU memory ([0-9.]+) GiB", log_text)
+        if memory:
+            self.data["peak_memory_gib"][label] = max(map(float, memory))
 
 
 def markdown(data: dict) -> str:
     lines = [f"# nnU-Net's commands on {data['device']}", "", f"torch {data['torch']}; `{data['command']}`", "",
              f"Compiled `nnUNetv2_train` through `nnUNetv2_predict`: **{data['completed_through_predict']}**", ""]
     if data.get("epoch_s"):
-        lines += ["| run | Stage I s / epoch | Stage II s / epoch |", "|---|---|---|"]
-        for run, figures in data["epoch_s"].items():
-            lines.append(f"| {run} | {figures.get('meddisseg_stage1', figures.get('nnunet', '-'))} | "
-                         f"{figures.get('meddisseg_stage2', '-')} |")
-        lines.append("")
+        rows = [[run, f.get("meddisseg_stage1", f.get("nnunet", "-")), f.get("meddisseg_stage2", "-")]
+                for run, f in data["epoch_s"].items()]
+        lines += [markdown_table(["run", "Stage I s / epoch", "Stage II s / epoch"], rows), ""]
     for key in ("compile_s", "peak_memory_gib"):
         if data.get(key):
-            lines += [f"| {key} | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in data[key].items()] + [""]
-    lines += ["| command | rc | seconds |", "|---|---|---|"]
-    lines += [f"| {c['label']} | {c['rc']} | {c['seconds']} |" for c in data["commands"]]
+            lines += [markdown_table([key, ""], list(data[key].items())), ""]
+    commands = [[c["label"], c["rc"], c["seconds"]] for c in data["commands"]]
+    lines.append(markdown_table(["command", "rc", "seconds"], commands))
     return "\n".join(lines) + "\n"
 
 
@@ -140,12 +114,11 @@ def write_split(target: Path, counts: Sequence[int]) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argument_parser(__doc__, "gpu_cli_<device>")
     parser.add_argument("--kvasir", type=Path, required=True, help="Kvasir-SEG folder (images/, masks/)")
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--cases", type=int, nargs=3, default=(40, 8, 10), metavar=("TRAIN", "VAL", "TEST"))
     parser.add_argument("--work", type=Path, default=Path("gpu_cli_work"))
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--budget-s", type=float, default=900.0)
     parser.add_argument("--parts", nargs="+", choices=("main", "epochs"), default=("main", "epochs"))
     parser.add_argument("--device", default="cuda", help="-device of nnUNetv2_train / nnUNetv2_predict")
@@ -159,9 +132,8 @@ def main(argv=None) -> int:
     env.pop("nnUNet_compile", None)  # nnU-Net's default: compile on a GPU
     d, processes = str(DATASET_ID), str(min(8, os.cpu_count() or 1))
     split = write_split(work / "split.json", args.cases)
-    run.data["cases"] = {k: len(v) for k, v in split.items() if isinstance(v, list)}
-    run.data["size"] = args.size
-    run.data["iterations_per_epoch"] = args.iterations
+    run.data.update(cases={k: len(v) for k, v in split.items() if isinstance(v, list)}, size=args.size,
+                    iterations_per_epoch=args.iterations)
     steps = [("convert", "nnUNetv2_meddisseg_convert", ["kvasir-seg", args.kvasir, "-d", d, "--resize", args.size,
                                                          "--split-file", work / "split.json", "--overwrite", "-np",
                                                          processes], env),
@@ -185,9 +157,7 @@ def main(argv=None) -> int:
         text = training_log(results, trainer)
         run.data["main_training"] = {"compiled": "torch.compile" in text and "torch.compile failed" not in text,
                                      "epoch_s": epoch_times(text), "rc": train["rc"]}
-        memory = re.findall(r"peak GPU memory ([0-9.]+) GiB", text)
-        if memory:
-            run.data["peak_memory_gib"]["main_training"] = max(map(float, memory))
+        run.note_peak_memory("main_training", text)
         run.data["compile_s"].update(first_step_seconds(text))
         if train["rc"] == 0:
             predictions = work / "predictions"
@@ -233,25 +203,20 @@ def main(argv=None) -> int:
             text = training_log(arm_results, trainer)
             times = epoch_times(text)
             figures: Dict[str, object] = {"all": times, "rc": call["rc"]}
-            memory = re.findall(r"peak GPU memory ([0-9.]+) GiB", text)
-            if memory:
-                run.data["peak_memory_gib"][label] = max(map(float, memory))
+            run.note_peak_memory(label, text)
             if key == "meddisseg" and len(times) >= 3:
                 figures.update(meddisseg_stage1=times[0], meddisseg_stage2=times[2])
                 if "compiled" in label:
                     run.data["compile_s"][f"{label}_stage2_first_epoch_minus_warm"] = round(times[1] - times[2], 1)
             elif key == "baseline" and len(times) >= 2:
-                figures.update(nnunet=times[1],
-                               nnunet_images_per_s=round(args.iterations * _batch(preprocessed) / times[1], 1))
+                plans_file = json.loads((preprocessed / "nnUNetPlans.json").read_text())
+                batch = plans_file["configurations"]["2d"]["batch_size"]
+                figures.update(nnunet=times[1], nnunet_images_per_s=round(args.iterations * batch / times[1], 1))
             run.data["epoch_s"][label] = figures
             run.write()
     run.write()
     print(f"wrote {run.json_path} and {run.md_path}")
     return 0
-
-
-def _batch(preprocessed: Path) -> int:
-    return int(json.loads((preprocessed / "nnUNetPlans.json").read_text())["configurations"]["2d"]["batch_size"])
 
 
 if __name__ == "__main__":

@@ -1,26 +1,9 @@
 """An offline bundle for an air-gapped GPU machine: the wheels this package needs beyond PyTorch, and data.
 
-Hospital GPU machines often have Python with PyTorch (CUDA) but no network access. ``prepare`` runs on a
-machine with network access and this package's environment and writes a folder to carry over (default
-``.offline_bundle/`` in the repository root, ignored by git):
-
-- ``wheels/``: a wheel of this package and of every distribution it needs that the target machine does not
-  have, each pinned to the version installed here: the requirements of ``nnunetv2_meddisseg`` followed
-  through the installed distributions' metadata, stopping at what the target provides (``--provided``,
-  default PyTorch with torchvision and triton, numpy and pillow; their own dependencies are theirs). The
-  wheels are for CPython ``--python-version`` on x86-64 Linux; ``check`` verifies their tags and that every
-  requirement is either in the bundle or provided.
-- ``data/Kvasir-SEG/``: Kvasir-SEG resized to ``--size`` (images bilinear, masks nearest, JPEG under their
-  original names), which ``nnUNetv2_meddisseg_convert kvasir-seg`` reads unchanged (``--no-data`` skips it).
-- ``INSTALL.txt``: the commands below.
-
-On the machine without network access, in a checkout of this repository (the benchmarks are scripts, not
-part of the wheel): ``python -m pip install --no-index --find-links .offline_bundle/wheels nnunetv2_meddisseg``
-(``--no-index`` keeps pip off the network: every requirement comes from the bundle or is installed), then
-``export NNUNETV2_MEDDISSEG_TEST_DATA=$PWD/.offline_bundle/data`` (``quality.py``'s default ``--kvasir``).
-
-Usage: ``python benchmarks/offline_bundle.py prepare [--kvasir PATH] [--size 256] [--python-version 3.12]``;
-``python benchmarks/offline_bundle.py check [--bundle DIR]``.
+``prepare`` (where the network is reachable) writes ``wheels/`` (this package and every distribution it needs
+beyond ``--provided``, pinned to the versions installed here, for CPython ``--python-version`` on x86-64 Linux),
+``data/Kvasir-SEG/`` (resized to ``--size``; ``--no-data`` skips it) and ``INSTALL.txt``; ``check`` verifies the
+wheels' tags and requirements. How to install on the target: benchmarks/README.md.
 """
 import argparse
 import os

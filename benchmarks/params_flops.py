@@ -1,24 +1,17 @@
 """Parameters and FLOPs per image of Med-DisSeg and of the 2d networks nnU-Net plans for the same data.
 
-FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` on one image (batch 1): it counts
-convolutions and matrix products (2 FLOPs per multiply-add), not element-wise operations,
-normalisation, softmax or interpolation. Three passes per network:
-
-- inference: eval mode, deep supervision off (what ``nnUNetv2_predict`` runs);
-- training forward: train mode, deep supervision on (Med-DisSeg: auxiliary fg/bg/uc heads included);
-- training forward + backward (the backward pass is counted too).
-
-Usage: ``python benchmarks/params_flops.py [--size 256] [--out benchmarks/results]``
+``FlopCounterMode`` on the meta device, batch 1: convolutions and matrix products (2 FLOPs per multiply-add) of
+the inference forward (eval, no deep supervision), the training forward (deep supervision and Med-DisSeg's
+auxiliary heads) and the training forward + backward. Exits with 1 above 150 inference GFLOPs.
 """
-import argparse
-import sys
 from typing import Dict, Tuple
 
 import torch
+from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-from common import (DEFAULT_OUT, NNUNET_ARCHITECTURES, build_network, command_line, machine_info, markdown_table,
-                    parameters, set_mode, write_results)
+from common import (NNUNET_ARCHITECTURES, argument_parser, build_network, command_line, machine_info, markdown_table,
+                    parameters, report, set_mode)
 
 #: target for Med-DisSeg inference per 256x256 image
 INFERENCE_TARGET_GFLOPS = 150.0
@@ -35,25 +28,14 @@ def count_flops(net: torch.nn.Module, x: torch.Tensor, training: bool, backward:
     counter = FlopCounterMode(display=False, depth=None)
     with counter:
         if backward:
-            out = net(x)
-            sum(t.float().mean() for t in _flatten(out) if t.requires_grad).backward()
+            leaves = [t for t in tree_leaves(net(x)) if isinstance(t, torch.Tensor) and t.requires_grad]
+            sum(t.float().mean() for t in leaves).backward()
             net.zero_grad(set_to_none=True)
         else:
             with torch.no_grad():
                 net(x)
     per_module = {k: int(sum(v.values())) for k, v in counter.get_flop_counts().items()}
     return int(counter.get_total_flops()), per_module
-
-
-def _flatten(out):
-    if isinstance(out, torch.Tensor):
-        yield out
-    elif isinstance(out, dict):
-        for v in out.values():
-            yield from _flatten(v)
-    elif isinstance(out, (list, tuple)):
-        for v in out:
-            yield from _flatten(v)
 
 
 def _part_flops(per_module: Dict[str, int], path: str) -> int:
@@ -71,22 +53,17 @@ def _on_meta(build):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--size", type=int, default=256, help="image height = width")
-    p.add_argument("--channels", type=int, default=3, help="input channels (RGB: 3)")
-    p.add_argument("--classes", type=int, default=2, help="output classes incl. background")
-    p.add_argument("--out", default=str(DEFAULT_OUT), help="folder for params_flops.json / .md")
+    p = argument_parser(__doc__, "params_flops")
+    p.add_argument("--size", type=int, default=256, help="image height = width (RGB input, 2 classes)")
     args = p.parse_args(argv)
 
     # everything is built and run on the meta device: shapes only, nothing computed
-    x = torch.empty(1, args.channels, args.size, args.size, device="meta")
-    payload = {"machine": machine_info(), "command": command_line(), "size": args.size,
-               "input_channels": args.channels, "num_classes": args.classes,
-               "inference_target_gflops": INFERENCE_TARGET_GFLOPS, "networks": {}}
+    x = torch.empty(1, 3, args.size, args.size, device="meta")
+    payload = {"machine": machine_info(), "command": command_line(), "size": args.size, "input_channels": 3,
+               "num_classes": 2, "inference_target_gflops": INFERENCE_TARGET_GFLOPS, "networks": {}}
 
     # --- Med-DisSeg: parameters per top-level part, FLOPs per part
-    net = _on_meta(lambda: build_network("MedDisSeg", args.channels, args.classes))
+    net = _on_meta(lambda: build_network("MedDisSeg"))
     parts = [name for name, _ in net.named_children()]
     params = {name: parameters(m) for name, m in net.named_children()}
     training_only = {"auxiliary_heads": params["auxiliary_heads"],
@@ -105,13 +82,15 @@ def main(argv=None) -> int:
             med["flops_per_part"][mode] = {part: _part_flops(per_module, f"MedDisSegNet.{part}")
                                            for part in parts + detail_paths}
     # the released code's fusion (concatenation + full-resolution output block) for comparison
-    concat = _on_meta(lambda: _concat_fusion_network(args.channels, args.classes))
+    from nnunetv2_meddisseg.architectures import MedDisSegNet
+
+    concat = _on_meta(lambda: MedDisSegNet(3, 2, decoder_fusion="concat"))
     med["flops"]["inference_decoder_fusion_concat"] = count_flops(concat, x, training=False)[0]
     payload["networks"]["MedDisSeg"] = med
 
     # --- nnU-Net's networks
     for name in NNUNET_ARCHITECTURES:
-        nnet = _on_meta(lambda: build_network(name, args.channels, args.classes))
+        nnet = _on_meta(lambda: build_network(name))
         entry = {"plans": NNUNET_ARCHITECTURES[name]["plans"], "parameters_total": parameters(nnet),
                  "parameters_per_part": {n: parameters(m) for n, m in nnet.named_children()}, "flops": {}}
         for mode, kw in modes.items():
@@ -120,20 +99,9 @@ def main(argv=None) -> int:
 
     inference_g = med["flops"]["inference"] / GIGA
     payload["inference_target_met"] = inference_g <= INFERENCE_TARGET_GFLOPS
-    files = write_results(args.out, "params_flops", payload, _markdown(payload, parts, detail_paths))
-    print(files["markdown"].read_text())
-    print(f"written: {files['json']}, {files['markdown']}")
-    if not payload["inference_target_met"]:
-        print(f"TARGET MISSED: Med-DisSeg inference {inference_g:.1f} GFLOPs > {INFERENCE_TARGET_GFLOPS}",
-              file=sys.stderr)
-        return 1
-    return 0
-
-
-def _concat_fusion_network(channels: int, classes: int) -> torch.nn.Module:
-    from nnunetv2_meddisseg.architectures import MedDisSegNet
-
-    return MedDisSegNet(channels, classes, decoder_fusion="concat")
+    missed = f"Med-DisSeg inference {inference_g:.1f} GFLOPs > {INFERENCE_TARGET_GFLOPS}"
+    return report(args.out, "params_flops", payload, _markdown(payload, parts, detail_paths),
+                  None if payload["inference_target_met"] else missed)
 
 
 def _g(flops: int) -> str:
@@ -148,15 +116,15 @@ def _markdown(payload: dict, parts, detail_paths) -> str:
     nets = payload["networks"]
     med = nets["MedDisSeg"]
     size = payload["size"]
-    modes = [m for m in ("inference", "training_forward", "training_forward_backward") if m in med["flops"]]
+    modes = ("inference", "training_forward", "training_forward_backward")
+    fwd = modes[:2]  # backward FLOPs are not attributed to parts
     out = [f"Input 1 x {payload['input_channels']} x {size} x {size}, {payload['num_classes']} classes. "
            "GFLOPs per image from `torch.utils.flop_counter.FlopCounterMode` (convolutions and matrix products, "
            "2 FLOPs per multiply-add; element-wise ops, norms, softmax, interpolation not counted).", "",
            "## Networks", ""]
-    rows = []
-    for name, e in nets.items():
-        rows.append([name, _m(e["parameters_total"])] + [_g(e["flops"][m]) for m in modes]
-                    + [f"{e['flops']['inference'] / nets['PlainConvUNet']['flops']['inference']:.2f}"])
+    plain = nets["PlainConvUNet"]["flops"]["inference"]
+    rows = [[name, _m(e["parameters_total"])] + [_g(e["flops"][m]) for m in modes]
+            + [f"{e['flops']['inference'] / plain:.2f}"] for name, e in nets.items()]
     out.append(markdown_table(["network", "params (M)"] + [f"{m} GFLOPs" for m in modes]
                               + ["inference vs PlainConvUNet"], rows))
     target = payload["inference_target_gflops"]
@@ -164,11 +132,8 @@ def _markdown(payload: dict, parts, detail_paths) -> str:
     out += ["", f"Med-DisSeg inference: **{inf:.1f} GFLOPs** per {size}x{size} image; target <= {target:.0f} "
             f"(at 256x256): **{'met' if payload['inference_target_met'] else 'MISSED'}**.", "",
             "## Med-DisSeg parts", ""]
-    rows = []
-    fwd = [m for m in modes if m in med["flops_per_part"]]
-    for part in parts:
-        rows.append([part, _m(med["parameters_per_part"][part])]
-                    + [_g(med["flops_per_part"][m][part]) for m in fwd])
+    rows = [[part, _m(med["parameters_per_part"][part])] + [_g(med["flops_per_part"][m][part]) for m in fwd]
+            for part in parts]
     rows.append(["**total**", _m(med["parameters_total"])] + [_g(med["flops"][m]) for m in fwd])
     out.append(markdown_table(["part", "params (M)"] + [f"{m} GFLOPs" for m in fwd], rows))
     out += ["", f"Parameters used only in training (auxiliary heads, uncertainty branch of the decoupling): "

@@ -1,22 +1,9 @@
-"""Time and memory of one Med-DisSeg training step, with and without the dispersive loss.
+"""Time and memory of one Med-DisSeg training step, with and without the dispersive loss (target: <= 3 %).
 
-One step = forward (train mode, deep supervision on: logits, path logits, fg/bg/uc maps, features),
-the Stage II loss of nnUNetTrainerMedDisSeg (the trainer's own ``stage2_loss`` with its default
-weights: nnU-Net's Dice+CE on the logits, mean Dice+CE of the three path logits, foreground/background
-and complementarity terms, and the trainer's dispersive loss or not), backward and an Adam step. The
-candidates run in alternating rounds on the same batch; the median is reported:
-
-``without_dispersive`` / ``with_dispersive``: overhead ratio (target <= 3 %).
-
-The dispersive loss (forward + backward) and ``dispersion_diagnostics`` (what the trainer computes on
-the first step of each epoch) are also timed alone on the same features, which gives an overhead
-estimate free of the noise of the full step.
-
-Peak memory is measured in a fresh subprocess per configuration: peak RSS above the RSS before the first
-step on CPU (VmHWM), or ``torch.cuda.max_memory_allocated`` on CUDA. Two batch sizes give the training bytes
-per input pixel and sample (the slope: what the plan command's ``TRAINING_BYTES_PER_PIXEL`` estimates).
-
-Usage: ``python benchmarks/train_step.py [--batch 4] [--size 256] [--repeats N] [--device cpu|cuda]``
+One step: forward (train mode, deep supervision), nnUNetTrainerMedDisSeg's Stage II loss, backward, Adam. The
+two candidates alternate on the same batch (medians); the dispersive loss and ``dispersion_diagnostics`` are
+also timed alone. Peak memory comes from a fresh subprocess per batch size; the slope between two batch sizes
+is the training memory per input pixel and sample.
 """
 import argparse
 import contextlib
@@ -30,34 +17,15 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch import Tensor, nn
 
-from common import (DEFAULT_OUT, alternating_timings, build_network, command_line, current_rss_bytes, machine_info,
-                    markdown_table, parse_device, peak_rss_bytes, reset_peak_rss, set_mode, summarize, synchronize,
-                    write_results)
+from common import (alternating_timings, argument_parser, build_network, command_line, load_average, machine_info,
+                    make_batch, markdown_table, parse_device, report, reset_peak_rss, rss_bytes, set_mode, stage2_loss,
+                    summarize, synchronize)
 
 OVERHEAD_TARGET = 0.03  # target: dispersive loss overhead <= 3 % of a training step
 GIB = 1024 ** 3
 
 
-class Stage2Loss(nn.Module):
-    """The Stage II loss of nnUNetTrainerMedDisSeg (its own ``stage2_loss`` with its default weights and
-    dispersive settings), with or without the dispersive term."""
-
-    def __init__(self, dispersive: bool) -> None:
-        super().__init__()
-        from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
-        from nnunetv2_meddisseg.training.stage2_loss import Stage2Weights, dispersive_from_recipe, segmentation_loss
-
-        self.seg = segmentation_loss(batch_dice=True)  # nnU-Net plans batch Dice for 2D
-        self.weights = Stage2Weights.from_recipe(nnUNetTrainerMedDisSeg.recipe)
-        self.dispersive = dispersive_from_recipe(nnUNetTrainerMedDisSeg.recipe) if dispersive else None
-
-    def forward(self, output, target: Tensor) -> Tensor:
-        from nnunetv2_meddisseg.training.stage2_loss import stage2_loss
-
-        return stage2_loss(output, target, self.seg, self.dispersive, self.weights)[0]
-
-
-def make_step(net: nn.Module, loss: nn.Module, x: Tensor, target: Tensor, amp: bool) -> Callable[[], float]:
+def make_step(net: nn.Module, loss: Callable, x: Tensor, target: Tensor, amp: bool) -> Callable[[], float]:
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-4)
 
     def step() -> float:
@@ -69,15 +37,6 @@ def make_step(net: nn.Module, loss: nn.Module, x: Tensor, target: Tensor, amp: b
         return value.detach()
 
     return step
-
-
-def make_batch(batch: int, size: int, device: torch.device):
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, 3, size, size, generator=g)
-    yy, xx = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
-    radius = torch.rand(batch, generator=g) * size / 4 + size / 8
-    target = ((yy - size / 2) ** 2 + (xx - size / 2) ** 2)[None] < radius[:, None, None] ** 2
-    return x.to(device), target[:, None].float().to(device)
 
 
 def dispersive_alone(batch: int, size: int, repeats: int, device: torch.device) -> Dict[str, dict]:
@@ -98,52 +57,39 @@ def dispersive_alone(batch: int, size: int, repeats: int, device: torch.device) 
     return {k: summarize(v) for k, v in times.items()}
 
 
-# --------------------------------------------------------------------------- memory (subprocess)
-
-def memory_probe(batch: int, size: int, dispersive: bool, steps: int, device: torch.device, amp: bool) -> dict:
-    """Peak memory of ``steps`` training steps in this (fresh) process."""
+def memory_probe(batch: int, size: int, steps: int, device: torch.device, amp: bool) -> dict:
+    """Peak memory of ``steps`` training steps (dispersive loss included) in this fresh process."""
     torch.manual_seed(0)
-    net = set_mode(build_network("MedDisSeg", deep_supervision=True).to(device), training=True,
-                   deep_supervision=True)
+    net = set_mode(build_network("MedDisSeg", deep_supervision=True).to(device), training=True, deep_supervision=True)
     x, target = make_batch(batch, size, device)
-    step = make_step(net, Stage2Loss(dispersive).to(device), x, target, amp)
-    result = {"batch": batch, "size": size, "dispersive": dispersive, "steps": steps}
-    if device.type == "cuda":
+    step = make_step(net, stage2_loss(True), x, target, amp)
+    cuda = device.type == "cuda"
+    if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        for _ in range(steps):
-            step()
-        synchronize(device)
-        result.update(kind="cuda max_memory_allocated", before_bytes=before,
-                      peak_bytes=torch.cuda.max_memory_allocated(device))
-    else:
-        before = current_rss_bytes()
-        result["peak_reset"] = reset_peak_rss()
-        for _ in range(steps):
-            step()
-        result.update(kind="cpu peak RSS (VmHWM)", before_bytes=before, peak_bytes=peak_rss_bytes())
-    result["peak_above_setup_bytes"] = result["peak_bytes"] - result["before_bytes"]
-    return result
+    before = torch.cuda.memory_allocated(device) if cuda else rss_bytes()
+    peak_reset = cuda or reset_peak_rss()
+    for _ in range(steps):
+        step()
+    synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) if cuda else rss_bytes(peak=True)
+    return {"batch": batch, "size": size, "steps": steps, "peak_reset": peak_reset, "before_bytes": before,
+            "kind": "cuda max_memory_allocated" if cuda else "cpu peak RSS (VmHWM)", "peak_bytes": peak,
+            "peak_above_setup_bytes": peak - before}
 
 
-def run_memory_probe(args, batch: int, dispersive: bool) -> dict:
+def run_memory_probe(args, batch: int) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-probe", "--batch", str(batch),
            "--size", str(args.memory_size), "--memory-steps", str(args.memory_steps), "--device", args.device]
-    cmd += ["--dispersive"] if dispersive else []
     cmd += ["--bf16"] if args.bf16 else []
     cmd += ["--threads", str(args.threads)] if args.threads else []
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     if proc.returncode != 0:
-        return {"batch": batch, "dispersive": dispersive,
-                "error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+        return {"batch": batch, "error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-# --------------------------------------------------------------------------- main
-
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argument_parser(__doc__, "train_step")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--size", type=int, default=256, help="image height = width of the timed steps")
     p.add_argument("--repeats", type=int, default=10, help="timed rounds (median reported)")
@@ -156,10 +102,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="batch sizes of the memory probes (default: 1 and --batch)")
     p.add_argument("--memory-steps", type=int, default=2)
     p.add_argument("--no-memory", action="store_true", help="skip the memory probes")
-    p.add_argument("--out", default=str(DEFAULT_OUT), help="folder for train_step.json / .md")
-    # internal: one memory probe in this process
-    p.add_argument("--memory-probe", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--dispersive", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--memory-probe", action="store_true", help=argparse.SUPPRESS)  # one probe in this process
     args = p.parse_args(argv)
     device = parse_device(args.device)
     if args.threads:
@@ -167,16 +110,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     args.memory_size = args.memory_size or args.size
 
     if args.memory_probe:
-        print(json.dumps(memory_probe(args.batch, args.memory_size, args.dispersive, args.memory_steps, device,
-                                      args.bf16)))
+        print(json.dumps(memory_probe(args.batch, args.memory_size, args.memory_steps, device, args.bf16)))
         return 0
 
     machine = machine_info(str(device))
     torch.manual_seed(0)
     net = set_mode(build_network("MedDisSeg", deep_supervision=True).to(device), training=True, deep_supervision=True)
     x, target = make_batch(args.batch, args.size, device)
-    candidates = {"without_dispersive": make_step(net, Stage2Loss(False).to(device), x, target, args.bf16),
-                  "with_dispersive": make_step(net, Stage2Loss(True).to(device), x, target, args.bf16)}
+    candidates = {"without_dispersive": make_step(net, stage2_loss(False), x, target, args.bf16),
+                  "with_dispersive": make_step(net, stage2_loss(True), x, target, args.bf16)}
     times = alternating_timings(candidates, args.repeats, args.warmup, device)
     stats = {k: summarize(v) for k, v in times.items()}
     base = stats["without_dispersive"]["median_s"]
@@ -188,30 +130,24 @@ def main(argv: Optional[List[str]] = None) -> int:
                "dispersive_overhead_full_step": overhead, "dispersive_alone": alone,
                "dispersive_overhead_from_isolated_cost": overhead_alone,
                "diagnostics_share_of_step": alone["dispersion_diagnostics"]["median_s"] / base,
-               "overhead_target": OVERHEAD_TARGET,
-               "load_average_after": [round(v, 2) for v in os.getloadavg()]}
+               "overhead_target": OVERHEAD_TARGET, "load_average_after": load_average()}
     del net, candidates
 
     if not args.no_memory:
         batches = sorted(set(args.memory_batches or [1, args.batch]))
-        probes = [run_memory_probe(args, b, True) for b in batches]
-        payload["memory"] = probes
-        main_probes = [pr for pr in probes if pr.get("dispersive") and "error" not in pr]
-        if len(main_probes) >= 2:
-            lo, hi = main_probes[0], main_probes[-1]
+        payload.update(memory_size=args.memory_size, memory_steps=args.memory_steps,
+                       memory=[run_memory_probe(args, b) for b in batches])
+        measured = [pr for pr in payload["memory"] if "error" not in pr]
+        if len(measured) >= 2:
+            lo, hi = measured[0], measured[-1]
             payload["training_bytes_per_pixel_per_sample"] = (
                 (hi["peak_above_setup_bytes"] - lo["peak_above_setup_bytes"])
                 / ((hi["batch"] - lo["batch"]) * args.memory_size ** 2))
 
     payload["overhead_target_met"] = overhead_alone <= OVERHEAD_TARGET
-    files = write_results(args.out, "train_step", payload, _markdown(payload))
-    print(files["markdown"].read_text())
-    print(f"written: {files['json']}, {files['markdown']}")
-    if not payload["overhead_target_met"]:
-        print(f"TARGET MISSED: dispersive loss costs {overhead_alone:.1%} of a step (> {OVERHEAD_TARGET:.0%})",
-              file=sys.stderr)
-        return 1
-    return 0
+    missed = f"dispersive loss costs {overhead_alone:.1%} of a step (> {OVERHEAD_TARGET:.0%})"
+    return report(args.out, "train_step", payload, _markdown(payload),
+                  None if payload["overhead_target_met"] else missed)
 
 
 def _markdown(payload: dict) -> str:
@@ -224,9 +160,10 @@ def _markdown(payload: dict) -> str:
            markdown_table(["candidate", "median s/step", "IQR s"],
                           [[k, f"{s['median_s']:.3f}", f"{s['q1_s']:.3f}-{s['q3_s']:.3f}"] for k, s in t.items()]),
            ""]
-    a = payload["dispersive_alone"]
+    a, base = payload["dispersive_alone"], t["without_dispersive"]
+    iqr = (base["q3_s"] - base["q1_s"]) / base["median_s"]
     out += [f"- dispersive loss overhead, full steps compared: **{payload['dispersive_overhead_full_step']:+.2%}** "
-            f"(noise of the step timings: IQR/median {_iqr(t['without_dispersive']):.1%})",
+            f"(noise of the step timings: IQR/median {iqr:.1%})",
             f"- dispersive loss forward + backward alone: {a['dispersive_forward_backward']['median_s'] * 1e3:.2f} ms "
             f"= **{payload['dispersive_overhead_from_isolated_cost']:.3%}** of a step without it "
             f"(target <= {payload['overhead_target']:.0%}: "
@@ -236,26 +173,17 @@ def _markdown(payload: dict) -> str:
             f"of a step"]
     if "memory" in payload:
         out += ["", "## Peak memory", ""]
-        rows = []
-        for pr in payload["memory"]:
-            if "error" in pr:
-                rows.append([pr["batch"], pr.get("dispersive"), "error", pr["error"], ""])
-                continue
-            rows.append([pr["batch"], "yes" if pr["dispersive"] else "no", pr["kind"], f"{pr['peak_bytes'] / GIB:.2f}", f"{pr['peak_above_setup_bytes'] / GIB:.2f}"])
-        size_m = payload["memory"][0].get("size", size)
-        out.append(f"{payload['memory'][0].get('steps', '')} steps at {size_m}x{size_m} in a fresh process per row; "
-                   "'above setup' excludes the process and model before the first step (includes gradients and "
-                   "Adam moments).")
-        out += ["", markdown_table(["batch", "dispersive", "measure", "peak GiB",
-                                    "above setup GiB"], rows)]
+        rows = [[pr["batch"], "error", pr["error"], ""] if "error" in pr else
+                [pr["batch"], pr["kind"], f"{pr['peak_bytes'] / GIB:.2f}", f"{pr['peak_above_setup_bytes'] / GIB:.2f}"]
+                for pr in payload["memory"]]
+        size_m, steps = payload["memory_size"], payload["memory_steps"]
+        out += [f"{steps} steps at {size_m}x{size_m} (dispersive loss included) in a fresh process per row; "
+                "'above setup' excludes the process and model before the first step (includes gradients and Adam "
+                "moments).", "", markdown_table(["batch", "measure", "peak GiB", "above setup GiB"], rows)]
         if "training_bytes_per_pixel_per_sample" in payload:
             out += ["", f"Training peak per input pixel and sample (slope between the batch sizes): "
                     f"**{payload['training_bytes_per_pixel_per_sample']:,.0f} bytes**."]
     return "\n".join(out) + "\n"
-
-
-def _iqr(s: dict) -> float:
-    return (s["q3_s"] - s["q1_s"]) / s["median_s"]
 
 
 if __name__ == "__main__":
