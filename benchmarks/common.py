@@ -257,7 +257,7 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
 
 def write_results(out_dir: Path, name: str, payload: dict, markdown_body: str) -> Dict[str, Path]:
     """Write ``<out_dir>/<name>.json`` (payload) and ``<name>.md`` (header with date, machine and
-    command, then ``markdown_body``). Returns both paths."""
+    command, then ``markdown_body``), each replaced whole (a kill leaves the previous file). Returns both paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     machine = payload["machine"]
@@ -269,8 +269,10 @@ def write_results(out_dir: Path, name: str, payload: dict, markdown_body: str) -
               f"dynamic_network_architectures {machine['dynamic_network_architectures']}, python {machine['python']}",
               f"- command: `{payload['command']}`", ""]
     json_path, md_path = out_dir / f"{name}.json", out_dir / f"{name}.md"
-    json_path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    md_path.write_text("\n".join(header) + "\n" + markdown_body.rstrip() + "\n")
+    for path, text in ((json_path, json.dumps(payload, indent=2, default=str) + "\n"),
+                       (md_path, "\n".join(header) + "\n" + markdown_body.rstrip() + "\n")):
+        path.with_name(path.name + ".partial").write_text(text)
+        os.replace(path.with_name(path.name + ".partial"), path)
     return {"json": json_path, "markdown": md_path}
 
 
