@@ -8,7 +8,6 @@ wheels' tags and requirements. How to install on the target: benchmarks/README.m
 import argparse
 import os
 import re
-import subprocess
 import sys
 import zipfile
 from importlib.metadata import PackageNotFoundError, distribution
@@ -66,8 +65,11 @@ def required_distributions(root: str, provided: Iterable[str], python_version: s
     return found
 
 
-def _pip(args: Sequence[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True)
+def _pip(args: Sequence[str], log: Path) -> int:
+    """``python -m pip ARGS`` with its output appended to ``log``; its exit code."""
+    from nnunetv2_meddisseg.logged_command import run_logged_status
+
+    return run_logged_status(["python", "-m", "pip", *args], os.environ, log, echo=False, append=True)[0]
 
 
 def download_wheels(target: Path, python_version: str, pins: Sequence[str]) -> List[Path]:
@@ -81,19 +83,21 @@ def download_wheels(target: Path, python_version: str, pins: Sequence[str]) -> L
                 "--implementation", "cp", "-d", str(target)]
     for platform in PLATFORMS:
         download += ["--platform", platform]
-    print(f"downloading {len(pins)} wheels for CPython {python_version} (x86-64 Linux) into {target}", flush=True)
+    log = target.parent / "pip.log"
+    print(f"downloading {len(pins)} wheels for CPython {python_version} (x86-64 Linux) into {target} (log: {log})",
+          flush=True)
     for pin in pins:
         before = set(target.glob("*.whl"))
-        if _pip(download + [pin]).returncode != 0:
-            built = _pip(["wheel", "--quiet", "--no-deps", "-w", str(target), pin])
+        if _pip(download + [pin], log) != 0:
+            built = _pip(["wheel", "--quiet", "--no-deps", "-w", str(target), pin], log)
             new = set(target.glob("*.whl")) - before
-            if built.returncode != 0 or len(new) != 1 or not new.pop().name.endswith("-none-any.whl"):
+            if built != 0 or len(new) != 1 or not new.pop().name.endswith("-none-any.whl"):
                 raise SystemExit(f"{pin}: no wheel for CPython {python_version} x86-64 Linux, and no pure-Python "
                                  f"wheel could be built from its source")
             print(f"  {pin}: built from source (pure Python)")
-    own = _pip(["wheel", "--quiet", "--no-deps", "-w", str(target), str(REPO_ROOT)])
-    if own.returncode != 0:
-        raise SystemExit(f"building the wheel of this package failed: {(own.stderr.strip().splitlines() or ['?'])[-1]}")
+    if _pip(["wheel", "--quiet", "--no-deps", "-w", str(target), str(REPO_ROOT)], log) != 0:
+        raise SystemExit(f"building the wheel of this package failed: {log.read_text().strip().splitlines()[-1]} "
+                         f"(full log: {log})")
     return sorted(target.glob("*.whl"))
 
 

@@ -9,8 +9,7 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
-import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -20,6 +19,7 @@ from torch import Tensor, nn
 from common import (alternating_timings, argument_parser, build_network, command_line, load_average, machine_info,
                     make_batch, markdown_table, parse_device, report, reset_peak_rss, rss_bytes, set_mode, stage2_loss,
                     summarize, synchronize)
+from nnunetv2_meddisseg.logged_command import run_logged_status
 
 OVERHEAD_TARGET = 0.03  # target: dispersive loss overhead <= 3 % of a training step
 GIB = 1024 ** 3
@@ -78,14 +78,15 @@ def memory_probe(batch: int, size: int, steps: int, device: torch.device, amp: b
 
 
 def run_memory_probe(args, batch: int) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-probe", "--batch", str(batch),
+    cmd = ["python", str(Path(__file__).resolve()), "--memory-probe", "--batch", str(batch),
            "--size", str(args.memory_size), "--memory-steps", str(args.memory_steps), "--device", args.device]
     cmd += ["--bf16"] if args.bf16 else []
     cmd += ["--threads", str(args.threads)] if args.threads else []
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    if proc.returncode != 0:
-        return {"batch": batch, "error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "probe.log"
+        code, _ = run_logged_status(cmd, {**os.environ, "PYTHONUNBUFFERED": "1"}, log, echo=False)
+        last = (log.read_text().strip().splitlines() or ["failed"])[-1]
+    return json.loads(last) if code == 0 else {"batch": batch, "error": last}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
