@@ -38,9 +38,9 @@ def run_cli(args, env: dict, check: bool = True, timeout: float = 900) -> subpro
 
 
 def run_until(command: list, env: dict, log: Path, done, timeout: float = 900) -> None:
-    """Run ``command`` and SIGKILL its process group once ``done`` (a path, or a function returning one or None)
-    exists; the command must still be running then."""
-    exists = (lambda: (done() or Path("/nonexistent")).exists()) if callable(done) else done.exists
+    """Run ``command`` with its output in ``log`` and SIGKILL its process group once ``done`` (a path that must
+    exist, or a function that must return true); the command must still be running then."""
+    exists = done if callable(done) else done.exists
     with open(log, "w") as f:
         proc = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=f, stderr=subprocess.STDOUT,
                                 start_new_session=True)

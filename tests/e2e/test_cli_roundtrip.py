@@ -6,12 +6,9 @@ the CPU on the generated 64x64 Dataset501 (conftest's ``preprocessed_synthetic``
 import csv
 import json
 import math
-import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
+from nnunet_cli import run_until
 from scratch import scratch_folder
 
 DATASET = "Dataset501_SyntheticPolyps"
@@ -93,22 +91,8 @@ def load(path: Path) -> dict:
 def train_until_killed(env: dict, log: Path, epoch: int, *extra: str) -> None:
     """Run the smoke training (with ``extra`` options) and SIGKILL it, with its whole process group, as
     soon as it starts ``epoch`` (nnU-Net logs "Epoch N" after the checkpoint of epoch N-1 is written)."""
-    env = {**env, "PYTHONUNBUFFERED": "1"}
-    with open(log, "w") as out:
-        proc = subprocess.Popen([str(BIN / "nnUNetv2_train"), "501", "2d", "0", "-tr", SMOKE, "-device", "cpu",
-                                 *extra], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 600
-            while f"Epoch {epoch}\n" not in log.read_text():
-                assert proc.poll() is None, f"training ended before epoch {epoch}:\n{log.read_text()[-3000:]}"
-                assert time.monotonic() < deadline, f"epoch {epoch} not reached after 600 s"
-                time.sleep(0.1)
-        finally:
-            alive = proc.poll() is None
-            if alive:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert alive, f"training finished before it could be killed:\n{log.read_text()[-3000:]}"
+    run_until([str(BIN / "nnUNetv2_train"), "501", "2d", "0", "-tr", SMOKE, "-device", "cpu", *extra], env, log,
+              lambda: f"Epoch {epoch}\n" in log.read_text(), timeout=600)
 
 
 def test_meddisseg_killed_in_both_stages_resumes_exactly(cli_env, tmp_path):
