@@ -53,7 +53,8 @@ def _is_triton_error(error: BaseException) -> bool:
 def _fp16_autocast(device_type: str) -> bool:
     """Whether autocast to fp16 is active for ``device_type`` here (never on the meta device, which has no
     autocast: torch refuses the question there)."""
-    return device_type != "meta" and torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.float16
+    return (device_type != "meta" and torch.is_autocast_enabled(device_type)
+            and torch.get_autocast_dtype(device_type) == torch.float16)
 
 
 def _at_least_fp32(x: Tensor) -> Tensor:

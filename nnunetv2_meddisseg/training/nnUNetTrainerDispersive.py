@@ -35,8 +35,8 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
     ``nnUNetTrainerDispersive_infonceL2`` keeps the paper's form. The centred cosine needs at least 3
     samples (two centred samples are opposites: a constant loss), so with nnU-Net's 3D batch of 2 it
     does not regularise; the log says so at start-up (``MINIMUM_BATCH``), and under DDP the batch of
-    every process counts (``dispersive_gather``). With torch.compile the hook runs inside the compiled graph (set ``nnUNet_compile=f`` if a torch
-    version cannot trace it).
+    every process counts (``dispersive_gather``). With torch.compile the hook runs inside the compiled
+    graph (set ``nnUNet_compile=f`` if a torch version cannot trace it).
     """
 
     recipe: DispersiveRecipe = RECIPES["Dispersive"]
