@@ -46,6 +46,7 @@ from nnunetv2_meddisseg.ablation.runs import AblationRun, Variant, write_budget
 from nnunetv2_meddisseg.ablation.table import BINARY_METRICS as METRICS, METRIC_TITLES
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.environment import DATA_AUGMENTATION_PROCESSES_VARIABLE, set_nnunet_environment
+from nnunetv2_meddisseg.evaluation.paired_statistics import wilcoxon_p_value
 from nnunetv2_meddisseg.logged_command import CommandStopped, run_logged
 from nnunetv2_meddisseg.training.recipe import ScheduleRecipe
 
@@ -294,8 +295,6 @@ def _seed_mean_dice(runs: Sequence[dict], seeds: Sequence[int]) -> Dict[str, flo
 def aggregate(runs: Sequence[dict], methods: Sequence[str], baseline: str = BASELINE) -> Dict[str, dict]:
     """Per method: seeds done, mean / sd over seeds of validation and test metrics, and the paired
     comparison of test Dice to ``baseline`` over the seeds both completed."""
-    from scipy import stats
-
     done = {k: [r for r in runs if r["method"] == k and r["status"] == "done"] for k in methods}
     table = {}
     for key in methods:
@@ -317,7 +316,7 @@ def aggregate(runs: Sequence[dict], methods: Sequence[str], baseline: str = BASE
         if key != baseline and common:
             a, b = _seed_mean_dice(rs, common), _seed_mean_dice(reference, common)
             d = np.array([a[c] - b[c] for c in sorted(a)])
-            p = float(stats.wilcoxon(d).pvalue) if np.any(d != 0) else 1.0
+            p = wilcoxon_p_value(d)[0]
             row["vs_baseline"] = {"seeds": common, "mean_dice_difference": float(d.mean()), "p_value": p,
                                   "images_better": int((d > 0).sum()), "images_worse": int((d < 0).sum())}
         table[key] = row

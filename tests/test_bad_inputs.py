@@ -830,16 +830,16 @@ def test_ablation_checkpoint_payload_is_refused(tmp_path):
     import numpy as np
     from payload import Payload
 
-    from nnunetv2_meddisseg.ablation.runs import _training_seconds
+    from nnunetv2_meddisseg.ablation.runs import epoch_seconds
     from nnunetv2_meddisseg.torch_files import UnsafeTorchFile
 
     logging = {"epoch_start_timestamps": [np.float64(1.0)], "epoch_end_timestamps": [np.float64(3.5)]}
     torch.save({"logging": logging}, tmp_path / "checkpoint_final.pth")
-    assert _training_seconds(tmp_path / "checkpoint_final.pth") == 2.5
+    assert sum(epoch_seconds(tmp_path / "checkpoint_final.pth")) == 2.5
     logging["epoch_end_timestamps"] = [Payload(tmp_path / "payload_ran")]
     torch.save({"logging": logging}, tmp_path / "checkpoint_final.pth")
     with pytest.raises(UnsafeTorchFile, match=f"needs GLOBAL {open.__module__}.open"):
-        _training_seconds(tmp_path / "checkpoint_final.pth")
+        epoch_seconds(tmp_path / "checkpoint_final.pth")
     assert not (tmp_path / "payload_ran").exists()
 
 

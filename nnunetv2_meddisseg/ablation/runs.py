@@ -91,11 +91,6 @@ def epoch_seconds(checkpoint_file: Path) -> List[float]:
                                                      logging["epoch_end_timestamps"])]
 
 
-def _training_seconds(checkpoint_file: Path) -> float:
-    """Sum of nnU-Net's epoch durations recorded in a checkpoint."""
-    return float(sum(epoch_seconds(checkpoint_file)))
-
-
 @dataclass
 class AblationRun:
     """Everything the runs of one output folder share."""
