@@ -1,0 +1,60 @@
+"""A seeded smoke training in one process, reduced to numbers that any change of the training code would move.
+
+``python equivalence_run.py DATASET TRAINER`` (nnU-Net's folders and ``nnUNet_meddisseg_seed`` in the environment,
+the dataset planned and preprocessed for 2d) trains fold 0 with ``TRAINER`` on the CPU exactly as
+``nnUNetv2_train`` does (``run_training``, then the final validation), with one thread and batches made in this
+process, and prints one JSON object: the loss of every training and validation step, the sha256 of the final
+weights, the final validation's foreground Dice, and the torch version and CPU kernels the numbers came from.
+"""
+import hashlib
+import json
+import os
+import sys
+
+import torch
+
+
+def weights_sha256(state_dict: dict) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(state_dict):
+        tensor = state_dict[name].detach().cpu().contiguous()
+        digest.update(name.encode())
+        digest.update(str(tensor.dtype).encode())
+        digest.update(tensor.numpy().tobytes() if tensor.dtype != torch.bfloat16 else tensor.float().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def main(dataset: str, trainer_name: str) -> dict:
+    from nnunetv2.run.run_training import get_trainer_from_args
+
+    os.environ["nnUNet_n_proc_DA"] = "0"
+    os.environ["nnUNet_compile"] = "false"
+    torch.set_num_threads(1)
+    trainer = get_trainer_from_args(dataset, "2d", 0, trainer_name, "nnUNetPlans", device=torch.device("cpu"))
+    train_losses, val_losses = [], []
+    train_step, validation_step = trainer.train_step, trainer.validation_step
+
+    def recorded_train_step(batch):
+        result = train_step(batch)
+        train_losses.append(float(result["loss"]))
+        return result
+
+    def recorded_validation_step(batch):
+        result = validation_step(batch)
+        val_losses.append(float(result["loss"]))
+        return result
+
+    trainer.train_step, trainer.validation_step = recorded_train_step, recorded_validation_step
+    trainer.run_training()
+    trainer.perform_actual_validation(False)
+    with open(os.path.join(trainer.output_folder, "validation", "summary.json")) as f:
+        foreground_dice = json.load(f)["foreground_mean"]["Dice"]
+    network = trainer.network.module if hasattr(trainer.network, "module") else trainer.network
+    network = getattr(network, "_orig_mod", network)
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "train_losses": train_losses, "val_losses": val_losses,
+            "weights_sha256": weights_sha256(network.state_dict()), "final_validation_dice": foreground_dice}
+
+
+if __name__ == "__main__":
+    print("EQUIVALENCE " + json.dumps(main(*sys.argv[1:3])))
