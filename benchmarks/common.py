@@ -130,12 +130,12 @@ def set_mode(net: nn.Module, training: bool, deep_supervision: bool) -> nn.Modul
 def stage2_loss(dispersive: bool = True) -> Callable[[object, torch.Tensor], torch.Tensor]:
     """nnUNetTrainerMedDisSeg's Stage II loss with its default weights (nnU-Net's batch Dice + CE, as planned
     for 2D), with or without its dispersive term, as a function ``(network output, target) -> loss``."""
-    from nnunetv2_meddisseg.training.recipes import MEDDISSEG
-    from nnunetv2_meddisseg.training.stage2_loss import (Stage2Weights, dispersive_from_recipe, segmentation_loss,
-                                                         stage2_loss as loss)
+    from nnunetv2_meddisseg.training.objectives import (Stage2Weights, dispersive_from_recipe, segmentation_loss,
+                                                        stage2_loss as loss)
+    from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
 
-    seg, weights = segmentation_loss(batch_dice=True), Stage2Weights.from_recipe(MEDDISSEG)
-    term = dispersive_from_recipe(MEDDISSEG) if dispersive else None
+    seg, weights = segmentation_loss(batch_dice=True), Stage2Weights.from_recipe(MedDisSegRecipe())
+    term = dispersive_from_recipe(MedDisSegRecipe()) if dispersive else None
     return lambda output, target: loss(output, target, seg, term, weights)[0]
 
 

@@ -53,7 +53,7 @@ def training_call(net: nn.Module, name: str, batch: int, size: int, amp: torch.d
                   device: torch.device) -> Callable[[], object]:
     """One training step: Stage II loss for Med-DisSeg, nnU-Net's deep-supervision Dice + CE for its network."""
     from nnunetv2_meddisseg.training.nnunet_copies import backward_clip_step
-    from nnunetv2_meddisseg.training.stage2_loss import segmentation_loss
+    from nnunetv2_meddisseg.training.objectives import segmentation_loss
 
     channels_last = amp == torch.bfloat16
     net = net.to(memory_format=torch.channels_last) if channels_last else net

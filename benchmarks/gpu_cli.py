@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda", help="-device of nnUNetv2_train / nnUNetv2_predict")
     parser.add_argument("--iterations", type=int, default=ITERATIONS, help="iterations per epoch of the epochs part")
     args = parser.parse_args(argv)
-    from nnunetv2_meddisseg.nnunet_env import nnunet_environment, planning_environment
+    from nnunetv2_meddisseg.environment import nnunet_environment, planning_environment
 
     work = args.work.resolve()
     run = Run(work, args.out, args.budget_s)

@@ -17,8 +17,8 @@ from typing import List, Optional, Sequence
 from nnunetv2_meddisseg.cli import (DefaultsHelpFormatter, UserError, add_device_argument, plain_text, resolve_device,
                                     run_command)
 from nnunetv2_meddisseg.logged_command import run_logged
-from nnunetv2_meddisseg.environment import DATA_AUGMENTATION_PROCESSES_VARIABLE, SEED_ENVIRONMENT_VARIABLE
-from nnunetv2_meddisseg.nnunet_env import nnunet_environment, planning_environment
+from nnunetv2_meddisseg.environment import (DATA_AUGMENTATION_PROCESSES_VARIABLE, SEED_ENVIRONMENT_VARIABLE,
+                                            nnunet_environment, planning_environment)
 
 __all__ = ["main"]
 

@@ -1,22 +1,24 @@
-"""The environment variables the package reads or sets, one constant per name, and the one function that
-sets nnU-Net's folders and ``nnUNet_extTrainer``.
+"""The package's environment: the variables it reads or sets (one constant per name, one parser for flags), where
+nnU-Net finds our trainers, and nnU-Net's folder environment as our commands, the demo, the benchmarks and the tests
+set it up.
 
-nnU-Net reads three folders from the environment (:data:`NNUNET_FOLDERS`) and finds trainers it does not
-ship in the folders of ``nnUNet_extTrainer``, taking the first class with the requested name. Everything
-here that sets that variable puts this package's trainer folder first, then any other folders, each once
-(:func:`trainer_search_path`). Imports no torch: the commands' ``-h`` stays fast.
+nnU-Net reads three folders from the environment (:data:`NNUNET_FOLDERS`) and finds trainers it does not ship in
+the folders of ``nnUNet_extTrainer``, taking the first class with the requested name. Everything here that sets
+that variable puts this package's trainer folder (:data:`TRAINER_FOLDER`) first, then any other folders, each once
+(:func:`trainer_search_path`). A trained model lives in :func:`trainer_output_folder`. Imports nothing of the
+package and no torch: every module may import it, and the commands' ``-h`` stays fast.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import MutableMapping, Optional, Sequence
-
-from nnunetv2_meddisseg.trainer_path import trainer_folder
+from typing import Dict, Mapping, MutableMapping, Optional, Sequence
 
 __all__ = ["NNUNET_FOLDERS", "EXT_TRAINER_VARIABLE", "SEED_ENVIRONMENT_VARIABLE", "BF16_ENVIRONMENT_VARIABLE",
            "CPU_BF16_ENVIRONMENT_VARIABLE", "RECIPE_ENVIRONMENT_VARIABLE", "DATA_AUGMENTATION_PROCESSES_VARIABLE",
-           "trainer_search_path", "set_nnunet_environment"]
+           "COMPILE_VARIABLE", "TRUE_VALUES", "flag_is_set", "TRAINER_FOLDER", "trainer_folder",
+           "trainer_search_path", "set_nnunet_environment", "nnunet_environment", "planning_environment",
+           "use_our_trainers", "trainer_output_folder"]
 
 #: nnU-Net's data folders: raw datasets, preprocessed data and plans, trained models
 NNUNET_FOLDERS = ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results")
@@ -26,12 +28,30 @@ EXT_TRAINER_VARIABLE = "nnUNet_extTrainer"
 DATA_AUGMENTATION_PROCESSES_VARIABLE = "nnUNet_n_proc_DA"
 #: fixes the run seed of our trainers (an integer >= 0)
 SEED_ENVIRONMENT_VARIABLE = "nnUNet_meddisseg_seed"
-#: ("1", "true" or "t") our trainers train under bf16 autocast without a GradScaler
+#: (a flag, :func:`flag_is_set`) our trainers train under bf16 autocast without a GradScaler
 BF16_ENVIRONMENT_VARIABLE = "nnUNet_meddisseg_bf16"
-#: ("1", "true" or "t") MedDisSegNet's inference forward on a CPU runs under bf16 autocast
+#: (a flag, :func:`flag_is_set`) MedDisSegNet's inference forward on a CPU runs under bf16 autocast
 CPU_BF16_ENVIRONMENT_VARIABLE = "nnUNet_meddisseg_cpu_bf16"
 #: names a JSON file of recipe overrides (``{"num_epochs": 20, ...}``) applied to every trainer's recipe
 RECIPE_ENVIRONMENT_VARIABLE = "nnUNet_meddisseg_recipe"
+#: nnU-Net's switch for torch.compile (a flag; unset: nnU-Net's and our trainers' own decision)
+COMPILE_VARIABLE = "nnUNet_compile"
+#: the values (any case, surrounding blanks ignored) that turn a flag on
+TRUE_VALUES = ("1", "true", "t", "yes", "y", "on")
+#: the folder to put into ``nnUNet_extTrainer`` (``python -m nnunetv2_meddisseg.trainer_path`` prints it)
+TRAINER_FOLDER = Path(__file__).resolve().parent / "nnunet_trainers"
+
+
+def flag_is_set(name: str, env: Optional[Mapping[str, str]] = None) -> bool:
+    """True when the environment variable ``name`` (in ``env``, default ``os.environ``) is one of
+    :data:`TRUE_VALUES`; the one reading of every on/off variable of the package."""
+    value = (os.environ if env is None else env).get(name, "")
+    return value.strip().lower() in TRUE_VALUES
+
+
+def trainer_folder() -> str:
+    """Absolute path of the folder to put into ``nnUNet_extTrainer``."""
+    return str(TRAINER_FOLDER)
 
 
 def trainer_search_path(extra_folders: Sequence[str] = (), current: Optional[str] = None) -> str:
@@ -56,3 +76,34 @@ def set_nnunet_environment(env: MutableMapping[str, str], root: Optional[Path] =
             env[name] = str(folder)
     env[EXT_TRAINER_VARIABLE] = trainer_search_path(extra_trainer_folders, env.get(EXT_TRAINER_VARIABLE, ""))
     return env
+
+
+def nnunet_environment(root: Path, trainer_folders: Sequence[str] = (),
+                       base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """A copy of ``base`` (default ``os.environ``) with the three nnU-Net folders in ``root`` (created)
+    and ``nnUNet_extTrainer`` = this package's trainer folder, ``trainer_folders``, then ``base``'s own folders."""
+    return dict(set_nnunet_environment(dict(os.environ if base is None else base), root, trainer_folders))
+
+
+def planning_environment(env: Mapping[str, str]) -> Dict[str, str]:
+    """``env`` for ``nnUNetv2_plan_and_preprocess``: without ``nnUNet_n_proc_DA=0``.
+
+    nnU-Net 2.8.1's planner calls ``torch.set_num_threads(nnUNet_n_proc_DA)`` while it estimates the
+    network's memory, which fails for 0; training reads the variable as "no worker processes", so
+    only planning must do without it."""
+    return {k: v for k, v in env.items() if not (k == DATA_AUGMENTATION_PROCESSES_VARIABLE and v.strip() == "0")}
+
+
+def use_our_trainers() -> None:
+    """Put this package's trainer folder first in ``nnUNet_extTrainer`` of this process (other folders stay)."""
+    set_nnunet_environment(os.environ)
+
+
+def trainer_output_folder(dataset_name: str, trainer: str, plans: str, configuration: str,
+                          results: Optional[str] = None) -> Path:
+    """``<results>/<dataset>/<trainer>__<plans>__<configuration>`` (nnU-Net's layout; ``results``
+    defaults to ``$nnUNet_results``, an error naming the variable where it is unset)."""
+    if results is None:
+        from nnunetv2.paths import nnUNet_results
+        results = nnUNet_results.require()
+    return Path(results) / dataset_name / f"{trainer}__{plans}__{configuration}"

@@ -8,17 +8,11 @@ uses everywhere); ``--list`` prints every trainer of the package, one line each 
 """
 import argparse
 import inspect
-from pathlib import Path
 from typing import Dict, Optional, Sequence
 
-__all__ = ["TRAINER_FOLDER", "trainer_folder", "catalogue", "main"]
+from nnunetv2_meddisseg.environment import TRAINER_FOLDER, trainer_folder, trainer_search_path
 
-TRAINER_FOLDER = Path(__file__).resolve().parent / "nnunet_trainers"
-
-
-def trainer_folder() -> str:
-    """Absolute path of the folder to put into ``nnUNet_extTrainer``."""
-    return str(TRAINER_FOLDER)
+__all__ = ["catalogue", "main"]
 
 
 def _summary(cls: type, width: int = 110) -> str:
@@ -47,8 +41,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         for name, summary in catalogue().items():
             print(f"{name}: {summary}")
     elif args.search_path:
-        from nnunetv2_meddisseg.environment import trainer_search_path
-
         print(trainer_search_path())
     else:
         print(trainer_folder())

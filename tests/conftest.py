@@ -14,7 +14,7 @@ from typing import Dict
 import pytest
 
 from nnunet_cli import nnunet_env, planning_environment, run_cli
-from nnunetv2_meddisseg.nnunet_env import NNUNET_FOLDERS
+from nnunetv2_meddisseg.environment import NNUNET_FOLDERS
 from real_data import SKIP_REASON, data_root
 from scratch import scratch_folder
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from nnunetv2_meddisseg.logged_command import console_command
-from nnunetv2_meddisseg.nnunet_env import nnunet_environment, planning_environment
+from nnunetv2_meddisseg.environment import nnunet_environment, planning_environment
 
 BIN = Path(sys.executable).parent
 

@@ -895,33 +895,33 @@ def test_convert_write_failure_leaves_nothing_and_names_the_path(tmp_path, env, 
 
 
 def test_truncated_checkpoint_latest_names_the_file_and_checkpoint_best(tmp_path):
-    from nnunetv2_meddisseg.training.base import _read_checkpoint_for_resuming
-    from nnunetv2_meddisseg.training.input_errors import TrainingInputRuntimeError
+    from nnunetv2_meddisseg.training.checkpoints import read_checkpoint_for_resuming
+    from nnunetv2_meddisseg.training.errors import TrainingInputRuntimeError
 
     latest, best = tmp_path / "checkpoint_latest.pth", tmp_path / "checkpoint_best.pth"
     torch.save({"network_weights": {"w": torch.zeros(1000)}}, best)
     latest.write_bytes(best.read_bytes()[:1500])
     with pytest.raises(TrainingInputRuntimeError) as e:  # a RuntimeError, printed by nnUNetv2_train as one line
-        _read_checkpoint_for_resuming(str(latest))
+        read_checkpoint_for_resuming(str(latest))
     message = str(e.value)
     assert message.startswith(f"cannot read the checkpoint {latest} (truncated or corrupt? ")
     assert message.endswith(f"): copy {best} over it to resume from the best epoch, or train again without --c")
     assert "\n" not in message
     best.unlink()
     with pytest.raises(RuntimeError, match=r"\): train again without --c$"):
-        _read_checkpoint_for_resuming(str(latest))
+        read_checkpoint_for_resuming(str(latest))
 
 
 def test_resuming_from_a_checkpoint_carrying_code_is_refused(tmp_path):
     from payload import Payload
 
     from nnunetv2_meddisseg.torch_files import UnsafeTorchFile
-    from nnunetv2_meddisseg.training.base import _read_checkpoint_for_resuming
+    from nnunetv2_meddisseg.training.checkpoints import read_checkpoint_for_resuming
 
     torch.save({"network_weights": {}, "logging": {"x": [Payload(tmp_path / "payload_ran")]}},
                tmp_path / "checkpoint_latest.pth")
     with pytest.raises(UnsafeTorchFile, match="it was not loaded, since loading such objects can run code"):
-        _read_checkpoint_for_resuming(str(tmp_path / "checkpoint_latest.pth"))
+        read_checkpoint_for_resuming(str(tmp_path / "checkpoint_latest.pth"))
     assert not (tmp_path / "payload_ran").exists()
 
 
@@ -1007,7 +1007,7 @@ def test_train_continuing_from_a_truncated_checkpoint_is_one_line(tmp_path):
 
 def test_excepthook_prints_a_user_error_in_one_line_and_hands_on_every_other(monkeypatch, capsys):
     from nnunetv2_meddisseg.cli import install_excepthook
-    from nnunetv2_meddisseg.training.input_errors import TrainingInputError, TrainingInputRuntimeError
+    from nnunetv2_meddisseg.training.errors import TrainingInputError, TrainingInputRuntimeError
 
     handed_on = []
     monkeypatch.setattr(sys, "excepthook", lambda *args: handed_on.append(args))
@@ -1037,7 +1037,7 @@ def test_excepthook_prints_a_user_error_in_one_line_and_hands_on_every_other(mon
 def test_nnunet_trainer_search_installs_the_excepthook_once(monkeypatch, capsys):
     from nnunetv2.utilities.find_objects import recursive_find_trainer_class_by_name
 
-    from nnunetv2_meddisseg.trainer_path import trainer_folder
+    from nnunetv2_meddisseg.environment import trainer_folder
 
     def previous(*args):
         pass
@@ -1052,7 +1052,7 @@ def test_nnunet_trainer_search_installs_the_excepthook_once(monkeypatch, capsys)
 def test_training_input_errors_keep_their_former_types():
     from nnunetv2_meddisseg.cli import UserError
     from nnunetv2_meddisseg.torch_files import UnsafeTorchFile
-    from nnunetv2_meddisseg.training.input_errors import (TrainingInputError, TrainingInputFileNotFoundError,
+    from nnunetv2_meddisseg.training.errors import (TrainingInputError, TrainingInputFileNotFoundError,
                                                           TrainingInputRuntimeError)
 
     assert issubclass(TrainingInputError, UserError) and issubclass(TrainingInputError, ValueError)

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import test_bad_inputs as bad
-from nnunetv2_meddisseg.trainer_path import trainer_folder
+from nnunetv2_meddisseg.environment import trainer_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 _TRAINING_TESTS = str(Path(__file__).resolve().parent / "training")
@@ -221,15 +221,16 @@ def share_inside_model_folder(tmp, env) -> str:
 
 
 def truncated_checkpoint_latest(tmp, env) -> str:
-    from nnunetv2_meddisseg.training.base import _read_checkpoint_for_resuming
+    from nnunetv2_meddisseg.training.checkpoints import read_checkpoint_for_resuming
 
     torch.save({"network_weights": {"w": torch.zeros(1000)}}, tmp / "checkpoint_best.pth")
     (tmp / "checkpoint_latest.pth").write_bytes((tmp / "checkpoint_best.pth").read_bytes()[:1500])
-    return _train_error_of(lambda: _read_checkpoint_for_resuming(str(tmp / "checkpoint_latest.pth")))
+    return _train_error_of(lambda: read_checkpoint_for_resuming(str(tmp / "checkpoint_latest.pth")))
 
 
 def seed_not_a_number(tmp, env) -> str:
-    from nnunetv2_meddisseg.training.base import SEED_ENVIRONMENT_VARIABLE, run_seed_from_environment
+    from nnunetv2_meddisseg.environment import SEED_ENVIRONMENT_VARIABLE
+    from nnunetv2_meddisseg.training.seeding import run_seed_from_environment
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(SEED_ENVIRONMENT_VARIABLE, "abc")

@@ -3,10 +3,12 @@
 The from-scratch study (``benchmarks/quality.py``; results in ``benchmarks/RESULTS.md``: "From-scratch study
 at the CPU budget", "SGD from scratch and the early-feature collapse") and the BatchNorm statistics study
 (``runningStatistics`` arms, RESULTS.md "BatchNorm statistics at small batches"). nnU-Net finds them through
-``nnUNet_extTrainer`` like the trainers of ``training.variants``; their recipes are in ``training.recipes``.
+``nnUNet_extTrainer`` like the trainers of ``training.variants``; their settings are ``training.variants``'.
 """
-from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
-from nnunetv2_meddisseg.training.recipes import RECIPES
+from dataclasses import replace
+
+from nnunetv2_meddisseg.training.variants import (MEDDISSEG, PLAIN_TRAINING, SCRATCH_ADAM, SCRATCH_SGD,
+                                                  SCRATCH_SGD_CENTRED, nnUNetTrainerMedDisSeg)
 
 __all__ = [
     "nnUNetTrainerMedDisSeg_paperSettings", "nnUNetTrainerMedDisSeg_scratchSGD",
@@ -15,13 +17,13 @@ __all__ = [
     "nnUNetTrainerMedDisSeg_runningStatistics", "nnUNetTrainerMedDisSeg_plainPaperRunningStatistics",
 ]
 
-class nnUNetTrainerMedDisSeg_paperSettings(nnUNetTrainerMedDisSeg): "from-scratch study: the default recipe under the name result tables use"; recipe = RECIPES["MedDisSeg_paperSettings"]
-class nnUNetTrainerMedDisSeg_scratchSGD(nnUNetTrainerMedDisSeg): "from-scratch study: SGD 1e-2 for every group, cosine dispersive loss"; recipe = RECIPES["MedDisSeg_scratchSGD"]
-class nnUNetTrainerMedDisSeg_scratchSGDCentred(nnUNetTrainerMedDisSeg): "from-scratch study: scratchSGD with the batch-centred cosine form"; recipe = RECIPES["MedDisSeg_scratchSGDCentred"]
-class nnUNetTrainerMedDisSeg_scratchAdam(nnUNetTrainerMedDisSeg): "from-scratch study: Adam 1e-3 for every group, cosine dispersive loss"; recipe = RECIPES["MedDisSeg_scratchAdam"]
-class nnUNetTrainerMedDisSeg_plainSGD(nnUNetTrainerMedDisSeg): "from-scratch study: the bare network (no Stage I, final logits only) with scratchSGD's rates"; recipe = RECIPES["MedDisSeg_plainSGD"]
-class nnUNetTrainerMedDisSeg_plainAdam(nnUNetTrainerMedDisSeg): "from-scratch study: the bare network with scratchAdam's rates"; recipe = RECIPES["MedDisSeg_plainAdam"]
-class nnUNetTrainerMedDisSeg_plainPaper(nnUNetTrainerMedDisSeg): "from-scratch study: the bare network with the paper's rates"; recipe = RECIPES["MedDisSeg_plainPaper"]
-class nnUNetTrainerMedDisSeg_cosineCentred(nnUNetTrainerMedDisSeg): "from-scratch study: the batch-centred cosine dispersive loss"; recipe = RECIPES["MedDisSeg_cosineCentred"]
-class nnUNetTrainerMedDisSeg_runningStatistics(nnUNetTrainerMedDisSeg): "BatchNorm statistics study: also keeps checkpoint_stage1.pth"; recipe = RECIPES["MedDisSeg_runningStatistics"]
-class nnUNetTrainerMedDisSeg_plainPaperRunningStatistics(nnUNetTrainerMedDisSeg): "BatchNorm statistics study: plainPaper, also keeps checkpoint_stage1.pth"; recipe = RECIPES["MedDisSeg_plainPaperRunningStatistics"]
+class nnUNetTrainerMedDisSeg_paperSettings(nnUNetTrainerMedDisSeg): "from-scratch study: the default recipe under the name result tables use"; recipe = MEDDISSEG
+class nnUNetTrainerMedDisSeg_scratchSGD(nnUNetTrainerMedDisSeg): "from-scratch study: SGD 1e-2 for every group, cosine dispersive loss"; recipe = replace(MEDDISSEG, from_scratch=SCRATCH_SGD)
+class nnUNetTrainerMedDisSeg_scratchSGDCentred(nnUNetTrainerMedDisSeg): "from-scratch study: scratchSGD with the batch-centred cosine form"; recipe = replace(MEDDISSEG, from_scratch=SCRATCH_SGD_CENTRED)
+class nnUNetTrainerMedDisSeg_scratchAdam(nnUNetTrainerMedDisSeg): "from-scratch study: Adam 1e-3 for every group, cosine dispersive loss"; recipe = replace(MEDDISSEG, from_scratch=SCRATCH_ADAM)
+class nnUNetTrainerMedDisSeg_plainSGD(nnUNetTrainerMedDisSeg): "from-scratch study: the bare network (no Stage I, final logits only) with scratchSGD's rates"; recipe = replace(MEDDISSEG, **PLAIN_TRAINING, from_scratch=SCRATCH_SGD)
+class nnUNetTrainerMedDisSeg_plainAdam(nnUNetTrainerMedDisSeg): "from-scratch study: the bare network with scratchAdam's rates"; recipe = replace(MEDDISSEG, **PLAIN_TRAINING, from_scratch=SCRATCH_ADAM)
+class nnUNetTrainerMedDisSeg_plainPaper(nnUNetTrainerMedDisSeg): "from-scratch study: the bare network with the paper's rates"; recipe = replace(MEDDISSEG, **PLAIN_TRAINING)
+class nnUNetTrainerMedDisSeg_cosineCentred(nnUNetTrainerMedDisSeg): "from-scratch study: the batch-centred cosine dispersive loss"; recipe = replace(MEDDISSEG, dispersive_variant="infonce_cosine_centred")
+class nnUNetTrainerMedDisSeg_runningStatistics(nnUNetTrainerMedDisSeg): "BatchNorm statistics study: also keeps checkpoint_stage1.pth"; recipe = replace(MEDDISSEG, stage1_checkpoint=True)
+class nnUNetTrainerMedDisSeg_plainPaperRunningStatistics(nnUNetTrainerMedDisSeg): "BatchNorm statistics study: plainPaper, also keeps checkpoint_stage1.pth"; recipe = replace(MEDDISSEG, **PLAIN_TRAINING, stage1_checkpoint=True)

@@ -24,22 +24,17 @@ from nnunetv2_meddisseg.blocks.encoder import (ENCODER_CHANNELS, ResNet50Encoder
                                                resolve_encoder_weights)
 from nnunetv2_meddisseg.blocks.enhancement import FeatureEnhancement
 from nnunetv2_meddisseg.blocks.norm import UncountedBatchNorm2d
-from nnunetv2_meddisseg.environment import CPU_BF16_ENVIRONMENT_VARIABLE
+from nnunetv2_meddisseg.environment import CPU_BF16_ENVIRONMENT_VARIABLE, flag_is_set
 
-__all__ = ["MedDisSegOutput", "MedDisSegNet", "CPU_BF16_ENV", "cpu_bf16_requested", "cpu_supports_bf16"]
+__all__ = ["MedDisSegOutput", "MedDisSegNet", "cpu_bf16_requested", "cpu_supports_bf16"]
 
 #: H and W are padded internally to a multiple of this (the encoder's total stride)
 SIZE_DIVISOR = 16
 
-#: Environment variable (nnU-Net's style: "1", "true" or "t") that makes inference forwards on the CPU
-#: run under bfloat16 autocast; read at every forward, so it also reaches networks built by
-#: ``nnUNetv2_predict`` and its worker processes.
-CPU_BF16_ENV = CPU_BF16_ENVIRONMENT_VARIABLE
-
-
 def cpu_bf16_requested() -> bool:
-    """True when :data:`CPU_BF16_ENV` is set to "1", "true" or "t" (any case)."""
-    return os.environ.get(CPU_BF16_ENV, "").strip().lower() in ("1", "true", "t")
+    """True when ``nnUNet_meddisseg_cpu_bf16`` is set (a flag): inference forwards on the CPU run under bfloat16
+    autocast. Read at every forward, so it also reaches networks built by ``nnUNetv2_predict`` and its workers."""
+    return flag_is_set(CPU_BF16_ENVIRONMENT_VARIABLE)
 
 
 def _cpu_bf16_flags() -> bool:
@@ -65,7 +60,7 @@ def cpu_supports_bf16() -> bool:
 @functools.lru_cache(maxsize=None)
 def _warn_no_cpu_bf16() -> None:
     """Warns once per process that bf16 was requested on a CPU without it."""
-    warnings.warn(f"{CPU_BF16_ENV} is set, but this CPU has no native bfloat16 support (AVX512-BF16 or AMX): "
+    warnings.warn(f"{CPU_BF16_ENVIRONMENT_VARIABLE} is set, but this CPU has no native bfloat16 support (AVX512-BF16 or AMX): "
                   f"MedDisSegNet predicts in fp32", RuntimeWarning, stacklevel=4)
 
 
@@ -128,7 +123,7 @@ class MedDisSegNet(nn.Module):
     ELAT refines each encoder output on a side path (the ResNet chain itself is unchanged, so
     pretrained weights see the inputs they were trained on).
 
-    With the environment variable :data:`CPU_BF16_ENV` set ("1"), an inference forward (eval mode,
+    With the environment variable ``nnUNet_meddisseg_cpu_bf16`` set, an inference forward (eval mode,
     deep supervision off, input on the CPU: what ``nnUNetv2_predict -device cpu`` runs) computes under
     ``torch.autocast("cpu", dtype=torch.bfloat16)`` (encoder and ELAT in fp32, weights in channels-last
     memory format, see :meth:`_forward_cpu_bf16`) and returns fp32 logits, if the CPU supports bf16

@@ -7,7 +7,7 @@ from typing import List, Sequence
 
 from tqdm import tqdm
 
-from nnunetv2_meddisseg.nnunet_env import trainer_output_folder, use_our_trainers
+from nnunetv2_meddisseg.environment import trainer_output_folder, use_our_trainers
 
 __all__ = ["find_trained_model", "predict_missing_cases"]
 

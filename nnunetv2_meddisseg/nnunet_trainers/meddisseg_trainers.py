@@ -5,7 +5,7 @@ defines nothing: it imports the classes from the package (absolute imports), whe
 ``python -m nnunetv2_meddisseg.trainer_path --list`` prints the catalogue, one line per trainer.
 
 Importing it also installs (once per process) the ``sys.excepthook`` that prints a mistake in the user's input
-(``nnunetv2_meddisseg.cli.UserError``, e.g. ``training.input_errors.TrainingInputError``) that ends nnU-Net's
+(``nnunetv2_meddisseg.cli.UserError``, e.g. ``training.errors.TrainingInputError``) that ends nnU-Net's
 ``nnUNetv2_train`` / ``nnUNetv2_predict`` as one line, ``nnUNetv2_train: error: <message>``, instead of a traceback
 (``nnunetv2_meddisseg.cli.install_excepthook``): nnU-Net's entry points are not ours to wrap.
 """

@@ -54,13 +54,13 @@ def measure_training_memory(patch_size: Sequence[int], architecture: dict, num_i
 
     from nnunetv2_meddisseg.training.extended_trainer import bf16_training_requested
     from nnunetv2_meddisseg.training.nnunet_copies import backward_clip_step
-    from nnunetv2_meddisseg.training.recipes import RECIPES
-    from nnunetv2_meddisseg.training.stage2_loss import Stage2Weights, dispersive_from_recipe, segmentation_loss, stage2_loss
+    from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
+    from nnunetv2_meddisseg.training.objectives import Stage2Weights, dispersive_from_recipe, segmentation_loss, stage2_loss
 
     dev = torch.device(device)
     arch_kwargs = {**architecture["arch_kwargs"], "encoder_weights": None}  # the weights do not change the memory
     dtype = torch.bfloat16 if bf16_training_requested() else torch.float16
-    recipe = RECIPES["MedDisSeg"]
+    recipe = MedDisSegRecipe()
     seg, dispersive = segmentation_loss(batch_dice=True), dispersive_from_recipe(recipe)
     weights = Stage2Weights.from_recipe(recipe)
     peaks = []

@@ -18,19 +18,17 @@ The running mean is then the exact mean over the calibration batches when they h
 running variance is the mean of the per-batch unbiased variances (PyTorch's rule), which differs from
 the pooled variance by the between-batch spread of the means.
 
-``BatchNormRecalibration`` is ``nnUNetTrainerMedDisSeg``'s use of it: before every validation, the running
-statistics of the current stage's model are re-estimated over ``batchnorm_calibration_samples`` training
-samples, the same batches every time, drawn as nnU-Net's dataloader draws them from a generator of their own.
+``nnUNetTrainerMedDisSeg`` uses it before every validation: the running statistics of the current stage's model
+are re-estimated over ``batchnorm_calibration_samples`` training samples, the same batches every time, drawn as
+nnU-Net's dataloader draws them from a generator of their own.
 """
-import math
-from time import time
 from typing import Callable, Dict, Iterable, List, Sequence
 
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-__all__ = ["batchnorm_layers", "recalibrate_batchnorm", "BatchNormRecalibration"]
+__all__ = ["batchnorm_layers", "recalibrate_batchnorm"]
 
 
 def batchnorm_layers(modules: Sequence[nn.Module]) -> List[_BatchNorm]:
@@ -88,63 +86,3 @@ def recalibrate_batchnorm(modules: Sequence[nn.Module], batches: Iterable[Tensor
     if count == 0:
         raise ValueError("recalibrate_batchnorm: no calibration batches were given")
     return reached
-
-
-class BatchNormRecalibration:
-    """Mixin of ``nnUNetTrainerMedDisSeg``: re-estimation of the current stage's BatchNorm statistics before
-    every validation (off where the recipe's ``batchnorm_calibration_samples`` is 0).
-
-    Before every validation (nnU-Net's online validation at each epoch's end, so before every
-    ``checkpoint_best.pth``, ``checkpoint_latest.pth`` and ``checkpoint_final.pth``) the running statistics
-    of the current stage's model are re-estimated with its current weights over
-    ``batchnorm_calibration_samples`` training samples: the same batches every time, drawn as nnU-Net's
-    dataloader draws them (``batchnorm_calibration_augmentation``: through its training augmentation or
-    not) from a generator of their own, so that no weight and no random number of training changes and
-    ``--c`` re-estimates the same statistics. At the small batches of 2D plans the running averages of
-    training trail the weights; nnU-Net validates and predicts with them.
-
-    Uses the trainer's ``recipe``, ``run_seed``, ``batch_size``, ``device``, ``training_stage``,
-    ``_plain_network`` / ``_plain_head``, ``_autocast``, ``_validation_logits`` and ``print_to_log_file``.
-    """
-
-    def _draw_batchnorm_calibration_batches(self) -> List[Tensor]:
-        """``ceil(batchnorm_calibration_samples / batch_size)`` training batches (B, C, H, W) on the CPU,
-        drawn as nnU-Net's training dataloader draws them (with or without its augmentation) from a
-        generator seeded by the run seed alone: the same batches at every call, on every rank and after
-        ``--c``, and no random number of the training stream is used."""
-        from nnunetv2_meddisseg.training.nnunet_copies import training_dataloader
-        from nnunetv2_meddisseg.training.seeding import preserved_random_state, seed_generators
-
-        loader = training_dataloader(self, augmentation=self.recipe.batchnorm_calibration_augmentation)
-        count = math.ceil(self.recipe.batchnorm_calibration_samples / self.batch_size)
-        with preserved_random_state():
-            seed_generators([self.run_seed, 2])
-            return [loader.generate_train_batch()["data"] for _ in range(count)]
-
-    def _recalibrate_batchnorm(self) -> None:
-        """Re-estimate the running statistics of the current stage's model (network, and the head in Stage
-        I) on the calibration batches, so that validation, ``checkpoint_best.pth``,
-        ``checkpoint_final.pth`` and every prediction from them normalise with statistics of the weights
-        they hold. Runs the unwrapped modules (no DDP buffer broadcast, no compiled code): each rank
-        computes the same statistics from the same batches and weights."""
-        from nnunetv2_meddisseg.training.compilation import eager_stance
-        from nnunetv2_meddisseg.training.stage_losses import STAGE_1
-
-        if self.recipe.batchnorm_calibration_samples <= 0 or self.training_stage is None:
-            return
-        start = time()
-        if self._calibration_batches is None:
-            self._calibration_batches = self._draw_batchnorm_calibration_batches()
-        network, head = self._plain_network(), self._plain_head()
-        modules = [network] if head is None or self.training_stage != STAGE_1 else [network, head]
-
-        def forward(data: Tensor) -> None:
-            with self._autocast():
-                self._validation_logits(data.to(self.device, non_blocking=True), network, head)
-
-        with eager_stance():  # a few forwards: not worth graphs of their own
-            layers = recalibrate_batchnorm(modules, self._calibration_batches, forward)
-        self.print_to_log_file(f"BatchNorm statistics of {layers} layers re-estimated over "
-                               f"{len(self._calibration_batches) * self.batch_size} training samples "
-                               f"({'with' if self.recipe.batchnorm_calibration_augmentation else 'without'} augmentation) "
-                               f"in {time() - start:.1f} s")

@@ -39,10 +39,10 @@ def atomic_torch_save(obj: object, filename: str) -> None:
 
 def read_checkpoint_for_resuming(filename: str) -> Mapping[str, object]:
     """The checkpoint ``load_checkpoint`` resumes from (``torch_files.load_weights_only``, memory-mapped); a
-    :class:`~nnunetv2_meddisseg.training.input_errors.TrainingInputRuntimeError` (a ``RuntimeError``) naming the
+    :class:`~nnunetv2_meddisseg.training.errors.TrainingInputRuntimeError` (a ``RuntimeError``) naming the
     file (and ``checkpoint_best.pth`` beside it, where there is one) if it cannot be read."""
     from nnunetv2_meddisseg.torch_files import UnsafeTorchFile, load_weights_only
-    from nnunetv2_meddisseg.training.input_errors import TrainingInputRuntimeError
+    from nnunetv2_meddisseg.training.errors import TrainingInputRuntimeError
 
     try:
         return load_weights_only(filename, "checkpoint", mmap=zipfile.is_zipfile(filename))
@@ -56,6 +56,3 @@ def read_checkpoint_for_resuming(filename: str) -> Mapping[str, object]:
                                         f"{type(error).__name__}: {' '.join(str(error).split())[:200]}): {fallback}"
                                         f"train again without --c") from None
 
-
-#: the name the trainers and tests have used
-_read_checkpoint_for_resuming = read_checkpoint_for_resuming

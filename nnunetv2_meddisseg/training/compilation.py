@@ -1,40 +1,110 @@
-"""``torch.compile`` for the trainers: static shapes, the whole network or block by block, and a way back.
+"""``torch.compile`` for the trainers: when it pays, static shapes, the whole network or block by block, the seconds
+each graph took, and a way back.
 
 nnU-Net compiles the whole network (``torch.compile(self.network)``) where ``_do_i_compile`` says so, with
 dynamo's automatic dynamic shapes: a change of batch (Stage I runs a doubled batch of clean and perturbed
 views, Stage II the plans' batch) would recompile it with a symbolic batch. :func:`compile_network` compiles
-with static shapes (``dynamic=False``) instead, so each (stage, mode) gets one graph and no stage recompiles
-after its first step:
+with static shapes (``dynamic=False``) instead, so each stage's training step gets one graph and no stage
+recompiles after its first step:
 
-- ``whole`` (the trainer's default): one graph of the network per stage and mode;
+- ``whole`` (the trainer's default): one graph of the network per stage;
 - ``regional``: each block compiled on its own (:func:`compile_regions`, ``nn.Module.compile``: the module
   keeps its class and state-dict keys). A block that occurs several times with the same shapes (the ResNet
   bottlenecks of one layer) traces to the same graph, which inductor's graph cache compiles once; on an H200
   the first compiled Stage I step still took longer this way (``benchmarks/RESULTS.md``).
 
-:func:`is_compile_error` recognises the errors that compilation raises (in dynamo, AOT autograd or the
-backend); the trainer then drops the compiled code (:func:`uncompile_regions` for compiled blocks) and repeats
-the step eagerly. :func:`compile_trainer_network`, :func:`continue_eagerly` and :func:`timed_first_step` are
-``nnUNetTrainerMedDisSeg``'s compile handling, called by its methods of the same names.
+:class:`Compilation` is a trainer's compile state: whether compiling pays for the run's schedule
+(:func:`compile_pays`, with the figures of :data:`COMPILE_COSTS`), the compiled flag, the seconds of each graph's
+first call in the log, and the way back: an error that compilation raises (:func:`is_compile_error`) in any call
+it runs drops the compiled code and repeats the call eagerly. Only the training steps are compiled; validation,
+BatchNorm re-estimation and the final validation run eagerly (:func:`eager_stance`): a few dozen batches per
+epoch do not repay graphs of their own.
 """
 import contextlib
+from dataclasses import dataclass
 from time import time
-from typing import Callable, ContextManager, Iterable, List, Optional, Tuple, Union
+from typing import Callable, ContextManager, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import torch
 from torch import nn
 from torch._dynamo import OptimizedModule
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-__all__ = ["COMPILE_RECOMPILE_LIMIT", "COMPILE_SCOPES", "compile_network", "compile_error_summary", "compile_regions",
-           "eager_stance", "compiled_regions", "uncompile_regions", "is_compile_error",
-           "region_modules", "compile_trainer_network", "continue_eagerly", "timed_first_step", "compiled_step"]
+__all__ = ["COMPILE_RECOMPILE_LIMIT", "COMPILE_SCOPES", "COMPILE_COSTS", "CompileCosts", "CompileDecision",
+           "compile_pays", "compile_network", "compile_error_summary", "compile_regions", "eager_stance",
+           "compiled_regions", "uncompile_regions", "is_compile_error", "region_modules", "unwrap_module",
+           "Compilation"]
+
+T = TypeVar("T")
 
 #: what :func:`compile_network` compiles: the network as one graph, or each block on its own
 COMPILE_SCOPES = ("whole", "regional")
-#: graphs a compiled block may hold: (Stage I, Stage II) x (training, validation, BatchNorm re-estimation,
-#: final validation) with their batch sizes; dynamo's default limit (8) would fall back to eager silently
+#: graphs a compiled block may hold (a stage's batch, a different last batch); dynamo's default limit (8) would
+#: fall back to eager silently
 COMPILE_RECOMPILE_LIMIT = 32
+
+
+@dataclass(frozen=True)
+class CompileCosts:
+    """What compiling a stage's training step costs and saves, at 256x256 on the GPU the figures come from.
+
+    compile_s: seconds to compile one stage's training graph (its first step, compilation included).
+    eager_s_per_sample: seconds of an eager training step per sample.
+    saved_fraction: the part of a step's time that the compiled graph saves.
+    pixels: the patch size (H x W) the per-sample figure was measured at; other patches scale it linearly.
+    """
+
+    compile_s: float
+    eager_s_per_sample: float
+    saved_fraction: float
+    pixels: int = 256 * 256
+
+
+#: Measured on one H200 (benchmarks/RESULTS.md, "GPU"): the first compiled Stage I step took 104 s and Stage II's
+#: had not finished after 206 s (whole network, inductor); the eager Stage II step ran at 39.5 images/s (fp32,
+#: batch 5); compiled inference ran 2.4x the eager images/s (294 -> 712 at batch 32, bf16), i.e. saved 59 % of
+#: the time. The training step's own saving has not been measured: the inference figure stands in for it until
+#: ``benchmarks/gpu.py`` measures both trainers' epochs eager and compiled.
+COMPILE_COSTS = CompileCosts(compile_s=210.0, eager_s_per_sample=1 / 39.5, saved_fraction=0.59)
+
+
+@dataclass(frozen=True)
+class CompileDecision:
+    """Whether a run compiles, and the figures that decided it (:func:`compile_pays`)."""
+
+    compile: bool
+    reason: str
+
+    def log_line(self) -> str:
+        """The one line the training log gets: ``torch.compile: on (<reason>)`` or ``... off (<reason>)``."""
+        return f"torch.compile: {'on' if self.compile else 'off'} ({self.reason})"
+
+
+def compile_pays(stage_iterations: Sequence[int], batch_size: int, pixels: int,
+                 costs: CompileCosts = COMPILE_COSTS) -> CompileDecision:
+    """Compile where the schedule repays it: each stage that trains (``stage_iterations``: its training
+    iterations) costs ``costs.compile_s`` once, and every iteration saves
+    ``costs.saved_fraction * costs.eager_s_per_sample * batch_size * pixels / costs.pixels`` seconds. Compiles
+    when the saving over all iterations exceeds the compile seconds of every stage that trains."""
+    stages = [n for n in stage_iterations if n > 0]
+    iterations = sum(stages)
+    compile_s = costs.compile_s * len(stages)
+    saved_per_iteration = costs.saved_fraction * costs.eager_s_per_sample * batch_size * pixels / costs.pixels
+    saved_s = saved_per_iteration * iterations
+    pays = iterations > 0 and saved_s > compile_s
+    reason = (f"{iterations} training iterations x {saved_per_iteration:.4f} s saved each = {saved_s:.0f} s "
+              f"{'>' if pays else '<='} {compile_s:.0f} s of compilation for {len(stages)} graph(s); estimated, "
+              f"nnUNet_compile=t / f decides instead")
+    return CompileDecision(pays, reason)
+
+
+def unwrap_module(module: Optional[nn.Module]) -> Optional[nn.Module]:
+    """The plain module inside DistributedDataParallel and / or torch.compile wrappers."""
+    if isinstance(module, DDP):
+        module = module.module
+    if isinstance(module, OptimizedModule):
+        module = module._orig_mod
+    return module
 
 
 def region_modules(network: nn.Module) -> List[nn.Module]:
@@ -129,68 +199,77 @@ def compile_error_summary(error: BaseException, limit: int = 300) -> str:
     return f"{type(error).__name__}: {first[:limit]}" if first else type(error).__name__
 
 
-def compile_trainer_network(trainer) -> None:
-    """Where nnU-Net compiled ``trainer.network`` (``_do_i_compile``), compile it again as ``trainer.compile_scope``
-    says, with static shapes (:func:`compile_network`: one graph per stage and mode, no recompilation within a
-    stage); the Stage I head, where there is one, is compiled too (else when it is built)."""
-    from nnunetv2_meddisseg.training.extended_trainer import unwrap_module
+class Compilation:
+    """A trainer's torch.compile: what it compiled, the seconds of each graph's first call, and the way back.
 
-    holder = trainer.network.module if isinstance(trainer.network, DDP) else trainer.network
-    if not isinstance(holder, OptimizedModule):
-        return
-    if trainer.compile_scope not in COMPILE_SCOPES:
-        raise ValueError(f"{type(trainer).__name__}.compile_scope must be one of {', '.join(COMPILE_SCOPES)}, got "
-                         f"{trainer.compile_scope!r}")
-    plain = holder._orig_mod
-    if trainer.device.type == "cuda" and hasattr(plain, "_use_channels_last"):
-        plain._use_channels_last()  # the layout the compiled graphs see (an eager forward sets it itself)
-    compiled, what = compile_network(plain, trainer.compile_scope, backend=trainer.compile_backend)
-    trainer._set_network(compiled)
-    trainer.compiled = True
-    if trainer.stage1_head is not None:
-        unwrap_module(trainer.stage1_head).compile(backend=trainer.compile_backend, dynamic=False)
-    backend = getattr(trainer.compile_backend, "__name__", trainer.compile_backend)
-    trainer.print_to_log_file(f"torch.compile ({backend}) of {what}, static shapes (nnUNet_compile=f runs eagerly)")
+    Args:
+        backend: the torch.compile backend (a name or a callable).
+        scope: "whole" or "regional" (:func:`compile_network`).
+        log: writes one line to the training log.
+        uncompile: makes the trainer call its plain modules again (called once, after a compile error).
+    """
 
+    def __init__(self, backend: Union[str, Callable], scope: str, log: Callable[[str], None],
+                 uncompile: Callable[[], None]):
+        if scope not in COMPILE_SCOPES:
+            raise ValueError(f"compile_scope must be one of {', '.join(COMPILE_SCOPES)}, got {scope!r}")
+        self.backend, self.scope, self.log, self._uncompile = backend, scope, log, uncompile
+        #: the trainer calls compiled code (cleared by a compile error)
+        self.compiled = False
+        #: seconds of the first call of each graph (compilation included), by graph name
+        self.first_call_s: Dict[str, float] = {}
 
-def continue_eagerly(trainer, error: Exception) -> None:
-    """After ``error`` in a compiled step of ``trainer``: re-raise it unless torch.compile raised it; else undo
-    the compilation, say so in one line of the log, and let the caller repeat the step eagerly."""
-    if not trainer.compiled or not is_compile_error(error):
-        raise error
-    plain = trainer._plain_network()
-    trainer._set_network(plain)  # the whole-network wrapper goes
-    uncompile_regions(plain)  # and so do compiled blocks, the head's too; dynamo's caches are dropped
-    if trainer._plain_head() is not None:
-        uncompile_regions(trainer._plain_head())
-    trainer.compiled = False
-    trainer.print_to_log_file(f"WARNING: torch.compile failed ({compile_error_summary(error)}); training "
-                              f"continues without compilation (set nnUNet_compile=f to skip compiling)")
+    def compile(self, network: nn.Module) -> nn.Module:
+        """The module to call for ``network`` (plain) compiled as :attr:`scope` says; logs what was compiled."""
+        compiled, what = compile_network(network, self.scope, backend=self.backend)
+        self.compiled = True
+        backend = getattr(self.backend, "__name__", self.backend)
+        threads = getattr(torch._inductor.config, "compile_threads", None) if backend == "inductor" else None
+        workers = f", {threads} compile workers" if threads else ""
+        self.log(f"torch.compile ({backend}) of {what}, static shapes{workers}; only the training steps run "
+                 f"compiled")
+        return compiled
 
+    def compile_module(self, module: nn.Module) -> None:
+        """Compile ``module`` (plain) in place with static shapes where the network is compiled."""
+        if self.compiled:
+            module.compile(backend=self.backend, dynamic=False)
 
-def compiled_step(trainer, kind: str, step: Callable[[dict], dict], batch: dict) -> dict:
-    """``step(batch)`` of ``trainer`` (``kind``: "training" or "validation"), its first one per stage timed
-    (:func:`timed_first_step`); after a compile error (:func:`continue_eagerly`) repeated once, eagerly."""
-    with timed_first_step(trainer, kind):
+    def call(self, graph: str, function: Callable[..., T], *args) -> T:
+        """``function(*args)``; where compiled, the first call for ``graph`` logs its seconds
+        (``torch.compile: graph "<graph>" compiled in <s> s``, the call's seconds with compilation included), and
+        after an error of torch.compile the compiled code goes and the call is repeated eagerly."""
+        timed = self.compiled and graph not in self.first_call_s
+        start = time()
         try:
-            return step(batch)
+            result = function(*args)
         except Exception as error:
-            continue_eagerly(trainer, error)
-            return step(batch)
+            self._continue_eagerly(error)
+            return function(*args)
+        if timed and self.compiled:
+            self.first_call_s[graph] = time() - start
+            self.log(f'torch.compile: graph "{graph}" compiled in {self.first_call_s[graph]:.1f} s')
+        return result
 
+    def eager(self, function: Callable[..., T], *args) -> T:
+        """``function(*args)`` with every compiled module running its eager code (:func:`eager_stance`), behind
+        the same fallback as :meth:`call`."""
+        def run():
+            with eager_stance():
+                return function(*args)
+        try:
+            return run()
+        except Exception as error:
+            self._continue_eagerly(error)
+            return run()
 
-@contextlib.contextmanager
-def timed_first_step(trainer, kind: str):
-    """Log the seconds of the first ``kind`` step of each stage where ``trainer``'s network is compiled (its graphs
-    are compiled in that step; the step ends with a transfer to the host, so no extra synchronisation)."""
-    from nnunetv2_meddisseg.training.stage_losses import STAGE_1
-
-    key = (kind, trainer.training_stage)
-    if not trainer.compiled or key in trainer._timed_steps:
-        yield
-        return
-    trainer._timed_steps.add(key)
-    start = time()
-    yield
-    stage = "I" if trainer.training_stage == STAGE_1 else "II"
-    trainer.print_to_log_file(f"first {kind} step of Stage {stage}: {time() - start:.1f} s (compilation included)")
+    def _continue_eagerly(self, error: Exception) -> None:
+        """Re-raise ``error`` unless torch.compile raised it; else drop the compiled code and dynamo's caches and
+        say so in one line of the log."""
+        if not self.compiled or not is_compile_error(error):
+            raise error
+        self._uncompile()
+        torch._dynamo.reset()
+        self.compiled = False
+        self.log(f"WARNING: torch.compile failed ({compile_error_summary(error)}); training continues without "
+                 f"compilation (set nnUNet_compile=f to skip compiling)")

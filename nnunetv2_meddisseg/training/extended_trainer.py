@@ -37,7 +37,7 @@ entries, ``train_step``'s autocast rule and update, ``get_dataloaders``' trainin
   function of the weights and optimizer state it starts from, so ``--c`` replays the rest of an
   interrupted run exactly where the batches come from this process (``nnUNet_n_proc_DA=0``) and the
   arithmetic is deterministic (CPU; see docs/method.md, "Exact resumption", for what differs otherwise).
-- With the environment variable ``nnUNet_meddisseg_bf16`` set ("1", "true" or "t"), training and
+- With the environment variable ``nnUNet_meddisseg_bf16`` set (a flag: "1", "true", "yes", ...), training and
   validation steps run under bfloat16 autocast without a GradScaler (on CUDA and on the CPU), instead
   of nnU-Net's fp16 autocast + GradScaler on CUDA and fp32 on the CPU. bf16 has fp32's exponent range,
   so no loss scaling is needed and no value leaves its range. Prediction is unaffected.
@@ -50,23 +50,22 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
-from torch import autocast, nn
-from torch import distributed as dist
-from torch._dynamo import OptimizedModule
-from torch.nn.parallel import DistributedDataParallel as DDP
 from batchgenerators.utilities.file_and_folder_operations import join
 from nnunetv2.utilities.collate_outputs import collate_outputs
+from torch import autocast, nn
+from torch import distributed as dist
 
-from nnunetv2_meddisseg.environment import BF16_ENVIRONMENT_VARIABLE
+from nnunetv2_meddisseg.environment import BF16_ENVIRONMENT_VARIABLE, flag_is_set
 from nnunetv2_meddisseg.losses import DIAGNOSTIC_KEYS, MINIMUM_BATCH, dispersion_diagnostics, gather_batch
 from nnunetv2_meddisseg.training.checkpoints import atomic_torch_save, read_checkpoint_for_resuming
+from nnunetv2_meddisseg.training.compilation import unwrap_module
 from nnunetv2_meddisseg.training.curves import PLOT_FILENAME, CurvesLogger, TrainingCurves
-from nnunetv2_meddisseg.training.input_checks import check_finite_input, finite_per_sample, non_finite_input_message
-from nnunetv2_meddisseg.training.input_errors import TrainingInputError, TrainingInputRuntimeError
+from nnunetv2_meddisseg.training.errors import TrainingInputError, TrainingInputRuntimeError
+from nnunetv2_meddisseg.training.finite_input import check_finite_input, finite_per_sample, non_finite_input_message
 from nnunetv2_meddisseg.training.nnunet_copies import backward_clip_step, checkpoint_entries, train_autocast
 from nnunetv2_meddisseg.training.seeded_trainer import SeededTrainer
 
-__all__ = ["CURVE_PREFIXES", "bf16_training_requested", "unwrap_module", "ExtendedTrainerBase"]
+__all__ = ["CURVE_PREFIXES", "bf16_training_requested", "ExtendedTrainerBase"]
 
 
 #: train_step output keys with these prefixes are averaged per epoch and logged (``self.logger.log``)
@@ -74,17 +73,8 @@ CURVE_PREFIXES = ("loss_", "dispersion_", "grad_norm_")
 
 
 def bf16_training_requested() -> bool:
-    """True when :data:`BF16_ENVIRONMENT_VARIABLE` is "1", "true" or "t" (any case)."""
-    return os.environ.get(BF16_ENVIRONMENT_VARIABLE, "").strip().lower() in ("1", "true", "t")
-
-
-def unwrap_module(module: Optional[nn.Module]) -> Optional[nn.Module]:
-    """The plain module inside DistributedDataParallel and / or torch.compile wrappers."""
-    if isinstance(module, DDP):
-        module = module.module
-    if isinstance(module, OptimizedModule):
-        module = module._orig_mod
-    return module
+    """True when ``nnUNet_meddisseg_bf16`` is set (a flag, ``environment.flag_is_set``)."""
+    return flag_is_set(BF16_ENVIRONMENT_VARIABLE)
 
 
 class ExtendedTrainerBase(SeededTrainer):

@@ -15,7 +15,7 @@ from nnunetv2_meddisseg.architectures import MedDisSegNet
 from nnunetv2_meddisseg.blocks.encoder import load_resnet50_weights, resolve_encoder_weights
 from nnunetv2_meddisseg.plans_entry import architecture_entry
 from nnunetv2_meddisseg.torch_files import UnsafeTorchFile
-from nnunetv2_meddisseg.training.input_errors import TrainingInputError, TrainingInputFileNotFoundError
+from nnunetv2_meddisseg.training.errors import TrainingInputError, TrainingInputFileNotFoundError
 
 __all__ = ["network_class_is_meddisseg", "plans_recording_the_network", "require_2d_configuration",
            "build_meddisseg_network", "plans_encoder_weights", "load_plans_encoder_weights"]
@@ -98,32 +98,3 @@ def load_plans_encoder_weights(network: nn.Module, configuration_manager: Config
         raise
     except ValueError as error:
         raise TrainingInputError(f"{error} (the plans' encoder_weights)") from None
-
-
-class PlansEncoderWeights:
-    """Mixin of ``nnUNetTrainerMedDisSeg``: the encoder weights the plans name (``encoder_weights``), loaded in
-    ``initialize`` for training, and where the encoder's weights came from, for the log."""
-
-    def _plans_name_encoder_weights(self) -> bool:
-        """True when the plans build MedDisSegNet with ``encoder_weights`` (a file or ``imagenet``)."""
-        return self._plans_encoder_weights() is not None
-
-    def _plans_encoder_weights(self) -> Optional[str]:
-        """The plans' ``encoder_weights`` (a file or ``imagenet``), None where they name none."""
-        return plans_encoder_weights(self.configuration_manager)
-
-    def _load_encoder_weights(self) -> None:
-        """Load the plans' ``encoder_weights`` into the encoder of the network ``initialize`` built: training
-        only (prediction loads the checkpoint), before ``--c`` or ``-pretrained_weights`` load theirs over them."""
-        load_plans_encoder_weights(self._plain_network(), self.configuration_manager)
-
-    def _encoder_origin(self) -> str:
-        """Where the encoder's weights come from, for the log: the plans' ``encoder_weights``, random
-        initialisation, or the file nnU-Net's ``-pretrained_weights`` loaded after ``initialize`` (nnU-Net
-        does not tell the trainer; the network's first weight tensor tells: it changed since ``initialize``)."""
-        first = next(self._plain_network().parameters()).detach()
-        if getattr(self, "_initial_stem", None) is not None and self.current_epoch == 0 and \
-                not torch.equal(first.to(self._initial_stem.device), self._initial_stem):
-            return "the weights -pretrained_weights loaded (every layer whose name and shape match)"
-        weights = self._plans_encoder_weights()
-        return f"pretrained weights ({weights})" if weights else "random initialisation"

@@ -6,9 +6,8 @@ from torch import Tensor, nn
 
 from nnunetv2_meddisseg.losses import dispersive_loss, gather_batch
 from nnunetv2_meddisseg.training.extended_trainer import ExtendedTrainerBase
-from nnunetv2_meddisseg.training.input_errors import TrainingInputRuntimeError
+from nnunetv2_meddisseg.training.errors import TrainingInputRuntimeError
 from nnunetv2_meddisseg.training.recipe import DispersiveRecipe
-from nnunetv2_meddisseg.training.recipes import RECIPES
 
 __all__ = ["nnUNetTrainerDispersive"]
 
@@ -39,7 +38,7 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
     graph (set ``nnUNet_compile=f`` if a torch version cannot trace it).
     """
 
-    recipe: DispersiveRecipe = RECIPES["Dispersive"]
+    recipe: DispersiveRecipe = DispersiveRecipe()
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):

@@ -20,9 +20,9 @@ from batchgeneratorsv2.transforms.utils.remove_label import RemoveLabelTansform
 from nnunetv2.training.data_augmentation.compute_initial_patch_size import get_patch_size
 
 from nnunetv2_meddisseg.training.lr_schedule import PerGroupCosineLRScheduler
-from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_2, nnUNetTrainerMedDisSeg
+from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.recipe import PaperScheduleRecipe
-from nnunetv2_meddisseg.training.recipes import RECIPES
+from nnunetv2_meddisseg.training.stages import Stage
 
 __all__ = ["nnUNetTrainerMedDisSeg_paper", "EarlyStopping", "iterations_per_epoch"]
 
@@ -77,7 +77,7 @@ class nnUNetTrainerMedDisSeg_paper(nnUNetTrainerMedDisSeg):
     batch size comes from the plans; Stage I is the first quarter, as in ``nnUNetTrainerMedDisSeg``. Its
     recipe (``recipe.PaperScheduleRecipe``) holds the epochs, the patience and the rotation probability."""
 
-    recipe: PaperScheduleRecipe = RECIPES["MedDisSeg_paper"]
+    recipe: PaperScheduleRecipe = PaperScheduleRecipe()
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
@@ -91,10 +91,10 @@ class nnUNetTrainerMedDisSeg_paper(nnUNetTrainerMedDisSeg):
         self.num_val_iterations_per_epoch = iterations_per_epoch(len(val_keys), self.batch_size)
         return tr_keys, val_keys
 
-    def configure_optimizers(self, stage: Optional[str] = None):
-        """The stage's optimizer and groups as ``nnUNetTrainerMedDisSeg``, scheduled by a cosine."""
-        optimizer, poly = super().configure_optimizers(stage)
-        return optimizer, PerGroupCosineLRScheduler(optimizer, poly.base_lrs, poly.start_epoch, poly.num_epochs)
+    def _lr_scheduler(self, optimizer: torch.optim.Optimizer, stage: Stage):
+        """Each group's rate follows a cosine over the stage's epochs from its own base rate."""
+        return PerGroupCosineLRScheduler(optimizer, [g["lr"] for g in optimizer.param_groups], stage.first_epoch,
+                                         max(stage.num_epochs, 1))
 
     def configure_rotation_dummyDA_mirroring_and_inital_patch_size(self):
         """nnU-Net's 2d rotation range and mirror axes; the initial patch leaves room for rotation only."""
@@ -143,11 +143,11 @@ class nnUNetTrainerMedDisSeg_paper(nnUNetTrainerMedDisSeg):
     def on_epoch_end(self) -> None:
         """nnU-Net's epoch end, then the early-stopping bookkeeping on the EMA pseudo Dice (Stage II): when it
         fires, the run ends after this epoch (``run_training``)."""
-        epoch, stage = self.current_epoch, self.training_stage
+        epoch, stage = self.current_epoch, self.stage
         super().on_epoch_end()
-        if stage != STAGE_2:
+        if not stage.trains_whole_network:
             return
-        if epoch == self.stage1_epochs:
+        if epoch == stage.first_epoch:
             self.early_stopping.reset()  # the EMA restarts with Stage II
         if self.early_stopping.update(epoch, self.logger.get_value("ema_fg_dice", step=-1)):
             self.print_to_log_file(f"early stopping: no new best EMA pseudo Dice for {self.early_stopping.patience} "

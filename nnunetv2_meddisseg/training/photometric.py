@@ -10,13 +10,13 @@ and mapped back to its original range.
   (brightness, contrast, gamma, Gaussian blur); a channel's output depends on that channel alone.
 """
 import math
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["photometric_perturbation"]
+__all__ = ["RGB_CHANNEL_NAMES", "channels_are_rgb", "photometric_perturbation"]
 
 BRIGHTNESS = 0.3          # factor drawn from [1 - 0.3, 1 + 0.3]
 CONTRAST = 0.3
@@ -26,6 +26,9 @@ GRAYSCALE_P = 0.2
 GAMMA_RANGE = (0.7, 1.5)  # non-RGB only
 BLUR_SIGMA = (0.1, 2.0)
 BLUR_RADIUS = 3           # kernel size 7
+
+#: dataset.json channel names (lower case) that mark a 3-channel input as RGB (colour perturbations)
+RGB_CHANNEL_NAMES = frozenset({"r", "g", "b", "red", "green", "blue", "rgb", "rgb_to_0_1"})
 
 _LUMA = (0.299, 0.587, 0.114)
 _NUM_DRAWS = 6            # random numbers per sample, the same for every path and channel count
@@ -98,6 +101,16 @@ def _perturb_channelwise(u: Tensor, draws: Tensor) -> Tensor:
     gamma = _uniform(draws[:, 2], *GAMMA_RANGE).view(view)
     u = u.pow(gamma)
     return _gaussian_blur(u, _uniform(draws[:, 5], *BLUR_SIGMA))
+
+
+def channels_are_rgb(dataset_json: Mapping[str, object], num_channels: int) -> bool:
+    """Whether a dataset's input is R, G, B: three channels named as :data:`RGB_CHANNEL_NAMES` in dataset.json's
+    ``channel_names`` (or ``modality``)."""
+    if num_channels != 3:
+        return False
+    names = dataset_json.get("channel_names", dataset_json.get("modality", {}))
+    lowered = [str(v).lower() for v in names.values()]
+    return len(lowered) == 3 and all(n in RGB_CHANNEL_NAMES for n in lowered)
 
 
 @torch.no_grad()

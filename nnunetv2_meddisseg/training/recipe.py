@@ -6,8 +6,8 @@
 - ``MedDisSegRecipe``: ``nnUNetTrainerMedDisSeg``, with the paper's values as defaults.
 - ``PaperScheduleRecipe``: ``nnUNetTrainerMedDisSeg_paper`` (the paper's own schedule).
 
-A trainer class holds its recipe in the class attribute ``recipe``; a variant is a named recipe
-(``training.recipes``) and a one-line class. ``trainer.recipe`` is the instance's recipe: the class's,
+A trainer class holds its recipe in the class attribute ``recipe``; a variant is a one-line class whose recipe
+changes the settings its name says (``training.variants``). ``trainer.recipe`` is the instance's recipe: the class's,
 then (Med-DisSeg, encoder from random initialisation) its ``from_scratch`` overrides, then the overrides of
 the JSON file named by the environment variable ``nnUNet_meddisseg_recipe`` (``recipe_overrides_from_environment``:
 budgets of studies, ``nnUNetv2_meddisseg_ablate``). Architecture options are no recipe settings: they live
@@ -25,10 +25,10 @@ from typing import Mapping, Optional, TypeVar
 
 from nnunetv2_meddisseg.environment import RECIPE_ENVIRONMENT_VARIABLE
 from nnunetv2_meddisseg.losses import DISPERSIVE_PLACEMENTS, DISPERSIVE_VARIANTS
-from nnunetv2_meddisseg.training.input_errors import TrainingInputError
+from nnunetv2_meddisseg.training.errors import TrainingInputError
 
 __all__ = ["ScheduleRecipe", "DispersiveTermRecipe", "DispersiveRecipe", "MedDisSegRecipe", "PaperScheduleRecipe",
-           "RECIPE_ENVIRONMENT_VARIABLE", "apply_overrides", "read_override_file", "recipe_overrides_from_environment",
+           "apply_overrides", "read_override_file", "recipe_overrides_from_environment",
            "recipe_summary", "OPTIMIZERS"]
 
 OPTIMIZERS = ("adam", "sgd")

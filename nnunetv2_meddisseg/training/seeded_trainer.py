@@ -8,9 +8,8 @@ import torch
 from torch import distributed as dist
 from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
 
-from nnunetv2_meddisseg.environment import SEED_ENVIRONMENT_VARIABLE
-from nnunetv2_meddisseg.training.recipe import (RECIPE_ENVIRONMENT_VARIABLE, ScheduleRecipe, recipe_overrides_from_environment,
-                                                recipe_summary)
+from nnunetv2_meddisseg.environment import RECIPE_ENVIRONMENT_VARIABLE, SEED_ENVIRONMENT_VARIABLE
+from nnunetv2_meddisseg.training.recipe import ScheduleRecipe, recipe_overrides_from_environment, recipe_summary
 from nnunetv2_meddisseg.training.seeding import run_seed_from_environment, seed_epoch
 
 __all__ = ["SeededTrainer"]

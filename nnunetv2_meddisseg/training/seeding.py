@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from nnunetv2_meddisseg.environment import SEED_ENVIRONMENT_VARIABLE
-from nnunetv2_meddisseg.training.input_errors import TrainingInputError
+from nnunetv2_meddisseg.training.errors import TrainingInputError
 
 __all__ = ["SEED_ENVIRONMENT_VARIABLE", "run_seed_from_environment", "seed_epoch", "seed_generators",
            "preserved_random_state"]
@@ -22,7 +22,7 @@ __all__ = ["SEED_ENVIRONMENT_VARIABLE", "run_seed_from_environment", "seed_epoch
 
 def run_seed_from_environment() -> Optional[int]:
     """The integer in ``nnUNet_meddisseg_seed``, or None where it is unset or empty; a
-    :class:`~nnunetv2_meddisseg.training.input_errors.TrainingInputError` for anything but an integer >= 0."""
+    :class:`~nnunetv2_meddisseg.training.errors.TrainingInputError` for anything but an integer >= 0."""
     value = os.environ.get(SEED_ENVIRONMENT_VARIABLE, "").strip()
     if not value:
         return None

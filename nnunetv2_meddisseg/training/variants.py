@@ -1,14 +1,27 @@
-"""Every variant of our trainers, one line each: the trainer class with a named recipe (``recipes.RECIPES``)
-and a docstring that says what it is.
+"""Every variant of our trainers, one line each: the trainer class, a docstring that says what it is, and its
+recipe: the trainer's default recipe with the settings its name says (``dataclasses.replace``). Adding a variant
+is adding a line here (and its name to ``__all__``).
+
+A variant of your own takes three lines (a module on ``nnUNet_extTrainer``)::
+
+    from dataclasses import replace
+    from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg
+    class nnUNetTrainerMedDisSeg_tau0p3(nnUNetTrainerMedDisSeg): recipe = replace(nnUNetTrainerMedDisSeg.recipe, dispersive_tau=0.3)
+
+Architecture options are no recipes: they are plans (``nnUNetv2_meddisseg_plan --no-elat / --activation relu /
+--no-cbat / --added-norm``), used with the default trainer.
 
 nnU-Net finds them by class name (``-tr nnUNetTrainerMedDisSeg_tau0p5``) through ``nnUNet_extTrainer``
 (``nnunet_trainers/meddisseg_trainers.py``); ``python -m nnunetv2_meddisseg.trainer_path --list`` prints them.
 The arms of finished studies are in ``nnunetv2_meddisseg.ablation.study_trainers``.
 """
-from nnunetv2_meddisseg.training.seeded_trainer import SeededTrainer
+from dataclasses import replace
+from types import MappingProxyType
+
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
-from nnunetv2_meddisseg.training.recipes import RECIPES
+from nnunetv2_meddisseg.training.recipe import ScheduleRecipe
+from nnunetv2_meddisseg.training.seeded_trainer import SeededTrainer
 
 __all__ = [
     "nnUNetTrainerMedDisSeg_smoke", "nnUNetTrainerMedDisSeg_250epochs", "nnUNetTrainerMedDisSeg_100epochs",
@@ -23,28 +36,52 @@ __all__ = [
     "nnUNetTrainerBaseline", "nnUNetTrainerBaseline_smoke", "nnUNetTrainerBaseline_demo",
 ]
 
-class nnUNetTrainerMedDisSeg_smoke(nnUNetTrainerMedDisSeg): "3 epochs (1 of Stage I) of 4 iterations, a checkpoint after each: first contact, tests"; recipe = RECIPES["MedDisSeg_smoke"]
-class nnUNetTrainerMedDisSeg_250epochs(nnUNetTrainerMedDisSeg): "250 epochs, the first quarter Stage I"; recipe = RECIPES["MedDisSeg_250epochs"]
-class nnUNetTrainerMedDisSeg_100epochs(nnUNetTrainerMedDisSeg): "100 epochs, the first quarter Stage I"; recipe = RECIPES["MedDisSeg_100epochs"]
-class nnUNetTrainerMedDisSeg_demo(nnUNetTrainerMedDisSeg): "nnUNetv2_meddisseg_demo: 8 epochs of 15 iterations from random initialisation, Adam 1e-3"; recipe = RECIPES["MedDisSeg_demo"]
-class nnUNetTrainerMedDisSeg_noDispersive(nnUNetTrainerMedDisSeg): "ablation: no dispersive loss in either stage"; recipe = RECIPES["MedDisSeg_noDispersive"]
-class nnUNetTrainerMedDisSeg_dispersiveStage1Only(nnUNetTrainerMedDisSeg): "ablation: the dispersive loss in Stage I only"; recipe = RECIPES["MedDisSeg_dispersiveStage1Only"]
-class nnUNetTrainerMedDisSeg_dispersiveStage2Only(nnUNetTrainerMedDisSeg): "ablation: the dispersive loss in Stage II only"; recipe = RECIPES["MedDisSeg_dispersiveStage2Only"]
-class nnUNetTrainerMedDisSeg_cosine(nnUNetTrainerMedDisSeg): "ablation: InfoNCE on cosine distances"; recipe = RECIPES["MedDisSeg_cosine"]
-class nnUNetTrainerMedDisSeg_hinge(nnUNetTrainerMedDisSeg): "ablation: the hinge form of the dispersive loss"; recipe = RECIPES["MedDisSeg_hinge"]
-class nnUNetTrainerMedDisSeg_covariance(nnUNetTrainerMedDisSeg): "ablation: the covariance form of the dispersive loss"; recipe = RECIPES["MedDisSeg_covariance"]
-class nnUNetTrainerMedDisSeg_middle(nnUNetTrainerMedDisSeg): "ablation: the dispersive loss on the middle features (x4)"; recipe = RECIPES["MedDisSeg_middle"]
-class nnUNetTrainerMedDisSeg_late(nnUNetTrainerMedDisSeg): "ablation: the dispersive loss on the last feature before the logits"; recipe = RECIPES["MedDisSeg_late"]
-class nnUNetTrainerMedDisSeg_allLayers(nnUNetTrainerMedDisSeg): "ablation: the mean dispersive loss of the early, middle and late features"; recipe = RECIPES["MedDisSeg_allLayers"]
-class nnUNetTrainerMedDisSeg_tau0p1(nnUNetTrainerMedDisSeg): "ablation: temperature 0.1 (default 0.8)"; recipe = RECIPES["MedDisSeg_tau0p1"]
-class nnUNetTrainerMedDisSeg_tau0p5(nnUNetTrainerMedDisSeg): "ablation: temperature 0.5 (default 0.8)"; recipe = RECIPES["MedDisSeg_tau0p5"]
-class nnUNetTrainerMedDisSeg_tau1p0(nnUNetTrainerMedDisSeg): "ablation: temperature 1.0 (default 0.8)"; recipe = RECIPES["MedDisSeg_tau1p0"]
-class nnUNetTrainerMedDisSeg_lambda0p2(nnUNetTrainerMedDisSeg): "ablation: Stage II dispersive weight 0.2 (default 0.6)"; recipe = RECIPES["MedDisSeg_lambda0p2"]
-class nnUNetTrainerMedDisSeg_lambda1p0(nnUNetTrainerMedDisSeg): "ablation: Stage II dispersive weight 1.0 (default 0.6)"; recipe = RECIPES["MedDisSeg_lambda1p0"]
-class nnUNetTrainerMedDisSeg_noStage1(nnUNetTrainerMedDisSeg): "ablation: no Stage I, the whole network trains from the first epoch"; recipe = RECIPES["MedDisSeg_noStage1"]
-class nnUNetTrainerDispersive_smoke(nnUNetTrainerDispersive): "1 epoch of 4 iterations: tests"; recipe = RECIPES["Dispersive_smoke"]
-class nnUNetTrainerDispersive_infonceL2(nnUNetTrainerDispersive): "the paper's InfoNCE-L2 on raw features"; recipe = RECIPES["Dispersive_infonceL2"]
-class nnUNetTrainerDispersive_cosine(nnUNetTrainerDispersive): "the uncentred cosine form"; recipe = RECIPES["Dispersive_cosine"]
-class nnUNetTrainerBaseline(SeededTrainer): "default nnU-Net (network, loss, SGD, augmentation), seeded as our trainers are"; recipe = RECIPES["Baseline"]
-class nnUNetTrainerBaseline_smoke(SeededTrainer): "nnUNetTrainerBaseline for 3 epochs of 4 iterations: tests"; recipe = RECIPES["Baseline_smoke"]
-class nnUNetTrainerBaseline_demo(SeededTrainer): "nnUNetTrainerBaseline on the demo's schedule"; recipe = RECIPES["Baseline_demo"]
+MEDDISSEG = nnUNetTrainerMedDisSeg.recipe
+DISPERSIVE = nnUNetTrainerDispersive.recipe
+
+#: nnU-Net's own recipe for networks trained from scratch: SGD (Nesterov, momentum 0.99) at 1e-2 for every
+#: group in both stages; the scale-invariant cosine form of the dispersive loss
+SCRATCH_SGD = MappingProxyType({"optimizer": "sgd", "stage1_lr": 1e-2, "stage2_lr": 1e-2,
+                                "stage2_encoder_lr": 1e-2, "dispersive_variant": "infonce_cosine"})
+#: ``SCRATCH_SGD`` with the batch-centred cosine form (the uncentred one lets the ELAT gates shrink the
+#: non-negative early features towards zero at these rates)
+SCRATCH_SGD_CENTRED = MappingProxyType(dict(SCRATCH_SGD, dispersive_variant="infonce_cosine_centred"))
+#: Adam at 1e-3 for every group in both stages (no 10x lower encoder rate); cosine dispersive loss
+SCRATCH_ADAM = MappingProxyType({"optimizer": "adam", "stage1_lr": 1e-3, "stage2_lr": 1e-3,
+                                 "stage2_encoder_lr": 1e-3, "dispersive_variant": "infonce_cosine"})
+#: the bare network: no Stage I, Dice+CE on the final logits only, no auxiliary or dispersive losses
+PLAIN_TRAINING = MappingProxyType({"stage1_fraction": 0.0, "path_supervision_weight": 0.0, "fg_bg_weight": 0.0,
+                                   "complementarity_weight": 0.0, "lambda_dispersive_stage1": 0.0,
+                                   "lambda_dispersive_stage2": 0.0})
+#: tests and a first run on a new machine: 3 epochs of 4 training and 2 validation iterations, a checkpoint
+#: after every epoch (Med-DisSeg: 1 epoch of Stage I)
+SMOKE_SCHEDULE = MappingProxyType({"num_epochs": 3, "iterations_per_epoch": 4, "val_iterations_per_epoch": 2,
+                                   "save_every": 1})
+#: ``nnUNetv2_meddisseg_demo``: 8 epochs of 15 training and 3 validation iterations
+DEMO_SCHEDULE = MappingProxyType({"num_epochs": 8, "iterations_per_epoch": 15, "val_iterations_per_epoch": 3})
+
+class nnUNetTrainerMedDisSeg_smoke(nnUNetTrainerMedDisSeg): "3 epochs (1 of Stage I) of 4 iterations, a checkpoint after each: first contact, tests"; recipe = replace(MEDDISSEG, **SMOKE_SCHEDULE, stage1_epochs=1, batchnorm_calibration_samples=2)
+class nnUNetTrainerMedDisSeg_250epochs(nnUNetTrainerMedDisSeg): "250 epochs, the first quarter Stage I"; recipe = replace(MEDDISSEG, num_epochs=250)
+class nnUNetTrainerMedDisSeg_100epochs(nnUNetTrainerMedDisSeg): "100 epochs, the first quarter Stage I"; recipe = replace(MEDDISSEG, num_epochs=100)
+class nnUNetTrainerMedDisSeg_demo(nnUNetTrainerMedDisSeg): "nnUNetv2_meddisseg_demo: 8 epochs of 15 iterations from random initialisation, Adam 1e-3"; recipe = replace(MEDDISSEG, **DEMO_SCHEDULE, from_scratch=SCRATCH_ADAM, batchnorm_calibration_samples=16, batchnorm_calibration_augmentation=False)
+class nnUNetTrainerMedDisSeg_noDispersive(nnUNetTrainerMedDisSeg): "ablation: no dispersive loss in either stage"; recipe = replace(MEDDISSEG, lambda_dispersive_stage1=0.0, lambda_dispersive_stage2=0.0)
+class nnUNetTrainerMedDisSeg_dispersiveStage1Only(nnUNetTrainerMedDisSeg): "ablation: the dispersive loss in Stage I only"; recipe = replace(MEDDISSEG, lambda_dispersive_stage2=0.0)
+class nnUNetTrainerMedDisSeg_dispersiveStage2Only(nnUNetTrainerMedDisSeg): "ablation: the dispersive loss in Stage II only"; recipe = replace(MEDDISSEG, lambda_dispersive_stage1=0.0)
+class nnUNetTrainerMedDisSeg_cosine(nnUNetTrainerMedDisSeg): "ablation: InfoNCE on cosine distances"; recipe = replace(MEDDISSEG, dispersive_variant="infonce_cosine")
+class nnUNetTrainerMedDisSeg_hinge(nnUNetTrainerMedDisSeg): "ablation: the hinge form of the dispersive loss"; recipe = replace(MEDDISSEG, dispersive_variant="hinge")
+class nnUNetTrainerMedDisSeg_covariance(nnUNetTrainerMedDisSeg): "ablation: the covariance form of the dispersive loss"; recipe = replace(MEDDISSEG, dispersive_variant="covariance")
+class nnUNetTrainerMedDisSeg_middle(nnUNetTrainerMedDisSeg): "ablation: the dispersive loss on the middle features (x4)"; recipe = replace(MEDDISSEG, dispersive_placement="middle")
+class nnUNetTrainerMedDisSeg_late(nnUNetTrainerMedDisSeg): "ablation: the dispersive loss on the last feature before the logits"; recipe = replace(MEDDISSEG, dispersive_placement="late")
+class nnUNetTrainerMedDisSeg_allLayers(nnUNetTrainerMedDisSeg): "ablation: the mean dispersive loss of the early, middle and late features"; recipe = replace(MEDDISSEG, dispersive_placement="all")
+class nnUNetTrainerMedDisSeg_tau0p1(nnUNetTrainerMedDisSeg): "ablation: temperature 0.1 (default 0.8)"; recipe = replace(MEDDISSEG, dispersive_tau=0.1)
+class nnUNetTrainerMedDisSeg_tau0p5(nnUNetTrainerMedDisSeg): "ablation: temperature 0.5 (default 0.8)"; recipe = replace(MEDDISSEG, dispersive_tau=0.5)
+class nnUNetTrainerMedDisSeg_tau1p0(nnUNetTrainerMedDisSeg): "ablation: temperature 1.0 (default 0.8)"; recipe = replace(MEDDISSEG, dispersive_tau=1.0)
+class nnUNetTrainerMedDisSeg_lambda0p2(nnUNetTrainerMedDisSeg): "ablation: Stage II dispersive weight 0.2 (default 0.6)"; recipe = replace(MEDDISSEG, lambda_dispersive_stage2=0.2)
+class nnUNetTrainerMedDisSeg_lambda1p0(nnUNetTrainerMedDisSeg): "ablation: Stage II dispersive weight 1.0 (default 0.6)"; recipe = replace(MEDDISSEG, lambda_dispersive_stage2=1.0)
+class nnUNetTrainerMedDisSeg_noStage1(nnUNetTrainerMedDisSeg): "ablation: no Stage I, the whole network trains from the first epoch"; recipe = replace(MEDDISSEG, stage1_fraction=0.0)
+class nnUNetTrainerDispersive_smoke(nnUNetTrainerDispersive): "1 epoch of 4 iterations: tests"; recipe = replace(DISPERSIVE, num_epochs=1, iterations_per_epoch=4, val_iterations_per_epoch=2)
+class nnUNetTrainerDispersive_infonceL2(nnUNetTrainerDispersive): "the paper's InfoNCE-L2 on raw features"; recipe = replace(DISPERSIVE, dispersive_variant="infonce_l2")
+class nnUNetTrainerDispersive_cosine(nnUNetTrainerDispersive): "the uncentred cosine form"; recipe = replace(DISPERSIVE, dispersive_variant="infonce_cosine")
+class nnUNetTrainerBaseline(SeededTrainer): "default nnU-Net (network, loss, SGD, augmentation), seeded as our trainers are"; recipe = ScheduleRecipe()
+class nnUNetTrainerBaseline_smoke(SeededTrainer): "nnUNetTrainerBaseline for 3 epochs of 4 iterations: tests"; recipe = ScheduleRecipe(num_epochs=3, iterations_per_epoch=4, val_iterations_per_epoch=2)
+class nnUNetTrainerBaseline_demo(SeededTrainer): "nnUNetTrainerBaseline on the demo's schedule"; recipe = ScheduleRecipe(**DEMO_SCHEDULE)

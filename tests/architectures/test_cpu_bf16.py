@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from nnunetv2_meddisseg.architectures import meddisseg
-from nnunetv2_meddisseg.architectures.meddisseg import CPU_BF16_ENV, MedDisSegNet
+from nnunetv2_meddisseg.architectures.meddisseg import MedDisSegNet
+from nnunetv2_meddisseg.environment import CPU_BF16_ENVIRONMENT_VARIABLE as CPU_BF16_ENV
 
 #: Agreement of the arg-max maps of a network trained for TRAINING_STEPS steps at 32x32 (batch 4),
 #: fp32 vs bf16 on 8 held-out images. Measured in 5 trainings (2 seeds of this test, 3 of a variant

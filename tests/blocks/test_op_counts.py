@@ -70,7 +70,7 @@ def _inputs(size=32):
 def _stage2_loss() -> Callable:
     """nnUNetTrainerMedDisSeg's Stage II loss with its default weights, the dispersive term included."""
     from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
-    from nnunetv2_meddisseg.training.stage2_loss import (Stage2Weights, dispersive_from_recipe, segmentation_loss,
+    from nnunetv2_meddisseg.training.objectives import (Stage2Weights, dispersive_from_recipe, segmentation_loss,
                                                          stage2_loss)
 
     recipe = nnUNetTrainerMedDisSeg.recipe

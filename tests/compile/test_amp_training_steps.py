@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2
+from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2
 from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg_smoke
 from tests.training.test_trainer_meddisseg import DATASET, DATASET_JSON, tiny_plans
 

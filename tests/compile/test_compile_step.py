@@ -13,7 +13,7 @@ from compile_check import graph_breaks
 from nnunetv2_meddisseg.architectures import MedDisSegNet
 from nnunetv2_meddisseg.blocks.device_forms import forced_form
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
-from nnunetv2_meddisseg.training.stage2_loss import Stage2Weights, dispersive_from_recipe, segmentation_loss, stage2_loss
+from nnunetv2_meddisseg.training.objectives import Stage2Weights, dispersive_from_recipe, segmentation_loss, stage2_loss
 
 
 def _inputs(batch=2, size=32):

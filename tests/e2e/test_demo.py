@@ -52,7 +52,7 @@ def test_demo_trains_predicts_evaluates_and_compares(tmp_path):
     # tensor in test_cli_roundtrip.py)
     import torch
 
-    from nnunetv2_meddisseg.trainer_path import trainer_folder
+    from nnunetv2_meddisseg.environment import trainer_folder
 
     again = dict(env, nnUNet_raw=str(out / "nnUNet_raw"), nnUNet_preprocessed=str(out / "nnUNet_preprocessed"),
                  nnUNet_results=str(tmp_path / "again"), nnUNet_extTrainer=trainer_folder(), nnUNet_meddisseg_seed="0")

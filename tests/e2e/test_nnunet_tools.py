@@ -284,7 +284,7 @@ try:
 except RuntimeError as e:
     print("not found:", str(e).splitlines()[0][:60])
 
-from nnunetv2_meddisseg.nnunet_env import use_our_trainers
+from nnunetv2_meddisseg.environment import use_our_trainers
 use_our_trainers()
 predictor.initialize_from_trained_model_folder(model, use_folds=(0, 1), checkpoint_name="checkpoint_final.pth")
 predictor.predict_from_files(images, out, save_probabilities=False, num_processes_preprocessing=1,

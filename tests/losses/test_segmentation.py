@@ -4,7 +4,7 @@ from nnunetv2.training.loss.compound_losses import DC_and_CE_loss
 from nnunetv2.training.loss.dice import MemoryEfficientSoftDiceLoss, SoftDiceLoss
 
 from nnunetv2_meddisseg.losses.segmentation import dice_ce_per_output, dice_ce_settings
-from nnunetv2_meddisseg.training.stage2_loss import segmentation_loss
+from nnunetv2_meddisseg.training.objectives import segmentation_loss
 
 
 def _case(classes: int, seed: int, ignore_label=None, ignored_share: float = 0.3):

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from nnunetv2_meddisseg.training.base import BF16_ENVIRONMENT_VARIABLE
-from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2
+from nnunetv2_meddisseg.environment import BF16_ENVIRONMENT_VARIABLE
+from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2
 from tests.training.test_trainer_meddisseg import MEDDISSEG, make_batch, make_trainer, nnunet_dirs, tiny_plans
 
 __all__ = ["nnunet_dirs"]

@@ -102,7 +102,7 @@ def test_training_dataloader_is_nnunets_training_loader(preprocessed_synthetic, 
 
     import numpy as np
 
-    from nnunetv2_meddisseg.training.base import seed_generators
+    from nnunetv2_meddisseg.training.seeding import seed_generators
     from nnunetv2_meddisseg.training.nnunet_copies import training_dataloader
 
     for name, value in preprocessed_synthetic.items():

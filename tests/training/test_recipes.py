@@ -11,10 +11,12 @@ from nnunetv2_meddisseg.training import variants
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg_paper import nnUNetTrainerMedDisSeg_paper
-from nnunetv2_meddisseg.training.recipe import (RECIPE_ENVIRONMENT_VARIABLE, DispersiveRecipe, MedDisSegRecipe,
-                                                PaperScheduleRecipe, ScheduleRecipe, apply_overrides)
-from nnunetv2_meddisseg.training.recipes import (ALIASES, DEMO_SCHEDULE, PLAIN_TRAINING, RECIPES, SCRATCH_ADAM,
-                                                 SCRATCH_SGD, SCRATCH_SGD_CENTRED, SMOKE_SCHEDULE)
+from nnunetv2_meddisseg.environment import RECIPE_ENVIRONMENT_VARIABLE
+from nnunetv2_meddisseg.nnunet_trainers import meddisseg_trainers
+from nnunetv2_meddisseg.training.recipe import (DispersiveRecipe, MedDisSegRecipe, PaperScheduleRecipe, ScheduleRecipe,
+                                                apply_overrides)
+from nnunetv2_meddisseg.training.variants import (DEMO_SCHEDULE, PLAIN_TRAINING, SCRATCH_ADAM, SCRATCH_SGD,
+                                                  SCRATCH_SGD_CENTRED, SMOKE_SCHEDULE)
 from test_trainer_meddisseg import make_batch, make_trainer, nnunet_dirs, tiny_plans, PLAIN_UNET  # noqa: F401
 
 #: the paper's stated settings: "(lambda_1, lambda_2) = (0.2, 0.6), early placement, and tau = 0.8"; "optimizer
@@ -35,7 +37,12 @@ def test_the_default_recipe_is_the_papers():
     assert {k: getattr(paper, k) for k in PAPER} == PAPER
 
 
-#: registry name -> the settings its name says it changes (written out here, not read from the registry)
+#: every trainer of the catalogue, by its name without "nnUNetTrainer", and its recipe
+RECIPES = {name[len("nnUNetTrainer"):]: getattr(meddisseg_trainers, name).recipe for name in meddisseg_trainers.__all__}
+#: variants whose recipe equals another's under a name result tables use: alias -> the recipe it equals
+ALIASES = {"MedDisSeg_paperSettings": "MedDisSeg"}
+
+#: trainer name -> the settings its name says it changes (written out here, not read from the trainers)
 NAMED_CHANGES = {
     "MedDisSeg_smoke": {**SMOKE_SCHEDULE, "stage1_epochs": 1, "batchnorm_calibration_samples": 2},
     "MedDisSeg_250epochs": {"num_epochs": 250},
@@ -94,14 +101,11 @@ def test_each_recipe_differs_from_its_default_in_what_its_name_says(name):
     assert _differences(recipe, default) == NAMED_CHANGES[name]
 
 
-def test_every_recipe_has_its_one_line_trainer_and_no_two_variants_are_equal():
-    classes = {f"nnUNetTrainer{name}" for name in RECIPES}
+def test_every_trainer_is_in_the_catalogue_and_no_two_variants_are_equal():
     exported = set(variants.__all__) | set(study_trainers.__all__) | {"nnUNetTrainerMedDisSeg", "nnUNetTrainerDispersive",
                                                                       "nnUNetTrainerMedDisSeg_paper"}
-    assert classes == exported
-    for module in (variants, study_trainers):
-        for name in module.__all__:
-            assert getattr(module, name).recipe is RECIPES[name[len("nnUNetTrainer"):]]
+    assert {f"nnUNetTrainer{name}" for name in RECIPES} == exported
+    assert set(NAMED_CHANGES) | set(DEFAULTS) | set(ALIASES) | {"MedDisSeg_paper"} == set(RECIPES)
     seen = {}
     for name, recipe in RECIPES.items():
         twin = [other for other, r in seen.items() if r == recipe and type(r) is type(recipe)]

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
-from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_2, nnUNetTrainerMedDisSeg
+from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
+from nnunetv2_meddisseg.training.stages import STAGE_2
 from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
 from nnunetv2_meddisseg.training.recipes import PLAIN_TRAINING, SCRATCH_SGD, SCRATCH_SGD_CENTRED
 from nnunetv2_meddisseg.ablation.study_trainers import (nnUNetTrainerMedDisSeg_cosineCentred,
@@ -29,12 +30,12 @@ def _pretrained_plans() -> dict:
 
 def test_scratch_settings_apply_only_without_encoder_weights(nnunet_dirs):
     scratch = make_trainer(nnUNetTrainerMedDisSeg_scratchSGD, initialize=False)
-    assert not scratch.encoder_pretrained
+    assert scratch._plans_encoder_weights() is None
     for name, value in SCRATCH_SGD.items():
         assert getattr(scratch.recipe, name) == value
     assert not scratch.recipe.from_scratch  # applied once
     pretrained = make_trainer(nnUNetTrainerMedDisSeg_scratchSGD, plans=_pretrained_plans(), initialize=False)
-    assert pretrained.encoder_pretrained
+    assert pretrained._plans_encoder_weights() == "resnet50_imagenet.pth"
     paper = nnUNetTrainerMedDisSeg_paperSettings.recipe
     assert (pretrained.recipe.optimizer, pretrained.recipe.stage1_lr, pretrained.recipe.stage2_encoder_lr,
             pretrained.recipe.dispersive_variant) == (paper.optimizer, paper.stage1_lr, paper.stage2_encoder_lr,

@@ -3,7 +3,7 @@ import torch
 
 from nnunetv2_meddisseg.architectures import MedDisSegOutput
 from nnunetv2_meddisseg.losses import DispersiveLoss
-from nnunetv2_meddisseg.training.stage2_loss import Stage2Weights, segmentation_loss, stage2_loss
+from nnunetv2_meddisseg.training.objectives import Stage2Weights, segmentation_loss, stage2_loss
 
 
 def _output(seed: int) -> MedDisSegOutput:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from nnunetv2_meddisseg.training.batchnorm_statistics import recalibrate_batchnorm
-from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2
+from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2
 
 from test_trainer_meddisseg import make_batch, make_trainer, nnunet_dirs, run_epoch  # noqa: F401 (fixture)
 
@@ -50,7 +50,7 @@ def test_re_estimation_changes_no_weight_and_equals_re_estimating_afterwards(nnu
     buffers_with = dict(with_it.network.named_buffers())
     network = without.network
     recalibrate_batchnorm([network], with_it._draw_batchnorm_calibration_batches(),
-                          lambda x: without._validation_logits(x, network))
+                          lambda x: without.stage.validation_logits(network, x, plain=True))
     for name, b in network.named_buffers():
         if "running" in name:
             torch.testing.assert_close(b, buffers_with[name], rtol=1e-5, atol=1e-6, msg=name)

@@ -13,7 +13,8 @@ from torch._dynamo import OptimizedModule
 from torch._dynamo.utils import counters
 
 from nnunetv2_meddisseg.training.compilation import compiled_regions, is_compile_error
-from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2, nnUNetTrainerMedDisSeg
+from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
+from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2
 from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg_smoke
 from test_trainer_meddisseg import MEDDISSEG, make_batch, make_trainer, nnunet_dirs, run_epoch, tiny_plans  # noqa: F401
 

@@ -20,7 +20,7 @@ from test_trainer_meddisseg import (DATASET, MEDDISSEG, PLAIN_UNET, make_batch, 
                                     nnunet_dirs, tiny_plans)
 from nnunetv2_meddisseg.losses import dispersion_diagnostics, dispersive_loss
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
-from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2
+from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2
 from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg_smoke
 
 pytestmark = pytest.mark.e2e  # several processes (the quick loop leaves it out)
@@ -71,7 +71,7 @@ def _epoch(trainer, batch) -> dict:
 def _meddisseg_worker(rank, world_size, folder):
     from nnunetv2_meddisseg.training import extended_trainer as base_module
     from nnunetv2_meddisseg.training import nnUNetTrainerMedDisSeg as meddisseg_module
-    from nnunetv2_meddisseg.training.base import seed_epoch
+    from nnunetv2_meddisseg.training.seeding import seed_epoch
     from nnunetv2_meddisseg.training.photometric import photometric_perturbation
 
     _on_cpu_under_gloo()

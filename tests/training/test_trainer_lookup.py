@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nnunetv2_meddisseg.trainer_path import TRAINER_FOLDER, catalogue, trainer_folder
+from nnunetv2_meddisseg.environment import TRAINER_FOLDER, trainer_folder
+from nnunetv2_meddisseg.trainer_path import catalogue
 
 
 def _package_trainers():

@@ -18,11 +18,12 @@ from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
 from nnunetv2_meddisseg.architectures import MedDisSegNet
 from nnunetv2_meddisseg.losses import foreground_background_loss
 from nnunetv2_meddisseg.training import extended_trainer as base_module
-from nnunetv2_meddisseg.training.input_errors import (TrainingInputError, TrainingInputFileNotFoundError,
+from nnunetv2_meddisseg.training.errors import (TrainingInputError, TrainingInputFileNotFoundError,
                                                       TrainingInputRuntimeError)
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
-from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2, nnUNetTrainerMedDisSeg
-from nnunetv2_meddisseg.training.stage2_loss import foreground_target
+from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
+from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2
+from nnunetv2_meddisseg.training.objectives import foreground_target
 from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg_100epochs, nnUNetTrainerMedDisSeg_smoke
 
 DATASET = "Dataset999_Tiny"
@@ -202,7 +203,7 @@ def test_on_nnunets_plans_the_trainer_records_the_network_it_builds(nnunet_dirs)
 
 
 def test_network_class_is_meddisseg_reads_the_class_not_the_plans_name():
-    from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import network_class_is_meddisseg
+    from nnunetv2_meddisseg.training.meddisseg_plans import network_class_is_meddisseg
 
     def configuration(architecture, plans_name):
         plans = tiny_plans(architecture)

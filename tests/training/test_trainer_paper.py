@@ -15,7 +15,7 @@ from batchgeneratorsv2.transforms.spatial.spatial import SpatialTransform
 
 from nnunetv2_meddisseg.training.curves import TrainingCurves
 from nnunetv2_meddisseg.training.lr_schedule import cosine_lr
-from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2
+from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg_paper import (EarlyStopping, _EarlyStop,
                                                                        iterations_per_epoch,
                                                                        nnUNetTrainerMedDisSeg_paper)
@@ -215,7 +215,7 @@ def test_a_recipe_sets_the_rotation_probability(nnunet_dirs, tmp_path, monkeypat
 def test_nnunet_finds_the_paper_trainer(monkeypatch):
     from nnunetv2.utilities.find_objects import recursive_find_trainer_class_by_name
 
-    from nnunetv2_meddisseg.trainer_path import trainer_folder
+    from nnunetv2_meddisseg.environment import trainer_folder
 
     monkeypatch.setenv("nnUNet_extTrainer", trainer_folder())
     assert recursive_find_trainer_class_by_name("nnUNetTrainerMedDisSeg_paper") is nnUNetTrainerMedDisSeg_paper

@@ -1,11 +1,12 @@
-"""Per-epoch seeding of the trainers (``training.base.seed_epoch``) and the run seed's sources."""
+"""Per-epoch seeding of the trainers (``training.seeding.seed_epoch``) and the run seed's sources."""
 import random
 
 import numpy as np
 import pytest
 import torch
 
-from nnunetv2_meddisseg.training.base import SEED_ENVIRONMENT_VARIABLE, run_seed_from_environment, seed_epoch
+from nnunetv2_meddisseg.environment import SEED_ENVIRONMENT_VARIABLE
+from nnunetv2_meddisseg.training.seeding import run_seed_from_environment, seed_epoch
 
 from test_trainer_meddisseg import make_trainer, nnunet_dirs  # noqa: F401 (fixture)
 
@@ -42,7 +43,7 @@ def test_run_seed_from_environment(monkeypatch):
 
 
 def test_preserved_random_state_leaves_the_streams_outside_untouched():
-    from nnunetv2_meddisseg.training.base import preserved_random_state, seed_generators
+    from nnunetv2_meddisseg.training.seeding import preserved_random_state, seed_generators
 
     seed_epoch(7, 3)
     expected = draws()

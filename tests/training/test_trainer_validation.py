@@ -11,8 +11,8 @@ import torch
 from nnunetv2.training.loss.compound_losses import DC_and_CE_loss
 
 from nnunetv2_meddisseg.training.variants import nnUNetTrainerDispersive_smoke
-from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import STAGE_1, STAGE_2
-from nnunetv2_meddisseg.training.stage2_loss import segmentation_loss
+from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2
+from nnunetv2_meddisseg.training.objectives import segmentation_loss
 from test_trainer_meddisseg import DATASET_JSON, make_batch, make_trainer, nnunet_dirs  # noqa: F401 (fixture)
 
 IGNORE_JSON = {**deepcopy(DATASET_JSON), "labels": {"background": 0, "a": 1, "b": 2, "ignore": 3}}
@@ -22,7 +22,7 @@ def _reference(trainer, batch, ignore_label=None):
     """loss, tp, fp, fn (foreground classes) of the stage's arg-max prediction, counted with NumPy."""
     target = batch["target"].clone()
     with torch.no_grad():
-        logits = trainer._validation_logits(batch["data"])
+        logits = trainer.stage.validation_logits(trainer.network, batch["data"])
         loss = float(trainer.loss(logits, target))
     predicted, truth = logits.argmax(1).numpy(), target[:, 0].numpy()
     counted = truth != ignore_label if ignore_label is not None else np.ones_like(truth, dtype=bool)

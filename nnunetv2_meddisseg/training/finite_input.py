@@ -3,7 +3,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from nnunetv2_meddisseg.training.input_errors import TrainingInputRuntimeError
+from nnunetv2_meddisseg.training.errors import TrainingInputRuntimeError
 
 __all__ = ["finite_per_sample", "non_finite_input_message", "check_finite_input"]
 

@@ -1,0 +1,185 @@
+"""Med-DisSeg's objectives: the loss of one training step in each stage, as pure functions the stage objects
+(``training.stages``) and the benchmarks share.
+
+Stage I (:func:`stage1_loss`): the network runs with ``encoder_only = True`` and a light head (``Stage1Head``)
+turns the four ELAT-refined features into logits. Clean and photometrically perturbed views go through the
+network as one batch of 2B (one forward, so BatchNorm statistics are shared by both views and DDP sees a
+single forward). Loss::
+
+    seg(clean) + seg(perturbed) + consistency_weight * consistency(clean, perturbed)
+    + lambda_dispersive_stage1 * (dispersive(clean) + dispersive(perturbed))
+
+Stage II (:func:`stage2_step_loss`): the full network with deep supervision, returning a ``MedDisSegOutput``; its
+loss is :func:`stage2_loss`::
+
+    seg(logits) + path_supervision_weight * mean(seg(O_S), seg(O_M), seg(O_L))
+    + fg_bg_weight * foreground_background_loss(fg, bg, any foreground class)
+    + complementarity_weight * complementarity_loss(fg, bg, uc)
+    + lambda_dispersive_stage2 * dispersive
+
+Deep supervision in Stage II: nnU-Net's multi-resolution deep supervision does not apply (all outputs are at
+full resolution), so the trainer's ``_get_deep_supervision_scales`` returns None and the dataloader yields
+full-resolution targets. Instead, each of the three decoder paths (whose sum forms the final logits) is
+supervised with the same Dice+CE, averaged and weighted 0.5, so that every path is a usable predictor on its
+own (``path_supervision_weight = 0`` trains the final logits only, as the released code does). Pixels with
+nnU-Net's ignore label count in no term of the fg/bg maps. ``seg`` is ``DC_and_CE_loss`` built as nnU-Net's
+``_build_loss`` builds it, without the deep-supervision wrapper.
+
+The step losses return (total loss, the unweighted terms by name, the features of the dispersive loss's first
+regularised layer, for the diagnostics). :class:`Stage2Weights` and :func:`dispersive_from_recipe` read a
+recipe, so that code outside the trainer (the training-step benchmark) computes exactly the trainer's loss;
+:func:`segmentation_loss` builds the ``seg`` term as nnU-Net's ``_build_loss`` does, for such code.
+"""
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+
+import torch
+from nnunetv2.training.loss.compound_losses import DC_and_CE_loss
+from nnunetv2.training.loss.dice import MemoryEfficientSoftDiceLoss
+from torch import Tensor, nn
+
+from nnunetv2_meddisseg.architectures import MedDisSegOutput
+from nnunetv2_meddisseg.losses import (DispersiveLoss, complementarity_loss, consistency_loss,
+                                       foreground_background_loss)
+from nnunetv2_meddisseg.losses.segmentation import dice_ce_per_output, dice_ce_settings
+from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
+
+__all__ = ["Stage2Weights", "dispersive_from_recipe", "segmentation_loss", "foreground_target", "stage2_loss",
+           "dispersion", "stage1_logits", "stage1_loss", "stage2_step_loss"]
+
+
+@dataclass(frozen=True)
+class Stage2Weights:
+    """Weights of the Stage II terms."""
+
+    path_supervision: float
+    fg_bg: float
+    complementarity: float
+    dispersive: float
+
+    @classmethod
+    def from_recipe(cls, recipe: MedDisSegRecipe) -> "Stage2Weights":
+        """The weights a recipe sets: ``path_supervision_weight``, ``fg_bg_weight``, ``complementarity_weight``,
+        ``lambda_dispersive_stage2``."""
+        return cls(path_supervision=recipe.path_supervision_weight, fg_bg=recipe.fg_bg_weight,
+                   complementarity=recipe.complementarity_weight, dispersive=recipe.lambda_dispersive_stage2)
+
+
+def dispersive_from_recipe(recipe: MedDisSegRecipe, gather: bool = True) -> DispersiveLoss:
+    """The (unweighted) dispersive loss a recipe sets: ``dispersive_variant``, ``dispersive_tau``,
+    ``dispersive_eps``, ``dispersive_margin``, ``dispersive_placement``; ``gather``: under DDP, the batch of
+    every process (the trainer's ``dispersive_gather``). Both stages use it."""
+    return DispersiveLoss(recipe.dispersive_variant, recipe.dispersive_tau, eps=recipe.dispersive_eps,
+                          margin=recipe.dispersive_margin, placement=recipe.dispersive_placement, gather=gather)
+
+
+def segmentation_loss(batch_dice: bool, ignore_label: Optional[int] = None, ddp: bool = False) -> nn.Module:
+    """nnU-Net's Dice + CE (``MemoryEfficientSoftDiceLoss``, no background in the Dice, smooth 1e-5).
+
+    forward(logits (B, K, H, W), target (B, 1, H, W) label map) -> 0-dim tensor.
+    """
+    return DC_and_CE_loss({"batch_dice": batch_dice, "smooth": 1e-5, "do_bg": False, "ddp": ddp}, {},
+                          weight_ce=1, weight_dice=1, ignore_label=ignore_label,
+                          dice_class=MemoryEfficientSoftDiceLoss)
+
+
+def foreground_target(target: Tensor, ignore_label: Optional[int] = None) -> Tuple[Tensor, Optional[Tensor]]:
+    """target: (B, 1, H, W) label map -> ``(foreground, mask)``, both (B, 1, H, W) float.
+
+    ``foreground`` is 1 where any foreground class is; ``mask`` is None without an ignore label,
+    else 0 where the label is ``ignore_label`` (such pixels are neither foreground nor background).
+    """
+    if ignore_label is None:
+        return (target > 0).float(), None
+    labelled = target != ignore_label
+    return ((target > 0) & labelled).float(), labelled.float()
+
+
+def stage2_loss(output: MedDisSegOutput, target: Tensor, seg_loss: Callable[[Tensor, Tensor], Tensor],
+                dispersive: Optional[Callable[[Mapping[str, Tensor]], Tensor]], weights: Stage2Weights,
+                ignore_label: Optional[int] = None) -> Tuple[Tensor, Dict[str, Tensor]]:
+    """The Stage II loss of one batch::
+
+        seg(logits) + path_supervision * mean(seg(O_S), seg(O_M), seg(O_L))
+        + fg_bg * foreground_background_loss(fg, bg, any foreground class, labelled pixels)
+        + complementarity * complementarity_loss(fg, bg, uc) + dispersive * dispersive(features)
+
+    output: the network's training output (auxiliary maps present); target: (B, 1, H, W) label map.
+    Where ``seg_loss`` is nnU-Net's Dice + CE (``losses.segmentation.dice_ce_settings``), the four maps are
+    scored in one pass (same values), else ``seg_loss`` is called on each.
+    ``dispersive`` None leaves that term out; the path term is left out when its weight is 0 or the
+    output has no path logits. Returns ``(total, terms)``, terms holding each unweighted term by name
+    (``seg``, ``seg_paths``, ``fg_bg``, ``complementarity``, ``dispersive``).
+    """
+    if not isinstance(output, MedDisSegOutput) or output.fg is None:
+        raise RuntimeError("Stage II expects MedDisSegOutput with auxiliary maps: the network must be in "
+                           "training mode with decoder.deep_supervision = True")
+    with_paths = bool(weights.path_supervision) and output.path_logits is not None
+    settings = dice_ce_settings(seg_loss) if with_paths else None
+    if settings is not None:  # nnU-Net's Dice + CE of the four maps in one pass
+        per_output = dice_ce_per_output([output.logits, *output.path_logits], target, **settings)
+        seg, paths = per_output[0], per_output[1:].mean()
+    else:
+        seg = seg_loss(output.logits, target)
+        paths = torch.stack([seg_loss(p, target) for p in output.path_logits]).mean() if with_paths else None
+    terms: Dict[str, Tensor] = {"seg": seg}
+    total = seg
+    if with_paths:
+        terms["seg_paths"] = paths
+        total = total + weights.path_supervision * paths
+    foreground, mask = foreground_target(target, ignore_label)
+    terms["fg_bg"] = foreground_background_loss(output.fg, output.bg, foreground, mask)
+    terms["complementarity"] = complementarity_loss(output.fg, output.bg, output.uc)
+    total = total + weights.fg_bg * terms["fg_bg"] + weights.complementarity * terms["complementarity"]
+    if dispersive is not None:
+        terms["dispersive"] = dispersive(output.features)
+        total = total + weights.dispersive * terms["dispersive"]
+    return total, terms
+
+
+def dispersion(dispersive: DispersiveLoss, features: Mapping[str, Tensor]) -> Tuple[Tensor, Tensor]:
+    """(loss, features of the first regularised layer for the diagnostics)."""
+    return dispersive(features), features[dispersive.placements[0]]
+
+
+def stage1_logits(head: nn.Module, features: Sequence[Tensor], size: Sequence[int]) -> Tuple[Tensor, Tensor]:
+    """(logits cropped to ``size`` (H, W), the head's fused feature) of the Stage I head on the network's features."""
+    padded = (2 * features[0].shape[-2], 2 * features[0].shape[-1])
+    logits, fused = head(features, padded)
+    return logits[..., :size[0], :size[1]], fused
+
+
+def stage1_loss(network: nn.Module, head: nn.Module, seg: nn.Module, dispersive: DispersiveLoss, recipe,
+                  data: Tensor, perturbed: Tensor, target: Tensor,
+                  idle_parameters: Optional[Iterable[nn.Parameter]] = None) -> Tuple[Tensor, Dict[str, Tensor], Tensor]:
+    """Stage I loss of clean ``data`` and its ``perturbed`` view (see the module docstring). ``idle_parameters``
+    (under DDP: the decoder's trainable parameters, idle in Stage I) enter the loss with weight 0, so that DDP's
+    reducer, which expects a gradient for every parameter, completes."""
+    b = data.shape[0]
+    features = network(torch.cat([data, perturbed], dim=0))
+    logits, fused = stage1_logits(head, features, data.shape[-2:])
+    views = []
+    for half in (slice(0, b), slice(b, 2 * b)):
+        views.append({"early": features[1][half], "middle": features[3][half], "late": fused[half]})
+    seg_clean = seg(logits[:b], target)
+    seg_perturbed = seg(logits[b:], target)
+    consistency = consistency_loss(logits[:b], logits[b:])
+    dispersive_clean, diagnosed = dispersion(dispersive, views[0])
+    dispersive_perturbed, _ = dispersion(dispersive, views[1])
+    dispersive_total = dispersive_clean + dispersive_perturbed
+    total = (seg_clean + seg_perturbed + recipe.consistency_weight * consistency
+             + recipe.lambda_dispersive_stage1 * dispersive_total)
+    if idle_parameters is not None:
+        total = total + 0.0 * sum(p.sum() for p in idle_parameters)
+    terms = {"seg": seg_clean, "seg_perturbed": seg_perturbed, "consistency": consistency,
+             "dispersive": dispersive_total}
+    return total, terms, diagnosed
+
+
+def stage2_step_loss(network: nn.Module, seg: nn.Module, dispersive: DispersiveLoss, recipe, data: Tensor,
+                  target: Tensor, ignore_label: Optional[int]) -> Tuple[Tensor, Dict[str, Tensor], Tensor]:
+    """Stage II loss of ``data`` (see the module docstring; pixels with ``ignore_label`` count in no term of
+    the fg/bg maps)."""
+    output = network(data)
+    total, terms = stage2_loss(output, target, seg, dispersive, Stage2Weights.from_recipe(recipe), ignore_label)
+    return total, terms, output.features[dispersive.placements[0]]

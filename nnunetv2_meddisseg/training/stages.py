@@ -1,0 +1,206 @@
+"""Med-DisSeg's two training stages as objects: everything that differs between them lives here.
+
+``nnUNetTrainerMedDisSeg`` holds one stage (``trainer.stage``) and delegates to it: which part of the network
+runs (``encoder_only``), the optimizer's parameter groups and their learning rates, the epochs the stage's
+schedule spans, the loss of a training step, the logits validation scores, what a checkpoint adds, which modules'
+BatchNorm statistics are re-estimated, and whether the stage's networks may become ``checkpoint_best.pth``.
+
+- :class:`Stage1` (epochs ``[0, stage1_epochs)``): the encoder with ELAT and a light head (``Stage1Head``) that
+  turns the four ELAT-refined features into logits; every batch is also seen under a strong photometric
+  perturbation (``photometric.photometric_perturbation``); both groups (head, encoder + ELAT) at ``stage1_lr``.
+- :class:`Stage2` (epochs ``[stage1_epochs, num_epochs)``): the full network with deep supervision; the encoder
+  + ELAT at ``stage2_encoder_lr``, everything else at ``stage2_lr``.
+
+The losses themselves are pure functions (``objectives``). A stage is told the modules it works on when it is
+made and the model to run when it is called (the trainer's network may be wrapped by DDP or torch.compile);
+it reads nothing else of the trainer.
+"""
+from typing import Dict, List, Mapping, Optional, Tuple
+
+from torch import Tensor, nn
+
+from nnunetv2_meddisseg.architectures import MedDisSegNet, MedDisSegOutput
+from nnunetv2_meddisseg.losses import DispersiveLoss
+from nnunetv2_meddisseg.training.compilation import unwrap_module
+from nnunetv2_meddisseg.training.objectives import stage1_logits, stage1_loss, stage2_step_loss
+from nnunetv2_meddisseg.training.photometric import photometric_perturbation
+from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
+
+__all__ = ["STAGE_1", "STAGE_2", "STAGE_NAMES", "Stage", "Stage1", "Stage2"]
+
+#: the stages' names as checkpoints store them (``meddisseg_stage``)
+STAGE_1 = "stage1"
+STAGE_2 = "stage2"
+STAGE_NAMES = (STAGE_1, STAGE_2)
+
+#: (total loss, the unweighted terms by name, the features of the first regularised layer for the diagnostics)
+StepLoss = Tuple[Tensor, Dict[str, Tensor], Tensor]
+
+
+class Stage:
+    """What one stage decides; :class:`Stage1` and :class:`Stage2` fill it in.
+
+    Args:
+        network: the plain MedDisSegNet (no DDP / compile wrapper).
+        recipe: the trainer's recipe (learning rates, loss weights).
+        first_epoch, num_epochs: the epochs ``[first_epoch, first_epoch + num_epochs)`` the stage spans; its
+            learning rates decay over them.
+    """
+
+    name: str = ""
+    #: the stage's number (the ``stage`` curve) and as the log writes it
+    number: int = 0
+    numeral: str = ""
+    #: the stage trains the whole network: its networks may become ``checkpoint_best.pth`` (and count towards the
+    #: best EMA pseudo Dice); a network that never reached such a stage has an untrained decoder
+    trains_whole_network: bool = False
+
+    def __init__(self, network: MedDisSegNet, recipe: MedDisSegRecipe, first_epoch: int, num_epochs: int):
+        self.network, self.recipe = network, recipe
+        self.first_epoch, self.num_epochs = int(first_epoch), int(num_epochs)
+
+    @property
+    def last_epoch(self) -> int:
+        return self.first_epoch + self.num_epochs - 1
+
+    def enter(self) -> None:
+        """Put the network into this stage's mode."""
+        self.network.encoder_only = False
+
+    def describe(self) -> str:
+        """What the stage trains and at which learning rates, for the log."""
+        raise NotImplementedError
+
+    def end_checkpoint(self) -> Optional[str]:
+        """The file name of a copy of the model kept at the end of this stage, or None."""
+        return None
+
+    def parameter_groups(self) -> List[dict]:
+        """The optimizer's groups (``name``, ``params``, ``lr``): ``decoder`` first, then ``encoder``."""
+        raise NotImplementedError
+
+    def loss(self, model: nn.Module, seg: nn.Module, dispersive: DispersiveLoss, data: Tensor, target: Tensor,
+             distributed: bool = False) -> StepLoss:
+        """The loss of one training step: ``model`` is the network to call (possibly wrapped); ``seg`` nnU-Net's
+        Dice + CE; data (B, C, H, W), target (B, 1, H, W); ``distributed``: the model is DDP-wrapped."""
+        raise NotImplementedError
+
+    def validation_logits(self, model: nn.Module, data: Tensor, plain: bool = False) -> Tensor:
+        """Logits (B, K, H, W) of this stage's model for data (B, C, H, W); ``plain``: the unwrapped modules."""
+        raise NotImplementedError
+
+    def set_training(self, training: bool) -> None:
+        """Training or evaluation mode for what the stage owns besides the network."""
+
+    def checkpoint_extras(self) -> Dict[str, object]:
+        """What this stage adds to a checkpoint."""
+        return {"meddisseg_stage": self.name}
+
+    def restore(self, checkpoint: Mapping[str, object]) -> None:
+        """Load what :meth:`checkpoint_extras` wrote."""
+
+    def batchnorm_modules(self) -> List[nn.Module]:
+        """The plain modules whose BatchNorm statistics describe this stage's model."""
+        return [self.network]
+
+    def own_modules(self) -> List[nn.Module]:
+        """The plain modules the stage owns besides the network (compiled and uncompiled with it)."""
+        return []
+
+
+class Stage1(Stage):
+    """Stage I: encoder + ELAT with a light head, clean and photometrically perturbed views (``objectives.stage1_loss``).
+
+    Args:
+        head: the head to call (``Stage1Head``, possibly wrapped by DDP).
+        rgb: colour perturbations (RGB input) instead of channel-wise intensity ones.
+    """
+
+    name, number, numeral = STAGE_1, 1, "I"
+    #: where the recipe's ``stage1_checkpoint`` keeps the model at the end of Stage I
+    CHECKPOINT = "checkpoint_stage1.pth"
+
+    def __init__(self, network: MedDisSegNet, recipe: MedDisSegRecipe, first_epoch: int, num_epochs: int,
+                 head: nn.Module, rgb: bool):
+        super().__init__(network, recipe, first_epoch, num_epochs)
+        self.head, self.rgb = head, rgb
+
+    @property
+    def plain_head(self) -> nn.Module:
+        return unwrap_module(self.head)
+
+    def enter(self) -> None:
+        self.network.encoder_only = True
+
+    def describe(self) -> str:
+        return f"encoder + ELAT with a light head, {self.recipe.optimizer} lr {self.recipe.stage1_lr}"
+
+    def end_checkpoint(self) -> Optional[str]:
+        return self.CHECKPOINT if self.recipe.stage1_checkpoint else None
+
+    def parameter_groups(self) -> List[dict]:
+        lr = self.recipe.stage1_lr
+        return [{"name": "decoder", "params": list(self.plain_head.parameters()), "lr": lr},
+                {"name": "encoder", "params": list(self.network.encoder_parameters()), "lr": lr}]
+
+    def loss(self, model: nn.Module, seg: nn.Module, dispersive: DispersiveLoss, data: Tensor, target: Tensor,
+             distributed: bool = False) -> StepLoss:
+        perturbed = photometric_perturbation(data, rgb=self.rgb)
+        # DDP's reducer expects a gradient for every parameter: the idle decoder enters with weight 0
+        idle = [p for p in self.network.non_encoder_parameters() if p.requires_grad] if distributed else None
+        return stage1_loss(model, self.head, seg, dispersive, self.recipe, data, perturbed, target, idle)
+
+    def validation_logits(self, model: nn.Module, data: Tensor, plain: bool = False) -> Tensor:
+        head = self.plain_head if plain else self.head
+        return stage1_logits(head, model(data), data.shape[-2:])[0]
+
+    def set_training(self, training: bool) -> None:
+        self.head.train(training)
+
+    def checkpoint_extras(self) -> Dict[str, object]:
+        return {**super().checkpoint_extras(), "stage1_head_weights": self.plain_head.state_dict()}
+
+    def restore(self, checkpoint: Mapping[str, object]) -> None:
+        self.plain_head.load_state_dict(checkpoint["stage1_head_weights"])
+
+    def batchnorm_modules(self) -> List[nn.Module]:
+        return [self.network, self.plain_head]
+
+    def own_modules(self) -> List[nn.Module]:
+        return [self.plain_head]
+
+
+class Stage2(Stage):
+    """Stage II: the full network with deep supervision (``objectives.stage2_step_loss``), the encoder + ELAT at a
+    lower learning rate.
+
+    Args:
+        ignore_label: nnU-Net's ignore label (such pixels count in no term of the fg/bg maps), or None.
+    """
+
+    name, number, numeral = STAGE_2, 2, "II"
+    trains_whole_network = True
+
+    def __init__(self, network: MedDisSegNet, recipe: MedDisSegRecipe, first_epoch: int, num_epochs: int,
+                 ignore_label: Optional[int] = None):
+        super().__init__(network, recipe, first_epoch, num_epochs)
+        self.ignore_label = ignore_label
+
+    def describe(self) -> str:
+        recipe = self.recipe
+        return (f"full network, {recipe.optimizer} lr {recipe.stage2_encoder_lr} (encoder + ELAT) / {recipe.stage2_lr} "
+                f"(rest)")
+
+    def parameter_groups(self) -> List[dict]:
+        recipe = self.recipe
+        return [{"name": "decoder", "params": list(self.network.non_encoder_parameters()), "lr": recipe.stage2_lr},
+                {"name": "encoder", "params": list(self.network.encoder_parameters()),
+                 "lr": recipe.stage2_encoder_lr}]
+
+    def loss(self, model: nn.Module, seg: nn.Module, dispersive: DispersiveLoss, data: Tensor, target: Tensor,
+             distributed: bool = False) -> StepLoss:
+        return stage2_step_loss(model, seg, dispersive, self.recipe, data, target, self.ignore_label)
+
+    def validation_logits(self, model: nn.Module, data: Tensor, plain: bool = False) -> Tensor:
+        output = model(data)
+        return output.logits if isinstance(output, MedDisSegOutput) else output
