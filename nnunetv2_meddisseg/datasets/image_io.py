@@ -88,7 +88,7 @@ def _mask_values(img: Image.Image, path: Path) -> Tuple[np.ndarray, int]:
         img = img.convert("RGB")
     arr = np.asarray(img)
     colour = arr[..., :-1] if img.mode in ("LA", "RGBA") else arr
-    colour = colour.max(axis=-1)
+    colour = np.maximum.reduce([colour[..., i] for i in range(colour.shape[-1])])  # (faster than max(axis=-1))
     if img.mode in ("LA", "RGBA"):
         alpha = arr[..., -1]
         if colour.min(initial=0) == colour.max(initial=0) and alpha.min(initial=0) != alpha.max(initial=0):
@@ -132,6 +132,15 @@ def _percent(fraction: float) -> str:
     return f"{100 * fraction:.1f}".rstrip("0").rstrip(".")
 
 
+def _value_counts(arr: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """The sorted distinct values of ``arr`` and their counts (``np.unique``; by counting for 8-bit masks)."""
+    if arr.dtype == np.uint8:
+        counts = np.bincount(arr.reshape(-1), minlength=256)
+        values = np.flatnonzero(counts)
+        return values.astype(np.uint8), counts[values]
+    return np.unique(arr, return_counts=True)
+
+
 def _shown_values(values: np.ndarray) -> str:
     return ", ".join(f"{v:g}" for v in values) if len(values) <= 8 else f"{len(values)} values"
 
@@ -148,7 +157,7 @@ def _apply_rule(path: Path, lossy: Optional[bool], threshold: Optional[float]) -
         if indices.max(initial=0) <= 1:
             return indices.astype(np.uint8), MaskFinding(path, "label")
     arr, full = _mask_values(img, path)
-    values, counts = np.unique(arr, return_counts=True)
+    values, counts = _value_counts(arr)
     two_valued = len(values) == 2 and values[0] == 0
     if not lossy and values.min(initial=0) >= 0 and (values.max(initial=0) <= 1 or two_valued):
         return (arr > 0).astype(np.uint8), MaskFinding(path, "label")
