@@ -1,4 +1,5 @@
-"""Reading source images and masks (PIL), and writing a binary 2D case as nnU-Net PNGs."""
+"""Reading source images and masks (PIL; masks by one rule, :func:`read_binary_mask`), and writing a binary 2D
+case as nnU-Net PNGs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -115,7 +116,7 @@ REFUSED_KINDS = ("ambiguous", "empty")
 
 @dataclass(frozen=True)
 class MaskFinding:
-    """What the mask rule made of one mask file: its ``kind`` (a key of :data:`MASK_KINDS`) and, for the
+    """What the mask rule made of one mask file: its ``kind`` (one of :data:`MASK_KINDS`) and, for the
     refused kinds, ``problem``, a one-line reason naming the file."""
 
     path: Path
