@@ -183,6 +183,35 @@ def three_valued_mask(tmp, env) -> str:
     return _error_of(lambda: read_binary_mask(tmp / "mask.png"))
 
 
+def _cvc_tree(tmp: Path, middle_value: int) -> Path:
+    """CVC-ClinicDB's PNG layout, three 0 / 255 masks; mask 2 with ``middle_value`` over 30 % of its pixels."""
+    import numpy as np
+    from PIL import Image
+
+    for sub in ("Original", "Ground Truth"):
+        (tmp / "cvc" / sub).mkdir(parents=True)
+    for case in ("1", "2", "3"):
+        Image.fromarray(np.zeros((10, 10, 3), np.uint8)).save(tmp / "cvc" / "Original" / f"{case}.png")
+        mask = np.zeros((10, 10), np.uint8)
+        mask[:3] = 255
+        if case == "2":
+            mask[5:8] = middle_value
+        Image.fromarray(mask).save(tmp / "cvc" / "Ground Truth" / f"{case}.png")
+    return tmp / "cvc"
+
+
+def ambiguous_masks(tmp, env) -> List[str]:
+    return ["cvc-clinicdb", str(_cvc_tree(tmp, 128)), "-d", "32", "-np", "1"]
+
+
+def mask_threshold_out_of_range(tmp, env) -> List[str]:
+    return ["cvc-clinicdb", str(_cvc_tree(tmp, 128)), "-d", "32", "-np", "1", "--mask-threshold", "255"]
+
+
+def mask_threshold_negative(tmp, env) -> List[str]:
+    return ["cvc-clinicdb", str(_cvc_tree(tmp, 128)), "-d", "32", "-np", "1", "--mask-threshold", "-3"]
+
+
 def nan_image(tmp, env) -> str:
     import numpy as np
     from PIL import Image
@@ -331,7 +360,12 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "cannot be read as a checkpoint (truncated or corrupt?": _command("compare", bad.cmp_truncated_checkpoint),
     "mask ... would be written empty: its values reach ... but none exceeds half its range":
         _command("convert", bad.conv_faint_mask),
-    "holds the values {0, 128, 255}: 128 covers ... % of the pixels, so it is no anti-aliased edge": three_valued_mask,
+    "holds the values {0, 128, 255}: 128 covers ... % of the pixels, in the middle of its range (above 63.75, below "
+    "191.25), so it is neither faint background nor an anti-aliased edge": three_valued_mask,
+    "nnUNetv2_meddisseg_convert: error: ... of ... masks are refused by the mask rule (all listed in the report above)":
+        _command("convert", ambiguous_masks),
+    "--mask-threshold must be a number from 0 to below 65535": _command("convert", mask_threshold_negative),
+    "--mask-threshold ... is not below the range of mask": _command("convert", mask_threshold_out_of_range),
     "holds NaN or inf values: replace them (e.g. numpy.nan_to_num)": nan_image,
     "--resize must be at least 16 pixels": _command("convert", bad.conv_resize_one),
     "vanishes at ...: choose a larger --resize": foreground_vanishes,

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Tuple
+
+if TYPE_CHECKING:
+    from .image_io import MaskFinding
 
 __all__ = ["SourceCase", "DatasetSpec", "ConversionPlan", "ConversionResult", "BINARY_RGB_CHANNELS"]
 
@@ -34,7 +37,10 @@ class DatasetSpec:
     (headers, sizes); ``write_case(case, image_file, label_file, resize)`` writes the converted
     image (``CASE_0000<file_ending>``) and label (``CASE<file_ending>``). Both must be picklable
     (module-level functions or ``functools.partial`` of them): cases are written in worker
-    processes.
+    processes. ``inspect_mask(case, threshold)`` (binary 2D datasets; None where the labels are
+    instance or organ labels) reads a case's mask by the mask rule and returns its
+    :class:`~nnunetv2_meddisseg.datasets.image_io.MaskFinding`; where it is set, ``write_case``
+    takes the keyword ``mask_threshold`` (``--mask-threshold``).
     """
 
     name: str
@@ -46,6 +52,7 @@ class DatasetSpec:
     reference: str = ""
     licence: str = "see the dataset publisher"
     description: str = ""
+    inspect_mask: Optional[Callable[[SourceCase, Optional[float]], MaskFinding]] = None
 
 
 @dataclass
@@ -74,3 +81,4 @@ class ConversionResult:
     num_val: int
     num_test: int
     notes: List[str]
+    mask_report: List[str] = field(default_factory=list)  # the lines of the mask report (none for labels)

@@ -1,4 +1,5 @@
-"""``nnUNetv2_meddisseg_convert DATASET SRC -d ID [--resize N] [--split-file F] [--overwrite]``
+"""``nnUNetv2_meddisseg_convert DATASET SRC -d ID [--resize N] [--split-file F] [--overwrite]
+[--mask-threshold T] [--skip-ambiguous]``
 
 Converts one of the paper's datasets from its publisher's folder layout into an nnU-Net v2 raw
 dataset ``$nnUNet_raw/DatasetID_Name`` with the paper's split: train + val in imagesTr/labelsTr,
@@ -7,6 +8,10 @@ raw folder and in ``$nnUNet_preprocessed/DatasetID_Name/``), so that
 ``nnUNetv2_train ID 2d 0`` trains on the paper's training set and validates on its validation
 set. See the dataset modules (``kvasir``, ``glas``, ``isic``, ``synapse``, ``cvc_clinicdb``) for
 each layout and split.
+
+Before anything is written, every mask is read by the mask rule (see ``image_io.read_binary_mask``)
+and a report says what the rule made of them (``mask_report``); masks the rule refuses stop the
+conversion, listed together, unless ``--mask-threshold T`` or ``--skip-ambiguous``.
 """
 from __future__ import annotations
 
@@ -20,14 +25,15 @@ from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, run_command
 
 from .cases import ConversionPlan, ConversionResult
 from .errors import ConversionError, OptionError
-from .options import require_env_folder, validate_dataset_id, validate_resize
-from .split_lists import apply_split
-from .writer import write_nnunet_dataset
 from .cvc_clinicdb import plan_cvc_clinicdb
 from .glas import plan_glas
 from .isic import plan_isic2016, plan_isic2017
 from .kvasir import plan_kvasir_seg, plan_kvasir_sessile
+from .mask_report import MaskRuleError
+from .options import require_env_folder, validate_dataset_id, validate_mask_threshold, validate_resize
+from .split_lists import apply_split
 from .synapse import plan_synapse
+from .writer import write_nnunet_dataset
 
 __all__ = ["CONVERTERS", "convert", "main"]
 
@@ -45,14 +51,18 @@ CONVERTERS: Dict[str, Callable[[Path], ConversionPlan]] = {
 
 
 def convert(dataset: str, source, dataset_id: int, resize: Optional[int] = None, split_file=None,
-            overwrite: bool = False, num_processes: int = 1, progress: bool = False) -> ConversionResult:
+            overwrite: bool = False, num_processes: int = 1, progress: bool = False,
+            mask_threshold: Optional[float] = None, skip_ambiguous: bool = False) -> ConversionResult:
     """Convert ``source`` (a folder in the layout of ``dataset``, a key of :data:`CONVERTERS`)
     into ``$nnUNet_raw/Dataset<dataset_id>_<Name>``; raises :class:`ConversionError` on bad
-    options or sources, before anything is written where the check is cheap."""
+    options or sources, before anything is written where the check is cheap, and
+    :class:`~nnunetv2_meddisseg.datasets.mask_report.MaskRuleError` (with the report) for masks
+    the rule refuses, unless ``mask_threshold`` or ``skip_ambiguous``."""
     if dataset not in CONVERTERS:
         raise OptionError(f"unknown dataset {dataset!r}: expected one of {', '.join(CONVERTERS)}")
     validate_resize(resize)
     validate_dataset_id(dataset_id)
+    validate_mask_threshold(mask_threshold)
     if num_processes < 1:
         raise OptionError(f"-np must be at least 1, got {num_processes}")
     require_env_folder("nnUNet_raw")
@@ -60,7 +70,7 @@ def convert(dataset: str, source, dataset_id: int, resize: Optional[int] = None,
     if split_file is not None:
         plan = apply_split(plan, Path(split_file))
     return write_nnunet_dataset(plan, dataset_id, resize=resize, overwrite=overwrite, num_processes=num_processes,
-                                progress=progress)
+                                progress=progress, mask_threshold=mask_threshold, skip_ambiguous=skip_ambiguous)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,6 +88,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="JSON with lists of case IDs under 'train', 'val', 'test' (default: the paper's split, or the "
                              "package's seeded lists where the publisher ships none)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset with this ID")
+    parser.add_argument("--mask-threshold", type=float, default=None, metavar="T",
+                        help="foreground: the mask values above T (e.g. 127 for 8-bit masks), for every mask that is "
+                             "not a plain label; recorded in dataset.json (default: the mask rule's bands, see "
+                             "docs/data.md)")
+    parser.add_argument("--skip-ambiguous", action="store_true",
+                        help="leave out (and name) the cases whose masks the mask rule refuses instead of stopping")
     parser.add_argument("-np", dest="num_processes", type=int, default=min(4, os.cpu_count() or 1),
                         help="worker processes (default: min(4, CPU count))")
     return parser
@@ -85,8 +101,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def _convert_command(argv: Optional[List[str]]) -> None:
     args = _parser().parse_args(argv)
-    result = convert(args.dataset, args.source, args.dataset_id, resize=args.resize, split_file=args.split_file,
-                     overwrite=args.overwrite, num_processes=args.num_processes, progress=sys.stderr.isatty())
+    try:
+        result = convert(args.dataset, args.source, args.dataset_id, resize=args.resize, split_file=args.split_file,
+                         overwrite=args.overwrite, num_processes=args.num_processes, progress=sys.stderr.isatty(),
+                         mask_threshold=args.mask_threshold, skip_ambiguous=args.skip_ambiguous)
+    except MaskRuleError as err:
+        print("\n".join(err.report.summary_lines()), flush=True)
+        raise
+    for line in result.mask_report:
+        print(line)
     for note in result.notes:
         print(f"{PROG}: note: {note}", file=sys.stderr)
     split = f"{result.num_train} train / {result.num_val} val" if result.num_val else f"{result.num_train} train"

@@ -3,7 +3,8 @@
 Source layout, as published: ``Original/N.tif`` and ``Ground Truth/N.tif`` (the widely shared
 PNG re-release ``Original/N.png`` / ``Ground Truth/N.png`` works too; ``GroundTruth`` is accepted
 as the mask folder name). SRC is the folder holding both. Case IDs are the file stems (``1`` ..
-``612``).
+``612``). Masks are read by the mask rule of ``image_io.read_binary_mask``: the faint non-zero
+background some masks of the PNG re-release carry (values around 11 of 255) is background.
 
 All cases are test cases by default (``imagesTs``/``labelsTs``, ``numTraining`` 0): the usual
 Kvasir -> CVC-ClinicDB generalisation protocol predicts them with a model trained on Kvasir-SEG.
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from .cases import BINARY_RGB_CHANNELS, ConversionPlan, DatasetSpec
 from .errors import MissingSourceError
-from .image_io import check_2d_sizes, write_binary_2d_case
+from .image_io import check_2d_sizes, inspect_case_mask, write_binary_2d_case
 from .source_files import pair_images_and_masks
 
 __all__ = ["CVC_CLINICDB_SPEC", "plan_cvc_clinicdb"]
@@ -25,7 +26,8 @@ _SUFFIXES = (".tif", ".tiff", ".png", ".bmp")
 
 CVC_CLINICDB_SPEC = DatasetSpec(
     name="CVCClinicDB", channel_names=BINARY_RGB_CHANNELS, labels={"background": 0, "polyp": 1},
-    file_ending=".png", check_case=check_2d_sizes, write_case=partial(write_binary_2d_case, instance_mask=False),
+    file_ending=".png", check_case=check_2d_sizes, inspect_mask=inspect_case_mask,
+    write_case=partial(write_binary_2d_case, instance_mask=False),
     reference="Bernal et al., WM-DOVA maps for accurate polyp highlighting in colonoscopy, CMIG 2015",
     licence="research only (see the publisher)",
     description="CVC-ClinicDB polyps; all cases are test cases (Kvasir -> CVC-ClinicDB generalisation)",

@@ -1,6 +1,8 @@
-"""Reading source images and masks (PIL), and writing a binary 2D case as nnU-Net PNGs."""
+"""Reading source images and masks (PIL; masks by one rule, :func:`read_binary_mask`), and writing a binary 2D
+case as nnU-Net PNGs."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -8,10 +10,11 @@ import numpy as np
 from PIL import Image
 
 from .cases import SourceCase
-from .errors import ConversionError, MissingSourceError
+from .errors import ConversionError, MissingSourceError, OptionError
 
-__all__ = ["LOSSY_SUFFIXES", "image_size", "read_rgb", "read_binary_mask", "read_instance_mask_as_binary",
-           "check_2d_sizes", "write_binary_2d_case", "short_error", "WIDE_MODES"]
+__all__ = ["LOSSY_SUFFIXES", "image_size", "read_rgb", "read_binary_mask", "inspect_mask", "MaskFinding",
+           "read_instance_mask_as_binary", "check_2d_sizes", "inspect_case_mask",
+           "write_binary_2d_case", "short_error", "WIDE_MODES", "MASK_KINDS", "REFUSED_KINDS"]
 
 LOSSY_SUFFIXES = (".jpg", ".jpeg")
 
@@ -46,9 +49,6 @@ def image_size(path: Path) -> Tuple[int, int]:
 
 #: PIL modes of images with more than 8 bits per value (16-bit and 32-bit integers, 32-bit float)
 WIDE_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
-#: a value strictly between 0 and a lossless mask's maximum that covers more than this fraction of the
-#: pixels is a label of its own, not an anti-aliased edge
-AMBIGUOUS_FRACTION = 0.01
 
 
 def read_rgb(path: Path) -> Image.Image:
@@ -89,7 +89,7 @@ def _mask_values(img: Image.Image, path: Path) -> Tuple[np.ndarray, int]:
         img = img.convert("RGB")
     arr = np.asarray(img)
     colour = arr[..., :-1] if img.mode in ("LA", "RGBA") else arr
-    colour = colour.max(axis=-1)
+    colour = np.maximum.reduce([colour[..., i] for i in range(colour.shape[-1])])  # (faster than max(axis=-1))
     if img.mode in ("LA", "RGBA"):
         alpha = arr[..., -1]
         if colour.min(initial=0) == colour.max(initial=0) and alpha.min(initial=0) != alpha.max(initial=0):
@@ -97,21 +97,58 @@ def _mask_values(img: Image.Image, path: Path) -> Tuple[np.ndarray, int]:
     return colour, 255
 
 
-def read_binary_mask(path: Path, lossy: Optional[bool] = None) -> np.ndarray:
-    """A binary mask as ``(H, W)`` uint8 in {0, 1}, by one rule for every kind of mask file.
+#: the mask rule's bands, as fractions of a lossless mask's range R: values at or below BACKGROUND_BAND * R are
+#: background and values at or above FOREGROUND_BAND * R foreground, whatever their share of the mask
+BACKGROUND_BAND = 0.25
+FOREGROUND_BAND = 0.75
+#: a value of the middle band (between the two) that covers more than this fraction of a lossless mask is a
+#: label of its own (a second class, 'uncertain'), not an anti-aliased edge; faint background values that
+#: together cover more than this fraction are reported as faint background
+AMBIGUOUS_FRACTION = 0.01
 
-    - One value per pixel: grey and 16-bit masks their value; RGB (and palette colours) the brightest
-      of its channels, so pure red, green or blue count; RGBA / LA the same, except that where the
-      colour is one value everywhere and alpha varies, alpha is the mask. Palette masks whose indices
-      are only 0 and 1 are labels as they are.
-    - Lossless masks holding only {0, 1}, or 0 and one other value, are that label. Any other lossless
-      mask (anti-aliased edges) and every JPEG mask (``lossy``, by default decided by the file suffix:
-      noisy edges and background) are foreground above half their range (> 127 for 8 bit, > 32767 for
-      16-bit values above 255).
-    - Refused, naming the file: a lossless mask in which a value between 0 and its maximum covers more
-      than 1 % of the pixels (``{0, 128, 255}``: a second class, or 'uncertain'?), and a mask with
-      bright pixels that would come out empty.
-    """
+#: what the rule made of a mask (:attr:`MaskFinding.kind`): a label as it is, faint background values read as
+#: background, anti-aliased edges, a JPEG mask, middle values thresholded at ``--mask-threshold``, and the
+#: refused kinds
+MASK_KINDS = ("label", "faint", "edges", "lossy", "middle", "ambiguous", "empty")
+#: the kinds a conversion refuses (unless ``--mask-threshold`` or ``--skip-ambiguous``)
+REFUSED_KINDS = ("ambiguous", "empty")
+
+
+@dataclass(frozen=True)
+class MaskFinding:
+    """What the mask rule made of one mask file: its ``kind`` (one of :data:`MASK_KINDS`) and, for the
+    refused kinds, ``problem``, a one-line reason naming the file."""
+
+    path: Path
+    kind: str
+    problem: str = ""
+
+    @property
+    def refused(self) -> bool:
+        return self.kind in REFUSED_KINDS
+
+
+def _percent(fraction: float) -> str:
+    """``0.3`` -> ``"30"``, ``0.012`` -> ``"1.2"``."""
+    return f"{100 * fraction:.1f}".rstrip("0").rstrip(".")
+
+
+def _value_counts(arr: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """The sorted distinct values of ``arr`` and their counts (``np.unique``; by counting for 8-bit masks)."""
+    if arr.dtype == np.uint8:
+        counts = np.bincount(arr.reshape(-1), minlength=256)
+        values = np.flatnonzero(counts)
+        return values.astype(np.uint8), counts[values]
+    return np.unique(arr, return_counts=True)
+
+
+def _shown_values(values: np.ndarray) -> str:
+    return ", ".join(f"{v:g}" for v in values) if len(values) <= 8 else f"{len(values)} values"
+
+
+def _apply_rule(path: Path, lossy: Optional[bool], threshold: Optional[float]) -> Tuple[Optional[np.ndarray],
+                                                                                          MaskFinding]:
+    """The rule of :func:`read_binary_mask`: the ``(H, W)`` uint8 {0, 1} mask (None where refused) and the finding."""
     path = Path(path)
     if lossy is None:
         lossy = path.suffix.lower() in LOSSY_SUFFIXES
@@ -119,22 +156,69 @@ def read_binary_mask(path: Path, lossy: Optional[bool] = None) -> np.ndarray:
     if img.mode == "P":
         indices = np.asarray(img)
         if indices.max(initial=0) <= 1:
-            return indices.astype(np.uint8)
+            return indices.astype(np.uint8), MaskFinding(path, "label")
     arr, full = _mask_values(img, path)
-    values, counts = np.unique(arr, return_counts=True)
-    if not lossy and values.min(initial=0) >= 0 and (values.max(initial=0) <= 1 or (len(values) == 2 and values[0] == 0)):
-        return (arr > 0).astype(np.uint8)
-    if not lossy:
-        between = [(v, c) for v, c in zip(values, counts) if 0 < v < values[-1] and c > AMBIGUOUS_FRACTION * arr.size]
-        if between:
-            shown = ", ".join(f"{v:g}" for v in values) if len(values) <= 8 else f"{len(values)} values"
-            raise ConversionError(
-                f"mask {path} holds the values {{{shown}}}: {between[0][0]:g} covers {100 * between[0][1] / arr.size:.0f} % "
-                f"of the pixels, so it is no anti-aliased edge (expected a binary mask: 0 and one foreground value)")
-    binary = (arr > full / 2).astype(np.uint8)
-    if not binary.any() and arr.max(initial=0) > (full / 4 if lossy else 0):
-        raise ConversionError(f"mask {path} would be written empty: its values reach {arr.max():g} but none exceeds "
-                              f"half its range ({full / 2:g}); expected a binary mask with foreground above that")
+    values, counts = _value_counts(arr)
+    two_valued = len(values) == 2 and values[0] == 0
+    if not lossy and values.min(initial=0) >= 0 and (values.max(initial=0) <= 1 or two_valued):
+        return (arr > 0).astype(np.uint8), MaskFinding(path, "label")
+    if threshold is not None and threshold >= full:
+        raise OptionError(f"--mask-threshold {threshold:g} is not below the range of mask {path} (0..{full}): "
+                          f"expected a value between 0 and {full}")
+    low, high = BACKGROUND_BAND * full, FOREGROUND_BAND * full
+    if lossy:
+        kind = "lossy"
+    else:
+        area = AMBIGUOUS_FRACTION * arr.size
+        middle = [(v, c) for v, c in zip(values, counts) if low < v < high and c > area]
+        if middle and threshold is None:
+            v, c = max(middle, key=lambda vc: vc[1])
+            return None, MaskFinding(path, "ambiguous", (
+                f"mask {path} holds the values {{{_shown_values(values)}}}: {v:g} covers {_percent(c / arr.size)} % "
+                f"of the pixels, in the middle of its range (above {low:.10g}, below {high:.10g}), so it is neither "
+                f"faint background nor an anti-aliased edge (expected a binary mask: 0 and one foreground value)"))
+        faint = counts[(values > 0) & (values <= low)].sum() > area
+        kind = "middle" if middle else "faint" if faint else "edges"
+    cut = full / 2 if threshold is None else threshold
+    binary = (arr > cut).astype(np.uint8)
+    if not binary.any() and arr.max(initial=0) > low:
+        limit = f"half its range ({cut:g})" if threshold is None else f"--mask-threshold {cut:g}"
+        return None, MaskFinding(path, "empty", (
+            f"mask {path} would be written empty: its values reach {arr.max():g} but none exceeds {limit}; expected "
+            f"a binary mask with foreground above that"))
+    return binary, MaskFinding(path, kind)
+
+
+def inspect_mask(path: Path, lossy: Optional[bool] = None, threshold: Optional[float] = None) -> MaskFinding:
+    """What :func:`read_binary_mask`'s rule makes of the mask, without raising for the refused kinds."""
+    return _apply_rule(path, lossy, threshold)[1]
+
+
+def read_binary_mask(path: Path, lossy: Optional[bool] = None, threshold: Optional[float] = None) -> np.ndarray:
+    """A binary mask as ``(H, W)`` uint8 in {0, 1}, by one rule for every kind of mask file.
+
+    - One value per pixel: grey and 16-bit masks their value; RGB (and palette colours) the brightest
+      of its channels, so pure red, green or blue count; RGBA / LA the same, except that where the
+      colour is one value everywhere and alpha varies, alpha is the mask. Palette masks whose indices
+      are only 0 and 1 are labels as they are.
+    - Labels: a lossless mask holding only {0, 1}, or 0 and one other value, is that label.
+    - Bands, for every other mask, of range R = 255 (65535 for 16-bit masks with values above 255):
+      values at or below 25 % of R are background and values at or above 75 % of R foreground,
+      whatever their share of the mask (faint non-zero background, JPEG noise); values of the middle
+      band are foreground above half the range (> 127 for 8 bit, > 32767 for 16 bit) where each
+      covers at most 1 % of the pixels (anti-aliased edges, JPEG edges).
+    - Ambiguous, refused naming the file: a lossless mask in which one value of the middle band
+      covers more than 1 % of the pixels (``{0, 128, 255}``: a second class, or 'uncertain'?), and a
+      mask that would come out empty although its values reach above 25 % of R.
+    - ``threshold`` (``--mask-threshold T``) replaces the bands for every mask that is not a label:
+      foreground is every value above T, and middle values are no longer refused.
+
+    ``lossy`` (JPEG: noisy edges and background) is decided by the file suffix by default; it only
+    keeps a JPEG mask from being read as a label map.
+    """
+    binary, finding = _apply_rule(path, lossy, threshold)
+    if finding.refused:
+        raise ConversionError(finding.problem)
     return binary
 
 
@@ -158,12 +242,21 @@ def check_2d_sizes(case: SourceCase) -> None:
                               f"{image[0]}x{image[1]} (expected the same size)")
 
 
+def inspect_case_mask(case: SourceCase, threshold: Optional[float] = None) -> MaskFinding:
+    """:func:`inspect_mask` of a case's mask (``DatasetSpec.inspect_mask`` of the binary 2D datasets)."""
+    return inspect_mask(case.label, threshold=threshold)
+
+
 def write_binary_2d_case(case: SourceCase, image_file: Path, label_file: Path, resize: Optional[int],
-                         instance_mask: bool = False) -> None:
+                         instance_mask: bool = False, mask_threshold: Optional[float] = None) -> None:
     """Write an RGB PNG image and a {0, 1} label PNG, optionally resized to ``resize x resize``
-    (image bilinear, mask nearest neighbour after binarisation)."""
+    (image bilinear, mask nearest neighbour after binarisation); ``mask_threshold``: see
+    :func:`read_binary_mask`."""
     image = read_rgb(case.image)
-    mask = read_instance_mask_as_binary(case.label) if instance_mask else read_binary_mask(case.label)
+    if instance_mask:
+        mask = read_instance_mask_as_binary(case.label)
+    else:
+        mask = read_binary_mask(case.label, threshold=mask_threshold)
     if image.size != (mask.shape[1], mask.shape[0]):
         raise ConversionError(f"mask {case.label} is {mask.shape[1]}x{mask.shape[0]} but image {case.image} "
                               f"is {image.size[0]}x{image.size[1]} (expected the same size)")

@@ -25,7 +25,7 @@ from typing import Dict, List, Optional
 
 from .cases import BINARY_RGB_CHANNELS, ConversionPlan, DatasetSpec, SourceCase
 from .errors import ConversionError, MissingSourceError
-from .image_io import check_2d_sizes, write_binary_2d_case
+from .image_io import check_2d_sizes, inspect_case_mask, write_binary_2d_case
 from .source_files import pair_images_and_masks
 from .split_lists import SPLIT_SEED, holdout_count, make_seeded_split
 
@@ -37,14 +37,14 @@ _MASKS = (".png",)
 
 ISIC2016_SPEC = DatasetSpec(
     name="ISIC2016", channel_names=BINARY_RGB_CHANNELS, labels={"background": 0, "lesion": 1}, file_ending=".png",
-    check_case=check_2d_sizes, write_case=_WRITE,
+    check_case=check_2d_sizes, inspect_mask=inspect_case_mask, write_case=_WRITE,
     reference="Gutman et al., Skin Lesion Analysis toward Melanoma Detection (ISBI 2016), arXiv:1605.01397",
     licence="CC-BY-NC (ISIC Archive)", description="ISIC-2016 part 1 lesion segmentation; official 900/379",
 )
 
 ISIC2017_SPEC = DatasetSpec(
     name="ISIC2017", channel_names=BINARY_RGB_CHANNELS, labels={"background": 0, "lesion": 1}, file_ending=".png",
-    check_case=check_2d_sizes, write_case=_WRITE,
+    check_case=check_2d_sizes, inspect_mask=inspect_case_mask, write_case=_WRITE,
     reference="Codella et al., Skin Lesion Analysis Toward Melanoma Detection (ISBI 2017), arXiv:1710.05006",
     licence="CC-BY-NC (ISIC Archive)", description="ISIC-2017 part 1 lesion segmentation; official 2000/150/600",
 )

@@ -3,8 +3,9 @@
 Source layouts, as published:
 
 - ``kvasir-seg``: ``Kvasir-SEG/images/*.jpg`` and ``Kvasir-SEG/masks/*.jpg`` (1000 pairs; the
-  masks are RGB JPEGs, converted to grey and thresholded at 128); ``kavsir_bboxes.json`` is not
-  used. SRC may be the ``Kvasir-SEG`` folder or its parent.
+  masks are RGB JPEGs, read by the mask rule of ``image_io.read_binary_mask``: foreground where the
+  brightest channel is above 127); ``kavsir_bboxes.json`` is not used. SRC may be the
+  ``Kvasir-SEG`` folder or its parent.
 - ``kvasir-sessile``: ``sessile-main-Kvasir-SEG/images/*.jpg`` and ``masks/*.jpg`` (196 pairs,
   grey JPEG masks). SRC may be that folder or its parent.
 
@@ -24,7 +25,7 @@ from functools import partial
 from pathlib import Path
 
 from .cases import BINARY_RGB_CHANNELS, ConversionPlan, DatasetSpec
-from .image_io import check_2d_sizes, write_binary_2d_case
+from .image_io import check_2d_sizes, inspect_case_mask, write_binary_2d_case
 from .source_files import find_source_root, pair_images_and_masks
 from .split_lists import plan_from_shipped_split
 
@@ -34,7 +35,8 @@ _REFERENCE = "https://datasets.simula.no/kvasir-seg/"
 
 KVASIR_SEG_SPEC = DatasetSpec(
     name="KvasirSEG", channel_names=BINARY_RGB_CHANNELS, labels={"background": 0, "polyp": 1}, file_ending=".png",
-    check_case=check_2d_sizes, write_case=partial(write_binary_2d_case, instance_mask=False),
+    check_case=check_2d_sizes, inspect_mask=inspect_case_mask,
+    write_case=partial(write_binary_2d_case, instance_mask=False),
     reference="Jha et al., Kvasir-SEG: A Segmented Polyp Dataset, MMM 2020. " + _REFERENCE,
     licence="research and education only (see the publisher)",
     description="Kvasir-SEG polyps; test = 120 images of the shipped seeded 880/120 split",
@@ -42,7 +44,8 @@ KVASIR_SEG_SPEC = DatasetSpec(
 
 KVASIR_SESSILE_SPEC = DatasetSpec(
     name="KvasirSessile", channel_names=BINARY_RGB_CHANNELS, labels={"background": 0, "polyp": 1},
-    file_ending=".png", check_case=check_2d_sizes, write_case=partial(write_binary_2d_case, instance_mask=False),
+    file_ending=".png", check_case=check_2d_sizes, inspect_mask=inspect_case_mask,
+    write_case=partial(write_binary_2d_case, instance_mask=False),
     reference="Jha et al., A Comprehensive Study on Colorectal Polyp Segmentation with ResUNet++, "
               "Conditional Random Field and Test-Time Augmentation, IEEE JBHI 2021. " + _REFERENCE,
     licence="research and education only (see the publisher)",

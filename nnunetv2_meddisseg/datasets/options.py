@@ -9,7 +9,8 @@ import numpy as np
 
 from .errors import OptionError
 
-__all__ = ["validate_resize", "validate_dataset_id", "require_env_folder", "optional_env_folder"]
+__all__ = ["validate_resize", "validate_dataset_id", "validate_mask_threshold", "require_env_folder",
+           "optional_env_folder"]
 
 _ENV_HINT = "see nnU-Net's documentation/setting_up_paths.md"
 
@@ -52,3 +53,14 @@ def require_env_folder(env_var: str) -> Path:
 def optional_env_folder(env_var: str) -> Optional[Path]:
     value = os.environ.get(env_var)
     return Path(value) if value else None
+
+
+def validate_mask_threshold(threshold: Optional[float]) -> None:
+    """``None`` (the mask rule decides) or a finite number from 0 to below 65535: foreground is every mask
+    value above it."""
+    if threshold is None:
+        return
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(threshold) or not 0 <= threshold < 65535:
+        raise OptionError(f"--mask-threshold must be a number from 0 to below 65535 (foreground: the mask values "
+                          f"above it, e.g. 127 for 8-bit masks), got {threshold!r}")

@@ -14,7 +14,7 @@ from .image_io import short_error
 from .source_files import describe_more
 
 __all__ = ["SPLIT_SEED", "make_seeded_split", "holdout_count", "load_shipped_split", "plan_from_shipped_split",
-           "read_split_file", "apply_split"]
+           "read_split_file", "apply_split", "leave_out_cases"]
 
 SPLIT_SEED = 12345  # seed of every split drawn by the converters (the shipped Kvasir lists and run-time hold-outs)
 
@@ -118,3 +118,17 @@ def apply_split(plan: ConversionPlan, split_file: Path) -> ConversionPlan:
     cases = {c: v for c, v in plan.cases.items() if c in listed}
     return ConversionPlan(plan.spec, plan.source, cases, train, val, test,
                           split_origin=f"--split-file {Path(split_file).resolve()}", notes=notes)
+
+
+def leave_out_cases(plan: ConversionPlan, case_ids: Iterable[str]) -> ConversionPlan:
+    """The plan without ``case_ids``: they leave the cases and the train / val / test lists (shipped, seeded
+    or ``--split-file``), every other case keeps its list."""
+    gone = set(case_ids)
+    if not gone:
+        return plan
+    cases = {c: v for c, v in plan.cases.items() if c not in gone}
+    return ConversionPlan(plan.spec, plan.source, cases, [c for c in plan.train if c not in gone],
+                          [c for c in plan.val if c not in gone], [c for c in plan.test if c not in gone],
+                          split_origin=f"{plan.split_origin}; left out for their masks (--skip-ambiguous): "
+                                       f"{len(gone)} cases",
+                          notes=list(plan.notes), split_problem=plan.split_problem)

@@ -25,8 +25,11 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
 from .cases import ConversionPlan, ConversionResult, SourceCase
-from .errors import ConversionError
-from .options import optional_env_folder, require_env_folder, validate_dataset_id, validate_resize
+from .errors import ConversionError, OptionError
+from .mask_report import MaskRuleError, survey_masks
+from .options import (optional_env_folder, require_env_folder, validate_dataset_id, validate_mask_threshold,
+                      validate_resize)
+from .split_lists import leave_out_cases
 
 __all__ = ["write_nnunet_dataset"]
 
@@ -55,17 +58,25 @@ def _write_one(write_case: Callable, case: SourceCase, image_file: Path, label_f
 
 
 def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional[int] = None,
-                         overwrite: bool = False, num_processes: int = 1,
-                         progress: bool = False) -> ConversionResult:
+                         overwrite: bool = False, num_processes: int = 1, progress: bool = False,
+                         mask_threshold: Optional[float] = None, skip_ambiguous: bool = False) -> ConversionResult:
     """Write the plan as ``$nnUNet_raw/DatasetXXX_<spec.name>`` (see the module docstring).
 
     Train and val cases go to imagesTr/labelsTr, test cases to imagesTs/labelsTs. An existing
     dataset with this ID is refused unless ``overwrite`` (and even then when it has another
     name: nnU-Net needs IDs to be unique). ``num_processes`` > 1 writes cases in parallel.
+    Before anything is written, every mask is read by the mask rule (:mod:`.mask_report`):
+    masks it refuses raise :class:`~nnunetv2_meddisseg.datasets.mask_report.MaskRuleError`
+    unless ``mask_threshold`` (foreground: the values above it) or ``skip_ambiguous`` (those
+    cases are left out of the dataset and of the split).
     """
     validate_dataset_id(dataset_id)
     validate_resize(resize)
+    validate_mask_threshold(mask_threshold)
     spec = plan.spec
+    if mask_threshold is not None and spec.inspect_mask is None:
+        raise OptionError(f"--mask-threshold applies to binary masks only: {spec.name}'s labels are read as they are "
+                          f"(instance or organ labels)")
     raw_root = require_env_folder("nnUNet_raw")
     prep_root = optional_env_folder("nnUNet_preprocessed")
     name = f"Dataset{dataset_id:03d}_{spec.name}"
@@ -76,18 +87,29 @@ def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional
         raise ConversionError(plan.split_problem)
     if not plan.train and not plan.val and not plan.test:
         raise ConversionError(f"{spec.name}: no cases to convert in {plan.source}")
+    for case_id in plan.train + plan.val + plan.test:
+        spec.check_case(plan.cases[case_id])
+    report = survey_masks(plan, plan.train + plan.val + plan.test, mask_threshold, num_processes, progress)
+    if report is not None and report.refused:
+        if not skip_ambiguous:
+            raise MaskRuleError(report.refusal_message(), report)
+        report.left_out = report.refused
+        plan = leave_out_cases(plan, report.left_out)
+        if not plan.train and not plan.val and not plan.test:
+            raise ConversionError(f"{spec.name}: --skip-ambiguous left out every case of {plan.source}")
     splits = _splits_final(plan.train, plan.val) if plan.train and plan.val else None
     prep_splits = prep_root / name / "splits_final.json" if prep_root is not None else None
     stale_splits = _check_preprocessed_splits(splits, prep_splits, overwrite)
     subsets = [(c, "Tr") for c in plan.train + plan.val] + [(c, "Ts") for c in plan.test]
-    for case_id, _ in subsets:
-        spec.check_case(plan.cases[case_id])
+    write_case = spec.write_case if spec.inspect_mask is None else partial(spec.write_case,
+                                                                            mask_threshold=mask_threshold)
+    masks_record = report.record() if report is not None else None
 
     partial_dir = raw_root / f".{name}.partial"
     if partial_dir.exists():
         shutil.rmtree(partial_dir)
     try:
-        _write_cases(plan, subsets, partial_dir, name, resize, num_processes, progress)
+        _write_cases(plan, write_case, subsets, partial_dir, name, resize, num_processes, progress, masks_record)
         if splits is not None:
             _write_json_atomic(splits, partial_dir / "splits_final.json")
         _move_into_place(partial_dir, target, raw_root / f".{name}.old")
@@ -109,7 +131,8 @@ def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional
     if splits is None and (plan.train or plan.val):
         notes.append("no validation cases: no splits_final.json was written, nnU-Net will draw its own "
                      "5-fold cross-validation")
-    return ConversionResult(name, target, written, len(plan.train), len(plan.val), len(plan.test), notes)
+    return ConversionResult(name, target, written, len(plan.train), len(plan.val), len(plan.test), notes,
+                            report.summary_lines() if report is not None else [])
 
 
 def _check_target(raw_root: Path, prep_root: Optional[Path], name: str, dataset_id: int, overwrite: bool) -> None:
@@ -151,9 +174,9 @@ def _check_preprocessed_splits(splits: Optional[List[dict]], prep_splits: Option
     return stale_splits
 
 
-def _write_cases(plan: ConversionPlan, subsets: Sequence[tuple], partial_dir: Path, name: str,
-                 resize: Optional[int], num_processes: int, progress: bool) -> None:
-    """Every case and ``dataset.json`` into ``partial_dir``."""
+def _write_cases(plan: ConversionPlan, write_case: Callable, subsets: Sequence[tuple], partial_dir: Path, name: str,
+                 resize: Optional[int], num_processes: int, progress: bool, masks_record: Optional[dict]) -> None:
+    """Every case and ``dataset.json`` into ``partial_dir``; ``masks_record``: the mask report's record."""
     from nnunetv2.dataset_conversion.generate_dataset_json import generate_dataset_json
 
     spec = plan.spec
@@ -161,16 +184,23 @@ def _write_cases(plan: ConversionPlan, subsets: Sequence[tuple], partial_dir: Pa
         (partial_dir / sub).mkdir(parents=True)
     jobs = [(plan.cases[c], partial_dir / f"images{s}" / f"{c}_0000{spec.file_ending}",
              partial_dir / f"labels{s}" / f"{c}{spec.file_ending}") for c, s in subsets]
-    _run_jobs(spec.write_case, jobs, resize, num_processes, progress, name)
+    _run_jobs(write_case, jobs, resize, num_processes, progress, name)
+    record = {"source": str(Path(plan.source).resolve()), "resize": resize, "split": plan.split_origin,
+              "num_train": len(plan.train), "num_val": len(plan.val), "num_test": len(plan.test)}
+    description = spec.description
+    if masks_record is not None:
+        record["masks"] = masks_record
+        if masks_record["mask_threshold"] is not None:
+            description += f"; masks binarised at values above {masks_record['mask_threshold']:g} (--mask-threshold)"
+        if masks_record["left_out"]:
+            description += f"; left out for their masks (--skip-ambiguous): {len(masks_record['left_out'])} cases"
     generate_dataset_json(
         str(partial_dir), dict(spec.channel_names), dict(spec.labels),
         num_training_cases=len(plan.train) + len(plan.val), file_ending=spec.file_ending,
-        dataset_name=name, reference=spec.reference or None, description=spec.description or None,
+        dataset_name=name, reference=spec.reference or None, description=description or None,
         license=spec.licence, converted_by="nnunetv2_meddisseg_convert",
         numTest=len(plan.test),
-        meddisseg_conversion={"source": str(Path(plan.source).resolve()), "resize": resize,
-                              "split": plan.split_origin, "num_train": len(plan.train),
-                              "num_val": len(plan.val), "num_test": len(plan.test)},
+        meddisseg_conversion=record,
     )
 
 

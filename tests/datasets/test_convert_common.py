@@ -145,8 +145,9 @@ def test_a_middle_value_covering_an_area_is_refused(tmp_path):
     path = _mask(tmp_path, array, "three.png")
     with pytest.raises(ConversionError) as e:
         read_binary_mask(path)
-    assert str(e.value) == (f"mask {path} holds the values {{0, 128, 255}}: 128 covers 30 % of the pixels, so it is no "
-                            f"anti-aliased edge (expected a binary mask: 0 and one foreground value)")
+    assert str(e.value) == (f"mask {path} holds the values {{0, 128, 255}}: 128 covers 30 % of the pixels, in the "
+                            f"middle of its range (above 63.75, below 191.25), so it is neither faint background "
+                            f"nor an anti-aliased edge (expected a binary mask: 0 and one foreground value)")
 
 
 def test_a_jpeg_mask_that_would_come_out_empty_is_refused(tmp_path):

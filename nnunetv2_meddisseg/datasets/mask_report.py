@@ -1,0 +1,157 @@
+"""The dataset-level mask report: before anything is written, a conversion reads every mask by the mask rule
+(:func:`~nnunetv2_meddisseg.datasets.image_io.read_binary_mask`) and reports what it made of them.
+
+The report counts the masks with faint background values read as background, with anti-aliased edges, the
+JPEG masks and (with ``--mask-threshold``) those with middle values, naming up to three files of each, and
+lists every mask the rule refuses (ambiguous, or empty although bright) with the rule and the way on:
+``--mask-threshold T`` (foreground: the values above T) or ``--skip-ambiguous`` (those cases left out and
+named). Without either, the conversion refuses (:class:`MaskRuleError`) having written nothing.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from .cases import ConversionPlan, SourceCase
+from .errors import ConversionError
+from .image_io import MASK_KINDS, REFUSED_KINDS, MaskFinding
+
+__all__ = ["MaskReport", "MaskRuleError", "survey_masks", "MASK_RULE", "WAY_ON"]
+
+#: the rule in one line (the report, dataset.json's conversion record)
+MASK_RULE = ("masks holding 0 and one value (or 0/1) are that label; in any other mask, values at or below 25 % of "
+             "its range are background, at or above 75 % foreground, and a value in between is foreground above "
+             "half the range where it covers at most 1 % of the mask (anti-aliased edges), ambiguous where it covers "
+             "more")
+#: how to go on where masks are refused
+WAY_ON = ("pass --mask-threshold T (foreground: the mask values above T) or --skip-ambiguous (those cases are left "
+          "out and named)")
+
+#: the report's words for each kind of :data:`~nnunetv2_meddisseg.datasets.image_io.MASK_KINDS`, and what the rule
+#: (without ``--mask-threshold``) did with them
+_KIND_WORDS = {
+    "label": ("binary (0 and one value, or 0/1)", "kept as they are"),
+    "faint": ("with faint background values (at most 25 % of the range, over 1 % of the mask)", "read as background"),
+    "edges": ("with anti-aliased edges", "thresholded at half their range"),
+    "lossy": ("JPEG masks", "thresholded at half their range"),
+    "middle": ("with middle values (over 1 % of the mask)", ""),
+    "ambiguous": ("ambiguous (a middle value covers over 1 % of the mask)", ""),
+    "empty": ("that would be written empty although their values reach above 25 % of the range", ""),
+}
+_SHOWN = 3
+
+
+class MaskRuleError(ConversionError):
+    """Masks the rule refuses, without ``--mask-threshold`` or ``--skip-ambiguous``; ``report`` lists them all."""
+
+    def __init__(self, message: str, report: "MaskReport"):
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass
+class MaskReport:
+    """What the mask rule made of a conversion's masks: ``findings`` maps case IDs to
+    :class:`~nnunetv2_meddisseg.datasets.image_io.MaskFinding`; ``left_out`` holds the refused cases that
+    ``--skip-ambiguous`` left out."""
+
+    source: Path
+    findings: Dict[str, MaskFinding]
+    threshold: Optional[float] = None
+    left_out: List[str] = field(default_factory=list)
+
+    @property
+    def refused(self) -> List[str]:
+        """Case IDs whose mask the rule refuses, in case order."""
+        return [c for c, f in self.findings.items() if f.refused]
+
+    def counts(self) -> Dict[str, int]:
+        return {kind: sum(f.kind == kind for f in self.findings.values()) for kind in MASK_KINDS}
+
+    def _name(self, path: Path) -> str:
+        try:
+            return Path(path).relative_to(self.source).as_posix()
+        except ValueError:
+            return str(path)
+
+    def summary_lines(self) -> List[str]:
+        """The report: one line per kind found, up to three file names each; then every refused mask, the rule
+        and the way on (or, with ``--skip-ambiguous``, the cases left out)."""
+        if self.threshold is None:
+            lines = [f"masks: {len(self.findings)} read by the mask rule"]
+        else:
+            lines = [f"masks: {len(self.findings)} read; all but the binary ones thresholded at --mask-threshold "
+                     f"{self.threshold:g}"]
+        for kind, n in self.counts().items():
+            if not n or kind in REFUSED_KINDS:
+                continue
+            what, done = _KIND_WORDS[kind]
+            line = f"  {n} {what}" + (f" {done}" if done and self.threshold is None else "")
+            if kind != "label":
+                names = [self._name(f.path) for f in self.findings.values() if f.kind == kind]
+                more = f" ({len(names) - _SHOWN} more)" if len(names) > _SHOWN else ""
+                line += ": " + ", ".join(names[:_SHOWN]) + more
+            lines.append(line)
+        refused = self.refused
+        if refused:
+            counts = self.counts()
+            kinds = " and ".join(f"{counts[k]} {_KIND_WORDS[k][0]}" for k in REFUSED_KINDS if counts[k])
+            verb = "left out (--skip-ambiguous)" if self.left_out else "refused"
+            lines.append(f"  {kinds}, {verb}:")
+            lines += [f"    {self.findings[c].problem}" for c in refused]
+            lines.append(f"  rule: {MASK_RULE}")
+            if not self.left_out:
+                lines.append(f"  to go on: {WAY_ON}")
+        return lines
+
+    def refusal_message(self) -> str:
+        """The one-line error of a conversion refused for its masks."""
+        refused = self.refused
+        return (f"{len(refused)} of {len(self.findings)} masks are refused by the mask rule (all listed in the report "
+                f"above), the first: {self.findings[refused[0]].problem}; {WAY_ON}; nothing was written")
+
+    def record(self) -> dict:
+        """The report for dataset.json's conversion record."""
+        rule = MASK_RULE if self.threshold is None else (
+            f"masks holding 0 and one value (or 0/1) are that label; in any other mask the values above "
+            f"{self.threshold:g} (--mask-threshold) are foreground")
+        return {"rule": rule,
+                "mask_threshold": self.threshold,
+                "counts": {k: n for k, n in self.counts().items() if n},
+                "left_out": {c: self.findings[c].problem for c in self.left_out}}
+
+
+def _inspect_one(inspect: Callable[[SourceCase, Optional[float]], MaskFinding], threshold: Optional[float],
+                 case: SourceCase) -> MaskFinding:
+    return inspect(case, threshold)
+
+
+def survey_masks(plan: ConversionPlan, case_ids: Sequence[str], threshold: Optional[float] = None,
+                 num_processes: int = 1, progress: bool = False) -> Optional[MaskReport]:
+    """Read the mask of every case in ``case_ids`` by the rule (``plan.spec.inspect_mask``); None for datasets
+    whose labels the rule does not apply to (instance and organ labels)."""
+    from tqdm import tqdm
+
+    inspect = plan.spec.inspect_mask
+    if inspect is None:
+        return None
+    cases: List[Tuple[str, SourceCase]] = [(c, plan.cases[c]) for c in case_ids]
+    one = partial(_inspect_one, inspect, threshold)
+    with tqdm(total=len(cases), desc="masks", unit="mask", disable=not progress) as bar:
+        if num_processes <= 1 or len(cases) < 2:
+            found = []
+            for _, case in cases:
+                found.append(one(case))
+                bar.update()
+        else:
+            with ProcessPoolExecutor(max_workers=min(num_processes, len(cases)),
+                                     mp_context=get_context("spawn")) as ex:
+                found = []
+                for finding in ex.map(one, [case for _, case in cases], chunksize=16):
+                    found.append(finding)
+                    bar.update()
+    return MaskReport(Path(plan.source), {c: f for (c, _), f in zip(cases, found)}, threshold)
