@@ -266,23 +266,25 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
             return super()._build_loss()
 
     def _do_i_compile(self) -> bool:
-        """nnU-Net's answer where ``nnUNet_compile`` is set or nnU-Net does not compile on this device; else
-        whether the run's schedule repays the compilation (``compilation.compile_pays``). Decided once per run
-        and logged in one line."""
+        """Whether this run compiles (``_decide_compilation``), decided once and logged in one line."""
         if self._compile_decision is None:
-            nnunet_compiles = super()._do_i_compile()
-            if COMPILE_VARIABLE in os.environ or not nnunet_compiles:
-                setting = os.environ.get(COMPILE_VARIABLE)
-                reason = (f"{COMPILE_VARIABLE}={setting}" if setting is not None else
-                          f"nnU-Net does not compile on {self.device.type}")
-                self._compile_decision = CompileDecision(nnunet_compiles, reason)
-            else:
-                iterations = self.num_iterations_per_epoch
-                stages = (self.stage1_epochs * iterations, (self.num_epochs - self.stage1_epochs) * iterations)
-                patch = self.configuration_manager.patch_size
-                self._compile_decision = compile_pays(stages, self.batch_size, int(patch[0]) * int(patch[1]))
+            self._compile_decision = self._decide_compilation()
             self.print_to_log_file(self._compile_decision.log_line())
         return self._compile_decision.compile
+
+    def _decide_compilation(self) -> CompileDecision:
+        """nnU-Net's answer where ``nnUNet_compile`` is set or nnU-Net does not compile on this device; else whether
+        the run's schedule repays the compilation of each stage's training step (``compilation.compile_pays``)."""
+        nnunet_compiles = super()._do_i_compile()
+        if COMPILE_VARIABLE in os.environ or not nnunet_compiles:
+            setting = os.environ.get(COMPILE_VARIABLE)
+            reason = f"{COMPILE_VARIABLE}={setting}" if setting is not None else \
+                f"nnU-Net does not compile on {self.device.type}"
+            return CompileDecision(nnunet_compiles, reason)
+        iterations = self.num_iterations_per_epoch
+        stages = (self.stage1_epochs * iterations, (self.num_epochs - self.stage1_epochs) * iterations)
+        patch = self.configuration_manager.patch_size
+        return compile_pays(stages, self.batch_size, int(patch[0]) * int(patch[1]))
 
     def initialize(self) -> None:
         self._refuse_regions()

@@ -10,7 +10,7 @@ from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDis
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.stages import STAGE_2
 from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
-from nnunetv2_meddisseg.training.recipes import PLAIN_TRAINING, SCRATCH_SGD, SCRATCH_SGD_CENTRED
+from nnunetv2_meddisseg.training.variants import PLAIN_TRAINING, SCRATCH_SGD, SCRATCH_SGD_CENTRED
 from nnunetv2_meddisseg.ablation.study_trainers import (nnUNetTrainerMedDisSeg_cosineCentred,
                                                         nnUNetTrainerMedDisSeg_paperSettings,
                                                         nnUNetTrainerMedDisSeg_plainSGD, nnUNetTrainerMedDisSeg_scratchSGD,

@@ -1,10 +1,15 @@
-"""nnUNetTrainerMedDisSeg where nnU-Net compiles: the network's blocks are compiled one by one with static
-shapes, each stage compiles its graphs in its first epoch and none after, and an error of torch.compile
-leaves one line in the log and the run going eagerly.
+"""nnUNetTrainerMedDisSeg where it compiles: the network (or its blocks one by one) with static shapes, each stage
+compiles its training graphs in its first epoch and none after, validation and the final validation compile
+nothing, and an error of torch.compile leaves one line in the log and the run going eagerly.
 
 Tracing only (backend "eager", no inductor), on the CPU, where nnU-Net itself would not compile: the
-trainer's ``_do_i_compile`` is patched to say yes.
+trainer's ``_do_i_compile`` is patched to say yes (the whole run: its compile decision).
 """
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -88,3 +93,29 @@ def test_errors_of_the_model_itself_are_not_taken_for_compile_errors(nnunet_dirs
         trainer.train_step(bad)
     assert not is_compile_error(raised.value) or "channels" in str(raised.value)
     assert trainer.compiled  # the compiled blocks stay compiled
+
+
+def test_a_whole_smoke_run_compiles_the_training_steps_only(preprocessed_synthetic):
+    """``nnUNetv2_train``'s run in one process (``equivalence_run.py --compile``): Stage I, the switch, Stage II,
+    the validation of every epoch and the final validation, with dynamo's graph count after each phase."""
+    env = {**preprocessed_synthetic, "nnUNet_meddisseg_seed": "3",
+           "nnUNet_results": str(Path(preprocessed_synthetic["nnUNet_results"]) / "compiled")}
+    run = Path(__file__).with_name("equivalence_run.py")
+    proc = subprocess.run([sys.executable, str(run), "501", "nnUNetTrainerMedDisSeg_smoke", "--compile"], env=env,
+                          capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads([x for x in proc.stdout.splitlines() if x.startswith("EQUIVALENCE ")][-1][12:])
+    graphs = dict(result["graphs"])
+    assert list(graphs) == ["epoch 0 training", "epoch 0 validation", "epoch 1 training", "epoch 1 validation",
+                            "epoch 2 training", "epoch 2 validation", "final validation"]
+    assert graphs["epoch 0 training"] > 0  # Stage I compiles in its first epoch
+    assert graphs["epoch 1 training"] > graphs["epoch 0 validation"]  # Stage II in its first epoch
+    assert graphs["epoch 2 training"] == graphs["epoch 1 validation"]  # and no later epoch compiles
+    for epoch in range(3):  # validation compiles nothing, nor does the final validation
+        assert graphs[f"epoch {epoch} validation"] == graphs[f"epoch {epoch} training"]
+    assert graphs["final validation"] == graphs["epoch 2 validation"]
+    log = result["compile_log"]
+    assert log[0] == "torch.compile: on (forced by the test)"
+    assert [line.split('"')[1] for line in log if line.startswith("torch.compile: graph")] == \
+        ["Stage I training", "Stage II training"]
+    assert not any("failed" in line for line in log)

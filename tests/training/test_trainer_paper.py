@@ -85,7 +85,7 @@ def test_early_stopping_fires_on_an_ema_plateau_in_stage2(nnunet_dirs, monkeypat
     stopped_at = None
     for epoch, d in enumerate(dice):
         trainer.current_epoch = epoch
-        trainer.training_stage = STAGE_1 if epoch < 2 else STAGE_2
+        trainer.stage = trainer._make_stage(STAGE_1 if epoch < 2 else STAGE_2)
         for key, value in (("epoch_start_timestamps", 0.0), ("train_losses", 1.0), ("val_losses", 1.0),
                            ("dice_per_class_or_region", [d, d]), ("lrs", 1e-4)):
             trainer.logger.log(key, value, epoch)
