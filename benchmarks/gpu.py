@@ -154,12 +154,12 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     from nnunetv2_meddisseg.blocks.cdfa_kernels import fused_cdfa_available
     from nnunetv2_meddisseg.blocks.device_forms import FORMS, forced_form
-    from nnunetv2_meddisseg.planning.plan_meddisseg import estimate_batch_size
+    from nnunetv2_meddisseg.planning.memory import batch_size_for_memory, estimated_memory_line
     from nnunetv2_meddisseg.training.compilation import compile_regions
 
     report = Report(args.out, args.budget_s, device, keep="eager" not in args.parts)
     size, repeats, big = args.size, args.repeats, args.infer_batch
-    batch = args.batch or estimate_batch_size((size, size), 8.0)
+    batch = args.batch or batch_size_for_memory(estimated_memory_line((size, size)), 8.0)
     # bf16 + channels-last where the GPU supports bf16 (as training and prediction use it there), else fp16
     amp = torch.bfloat16 if device.type != "cuda" or torch.cuda.is_bf16_supported() else torch.float16
     report.put("size", size)

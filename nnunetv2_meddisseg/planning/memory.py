@@ -10,9 +10,16 @@ rest is what any batch costs (weights, gradients, Adam's moments, workspaces).
 import math
 from typing import NamedTuple, Optional, Sequence
 
-__all__ = ["MemoryLine", "measure_training_memory", "batch_size_for_memory", "GIB"]
+__all__ = ["MemoryLine", "measure_training_memory", "estimated_memory_line", "batch_size_for_memory", "GIB",
+           "TRAINING_BYTES_PER_PIXEL", "STATIC_TRAINING_BYTES"]
 
 GIB = 1024 ** 3
+# Peak training memory per input pixel and sample of the Stage II network: the slope of peak RSS
+# between batch 1 and batch 4 at 256x256, fp32 on CPU, measured with benchmarks/train_step.py
+# (benchmarks/results/train_step.md). Mixed precision on CUDA needs less, so budgets are conservative.
+TRAINING_BYTES_PER_PIXEL = 22_000
+# Parameters, gradients and two Adam moments of the 46.1 M parameter network, in bytes.
+STATIC_TRAINING_BYTES = 4 * 4 * 46_115_000
 
 
 class MemoryLine(NamedTuple):
@@ -31,6 +38,13 @@ class MemoryLine(NamedTuple):
     def describe(self) -> str:
         peaks = ", ".join(f"{p / GIB:.2f} GiB at batch {b}" for b, p in zip(self.batches, self.peaks_bytes))
         return f"measured on {self.device} ({self.precision} training step: {peaks})"
+
+
+def estimated_memory_line(patch_size: Sequence[int]) -> MemoryLine:
+    """The memory line estimated without a GPU: :data:`TRAINING_BYTES_PER_PIXEL` per pixel and sample on top of
+    :data:`STATIC_TRAINING_BYTES`."""
+    return MemoryLine(TRAINING_BYTES_PER_PIXEL * math.prod(patch_size), STATIC_TRAINING_BYTES, "estimate", "fp32",
+                      (), ())
 
 
 def batch_size_for_memory(line: MemoryLine, memory_target_gb: float, min_batch_size: int = 2,

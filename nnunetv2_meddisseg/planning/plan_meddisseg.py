@@ -15,37 +15,19 @@ from pathlib import Path
 import re
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
+from nnunetv2_meddisseg.planning.memory import (TRAINING_BYTES_PER_PIXEL, batch_size_for_memory,
+                                               estimated_memory_line)
 from nnunetv2_meddisseg.plans_entry import ADDED_NORMS, DEFAULT_ADDED_NORM, architecture_entry
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
 
 if TYPE_CHECKING:
     from nnunetv2_meddisseg.planning.memory import MemoryLine
 
-__all__ = ["build_meddisseg_plans", "plan_meddisseg", "estimate_batch_size", "main"]
+__all__ = ["build_meddisseg_plans", "plan_meddisseg", "main"]
 
 DEFAULT_PLANS_NAME = "nnUNetMedDisSegPlans"
 SIZE_MULTIPLE = 16
 PLANS_NAME = re.compile(r"[A-Za-z0-9_.-]+")
-# Peak training memory per input pixel and sample of the Stage II network: the slope of peak RSS
-# between batch 1 and batch 4 at 256x256, fp32 on CPU, measured with benchmarks/train_step.py
-# (benchmarks/results/train_step.md). Mixed precision on CUDA needs less, so budgets are conservative.
-TRAINING_BYTES_PER_PIXEL = 22_000
-# Parameters, gradients and two Adam moments of the 46.1 M parameter network, in bytes.
-STATIC_TRAINING_BYTES = 4 * 4 * 46_115_000
-
-
-def estimate_batch_size(patch_size: Sequence[int], memory_target_gb: float, min_batch_size: int = 2,
-                        max_batch_size: Optional[int] = None) -> int:
-    """Largest batch whose estimated training memory fits ``memory_target_gb``, clipped to
-    ``[min_batch_size, max_batch_size]``."""
-    per_sample = TRAINING_BYTES_PER_PIXEL * math.prod(patch_size)
-    fitting = int((memory_target_gb * 1024 ** 3 - STATIC_TRAINING_BYTES) // per_sample)
-    batch_size = max(fitting, min_batch_size)
-    if max_batch_size is not None:
-        batch_size = max(min(batch_size, max_batch_size), min_batch_size)
-    return batch_size
-
-
 def _round_up_to_multiple(size: int) -> int:
     return max(SIZE_MULTIPLE, math.ceil(size / SIZE_MULTIPLE) * SIZE_MULTIPLE)
 
@@ -85,14 +67,13 @@ def build_meddisseg_plans(source_plans: dict, plans_name: str = DEFAULT_PLANS_NA
             median = source_2d.get("median_image_size_in_voxels", patch_size)
             max_bs = int(0.05 * num_training_cases * math.prod(median) / math.prod(patch_size))
         if memory_line is not None:
-            from nnunetv2_meddisseg.planning.memory import batch_size_for_memory
-
             line = memory_line(patch_size, architecture_entry(**arch_kwargs))
             batch_size = batch_size_for_memory(line, memory_target_gb, max_batch_size=max_bs)
             source = (f"{memory_target_gb:g} GiB target, {line.describe()}: "
                       f"{line.peak_bytes(batch_size) / 1024 ** 3:.2f} GiB expected at batch {batch_size}")
         else:
-            batch_size = estimate_batch_size(patch_size, memory_target_gb, max_batch_size=max_bs)
+            line = estimated_memory_line(patch_size)
+            batch_size = batch_size_for_memory(line, memory_target_gb, max_batch_size=max_bs)
             source = (f"{memory_target_gb:g} GiB target, estimated from a CPU measurement "
                       f"({TRAINING_BYTES_PER_PIXEL} bytes per pixel and sample)")
         if max_bs is not None and batch_size == max(max_bs, 2):

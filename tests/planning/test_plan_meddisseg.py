@@ -9,7 +9,8 @@ import torch
 
 from nnunet_cli import run_cli
 from nnunetv2_meddisseg.cli import UserError
-from nnunetv2_meddisseg.planning.plan_meddisseg import build_meddisseg_plans, estimate_batch_size, main
+from nnunetv2_meddisseg.planning.memory import batch_size_for_memory, estimated_memory_line
+from nnunetv2_meddisseg.planning.plan_meddisseg import build_meddisseg_plans, main
 from nnunetv2_meddisseg.plans_entry import NETWORK_CLASS_NAME
 
 
@@ -48,11 +49,13 @@ def test_patch_size_must_be_two_multiples_of_16(patch):
 
 
 def test_batch_size_follows_memory_budget():
-    small = estimate_batch_size((256, 256), memory_target_gb=8)
-    large = estimate_batch_size((256, 256), memory_target_gb=24)
+    def estimate(patch, target, max_batch_size=None):
+        return batch_size_for_memory(estimated_memory_line(patch), target, max_batch_size=max_batch_size)
+
+    small, large = estimate((256, 256), 8), estimate((256, 256), 24)
     assert 2 <= small < large
-    assert estimate_batch_size((512, 512), memory_target_gb=8) <= small
-    assert estimate_batch_size((256, 256), 80, max_batch_size=3) == 3
+    assert estimate((512, 512), 8) <= small
+    assert estimate((256, 256), 80, max_batch_size=3) == 3
 
 
 def test_plan_command_writes_plans_that_nnunet_builds(preprocessed_synthetic):
