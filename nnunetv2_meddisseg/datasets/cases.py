@@ -1,18 +1,38 @@
-"""What a converter produces: the source cases (:class:`SourceCase`), the kind of dataset
-(:class:`DatasetSpec`), the split to write (:class:`ConversionPlan`) and the outcome
-(:class:`ConversionResult`)."""
+"""What a converter produces: the source cases (:class:`SourceCase`), what the mask rule made of a case's mask
+(:class:`MaskFinding`), the kind of dataset (:class:`DatasetSpec`), the split to write (:class:`ConversionPlan`)
+and the outcome (:class:`ConversionResult`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
-if TYPE_CHECKING:
-    from .image_io import MaskFinding
-
-__all__ = ["SourceCase", "DatasetSpec", "ConversionPlan", "ConversionResult", "BINARY_RGB_CHANNELS"]
+__all__ = ["SourceCase", "MaskFinding", "MASK_KINDS", "REFUSED_KINDS", "DatasetSpec", "ConversionPlan",
+           "ConversionResult", "BINARY_RGB_CHANNELS"]
 
 BINARY_RGB_CHANNELS: Mapping[str, str] = {"0": "R", "1": "G", "2": "B"}
+
+
+#: what the rule made of a mask (:attr:`MaskFinding.kind`): a label as it is, faint background values read as
+#: background, anti-aliased edges, a JPEG mask, middle values thresholded at ``--mask-threshold``, and the
+#: refused kinds
+MASK_KINDS = ("label", "faint", "edges", "lossy", "middle", "ambiguous", "empty")
+#: the kinds a conversion refuses (unless ``--mask-threshold`` or ``--skip-ambiguous``)
+REFUSED_KINDS = ("ambiguous", "empty")
+
+
+@dataclass(frozen=True)
+class MaskFinding:
+    """What the mask rule made of one mask file: its ``kind`` (one of :data:`MASK_KINDS`) and, for the
+    refused kinds, ``problem``, a one-line reason naming the file."""
+
+    path: Path
+    kind: str
+    problem: str = ""
+
+    @property
+    def refused(self) -> bool:
+        return self.kind in REFUSED_KINDS
 
 
 @dataclass(frozen=True)
@@ -39,7 +59,7 @@ class DatasetSpec:
     (module-level functions or ``functools.partial`` of them): cases are written in worker
     processes. ``inspect_mask(case, threshold)`` (binary 2D datasets; None where the labels are
     instance or organ labels) reads a case's mask by the mask rule and returns its
-    :class:`~nnunetv2_meddisseg.datasets.image_io.MaskFinding`; where it is set, ``write_case``
+    :class:`MaskFinding`; where it is set, ``write_case``
     takes the keyword ``mask_threshold`` (``--mask-threshold``).
     """
 

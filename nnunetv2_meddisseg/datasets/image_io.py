@@ -9,12 +9,12 @@ from typing import Optional, Tuple
 import numpy as np
 from PIL import Image
 
-from .cases import SourceCase
+from .cases import MaskFinding, SourceCase
 from .errors import ConversionError, MissingSourceError, OptionError
 
-__all__ = ["LOSSY_SUFFIXES", "image_size", "read_rgb", "read_binary_mask", "inspect_mask", "MaskFinding",
-           "read_instance_mask_as_binary", "check_2d_sizes", "inspect_case_mask",
-           "write_binary_2d_case", "short_error", "WIDE_MODES", "MASK_KINDS", "REFUSED_KINDS"]
+__all__ = ["LOSSY_SUFFIXES", "image_size", "read_rgb", "read_binary_mask", "inspect_mask",
+           "read_instance_mask_as_binary", "check_2d_sizes", "inspect_case_mask", "write_binary_2d_case",
+           "short_error", "WIDE_MODES"]
 
 LOSSY_SUFFIXES = (".jpg", ".jpeg")
 
@@ -105,28 +105,6 @@ FOREGROUND_BAND = 0.75
 #: label of its own (a second class, 'uncertain'), not an anti-aliased edge; faint background values that
 #: together cover more than this fraction are reported as faint background
 AMBIGUOUS_FRACTION = 0.01
-
-#: what the rule made of a mask (:attr:`MaskFinding.kind`): a label as it is, faint background values read as
-#: background, anti-aliased edges, a JPEG mask, middle values thresholded at ``--mask-threshold``, and the
-#: refused kinds
-MASK_KINDS = ("label", "faint", "edges", "lossy", "middle", "ambiguous", "empty")
-#: the kinds a conversion refuses (unless ``--mask-threshold`` or ``--skip-ambiguous``)
-REFUSED_KINDS = ("ambiguous", "empty")
-
-
-@dataclass(frozen=True)
-class MaskFinding:
-    """What the mask rule made of one mask file: its ``kind`` (one of :data:`MASK_KINDS`) and, for the
-    refused kinds, ``problem``, a one-line reason naming the file."""
-
-    path: Path
-    kind: str
-    problem: str = ""
-
-    @property
-    def refused(self) -> bool:
-        return self.kind in REFUSED_KINDS
-
 
 def _percent(fraction: float) -> str:
     """``0.3`` -> ``"30"``, ``0.012`` -> ``"1.2"``."""

@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .cases import ConversionPlan, SourceCase
 from .errors import ConversionError
-from .image_io import MASK_KINDS, REFUSED_KINDS, MaskFinding
+from .cases import MASK_KINDS, REFUSED_KINDS, MaskFinding
 
 __all__ = ["MaskReport", "MaskRuleError", "survey_masks", "MASK_RULE", "WAY_ON"]
 
@@ -31,7 +31,7 @@ MASK_RULE = ("masks holding 0 and one value (or 0/1) are that label; in any othe
 WAY_ON = ("pass --mask-threshold T (foreground: the mask values above T) or --skip-ambiguous (those cases are left "
           "out and named)")
 
-#: the report's words for each kind of :data:`~nnunetv2_meddisseg.datasets.image_io.MASK_KINDS`, and what the rule
+#: the report's words for each kind of :data:`~nnunetv2_meddisseg.datasets.cases.MASK_KINDS`, and what the rule
 #: (without ``--mask-threshold``) did with them
 _KIND_WORDS = {
     "label": ("binary (0 and one value, or 0/1)", "kept as they are"),
@@ -56,7 +56,7 @@ class MaskRuleError(ConversionError):
 @dataclass
 class MaskReport:
     """What the mask rule made of a conversion's masks: ``findings`` maps case IDs to
-    :class:`~nnunetv2_meddisseg.datasets.image_io.MaskFinding`; ``left_out`` holds the refused cases that
+    :class:`~nnunetv2_meddisseg.datasets.cases.MaskFinding`; ``left_out`` holds the refused cases that
     ``--skip-ambiguous`` left out."""
 
     source: Path

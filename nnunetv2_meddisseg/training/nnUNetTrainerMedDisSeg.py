@@ -31,7 +31,7 @@ from nnunetv2_meddisseg.training.objectives import dispersive_from_recipe
 from nnunetv2_meddisseg.training.photometric import channels_are_rgb
 from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
 from nnunetv2_meddisseg.training.seeding import preserved_random_state, seed_generators
-from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2, STAGE_NAMES, Stage, Stage1, Stage2
+from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2, Stage, Stage1, Stage2, checkpoint_stage
 
 __all__ = ["nnUNetTrainerMedDisSeg"]
 
@@ -166,14 +166,20 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
 
     # ------------------------------------------------------------------ the stages
     def _make_stage(self, name: str) -> Stage:
-        """The stage ``name`` on this trainer's network and recipe (Stage I keeps the current head, if any)."""
-        network, recipe = self._plain_network(), self.recipe
-        if name not in STAGE_NAMES:
+        """The stage ``name`` on this trainer's network and recipe."""
+        makers = {STAGE_1: self._stage1, STAGE_2: self._stage2}
+        if name not in makers:
             raise ValueError(f"unknown training stage {name!r}, expected {STAGE_1!r} or {STAGE_2!r}")
-        if name == STAGE_1:
-            head = self.stage1_head if self.stage1_head is not None else self._build_stage1_head()
-            return Stage1(network, recipe, 0, self.stage1_epochs, head, self._input_is_rgb())
-        return Stage2(network, recipe, self.stage1_epochs, self.num_epochs - self.stage1_epochs,
+        return makers[name]()
+
+    def _stage1(self) -> Stage1:
+        """Stage I, epochs ``[0, stage1_epochs)``, with the current head where there is one, else a new one."""
+        head = self.stage1_head if self.stage1_head is not None else self._build_stage1_head()
+        return Stage1(self._plain_network(), self.recipe, 0, self.stage1_epochs, head, self._input_is_rgb())
+
+    def _stage2(self) -> Stage2:
+        """Stage II, epochs ``[stage1_epochs, num_epochs)``."""
+        return Stage2(self._plain_network(), self.recipe, self.stage1_epochs, self.num_epochs - self.stage1_epochs,
                       self.label_manager.ignore_label)
 
     def _build_stage1_head(self) -> nn.Module:
@@ -493,15 +499,10 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     def _before_restoring_checkpoint(self, checkpoint: Mapping[str, object]) -> None:
         """Enter the stage the checkpoint records (with that stage's optimizer groups), before nnU-Net restores
         its state."""
-        name = checkpoint.get("meddisseg_stage")
-        if name is None:  # not written by this trainer: a Stage I checkpoint always holds the head
-            name = STAGE_1 if "stage1_head_weights" in checkpoint else STAGE_2
-        if name not in STAGE_NAMES:
-            raise TrainingInputRuntimeError(f"it records an unknown Med-DisSeg stage {name!r} (expected {STAGE_1!r} "
-                                            f"or {STAGE_2!r}): not a checkpoint of this trainer")
-        if name == STAGE_1 and "stage1_head_weights" not in checkpoint:
-            raise TrainingInputRuntimeError("a Stage I checkpoint without 'stage1_head_weights' cannot be resumed: "
-                                            "not a checkpoint of this trainer")
+        try:
+            name = checkpoint_stage(checkpoint)
+        except ValueError as error:
+            raise TrainingInputRuntimeError(f"{error}: not a checkpoint of this trainer") from None
         if name != self.training_stage:
             self.optimizer, self.lr_scheduler = self.configure_optimizers(name)
 

@@ -26,12 +26,27 @@ from nnunetv2_meddisseg.training.objectives import stage1_logits, stage1_loss, s
 from nnunetv2_meddisseg.training.photometric import photometric_perturbation
 from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
 
-__all__ = ["STAGE_1", "STAGE_2", "STAGE_NAMES", "Stage", "Stage1", "Stage2"]
+__all__ = ["STAGE_1", "STAGE_2", "STAGE_NAMES", "Stage", "Stage1", "Stage2", "checkpoint_stage"]
 
 #: the stages' names as checkpoints store them (``meddisseg_stage``)
 STAGE_1 = "stage1"
 STAGE_2 = "stage2"
 STAGE_NAMES = (STAGE_1, STAGE_2)
+
+
+
+def checkpoint_stage(checkpoint: Mapping[str, object]) -> str:
+    """The stage a checkpoint records (``meddisseg_stage``; where it records none, Stage I if it holds the head);
+    a ``ValueError`` saying what is wrong where the checkpoint cannot be resumed in a stage."""
+    name = checkpoint.get("meddisseg_stage")
+    if name is None:  # a Stage I checkpoint always holds the head
+        name = STAGE_1 if "stage1_head_weights" in checkpoint else STAGE_2
+    if name not in STAGE_NAMES:
+        raise ValueError(f"it records an unknown Med-DisSeg stage {name!r} (expected {STAGE_1!r} or {STAGE_2!r})")
+    if name == STAGE_1 and "stage1_head_weights" not in checkpoint:
+        raise ValueError("a Stage I checkpoint without 'stage1_head_weights' cannot be resumed")
+    return name
+
 
 #: (total loss, the unweighted terms by name, the features of the first regularised layer for the diagnostics)
 StepLoss = Tuple[Tensor, Dict[str, Tensor], Tensor]
