@@ -14,11 +14,21 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from nnunetv2_meddisseg.cli import (DefaultsHelpFormatter, UserError, add_device_argument, plain_text, resolve_device,
-                                    run_command)
+from nnunetv2_meddisseg.cli import (
+    DefaultsHelpFormatter,
+    UserError,
+    add_device_argument,
+    plain_text,
+    resolve_device,
+    run_command,
+)
+from nnunetv2_meddisseg.environment import (
+    DATA_AUGMENTATION_PROCESSES_VARIABLE,
+    SEED_ENVIRONMENT_VARIABLE,
+    nnunet_environment,
+    planning_environment,
+)
 from nnunetv2_meddisseg.logged_command import run_logged
-from nnunetv2_meddisseg.environment import (DATA_AUGMENTATION_PROCESSES_VARIABLE, SEED_ENVIRONMENT_VARIABLE,
-                                            nnunet_environment, planning_environment)
 
 __all__ = ["main"]
 
@@ -73,7 +83,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="training schedule of both models: 'demo' (8 epochs x 15 iterations) or 'smoke' "
                         "(3 x 4: checks the whole pipeline in a few minutes; the tests use it)")
     p.add_argument("--seed", type=int, default=0,
-                   help=f"run seed of both trainings ({SEED_ENVIRONMENT_VARIABLE}): the same seed gives the same table on a CPU")
+                   help=f"run seed of both trainings ({SEED_ENVIRONMENT_VARIABLE}): the same seed gives the same "
+                        f"table on a CPU")
     return p
 
 

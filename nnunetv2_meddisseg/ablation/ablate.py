@@ -24,11 +24,22 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from nnunetv2_meddisseg.ablation.runs import (NETWORK_ABLATIONS, AblationRun, Variant, write_budget,
-                                              write_network_ablation_plans)
+from nnunetv2_meddisseg.ablation.runs import (
+    NETWORK_ABLATIONS,
+    AblationRun,
+    Variant,
+    write_budget,
+    write_network_ablation_plans,
+)
 from nnunetv2_meddisseg.ablation.table import ablation_rows, markdown_table, write_csv
-from nnunetv2_meddisseg.cli import (DefaultsHelpFormatter, UserError, add_device_argument, plain_text, resolve_device,
-                                    run_command)
+from nnunetv2_meddisseg.cli import (
+    DefaultsHelpFormatter,
+    UserError,
+    add_device_argument,
+    plain_text,
+    resolve_device,
+    run_command,
+)
 from nnunetv2_meddisseg.environment import use_our_trainers
 from nnunetv2_meddisseg.training.recipe import ScheduleRecipe
 

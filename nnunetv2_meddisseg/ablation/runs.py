@@ -25,7 +25,11 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from nnunetv2_meddisseg.cli import UserError
-from nnunetv2_meddisseg.environment import RECIPE_ENVIRONMENT_VARIABLE, SEED_ENVIRONMENT_VARIABLE, set_nnunet_environment
+from nnunetv2_meddisseg.environment import (
+    RECIPE_ENVIRONMENT_VARIABLE,
+    SEED_ENVIRONMENT_VARIABLE,
+    set_nnunet_environment,
+)
 from nnunetv2_meddisseg.evaluation.evaluate import evaluate_folders
 from nnunetv2_meddisseg.logged_command import run_logged
 from nnunetv2_meddisseg.plans_entry import architecture_entry
@@ -148,7 +152,8 @@ class AblationRun:
     def predict_and_evaluate(self, variant: str, seed: int, time_limit_s: Optional[float] = None) -> dict:
         predictions = self.out / f"seed_{seed}" / "predictions" / variant
         command = ["nnUNetv2_predict", "-i", str(self.images), "-o", str(predictions), "-d", self.dataset_name,
-                   "-c", "2d", "-f", self.fold, "-tr", self.variants[variant].trainer, "-p", self.variants[variant].plans,
+                   "-c", "2d", "-f", self.fold, "-tr", self.variants[variant].trainer,
+                   "-p", self.variants[variant].plans,
                    "-device", self.device, "-npp", str(self.predict_processes),
                    "-nps", str(self.predict_processes)]
         if self.disable_tta:

@@ -20,8 +20,12 @@ from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation, ContrastGu
 from nnunetv2_meddisseg.blocks.conv import PointwiseLinear
 from nnunetv2_meddisseg.blocks.decoder import DECODER_FUSIONS, MultiScaleCBATDecoder
 from nnunetv2_meddisseg.blocks.decoupling import AuxiliaryHeads, FeatureDecoupling
-from nnunetv2_meddisseg.blocks.encoder import (ENCODER_CHANNELS, ResNet50Encoder, load_resnet50_weights,
-                                               resolve_encoder_weights)
+from nnunetv2_meddisseg.blocks.encoder import (
+    ENCODER_CHANNELS,
+    ResNet50Encoder,
+    load_resnet50_weights,
+    resolve_encoder_weights,
+)
 from nnunetv2_meddisseg.blocks.enhancement import FeatureEnhancement
 from nnunetv2_meddisseg.blocks.norm import UncountedBatchNorm2d
 from nnunetv2_meddisseg.environment import CPU_BF16_ENVIRONMENT_VARIABLE, flag_is_set
@@ -60,7 +64,8 @@ def cpu_supports_bf16() -> bool:
 @functools.lru_cache(maxsize=None)
 def _warn_no_cpu_bf16() -> None:
     """Warns once per process that bf16 was requested on a CPU without it."""
-    warnings.warn(f"{CPU_BF16_ENVIRONMENT_VARIABLE} is set, but this CPU has no native bfloat16 support (AVX512-BF16 or AMX): "
+    warnings.warn(f"{CPU_BF16_ENVIRONMENT_VARIABLE} is set, but this CPU has no native bfloat16 support "
+                  f"(AVX512-BF16 or AMX): "
                   f"MedDisSegNet predicts in fp32", RuntimeWarning, stacklevel=4)
 
 

@@ -24,8 +24,8 @@ from typing import Callable, Dict, List, Optional
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, run_command
 
 from .cases import ConversionPlan, ConversionResult
-from .errors import ConversionError, OptionError
 from .cvc_clinicdb import plan_cvc_clinicdb
+from .errors import ConversionError, OptionError
 from .glas import plan_glas
 from .isic import plan_isic2016, plan_isic2017
 from .kvasir import plan_kvasir_seg, plan_kvasir_sessile
@@ -75,8 +75,9 @@ def convert(dataset: str, source, dataset_id: int, resize: Optional[int] = None,
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, formatter_class=DefaultsHelpFormatter, description="Convert a paper dataset (publisher's layout) into an nnU-Net v2 raw dataset with "
-                               "the paper's split (fold 0 of splits_final.json; test set in imagesTs/labelsTs).")
+        prog=PROG, formatter_class=DefaultsHelpFormatter,
+        description="Convert a paper dataset (publisher's layout) into an nnU-Net v2 raw dataset with the paper's "
+                    "split (fold 0 of splits_final.json; test set in imagesTs/labelsTs).")
     parser.add_argument("dataset", choices=list(CONVERTERS), metavar="DATASET",
                         help=f"one of: {', '.join(CONVERTERS)}")
     parser.add_argument("source", metavar="SRC", help="the dataset folder as downloaded and unzipped")
@@ -85,8 +86,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="resize every image and mask to NxN (paper: 256; images bilinear, masks nearest; "
                              "Synapse: each axial slice; default: keep the original size)")
     parser.add_argument("--split-file", default=None, metavar="F",
-                        help="JSON with lists of case IDs under 'train', 'val', 'test' (default: the paper's split, or the "
-                             "package's seeded lists where the publisher ships none)")
+                        help="JSON with lists of case IDs under 'train', 'val', 'test' (default: the paper's split, "
+                             "or the package's seeded lists where the publisher ships none)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset with this ID")
     parser.add_argument("--mask-threshold", type=float, default=None, metavar="T",
                         help="foreground: the mask values above T (e.g. 127 for 8-bit masks), for every mask that is "

@@ -39,7 +39,8 @@ def plan_cvc_clinicdb(source: Path) -> ConversionPlan:
     source = Path(source)
     if not source.is_dir():
         raise MissingSourceError(f"cvc-clinicdb: source folder {source} does not exist")
-    truth = next((source / n for n in ("Ground Truth", "GroundTruth") if (source / n).is_dir()), source / "Ground Truth")
+    truth = next((source / n for n in ("Ground Truth", "GroundTruth") if (source / n).is_dir()),
+                 source / "Ground Truth")
     cases = pair_images_and_masks(source / "Original", truth, "cvc-clinicdb", _SUFFIXES, _SUFFIXES)
     return ConversionPlan(CVC_CLINICDB_SPEC, source, cases, [], [], sorted(cases, key=_numeric_first),
                           split_origin="all cases are test cases")

@@ -50,7 +50,8 @@ ISIC2017_SPEC = DatasetSpec(
 )
 
 
-def _pair(source: Path, data: str, truth: str, dataset: str, tag: str, required: bool) -> Optional[Dict[str, SourceCase]]:
+def _pair(source: Path, data: str, truth: str, dataset: str, tag: str,
+          required: bool) -> Optional[Dict[str, SourceCase]]:
     data_dir, truth_dir = source / data, source / truth
     if not data_dir.is_dir() and not truth_dir.is_dir():
         if required:

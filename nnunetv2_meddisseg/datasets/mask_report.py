@@ -16,9 +16,8 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .cases import ConversionPlan, SourceCase
+from .cases import MASK_KINDS, REFUSED_KINDS, ConversionPlan, MaskFinding, SourceCase
 from .errors import ConversionError
-from .cases import MASK_KINDS, REFUSED_KINDS, MaskFinding
 
 __all__ = ["MaskReport", "MaskRuleError", "survey_masks", "MASK_RULE", "WAY_ON"]
 

@@ -27,8 +27,13 @@ from typing import Callable, List, Optional, Sequence
 from .cases import ConversionPlan, ConversionResult, SourceCase
 from .errors import ConversionError, OptionError
 from .mask_report import MaskRuleError, survey_masks
-from .options import (optional_env_folder, require_env_folder, validate_dataset_id, validate_mask_threshold,
-                      validate_resize)
+from .options import (
+    optional_env_folder,
+    require_env_folder,
+    validate_dataset_id,
+    validate_mask_threshold,
+    validate_resize,
+)
 from .split_lists import leave_out_cases
 
 __all__ = ["write_nnunet_dataset"]

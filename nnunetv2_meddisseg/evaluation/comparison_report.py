@@ -12,8 +12,15 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 from tqdm import tqdm
 
-from nnunetv2_meddisseg.evaluation.evaluate import (METRIC_DISPLAY_NAMES, evaluate_folders, is_multiclass_summary,
-                                                    match_cases, read_image, read_label_map, save_summary)
+from nnunetv2_meddisseg.evaluation.evaluate import (
+    METRIC_DISPLAY_NAMES,
+    evaluate_folders,
+    is_multiclass_summary,
+    match_cases,
+    read_image,
+    read_label_map,
+    save_summary,
+)
 from nnunetv2_meddisseg.evaluation.metrics import BINARY_METRICS
 from nnunetv2_meddisseg.evaluation.paired_statistics import compared_metrics, paired_differences, paired_statistics
 from nnunetv2_meddisseg.evaluation.paper_reference import organ_key, paper_reference

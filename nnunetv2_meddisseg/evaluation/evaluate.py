@@ -20,8 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
-from nnunetv2_meddisseg.evaluation.metrics import (BINARY_METRICS, binary_metrics, mean_and_std,
-                                                   multiclass_dice_hd95)
+from nnunetv2_meddisseg.evaluation.metrics import BINARY_METRICS, binary_metrics, mean_and_std, multiclass_dice_hd95
 
 __all__ = [
     "LABEL_FILE_ENDINGS",
@@ -321,9 +320,11 @@ def _parser() -> argparse.ArgumentParser:
                     "for multi-class datasets) of a prediction folder against a label folder.")
     p.add_argument("-ref", required=True, help="folder with the reference label images (e.g. labelsTs)")
     p.add_argument("-pred", required=True, help="folder with the predicted label images (same names)")
-    p.add_argument("-o", default=None, help="write the summary JSON here (fractions in [0, 1]; default: print the table only)")
+    p.add_argument("-o", default=None,
+                   help="write the summary JSON here (fractions in [0, 1]; default: print the table only)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("-djfile", default=None, help="dataset.json: its labels and file_ending are used; needed for multi-class datasets such as "
+    g.add_argument("-djfile", default=None,
+                   help="dataset.json: its labels and file_ending are used; needed for multi-class datasets such as "
                         "Synapse (default: binary labels 0 1)")
     g.add_argument("--labels", type=int, nargs="+", default=None,
                    help="declared label values incl. background (default: 0 1); more than one foreground "

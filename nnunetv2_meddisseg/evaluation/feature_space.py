@@ -31,8 +31,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from nnunetv2_meddisseg.cli import (DefaultsHelpFormatter, UserError, add_device_argument, plain_text, resolve_device,
-                                    run_command)
+from nnunetv2_meddisseg.cli import (
+    DefaultsHelpFormatter,
+    UserError,
+    add_device_argument,
+    plain_text,
+    resolve_device,
+    run_command,
+)
 from nnunetv2_meddisseg.environment import use_our_trainers
 
 __all__ = ["LAYERS", "pca_2d", "tsne_2d", "sample_pixels", "ModelFeatures", "model_features", "draw_features",

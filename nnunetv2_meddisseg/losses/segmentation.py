@@ -13,11 +13,11 @@ callers fall back to calling the loss itself.
 from typing import Optional, Sequence
 
 import torch
-from torch import Tensor, nn
 from nnunetv2.training.loss.compound_losses import DC_and_CE_loss
 from nnunetv2.training.loss.dice import MemoryEfficientSoftDiceLoss
 from nnunetv2.training.loss.robust_ce_loss import RobustCrossEntropyLoss
 from nnunetv2.utilities.helpers import softmax_helper_dim1
+from torch import Tensor, nn
 
 __all__ = ["dice_ce_settings", "dice_ce_per_output"]
 

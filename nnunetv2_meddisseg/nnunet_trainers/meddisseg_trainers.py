@@ -9,9 +9,9 @@ Importing it also installs (once per process) the ``sys.excepthook`` that prints
 ``nnUNetv2_train`` / ``nnUNetv2_predict`` as one line, ``nnUNetv2_train: error: <message>``, instead of a traceback
 (``nnunetv2_meddisseg.cli.install_excepthook``): nnU-Net's entry points are not ours to wrap.
 """
-from nnunetv2_meddisseg.cli import install_excepthook
 from nnunetv2_meddisseg.ablation.study_trainers import *  # noqa: F401,F403  the arms of finished studies
 from nnunetv2_meddisseg.ablation.study_trainers import __all__ as _study
+from nnunetv2_meddisseg.cli import install_excepthook
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg_paper import nnUNetTrainerMedDisSeg_paper

@@ -68,8 +68,13 @@ def measure_training_memory(patch_size: Sequence[int], architecture: dict, num_i
 
     from nnunetv2_meddisseg.training.extended_trainer import bf16_training_requested
     from nnunetv2_meddisseg.training.nnunet_copies import backward_clip_step
+    from nnunetv2_meddisseg.training.objectives import (
+        Stage2Weights,
+        dispersive_from_recipe,
+        segmentation_loss,
+        stage2_loss,
+    )
     from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
-    from nnunetv2_meddisseg.training.objectives import Stage2Weights, dispersive_from_recipe, segmentation_loss, stage2_loss
 
     dev = torch.device(device)
     arch_kwargs = {**architecture["arch_kwargs"], "encoder_weights": None}  # the weights do not change the memory

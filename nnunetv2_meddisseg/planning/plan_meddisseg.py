@@ -9,16 +9,15 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from copy import deepcopy
 from pathlib import Path
-import re
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
-from nnunetv2_meddisseg.planning.memory import (TRAINING_BYTES_PER_PIXEL, batch_size_for_memory,
-                                               estimated_memory_line)
-from nnunetv2_meddisseg.plans_entry import ADDED_NORMS, DEFAULT_ADDED_NORM, architecture_entry
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
+from nnunetv2_meddisseg.planning.memory import TRAINING_BYTES_PER_PIXEL, batch_size_for_memory, estimated_memory_line
+from nnunetv2_meddisseg.plans_entry import ADDED_NORMS, DEFAULT_ADDED_NORM, architecture_entry
 
 if TYPE_CHECKING:
     from nnunetv2_meddisseg.planning.memory import MemoryLine
@@ -42,8 +41,9 @@ def build_meddisseg_plans(source_plans: dict, plans_name: str = DEFAULT_PLANS_NA
     :func:`~nnunetv2_meddisseg.plans_entry.default_arch_kwargs`.
 
     Without ``batch_size``, the batch is the largest whose training memory fits ``memory_target_gb``: measured
-    by ``memory_line(patch_size, architecture)`` where given (``architecture``: the configuration's block) (``planning.memory``), else estimated from
-    :data:`TRAINING_BYTES_PER_PIXEL`. The configuration's ``batch_size_source`` says which."""
+    by ``memory_line(patch_size, architecture)`` where given (``architecture``: the configuration's block)
+    (``planning.memory``), else estimated from :data:`TRAINING_BYTES_PER_PIXEL`. The configuration's
+    ``batch_size_source`` says which."""
     configurations = source_plans.get("configurations", {})
     if "2d" not in configurations:
         raise UserError(f"plans '{source_plans.get('plans_name')}' of {source_plans.get('dataset_name')} have no "
@@ -143,9 +143,9 @@ def _check_weights_file(path: str) -> str:
     try:
         load_resnet50_weights(ResNet50Encoder(3), path)
     except UnsafeTorchFile as e:
-        raise UserError(f"--encoder-weights: {path} holds pickled objects, not a plain state dict ({refusal_reason(e)}; "
-                        f"not loaded, since loading them can run code; a whole model? save model.state_dict() "
-                        f"instead)") from None
+        raise UserError(f"--encoder-weights: {path} holds pickled objects, not a plain state dict "
+                        f"({refusal_reason(e)}; not loaded, since loading them can run code; a whole model? save "
+                        f"model.state_dict() instead)") from None
     except ValueError as e:
         raise UserError(f"--encoder-weights: {e}") from None
     return path
@@ -265,10 +265,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--encoder-weights", default=None, metavar="{imagenet,PATH}",
                    help="initialise the encoder from torchvision's ResNet-50 IMAGENET1K_V1 weights ('imagenet': "
                         "downloaded now into torch.hub's cache, $TORCH_HOME, unless already there; training only "
-                        "reads the cache) or from a local torchvision ResNet-50 state dict (.pth) (default: random initialisation)")
+                        "reads the cache) or from a local torchvision ResNet-50 state dict (.pth) (default: random "
+                        "initialisation)")
     p.add_argument("--patch-size", nargs=2, type=int, metavar=("H", "W"), default=None,
-                   help="patch size, multiples of 16 (default: nnU-Net's 2d patch size rounded up to a multiple of 16; use 256 256 "
-                        "for the paper protocol on images resized to 256)")
+                   help="patch size, multiples of 16 (default: nnU-Net's 2d patch size rounded up to a multiple of 16; "
+                        "use 256 256 for the paper protocol on images resized to 256)")
     p.add_argument("--batch-size", type=int, default=None, help="samples per batch (default: from --gpu-memory-target)")
     p.add_argument("--gpu-memory-target", type=float, default=8.0, dest="memory_target_gb",
                    help="GiB of GPU memory the batch size is planned for (default 8, as nnU-Net)")

@@ -7,9 +7,9 @@ from pydoc import locate
 from typing import Optional
 
 import torch
-from torch import nn
 from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 from nnunetv2.utilities.plans_handling.plans_handler import ConfigurationManager, PlansManager
+from torch import nn
 
 from nnunetv2_meddisseg.architectures import MedDisSegNet
 from nnunetv2_meddisseg.blocks.encoder import load_resnet50_weights, resolve_encoder_weights

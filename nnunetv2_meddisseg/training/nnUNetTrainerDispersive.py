@@ -1,12 +1,13 @@
-"""nnUNetTrainerDispersive: nnU-Net's own network and training plus a dispersive loss (any nnU-Net network, 2D or 3D)."""
+"""nnUNetTrainerDispersive: nnU-Net's own network and training plus a dispersive loss (any nnU-Net network, 2D or
+3D)."""
 from typing import List
 
 import torch
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.losses import dispersive_loss, gather_batch
-from nnunetv2_meddisseg.training.extended_trainer import ExtendedTrainerBase
 from nnunetv2_meddisseg.training.errors import TrainingInputRuntimeError
+from nnunetv2_meddisseg.training.extended_trainer import ExtendedTrainerBase
 from nnunetv2_meddisseg.training.recipe import DispersiveRecipe
 
 __all__ = ["nnUNetTrainerDispersive"]

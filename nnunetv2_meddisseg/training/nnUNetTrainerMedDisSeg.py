@@ -18,14 +18,23 @@ from nnunetv2_meddisseg.blocks.stage1_head import Stage1Head
 from nnunetv2_meddisseg.environment import COMPILE_VARIABLE
 from nnunetv2_meddisseg.losses import DispersiveLoss
 from nnunetv2_meddisseg.training.batchnorm_statistics import recalibrate_batchnorm
-from nnunetv2_meddisseg.training.compilation import (Compilation, CompileDecision, compile_pays, uncompile_regions,
-                                                     unwrap_module)
+from nnunetv2_meddisseg.training.compilation import (
+    Compilation,
+    CompileDecision,
+    compile_pays,
+    uncompile_regions,
+    unwrap_module,
+)
 from nnunetv2_meddisseg.training.errors import TrainingInputError, TrainingInputRuntimeError
 from nnunetv2_meddisseg.training.extended_trainer import ExtendedTrainerBase
 from nnunetv2_meddisseg.training.lr_schedule import PerGroupPolyLRScheduler
-from nnunetv2_meddisseg.training.meddisseg_plans import (build_meddisseg_network, load_plans_encoder_weights,
-                                                         plans_encoder_weights, plans_recording_the_network,
-                                                         require_2d_configuration)
+from nnunetv2_meddisseg.training.meddisseg_plans import (
+    build_meddisseg_network,
+    load_plans_encoder_weights,
+    plans_encoder_weights,
+    plans_recording_the_network,
+    require_2d_configuration,
+)
 from nnunetv2_meddisseg.training.nnunet_copies import training_dataloader
 from nnunetv2_meddisseg.training.objectives import dispersive_from_recipe
 from nnunetv2_meddisseg.training.photometric import channels_are_rgb

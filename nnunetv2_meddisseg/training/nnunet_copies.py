@@ -24,11 +24,11 @@ import textwrap
 from typing import Callable, Dict, Iterable, Optional, TypeVar
 
 import torch
-from torch import autocast
-from torch._dynamo import OptimizedModule
 from nnunetv2.training.dataloading.data_loader import nnUNetDataLoader
 from nnunetv2.training.dataloading.nnunet_dataset import infer_dataset_class
 from nnunetv2.utilities.helpers import dummy_context
+from torch import autocast
+from torch._dynamo import OptimizedModule
 
 __all__ = ["PINNED", "source_hash", "checkpoint_entries", "train_autocast", "backward_clip_step",
            "training_dataloader"]
@@ -39,8 +39,10 @@ T = TypeVar("T")
 PINNED: Dict[str, str] = {
     "nnunetv2.training.nnUNetTrainer.nnUNetTrainer:nnUNetTrainer.save_checkpoint":
         "d8d53bc50b777f302923f352f5f2bf0d9fca14ab7bb9939ff687c2d28ff99a38",
-    "nnunetv2.training.nnUNetTrainer.nnUNetTrainer:nnUNetTrainer.train_step": "aac5fa9fda6d009a6721fb58b807f2b396e3e15ab05a35c23b066ca045b2cbb4",
-    "nnunetv2.training.nnUNetTrainer.nnUNetTrainer:nnUNetTrainer.get_dataloaders": "13b6ac3b86403e26d79498346e909884a7011153a7800ad63939bbec490091cf",
+    "nnunetv2.training.nnUNetTrainer.nnUNetTrainer:nnUNetTrainer.train_step":
+        "aac5fa9fda6d009a6721fb58b807f2b396e3e15ab05a35c23b066ca045b2cbb4",
+    "nnunetv2.training.nnUNetTrainer.nnUNetTrainer:nnUNetTrainer.get_dataloaders":
+        "13b6ac3b86403e26d79498346e909884a7011153a7800ad63939bbec490091cf",
 }
 
 

@@ -39,8 +39,7 @@ from nnunetv2.training.loss.dice import MemoryEfficientSoftDiceLoss
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.architectures import MedDisSegOutput
-from nnunetv2_meddisseg.losses import (DispersiveLoss, complementarity_loss, consistency_loss,
-                                       foreground_background_loss)
+from nnunetv2_meddisseg.losses import DispersiveLoss, complementarity_loss, consistency_loss, foreground_background_loss
 from nnunetv2_meddisseg.losses.segmentation import dice_ce_per_output, dice_ce_settings
 from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
 

@@ -5,8 +5,8 @@ import os
 from typing import List, Optional
 
 import torch
-from torch import distributed as dist
 from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
+from torch import distributed as dist
 
 from nnunetv2_meddisseg.environment import RECIPE_ENVIRONMENT_VARIABLE, SEED_ENVIRONMENT_VARIABLE
 from nnunetv2_meddisseg.training.recipe import ScheduleRecipe, recipe_overrides_from_environment, recipe_summary
@@ -84,5 +84,5 @@ class SeededTrainer(nnUNetTrainer):
     def on_train_epoch_end(self, train_outputs: List[dict]) -> None:
         super().on_train_epoch_end(train_outputs)
         if self.device.type == "cuda":  # what a user sizes the plans' batch by (nnUNetv2_meddisseg_plan)
-            self.print_to_log_file(f"peak GPU memory {torch.cuda.max_memory_allocated(self.device) / 1024 ** 3:.2f} GiB "
-                                   f"(batch {self.batch_size})")
+            peak = torch.cuda.max_memory_allocated(self.device) / 1024 ** 3
+            self.print_to_log_file(f"peak GPU memory {peak:.2f} GiB (batch {self.batch_size})")

@@ -124,7 +124,8 @@ class Stage:
 
 
 class Stage1(Stage):
-    """Stage I: encoder + ELAT with a light head, clean and photometrically perturbed views (``objectives.stage1_loss``).
+    """Stage I: encoder + ELAT with a light head, clean and photometrically perturbed views
+    (``objectives.stage1_loss``).
 
     Args:
         head: the head to call (``Stage1Head``, possibly wrapped by DDP).

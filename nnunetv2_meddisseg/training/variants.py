@@ -6,7 +6,8 @@ A variant of your own takes three lines (a module on ``nnUNet_extTrainer``)::
 
     from dataclasses import replace
     from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg
-    class nnUNetTrainerMedDisSeg_tau0p3(nnUNetTrainerMedDisSeg): recipe = replace(nnUNetTrainerMedDisSeg.recipe, dispersive_tau=0.3)
+    class nnUNetTrainerMedDisSeg_tau0p3(nnUNetTrainerMedDisSeg):
+        recipe = replace(nnUNetTrainerMedDisSeg.recipe, dispersive_tau=0.3)
 
 Architecture options are no recipes: they are plans (``nnUNetv2_meddisseg_plan --no-elat / --activation relu /
 --no-cbat / --added-norm``), used with the default trainer.
@@ -60,28 +61,128 @@ SMOKE_SCHEDULE = MappingProxyType({"num_epochs": 3, "iterations_per_epoch": 4, "
 #: ``nnUNetv2_meddisseg_demo``: 8 epochs of 15 training and 3 validation iterations
 DEMO_SCHEDULE = MappingProxyType({"num_epochs": 8, "iterations_per_epoch": 15, "val_iterations_per_epoch": 3})
 
-class nnUNetTrainerMedDisSeg_smoke(nnUNetTrainerMedDisSeg): "3 epochs (1 of Stage I) of 4 iterations, a checkpoint after each: first contact, tests"; recipe = replace(MEDDISSEG, **SMOKE_SCHEDULE, stage1_epochs=1, batchnorm_calibration_samples=2)
-class nnUNetTrainerMedDisSeg_250epochs(nnUNetTrainerMedDisSeg): "250 epochs, the first quarter Stage I"; recipe = replace(MEDDISSEG, num_epochs=250)
-class nnUNetTrainerMedDisSeg_100epochs(nnUNetTrainerMedDisSeg): "100 epochs, the first quarter Stage I"; recipe = replace(MEDDISSEG, num_epochs=100)
-class nnUNetTrainerMedDisSeg_demo(nnUNetTrainerMedDisSeg): "nnUNetv2_meddisseg_demo: 8 epochs of 15 iterations from random initialisation, Adam 1e-3"; recipe = replace(MEDDISSEG, **DEMO_SCHEDULE, from_scratch=SCRATCH_ADAM, batchnorm_calibration_samples=16, batchnorm_calibration_augmentation=False)
-class nnUNetTrainerMedDisSeg_noDispersive(nnUNetTrainerMedDisSeg): "ablation: no dispersive loss in either stage"; recipe = replace(MEDDISSEG, lambda_dispersive_stage1=0.0, lambda_dispersive_stage2=0.0)
-class nnUNetTrainerMedDisSeg_dispersiveStage1Only(nnUNetTrainerMedDisSeg): "ablation: the dispersive loss in Stage I only"; recipe = replace(MEDDISSEG, lambda_dispersive_stage2=0.0)
-class nnUNetTrainerMedDisSeg_dispersiveStage2Only(nnUNetTrainerMedDisSeg): "ablation: the dispersive loss in Stage II only"; recipe = replace(MEDDISSEG, lambda_dispersive_stage1=0.0)
-class nnUNetTrainerMedDisSeg_cosine(nnUNetTrainerMedDisSeg): "ablation: InfoNCE on cosine distances"; recipe = replace(MEDDISSEG, dispersive_variant="infonce_cosine")
-class nnUNetTrainerMedDisSeg_hinge(nnUNetTrainerMedDisSeg): "ablation: the hinge form of the dispersive loss"; recipe = replace(MEDDISSEG, dispersive_variant="hinge")
-class nnUNetTrainerMedDisSeg_covariance(nnUNetTrainerMedDisSeg): "ablation: the covariance form of the dispersive loss"; recipe = replace(MEDDISSEG, dispersive_variant="covariance")
-class nnUNetTrainerMedDisSeg_middle(nnUNetTrainerMedDisSeg): "ablation: the dispersive loss on the middle features (x4)"; recipe = replace(MEDDISSEG, dispersive_placement="middle")
-class nnUNetTrainerMedDisSeg_late(nnUNetTrainerMedDisSeg): "ablation: the dispersive loss on the last feature before the logits"; recipe = replace(MEDDISSEG, dispersive_placement="late")
-class nnUNetTrainerMedDisSeg_allLayers(nnUNetTrainerMedDisSeg): "ablation: the mean dispersive loss of the early, middle and late features"; recipe = replace(MEDDISSEG, dispersive_placement="all")
-class nnUNetTrainerMedDisSeg_tau0p1(nnUNetTrainerMedDisSeg): "ablation: temperature 0.1 (default 0.8)"; recipe = replace(MEDDISSEG, dispersive_tau=0.1)
-class nnUNetTrainerMedDisSeg_tau0p5(nnUNetTrainerMedDisSeg): "ablation: temperature 0.5 (default 0.8)"; recipe = replace(MEDDISSEG, dispersive_tau=0.5)
-class nnUNetTrainerMedDisSeg_tau1p0(nnUNetTrainerMedDisSeg): "ablation: temperature 1.0 (default 0.8)"; recipe = replace(MEDDISSEG, dispersive_tau=1.0)
-class nnUNetTrainerMedDisSeg_lambda0p2(nnUNetTrainerMedDisSeg): "ablation: Stage II dispersive weight 0.2 (default 0.6)"; recipe = replace(MEDDISSEG, lambda_dispersive_stage2=0.2)
-class nnUNetTrainerMedDisSeg_lambda1p0(nnUNetTrainerMedDisSeg): "ablation: Stage II dispersive weight 1.0 (default 0.6)"; recipe = replace(MEDDISSEG, lambda_dispersive_stage2=1.0)
-class nnUNetTrainerMedDisSeg_noStage1(nnUNetTrainerMedDisSeg): "ablation: no Stage I, the whole network trains from the first epoch"; recipe = replace(MEDDISSEG, stage1_fraction=0.0)
-class nnUNetTrainerDispersive_smoke(nnUNetTrainerDispersive): "1 epoch of 4 iterations: tests"; recipe = replace(DISPERSIVE, num_epochs=1, iterations_per_epoch=4, val_iterations_per_epoch=2)
-class nnUNetTrainerDispersive_infonceL2(nnUNetTrainerDispersive): "the paper's InfoNCE-L2 on raw features"; recipe = replace(DISPERSIVE, dispersive_variant="infonce_l2")
-class nnUNetTrainerDispersive_cosine(nnUNetTrainerDispersive): "the uncentred cosine form"; recipe = replace(DISPERSIVE, dispersive_variant="infonce_cosine")
-class nnUNetTrainerBaseline(SeededTrainer): "default nnU-Net (network, loss, SGD, augmentation), seeded as our trainers are"; recipe = ScheduleRecipe()
-class nnUNetTrainerBaseline_smoke(SeededTrainer): "nnUNetTrainerBaseline for 3 epochs of 4 iterations: tests"; recipe = ScheduleRecipe(num_epochs=3, iterations_per_epoch=4, val_iterations_per_epoch=2)
-class nnUNetTrainerBaseline_demo(SeededTrainer): "nnUNetTrainerBaseline on the demo's schedule"; recipe = ScheduleRecipe(**DEMO_SCHEDULE)
+
+class nnUNetTrainerMedDisSeg_smoke(nnUNetTrainerMedDisSeg):
+    """3 epochs (1 of Stage I) of 4 iterations, a checkpoint after each: first contact, tests"""
+    recipe = replace(MEDDISSEG, **SMOKE_SCHEDULE, stage1_epochs=1, batchnorm_calibration_samples=2)
+
+
+class nnUNetTrainerMedDisSeg_250epochs(nnUNetTrainerMedDisSeg):
+    """250 epochs, the first quarter Stage I"""
+    recipe = replace(MEDDISSEG, num_epochs=250)
+
+
+class nnUNetTrainerMedDisSeg_100epochs(nnUNetTrainerMedDisSeg):
+    """100 epochs, the first quarter Stage I"""
+    recipe = replace(MEDDISSEG, num_epochs=100)
+
+
+class nnUNetTrainerMedDisSeg_demo(nnUNetTrainerMedDisSeg):
+    """nnUNetv2_meddisseg_demo: 8 epochs of 15 iterations from random initialisation, Adam 1e-3"""
+    recipe = replace(MEDDISSEG, **DEMO_SCHEDULE, from_scratch=SCRATCH_ADAM, batchnorm_calibration_samples=16,
+                     batchnorm_calibration_augmentation=False)
+
+
+class nnUNetTrainerMedDisSeg_noDispersive(nnUNetTrainerMedDisSeg):
+    """ablation: no dispersive loss in either stage"""
+    recipe = replace(MEDDISSEG, lambda_dispersive_stage1=0.0, lambda_dispersive_stage2=0.0)
+
+
+class nnUNetTrainerMedDisSeg_dispersiveStage1Only(nnUNetTrainerMedDisSeg):
+    """ablation: the dispersive loss in Stage I only"""
+    recipe = replace(MEDDISSEG, lambda_dispersive_stage2=0.0)
+
+
+class nnUNetTrainerMedDisSeg_dispersiveStage2Only(nnUNetTrainerMedDisSeg):
+    """ablation: the dispersive loss in Stage II only"""
+    recipe = replace(MEDDISSEG, lambda_dispersive_stage1=0.0)
+
+
+class nnUNetTrainerMedDisSeg_cosine(nnUNetTrainerMedDisSeg):
+    """ablation: InfoNCE on cosine distances"""
+    recipe = replace(MEDDISSEG, dispersive_variant="infonce_cosine")
+
+
+class nnUNetTrainerMedDisSeg_hinge(nnUNetTrainerMedDisSeg):
+    """ablation: the hinge form of the dispersive loss"""
+    recipe = replace(MEDDISSEG, dispersive_variant="hinge")
+
+
+class nnUNetTrainerMedDisSeg_covariance(nnUNetTrainerMedDisSeg):
+    """ablation: the covariance form of the dispersive loss"""
+    recipe = replace(MEDDISSEG, dispersive_variant="covariance")
+
+
+class nnUNetTrainerMedDisSeg_middle(nnUNetTrainerMedDisSeg):
+    """ablation: the dispersive loss on the middle features (x4)"""
+    recipe = replace(MEDDISSEG, dispersive_placement="middle")
+
+
+class nnUNetTrainerMedDisSeg_late(nnUNetTrainerMedDisSeg):
+    """ablation: the dispersive loss on the last feature before the logits"""
+    recipe = replace(MEDDISSEG, dispersive_placement="late")
+
+
+class nnUNetTrainerMedDisSeg_allLayers(nnUNetTrainerMedDisSeg):
+    """ablation: the mean dispersive loss of the early, middle and late features"""
+    recipe = replace(MEDDISSEG, dispersive_placement="all")
+
+
+class nnUNetTrainerMedDisSeg_tau0p1(nnUNetTrainerMedDisSeg):
+    """ablation: temperature 0.1 (default 0.8)"""
+    recipe = replace(MEDDISSEG, dispersive_tau=0.1)
+
+
+class nnUNetTrainerMedDisSeg_tau0p5(nnUNetTrainerMedDisSeg):
+    """ablation: temperature 0.5 (default 0.8)"""
+    recipe = replace(MEDDISSEG, dispersive_tau=0.5)
+
+
+class nnUNetTrainerMedDisSeg_tau1p0(nnUNetTrainerMedDisSeg):
+    """ablation: temperature 1.0 (default 0.8)"""
+    recipe = replace(MEDDISSEG, dispersive_tau=1.0)
+
+
+class nnUNetTrainerMedDisSeg_lambda0p2(nnUNetTrainerMedDisSeg):
+    """ablation: Stage II dispersive weight 0.2 (default 0.6)"""
+    recipe = replace(MEDDISSEG, lambda_dispersive_stage2=0.2)
+
+
+class nnUNetTrainerMedDisSeg_lambda1p0(nnUNetTrainerMedDisSeg):
+    """ablation: Stage II dispersive weight 1.0 (default 0.6)"""
+    recipe = replace(MEDDISSEG, lambda_dispersive_stage2=1.0)
+
+
+class nnUNetTrainerMedDisSeg_noStage1(nnUNetTrainerMedDisSeg):
+    """ablation: no Stage I, the whole network trains from the first epoch"""
+    recipe = replace(MEDDISSEG, stage1_fraction=0.0)
+
+
+class nnUNetTrainerDispersive_smoke(nnUNetTrainerDispersive):
+    """1 epoch of 4 iterations: tests"""
+    recipe = replace(DISPERSIVE, num_epochs=1, iterations_per_epoch=4, val_iterations_per_epoch=2)
+
+
+class nnUNetTrainerDispersive_infonceL2(nnUNetTrainerDispersive):
+    """the paper's InfoNCE-L2 on raw features"""
+    recipe = replace(DISPERSIVE, dispersive_variant="infonce_l2")
+
+
+class nnUNetTrainerDispersive_cosine(nnUNetTrainerDispersive):
+    """the uncentred cosine form"""
+    recipe = replace(DISPERSIVE, dispersive_variant="infonce_cosine")
+
+
+class nnUNetTrainerBaseline(SeededTrainer):
+    """default nnU-Net (network, loss, SGD, augmentation), seeded as our trainers are"""
+    recipe = ScheduleRecipe()
+
+
+class nnUNetTrainerBaseline_smoke(SeededTrainer):
+    """nnUNetTrainerBaseline for 3 epochs of 4 iterations: tests"""
+    recipe = ScheduleRecipe(num_epochs=3, iterations_per_epoch=4, val_iterations_per_epoch=2)
+
+
+class nnUNetTrainerBaseline_demo(SeededTrainer):
+    """nnUNetTrainerBaseline on the demo's schedule"""
+    recipe = ScheduleRecipe(**DEMO_SCHEDULE)

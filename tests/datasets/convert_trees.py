@@ -9,7 +9,6 @@ import numpy as np
 from PIL import Image
 
 
-
 def random_rgb(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
     return rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
 

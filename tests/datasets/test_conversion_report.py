@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from convert_trees import blob_mask, case_ids, random_rgb, read_png, save, write_split
+
 from nnunetv2_meddisseg.datasets.convert import convert, main
 from nnunetv2_meddisseg.datasets.mask_report import MaskRuleError
 from nnunetv2_meddisseg.datasets.split_lists import load_shipped_split

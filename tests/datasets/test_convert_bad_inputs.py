@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import SimpleITK as sitk
+from convert_trees import make_kvasir_tree, make_pairs, read_png, save, write_split
 from PIL import Image
 
-from convert_trees import make_kvasir_tree, make_pairs, read_png, save, write_split
 from nnunetv2_meddisseg.datasets.convert import main
 
 PREFIX = "nnUNetv2_meddisseg_convert: error: "
@@ -130,7 +130,8 @@ def row_dataset_id_out_of_range(tmp):
 def row_split_file_unknown_case(tmp):
     src, _ = _kvasir(tmp)
     split = write_split(tmp / "mine.json", ["k0", "zz9"], ["k1"], [])
-    return ["kvasir-seg", str(src), "-d", "31", "--split-file", str(split)], ["mine.json", "zz9", "not in the source"], 2
+    args = ["kvasir-seg", str(src), "-d", "31", "--split-file", str(split)]
+    return args, ["mine.json", "zz9", "not in the source"], 2
 
 
 def row_split_file_not_json(tmp):

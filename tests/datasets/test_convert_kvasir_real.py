@@ -11,14 +11,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from PIL import Image
-
 from convert_trees import case_ids, expected_binary, read_png, write_split
-from nnunetv2_meddisseg.datasets.split_lists import SPLIT_SEED, load_shipped_split, make_seeded_split
-from nnunetv2_meddisseg.datasets.convert import main
-
+from PIL import Image
 from real_data import real_dataset
 from scratch import scratch_folder
+
+from nnunetv2_meddisseg.datasets.convert import main
+from nnunetv2_meddisseg.datasets.split_lists import SPLIT_SEED, load_shipped_split, make_seeded_split
 
 pytestmark = pytest.mark.real_data
 

@@ -8,13 +8,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import SimpleITK as sitk
+from convert_trees import case_ids, expected_binary, make_kvasir_tree, make_pairs, read_png, save, write_split
 from PIL import Image
 
-from convert_trees import (case_ids, expected_binary, make_kvasir_tree, make_pairs, read_png, save,
-                           write_split)
 from nnunetv2_meddisseg.datasets.convert import main as _main
-from nnunetv2_meddisseg.datasets.synapse import (BTCV_TO_TRANSUNET, TRANSUNET_TEST_CASES, TRANSUNET_TRAIN_CASES,
-                                                 resize_in_plane)
+from nnunetv2_meddisseg.datasets.synapse import (
+    BTCV_TO_TRANSUNET,
+    TRANSUNET_TEST_CASES,
+    TRANSUNET_TRAIN_CASES,
+    resize_in_plane,
+)
 
 
 def main(argv) -> int:

@@ -6,12 +6,12 @@ import re
 import numpy as np
 import pytest
 import SimpleITK as sitk
+import torch
 from PIL import Image
 from scipy import stats
-import torch
 
-from nnunetv2_meddisseg.evaluation.compare import main
 from nnunetv2_meddisseg.evaluation import comparison_report
+from nnunetv2_meddisseg.evaluation.compare import main
 from nnunetv2_meddisseg.evaluation.comparison_report import compare_prediction_folders, terminal_text
 from nnunetv2_meddisseg.evaluation.nnunet_prediction import predict_missing_cases
 from nnunetv2_meddisseg.evaluation.paired_statistics import wilcoxon_p_value

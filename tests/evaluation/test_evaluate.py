@@ -8,8 +8,14 @@ import pytest
 import SimpleITK as sitk
 from PIL import Image
 
-from nnunetv2_meddisseg.evaluation.evaluate import (evaluate_folders, format_summary, load_dataset_json_labels,
-                                                    main, match_cases, read_label_map)
+from nnunetv2_meddisseg.evaluation.evaluate import (
+    evaluate_folders,
+    format_summary,
+    load_dataset_json_labels,
+    main,
+    match_cases,
+    read_label_map,
+)
 
 
 def write_png(path, arr):

@@ -3,8 +3,7 @@ in tests/e2e/test_ablate.py on a trained pair)."""
 import numpy as np
 import pytest
 
-from nnunetv2_meddisseg.evaluation.feature_space import (ModelFeatures, _centre_fit, draw_features, pca_2d,
-                                                         sample_pixels)
+from nnunetv2_meddisseg.evaluation.feature_space import ModelFeatures, _centre_fit, draw_features, pca_2d, sample_pixels
 
 
 def test_pca_matches_the_svd_of_the_centred_data():

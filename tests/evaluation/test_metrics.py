@@ -1,8 +1,15 @@
 import numpy as np
 import pytest
 
-from nnunetv2_meddisseg.evaluation.metrics import (EPSILON, binary_metrics, dice_hd95_transunet, hd95,
-                                                   mean_and_std, multiclass_dice_hd95, surface_voxels)
+from nnunetv2_meddisseg.evaluation.metrics import (
+    EPSILON,
+    binary_metrics,
+    dice_hd95_transunet,
+    hd95,
+    mean_and_std,
+    multiclass_dice_hd95,
+    surface_voxels,
+)
 
 
 def brute_surface(mask: np.ndarray) -> np.ndarray:

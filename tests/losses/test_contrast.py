@@ -3,8 +3,13 @@ import math
 import pytest
 import torch
 
-from nnunetv2_meddisseg.losses.contrast import (complementarity_loss, consistency_loss, dice_bce_loss,
-                                                foreground_background_loss, soft_dice_loss)
+from nnunetv2_meddisseg.losses.contrast import (
+    complementarity_loss,
+    consistency_loss,
+    dice_bce_loss,
+    foreground_background_loss,
+    soft_dice_loss,
+)
 
 
 def _map(values):

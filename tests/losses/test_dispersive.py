@@ -4,8 +4,12 @@ import pytest
 import torch
 
 from nnunetv2_meddisseg.losses import dispersive as dispersive_module
-from nnunetv2_meddisseg.losses.dispersive import (DISPERSIVE_VARIANTS, DispersiveLoss, dispersion_diagnostics,
-                                                  dispersive_loss)
+from nnunetv2_meddisseg.losses.dispersive import (
+    DISPERSIVE_VARIANTS,
+    DispersiveLoss,
+    dispersion_diagnostics,
+    dispersive_loss,
+)
 
 
 def _reference(features: torch.Tensor, variant: str, tau: float, eps: float, margin: float) -> torch.Tensor:

@@ -4,12 +4,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import distributed as dist
-
 from distributed import spawn
 from scratch import scratch_folder
-from nnunetv2_meddisseg.losses import (DISPERSIVE_PLACEMENTS, DISPERSIVE_VARIANTS, MINIMUM_BATCH, DispersiveLoss,
-                                       dispersive_loss, gather_batch)
+from torch import distributed as dist
+
+from nnunetv2_meddisseg.losses import (
+    DISPERSIVE_PLACEMENTS,
+    DISPERSIVE_VARIANTS,
+    MINIMUM_BATCH,
+    DispersiveLoss,
+    dispersive_loss,
+    gather_batch,
+)
 
 #: per world size, how the batch is split between the processes (1 per process included)
 SPLITS = {2: [(1, 1), (3, 2)], 3: [(1, 1, 1), (2, 1, 2)]}

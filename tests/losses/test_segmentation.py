@@ -51,8 +51,9 @@ def test_settings_of_other_losses_are_none():
     assert dice_ce_settings(torch.nn.CrossEntropyLoss()) is None
     assert dice_ce_settings(DC_and_CE_loss({"batch_dice": True, "do_bg": False, "smooth": 1e-5}, {},
                                            dice_class=SoftDiceLoss)) is None
-    assert dice_ce_settings(DC_and_CE_loss({"batch_dice": True, "do_bg": False, "smooth": 1e-5}, {"label_smoothing": 0.1},
-                                           dice_class=MemoryEfficientSoftDiceLoss)) is None
+    smoothed = DC_and_CE_loss({"batch_dice": True, "do_bg": False, "smooth": 1e-5}, {"label_smoothing": 0.1},
+                              dice_class=MemoryEfficientSoftDiceLoss)
+    assert dice_ce_settings(smoothed) is None
     # batch Dice summed over processes: only nnU-Net's own loss does that
     assert dice_ce_settings(segmentation_loss(True, None, ddp=True)) is None
     assert dice_ce_settings(segmentation_loss(False, None, ddp=True)) is not None

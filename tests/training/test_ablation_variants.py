@@ -5,16 +5,16 @@ from copy import deepcopy
 
 import pytest
 import torch
+from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
+from test_trainer_meddisseg import MEDDISSEG, make_batch, make_trainer, nnunet_dirs, tiny_plans  # noqa: F401
 from torch import nn
 
-from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
 from nnunetv2_meddisseg.blocks.activation import TeLU
 from nnunetv2_meddisseg.blocks.attention import CBAT, ELAT
 from nnunetv2_meddisseg.losses import dispersive_loss
 from nnunetv2_meddisseg.training import variants as av
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2
-from test_trainer_meddisseg import MEDDISSEG, make_batch, make_trainer, nnunet_dirs, tiny_plans  # noqa: F401
 
 pytestmark = pytest.mark.e2e  # trains the whole network through a trainer (the quick loop leaves it out)
 

@@ -1,14 +1,14 @@
 """The compile decision by hand, and the trainer's fallback around the final validation (no compilation runs)."""
 import pytest
 import torch
+from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
+from test_trainer_meddisseg import MEDDISSEG, make_trainer, nnunet_dirs, tiny_plans  # noqa: F401
 from torch._dynamo.exc import TorchDynamoException
 
-from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
 from nnunetv2_meddisseg.environment import COMPILE_VARIABLE
 from nnunetv2_meddisseg.training.compilation import COMPILE_COSTS, CompileCosts, CompileDecision, compile_pays
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg_100epochs, nnUNetTrainerMedDisSeg_smoke
-from test_trainer_meddisseg import MEDDISSEG, make_trainer, nnunet_dirs, tiny_plans  # noqa: F401
 
 COSTS = CompileCosts(compile_s=10.0, eager_s_per_sample=0.05, saved_fraction=0.5, pixels=100)
 

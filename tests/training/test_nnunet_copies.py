@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
+from test_trainer_meddisseg import make_batch, make_trainer, nnunet_dirs, run_epoch  # noqa: F401 (fixture)
 
 from nnunetv2_meddisseg.training.nnunet_copies import PINNED, checkpoint_entries, source_hash
-from test_trainer_meddisseg import make_batch, make_trainer, nnunet_dirs, run_epoch  # noqa: F401 (fixture)
 
 
 def _method(name):
@@ -102,8 +102,8 @@ def test_training_dataloader_is_nnunets_training_loader(preprocessed_synthetic, 
 
     import numpy as np
 
-    from nnunetv2_meddisseg.training.seeding import seed_generators
     from nnunetv2_meddisseg.training.nnunet_copies import training_dataloader
+    from nnunetv2_meddisseg.training.seeding import seed_generators
 
     for name, value in preprocessed_synthetic.items():
         if name.startswith("nnUNet_"):

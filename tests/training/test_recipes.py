@@ -5,19 +5,30 @@ import json
 
 import pytest
 import torch
+from test_trainer_meddisseg import PLAIN_UNET, make_batch, make_trainer, nnunet_dirs, tiny_plans  # noqa: F401
 
 from nnunetv2_meddisseg.ablation import study_trainers
+from nnunetv2_meddisseg.environment import RECIPE_ENVIRONMENT_VARIABLE
+from nnunetv2_meddisseg.nnunet_trainers import meddisseg_trainers
 from nnunetv2_meddisseg.training import variants
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg_paper import nnUNetTrainerMedDisSeg_paper
-from nnunetv2_meddisseg.environment import RECIPE_ENVIRONMENT_VARIABLE
-from nnunetv2_meddisseg.nnunet_trainers import meddisseg_trainers
-from nnunetv2_meddisseg.training.recipe import (DispersiveRecipe, MedDisSegRecipe, PaperScheduleRecipe, ScheduleRecipe,
-                                                apply_overrides)
-from nnunetv2_meddisseg.training.variants import (DEMO_SCHEDULE, PLAIN_TRAINING, SCRATCH_ADAM, SCRATCH_SGD,
-                                                  SCRATCH_SGD_CENTRED, SMOKE_SCHEDULE)
-from test_trainer_meddisseg import make_batch, make_trainer, nnunet_dirs, tiny_plans, PLAIN_UNET  # noqa: F401
+from nnunetv2_meddisseg.training.recipe import (
+    DispersiveRecipe,
+    MedDisSegRecipe,
+    PaperScheduleRecipe,
+    ScheduleRecipe,
+    apply_overrides,
+)
+from nnunetv2_meddisseg.training.variants import (
+    DEMO_SCHEDULE,
+    PLAIN_TRAINING,
+    SCRATCH_ADAM,
+    SCRATCH_SGD,
+    SCRATCH_SGD_CENTRED,
+    SMOKE_SCHEDULE,
+)
 
 #: the paper's stated settings: "(lambda_1, lambda_2) = (0.2, 0.6), early placement, and tau = 0.8"; "optimizer
 #: (Adam), learning-rate schedule (cosine; base LR 1e-4) ... number of epochs (300), and early-stopping
@@ -102,8 +113,8 @@ def test_each_recipe_differs_from_its_default_in_what_its_name_says(name):
 
 
 def test_every_trainer_is_in_the_catalogue_and_no_two_variants_are_equal():
-    exported = set(variants.__all__) | set(study_trainers.__all__) | {"nnUNetTrainerMedDisSeg", "nnUNetTrainerDispersive",
-                                                                      "nnUNetTrainerMedDisSeg_paper"}
+    exported = set(variants.__all__) | set(study_trainers.__all__) | {
+        "nnUNetTrainerMedDisSeg", "nnUNetTrainerDispersive", "nnUNetTrainerMedDisSeg_paper"}
     assert {f"nnUNetTrainer{name}" for name in RECIPES} == exported
     assert set(NAMED_CHANGES) | set(DEFAULTS) | set(ALIASES) | {"MedDisSeg_paper"} == set(RECIPES)
     seen = {}

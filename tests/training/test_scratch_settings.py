@@ -6,18 +6,33 @@ from copy import deepcopy
 import pytest
 import torch
 
+from nnunetv2_meddisseg.ablation.study_trainers import (
+    nnUNetTrainerMedDisSeg_cosineCentred,
+    nnUNetTrainerMedDisSeg_paperSettings,
+    nnUNetTrainerMedDisSeg_plainSGD,
+    nnUNetTrainerMedDisSeg_scratchSGD,
+    nnUNetTrainerMedDisSeg_scratchSGDCentred,
+)
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
-from nnunetv2_meddisseg.training.stages import STAGE_2
 from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
-from nnunetv2_meddisseg.training.variants import PLAIN_TRAINING, SCRATCH_SGD, SCRATCH_SGD_CENTRED
-from nnunetv2_meddisseg.ablation.study_trainers import (nnUNetTrainerMedDisSeg_cosineCentred,
-                                                        nnUNetTrainerMedDisSeg_paperSettings,
-                                                        nnUNetTrainerMedDisSeg_plainSGD, nnUNetTrainerMedDisSeg_scratchSGD,
-                                                        nnUNetTrainerMedDisSeg_scratchSGDCentred)
-from nnunetv2_meddisseg.training.variants import nnUNetTrainerDispersive_cosine, nnUNetTrainerDispersive_infonceL2
-from tests.training.test_trainer_meddisseg import (MEDDISSEG, PLAIN_UNET, make_batch, make_trainer, nnunet_dirs,
-                                                   run_epoch, tiny_plans)
+from nnunetv2_meddisseg.training.stages import STAGE_2
+from nnunetv2_meddisseg.training.variants import (
+    PLAIN_TRAINING,
+    SCRATCH_SGD,
+    SCRATCH_SGD_CENTRED,
+    nnUNetTrainerDispersive_cosine,
+    nnUNetTrainerDispersive_infonceL2,
+)
+from tests.training.test_trainer_meddisseg import (
+    MEDDISSEG,
+    PLAIN_UNET,
+    make_batch,
+    make_trainer,
+    nnunet_dirs,
+    run_epoch,
+    tiny_plans,
+)
 
 __all__ = ["nnunet_dirs"]
 

@@ -19,7 +19,8 @@ def test_one_pass_over_the_four_maps_equals_the_loss_called_per_map(batch_dice, 
     """stage2_loss scores the four maps in one pass where the loss is nnU-Net's Dice + CE; a loss it does not
     recognise (here the same loss behind a function) is called per map: same terms, same gradients."""
     seg = segmentation_loss(batch_dice, ignore_label)
-    target = torch.randint(0, 4 if ignore_label else 3, (3, 1, 8, 8), generator=torch.Generator().manual_seed(9)).double()
+    generator = torch.Generator().manual_seed(9)
+    target = torch.randint(0, 4 if ignore_label else 3, (3, 1, 8, 8), generator=generator).double()
     weights = Stage2Weights(path_supervision=0.5, fg_bg=1.0, complementarity=0.3, dispersive=0.6)
     results = []
     for loss in (seg, lambda o, t: seg(o, t)):

@@ -7,8 +7,14 @@ import torch
 
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2
-from tests.training.test_trainer_meddisseg import (MEDDISSEG, PLAIN_UNET, make_batch, make_trainer, nnunet_dirs,
-                                                   tiny_plans)
+from tests.training.test_trainer_meddisseg import (
+    MEDDISSEG,
+    PLAIN_UNET,
+    make_batch,
+    make_trainer,
+    nnunet_dirs,
+    tiny_plans,
+)
 
 __all__ = ["nnunet_dirs"]
 

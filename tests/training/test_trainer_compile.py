@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch._dynamo
+from test_trainer_meddisseg import MEDDISSEG, make_batch, make_trainer, nnunet_dirs, run_epoch, tiny_plans  # noqa: F401
 from torch._dynamo import OptimizedModule
 from torch._dynamo.utils import counters
 
@@ -21,7 +22,6 @@ from nnunetv2_meddisseg.training.compilation import compiled_regions, is_compile
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2
 from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg_smoke
-from test_trainer_meddisseg import MEDDISSEG, make_batch, make_trainer, nnunet_dirs, run_epoch, tiny_plans  # noqa: F401
 
 pytestmark = pytest.mark.e2e  # trains the whole network through the trainer
 

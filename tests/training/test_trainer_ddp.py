@@ -12,12 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch import distributed as dist
-
 from distributed import spawn
 from scratch import scratch_folder
-from test_trainer_meddisseg import (DATASET, MEDDISSEG, PLAIN_UNET, make_batch, make_trainer,  # noqa: F401
-                                    nnunet_dirs, tiny_plans)
+from test_trainer_meddisseg import DATASET, MEDDISSEG, PLAIN_UNET, make_batch, make_trainer, nnunet_dirs, tiny_plans  # noqa: F401
+from torch import distributed as dist
+
 from nnunetv2_meddisseg.losses import dispersion_diagnostics, dispersive_loss
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2
@@ -71,8 +70,8 @@ def _epoch(trainer, batch) -> dict:
 def _meddisseg_worker(rank, world_size, folder):
     from nnunetv2_meddisseg.training import extended_trainer as base_module
     from nnunetv2_meddisseg.training import nnUNetTrainerMedDisSeg as meddisseg_module
-    from nnunetv2_meddisseg.training.seeding import seed_epoch
     from nnunetv2_meddisseg.training.photometric import photometric_perturbation
+    from nnunetv2_meddisseg.training.seeding import seed_epoch
 
     _on_cpu_under_gloo()
     saved = []

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_trainer_meddisseg import nnunet_dirs  # noqa: F401 (fixture)
 
 from nnunetv2_meddisseg.training.checkpoints import atomic_torch_save
-from nnunetv2_meddisseg.training.finite_input import check_finite_input
 from nnunetv2_meddisseg.training.curves import NNUNET_KEYS, CurvesLogger, TrainingCurves
-from test_trainer_meddisseg import nnunet_dirs  # noqa: F401 (fixture)
+from nnunetv2_meddisseg.training.finite_input import check_finite_input
 
 
 def test_curves_pad_skipped_epochs_and_round_trip():

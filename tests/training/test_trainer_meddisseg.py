@@ -13,17 +13,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
+
 from nnunetv2_meddisseg.architectures import MedDisSegNet
 from nnunetv2_meddisseg.losses import foreground_background_loss
 from nnunetv2_meddisseg.training import extended_trainer as base_module
-from nnunetv2_meddisseg.training.errors import (TrainingInputError, TrainingInputFileNotFoundError,
-                                                      TrainingInputRuntimeError)
+from nnunetv2_meddisseg.training.errors import (
+    TrainingInputError,
+    TrainingInputFileNotFoundError,
+    TrainingInputRuntimeError,
+)
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
-from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2
 from nnunetv2_meddisseg.training.objectives import foreground_target
+from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2
 from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg_100epochs, nnUNetTrainerMedDisSeg_smoke
 
 DATASET = "Dataset999_Tiny"

@@ -3,8 +3,8 @@ the training set, early stopping with patience 100, flips and rotations only).""
 import itertools
 import json
 import math
-from dataclasses import replace
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,14 +12,17 @@ import pytest
 import torch
 from batchgeneratorsv2.transforms.spatial.mirroring import MirrorTransform
 from batchgeneratorsv2.transforms.spatial.spatial import SpatialTransform
+from test_trainer_meddisseg import DATASET, make_trainer, nnunet_dirs  # noqa: F401 (fixture)
 
 from nnunetv2_meddisseg.training.curves import TrainingCurves
 from nnunetv2_meddisseg.training.lr_schedule import cosine_lr
+from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg_paper import (
+    EarlyStopping,
+    _EarlyStop,
+    iterations_per_epoch,
+    nnUNetTrainerMedDisSeg_paper,
+)
 from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2
-from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg_paper import (EarlyStopping, _EarlyStop,
-                                                                       iterations_per_epoch,
-                                                                       nnUNetTrainerMedDisSeg_paper)
-from test_trainer_meddisseg import DATASET, make_trainer, nnunet_dirs  # noqa: F401 (fixture)
 
 
 def test_paper_epochs_and_stage_split(nnunet_dirs):
