@@ -21,7 +21,9 @@ described in ``benchmarks/README.md``.
 (``--deadline-min M`` only stops starting runs); a checkpoint is written every epoch. The results file
 accumulates: each command adds its finished runs to ``<name>.json`` (from any work folder or machine,
 same settings) and rewrites the tables, which state the seeds and images per method so far
-(``"complete": false`` while runs are missing).
+(``"complete": false`` while runs are missing). ``--next-seed`` runs only the lowest seed of each method and
+budget that the results file does not hold yet: with an images budget sized to the device's epoch times, each
+command finishes one seed of every method, also on machines that keep nothing between commands.
 
 No ImageNet weights unless ``--encoder-weights`` (passed to ``nnUNetv2_meddisseg_plan``). torch.compile as
 nnU-Net decides (on by default on CUDA) unless ``--no-compile``.
@@ -37,7 +39,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Container, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -406,6 +408,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", default=BASELINE, choices=list(METHODS),
                    help="the method every other one is compared to (paired test)")
     p.add_argument("--seeds", type=int, default=1, help="runs per method and budget (seeds 0 .. N-1)")
+    p.add_argument("--next-seed", action="store_true",
+                   help="run only the lowest seed of each method and budget that the results file does not hold yet "
+                        "(one seed per command; repeat the command until the table is complete)")
     p.add_argument("--parallel", type=int, default=1, help="runs at a time")
     p.add_argument("--piece-min", type=float, default=None,
                    help="stop after this many minutes; a training still running then resumes with --c when the "
@@ -606,6 +611,9 @@ def _run(args, kvasir: Path, work: Path, study: Study, start: float) -> dict:
     budgets = {**previous.get("budgets", {}), **{b.label: b._asdict() for b in args.budget}}
     plans, pending, lock = Plans(args, env, work, preprocessed), [], threading.Lock()
     order = [(b, k, seed) for seed in range(args.seeds) for b in args.budget for k in args.methods]
+    chosen = selected_runs(order, runs, args.next_seed)
+    pending += [f"{b.label} {k} seed {seed} (a later command: --next-seed runs one seed per command)"
+                for b, k, seed in order if (b.label, k, seed) not in runs and (b, k, seed) not in chosen]
     print(f"[3/5] budgets {', '.join(b.label for b in args.budget)}, {args.epochs} epochs per run; "
           f"{sum(k in runs for k in ((b.label, m, s) for b, m, s in order))} of {len(order)} runs done before")
 
@@ -652,11 +660,25 @@ def _run(args, kvasir: Path, work: Path, study: Study, start: float) -> dict:
             current = payload()
             write_results(args.out, args.name, current, _markdown(current))
 
-    print(f"[4/5] {len(order)} runs, {args.parallel} at a time")
+    print(f"[4/5] {len(chosen)} runs, {args.parallel} at a time")
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        list(pool.map(lambda item: one(*item), order))
+        list(pool.map(lambda item: one(*item), chosen))
     print("[5/5] results" + (f" ({len(pending)} runs still to do: run the command again)" if pending else ""))
     return payload()
+
+
+def selected_runs(order: Sequence[Tuple[Budget, str, int]], done: Container[Tuple[str, str, int]],
+                  next_seed: bool) -> List[Tuple[Budget, str, int]]:
+    """The (budget, method, seed) of ``order`` this command runs: every one whose ``(budget label, method, seed)``
+    is not ``done`` yet, or with ``next_seed`` only the lowest such seed of each budget and method (one seed per
+    command, so that a command stays short and each one adds a seed to every arm)."""
+    missing = [(b, k, seed) for b, k, seed in order if (b.label, k, seed) not in done]
+    if not next_seed:
+        return missing
+    lowest: Dict[Tuple[str, str], int] = {}
+    for b, k, seed in missing:
+        lowest[(b.label, k)] = min(seed, lowest.get((b.label, k), seed))
+    return [(b, k, seed) for b, k, seed in missing if lowest[(b.label, k)] == seed]
 
 
 def _iterations(args, budget: Budget, key: str, batch: int, out: Path, runs: List[dict], device_name: str
