@@ -15,7 +15,8 @@ after every step (a kill leaves what finished):
    split: ``nnUNetv2_meddisseg_convert``, ``nnUNetv2_plan_and_preprocess``, ``nnUNetv2_meddisseg_plan``, then
    twice -- torch.compile forced on (``nnUNet_compile=t``) first, then as the trainer decides (``nnUNet_compile``
    unset) -- ``nnUNetv2_train -tr nnUNetTrainerMedDisSeg`` through both stages (1 Stage I + 2 Stage II epochs of
-   ``--iterations``, the recipe in ``nnUNet_meddisseg_recipe``), ``nnUNetv2_predict`` of the test cases and
+   ``--iterations``, the recipe in ``nnUNet_meddisseg_recipe``), ``nnUNetv2_predict`` of the test cases (without
+   ``nnUNet_compile``, with which nnU-Net's predictor compiles the network as well) and
    ``nnUNetv2_meddisseg_evaluate``. The trainer's decision line (``torch.compile: on|off (<reason>)``) and the
    seconds of each compiled graph (``torch.compile: graph "<name>" compiled in <s> s``) are read from the training
    log (null where absent); ``completed_through_predict`` is true when the compiled training's prediction wrote
@@ -38,7 +39,9 @@ then 1.9 s per epoch; compiling Stage I's training step 71 s:
   TeLU for 3 dtypes (about 30 builds of about 0.7 s: 20 s), the checks a few seconds;
 - eager 80: 3 networks or forms x (2 training figures x 13 steps x about 0.15 s at batch 5 + 2 inference figures x
   13 calls x <= 0.15 s) = 25 s, cuDNN's autotuning and building the networks 25 s, the profile 5 s, start 10 s;
-- prepare 60: three commands of 10 s start each, 220 cases converted and preprocessed by 8 processes;
+- prepare 85 (convert 25, plan and preprocess 45, Med-DisSeg's plan 15): three commands of 10 s start each, the
+  worker processes of fingerprinting and preprocessing starting (torch imported in each, 5-10 s per pool), 220
+  cases converted and preprocessed by 8 processes;
 - train compiled 250: the compile target of 180 s + 1 + 2 epochs of 250 images (6.3 s each at 39.5 images/s) and
   their warm-up, validation and final validation 20 s; predict 30, evaluate 15;
 - train as decided (eager for so short a schedule) 130: start 15 + 3 epochs of 6.3 s + 2 x 30 s of warm-up +
@@ -46,11 +49,12 @@ then 1.9 s per epoch; compiling Stage I's training step 71 s:
 - nnU-Net's trainer eager 45 (start 15, 12 s first epoch, 5 s warm epoch at batch 10), compiled 90 (compiling
   the whole network about 50 s).
 
-Expected: 30 + 55 + 45 + 270 + 155 + 30 + 65 = 650 s, over the 9 minutes. ``--budget-s`` (default 530) bounds
-the whole run: each command's cap is cut to what the budget leaves after the floors of the steps after it
-(:data:`FLOORS`) and of the main command's arms after it (:data:`MAIN_ARM_FLOOR`), so that every step starts and
-the compiled main command, the one that has never reached ``nnUNetv2_predict`` on a GPU, goes first; where the
-estimates hold, the decided run's or nnU-Net's compiled training is cut short, which the results say.
+Expected (not the caps): 30 + 55 + 45 + 270 + 155 + 30 + 65 = 650 s, over the 9 minutes. ``--budget-s``
+(default 530) bounds the whole run: each command's cap is cut to what the budget leaves after the floors of the
+steps after it (:data:`FLOORS`; a training of the main command also leaves its own prediction and evaluation
+:data:`PREDICT_EVALUATE_FLOOR`), so that every step starts. The compiled main command, whose
+``completed_through_predict`` and compile seconds are targets, goes first and gets its whole cap; where these
+estimates hold, the decided run and nnU-Net's compiled training are cut short, which the results say.
 """
 import argparse
 import copy
@@ -74,13 +78,13 @@ REPO = Path(__file__).resolve().parents[1]
 DATASET_ID = 990
 STEPS = ("environment", "eager", "main", "epochs")
 #: seconds each command may run on an H200 (the module docstring gives the arithmetic)
-CAPS = {"environment": 45, "eager": 80, "compiled": 240, "convert": 25, "plan_and_preprocess": 25,
-        "meddisseg_plan": 10, "train_decided": 130, "train_forced": 250, "predict": 30, "evaluate": 15,
+CAPS = {"environment": 45, "eager": 80, "compiled": 240, "convert": 25, "plan_and_preprocess": 45,
+        "meddisseg_plan": 15, "train_decided": 130, "train_forced": 250, "predict": 30, "evaluate": 15,
         "baseline_eager": 45, "baseline_compiled": 90, "meddisseg_eager": 130}
 #: seconds each step is guaranteed (its cap is cut to leave these to the steps after it)
 FLOORS = {"environment": 20, "eager": 40, "main": 240, "epochs": 40, "compiled": 60}
-#: seconds an arm of the main command is guaranteed (training, prediction and evaluation)
-MAIN_ARM_FLOOR = 120
+#: seconds a training of the main command leaves to its own prediction and evaluation (at least what they need)
+PREDICT_EVALUATE_FLOOR = (25, 10)
 #: what a GPU user needs (images/s, seconds, GiB): (comparison, bound); the peak is the plans' memory target
 TARGETS = {"train_eager": (">=", 60), "train_compiled": (">=", 110), "infer_b32_eager": (">=", 400),
            "infer_b32_compiled": (">=", 600), "infer_b4_fp32": (">=", 250), "bf16_over_fp32_training": (">", 1.0),
@@ -121,8 +125,11 @@ def compile_figures(log_text: str) -> dict:
             decision, reason = found.group(1), found.group(2)
         for name, seconds in COMPILED_GRAPH.findall(line):
             graphs[name] = graphs.get(name, 0.0) + float(seconds)
-    # without a decision line, a log that names torch.compile at all compiled (or tried to)
-    compiled = decision == "on" or bool(graphs) or (decision is None and "torch.compile" in log_text)
+    # without a decision line: the trainers' lines of a compiled network ("torch.compile (inductor) of ...",
+    # nnU-Net's "Using torch.compile..."), unless compilation was disabled or failed
+    compiled = decision == "on" or bool(graphs) or (
+        decision is None and re.search(r"torch\.compile \(\w+\) of |Using torch\.compile", log_text) is not None
+        and not re.search(r"torch\.compile (disabled|failed)", log_text))
     return {"decision": decision, "reason": reason, "compiled": compiled, "compile_s": graphs or None,
             "compile_s_total": round(sum(graphs.values()), 1) if graphs else None}
 
@@ -555,27 +562,28 @@ def main_step(session: Session) -> None:
               "val_iterations_per_epoch": args.val_iterations, "save_every": 1000, "final_validation": True}
     session.cli["main"], session.cli["epochs"] = {}, {}
     arms = [arm for arm in ("forced", "decided") if arm in args.main_arms]  # the compiled command first
-    for index, arm in enumerate(arms):
-        later = MAIN_ARM_FLOOR * (len(arms) - index - 1)  # what the arms after this one need at least
+    predict_floor, evaluate_floor = PREDICT_EVALUATE_FLOOR
+    for arm in arms:
         arm_env = {**env, **({"nnUNet_compile": "t"} if arm == "forced" else {})}
         trainer, plans = "nnUNetTrainerMedDisSeg", "nnUNetMedDisSegPlans"
         figures, results = train(session, f"main_{arm}", trainer, plans, arm_env, recipe, f"train_{arm}", "main",
-                                 later + CAPS["predict"] + CAPS["evaluate"])
+                                 predict_floor + evaluate_floor)
         session.cli["main"][arm] = figures
         figures["stage1_epoch"] = warm_epoch(figures, 0, args.iterations)
         figures["stage2_warm_epoch"] = warm_epoch(figures, 2, args.iterations)
         compiled = figures["compiled"]
         session.cli["epochs"].setdefault(f"meddisseg_{'compiled' if compiled else 'eager'}", {
-            "from": f"main {arm}", "stage1_epoch": figures["stage1_epoch"],
+            "from": f"main {arm}", "compiled": compiled, "stage1_epoch": figures["stage1_epoch"],
             "stage2_warm_epoch": figures["stage2_warm_epoch"]})
         session.write()
         if figures["rc"] != 0:
             continue
         predictions = work / f"predictions_{arm}"
-        env_results = {**arm_env, "nnUNet_results": str(results)}
+        # prediction as users type it: nnUNet_compile=t would make nnU-Net's predictor compile the network too
+        env_results = {**env, "nnUNet_results": str(results)}
         record = session.call(f"main_{arm}_predict", console("nnUNetv2_predict", [
             "-i", raw / "imagesTs", "-o", predictions, "-d", DATASET_ID, "-c", "2d", "-f", "0", "-tr", trainer,
-            "-p", plans, "-device", args.device]), env_results, "predict", "main", later + CAPS["evaluate"])
+            "-p", plans, "-device", args.device]), env_results, "predict", "main", evaluate_floor)
         session.cli["commands"].append(record)
         written = len(list(predictions.glob("*.png"))) if predictions.is_dir() else 0
         figures["predicted_cases"] = f"{written} of {tests}"
@@ -589,7 +597,7 @@ def main_step(session: Session) -> None:
             summary_file = work / f"evaluation_{arm}.json"
             session.cli["commands"].append(session.call(f"main_{arm}_evaluate", console(
                 "nnUNetv2_meddisseg_evaluate", ["-ref", raw / "labelsTs", "-pred", predictions, "-o", summary_file]),
-                env_results, "evaluate", "main", later))
+                env_results, "evaluate", "main"))
             if summary_file.is_file():
                 figures["test_mean"] = json.loads(summary_file.read_text()).get("mean")
             session.write()
@@ -724,10 +732,10 @@ def cli_markdown(data: dict) -> str:
         for key, f in epochs.items():
             warm = f.get("stage2_warm_epoch") or f.get("warm_epoch") or {}
             first = f.get("stage1_epoch") or {}
-            rows.append([key, _cell(first.get("seconds")), _cell(warm.get("seconds")), _cell(warm.get("images_per_s")),
-                         _cell(hours.get(key))])
-        lines += [markdown_table(["trainer", "Stage I epoch s (first)", "warm epoch s", "training images/s",
-                                  "hours, default schedule"], rows), ""]
+            rows.append([key, {True: "yes", False: "no"}.get(f.get("compiled"), "-"), _cell(first.get("seconds")),
+                         _cell(warm.get("seconds")), _cell(warm.get("images_per_s")), _cell(hours.get(key))])
+        lines += [markdown_table(["trainer", "compiled (its log)", "Stage I epoch s (first)", "warm epoch s",
+                                  "training images/s", "hours, default schedule"], rows), ""]
     commands = [[c["label"], c["rc"], c["seconds"], c["cap_s"]] for c in data["commands"]]
     lines.append(markdown_table(["command", "rc", "seconds", "cap"], commands))
     return "\n".join(lines) + "\n"

@@ -50,6 +50,12 @@ def test_compile_lines_of_the_training_log():
     assert gpu.compile_figures(f"{STAMP}Epoch time: 3.0 s ") == {
         "decision": None, "reason": None, "compiled": False, "compile_s": None, "compile_s_total": None}
     assert gpu.peak_memory_gib("") is None
+    # logs without the decision line: the trainers' own lines of a compiled network, or of none
+    assert gpu.compile_figures(f"{STAMP}torch.compile (inductor) of the whole network, static shapes ")["compiled"]
+    assert gpu.compile_figures(f"{STAMP}Using torch.compile... ")["compiled"]
+    assert not gpu.compile_figures(f"{STAMP}INFO: torch.compile disabled because device is CPU ")["compiled"]
+    assert not gpu.compile_figures(f"{STAMP}Using torch.compile... \n{STAMP}WARNING: torch.compile failed (x); "
+                                   f"training continues without compilation ")["compiled"]
 
 
 def _session(tmp_path, steps, budget_s=520.0, cap_scale=1.0):
@@ -146,7 +152,8 @@ def test_the_whole_command_on_the_cpu(tmp_path):
     assert len(decided["epoch_s"]) == 3 and decided["completed_through_predict"] is True
     assert decided["predicted_cases"] == "1 of 1" and 0 <= decided["test_mean"]["dice"] <= 1
     assert cli["completed_through_predict"] is False  # no compiled run
-    assert len(cli["epochs"]["nnunet_eager"]["epoch_s"]) == 2
+    assert decided["compiled"] is False and cli["epochs"]["meddisseg_eager"]["from"] == "main decided"
+    assert len(cli["epochs"]["nnunet_eager"]["epoch_s"]) == 2 and cli["epochs"]["nnunet_eager"]["compiled"] is False
     assert cli["default_schedule_hours"]["nnunet_eager"] > 0
     assert "| main command |" in next(out.glob("gpu_cli_cpu_*.md")).read_text()
     with tarfile.open(out / "logs.tar.gz") as tar:
