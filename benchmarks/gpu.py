@@ -604,8 +604,8 @@ def main_step(session: Session) -> None:
 
 
 def epochs_step(session: Session) -> None:
-    """Step 4: nnU-Net's default trainer, 2 epochs eager and compiled (and Med-DisSeg eager where step 3's
-    decision compiled); the hours of the default schedules."""
+    """Step 4: nnU-Net's default trainer, 2 epochs eager and compiled (and Med-DisSeg eager where step 3 has no
+    eager run); the hours of the default schedules."""
     from nnunetv2_meddisseg.nnunet_env import nnunet_environment
 
     args = session.args
