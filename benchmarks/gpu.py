@@ -23,8 +23,9 @@ after every step (a kill leaves what finished):
    every test case. These runs also give Med-DisSeg's seconds per epoch (the second Stage II epoch is warm);
 4. ``epochs``: nnU-Net's default trainer (``nnUNetTrainerBaseline``) through ``nnUNetv2_train``, eager and
    compiled, 2 epochs of ``--iterations`` (the second is warm), on the same data; Med-DisSeg eager as well where
-   step 3 has no eager run. With >= 200 training cases the plans give nnU-Net's network batch 10 (5 % of the
-   data; a 40-case subset gives 2) and Med-DisSeg batch 5 (its 8 GiB target).
+   step 3 has no eager run. With >= 200 training cases nnU-Net's rule that a batch covers at most 5 % of the data
+   no longer caps the plans' batches at 2 (as on a 40-case subset): nnU-Net's network gets up to 10, Med-DisSeg
+   the batch of its 8 GiB target (5 estimated on the CPU, 6 measured on an H200).
 
 Files in OUT: ``gpu_<device>.json`` / ``.md`` (steps 1-2 and the targets), ``gpu_cli_<device>.json`` / ``.md``
 (steps 3-4: the per-epoch table and the hours of the default schedules) and ``logs.tar.gz``. ``--device cpu``
@@ -47,7 +48,7 @@ then 1.9 s per epoch; compiling Stage I's training step 71 s:
 - train as decided (eager for so short a schedule) 130: start 15 + 3 epochs of 6.3 s + 2 x 30 s of warm-up +
   20 s of validation; predict 30, evaluate 15;
 - nnU-Net's trainer eager 45 (start 15, 12 s first epoch, 5 s warm epoch at batch 10), compiled 90 (compiling
-  the whole network about 50 s).
+  the whole network about 50 s, an estimate).
 
 Expected (not the caps): 30 + 55 + 45 + 270 + 155 + 30 + 65 = 650 s, over the 9 minutes. ``--budget-s``
 (default 530) bounds the whole run: each command's cap is cut to what the budget leaves after the floors of the
@@ -749,7 +750,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     data = os.environ.get("NNUNETV2_MEDDISSEG_TEST_DATA")
-    p.add_argument("--session", type=Path, help="folder for the results files and the logs' archive")
+    p.add_argument("--session", type=Path, metavar="OUT", help="folder for the results files and the logs' archive")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a rehearsal of every step")
     p.add_argument("--steps", nargs="+", choices=STEPS + ("compiled",), default=list(STEPS),
                    help="steps to run, in this order ('compiled': the networks under the trainer's regional "
