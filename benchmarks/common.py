@@ -6,7 +6,6 @@ import datetime
 import json
 import os
 import platform
-import re
 import shlex
 import statistics
 import sys
@@ -285,32 +284,6 @@ def report(out_dir: Path, name: str, payload: dict, markdown_body: str, missed: 
     if missed:
         print(f"TARGET MISSED: {missed}", file=sys.stderr)
     return 1 if missed else 0
-
-
-class PartialResults:
-    """Results of a GPU benchmark, rewritten to ``OUT/<prefix>_<device>.json`` and ``.md`` after every part, and
-    the time left before its budget ends. With ``keep``, a run on the same device adds to the figures of the
-    earlier run in that file (its command is appended to the earlier one's)."""
-
-    def __init__(self, out: Path, prefix: str, device: str, budget_s: float, markdown: Callable[[dict], str],
-                 keep: bool = True) -> None:
-        slug = re.sub(r"[^a-z0-9]+", "_", device.lower()).strip("_")
-        self.json_path, self.md_path = Path(out) / f"{prefix}_{slug}.json", Path(out) / f"{prefix}_{slug}.md"
-        self.deadline = time.monotonic() + budget_s
-        self.markdown = markdown
-        previous = json.loads(self.json_path.read_text()) if keep and self.json_path.is_file() else {}
-        self.data: Dict[str, object] = previous if previous.get("device") == device else {}
-        earlier = self.data.get("command")
-        self.data.update(device=device, torch=torch.__version__,
-                         command=f"{earlier}; {command_line()}" if earlier else command_line())
-
-    def left(self) -> float:
-        return self.deadline - time.monotonic()
-
-    def write(self) -> None:
-        self.json_path.parent.mkdir(parents=True, exist_ok=True)
-        self.json_path.write_text(json.dumps(self.data, indent=1) + "\n")
-        self.md_path.write_text(self.markdown(self.data))
 
 
 def parse_device(device: str) -> torch.device:

@@ -21,7 +21,9 @@ described in ``benchmarks/README.md``.
 (``--deadline-min M`` only stops starting runs); a checkpoint is written every epoch. The results file
 accumulates: each command adds its finished runs to ``<name>.json`` (from any work folder or machine,
 same settings) and rewrites the tables, which state the seeds and images per method so far
-(``"complete": false`` while runs are missing).
+(``"complete": false`` while runs are missing). ``--next-seed`` runs only the lowest seed of each method and
+budget that the results file does not hold yet: with an images budget sized to the device's epoch times, each
+command finishes one seed of every method, also on machines that keep nothing between commands.
 
 No ImageNet weights unless ``--encoder-weights`` (passed to ``nnUNetv2_meddisseg_plan``). torch.compile as
 nnU-Net decides (on by default on CUDA) unless ``--no-compile``.
@@ -37,7 +39,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Container, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -45,7 +47,8 @@ from common import DEFAULT_OUT, command_line, machine_info, markdown_table, writ
 from nnunetv2_meddisseg.ablation.runs import AblationRun, Variant, write_budget
 from nnunetv2_meddisseg.ablation.table import BINARY_METRICS as METRICS, METRIC_TITLES
 from nnunetv2_meddisseg.cli import UserError
-from nnunetv2_meddisseg.environment import DATA_AUGMENTATION_PROCESSES_VARIABLE, set_nnunet_environment
+from nnunetv2_meddisseg.environment import (DATA_AUGMENTATION_PROCESSES_VARIABLE, planning_environment,
+                                            set_nnunet_environment)
 from nnunetv2_meddisseg.evaluation.paired_statistics import wilcoxon_p_value
 from nnunetv2_meddisseg.logged_command import CommandStopped, run_logged
 from nnunetv2_meddisseg.training.recipe import ScheduleRecipe
@@ -406,6 +409,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", default=BASELINE, choices=list(METHODS),
                    help="the method every other one is compared to (paired test)")
     p.add_argument("--seeds", type=int, default=1, help="runs per method and budget (seeds 0 .. N-1)")
+    p.add_argument("--next-seed", action="store_true",
+                   help="run only the lowest seed of each method and budget that the results file does not hold yet "
+                        "(one seed per command; repeat the command until the table is complete)")
     p.add_argument("--parallel", type=int, default=1, help="runs at a time")
     p.add_argument("--piece-min", type=float, default=None,
                    help="stop after this many minutes; a training still running then resumes with --c when the "
@@ -522,7 +528,7 @@ def _prepare_data(args, kvasir: Path, env: Dict[str, str], work: Path) -> None:
     run_logged(command, env, logs / "convert.log")
     print("[2/5] nnU-Net planning and preprocessing (2d)")
     run_logged(["nnUNetv2_plan_and_preprocess", "-d", dataset, "-c", CONFIGURATION, "-np", str(args.num_processes)],
-               _planning_environment(env), logs / "plan_and_preprocess.log")
+               planning_environment(env), logs / "plan_and_preprocess.log")
     stamp_file.write_text(json.dumps(stamp, indent=1) + "\n")
 
 
@@ -538,11 +544,6 @@ def _environment(args, work: Path) -> Dict[str, str]:
     if args.no_compile:
         env["nnUNet_compile"] = "f"
     return env
-
-
-def _planning_environment(env: Dict[str, str]) -> Dict[str, str]:
-    """``env`` for the planners, which set torch's thread count from nnUNet_n_proc_DA (0 is refused there)."""
-    return {k: v for k, v in env.items() if not (k == DATA_AUGMENTATION_PROCESSES_VARIABLE and v == "0")}
 
 
 def _previous_results(path: Path, settings: dict) -> dict:
@@ -581,7 +582,7 @@ class Plans:
                            *MEDDISSEG_PLANS[family][1]]
                 command += ["--batch-size", str(budget.batch)] if budget.batch else []
                 command += ["--encoder-weights", self.args.encoder_weights] if self.args.encoder_weights else []
-                run_logged(command, _planning_environment(self.env), self.work / "logs" / f"{name}_plan.log")
+                run_logged(command, planning_environment(self.env), self.work / "logs" / f"{name}_plan.log")
         plans = json.loads((self.preprocessed / f"{name}.json").read_text())
         return name, int(plans["configurations"][CONFIGURATION]["batch_size"])
 
@@ -606,6 +607,9 @@ def _run(args, kvasir: Path, work: Path, study: Study, start: float) -> dict:
     budgets = {**previous.get("budgets", {}), **{b.label: b._asdict() for b in args.budget}}
     plans, pending, lock = Plans(args, env, work, preprocessed), [], threading.Lock()
     order = [(b, k, seed) for seed in range(args.seeds) for b in args.budget for k in args.methods]
+    chosen = selected_runs(order, runs, args.next_seed)
+    pending += [f"{b.label} {k} seed {seed} (a later command: --next-seed runs one seed per command)"
+                for b, k, seed in order if (b.label, k, seed) not in runs and (b, k, seed) not in chosen]
     print(f"[3/5] budgets {', '.join(b.label for b in args.budget)}, {args.epochs} epochs per run; "
           f"{sum(k in runs for k in ((b.label, m, s) for b, m, s in order))} of {len(order)} runs done before")
 
@@ -652,11 +656,25 @@ def _run(args, kvasir: Path, work: Path, study: Study, start: float) -> dict:
             current = payload()
             write_results(args.out, args.name, current, _markdown(current))
 
-    print(f"[4/5] {len(order)} runs, {args.parallel} at a time")
+    print(f"[4/5] {len(chosen)} runs, {args.parallel} at a time")
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        list(pool.map(lambda item: one(*item), order))
+        list(pool.map(lambda item: one(*item), chosen))
     print("[5/5] results" + (f" ({len(pending)} runs still to do: run the command again)" if pending else ""))
     return payload()
+
+
+def selected_runs(order: Sequence[Tuple[Budget, str, int]], done: Container[Tuple[str, str, int]],
+                  next_seed: bool) -> List[Tuple[Budget, str, int]]:
+    """The (budget, method, seed) of ``order`` this command runs: every one whose ``(budget label, method, seed)``
+    is not ``done`` yet, or with ``next_seed`` only the lowest such seed of each budget and method (one seed per
+    command, so that a command stays short and each one adds a seed to every arm)."""
+    missing = [(b, k, seed) for b, k, seed in order if (b.label, k, seed) not in done]
+    if not next_seed:
+        return missing
+    lowest: Dict[Tuple[str, str], int] = {}
+    for b, k, seed in missing:
+        lowest[(b.label, k)] = min(seed, lowest.get((b.label, k), seed))
+    return [(b, k, seed) for b, k, seed in missing if lowest[(b.label, k)] == seed]
 
 
 def _iterations(args, budget: Budget, key: str, batch: int, out: Path, runs: List[dict], device_name: str

@@ -1,19 +1,24 @@
 """Helpers for tests that drive nnU-Net's and our console commands in subprocesses."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from PIL import Image
 
 from nnunetv2_meddisseg.logged_command import console_command
 from nnunetv2_meddisseg.environment import nnunet_environment, planning_environment
 
 BIN = Path(sys.executable).parent
 
-__all__ = ["BIN", "nnunet_env", "planning_environment", "run_cli", "run_until"]
+__all__ = ["BIN", "fake_kvasir", "nnunet_env", "planning_environment", "run_cli", "run_until"]
 
 
 def nnunet_env(root: Path) -> dict:
@@ -56,3 +61,24 @@ def run_until(command: list, env: dict, log: Path, done, timeout: float = 900) -
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert alive, f"finished before it could be killed:\n{log.read_text()[-3000:]}"
+
+
+def fake_kvasir(root: Path, counts: Sequence[int]) -> Path:
+    """Polyp-like discs on noise (48 x 56), as JPEGs named as the first TRAIN / VAL / TEST cases (``counts``) of
+    the shipped Kvasir-SEG split, in ``root/images`` and ``root/masks``."""
+    import nnunetv2_meddisseg.datasets as datasets
+
+    shipped = json.loads((Path(datasets.__file__).parent / "splits" / "kvasir_seg.json").read_text())
+    rng = np.random.default_rng(0)
+    for sub in ("images", "masks"):
+        (root / sub).mkdir(parents=True)
+    yy, xx = np.mgrid[:48, :56]
+    names = [name for part, n in zip(("train", "val", "test"), counts) for name in shipped[part][:n]]
+    for name in names:
+        cy, cx, r = rng.integers(14, 34), rng.integers(14, 42), rng.integers(6, 12)
+        disc = (yy - cy) ** 2 + (xx - cx) ** 2 < r ** 2
+        image = rng.integers(20, 90, (48, 56, 3)).astype(np.uint8)
+        image[disc] = (200, 120, 110)
+        Image.fromarray(image).save(root / "images" / f"{name}.jpg", quality=95)
+        Image.fromarray((disc * 255).astype(np.uint8)).save(root / "masks" / f"{name}.jpg", quality=95)
+    return root

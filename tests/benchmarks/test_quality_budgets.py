@@ -11,11 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
-from nnunet_cli import run_until
+from nnunet_cli import fake_kvasir, run_until
 from scratch import scratch_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -25,25 +23,6 @@ pytestmark = pytest.mark.e2e
 
 QUALITY = Path(__file__).resolve().parents[2] / "benchmarks" / "quality.py"
 EPOCHS, IMAGES, MINUTES = 4, 16, 0.5
-
-
-def fake_kvasir(root: Path) -> Path:
-    """Polyp-like discs on noise, as JPEGs named as the first cases of the shipped Kvasir-SEG split."""
-    import nnunetv2_meddisseg.datasets as datasets
-
-    shipped = json.loads((Path(datasets.__file__).parent / "splits" / "kvasir_seg.json").read_text())
-    rng = np.random.default_rng(0)
-    for sub in ("images", "masks"):
-        (root / sub).mkdir(parents=True)
-    yy, xx = np.mgrid[:48, :56]
-    for name in shipped["train"][:6] + shipped["val"][:2] + shipped["test"][:2]:
-        cy, cx, r = rng.integers(14, 34), rng.integers(14, 42), rng.integers(6, 12)
-        disc = (yy - cy) ** 2 + (xx - cx) ** 2 < r ** 2
-        image = rng.integers(20, 90, (48, 56, 3)).astype(np.uint8)
-        image[disc] = (200, 120, 110)
-        Image.fromarray(image).save(root / "images" / f"{name}.jpg", quality=95)
-        Image.fromarray((disc * 255).astype(np.uint8)).save(root / "masks" / f"{name}.jpg", quality=95)
-    return root
 
 
 def study_command(kvasir: Path, work: Path, out: Path) -> list:
@@ -58,7 +37,7 @@ def study_command(kvasir: Path, work: Path, out: Path) -> list:
 def study(request, tmp_path_factory):
     """(work folder, results folder, stdout of the second command)."""
     tmp = scratch_folder(request, tmp_path_factory, "quality_budgets")
-    kvasir, work, out = fake_kvasir(tmp / "Kvasir-SEG"), tmp / "work", tmp / "results"
+    kvasir, work, out = fake_kvasir(tmp / "Kvasir-SEG", (6, 2, 2)), tmp / "work", tmp / "results"
     command = study_command(kvasir, work, out)
 
     def second_checkpoint():

@@ -84,3 +84,23 @@ def test_aggregate_means_spread_and_paired_test():
     assert "| 2 | 2 | 40 |" in row and f"{100 * d['test']['dice']['mean']:.1f} ± " in row
     assert "Not yet done: iterations20_bs2 dispersive seed 2 (failed: killed)." in markdown
     assert math.isfinite(v["p_value"])
+
+
+def test_next_seed_runs_one_seed_per_method_and_budget_until_every_arm_has_all():
+    images, minutes = quality.Budget("images", 1760), quality.Budget("minutes", 5)
+    order = [(b, k, seed) for seed in range(2) for b in (images, minutes) for k in ("default", "meddisseg")]
+    everything = quality.selected_runs(order, set(), next_seed=False)
+    assert everything == order
+    first = quality.selected_runs(order, set(), next_seed=True)
+    assert first == [(images, "default", 0), (images, "meddisseg", 0), (minutes, "default", 0),
+                     (minutes, "meddisseg", 0)]
+    # a command that finished default's seed 0 and was stopped during Med-DisSeg's: the next one runs default's
+    # seed 1 and Med-DisSeg's seed 0 again
+    done = {("images1760", "default", 0)}
+    assert quality.selected_runs(order, done, next_seed=True) == [
+        (images, "meddisseg", 0), (minutes, "default", 0), (minutes, "meddisseg", 0), (images, "default", 1)]
+    done |= {("images1760", "meddisseg", 0), ("images1760", "default", 1)}
+    assert quality.selected_runs(order, done, next_seed=True) == [
+        (minutes, "default", 0), (minutes, "meddisseg", 0), (images, "meddisseg", 1)]
+    done |= {(b.label, k, seed) for b, k, seed in order}
+    assert quality.selected_runs(order, done, next_seed=True) == []

@@ -12,7 +12,6 @@ whole block in the fused form against its shifted form.
 """
 import functools
 import json
-import math
 import os
 import sys
 import traceback
@@ -20,20 +19,14 @@ from typing import Callable, Dict
 
 import torch
 
-from nnunetv2_meddisseg.blocks import cdfa_kernels
-from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation, displacement_sum, window_displacement_weights
+from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
 from nnunetv2_meddisseg.blocks.cdfa_kernels import offset_aggregate, window_offset_weights
 from nnunetv2_meddisseg.blocks.device_forms import forced_form
+from nnunetv2_meddisseg.blocks.kernel_checks import (poisoned_outputs, reference_aggregate as _reference_aggregate,
+                                                     reference_offset_weights, relative_error as _rel)
 from reference_impls import reference_window_attention, reference_window_weights
 
 SCALE = 0.5 ** 0.5  # any positive scale
-
-
-def _rel(ours, ref) -> float:
-    """||ours - ref|| / ||ref|| in float64 (every element of ``ours`` finite)."""
-    assert torch.isfinite(ours).all(), "an output element was not written (NaN) or is not finite"
-    ref = ref.detach().double()
-    return float((ours.detach().double() - ref).norm() / ref.norm())
 
 
 def _randn(shape, dtype, generator, channels_last=False):
@@ -46,15 +39,7 @@ def _float64(t):
 
 
 def _reference_offset_weights(logits, heads, k):
-    b, _, h, w = logits.shape
-    weights = torch.softmax(SCALE * logits.view(b, heads, k * k, k * k, h, w), dim=3)
-    return window_displacement_weights(weights, k).view(b, heads, (2 * k - 1) ** 2, h, w)
-
-
-def _reference_aggregate(values, weights):
-    b, heads, offsets, h, w = weights.shape
-    span = math.isqrt(offsets)
-    return displacement_sum(values, weights.reshape(b, heads, span, span, h, w))
+    return reference_offset_weights(logits, SCALE, heads, k)
 
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
@@ -212,28 +197,18 @@ for _check in (check_kernel_size_5_and_heads_wider_than_a_channel_block, check_f
     CHECKS[_check.__name__[len("check_"):]] = _check
 
 
-def _poison() -> None:
-    """Every op output allocated NaN-filled."""
-    allocate = cdfa_kernels._new_output
-
-    def poisoned(*args, **kwargs):
-        return allocate(*args, **kwargs).fill_(float("nan"))
-
-    cdfa_kernels._new_output = poisoned
-
-
 def main(argv=None) -> int:
     results_path, *names = sys.argv[1:] if argv is None else argv
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("set TRITON_INTERPRET=1 (before Triton is imported) to run these checks on the CPU")
-    _poison()
     results = {}
-    for name in names:
-        try:
-            CHECKS[name]()
-            results[name] = ""
-        except Exception:  # reported per check
-            results[name] = traceback.format_exc()
+    with poisoned_outputs():
+        for name in names:
+            try:
+                CHECKS[name]()
+                results[name] = ""
+            except Exception:  # reported per check
+                results[name] = traceback.format_exc()
     with open(results_path, "w") as f:
         json.dump(results, f)
     return 0
