@@ -316,11 +316,16 @@ def window_offset_weights(logits: Tensor, scale: float, num_heads: int, kernel_s
 # ---------------------------------------------------------------------------------------------------------------
 # offset_aggregate
 
-def _aggregate_launch(values: Tensor, weights: Tensor, out: Tensor, transposed: bool) -> None:
+def _aggregate_geometry(values: Tensor, weights: Tensor) -> Tuple[int, int, int, int, int, int, int]:
+    """(B, H, W, heads, S, head_dim, the channel block) of an aggregation of ``values`` with ``weights``."""
     b, c, h, w = values.shape
     heads, span = weights.shape[1], int(round(weights.shape[2] ** 0.5))
     head_dim = c // heads
-    block_c = min(_next_power_of_2(head_dim), _MAX_BLOCK_C)
+    return b, h, w, heads, span, head_dim, min(_next_power_of_2(head_dim), _MAX_BLOCK_C)
+
+
+def _aggregate_launch(values: Tensor, weights: Tensor, out: Tensor, transposed: bool) -> None:
+    b, h, w, heads, span, head_dim, block_c = _aggregate_geometry(values, weights)
     grid = (_cdiv(h * w, _BLOCK_P), b * heads, _cdiv(head_dim, block_c))
     with _on_device(values):
         _kernel(2)[grid](values, weights, out, h, w, head_dim, *values.stride(), *weights.stride(), *out.stride(),
@@ -346,10 +351,7 @@ def _offset_aggregate_backward(grad: Tensor, values: Tensor, weights: Tensor) ->
     grad_weights = _new_output(weights)
     if grad_values.numel():
         _aggregate_launch(grad, weights, grad_values, transposed=True)
-        b, c, h, w = values.shape
-        heads, span = weights.shape[1], int(round(weights.shape[2] ** 0.5))
-        head_dim = c // heads
-        block_c = min(_next_power_of_2(head_dim), _MAX_BLOCK_C)
+        b, h, w, heads, span, head_dim, block_c = _aggregate_geometry(values, weights)
         grid = (_cdiv(h * w, _BLOCK_P), b * heads)
         with _on_device(values):
             _kernel(3)[grid](grad, values, grad_weights, h, w, head_dim, *grad.stride(), *values.stride(),
