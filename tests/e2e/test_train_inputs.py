@@ -68,6 +68,7 @@ def train_env(request, tmp_path_factory) -> Dict[str, str]:
     """A 1-channel CT dataset (5 cases of 4 x 64 x 64) and a 4-channel MR dataset (5 cases of 2 x 64 x 64),
     both planned and preprocessed for 2d by one nnUNetv2_plan_and_preprocess call; deleted after the
     module's last test."""
+    # datasets of its own, not the session's Dataset501: the rows need 1- and 4-channel 3D NIfTI input
     env = nnunet_env(scratch_folder(request, tmp_path_factory, "train_inputs"))
     raw = Path(env["nnUNet_raw"])
     write_dataset(raw, CT_DATASET, ["CT"], num_slices=4, seed=1)
