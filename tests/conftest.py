@@ -56,7 +56,9 @@ def nnunet_dirs(tmp_path, monkeypatch) -> Dict[str, Path]:
 def preprocessed_synthetic(request, tmp_path_factory) -> dict:
     """Dataset501 (generated, 12 train / 4 test, 64x64 RGB) planned and preprocessed for 2d with stock
     nnU-Net. Returns the environment dict to run further nnU-Net commands in. Tests must not modify
-    the preprocessed data or nnUNetPlans.json; write other plans names / results folders only."""
+    the preprocessed data or nnUNetPlans.json; write other plans names / results folders only. Made once per
+    run for every module that reads it; modules that train give their runs an nnUNet_results of their own
+    (a scratch folder), so that no two modules' model folders collide."""
     from nnunetv2_meddisseg.datasets.synthetic import make_synthetic_dataset
 
     root = scratch_folder(request, tmp_path_factory, "nnunet")

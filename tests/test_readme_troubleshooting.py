@@ -5,7 +5,7 @@ Every backtick-quoted message in the table's first column is either triggered he
 entry point (our commands' ``main``, nnU-Net's trainer lookup, the trainer itself) and checked against
 what it printed, or listed in ``NOT_TRIGGERED`` with the reason. The trainers' errors are shown as
 ``nnUNetv2_train`` prints them (``_train_error_of``: the excepthook nnU-Net's trainer search installs; the
-real command is run in tests/test_bad_inputs.py). ``...`` in a quote stands for a part
+real command is run in tests/training/test_train_input_errors.py). ``...`` in a quote stands for a part
 that varies (a path, a count): each piece between them must appear, in order, in the real output.
 """
 from __future__ import annotations
@@ -21,10 +21,11 @@ from typing import Callable, Dict, List
 import pytest
 import torch
 
-import test_bad_inputs as bad
+from bad_input_table import encoder_state_dict, row_module, run_entry_point
 from nnunetv2_meddisseg.environment import trainer_folder
 
 ROOT = Path(__file__).resolve().parents[1]
+convert_rows, plan_rows, evaluate_rows, compare_rows = map(row_module, ("convert", "plan", "evaluate", "compare"))
 _TRAINING_TESTS = str(Path(__file__).resolve().parent / "training")
 if _TRAINING_TESTS not in sys.path:
     sys.path.append(_TRAINING_TESTS)
@@ -42,12 +43,12 @@ def troubleshooting_quotes(text: str) -> List[str]:
 
 
 def _command(command: str, setup: Callable) -> Callable[[Path, Dict[str, Path]], str]:
-    """A trigger running one of test_bad_inputs' setups through the command's entry point; its stderr."""
+    """A trigger running one of the bad-input table's setups through the command's entry point; its stderr."""
     def trigger(tmp: Path, env) -> str:
         argv = setup(tmp, env)
         err = io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            code = bad.run_entry_point(command, argv)
+            code = run_entry_point(command, argv)
         assert code == 2, err.getvalue()
         return err.getvalue()
     return trigger
@@ -108,8 +109,8 @@ def imagenet_not_cached(tmp, env) -> str:
 
 
 def plan_weights_missing_key(tmp, env):
-    bad._fake_preprocessed(env)
-    state = bad._encoder_state_dict()
+    plan_rows.fake_preprocessed(env)
+    state = encoder_state_dict()
     del state["layer2.0.conv1.weight"]
     torch.save(state, tmp / "partial.pth")
     return ["-d", "801", "--encoder-weights", str(tmp / "partial.pth")]
@@ -323,43 +324,44 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "RuntimeError: Could not find requested nnunet trainer nnUNetTrainerMedDisSeg in nnunetv2.training.nnUNetTrainer":
         trainer_not_found,
     "nnUNetv2_meddisseg_plan: error: -d ...: the dataset is missing from nnUNet_raw":
-        _command("plan", bad.plan_unknown_dataset),
-    "nnUNetv2_meddisseg_plan: error: .../nnUNetPlans.json not found": _command("plan", bad.plan_not_preprocessed),
-    "have no '2d' configuration": _command("plan", bad.plan_3d_only),
+        _command("plan", plan_rows.plan_unknown_dataset),
+    "nnUNetv2_meddisseg_plan: error: .../nnUNetPlans.json not found": _command("plan", plan_rows.plan_not_preprocessed),
+    "have no '2d' configuration": _command("plan", plan_rows.plan_3d_only),
     "trains 2D networks only": trainer_3d,
-    "--patch-size must be two positive multiples of 16": _command("plan", bad.plan_patch_not_multiple_of_16),
+    "--patch-size must be two positive multiples of 16": _command("plan", plan_rows.plan_patch_not_multiple_of_16),
     "encoder weights 'imagenet': ... is not in the cache": imagenet_not_cached,
     "--encoder-weights: encoder weights ...: missing key '...' (expected torchvision resnet50 layout)":
         _command("plan", plan_weights_missing_key),
-    "shape mismatch for key '...'": _command("plan", bad.plan_weights_wrong_shapes),
+    "shape mismatch for key '...'": _command("plan", plan_rows.plan_weights_wrong_shapes),
     "nnUNetv2_meddisseg_convert: error: ... already exists: pass --overwrite to replace it or choose another -d":
-        _command("convert", bad.conv_dataset_exists),
-    "has no mask": _command("convert", bad.conv_image_without_mask),
-    "expected the same size": _command("convert", bad.conv_size_mismatch),
-    "cannot read image": _command("convert", bad.conv_corrupt_image),
+        _command("convert", convert_rows.conv_dataset_exists),
+    "has no mask": _command("convert", convert_rows.conv_image_without_mask),
+    "expected the same size": _command("convert", convert_rows.conv_size_mismatch),
+    "cannot read image": _command("convert", convert_rows.conv_corrupt_image),
     "nnUNetv2_meddisseg_evaluate: error: prediction folder ... lacks ... cases, first missing: ...":
-        _command("evaluate", bad.eval_missing_cases),
+        _command("evaluate", evaluate_rows.eval_missing_cases),
     "nnUNetv2_meddisseg_evaluate: error: prediction folder ... is empty: expected one ... file per case of the "
-    "reference folder ...": _command("evaluate", bad.eval_empty_prediction_folder),
+    "reference folder ...": _command("evaluate", evaluate_rows.eval_empty_prediction_folder),
     "holds label values {255} outside the declared set {0, 1} (a 0/255 mask? binary labels must be 0/1)":
-        _command("evaluate", bad.eval_mask_0_255),
+        _command("evaluate", evaluate_rows.eval_mask_0_255),
     "outside the declared set {0, 1} (the default is binary; for a multi-class dataset declare its labels with "
-    "-djfile dataset.json or --labels ...)": _command("evaluate", bad.eval_multiclass_undeclared),
+    "-djfile dataset.json or --labels ...)": _command("evaluate", evaluate_rows.eval_multiclass_undeclared),
     "nnUNetv2_meddisseg_compare: error: no trained model: .../nnUNetTrainer__nnUNetPlans__2d/fold_0/"
-    "checkpoint_final.pth not found (train it first, ...)": _command("compare", bad.cmp_baseline_model_missing),
+    "checkpoint_final.pth not found (train it first, ...)":
+        _command("compare", compare_rows.cmp_baseline_model_missing),
     "nnUNetv2_meddisseg_plan: error: .../nnUNetMedDisSegPlans.json exists with other settings (...): pass "
-    "--overwrite to replace it": _command("plan", bad.plan_rerun_other_settings),
-    "--plans-name must be a name of letters, digits, '_', '.' and '-'": _command("plan", bad.plan_name_is_a_path),
-    "--gpu-memory-target must be a finite number of GB above 0": _command("plan", bad.plan_memory_target("nan")),
+    "--overwrite to replace it": _command("plan", plan_rows.plan_rerun_other_settings),
+    "--plans-name must be a name of letters, digits, '_', '.' and '-'": _command("plan", plan_rows.plan_name_is_a_path),
+    "--gpu-memory-target must be a finite number of GB above 0": _command("plan", plan_rows.plan_memory_target("nan")),
     "nnUNetv2_meddisseg_plan: error: .../nnUNetPlans.json is not valid JSON":
-        _command("plan", bad.plan_truncated_json("nnUNetPlans.json")),
+        _command("plan", plan_rows.plan_truncated_json("nnUNetPlans.json")),
     "holds pickled objects other than tensors, numbers and containers (needs GLOBAL ...); it was not loaded, since "
-    "loading such objects can run code": _command("compare", bad.cmp_checkpoint_payload),
-    "holds NaN or inf values (expected finite weights)": _command("plan", bad.plan_weights_nan),
-    "checkpoint_final.pth is empty (0 bytes)": _command("compare", bad.cmp_zero_byte_checkpoint),
-    "cannot be read as a checkpoint (truncated or corrupt?": _command("compare", bad.cmp_truncated_checkpoint),
+    "loading such objects can run code": _command("compare", compare_rows.cmp_checkpoint_payload),
+    "holds NaN or inf values (expected finite weights)": _command("plan", plan_rows.plan_weights_nan),
+    "checkpoint_final.pth is empty (0 bytes)": _command("compare", compare_rows.cmp_zero_byte_checkpoint),
+    "cannot be read as a checkpoint (truncated or corrupt?": _command("compare", compare_rows.cmp_truncated_checkpoint),
     "mask ... would be written empty: its values reach ... but none exceeds half its range":
-        _command("convert", bad.conv_faint_mask),
+        _command("convert", convert_rows.conv_faint_mask),
     "holds the values {0, 128, 255}: 128 covers ... % of the pixels, in the middle of its range (above 63.75, below "
     "191.25), so it is neither faint background nor an anti-aliased edge": three_valued_mask,
     "nnUNetv2_meddisseg_convert: error: ... of ... masks are refused by the mask rule (all listed in the report above)":
@@ -367,12 +369,13 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "--mask-threshold must be a number from 0 to below 65535": _command("convert", mask_threshold_negative),
     "--mask-threshold ... is not below the range of mask": _command("convert", mask_threshold_out_of_range),
     "holds NaN or inf values: replace them (e.g. numpy.nan_to_num)": nan_image,
-    "--resize must be at least 16 pixels": _command("convert", bad.conv_resize_one),
+    "--resize must be at least 16 pixels": _command("convert", convert_rows.conv_resize_one),
     "vanishes at ...: choose a larger --resize": foreground_vanishes,
-    "-o ... is inside -ref ...": _command("evaluate", bad.eval_output_is_a_reference_label),
-    "-o ... is inside the input folder ...": _command("compare", bad.cmp_output_inside_test_labels),
+    "-o ... is inside -ref ...": _command("evaluate", evaluate_rows.eval_output_is_a_reference_label),
+    "-o ... is inside the input folder ...": _command("compare", compare_rows.cmp_output_inside_test_labels),
     "is inside MODEL_FOLDER": share_inside_model_folder,
-    "the dataset this conversion writes (and --overwrite replaces)": _command("convert", bad.conv_source_is_the_dataset),
+    "the dataset this conversion writes (and --overwrite replaces)":
+        _command("convert", convert_rows.conv_source_is_the_dataset),
     "nnUNetv2_train: error: cannot read the checkpoint .../checkpoint_latest.pth (truncated or corrupt? ...): copy "
     ".../checkpoint_best.pth over it to resume from the best epoch, or train again without --c":
         truncated_checkpoint_latest,
@@ -405,8 +408,9 @@ NOT_TRIGGERED: Dict[str, str] = {
         "torch's NCCL process group on a machine without a CUDA GPU (nnU-Net's -num_gpus start, in processes it "
         "spawns before any trainer of ours is loaded); the -device cpu form of that mistake is triggered above",
     "Distributed package doesn't have NCCL built in": "as the line above, with a torch built without NCCL",
-    "cannot write ...: No space left on device": "needs a full disk; tests/test_bad_inputs.py simulates one for "
-                                                   "convert and evaluate, tests/test_sharing.py for weights_only",
+    "cannot write ...: No space left on device": "needs a full disk; tests/datasets/test_convert_error_table.py and "
+                                                   "tests/evaluation/test_evaluate_error_table.py simulate one, "
+                                                   "tests/test_sharing.py for weights_only",
 }
 
 # quotes in the first column that name a command or variable rather than a message

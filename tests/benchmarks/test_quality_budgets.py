@@ -36,6 +36,7 @@ def study_command(kvasir: Path, work: Path, out: Path) -> list:
 @pytest.fixture(scope="module")
 def study(request, tmp_path_factory):
     """(work folder, results folder, stdout of the second command)."""
+    # data of its own: quality.py converts and preprocesses a Kvasir-SEG-layout folder itself, as it does for users
     tmp = scratch_folder(request, tmp_path_factory, "quality_budgets")
     kvasir, work, out = fake_kvasir(tmp / "Kvasir-SEG", (6, 2, 2)), tmp / "work", tmp / "results"
     command = study_command(kvasir, work, out)

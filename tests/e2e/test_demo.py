@@ -14,7 +14,7 @@ BIN = Path(sys.executable).parent
 
 
 def test_demo_trains_predicts_evaluates_and_compares(tmp_path):
-    out = tmp_path / "demo"
+    out = tmp_path / "demo"  # data of its own: the demo generates, converts and preprocesses it, as for a user
     env = {k: v for k, v in os.environ.items() if not k.startswith("nnUNet_")}  # as on a fresh machine
     env["nnUNet_n_proc_DA"] = "0"  # a user's setting that nnU-Net's planning cannot take: the demo copes
     proc = subprocess.run([str(BIN / "nnUNetv2_meddisseg_demo"), "-o", str(out), "--schedule", "smoke"], env=env,

@@ -311,6 +311,7 @@ def test_pretrained_weights_on_another_dataset_after_move_plans(env, trained, re
     smoke training of it would take minutes of CPU.)"""
     from nnunetv2_meddisseg.datasets.synthetic import make_synthetic_dataset
 
+    # folders of its own, not the session's Dataset501: the test preprocesses a second dataset with moved plans
     root = scratch_folder(request, tmp_path_factory, "tool_target")
     target = {**env, **{name: str(root / name) for name in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results")}}
     for name in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results"):
@@ -377,6 +378,7 @@ def write_tiny_3d_dataset(raw: Path, cases: int = 6, size: int = 24) -> None:
 
 def test_dispersive_on_3d_fullres(env, request, tmp_path_factory):
     """nnUNetTrainerDispersive on a 3d_fullres configuration (a tiny generated 3D dataset)."""
+    # folders of its own: 3d_fullres needs 3D volumes, which the session's 2D Dataset501 is not
     root = scratch_folder(request, tmp_path_factory, "tool_3d")
     env3d = {**env, **{name: str(root / name) for name in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results")}}
     for name in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results"):

@@ -1,11 +1,12 @@
-"""The train rows of the bad-input table (tests/test_bad_inputs.py) that need a real training run:
+"""The train rows of the bad-input table (tests/bad_input_table.py) that need a real training run:
 single-channel CT input, 4-channel input, and ``--c`` on a fold without a checkpoint.
 
 Each runs the real ``nnUNetv2_train`` (``-device cpu``, ``nnUNetTrainerMedDisSeg_smoke``: one Stage I
 epoch, then Stage II, 4 iterations an epoch) in a subprocess on a tiny generated 3D NIfTI dataset that
 stock nnU-Net planned and preprocessed for ``2d``. The other train rows (``-c 3d_fullres``, NaN
 input, batch size 1) are tested in tests/training/test_trainer_meddisseg.py (the first also here, through
-the real command); the rows of the other commands in tests/test_bad_inputs.py.
+the real command), a bad seed, recipe file or checkpoint to resume from in tests/training/test_train_input_errors.py;
+the rows of the other commands next to their tests (tests/test_bad_input_table.py names them).
 """
 import json
 import math
@@ -67,6 +68,7 @@ def train_env(request, tmp_path_factory) -> Dict[str, str]:
     """A 1-channel CT dataset (5 cases of 4 x 64 x 64) and a 4-channel MR dataset (5 cases of 2 x 64 x 64),
     both planned and preprocessed for 2d by one nnUNetv2_plan_and_preprocess call; deleted after the
     module's last test."""
+    # datasets of its own, not the session's Dataset501: the rows need 1- and 4-channel 3D NIfTI input
     env = nnunet_env(scratch_folder(request, tmp_path_factory, "train_inputs"))
     raw = Path(env["nnUNet_raw"])
     write_dataset(raw, CT_DATASET, ["CT"], num_slices=4, seed=1)

@@ -155,7 +155,7 @@ def test_unpreprocessed_dataset_is_refused(preprocessed_synthetic, tmp_path):
     from nnunet_cli import nnunet_env
     from nnunetv2_meddisseg.datasets.synthetic import make_synthetic_dataset
 
-    env = nnunet_env(tmp_path)
+    env = nnunet_env(tmp_path)  # a dataset of its own: one that was converted and never preprocessed
     make_synthetic_dataset(env["nnUNet_raw"], dataset_id=502, num_train=2, num_test=1, size=32)
     proc = run_cli(["nnUNetv2_meddisseg_plan", "-d", "502"], env, check=False)
     assert proc.returncode == 2 and "nnUNetv2_plan_and_preprocess" in proc.stderr
@@ -175,6 +175,7 @@ def in_process_env(preprocessed_synthetic, tmp_path, monkeypatch):
     for key, value in preprocessed_synthetic.items():
         if key.startswith("nnUNet"):
             monkeypatch.setenv(key, value)
+    monkeypatch.setenv("nnUNet_results", str(tmp_path / "results"))  # the trainers' log folders: this test's own
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
     monkeypatch.setattr(torch.hub, "download_url_to_file", _refuse)
     monkeypatch.setattr(urllib.request, "urlopen", _refuse)
