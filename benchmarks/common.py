@@ -129,8 +129,8 @@ def set_mode(net: nn.Module, training: bool, deep_supervision: bool) -> nn.Modul
 def stage2_loss(dispersive: bool = True) -> Callable[[object, torch.Tensor], torch.Tensor]:
     """nnUNetTrainerMedDisSeg's Stage II loss with its default weights (nnU-Net's batch Dice + CE, as planned
     for 2D), with or without its dispersive term, as a function ``(network output, target) -> loss``."""
-    from nnunetv2_meddisseg.training.objectives import (Stage2Weights, dispersive_from_recipe, segmentation_loss,
-                                                        stage2_loss as loss)
+    from nnunetv2_meddisseg.training.objectives import Stage2Weights, dispersive_from_recipe, segmentation_loss
+    from nnunetv2_meddisseg.training.objectives import stage2_loss as loss
     from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
 
     seg, weights = segmentation_loss(batch_dice=True), Stage2Weights.from_recipe(MedDisSegRecipe())

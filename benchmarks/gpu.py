@@ -71,8 +71,19 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from common import (NNUNET_ARCHITECTURES, block_profile, command_line as this_command, machine_info, make_batch,
-                    markdown_table, network_from_plans, package_version, stage2_loss, timed_ms)
+from common import (
+    NNUNET_ARCHITECTURES,
+    block_profile,
+    machine_info,
+    make_batch,
+    markdown_table,
+    network_from_plans,
+    package_version,
+    stage2_loss,
+    timed_ms,
+)
+from common import command_line as this_command
+
 from nnunetv2_meddisseg.logged_command import run_logged_status
 
 REPO = Path(__file__).resolve().parents[1]

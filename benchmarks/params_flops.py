@@ -7,11 +7,19 @@ auxiliary heads) and the training forward + backward. Exits with 1 above 150 inf
 from typing import Dict, Tuple
 
 import torch
+from common import (
+    NNUNET_ARCHITECTURES,
+    argument_parser,
+    build_network,
+    command_line,
+    machine_info,
+    markdown_table,
+    parameters,
+    report,
+    set_mode,
+)
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
-
-from common import (NNUNET_ARCHITECTURES, argument_parser, build_network, command_line, machine_info, markdown_table,
-                    parameters, report, set_mode)
 
 #: target for Med-DisSeg inference per 256x256 image
 INFERENCE_TARGET_GFLOPS = 150.0

@@ -15,11 +15,25 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from common import (argument_parser, command_line, load_average, machine_info, markdown_table, parse_device, report,
-                    summarize)
+from common import (
+    argument_parser,
+    command_line,
+    load_average,
+    machine_info,
+    markdown_table,
+    parse_device,
+    report,
+    summarize,
+)
+
+from nnunetv2_meddisseg.environment import (
+    CPU_BF16_ENVIRONMENT_VARIABLE,
+    nnunet_environment,
+    planning_environment,
+    set_nnunet_environment,
+    trainer_output_folder,
+)
 from nnunetv2_meddisseg.logged_command import CommandFailed, run_logged
-from nnunetv2_meddisseg.environment import (CPU_BF16_ENVIRONMENT_VARIABLE, nnunet_environment, planning_environment,
-                                            set_nnunet_environment, trainer_output_folder)
 
 CONFIGURATION = "2d"
 SYNTHETIC_DATASET_ID = 990

@@ -42,13 +42,17 @@ from pathlib import Path
 from typing import Container, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
-
 from common import DEFAULT_OUT, command_line, machine_info, markdown_table, write_results
+
 from nnunetv2_meddisseg.ablation.runs import AblationRun, Variant, write_budget
-from nnunetv2_meddisseg.ablation.table import BINARY_METRICS as METRICS, METRIC_TITLES
+from nnunetv2_meddisseg.ablation.table import BINARY_METRICS as METRICS
+from nnunetv2_meddisseg.ablation.table import METRIC_TITLES
 from nnunetv2_meddisseg.cli import UserError
-from nnunetv2_meddisseg.environment import (DATA_AUGMENTATION_PROCESSES_VARIABLE, planning_environment,
-                                            set_nnunet_environment)
+from nnunetv2_meddisseg.environment import (
+    DATA_AUGMENTATION_PROCESSES_VARIABLE,
+    planning_environment,
+    set_nnunet_environment,
+)
 from nnunetv2_meddisseg.evaluation.paired_statistics import wilcoxon_p_value
 from nnunetv2_meddisseg.logged_command import CommandStopped, run_logged
 from nnunetv2_meddisseg.training.recipe import ScheduleRecipe
@@ -185,7 +189,8 @@ def iterations_per_epoch(budget: Budget, epochs: int, batch: int, calibration: O
 # ------------------------------------------------------------------------------------------------
 # training logs
 
-_LOG_SECTIONS = {"loss terms: ": "loss", "dispersion: ": "dispersion", "gradient norms (before clipping): ": "grad_norm"}
+_LOG_SECTIONS = {"loss terms: ": "loss", "dispersion: ": "dispersion",
+                 "gradient norms (before clipping): ": "grad_norm"}
 
 
 def read_training_log(log_file: Path) -> dict:

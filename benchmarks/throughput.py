@@ -4,9 +4,20 @@ All networks alternate in timed rounds after warm-up (medians), then ``torch.pro
 Med-DisSeg down by block and operator. fp32 on the CPU; on CUDA, ``benchmarks/gpu.py`` measures inference.
 """
 import torch
-
-from common import (NETWORK_NAMES, alternating_timings, argument_parser, block_profile, build_network, command_line,
-                    load_average, machine_info, markdown_table, report, set_mode, summarize)
+from common import (
+    NETWORK_NAMES,
+    alternating_timings,
+    argument_parser,
+    block_profile,
+    build_network,
+    command_line,
+    load_average,
+    machine_info,
+    markdown_table,
+    report,
+    set_mode,
+    summarize,
+)
 
 
 def main(argv=None) -> int:

@@ -14,11 +14,26 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import torch
+from common import (
+    alternating_timings,
+    argument_parser,
+    build_network,
+    command_line,
+    load_average,
+    machine_info,
+    make_batch,
+    markdown_table,
+    parse_device,
+    report,
+    reset_peak_rss,
+    rss_bytes,
+    set_mode,
+    stage2_loss,
+    summarize,
+    synchronize,
+)
 from torch import Tensor, nn
 
-from common import (alternating_timings, argument_parser, build_network, command_line, load_average, machine_info,
-                    make_batch, markdown_table, parse_device, report, reset_peak_rss, rss_bytes, set_mode, stage2_loss,
-                    summarize, synchronize)
 from nnunetv2_meddisseg.logged_command import run_logged_status
 
 OVERHEAD_TARGET = 0.03  # target: dispersive loss overhead <= 3 % of a training step

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Dict
 
 import pytest
-
 from nnunet_cli import nnunet_env, planning_environment, run_cli
-from nnunetv2_meddisseg.environment import NNUNET_FOLDERS
 from real_data import SKIP_REASON, data_root
 from scratch import scratch_folder
+
+from nnunetv2_meddisseg.environment import NNUNET_FOLDERS
 
 #: folders whose every test is in the ``e2e`` layer: nnU-Net's commands in subprocesses, torch.compile
 E2E_FOLDERS = tuple(Path(__file__).resolve().parent / name for name in ("e2e", "compile"))

@@ -13,8 +13,8 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
-from nnunetv2_meddisseg.logged_command import console_command
 from nnunetv2_meddisseg.environment import nnunet_environment, planning_environment
+from nnunetv2_meddisseg.logged_command import console_command
 
 BIN = Path(sys.executable).parent
 

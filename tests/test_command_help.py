@@ -45,7 +45,8 @@ def test_every_option_has_help_with_its_default(command):
         text = formatter._get_help_string(action)
         assert action.help, f"{command} {action.option_strings or action.dest}: no help text"
         if action.option_strings and not action.required:
-            assert STATES_DEFAULT.search(text), f"{command} {action.option_strings}: help does not state the default: {text!r}"
+            assert STATES_DEFAULT.search(text), \
+                f"{command} {action.option_strings}: help does not state the default: {text!r}"
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

@@ -11,17 +11,17 @@ that varies (a path, a count): each piece between them must appear, in order, in
 from __future__ import annotations
 
 import contextlib
-from dataclasses import replace
 import io
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Dict, List
 
 import pytest
 import torch
-
 from bad_input_table import encoder_state_dict, row_module, run_entry_point
+
 from nnunetv2_meddisseg.environment import trainer_folder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,7 +149,8 @@ def dispersive_batch_too_small(tmp, env) -> str:
     from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
 
     trainer = _smoke_trainer(env)
-    trainer.recipe = replace(trainer.recipe, dispersive_variant="infonce_cosine_centred")  # needs 3 samples; the tiny plans' batch is 2
+    # the centred form needs 3 samples; the tiny plans' batch is 2
+    trainer.recipe = replace(trainer.recipe, dispersive_variant="infonce_cosine_centred")
     nnunet_start = nnUNetTrainer.on_train_start
     nnUNetTrainer.on_train_start = lambda self: None  # no dataloaders here
     try:
@@ -400,7 +401,8 @@ NOT_TRIGGERED: Dict[str, str] = {
         "this line from the training log",
     "the fused CDFA kernels failed on this GPU (...)": "needs a GPU whose Triton cannot build the kernels; "
                                                         "tests/blocks/test_kernel_fallbacks.py simulates one",
-    "the TeLU Triton kernel failed on this GPU (...)": "as the fused CDFA kernels: tests/blocks/test_kernel_fallbacks.py",
+    "the TeLU Triton kernel failed on this GPU (...)":
+        "as the fused CDFA kernels: tests/blocks/test_kernel_fallbacks.py",
     "operator torchvision::nms does not exist": "needs a torch / torchvision pair that do not match (a broken install)",
     "--encoder-weights imagenet: cannot download torchvision's ResNet-50 IMAGENET1K_V1 weights":
         "needs a failed download, and tests never touch the network",
@@ -430,10 +432,12 @@ def _appears_in_order(quote: str, output: str) -> bool:
 
 
 def test_every_quote_is_triggered_or_listed_with_a_reason():
-    quotes = [q for q in troubleshooting_quotes((ROOT / "docs" / "troubleshooting.md").read_text()) if q not in NOT_MESSAGES]
+    table = (ROOT / "docs" / "troubleshooting.md").read_text()
+    quotes = [q for q in troubleshooting_quotes(table) if q not in NOT_MESSAGES]
     assert len(quotes) >= 15
     assert not set(TRIGGERS) & set(NOT_TRIGGERED)
-    assert sorted(quotes) == sorted({*TRIGGERS, *NOT_TRIGGERED}), "docs/troubleshooting.md's table and this test disagree"
+    assert sorted(quotes) == sorted({*TRIGGERS, *NOT_TRIGGERED}), \
+        "docs/troubleshooting.md's table and this test disagree"
 
 
 def test_quote_matching_needs_every_piece_in_order():

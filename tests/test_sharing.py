@@ -81,7 +81,6 @@ def test_a_folder_without_plans_is_named(tmp_path, capsys):
 
 def test_a_checkpoint_carrying_code_is_refused_and_never_run(model_folder, tmp_path, capsys):
     import numpy as np
-
     from payload import Payload
 
     marker = tmp_path / "payload_ran"
@@ -120,7 +119,8 @@ def test_an_output_folder_inside_the_model_folder_is_refused(model_folder, tmp_p
     before = sorted(model_folder.rglob("*"))
     assert main([str(model_folder), str(model_folder / inside)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "is inside MODEL_FOLDER" in err and "choose a folder outside the model folder" in err
+    assert err.count("\n") == 1 and "is inside MODEL_FOLDER" in err
+    assert "choose a folder outside the model folder" in err
     assert sorted(model_folder.rglob("*")) == before
 
 

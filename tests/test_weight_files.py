@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from bad_input_table import encoder_state_dict
 
 

@@ -55,7 +55,8 @@ def test_network_ablation_plans_change_one_option_and_keep_the_rest(tmp_path):
         "network_class_name": "dynamic_network_architectures.architectures.unet.PlainConvUNet", "arch_kwargs": {}}}}}
     (tmp_path / "nnUNetPlans.json").write_text(json.dumps(nnunet))
     write_network_ablation_plans(tmp_path, "nnUNetPlans", "noELAT")
-    architecture = json.loads((tmp_path / "nnUNetPlans_noELAT.json").read_text())["configurations"]["2d"]["architecture"]
+    plans = json.loads((tmp_path / "nnUNetPlans_noELAT.json").read_text())
+    architecture = plans["configurations"]["2d"]["architecture"]
     assert architecture["arch_kwargs"] == default_arch_kwargs(elat=False)
     assert architecture["network_class_name"].endswith("MedDisSegNet")
     with pytest.raises(UserError, match="Q.json not found"):

@@ -11,7 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from nnunet_cli import fake_kvasir
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from nnunet_cli import fake_kvasir, run_until
 from scratch import scratch_folder
 

@@ -53,7 +53,8 @@ def trainer(tmp_path, monkeypatch):
     trainer = nnUNetTrainerMedDisSeg_smoke(plans=_plans(), configuration="2d", fold=0,
                                            dataset_json=deepcopy(DATASET_JSON), device=torch.device("cpu"))
     trainer.initialize()
-    trainer.recipe = replace(trainer.recipe, batchnorm_calibration_samples=0)  # re-estimation needs a dataset (tests/training/test_trainer_batchnorm.py)
+    # re-estimation needs a dataset (tests/training/test_trainer_batchnorm.py)
+    trainer.recipe = replace(trainer.recipe, batchnorm_calibration_samples=0)
     yield trainer
     torch.set_num_threads(threads)
 

@@ -9,9 +9,9 @@ from typing import Callable, Dict, NamedTuple, Optional, Sequence
 
 import pytest
 import torch
+from compile_check import compare_compiled, graph_breaks
 from torch import nn
 
-from compile_check import compare_compiled, graph_breaks
 from nnunetv2_meddisseg.blocks.activation import TeLU
 from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
 from nnunetv2_meddisseg.blocks.decoder import CBATDecoder, MultiScaleCBATDecoder, PathHead

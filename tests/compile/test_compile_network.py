@@ -20,8 +20,8 @@ from copy import deepcopy
 
 import pytest
 import torch
-
 from compile_check import compare_compiled_to_float64, graph_breaks
+
 from nnunetv2_meddisseg.architectures import MedDisSegNet, MedDisSegOutput
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from tests.training.test_trainer_meddisseg import DATASET, DATASET_JSON, PLAIN_UNET, tiny_plans

@@ -7,9 +7,9 @@ off, batch of 2B -> B) compiles at most one new graph. Tracing only (backend "ea
 import pytest
 import torch
 import torch._dynamo
+from compile_check import graph_breaks
 from torch._dynamo.utils import counters
 
-from compile_check import graph_breaks
 from nnunetv2_meddisseg.architectures import MedDisSegNet
 from nnunetv2_meddisseg.blocks.device_forms import forced_form
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg

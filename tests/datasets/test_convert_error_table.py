@@ -10,10 +10,10 @@ from typing import List
 import numpy as np
 import pytest
 import SimpleITK as sitk
-from PIL import Image
-
 from bad_input_table import Row, check_row, run_entry_point, tree
 from convert_trees import expected_binary, make_kvasir_tree, read_png, save, write_split
+from PIL import Image
+
 from nnunetv2_meddisseg.datasets.convert import main as convert_main
 
 KVASIR_IDS = ["k0", "k1", "k2", "k3"]

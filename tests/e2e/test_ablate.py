@@ -1,7 +1,8 @@
 """nnUNetv2_meddisseg_ablate and nnUNetv2_meddisseg_features through the real commands on the generated
 64x64 Dataset501 (conftest's ``preprocessed_synthetic``), on the CPU, at the smallest useful budget:
-the full method and ``_noDispersive``, one seed (several seeds' tables: tests/ablation/test_table.py), 4 epochs (1 of Stage I) of 1 iteration each. The ablation
-is killed (kill -9) in its second run after that run's Stage I checkpoint and rerun."""
+the full method and ``_noDispersive``, one seed (several seeds' tables: tests/ablation/test_table.py), 4 epochs
+(1 of Stage I) of 1 iteration each. The ablation is killed (kill -9) in its second run after that run's Stage I
+checkpoint and rerun."""
 import csv
 import subprocess
 import sys
@@ -9,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from nnunet_cli import run_until
 from scratch import scratch_folder
 

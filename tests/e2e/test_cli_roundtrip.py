@@ -14,9 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from nnunet_cli import run_until
+from PIL import Image
 from scratch import scratch_folder
 
 DATASET = "Dataset501_SyntheticPolyps"
@@ -154,7 +153,8 @@ def test_meddisseg_plans_train_predict(cli_env, tmp_path):
     run_cli(["nnUNetv2_meddisseg_weights_only", folder.parent, shared], cli_env)
     reduced, full = load(shared / "fold_0" / "checkpoint_final.pth"), load(folder / "checkpoint_final.pth")
     assert "optimizer_state" not in reduced and "optimizer_state" in full
-    assert (shared / "fold_0" / "checkpoint_final.pth").stat().st_size < (folder / "checkpoint_final.pth").stat().st_size / 2
+    shared_size = (shared / "fold_0" / "checkpoint_final.pth").stat().st_size
+    assert shared_size < (folder / "checkpoint_final.pth").stat().st_size / 2
     out = tmp_path / "predictions_shared"
     run_cli(["nnUNetv2_predict_from_modelfolder", "-i", tmp_path / "images", "-o", out, "-m", shared, "-f", "0",
              "-npp", "1", "-nps", "1", "-device", "cpu", "--disable_tta"], cli_env)  # this command needs >= 1
@@ -238,7 +238,8 @@ def test_compare_predicts_both_models_like_nnunet_predict(cli_env, tmp_path):
         for case in cases:
             ours = np.asarray(Image.open(out / "predictions" / folder.name / f"{case}.png"))
             theirs = np.asarray(Image.open(reference / f"{case}.png"))
-            assert np.array_equal(ours, theirs), f"{trainer}, {case}: compare's prediction differs from nnUNetv2_predict"
+            assert np.array_equal(ours, theirs), \
+                f"{trainer}, {case}: compare's prediction differs from nnUNetv2_predict"
 
     table = (out / "comparison.md").read_text()
     assert baseline in table and model in table and "Wilcoxon" in table

@@ -19,9 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from nnunet_cli import planning_environment, run_cli
+from PIL import Image
 from scratch import scratch_folder
 
 DATASET = "Dataset501_SyntheticPolyps"
@@ -337,7 +336,8 @@ def test_pretrained_weights_on_another_dataset_after_move_plans(env, trained, re
     # four smoke iterations move the weights little: the fine-tuned model lies much nearer to the weights it
     # started from than fold 1 of Dataset501 (trained from its own random initialisation) does
     source, tuned, other = (weights(path) for path in (
-        pretrained, folder / "fold_0" / "checkpoint_final.pth", trained[DISPERSIVE] / "fold_1" / "checkpoint_final.pth"))
+        pretrained, folder / "fold_0" / "checkpoint_final.pth",
+        trained[DISPERSIVE] / "fold_1" / "checkpoint_final.pth"))
     assert tuned.keys() == source.keys()
     assert distance(tuned, source) < 0.5 * distance(other, source), (distance(tuned, source), distance(other, source))
 

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import SimpleITK as sitk
 import torch
-
 from nnunet_cli import nnunet_env, planning_environment, run_cli
 from scratch import scratch_folder
 

@@ -11,7 +11,6 @@ from typing import Dict, List
 import numpy as np
 import pytest
 import torch
-
 from bad_input_table import Env, Row, check_row, write_png
 
 COMPARE_DATASET = "Dataset802_Cmp"

@@ -10,8 +10,8 @@ from typing import List
 import numpy as np
 import pytest
 import SimpleITK as sitk
-
 from bad_input_table import Row, check_row, run_entry_point, tree, write_png
+
 
 def _eval_folders(tmp: Path) -> List[str]:
     mask = np.zeros((4, 4))

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from bad_input_table import Env, Row, check_row, encoder_state_dict
+
 from nnunetv2_meddisseg.planning.plan_meddisseg import main as plan_main
 
 PLAN_DATASET = "Dataset801_Fake"

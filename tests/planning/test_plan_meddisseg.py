@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from nnunet_cli import run_cli
+
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.planning.memory import batch_size_for_memory, estimated_memory_line
 from nnunetv2_meddisseg.planning.plan_meddisseg import build_meddisseg_plans, main
@@ -66,6 +66,7 @@ def test_plan_command_writes_plans_that_nnunet_builds(preprocessed_synthetic):
     plans_file = Path(env["nnUNet_preprocessed"]) / "Dataset501_SyntheticPolyps" / "PlansReLU.json"
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
     from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
+
     from nnunetv2_meddisseg.architectures import MedDisSegNet
 
     config = PlansManager(str(plans_file)).get_configuration("2d")
@@ -82,7 +83,8 @@ def test_plan_command_writes_plans_that_nnunet_builds(preprocessed_synthetic):
 def _network_of(env, plans_name: str):
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 
-    plans = json.loads((Path(env["nnUNet_preprocessed"]) / "Dataset501_SyntheticPolyps" / f"{plans_name}.json").read_text())
+    plans_file = Path(env["nnUNet_preprocessed"]) / "Dataset501_SyntheticPolyps" / f"{plans_name}.json"
+    plans = json.loads(plans_file.read_text())
     architecture = plans["configurations"]["2d"]["architecture"]
     network = get_network_from_plans(architecture["network_class_name"], architecture["arch_kwargs"],
                                      architecture["_kw_requires_import"], 3, 2, deep_supervision=True)
@@ -153,6 +155,7 @@ def test_plan_command_errors_are_one_line(preprocessed_synthetic, tmp_path):
 
 def test_unpreprocessed_dataset_is_refused(preprocessed_synthetic, tmp_path):
     from nnunet_cli import nnunet_env
+
     from nnunetv2_meddisseg.datasets.synthetic import make_synthetic_dataset
 
     env = nnunet_env(tmp_path)  # a dataset of its own: one that was converted and never preprocessed

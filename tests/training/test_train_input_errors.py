@@ -173,8 +173,11 @@ def test_nnunet_trainer_search_installs_the_excepthook_once(monkeypatch, capsys)
 def test_training_input_errors_keep_their_former_types():
     from nnunetv2_meddisseg.cli import UserError
     from nnunetv2_meddisseg.torch_files import UnsafeTorchFile
-    from nnunetv2_meddisseg.training.errors import (TrainingInputError, TrainingInputFileNotFoundError,
-                                                          TrainingInputRuntimeError)
+    from nnunetv2_meddisseg.training.errors import (
+        TrainingInputError,
+        TrainingInputFileNotFoundError,
+        TrainingInputRuntimeError,
+    )
 
     assert issubclass(TrainingInputError, UserError) and issubclass(TrainingInputError, ValueError)
     assert issubclass(TrainingInputRuntimeError, TrainingInputError)
