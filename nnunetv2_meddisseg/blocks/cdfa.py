@@ -32,10 +32,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.activation import TeLU
-from nnunetv2_meddisseg.blocks.conv import ConvNormAct, PointwiseLinear, merge_branch_states
 from nnunetv2_meddisseg.blocks.cdfa_graph import graph_window_attention
 from nnunetv2_meddisseg.blocks.cdfa_kernels import fused_cdfa_available, offset_aggregate, window_offset_weights
-from nnunetv2_meddisseg.blocks.cdfa_shifted import _overlap, displacement_sum, window_displacement_weights  # noqa: F401
+from nnunetv2_meddisseg.blocks.cdfa_shifted import displacement_sum, window_displacement_weights
+from nnunetv2_meddisseg.blocks.conv import ConvNormAct, PointwiseLinear, merge_branch_states
 from nnunetv2_meddisseg.blocks.device_forms import form_is_forced, give_up_fused, implementation_form
 
 __all__ = [
