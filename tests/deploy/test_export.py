@@ -58,3 +58,18 @@ def test_missing_model_is_one_line(nnunet_dirs, capsys):
     assert "Dataset987_Nothing" in err and "no trained model" in err
     assert export.main(["-d", "1", "--tolerance", "0"]) == 2
     assert "--tolerance must be positive" in capsys.readouterr().err
+
+
+def test_saturated_attention_keeps_its_precision_in_onnx_runtime():
+    # ELAT's spatial weights near sigmoid(-15) ~ 3e-7: ONNX Runtime's Sigmoid op is only accurate to ~1e-7 absolute,
+    # so the exporter traces attention_sigmoid as 1 / (1 + exp(-x)), which keeps the relative precision
+    from nnunetv2_meddisseg.blocks.attention import ELAT
+
+    torch.manual_seed(0)
+    block = ELAT(16).eval()
+    with torch.no_grad():
+        block.spatial_fuse.bias.fill_(-15.0)
+    x = np.random.default_rng(0).standard_normal((2, 16, 6, 6), dtype=np.float32)
+    check = export.compare_with_onnxruntime(block, export.trace_to_onnx(block, torch.from_numpy(x)), {"x": x})[0]
+    assert check["max_abs_logit"] < 1e-5  # the premise: saturated weights
+    assert check["relative_difference"] < 1e-4, check
