@@ -21,7 +21,8 @@ setup(
         "pillow",
         "tqdm",
     ],
-    extras_require={"test": ["pytest", "h5py"], "synapse": ["h5py"]},
+    extras_require={"test": ["pytest", "h5py", "onnx", "onnxruntime"], "synapse": ["h5py"],
+                    "onnx": ["onnx", "onnxruntime"]},
     entry_points={
         "console_scripts": [
             "nnUNetv2_meddisseg_plan=nnunetv2_meddisseg.planning.plan_meddisseg:main",
@@ -32,6 +33,8 @@ setup(
             "nnUNetv2_meddisseg_ablate=nnunetv2_meddisseg.ablation.ablate:main",
             "nnUNetv2_meddisseg_features=nnunetv2_meddisseg.evaluation.feature_space:main",
             "nnUNetv2_meddisseg_weights_only=nnunetv2_meddisseg.sharing:main",
+            "nnUNetv2_meddisseg_export=nnunetv2_meddisseg.deploy.export:main",
+            "nnUNetv2_meddisseg_predict_onnx=nnunetv2_meddisseg.deploy.predict_onnx:main",
         ]
     },
 )

@@ -4,7 +4,7 @@ from typing import Sequence, Type
 import torch
 from torch import Tensor, nn
 
-from nnunetv2_meddisseg.blocks.activation import TeLU
+from nnunetv2_meddisseg.blocks.activation import TeLU, attention_sigmoid
 from nnunetv2_meddisseg.blocks.conv import PointwiseLinear, memory_format_of
 
 __all__ = ["ChannelAttention", "SpatialAttention", "CBAT", "ELAT"]
@@ -38,7 +38,8 @@ class ChannelAttention(nn.Module):
         """Channel weights a: (B, C, 1, 1) in (0, 1). Both poolings pass the MLP as one batch of 2B."""
         b = x.shape[0]
         both = self.mlp(torch.cat([x.mean(dim=(2, 3), keepdim=True), x.amax(dim=(2, 3), keepdim=True)]))
-        return torch.sigmoid(both.view(2, b, *both.shape[1:]).sum(dim=0))  # (2B, C, 1, 1): avg rows, then max rows
+        # (2B, C, 1, 1): avg rows, then max rows
+        return attention_sigmoid(both.view(2, b, *both.shape[1:]).sum(dim=0))
 
     def forward(self, x: Tensor) -> Tensor:
         return x * self.attention(x)
@@ -60,7 +61,7 @@ class SpatialAttention(nn.Module):
         """Spatial weights a: (B, 1, H, W) in (0, 1)."""
         pooled = torch.cat([x.mean(dim=1, keepdim=True), x.amax(dim=1, keepdim=True)], dim=1)
         # (B, 1, H, W) halves carry no channel order, so cat gives NCHW: keep x's format for the convolution
-        return torch.sigmoid(self.conv(pooled.contiguous(memory_format=memory_format_of(x))))
+        return attention_sigmoid(self.conv(pooled.contiguous(memory_format=memory_format_of(x))))
 
     def forward(self, x: Tensor) -> Tensor:
         return x * self.attention(x)
@@ -118,11 +119,11 @@ class ELAT(nn.Module):
 
     def channel_attention(self, x: Tensor) -> Tensor:
         """a_c: (B, C, 1, 1)"""
-        return torch.sigmoid(self.channel_mlp(x.mean(dim=(2, 3), keepdim=True)))
+        return attention_sigmoid(self.channel_mlp(x.mean(dim=(2, 3), keepdim=True)))
 
     def spatial_attention(self, x: Tensor) -> Tensor:
         """a_s: (B, 1, H, W)"""
-        return torch.sigmoid(self.spatial_fuse(torch.cat([conv(x) for conv in self.spatial_convs], dim=1)))
+        return attention_sigmoid(self.spatial_fuse(torch.cat([conv(x) for conv in self.spatial_convs], dim=1)))
 
     def forward(self, x: Tensor) -> Tensor:
         return x * self.channel_attention(x) * self.spatial_attention(x)

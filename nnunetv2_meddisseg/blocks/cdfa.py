@@ -15,7 +15,9 @@ block (``blocks.device_forms``):
   CPU (no large intermediates);
 - the *few-op form* (for benchmarks and tests) unfolds the values into their k x k windows, applies each
   pixel's (k*k, k*k) weights per head in one batched matrix product and folds the windows back
-  (overlaps summed): a dozen operations per attention, but k*k copies of the values in memory.
+  (overlaps summed): a dozen operations per attention, but k*k copies of the values in memory;
+- the *graph form* (what the ONNX exporter traces) computes the shifted form's identity with whole-tensor
+  operations on padded copies and no in-place writes (``blocks.cdfa_graph``).
 
 The identity: per head, out(q) = sum_d D_d(q) * v(q + d) over the offsets d in [-(k-1), k-1]^2 (zero
 outside the image), with D_d(q) = sum_{i, j: off_j - off_i = d} A_{q - off_i}[i, j].
@@ -30,9 +32,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.activation import TeLU
-from nnunetv2_meddisseg.blocks.conv import ConvNormAct, PointwiseLinear, merge_branch_states
+from nnunetv2_meddisseg.blocks.cdfa_graph import graph_window_attention
 from nnunetv2_meddisseg.blocks.cdfa_kernels import fused_cdfa_available, offset_aggregate, window_offset_weights
-from nnunetv2_meddisseg.blocks.cdfa_shifted import _overlap, displacement_sum, window_displacement_weights  # noqa: F401
+from nnunetv2_meddisseg.blocks.cdfa_shifted import displacement_sum, window_displacement_weights
+from nnunetv2_meddisseg.blocks.conv import ConvNormAct, PointwiseLinear, merge_branch_states
 from nnunetv2_meddisseg.blocks.device_forms import form_is_forced, give_up_fused, implementation_form
 
 __all__ = [
@@ -164,6 +167,17 @@ class ContrastDrivenAggregation(nn.Module):
         weights = window_offset_weights(logits, self.scale, self.num_heads, self.kernel_size)
         return self._pointwise(self.proj, offset_aggregate(values, weights))
 
+    def window_attention_graph(self, values: Tensor, guidance: Tensor, layer: nn.Linear) -> Tensor:
+        """The graph form of ``window_attention(values, window_weights(guidance, layer))``: no in-place
+        operation, so that a tracer (the ONNX exporter) records every step.
+
+        values, guidance: (B, dim, H, W) -> projected (B, dim, H, W)
+        """
+        window = self.kernel_size * self.kernel_size
+        logits = self._pointwise(layer, guidance).unflatten(1, (self.num_heads, window, window))
+        weights = torch.softmax(logits * self.scale, dim=3)  # (B, heads, k*k (i), k*k (j), H, W)
+        return self._pointwise(self.proj, graph_window_attention(values, weights, self.kernel_size))
+
     def _aggregate(self, x: Tensor, fg: Tensor, bg: Tensor) -> Tensor:
         """Value projection, both window attentions and the first output block (shapes as ``forward``)."""
         v = self._pointwise(self.value, x)
@@ -182,6 +196,9 @@ class ContrastDrivenAggregation(nn.Module):
         if form == "few_op":
             x = self.window_attention_few_ops(v, fg, self.attn_fg)
             x = self.window_attention_few_ops(x, bg, self.attn_bg)
+        elif form == "graph":
+            x = self.window_attention_graph(v, fg, self.attn_fg)
+            x = self.window_attention_graph(x, bg, self.attn_bg)
         else:
             x = self.window_attention(v, self.window_weights(fg, self.attn_fg))
             x = self.window_attention(x, self.window_weights(bg, self.attn_bg))

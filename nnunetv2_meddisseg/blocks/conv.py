@@ -6,7 +6,8 @@ from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.activation import TeLU
 
-__all__ = ["memory_format_of", "same_padding", "ConvNormAct", "PointwiseLinear", "BranchLayout", "merge_branch_states", "split_branch_states"]
+__all__ = ["memory_format_of", "same_padding", "ConvNormAct", "PointwiseLinear", "BranchLayout", "merge_branch_states",
+           "split_branch_states"]
 
 
 def memory_format_of(x: Tensor) -> torch.memory_format:

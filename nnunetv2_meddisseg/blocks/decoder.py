@@ -15,7 +15,9 @@ DECODER_FUSIONS = ("sum", "concat")
 
 
 def _upsample_to(x: Tensor, size: Sequence[int]) -> Tensor:
-    if tuple(x.shape[2:]) == tuple(size):
+    """x: (B, C, h, w) -> (B, C, *size), bilinear. A tracer records the interpolation even where the sizes are
+    equal (then it is the identity), so that a traced graph follows the sizes of any input."""
+    if tuple(x.shape[2:]) == tuple(size) and not torch.jit.is_tracing():
         return x
     return F.interpolate(x, size=tuple(size), mode="bilinear", align_corners=False)
 

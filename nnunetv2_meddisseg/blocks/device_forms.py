@@ -7,12 +7,15 @@ The forms have equal results up to rounding:
 - ``"shifted"``: many small in-place operations on shifted views (no large intermediates), what the CPU
   and every device without the fused kernels run;
 - ``"few_op"``: a handful of large operations (unfold, batched matrix product, fold); kept for
-  benchmarks and tests.
+  benchmarks and tests;
+- ``"graph"``: whole-tensor operations on padded copies, no in-place writes (``blocks.cdfa_graph``), what
+  the ONNX exporter traces (a tracer loses in-place writes into slices).
 
 A block calls :func:`implementation_form` with its input. :func:`forced_form` overrides the choice
-(for tests and benchmarks that check or count one form on any device). ``"cuda"`` and ``"cpu"`` are
-accepted as aliases of ``"few_op"`` and ``"shifted"``. Where Triton cannot build or run the fused kernels on
-a GPU, :func:`give_up_fused` turns the fused form off for the process, with one warning naming the error.
+(for tests, benchmarks and the exporter, which run one form on any device). ``"cuda"`` and ``"cpu"`` are
+accepted as aliases of what those devices run: ``"fused"`` and ``"shifted"``. Where Triton cannot build or
+run the fused kernels on a GPU, :func:`give_up_fused` turns the fused form off for the process, with one warning
+naming the error.
 """
 import contextlib
 import warnings
@@ -22,12 +25,12 @@ from torch import Tensor
 
 from nnunetv2_meddisseg.blocks.cdfa_kernels import fused_cdfa_available
 
-__all__ = ["FORMS", "ALIASES", "implementation_form", "few_op_form", "forced_form", "form_is_forced", "give_up_fused"]
+__all__ = ["FORMS", "ALIASES", "implementation_form", "forced_form", "form_is_forced", "give_up_fused"]
 
 #: the implementation forms
-FORMS = ("fused", "shifted", "few_op")
-#: other accepted names: ``"cuda"`` for the few-op form, ``"cpu"`` for the shifted form
-ALIASES = {"cuda": "few_op", "cpu": "shifted"}
+FORMS = ("fused", "shifted", "few_op", "graph")
+#: other accepted names: the form each device runs (CUDA: fused, where Triton builds it; CPU: shifted)
+ALIASES = {"cuda": "fused", "cpu": "shifted"}
 _forced: Optional[str] = None
 #: why the fused form is off for this process (``give_up_fused``), None while it is on
 _fused_failure: Optional[str] = None
@@ -54,11 +57,6 @@ def give_up_fused(reason: str) -> None:
         _fused_failure = reason
         warnings.warn(f"the fused CDFA kernels failed on this GPU ({reason}); Med-DisSeg continues with the "
                       f"shifted form (same results, slower)", RuntimeWarning, stacklevel=2)
-
-
-def few_op_form(x: Tensor) -> bool:
-    """Whether a block given ``x`` runs its few-op form (only when :func:`forced_form` says so)."""
-    return implementation_form(x) == "few_op"
 
 
 @contextlib.contextmanager

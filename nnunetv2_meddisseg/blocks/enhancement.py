@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nnunetv2_meddisseg.blocks.activation import TeLU
+from nnunetv2_meddisseg.blocks.activation import TeLU, attention_sigmoid
 from nnunetv2_meddisseg.blocks.attention import SpatialAttention, _hidden
 from nnunetv2_meddisseg.blocks.conv import ConvNormAct, PointwiseLinear, merge_branch_states, same_padding
 
@@ -86,7 +86,7 @@ class FeatureEnhancement(nn.Module):
         w1, w2 = self.attention_hidden.weight, self.attention_out.weight
         pooled = torch.cat([y.mean(dim=(2, 3), keepdim=True), y.amax(dim=(2, 3), keepdim=True)])  # (2B, n * C, 1, 1)
         out = F.conv2d(self.nonlin(F.conv2d(pooled, w1, groups=n)), w2, groups=n)  # (2B, n * C, 1, 1)
-        return torch.sigmoid(out.view(2, b, *out.shape[1:]).sum(dim=0))
+        return attention_sigmoid(out.view(2, b, *out.shape[1:]).sum(dim=0))
 
     def forward(self, x: Tensor) -> Tensor:
         c = self.out_channels

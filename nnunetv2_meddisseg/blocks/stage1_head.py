@@ -44,7 +44,8 @@ class Stage1Head(nn.Module):
             raise ValueError(f"Stage1Head: num_classes must be >= 1, got {num_classes}")
         self.in_channels = tuple(int(c) for c in in_channels)
         self.projections = nn.ModuleList(
-            ConvNormAct(c, width, kernel_size=1, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs, nonlin=nonlin) for c in self.in_channels
+            ConvNormAct(c, width, kernel_size=1, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs, nonlin=nonlin)
+            for c in self.in_channels
         )
         self.classifier = nn.Conv2d(len(self.in_channels) * width, num_classes, kernel_size=1)
 

@@ -52,7 +52,8 @@ def _dense(x: Tensor) -> bool:
 
 def telu_triton_available(x: Tensor) -> bool:
     """Whether :func:`telu_triton` runs for ``x`` (see the module docstring)."""
-    if triton is None or _failure is not None or not _dense(x) or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    if (triton is None or _failure is not None or not _dense(x)
+            or x.dtype not in (torch.float32, torch.float16, torch.bfloat16)):
         return False
     if torch.compiler.is_compiling():
         return False

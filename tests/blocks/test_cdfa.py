@@ -47,21 +47,23 @@ def _brute_force_cdfa(m, x, fg, bg):
 
 
 def _in_form(form):
-    """The block's forward in one implementation form ("shifted": shifted views, "few_op": unfold / bmm / fold)."""
+    """The block's forward in one implementation form ("shifted": shifted views, "few_op": unfold / bmm / fold,
+    "graph": padded copies, no in-place writes)."""
     def forward(m, x, fg, bg):
         with forced_form(form):
             return m(x, fg, bg)
     return forward
 
 
-IMPLEMENTATIONS = {"current": _in_form("shifted"), "few_ops": _in_form("few_op"), "first": reference_cdfa_forward}
-FORMS = ("shifted", "few_op")
+IMPLEMENTATIONS = {"current": _in_form("shifted"), "few_ops": _in_form("few_op"), "graph": _in_form("graph"),
+                   "first": reference_cdfa_forward}
+FORMS = ("shifted", "few_op", "graph")
 
 
 @pytest.mark.parametrize(
     "implementation,in_channels,dim,heads,size,kernel",
     [(impl, *case) for impl in sorted(IMPLEMENTATIONS) for case in [(256, 128, 4, (4, 4), 3), (8, 16, 2, (3, 5), 3)]]
-    + [("current", 8, 16, 2, (4, 6), 5), ("few_ops", 8, 16, 2, (4, 6), 5)],
+    + [(impl, 8, 16, 2, (4, 6), 5) for impl in ("current", "few_ops", "graph")],
 )
 def test_matches_brute_force(implementation, in_channels, dim, heads, size, kernel):
     torch.manual_seed(0)

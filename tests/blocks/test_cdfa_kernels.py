@@ -58,7 +58,7 @@ def test_availability_and_choice_of_form(monkeypatch):
         with forced_form(form):
             assert implementation_form(x) == form
     with forced_form("cuda"):
-        assert implementation_form(x) == "few_op"
+        assert implementation_form(x) == "fused"  # what CUDA runs
     with forced_form("cpu"):
         assert implementation_form(x) == "shifted"
     with pytest.raises(ValueError, match="unknown implementation form"):

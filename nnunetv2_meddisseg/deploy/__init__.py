@@ -1,0 +1,1 @@
+"""Deployment without PyTorch: ONNX export of trained 2D models and an ONNX Runtime predictor."""

@@ -1,0 +1,302 @@
+"""``nnUNetv2_meddisseg_export``: a trained nnU-Net 2D model (Med-DisSeg or any other trainer) as ONNX graphs,
+checked against PyTorch before anything is written.
+
+The model is found as ``nnUNetv2_predict`` finds it (-d -c -f -tr -p -chk) and loaded by nnU-Net's own
+``nnUNetPredictor`` (deep supervision off). Each fold is traced on the CPU with the CDFA blocks in their graph
+form (``blocks.cdfa_graph``: no in-place writes, which a tracer loses) into ``fold_<f>/model.onnx`` with a
+symbolic batch size, height and width. Before writing, ONNX Runtime runs each graph on random inputs (a batch
+of two patches, and one input twice the patch size) and on up to two preprocessed training cases where the
+dataset is there, against the PyTorch network as nnU-Net predicts with it; the largest difference must stay
+within ``--tolerance`` times the largest absolute logit, else the command ends with one line and writes
+nothing. ``onnx_model.json`` (``deploy.description``) holds what the predictor needs.
+
+Only what ``nnUNetv2_meddisseg_predict_onnx`` can run is exported: 2D configurations of datasets of 2D
+natural images (.png, .bmp, .tif) whose plans keep the image spacing (1, 1), i.e. no resampling; no cascade.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import shutil
+import sys
+import warnings
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from nnunetv2_meddisseg.architectures.meddisseg import CPU_BF16_ENV
+from nnunetv2_meddisseg.blocks.device_forms import forced_form
+from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
+from nnunetv2_meddisseg.deploy.description import (DESCRIPTION_FILE, FORMAT_VERSION, INPUT_NAME, NATURAL_IMAGE_ENDINGS,
+                                                   OUTPUT_NAME, fold_model_file)
+
+__all__ = ["EXPORT_FORM", "DEFAULT_TOLERANCE", "export_model", "trace_to_onnx", "compare_with_onnxruntime", "main"]
+
+PROG = "nnUNetv2_meddisseg_export"
+#: the CDFA form the exporter traces (``blocks.device_forms``)
+EXPORT_FORM = "graph"
+#: largest |ONNX Runtime - PyTorch| allowed, as a fraction of the largest |logit| PyTorch gives
+DEFAULT_TOLERANCE = 1e-3
+OPSET = 18
+#: how many preprocessed training cases the check runs where the dataset is there
+REAL_CASES = 2
+
+
+def _onnx_modules():
+    try:
+        import onnx
+        import onnxruntime
+    except ImportError as e:
+        raise UserError(f"{e.name} is not installed: pip install 'nnunetv2_meddisseg[onnx]'") from e
+    return onnx, onnxruntime
+
+
+@contextlib.contextmanager
+def _fp32_prediction() -> Iterator[None]:
+    """Within the context, the network predicts in fp32 on the CPU (the CPU bf16 switch is off)."""
+    previous = os.environ.pop(CPU_BF16_ENV, None)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            os.environ[CPU_BF16_ENV] = previous
+
+
+def trace_to_onnx(network: torch.nn.Module, example: torch.Tensor, form: Optional[str] = None) -> bytes:
+    """network (eval mode, CPU) traced on example (B, C, H, W) with the CDFA blocks in ``form`` (None:
+    :data:`EXPORT_FORM`) -> an ONNX model (bytes) whose input ``image`` (B, C, H, W) and output ``logits``
+    (B, K, H, W) have symbolic B, H and W."""
+    form = EXPORT_FORM if form is None else form
+    axes = {0: "batch", 2: "height", 3: "width"}
+    buffer = io.BytesIO()
+    with forced_form(form), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's notes on Python values it records as constants
+        torch.onnx.export(network, (example,), buffer, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+                          opset_version=OPSET, dynamo=False, dynamic_axes={INPUT_NAME: axes, OUTPUT_NAME: axes})
+    return buffer.getvalue()
+
+
+def compare_with_onnxruntime(network: torch.nn.Module, model: bytes, inputs: Dict[str, np.ndarray]
+                             ) -> List[dict]:
+    """Run ``model`` in ONNX Runtime (CPU) and ``network`` in PyTorch on each named input (B, C, H, W) float32 ->
+    per input: its name and shape, the largest |logit| and the largest absolute and relative difference."""
+    _, ort = _onnx_modules()
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    results = []
+    for name, x in inputs.items():
+        with torch.no_grad():
+            expected = network(torch.from_numpy(x)).float().numpy()
+        got = session.run(None, {INPUT_NAME: x})[0]
+        if got.shape != expected.shape:
+            raise UserError(f"{name}: ONNX Runtime's logits have shape {got.shape}, PyTorch's {expected.shape}")
+        scale = float(np.abs(expected).max())
+        difference = float(np.abs(got - expected).max()) if np.isfinite(got).all() else float("inf")
+        results.append({"input": name, "shape": list(x.shape), "max_abs_logit": scale,
+                        "max_abs_difference": difference, "relative_difference": difference / max(scale, 1e-12)})
+    return results
+
+
+def _patch_of(case: np.ndarray, patch_size: Sequence[int]) -> np.ndarray:
+    """(C, 1, X, Y) -> the centre (1, C, *patch_size), zero-padded where the case is smaller."""
+    image = case[:, 0]
+    out = np.zeros((image.shape[0], *patch_size), dtype=np.float32)
+    src, dst = [], []
+    for size, patch in zip(image.shape[1:], patch_size):
+        n = min(size, patch)
+        a, b = (size - n) // 2, (patch - n) // 2
+        src.append(slice(a, a + n))
+        dst.append(slice(b, b + n))
+    out[(slice(None), *dst)] = image[(slice(None), *src)]
+    return out[None]
+
+
+def _check_inputs(predictor, preprocessed: Optional[Path], seed: int = 0) -> Dict[str, np.ndarray]:
+    """The inputs of the check: random patches (batch 2), a random input twice the patch size and up to
+    :data:`REAL_CASES` preprocessed cases (centre patches) from ``preprocessed`` where it exists."""
+    patch = list(predictor.configuration_manager.patch_size)
+    channels = len(predictor.configuration_manager.normalization_schemes)
+    rng = np.random.default_rng(seed)
+    inputs = {"random patches": rng.standard_normal((2, channels, *patch), dtype=np.float32),
+              "random input of twice the patch size": rng.standard_normal((1, channels, *[2 * p for p in patch]),
+                                                                          dtype=np.float32)}
+    if preprocessed is not None and preprocessed.is_dir() and any(preprocessed.iterdir()):
+        from nnunetv2.training.dataloading.nnunet_dataset import infer_dataset_class
+
+        dataset = infer_dataset_class(str(preprocessed))(str(preprocessed))
+        for identifier in dataset.identifiers[:REAL_CASES]:
+            data = np.asarray(dataset.load_case(identifier)[0], dtype=np.float32)
+            inputs[f"case {identifier}"] = _patch_of(data, patch)
+    return inputs
+
+
+def _refuse_unsupported(predictor, configuration: str) -> None:
+    """One line naming what the ONNX predictor cannot run, if the model needs it."""
+    cm, plans = predictor.configuration_manager, predictor.plans_manager.plans
+    ending = predictor.dataset_json.get("file_ending", "")
+    if len(cm.patch_size) != 2:
+        raise UserError(f"configuration {configuration!r} is {len(cm.patch_size)}D: the ONNX export and predictor "
+                        f"handle 2D configurations only")
+    if cm.previous_stage_name is not None:
+        raise UserError("cascaded configurations (previous_stage) are not supported by the ONNX predictor")
+    if ending not in NATURAL_IMAGE_ENDINGS:
+        raise UserError(f"the dataset's images are {ending!r} files: the ONNX predictor reads 2D natural images "
+                        f"({', '.join(NATURAL_IMAGE_ENDINGS)}) only")
+    if any(abs(s - 1.0) > 1e-8 for s in cm.spacing):
+        raise UserError(f"the plans' 2D spacing is {cm.spacing}, not (1, 1): prediction would resample the images, "
+                        f"which the ONNX predictor does not do")
+    if plans.get("image_reader_writer", "NaturalImage2DIO") != "NaturalImage2DIO":
+        raise UserError(f"the plans read images with {plans['image_reader_writer']}: the ONNX predictor reads them as "
+                        f"nnU-Net's NaturalImage2DIO does only")
+
+
+def _description(predictor, args, folds: List[dict]) -> dict:
+    pm, cm, lm = predictor.plans_manager, predictor.configuration_manager, predictor.label_manager
+    intensity = pm.foreground_intensity_properties_per_channel
+    normalization = [{"scheme": scheme, "use_mask_for_norm": bool(cm.use_mask_for_norm[c]),
+                      "intensity_properties": intensity.get(str(c), {})}
+                     for c, scheme in enumerate(cm.normalization_schemes)]
+    mirror = predictor.allowed_mirroring_axes
+    return {
+        "format_version": FORMAT_VERSION,
+        "trainer": predictor.trainer_name,
+        "plans": args.p,
+        "configuration": args.c,
+        "checkpoint": args.chk,
+        "dataset": predictor.dataset_json.get("name"),
+        "folds": folds,
+        "patch_size": [int(p) for p in cm.patch_size],
+        "num_input_channels": len(normalization),
+        "num_segmentation_heads": int(lm.num_segmentation_heads),
+        "normalization": normalization,
+        "transpose_forward": [int(a) for a in pm.transpose_forward],
+        "transpose_backward": [int(a) for a in pm.transpose_backward],
+        "spacing": [float(s) for s in cm.spacing],
+        "file_ending": predictor.dataset_json["file_ending"],
+        "labels": predictor.dataset_json["labels"],
+        "regions_class_order": list(lm.regions_class_order) if lm.has_regions else None,
+        "mirror_axes": [int(a) for a in mirror] if mirror is not None else None,
+        "tile_step_size": 0.5,
+        "opset": OPSET,
+        "graph": "input image (B, C, H, W) float32 -> logits (B, K, H, W); B, H, W symbolic",
+    }
+
+
+def _model_folder(args) -> Path:
+    from nnunetv2.utilities.file_path_utilities import get_output_folder
+
+    try:
+        folder = Path(get_output_folder(args.d, args.tr, args.p, args.c))
+    except (RuntimeError, ValueError) as e:
+        raise UserError(f"-d {args.d}: {' '.join(str(e).split())[:300]}") from e
+    if not folder.is_dir():
+        raise UserError(f"{folder}: no trained model (-d {args.d} -c {args.c} -tr {args.tr} -p {args.p})")
+    for fold in args.f:
+        checkpoint = folder / f"fold_{fold}" / args.chk
+        if not checkpoint.is_file():
+            raise UserError(f"{checkpoint}: not found (fold {fold}, -chk {args.chk})")
+    return folder
+
+
+def _write(output: Path, models: Dict[str, bytes], description: dict) -> None:
+    """Write the folder whole: into a hidden sibling first, then renamed over ``output``."""
+    partial = output.with_name(f".{output.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    for fold, model in models.items():
+        target = partial / fold_model_file(fold)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(model)
+    (partial / DESCRIPTION_FILE).write_text(json.dumps(description, indent=2))
+    if output.exists():
+        old = output.with_name(f".{output.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        output.rename(old)
+        partial.rename(output)
+        shutil.rmtree(old)
+    else:
+        partial.rename(output)
+
+
+def export_model(args) -> Tuple[Path, dict]:
+    """Export and check every fold of ``args`` (the command's options); write nothing unless all pass.
+    Returns the output folder and the description."""
+    _onnx_modules()
+    from nnunetv2.inference.predict_from_raw_data import nnUNetPredictor
+    from nnunetv2.paths import nnUNet_preprocessed
+
+    folder = _model_folder(args)
+    output = Path(args.o) if args.o is not None else folder / "onnx"
+    predictor = nnUNetPredictor(tile_step_size=0.5, use_gaussian=True, use_mirroring=True,
+                                device=torch.device("cpu"), verbose=False, allow_tqdm=False)
+    with warnings.catch_warnings():
+        # deprecation notices of the modules nnU-Net's trainer search imports (timm's, for example)
+        warnings.simplefilter("ignore", FutureWarning)
+        predictor.initialize_from_trained_model_folder(str(folder), tuple(args.f), args.chk)
+    plans = predictor.plans_manager.plans
+    _refuse_unsupported(predictor, args.c)
+    preprocessed = None
+    if nnUNet_preprocessed is not None:
+        preprocessed = (Path(nnUNet_preprocessed) / plans["dataset_name"]
+                        / predictor.configuration_manager.data_identifier)
+    network = getattr(predictor.network, "_orig_mod", predictor.network).cpu().eval()  # uncompiled
+    inputs = _check_inputs(predictor, preprocessed)
+    example = torch.from_numpy(inputs["random patches"][:1])
+    models, folds = {}, []
+    with _fp32_prediction():
+        for fold, parameters in zip(args.f, predictor.list_of_parameters):
+            network.load_state_dict(parameters)
+            model = trace_to_onnx(network, example)
+            checks = compare_with_onnxruntime(network, model, inputs)
+            worst = max(checks, key=lambda c: c["relative_difference"])
+            if not worst["relative_difference"] <= args.tolerance:
+                raise UserError(
+                    f"fold {fold}: ONNX Runtime's logits differ from PyTorch's by {worst['max_abs_difference']:.3g} on "
+                    f"the {worst['input']} (largest |logit| {worst['max_abs_logit']:.3g}; relative "
+                    f"{worst['relative_difference']:.2e} > tolerance {args.tolerance:g}): the export is wrong, "
+                    f"nothing written")
+            models[str(fold)] = model
+            folds.append({"fold": str(fold), "file": fold_model_file(fold), "checks": checks})
+            print(f"fold {fold}: exported, ONNX Runtime vs PyTorch: largest relative difference "
+                  f"{worst['relative_difference']:.1e} ({len(checks)} inputs)")
+    description = _description(predictor, args, folds)
+    _write(output, models, description)
+    return output, description
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, formatter_class=DefaultsHelpFormatter,
+                                description="Export a trained nnU-Net 2D model (Med-DisSeg or any trainer) to ONNX, "
+                                            "checked against PyTorch before it is written, for "
+                                            "nnUNetv2_meddisseg_predict_onnx.")
+    p.add_argument("-d", required=True, help="dataset name or id, as for nnUNetv2_predict")
+    p.add_argument("-c", default="2d", help="configuration (2D only)")
+    p.add_argument("-f", nargs="+", default=["0", "1", "2", "3", "4"], help="folds to export")
+    p.add_argument("-tr", default="nnUNetTrainer", help="trainer class")
+    p.add_argument("-p", default="nnUNetPlans", help="plans identifier")
+    p.add_argument("-chk", default="checkpoint_final.pth", help="checkpoint file name in each fold folder")
+    p.add_argument("-o", default=None,
+                   help="output folder (default: onnx inside the model folder); replaced whole once every fold passes")
+    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                   help="largest difference ONNX Runtime vs PyTorch allowed, as a fraction of the largest |logit|")
+    return p
+
+
+def _command(argv: Optional[Sequence[str]]) -> int:
+    args = _parser().parse_args(argv)
+    if not args.tolerance > 0:
+        raise UserError(f"--tolerance must be positive, got {args.tolerance}")
+    output, description = export_model(args)
+    print(f"{output}: {len(description['folds'])} fold(s) and {DESCRIPTION_FILE} written")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return run_command(PROG, _command, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

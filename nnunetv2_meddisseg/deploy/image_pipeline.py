@@ -1,0 +1,149 @@
+"""nnU-Net's 2D preprocessing and segmentation export for natural images, in numpy (no PyTorch, no nnU-Net).
+
+The steps and their order are those of nnU-Net's ``DefaultPreprocessor.run_case`` and
+``convert_predicted_logits_to_segmentation_with_correct_shape`` for images its ``NaturalImage2DIO`` reads:
+read (C, 1, X, Y) float32 -> transpose -> crop to the non-zero bounding box (holes filled) -> normalise each
+channel by its scheme; and after prediction: argmax (or regions) -> back into the uncropped shape -> transpose
+back -> a uint8 (uint16 from 255 labels) image. Resampling is left out: such an image's spacing is (999, 1, 1)
+and the exporter accepts only plans whose 2D spacing is (1, 1), where nnU-Net's resampling keeps the shape.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+from PIL import Image
+from scipy.ndimage import binary_fill_holes
+
+from nnunetv2_meddisseg.cli import UserError
+
+__all__ = ["read_case", "preprocess", "segmentation_from_logits", "probabilities_from_logits", "restore_shape",
+           "restore_probabilities", "write_segmentation", "normalise_channel"]
+
+BoundingBox = List[List[int]]
+
+
+def read_case(files: Sequence[Path]) -> np.ndarray:
+    """One image per channel file -> (C, 1, X, Y) float32 (an RGB(A) file gives 3 (4) channels), as nnU-Net's
+    NaturalImage2DIO reads them."""
+    images = []
+    for f in files:
+        try:
+            with Image.open(f) as im:
+                array = np.asarray(im)
+        except (OSError, ValueError) as e:
+            raise UserError(f"{f}: cannot read the image ({e})") from e
+        if array.ndim == 3 and array.shape[-1] in (3, 4):
+            images.append(array.transpose(2, 0, 1)[:, None])
+        elif array.ndim == 2:
+            images.append(array[None, None])
+        else:
+            raise UserError(f"{f}: expected a 2D grey, RGB or RGBA image, got an array of shape {array.shape}")
+    shapes = {i.shape[1:] for i in images}
+    if len(shapes) > 1:
+        raise UserError(f"{files[0]}: the channel files of this case have different sizes "
+                        f"({', '.join(str(s[1:]) for s in shapes)})")
+    return np.vstack(images).astype(np.float32)
+
+
+def _bounding_box(mask: np.ndarray) -> BoundingBox:
+    """Half-open [start, end) per axis of the True entries of ``mask``; the whole array where there are none."""
+    box = []
+    for axis in range(mask.ndim):
+        other = tuple(a for a in range(mask.ndim) if a != axis)
+        hits = np.flatnonzero(mask.any(axis=other))
+        box.append([int(hits[0]), int(hits[-1]) + 1] if hits.size else [0, mask.shape[axis]])
+    return box
+
+
+def normalise_channel(image: np.ndarray, mask: np.ndarray, scheme: str, use_mask: bool,
+                      properties: Dict[str, float]) -> np.ndarray:
+    """One channel (1, X, Y) normalised as nnU-Net's scheme of that name does; ``mask``: the non-zero region
+    (used where ``use_mask``)."""
+    eps = 1e-8
+    image = image.astype(np.float32)
+    if scheme == "ZScoreNormalization":
+        if use_mask:
+            mean, std = image[mask].mean(), image[mask].std()
+            image[mask] = (image[mask] - mean) / max(std, eps)
+        else:
+            image = (image - image.mean()) / max(image.std(), eps)
+    elif scheme == "CTNormalization":
+        np.clip(image, properties["percentile_00_5"], properties["percentile_99_5"], out=image)
+        image = (image - properties["mean"]) / max(properties["std"], eps)
+    elif scheme == "NoNormalization":
+        pass
+    elif scheme == "RescaleTo01Normalization":
+        image -= image.min()
+        image /= np.clip(image.max(), a_min=eps, a_max=None)
+    elif scheme == "RGBTo01Normalization":
+        if image.min() < 0 or image.max() > 255:
+            raise UserError(f"RGBTo01Normalization expects values in [0, 255], got [{image.min()}, {image.max()}]")
+        image /= 255.0
+    else:
+        raise UserError(f"normalisation scheme {scheme!r} is not one of nnU-Net's five; the predictor cannot run it")
+    return image.astype(np.float32, copy=False)
+
+
+def preprocess(data: np.ndarray, description: dict, case: str = "the case") -> Tuple[np.ndarray, dict]:
+    """data (C, 1, X, Y) as read -> (the network's input (C, 1, X', Y') float32, what :func:`restore_shape` needs)."""
+    if data.shape[0] != description["num_input_channels"]:
+        raise UserError(f"{case}: {data.shape[0]} channel(s), the model takes {description['num_input_channels']}")
+    data = data.transpose([0, *[i + 1 for i in description["transpose_forward"]]])
+    shape_before_cropping = data.shape[1:]
+    mask = binary_fill_holes((data != 0).any(axis=0))
+    box = _bounding_box(mask)
+    crop = tuple(slice(a, b) for a, b in box)
+    data, mask = data[(slice(None), *crop)], mask[crop]
+    channels = [normalise_channel(data[c], mask, n["scheme"], n["use_mask_for_norm"], n["intensity_properties"])
+                for c, n in enumerate(description["normalization"])]
+    return np.stack(channels), {"shape_before_cropping": shape_before_cropping, "bbox": box}
+
+
+def probabilities_from_logits(logits: np.ndarray, regions_class_order) -> np.ndarray:
+    """logits (K, 1, X, Y) -> float32 probabilities: softmax over K, or for regions the sigmoid of each."""
+    logits = logits.astype(np.float32)
+    if regions_class_order is not None:
+        return 1.0 / (1.0 + np.exp(-logits))
+    e = np.exp(logits - logits.max(axis=0, keepdims=True))
+    return e / e.sum(axis=0, keepdims=True)
+
+
+def segmentation_from_logits(logits: np.ndarray, regions_class_order) -> np.ndarray:
+    """logits (K, 1, X, Y) -> labels (1, X, Y): argmax, or for regions the sigmoid above 0.5 in class order."""
+    if regions_class_order is None:
+        return logits.argmax(0)
+    probabilities = probabilities_from_logits(logits, regions_class_order)
+    segmentation = np.zeros(logits.shape[1:], dtype=np.uint16)
+    for i, label in enumerate(regions_class_order):
+        segmentation[probabilities[i] > 0.5] = label
+    return segmentation
+
+
+def restore_shape(segmentation: np.ndarray, geometry: dict, description: dict, num_foreground_labels: int
+                  ) -> np.ndarray:
+    """The cropped segmentation (1, X', Y') back into the read image's shape and axis order (1, X, Y)."""
+    dtype = np.uint8 if num_foreground_labels < 255 else np.uint16
+    full = np.zeros(geometry["shape_before_cropping"], dtype=dtype)
+    full[tuple(slice(a, b) for a, b in geometry["bbox"])] = segmentation
+    return full.transpose(description["transpose_backward"])
+
+
+def restore_probabilities(probabilities: np.ndarray, geometry: dict, description: dict) -> np.ndarray:
+    """Cropped probabilities (K, 1, X', Y') -> (K, 1, X, Y) in the read image's shape and axis order; outside the
+    crop the background's probability is 1 (regions: all 0), as nnU-Net's ``--save_probabilities`` writes."""
+    full = np.zeros((probabilities.shape[0], *geometry["shape_before_cropping"]), dtype=np.float32)
+    if description["regions_class_order"] is None:
+        full[0] = 1
+    full[(slice(None), *(slice(a, b) for a, b in geometry["bbox"]))] = probabilities
+    return full.transpose([0, *[a + 1 for a in description["transpose_backward"]]])
+
+
+def write_segmentation(segmentation: np.ndarray, path: Path) -> None:
+    """(1, X, Y) labels -> an 8-bit (16-bit from label 255) grey image, as nnU-Net's NaturalImage2DIO writes it;
+    written beside and renamed, so that an interrupted write leaves no partial file."""
+    image = segmentation[0].astype(np.uint8 if segmentation.max() < 255 else np.uint16, copy=False)
+    partial = path.with_name(f".{path.name}.partial")
+    Image.fromarray(image).save(partial, format=Image.registered_extensions()[path.suffix.lower()])
+    partial.replace(path)

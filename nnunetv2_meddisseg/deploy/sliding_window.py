@@ -1,0 +1,93 @@
+"""nnU-Net's Gaussian-weighted sliding window over ONNX Runtime sessions, in numpy.
+
+The same tiles as ``nnUNetPredictor`` (``compute_steps_for_sliding_window`` with the same tile step, the image
+padded to at least the patch size around its centre), the same Gaussian importance map (sigma = patch / 8,
+the map's zeros replaced by its smallest non-zero value), the same mirroring (the mean over every combination
+of the mirror axes, per tile) and fold ensembling (the mean of the folds' logits). The map, the weighted sums
+and the fold mean are float16 as in nnU-Net (where two classes' logits nearly tie, the rounding decides the
+label, so the predictor rounds alike). Each tile's mirrored copies go through the network as one batch.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+from scipy.ndimage import gaussian_filter
+
+__all__ = ["tile_starts", "gaussian_importance", "pad_to_patch", "mirror_combinations", "sliding_window_logits"]
+
+
+def tile_starts(image_size: Sequence[int], patch_size: Sequence[int], step: float) -> List[List[int]]:
+    """Tile start positions per axis: as few tiles as keep consecutive starts at most ``step * patch`` apart,
+    spread evenly from 0 to ``image - patch``. image_size >= patch_size on every axis."""
+    starts = []
+    for image, patch in zip(image_size, patch_size):
+        count = int(np.ceil((image - patch) / (patch * step))) + 1
+        stride = (image - patch) / (count - 1) if count > 1 else 0
+        starts.append([int(np.round(stride * i)) for i in range(count)])
+    return starts
+
+
+def gaussian_importance(patch_size: Sequence[int], sigma_scale: float = 1.0 / 8, value_scaling: float = 10.0
+                        ) -> np.ndarray:
+    """The importance map (patch_size) float16: a unit impulse at the centre blurred with sigma = patch *
+    sigma_scale, scaled to a maximum of ``value_scaling``; zeros replaced by the smallest non-zero value."""
+    impulse = np.zeros(patch_size)
+    impulse[tuple(p // 2 for p in patch_size)] = 1
+    gaussian = gaussian_filter(impulse, [p * sigma_scale for p in patch_size], 0, mode="constant", cval=0)
+    gaussian /= gaussian.max() / value_scaling
+    gaussian = gaussian.astype(np.float16)
+    zero = gaussian == 0
+    if zero.any():
+        gaussian[zero] = gaussian[~zero].min()
+    return gaussian
+
+
+def pad_to_patch(data: np.ndarray, patch_size: Sequence[int]) -> Tuple[np.ndarray, Tuple[slice, ...]]:
+    """data (C, ..., X, Y) zero-padded on the last axes to at least ``patch_size`` (the image centred, the odd
+    pixel after it) -> (padded, the slices of the last axes that undo it)."""
+    lead = data.ndim - len(patch_size)
+    widths, undo = [(0, 0)] * lead, []
+    for size, patch in zip(data.shape[lead:], patch_size):
+        missing = max(patch - size, 0)
+        widths.append((missing // 2, missing - missing // 2))
+        undo.append(slice(missing // 2, missing // 2 + size))
+    return np.pad(data, widths, mode="constant"), tuple(undo)
+
+
+def mirror_combinations(mirror_axes: Optional[Sequence[int]]) -> List[Tuple[int, ...]]:
+    """The flips of a tile (B, C, X, Y) nnU-Net averages: none, then every combination of the spatial mirror axes
+    (0: X, 1: Y) as array axes."""
+    axes = [a + 2 for a in (mirror_axes or ())]
+    return [()] + [c for n in range(1, len(axes) + 1) for c in itertools.combinations(axes, n)]
+
+
+def sliding_window_logits(data: np.ndarray, sessions: Sequence, patch_size: Sequence[int], step: float,
+                          mirror_axes: Optional[Sequence[int]], input_name: str, num_heads: int) -> np.ndarray:
+    """data (C, 1, X, Y) float32 -> logits (num_heads, 1, X, Y) float16, the mean over ``sessions`` (one per fold)
+    of the Gaussian-weighted sliding-window prediction."""
+    padded, undo = pad_to_patch(data, patch_size)
+    starts = tile_starts(padded.shape[2:], patch_size, step)
+    gaussian = gaussian_importance(tuple(patch_size))
+    flips = mirror_combinations(mirror_axes)
+    total = None
+    for session in sessions:
+        logits = np.zeros((num_heads, *padded.shape[1:]), dtype=np.float16)
+        weight = np.zeros(padded.shape[1:], dtype=np.float16)
+        for d in range(padded.shape[1]):
+            for sx, sy in itertools.product(*starts):
+                window = (slice(sx, sx + patch_size[0]), slice(sy, sy + patch_size[1]))
+                tile = padded[(slice(None), d, *window)][None]  # (1, C, px, py)
+                batch = np.ascontiguousarray(np.concatenate([np.flip(tile, f) for f in flips]))
+                out = session.run(None, {input_name: batch})[0]  # (len(flips), heads, px, py) float32
+                prediction = sum(np.flip(out[i:i + 1], f) for i, f in enumerate(flips))[0] / len(flips)
+                region = (slice(None), d, *window)
+                # float32 sums rounded to float16, as nnU-Net's in-place addition into its float16 arrays
+                logits[region] = logits[region].astype(np.float32) + prediction * gaussian.astype(np.float32)
+                weight[(d, *window)] += gaussian
+        logits /= weight
+        total = logits if total is None else total + logits
+    if len(sessions) > 1:
+        total /= np.float16(len(sessions))
+    return total[(slice(None), slice(None), *undo)]

@@ -1,0 +1,75 @@
+"""deploy/export.py without a trained model: the check's figures, what the exporter refuses, and its one-line
+errors. The export of trained models is in tests/e2e/test_onnx_deploy.py."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.deploy import export
+
+
+def _net(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()
+
+
+def test_check_measures_the_difference_relative_to_the_logits():
+    rng = np.random.default_rng(0)
+    inputs = {"a": rng.standard_normal((2, 3, 8, 8), dtype=np.float32),
+              "b": rng.standard_normal((1, 3, 12, 20), dtype=np.float32)}
+    net = _net(0)
+    model = export.trace_to_onnx(net, torch.zeros(1, 3, 8, 8))
+    checks = export.compare_with_onnxruntime(net, model, inputs)
+    assert [c["input"] for c in checks] == ["a", "b"] and checks[1]["shape"] == [1, 3, 12, 20]
+    assert all(c["relative_difference"] < 1e-5 for c in checks)
+    # another network's graph: the check sees it
+    wrong = export.compare_with_onnxruntime(_net(1), model, inputs)
+    for c in wrong:
+        assert c["relative_difference"] > 0.05
+        assert c["relative_difference"] == pytest.approx(c["max_abs_difference"] / c["max_abs_logit"])
+
+
+def _predictor(patch=(32, 32), spacing=(1.0, 1.0), ending=".png", previous=None, reader="NaturalImage2DIO"):
+    cm = SimpleNamespace(patch_size=list(patch), spacing=list(spacing), previous_stage_name=previous)
+    pm = SimpleNamespace(plans={"image_reader_writer": reader})
+    return SimpleNamespace(configuration_manager=cm, plans_manager=pm, dataset_json={"file_ending": ending})
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(patch=(16, 32, 32)), "'3d_fullres' is 3D: the ONNX export and predictor handle 2D configurations only"),
+    (dict(previous="3d_lowres"), "cascaded configurations"),
+    (dict(ending=".nii.gz"), "'.nii.gz' files: the ONNX predictor reads 2D natural images"),
+    (dict(spacing=(0.5, 1.0)), "would resample the images"),
+    (dict(reader="SimpleITKIO"), "read images with SimpleITKIO"),
+])
+def test_refuses_what_the_predictor_cannot_run(kwargs, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        export._refuse_unsupported(_predictor(**kwargs), "3d_fullres")
+    export._refuse_unsupported(_predictor(), "2d")  # a 2D natural-image model passes
+
+
+def test_missing_model_is_one_line(nnunet_dirs, capsys):
+    code = export.main(["-d", "Dataset987_Nothing", "-tr", "nnUNetTrainer", "-f", "0"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("nnUNetv2_meddisseg_export: error: ")
+    assert "Dataset987_Nothing" in err and "no trained model" in err
+    assert export.main(["-d", "1", "--tolerance", "0"]) == 2
+    assert "--tolerance must be positive" in capsys.readouterr().err
+
+
+def test_saturated_attention_keeps_its_precision_in_onnx_runtime():
+    # ELAT's spatial weights near sigmoid(-15) ~ 3e-7: ONNX Runtime's Sigmoid op is only accurate to ~1e-7 absolute,
+    # so the exporter traces attention_sigmoid as 1 / (1 + exp(-x)), which keeps the relative precision
+    from nnunetv2_meddisseg.blocks.attention import ELAT
+
+    torch.manual_seed(0)
+    block = ELAT(16).eval()
+    with torch.no_grad():
+        block.spatial_fuse.bias.fill_(-15.0)
+    x = np.random.default_rng(0).standard_normal((2, 16, 6, 6), dtype=np.float32)
+    check = export.compare_with_onnxruntime(block, export.trace_to_onnx(block, torch.from_numpy(x)), {"x": x})[0]
+    assert check["max_abs_logit"] < 1e-5  # the premise: saturated weights
+    assert check["relative_difference"] < 1e-4, check

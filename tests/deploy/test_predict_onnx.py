@@ -1,0 +1,119 @@
+"""nnUNetv2_meddisseg_predict_onnx on a tiny exported network: it runs in a process where importing PyTorch (and
+nnU-Net) fails, writes what the in-process predictor computes, and reports bad input in one line. Its equality
+with nnUNetv2_predict on trained models is in tests/e2e/test_onnx_deploy.py."""
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+
+from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, FORMAT_VERSION, fold_model_file
+from nnunetv2_meddisseg.deploy.predict_onnx import PROG, OnnxPredictor, main
+
+BLOCKER = '''import sys
+
+
+class _Blocked:
+    """Refuses to import PyTorch and nnU-Net in this process."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "nnunetv2"):
+            raise ImportError(f"{name} is blocked in this process")
+        return None
+
+
+sys.meta_path.insert(0, _Blocked())
+'''
+
+
+def _export_tiny(folder: Path, folds=(0, 1)) -> None:
+    """An export folder of a (B, 3, H, W) -> (B, 2, H, W) convolutional network per fold, and its description."""
+    folds_info = []
+    for fold in folds:
+        torch.manual_seed(fold)
+        net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Tanh(), nn.Conv2d(4, 2, 3, padding=1)).eval()
+        buffer = io.BytesIO()
+        torch.onnx.export(net, (torch.zeros(1, 3, 16, 16),), buffer, input_names=["image"], output_names=["logits"],
+                          opset_version=18, dynamo=False,
+                          dynamic_axes={n: {0: "b", 2: "h", 3: "w"} for n in ("image", "logits")})
+        (folder / f"fold_{fold}").mkdir(parents=True)
+        (folder / fold_model_file(fold)).write_bytes(buffer.getvalue())
+        folds_info.append({"fold": str(fold), "file": fold_model_file(fold), "checks": []})
+    description = {
+        "format_version": FORMAT_VERSION, "trainer": "tiny", "plans": "nnUNetPlans", "configuration": "2d",
+        "checkpoint": "checkpoint_final.pth", "folds": folds_info, "patch_size": [16, 16], "num_input_channels": 3,
+        "num_segmentation_heads": 2,
+        "normalization": [{"scheme": "ZScoreNormalization", "use_mask_for_norm": False,
+                           "intensity_properties": {}}] * 3,
+        "transpose_forward": [0, 1, 2], "transpose_backward": [0, 1, 2], "file_ending": ".png",
+        "labels": {"background": 0, "polyp": 1}, "regions_class_order": None, "mirror_axes": [0, 1],
+        "tile_step_size": 0.5}
+    (folder / DESCRIPTION_FILE).write_text(json.dumps(description))
+
+
+def _cases(folder: Path) -> None:
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i, shape in enumerate([(16, 16), (29, 21), (9, 12)]):
+        Image.fromarray(rng.integers(0, 256, (*shape, 3)).astype(np.uint8)).save(folder / f"case{i}_0000.png")
+
+
+@pytest.fixture
+def exported(tmp_path) -> Path:
+    _export_tiny(tmp_path / "model")
+    _cases(tmp_path / "in")
+    (tmp_path / "blocker").mkdir()
+    (tmp_path / "blocker" / "sitecustomize.py").write_text(BLOCKER)
+    return tmp_path
+
+
+def _without_torch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "blocker")}
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("tta", [True, False], ids=["mirroring", "no_mirroring"])
+def test_runs_where_torch_cannot_be_imported(exported, tta):
+    tmp = exported
+    blocked = _without_torch(tmp, "-c", "import torch")
+    assert blocked.returncode != 0 and "torch is blocked" in blocked.stderr  # the blocker works
+    args = ["-m", "nnunetv2_meddisseg.deploy.predict_onnx", "-i", str(tmp / "in"), "-o", str(tmp / "out"),
+            "-m", str(tmp / "model"), "--threads", "1"] + ([] if tta else ["--disable_tta"])
+    proc = _without_torch(tmp, *args)
+    assert proc.returncode == 0, proc.stderr
+    assert "3 case(s) written" in proc.stdout
+    predictor = OnnxPredictor(tmp / "model", use_mirroring=tta, threads=1)
+    for i in range(3):
+        written = np.asarray(Image.open(tmp / "out" / f"case{i}.png"))
+        expected = predictor.predict_files([tmp / "in" / f"case{i}_0000.png"])[0]
+        assert written.dtype == np.uint8 and np.array_equal(written, expected)
+        assert 0 < written.sum() < written.size  # both labels occur: the comparison is not trivial
+
+
+def test_bad_input_is_one_line(exported, capsys):
+    tmp = exported
+    cases = [
+        (["-i", str(tmp / "nowhere"), "-o", str(tmp / "out"), "-m", str(tmp / "model")], "nowhere: not a folder"),
+        (["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "in")], f"no {DESCRIPTION_FILE}"),
+        (["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model"), "-f", "3"],
+         "fold(s) 3 not exported"),
+        (["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model"), "--providers", "NoSuchProvider"],
+         "--providers: NoSuchProvider not available"),
+        (["-i", str(tmp / "model"), "-o", str(tmp / "out"), "-m", str(tmp / "model")], "no images named"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"{PROG}: error: ") and message in err, err
+    (tmp / "model" / fold_model_file(1)).unlink()
+    assert main(["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model")]) == 2
+    assert "fold_1/model.onnx: missing" in capsys.readouterr().err
+    assert not (tmp / "out").exists()  # nothing written by a refused command
