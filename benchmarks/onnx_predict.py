@@ -23,9 +23,16 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
-
-from common import (alternating_timings, argument_parser, command_line, machine_info, markdown_table, package_version,
-                    report, summarize)
+from common import (
+    alternating_timings,
+    argument_parser,
+    command_line,
+    machine_info,
+    markdown_table,
+    package_version,
+    report,
+    summarize,
+)
 
 CONFIGURATION = "2d"
 
@@ -99,6 +106,7 @@ def _agreement(nnunet_dir: Path, onnx_dir: Path, cases: Sequence[str], ending: s
 
 def _run(args, work: Path) -> dict:
     import predict  # benchmarks/predict.py: the generated dataset and the untrained model folders
+
     from nnunetv2_meddisseg.logged_command import run_logged
 
     logs = work / "logs"

@@ -17,7 +17,7 @@ LAYERS: List[Set[str]] = [
     {"blocks", "losses"},
     {"architectures"},
     {"training", "datasets"},
-    {"evaluation", "planning", "sharing"},
+    {"evaluation", "planning", "sharing", "deploy"},
     {"ablation"},
     {"nnunet_trainers"},                              # the trainer catalogue nnU-Net imports
     {"trainer_path", "demo", "__init__"},             # commands on top

@@ -26,29 +26,30 @@ tensors through Triton's interpreter (slow: for tests).
 import contextlib
 import functools
 import importlib.util
-import os
 from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
-__all__ = ["fused_cdfa_available", "window_offset_weights", "offset_aggregate", "SUPPORTED_DTYPES"]
+from nnunetv2_meddisseg.environment import flag_is_set
+
+__all__ = ["fused_cdfa_available", "triton_interpreted", "window_offset_weights", "offset_aggregate",
+           "SUPPORTED_DTYPES"]
 
 #: input dtypes the kernels accept (they compute in fp32)
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TRITON_FOUND = importlib.util.find_spec("triton") is not None
-_TRUE = ("1", "true", "yes", "on", "y")
 
 
-def _interpreted() -> bool:
-    """Whether ``TRITON_INTERPRET`` asks for Triton's interpreter (kernels on any device's tensors)."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in _TRUE
+def triton_interpreted() -> bool:
+    """Whether ``TRITON_INTERPRET`` (a flag) asks for Triton's interpreter (kernels on any device's tensors)."""
+    return flag_is_set("TRITON_INTERPRET")
 
 
 def fused_cdfa_available(x: Tensor) -> bool:
     """Whether the fused ops can run on ``x``: Triton is installed and ``x`` is a CUDA tensor, or
     Triton's interpreter is on (``TRITON_INTERPRET=1``: any device, for tests)."""
-    return _TRITON_FOUND and (x.device.type == "cuda" or _interpreted())
+    return _TRITON_FOUND and (x.device.type == "cuda" or triton_interpreted())
 
 
 def _new_output(like: Tensor, shape: Optional[Sequence[int]] = None, dtype: Optional[torch.dtype] = None) -> Tensor:

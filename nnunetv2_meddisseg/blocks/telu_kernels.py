@@ -9,7 +9,6 @@ runs: CUDA tensors with Triton installed, dense in memory (any memory format), o
 Where Triton cannot build or launch the kernel, it is turned off for the process with one warning, and
 :func:`telu_triton` returns None (the caller computes the PyTorch form).
 """
-import os
 import warnings
 from typing import Optional, Tuple
 
@@ -21,6 +20,8 @@ try:
     import triton.language as tl
 except ImportError:  # the package works without Triton: the PyTorch form runs everywhere then
     triton = None
+
+from nnunetv2_meddisseg.environment import flag_is_set
 
 __all__ = ["telu_triton", "telu_triton_available"]
 
@@ -57,7 +58,7 @@ def telu_triton_available(x: Tensor) -> bool:
         return False
     if torch.compiler.is_compiling():
         return False
-    return x.is_cuda or (x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+    return x.is_cuda or (x.device.type == "cpu" and flag_is_set("TRITON_INTERPRET"))
 
 
 def telu_triton(x: Tensor, with_slope: bool = False) -> Optional[Tuple[Tensor, Optional[Tensor]]]:

@@ -29,11 +29,17 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from nnunetv2_meddisseg.architectures.meddisseg import CPU_BF16_ENV
 from nnunetv2_meddisseg.blocks.device_forms import forced_form
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
-from nnunetv2_meddisseg.deploy.description import (DESCRIPTION_FILE, FORMAT_VERSION, INPUT_NAME, NATURAL_IMAGE_ENDINGS,
-                                                   OUTPUT_NAME, fold_model_file)
+from nnunetv2_meddisseg.deploy.description import (
+    DESCRIPTION_FILE,
+    FORMAT_VERSION,
+    INPUT_NAME,
+    NATURAL_IMAGE_ENDINGS,
+    OUTPUT_NAME,
+    fold_model_file,
+)
+from nnunetv2_meddisseg.environment import CPU_BF16_ENVIRONMENT_VARIABLE
 
 __all__ = ["EXPORT_FORM", "DEFAULT_TOLERANCE", "export_model", "trace_to_onnx", "compare_with_onnxruntime", "main"]
 
@@ -59,12 +65,12 @@ def _onnx_modules():
 @contextlib.contextmanager
 def _fp32_prediction() -> Iterator[None]:
     """Within the context, the network predicts in fp32 on the CPU (the CPU bf16 switch is off)."""
-    previous = os.environ.pop(CPU_BF16_ENV, None)
+    previous = os.environ.pop(CPU_BF16_ENVIRONMENT_VARIABLE, None)
     try:
         yield
     finally:
         if previous is not None:
-            os.environ[CPU_BF16_ENV] = previous
+            os.environ[CPU_BF16_ENVIRONMENT_VARIABLE] = previous
 
 
 def trace_to_onnx(network: torch.nn.Module, example: torch.Tensor, form: Optional[str] = None) -> bytes:

@@ -18,9 +18,15 @@ import numpy as np
 
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
 from nnunetv2_meddisseg.deploy.description import INPUT_NAME, read_description
-from nnunetv2_meddisseg.deploy.image_pipeline import (preprocess, probabilities_from_logits, read_case,
-                                                      restore_probabilities, restore_shape, segmentation_from_logits,
-                                                      write_segmentation)
+from nnunetv2_meddisseg.deploy.image_pipeline import (
+    preprocess,
+    probabilities_from_logits,
+    read_case,
+    restore_probabilities,
+    restore_shape,
+    segmentation_from_logits,
+    write_segmentation,
+)
 from nnunetv2_meddisseg.deploy.sliding_window import sliding_window_logits
 
 __all__ = ["OnnxPredictor", "find_cases", "main"]

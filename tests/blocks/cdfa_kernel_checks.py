@@ -18,13 +18,14 @@ import traceback
 from typing import Callable, Dict
 
 import torch
+from reference_impls import reference_window_attention, reference_window_weights
 
 from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
 from nnunetv2_meddisseg.blocks.cdfa_kernels import offset_aggregate, window_offset_weights
 from nnunetv2_meddisseg.blocks.device_forms import forced_form
-from nnunetv2_meddisseg.blocks.kernel_checks import (poisoned_outputs, reference_aggregate as _reference_aggregate,
-                                                     reference_offset_weights, relative_error as _rel)
-from reference_impls import reference_window_attention, reference_window_weights
+from nnunetv2_meddisseg.blocks.kernel_checks import poisoned_outputs, reference_offset_weights
+from nnunetv2_meddisseg.blocks.kernel_checks import reference_aggregate as _reference_aggregate
+from nnunetv2_meddisseg.blocks.kernel_checks import relative_error as _rel
 
 SCALE = 0.5 ** 0.5  # any positive scale
 

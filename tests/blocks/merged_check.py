@@ -2,10 +2,10 @@
 from typing import Callable, Sequence
 
 import torch
+from reference_impls import previous_of
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.conv import split_branch_states
-from reference_impls import previous_of
 
 
 def randomised(module: nn.Module, seed: int = 0) -> nn.Module:

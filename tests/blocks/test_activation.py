@@ -2,10 +2,10 @@ import math
 
 import pytest
 import torch
+from reference_impls import previous_telu, reference_telu
 from torch import nn
 
 from nnunetv2_meddisseg.blocks.activation import TELU_EXP_CLAMP, TeLU, get_activation, telu
-from reference_impls import previous_telu, reference_telu
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 LARGE = [-1e4, -1e3, -100.0, -20.0, -11.0, -5.0, -1.0, 0.0, 1.0, 3.0, 5.0, 10.0, 11.0, 12.0, 20.0, 100.0, 1e3, 1e4]

@@ -90,7 +90,8 @@ def test_elat_matches_manual_parallel_branches():
     l1, l2 = elat.channel_mlp[0], elat.channel_mlp[2]
     assert l1.bias is None and l2.bias is None and l1.out_channels == 4
     a_c = torch.sigmoid(_mlp_ref(x.mean((2, 3)), l1, l2, telu))[:, :, None, None]
-    maps = [F.conv2d(x, conv.weight, conv.bias, padding=d, dilation=d) for conv, d in zip(elat.spatial_convs, (1, 2, 3))]
+    maps = [F.conv2d(x, conv.weight, conv.bias, padding=d, dilation=d)
+            for conv, d in zip(elat.spatial_convs, (1, 2, 3))]
     a_s = torch.sigmoid(F.conv2d(torch.cat(maps, 1), elat.spatial_fuse.weight, elat.spatial_fuse.bias))
     # both attentions are computed from x (parallel), not one after the other
     torch.testing.assert_close(elat(x), x * a_c * a_s)

@@ -1,13 +1,21 @@
 import pytest
 import torch
-
-
-from nnunetv2_meddisseg.blocks.cdfa import (ContrastDrivenAggregation, ContrastGuidancePyramid, PointwiseLinear,
-                                            displacement_sum, window_displacement_weights)
-from nnunetv2_meddisseg.blocks.device_forms import forced_form
 from merged_check import assert_merged_equals_previous, build, randomised
-from reference_impls import (PreviousContrastGuidancePyramid, reference_cdfa_forward, reference_window_attention,
-                             reference_window_weights)
+from reference_impls import (
+    PreviousContrastGuidancePyramid,
+    reference_cdfa_forward,
+    reference_window_attention,
+    reference_window_weights,
+)
+
+from nnunetv2_meddisseg.blocks.cdfa import (
+    ContrastDrivenAggregation,
+    ContrastGuidancePyramid,
+    PointwiseLinear,
+    displacement_sum,
+    window_displacement_weights,
+)
+from nnunetv2_meddisseg.blocks.device_forms import forced_form
 
 
 def _linear(layer, x):

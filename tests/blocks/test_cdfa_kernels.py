@@ -19,6 +19,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 from cdfa_kernel_checks import CHECKS, SCALE
 from scratch import scratch_folder
+
 from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
 from nnunetv2_meddisseg.blocks.cdfa_kernels import fused_cdfa_available, offset_aggregate, window_offset_weights
 from nnunetv2_meddisseg.blocks.device_forms import FORMS, forced_form, implementation_form

@@ -4,9 +4,9 @@ would cost a copy on a GPU, and PyTorch's NCHW up-sampling kernel is far slower 
 import pytest
 import torch
 import torch.nn.functional as F
+from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 from torch.overrides import TorchFunctionMode
 
-from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 from nnunetv2_meddisseg.blocks.conv import memory_format_of
 from nnunetv2_meddisseg.plans_entry import architecture_entry
 

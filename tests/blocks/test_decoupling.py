@@ -1,10 +1,9 @@
-import torch
-
 import pytest
-
+import torch
 from merged_check import assert_merged_equals_previous, build, randomised
-from nnunetv2_meddisseg.blocks.decoupling import AuxiliaryHeads, FeatureDecoupling
 from reference_impls import PreviousAuxiliaryHeads, PreviousFeatureDecoupling
+
+from nnunetv2_meddisseg.blocks.decoupling import AuxiliaryHeads, FeatureDecoupling
 
 
 def test_decoupling_shapes_and_independent_branches():

@@ -6,11 +6,16 @@ import urllib.request
 import pytest
 import torch
 import torchvision
-
-from nnunetv2_meddisseg.blocks.encoder import (IMAGENET, ResNet50Encoder, download_imagenet_weights,
-                                               imagenet_weights_file, load_resnet50_weights,
-                                               resolve_encoder_weights)
 from scratch import scratch_folder
+
+from nnunetv2_meddisseg.blocks.encoder import (
+    IMAGENET,
+    ResNet50Encoder,
+    download_imagenet_weights,
+    imagenet_weights_file,
+    load_resnet50_weights,
+    resolve_encoder_weights,
+)
 
 # torchvision's ResNet50_Weights.IMAGENET1K_V1, as its documentation lists it
 IMAGENET_URL = "https://download.pytorch.org/models/resnet50-0676ba61.pth"
@@ -57,7 +62,8 @@ def test_shapes_and_key_layout():
     enc = ResNet50Encoder(3)
     feats = enc(torch.randn(2, 3, 64, 48))
     assert [tuple(f.shape) for f in feats] == [(2, 64, 32, 24), (2, 256, 16, 12), (2, 512, 8, 6), (2, 1024, 4, 3)]
-    tv_keys = {k for k in torchvision.models.resnet50(weights=None).state_dict() if not k.startswith(("fc.", "layer4."))}
+    resnet = torchvision.models.resnet50(weights=None)
+    tv_keys = {k for k in resnet.state_dict() if not k.startswith(("fc.", "layer4."))}
     assert set(enc.state_dict()) == tv_keys
     assert sum(p.numel() for p in enc.parameters()) == 8_543_296
 

@@ -1,12 +1,12 @@
 import pytest
 import torch
+from merged_check import assert_merged_equals_previous, build, randomised
+from reference_impls import PreviousFeatureEnhancement, previous_channel_attention
 from torch import nn
 
 from nnunetv2_meddisseg.blocks.activation import TeLU
 from nnunetv2_meddisseg.blocks.attention import ChannelAttention
 from nnunetv2_meddisseg.blocks.enhancement import FeatureEnhancement
-from merged_check import assert_merged_equals_previous, build, randomised
-from reference_impls import PreviousFeatureEnhancement, previous_channel_attention
 
 
 @pytest.mark.parametrize("in_channels,size", [(64, (16, 16)), (256, (8, 12)), (1024, (2, 2))])

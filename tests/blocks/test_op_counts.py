@@ -5,11 +5,11 @@ from collections import Counter
 from typing import Callable, Sequence
 
 import torch
+from reference_impls import use_previous_implementations
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nnunetv2_meddisseg.blocks.device_forms import forced_form
-from reference_impls import use_previous_implementations
 
 #: counts of the few-op form (forced), measured on the CPU; each pinned within MARGIN
 STAGE2_STEP_OPS = 3159
@@ -70,8 +70,12 @@ def _inputs(size=32):
 def _stage2_loss() -> Callable:
     """nnUNetTrainerMedDisSeg's Stage II loss with its default weights, the dispersive term included."""
     from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
-    from nnunetv2_meddisseg.training.objectives import (Stage2Weights, dispersive_from_recipe, segmentation_loss,
-                                                         stage2_loss)
+    from nnunetv2_meddisseg.training.objectives import (
+        Stage2Weights,
+        dispersive_from_recipe,
+        segmentation_loss,
+        stage2_loss,
+    )
 
     recipe = nnUNetTrainerMedDisSeg.recipe
     seg, weights, dispersive = (segmentation_loss(batch_dice=True), Stage2Weights.from_recipe(recipe),

@@ -22,7 +22,8 @@ CHECK = textwrap.dedent("""
     for dtype, tolerance in ((torch.float32, 1e-6), (torch.float16, 2e-3), (torch.bfloat16, 1e-2)):
         for layout in ("nchw", "channels_last"):
             x = (torch.randn(3, 6, 5, 7, generator=g) * 5).to(dtype)
-            x[0, 0, 0, :4] = torch.tensor([-30.0, 0.0, 4.0, 11.0], dtype=dtype)  # far left, 0, the clamp, past fp16's exp
+            # far left, 0, the clamp, past fp16's exp
+            x[0, 0, 0, :4] = torch.tensor([-30.0, 0.0, 4.0, 11.0], dtype=dtype)
             if layout == "channels_last":
                 x = x.contiguous(memory_format=torch.channels_last)
             assert telu_triton_available(x)
@@ -58,6 +59,7 @@ def test_telu_kernel_matches_float64_telu_and_slope():
 
 def test_the_kernel_is_not_used_on_the_cpu_without_the_interpreter(monkeypatch):
     import torch
+
     from nnunetv2_meddisseg.blocks.telu_kernels import telu_triton_available
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)

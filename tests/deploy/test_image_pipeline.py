@@ -10,9 +10,15 @@ from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
 from PIL import Image
 
 from nnunetv2_meddisseg.cli import UserError
-from nnunetv2_meddisseg.deploy.image_pipeline import (preprocess, probabilities_from_logits, read_case,
-                                                      restore_probabilities, restore_shape, segmentation_from_logits,
-                                                      write_segmentation)
+from nnunetv2_meddisseg.deploy.image_pipeline import (
+    preprocess,
+    probabilities_from_logits,
+    read_case,
+    restore_probabilities,
+    restore_shape,
+    segmentation_from_logits,
+    write_segmentation,
+)
 
 SCHEMES = ["ZScoreNormalization", "CTNormalization", "NoNormalization", "RescaleTo01Normalization",
            "RGBTo01Normalization"]

@@ -13,8 +13,13 @@ from nnunetv2.inference.predict_from_raw_data import nnUNetPredictor
 from nnunetv2.inference.sliding_window_prediction import compute_gaussian, compute_steps_for_sliding_window
 from torch import nn
 
-from nnunetv2_meddisseg.deploy.sliding_window import (gaussian_importance, mirror_combinations, pad_to_patch,
-                                                      sliding_window_logits, tile_starts)
+from nnunetv2_meddisseg.deploy.sliding_window import (
+    gaussian_importance,
+    mirror_combinations,
+    pad_to_patch,
+    sliding_window_logits,
+    tile_starts,
+)
 
 
 @pytest.mark.parametrize("patch", [(16, 16), (32, 24), (7, 5)])

@@ -12,13 +12,13 @@ from typing import Dict, Tuple
 
 import numpy as np
 import pytest
-from PIL import Image
-
 from nnunet_cli import nnunet_env, planning_environment, run_cli
+from PIL import Image
+from scratch import scratch_folder
+
 from nnunetv2_meddisseg.datasets.synthetic import make_synthetic_dataset, synthetic_case
 from nnunetv2_meddisseg.deploy import export
 from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE
-from scratch import scratch_folder
 
 DATASET = "503"
 TRAINERS = {"meddisseg": "nnUNetTrainerMedDisSeg_smoke", "dispersive": "nnUNetTrainerDispersive_smoke",
