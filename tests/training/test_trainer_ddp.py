@@ -69,7 +69,7 @@ def _epoch(trainer, batch) -> dict:
 
 def _meddisseg_worker(rank, world_size, folder):
     from nnunetv2_meddisseg.training import extended_trainer as base_module
-    from nnunetv2_meddisseg.training import nnUNetTrainerMedDisSeg as meddisseg_module
+    from nnunetv2_meddisseg.training import stages as stages_module
     from nnunetv2_meddisseg.training.photometric import photometric_perturbation
     from nnunetv2_meddisseg.training.seeding import seed_epoch
 
@@ -78,8 +78,8 @@ def _meddisseg_worker(rank, world_size, folder):
     save = base_module.atomic_torch_save
     base_module.atomic_torch_save = lambda obj, filename: saved.append(Path(filename).name) or save(obj, filename)
     perturbed = []
-    perturb = meddisseg_module.photometric_perturbation
-    meddisseg_module.photometric_perturbation = lambda x, rgb: perturbed.append(perturb(x, rgb=rgb)) or perturbed[-1]
+    perturb = stages_module.photometric_perturbation
+    stages_module.photometric_perturbation = lambda x, rgb: perturbed.append(perturb(x, rgb=rgb)) or perturbed[-1]
 
     results = {}
     plans = tiny_plans(MEDDISSEG)
