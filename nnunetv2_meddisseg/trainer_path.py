@@ -10,7 +10,7 @@ import argparse
 import inspect
 from typing import Dict, Optional, Sequence
 
-from nnunetv2_meddisseg.environment import TRAINER_FOLDER, trainer_folder, trainer_search_path
+from nnunetv2_meddisseg.environment import trainer_folder, trainer_search_path
 
 __all__ = ["catalogue", "main"]
 
@@ -24,7 +24,7 @@ def _summary(cls: type, width: int = 110) -> str:
 
 
 def catalogue() -> Dict[str, str]:
-    """``{trainer class name: what it is}`` for every trainer nnU-Net finds in :data:`TRAINER_FOLDER`."""
+    """``{trainer class name: what it is}`` for every trainer nnU-Net finds in ``environment.TRAINER_FOLDER``."""
     from nnunetv2_meddisseg.nnunet_trainers import meddisseg_trainers
 
     return {name: _summary(getattr(meddisseg_trainers, name)) for name in meddisseg_trainers.__all__}

@@ -2,7 +2,6 @@
 case as nnU-Net PNGs."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Tuple
 

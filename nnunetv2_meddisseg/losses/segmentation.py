@@ -17,7 +17,7 @@ from nnunetv2.training.loss.compound_losses import DC_and_CE_loss
 from nnunetv2.training.loss.dice import MemoryEfficientSoftDiceLoss
 from nnunetv2.training.loss.robust_ce_loss import RobustCrossEntropyLoss
 from nnunetv2.utilities.helpers import softmax_helper_dim1
-from torch import Tensor, nn
+from torch import Tensor
 
 __all__ = ["dice_ce_settings", "dice_ce_per_output"]
 

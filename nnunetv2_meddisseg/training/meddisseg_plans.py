@@ -6,7 +6,6 @@ from copy import deepcopy
 from pydoc import locate
 from typing import Optional
 
-import torch
 from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 from nnunetv2.utilities.plans_handling.plans_handler import ConfigurationManager, PlansManager
 from torch import nn

@@ -23,7 +23,6 @@ from nnunetv2_meddisseg.training.compilation import (
     CompileDecision,
     compile_pays,
     uncompile_regions,
-    unwrap_module,
 )
 from nnunetv2_meddisseg.training.errors import TrainingInputError, TrainingInputRuntimeError
 from nnunetv2_meddisseg.training.extended_trainer import ExtendedTrainerBase
