@@ -27,6 +27,11 @@ after every step (a kill leaves what finished):
    no longer caps the plans' batches at 2 (as on a 40-case subset): nnU-Net's network gets up to 10, Med-DisSeg
    the batch of its 8 GiB target (5 estimated on the CPU, 6 measured on an H200).
 
+Two steps are not in the default run, each meant as a command of its own: ``--steps compiled`` (both networks
+under the trainer's regional compilation) and ``--steps onnx`` (``benchmarks/onnx_predict.py`` on the GPU:
+nnU-Net's predictor against ONNX Runtime's TensorRT and CUDA providers, where the installed onnxruntime has them,
+on generated ``--size`` images; its own ``onnx_predict.json`` / ``.md`` in OUT, the images/s in ``gpu_<device>``).
+
 Files in OUT: ``gpu_<device>.json`` / ``.md`` (steps 1-2 and the targets), ``gpu_cli_<device>.json`` / ``.md``
 (steps 3-4: the per-epoch table and the hours of the default schedules) and ``logs.tar.gz``. ``--device cpu``
 rehearses every step on the CPU (small ``--size``, ``--cases`` and ``--iterations``; its figures mean nothing).
@@ -90,11 +95,13 @@ REPO = Path(__file__).resolve().parents[1]
 DATASET_ID = 990
 STEPS = ("environment", "eager", "main", "epochs")
 #: seconds each command may run on an H200 (the module docstring gives the arithmetic)
-CAPS = {"environment": 45, "eager": 80, "compiled": 240, "convert": 25, "plan_and_preprocess": 45,
+CAPS = {"environment": 45, "eager": 80, "compiled": 240, "onnx": 360, "convert": 25, "plan_and_preprocess": 45,
         "meddisseg_plan": 15, "train_decided": 130, "train_forced": 250, "predict": 30, "evaluate": 15,
         "baseline_eager": 45, "baseline_compiled": 90, "meddisseg_eager": 130}
 #: seconds each step is guaranteed (its cap is cut to leave these to the steps after it)
-FLOORS = {"environment": 20, "eager": 40, "main": 240, "epochs": 40, "compiled": 60}
+FLOORS = {"environment": 20, "eager": 40, "main": 240, "epochs": 40, "compiled": 60, "onnx": 120}
+#: steps not in the default run, each a command of its own: ``--steps compiled`` / ``--steps onnx``
+OPTIONAL_STEPS = ("compiled", "onnx")
 #: seconds a training of the main command leaves to its own prediction and evaluation (at least what they need)
 PREDICT_EVALUATE_FLOOR = (25, 10)
 #: what a GPU user needs (images/s, seconds, GiB): (comparison, bound); the peak is the plans' memory target
@@ -179,7 +186,7 @@ class Session:
         self.files = {"gpu": self.out / f"gpu_{slug}", "gpu_cli": self.out / f"gpu_cli_{slug}"}
         head = {"device": device_name, "command": this_command(), "budget_s": args.budget_s}
         self.gpu = {**head, "steps": {}}
-        self.cli = {**head, "commands": [], "completed_through_predict": False}
+        self.cli = {**head, "commands": [], "completed_through_predict": None}  # None: step main did not run
 
     def cap(self, key: str, step: str, reserve_s: float = 0.0) -> float:
         """``key``'s cap, cut to the budget left after the floors of the steps after ``step`` and ``reserve_s`` (for
@@ -565,6 +572,7 @@ def main_step(session: Session) -> None:
     args, work = session.args, session.work
     env = nnunet_environment(work)
     env.pop("nnUNet_compile", None)
+    session.cli["completed_through_predict"] = False
     preprocessed = prepare_data(session, env)
     if preprocessed is None:
         return
@@ -667,6 +675,26 @@ def schedule_hours(epochs: dict, iterations: int) -> Dict[str, Optional[float]]:
     return hours
 
 
+def onnx_step(session: Session) -> None:
+    """Optional step ``onnx``: ``benchmarks/onnx_predict.py`` on the step's device: nnU-Net's predictor against
+    ONNX Runtime's TensorRT and CUDA providers (the CPU provider with ``--device cpu``) on the same generated
+    ``--size`` images, ``--cases``' test count of them, with and without mirroring. Its own results files
+    (``onnx_predict.json`` / ``.md``) go to OUT; the images/s and the agreement go to ``gpu_<device>``."""
+    args = session.args
+    threads = str(min(8, os.cpu_count() or 1))
+    command = ["python", str(REPO / "benchmarks" / "onnx_predict.py"), "--device", args.device, "--size",
+               str(args.size), "--num-images", str(args.cases[2]), "--repeats", str(min(args.repeats, 3)),
+               "--threads", threads, "--no-forms", "--out", str(session.out), "--work", str(session.work / "onnx")]
+    results = session.out / "onnx_predict.json"
+    results.unlink(missing_ok=True)
+    record = session.call("onnx", command, dict(os.environ), "onnx", "onnx")
+    session.gpu["steps"]["onnx"] = {k: v for k, v in record.items() if k != "label"}
+    if results.is_file():
+        payload = json.loads(results.read_text())
+        session.gpu["onnx"] = {"onnxruntime": payload.get("onnxruntime"), **payload["run"]}
+    session.write()
+
+
 # ------------------------------------------------------------------------------------------------
 # results as markdown
 
@@ -711,6 +739,7 @@ def gpu_markdown(data: dict) -> str:
                   markdown_table(["block", "ms"], list(blocks["per_block_ms"].items())), "",
                   markdown_table(["kernel", "calls", "self ms"],
                                  [[f"`{k['name'][:90]}`", k["calls"], k["ms"]] for k in blocks["top_kernels"]]), ""]
+    lines += onnx_markdown(data.get("onnx"))
     targets = [[k, t["target"], _cell(t["measured"]), {True: "met", False: "MISSED", None: "not measured"}[t["met"]],
                 t["source"]] for k, t in data.get("targets", {}).items()]
     if targets:
@@ -718,6 +747,30 @@ def gpu_markdown(data: dict) -> str:
     steps = [[name, s["rc"], s["seconds"], s["cap_s"]] for name, s in data["steps"].items()]
     lines.append(markdown_table(["step", "rc", "seconds", "cap"], steps))
     return "\n".join(lines) + "\n"
+
+
+def onnx_markdown(onnx: Optional[dict]) -> List[str]:
+    """Step onnx's lines: images/s of nnU-Net's predictor and of each ONNX Runtime provider, and their masks'
+    agreement (``onnx_predict.md`` has the rest)."""
+    if not onnx:
+        return []
+    lines = [f"ONNX Runtime {onnx.get('onnxruntime', '-')} (providers here: "
+             f"{', '.join(onnx['providers_available'])}) against nnU-Net's predictor, {onnx['cases']} images:", ""]
+    results, rows = onnx["results"], []
+    for key, figures in results.items():
+        parts = key.split(" / ")  # model / arm / mode, and " / agreement" after the ONNX arms' agreement
+        if len(parts) != 3 or parts[1] == "nnUNetv2_predict":
+            continue
+        name, arm, mode = parts
+        torch_figures, agreement = results[f"{name} / nnUNetv2_predict / {mode}"], results[f"{key} / agreement"]
+        rows.append([name, mode, arm, round(torch_figures["images_per_s"], 2), round(figures["images_per_s"], 2),
+                     f"{figures['images_per_s'] / torch_figures['images_per_s']:.2f}x",
+                     agreement["sessions_and_first_round_s"], f"{agreement['min_dice']:.4f}"])
+    if rows:
+        lines += [markdown_table(["model", "mirroring", "provider", "nnU-Net's predictor images/s",
+                                  "ONNX Runtime images/s", "ratio", "sessions + first round s", "min Dice"], rows), ""]
+    lines += [f"Left out: {p} {why}" for p, why in onnx["providers_left_out"].items()]
+    return lines + ([""] if onnx["providers_left_out"] else [])
 
 
 def cli_markdown(data: dict) -> str:
@@ -763,9 +816,10 @@ def parser() -> argparse.ArgumentParser:
     data = os.environ.get("NNUNETV2_MEDDISSEG_TEST_DATA")
     p.add_argument("--session", type=Path, metavar="OUT", help="folder for the results files and the logs' archive")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a rehearsal of every step")
-    p.add_argument("--steps", nargs="+", choices=STEPS + ("compiled",), default=list(STEPS),
-                   help="steps to run, in this order ('compiled': the networks under the trainer's regional "
-                        "compilation, not in the default)")
+    p.add_argument("--steps", nargs="+", choices=STEPS + OPTIONAL_STEPS, default=list(STEPS),
+                   help="steps to run, in this order; not in the default: 'compiled' (the networks under the "
+                        "trainer's regional compilation) and 'onnx' (ONNX Runtime's GPU providers against nnU-Net's "
+                        "predictor)")
     p.add_argument("--kvasir", type=Path, default=Path(data) / "Kvasir-SEG" if data else None,
                    help="Kvasir-SEG folder (images/, masks/); default $NNUNETV2_MEDDISSEG_TEST_DATA/Kvasir-SEG")
     p.add_argument("--size", type=int, default=256)
@@ -819,7 +873,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.step:
         CHILD_STEPS[args.step](args, StepResults(args.work / "steps" / f"{args.step}.json"))
         return 0
-    args.steps = [s for s in STEPS + ("compiled",) if s in args.steps]
+    args.steps = [s for s in STEPS + OPTIONAL_STEPS if s in args.steps]
     args.work = (args.work or Path(tempfile.mkdtemp(prefix="meddisseg_gpu_"))).resolve()
     import torch
 
@@ -833,6 +887,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             run_child_step(session, step)
         elif step == "main":
             main_step(session)
+        elif step == "onnx":
+            onnx_step(session)
         else:
             epochs_step(session)
     session.gpu["total_s"] = session.cli["total_s"] = round(time.monotonic() - start, 1)

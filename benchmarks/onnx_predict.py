@@ -6,7 +6,10 @@ Both predictors run in this process after loading their model: nnU-Net's ``nnUNe
 ``nnUNetv2_predict -npp 0 -nps 0`` runs it (``predict_from_files_sequential``: read, preprocess, sliding window,
 export the masks), and ``nnunetv2_meddisseg.deploy.predict_onnx.OnnxPredictor.predict_folder`` (the same steps in
 numpy and ONNX Runtime), on a folder of N generated images, alternating in rounds, medians reported; with and
-without mirroring. The models are the untrained, BatchNorm-calibrated model folders ``predict.py`` builds
+without mirroring. ``--device cuda`` runs nnU-Net's predictor on the GPU and ONNX Runtime through its TensorRT and
+CUDA providers (``--providers``; each provider one arm, a provider this onnxruntime lacks named and left out;
+TensorRT's engines cached in the work folder, their build in the "sessions + first round" seconds). The models are
+the untrained, BatchNorm-calibrated model folders ``predict.py`` builds
 (prediction time does not depend on the weights), exported with ``nnUNetv2_meddisseg_export``. The export forms
 part traces ``MedDisSegNet(3, 2)`` with each CDFA form (legacy TorchScript exporter) and compares ONNX Runtime with
 PyTorch on one 64x64 input.
@@ -20,7 +23,7 @@ import time
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from common import (
@@ -104,11 +107,48 @@ def _agreement(nnunet_dir: Path, onnx_dir: Path, cases: Sequence[str], ending: s
             "max_probability_difference": largest}
 
 
+#: ONNX Runtime's providers in the order a session falls back through them
+PROVIDER_ORDER = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+
+
+def provider_arms(requested: Sequence[str], available: Sequence[str]) -> Tuple[Dict[str, List[str]], Dict[str, str]]:
+    """The ONNX Runtime arms to time: ``({arm: the session's providers}, {provider: why it is left out})``.
+
+    Each requested provider is one arm named by it without ``ExecutionProvider``; its sessions fall back through the
+    available providers after it in :data:`PROVIDER_ORDER` (TensorRT -> CUDA -> CPU), as ONNX Runtime advises. A
+    provider this onnxruntime does not have is left out with the reason."""
+    arms, left_out = {}, {}
+    for provider in requested:
+        if provider not in available:
+            left_out[provider] = f"not in this onnxruntime (available: {', '.join(available)})"
+            continue
+        after = PROVIDER_ORDER[PROVIDER_ORDER.index(provider) + 1:] if provider in PROVIDER_ORDER else ()
+        arms[provider.replace("ExecutionProvider", "")] = [provider] + [p for p in after if p in available]
+    return arms, left_out
+
+
+def _session_providers(providers: Sequence[str], cache: Path) -> List[object]:
+    """Provider entries for a session: TensorRT with an engine cache in ``cache`` (engines are built once per
+    input shape, not once per session)."""
+    return [(p, {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache)})
+            if p == "TensorrtExecutionProvider" else p for p in providers]
+
+
 def _run(args, work: Path) -> dict:
+    import onnxruntime as ort
     import predict  # benchmarks/predict.py: the generated dataset and the untrained model folders
 
     from nnunetv2_meddisseg.logged_command import run_logged
 
+    available = ort.get_available_providers()
+    arms, left_out = provider_arms(args.providers, available)
+    payload = {"providers_available": available, "arms": arms, "providers_left_out": left_out, "results": {},
+               "export_s": {}, "cases": 0}
+    for provider, why in left_out.items():
+        print(f"{provider}: {why}")
+    if not arms:
+        print("no requested ONNX Runtime provider is available: nothing timed")
+        return payload
     logs = work / "logs"
     setup = argparse.Namespace(size=args.size, num_images=args.num_images, plans="nnUNetMedDisSegPlans",
                                baseline_trainer="nnUNetTrainer", baseline_plans="nnUNetPlans",
@@ -116,11 +156,11 @@ def _run(args, work: Path) -> dict:
     env, dataset = predict._prepare_generated(setup, work, logs)
     models = {"Med-DisSeg": (setup.trainer, setup.plans), "nnU-Net default": (setup.baseline_trainer,
                                                                              setup.baseline_plans)}
-    export_s = {}
     print("[4/4] export, then both predictors in this process, alternating")
     for name, (trainer, plans) in models.items():
-        export_s[name] = run_logged(["nnUNetv2_meddisseg_export", "-d", dataset, "-tr", trainer, "-p", plans, "-f", "0",
-                                     "-o", str(work / "onnx" / trainer)], env, logs / f"export_{trainer}.log")
+        payload["export_s"][name] = run_logged(
+            ["nnUNetv2_meddisseg_export", "-d", dataset, "-tr", trainer, "-p", plans, "-f", "0", "-o",
+             str(work / "onnx" / trainer)], env, logs / f"export_{trainer}.log")
     os.environ.update({k: env[k] for k in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results",
                                            "nnUNet_extTrainer")})
     os.environ["nnUNet_def_n_proc"] = str(args.threads)  # nnU-Net's prediction threads (read at its import)
@@ -132,58 +172,81 @@ def _run(args, work: Path) -> dict:
     from nnunetv2_meddisseg.deploy.predict_onnx import OnnxPredictor
 
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
     raw = next(Path(env["nnUNet_raw"]).glob(f"Dataset{int(dataset):03d}_*"))
     images, ending = raw / "imagesTs", ".png"
     lists = create_lists_from_splitted_dataset_folder(str(images), ending)
     cases = [Path(files[0]).name[:-len(ending) - 5] for files in lists]
-    results: Dict[str, dict] = {}
+    payload["cases"] = len(cases)
+    results = payload["results"]
     for tta in ([True, False] if args.tta == "both" else [args.tta == "on"]):
-        calls, outputs = {}, {}
+        calls, mode = {}, f"TTA {'on' if tta else 'off'}"
         for name, (trainer, plans) in models.items():
             torch_predictor = nnUNetPredictor(tile_step_size=0.5, use_gaussian=True, use_mirroring=tta,
-                                              device=torch.device("cpu"), verbose=False, verbose_preprocessing=False,
+                                              device=device, verbose=False, verbose_preprocessing=False,
                                               allow_tqdm=False)
             torch_predictor.initialize_from_trained_model_folder(
                 get_output_folder(dataset, trainer, plans, CONFIGURATION), ("0",), "checkpoint_final.pth")
-            onnx_predictor = OnnxPredictor(work / "onnx" / trainer, use_mirroring=tta, threads=args.threads)
-            for kind in ("nnUNetv2_predict", "ONNX Runtime"):
-                outputs[(name, kind)] = work / "predictions" / f"{trainer}_{'tta' if tta else 'notta'}_{kind[:4]}"
-            out_t, out_o = outputs[(name, "nnUNetv2_predict")], outputs[(name, "ONNX Runtime")]
+            out_t = work / "predictions" / f"{trainer}_{mode[4:]}_nnunet"
             out_t.mkdir(parents=True, exist_ok=True)  # nnU-Net's sequential prediction writes into it first
             calls[f"{name} / nnUNetv2_predict"] = (lambda p=torch_predictor, o=out_t: p.predict_from_files_sequential(
                 [list(f) for f in lists], str(o), save_probabilities=False, overwrite=True))
-            calls[f"{name} / ONNX Runtime"] = lambda p=onnx_predictor, o=out_o: p.predict_folder(images, o)
-            # agreement (untimed): both with probabilities
             torch_predictor.predict_from_files_sequential([list(f) for f in lists], str(out_t),
                                                           save_probabilities=True, overwrite=True)
-            onnx_predictor.predict_folder(images, out_o, save_probabilities=True)
-            results[f"{name} / TTA {'on' if tta else 'off'} / agreement"] = _agreement(out_t, out_o, cases, ending)
-        times = alternating_timings(calls, repeats=args.repeats, warmup=1)
+            for arm, providers in arms.items():
+                out_o = work / "predictions" / f"{trainer}_{mode[4:]}_{arm}"
+                start = time.perf_counter()
+                onnx_predictor = OnnxPredictor(work / "onnx" / trainer, use_mirroring=tta, threads=args.threads,
+                                               providers=_session_providers(providers, work / "engine_cache"))
+                onnx_predictor.predict_folder(images, out_o)
+                first_s = time.perf_counter() - start
+                onnx_predictor.predict_folder(images, out_o, save_probabilities=True)  # for the agreement, untimed
+                results[f"{name} / {arm} / {mode} / agreement"] = {
+                    **_agreement(out_t, out_o, cases, ending), "providers_in_use": onnx_predictor.providers_in_use,
+                    "sessions_and_first_round_s": round(first_s, 2)}
+                calls[f"{name} / {arm}"] = lambda p=onnx_predictor, o=out_o: p.predict_folder(images, o)
+        times = alternating_timings(calls, repeats=args.repeats, warmup=1, device=device)
         for key, samples in times.items():
             stats = summarize(samples)
-            results[f"{key} / TTA {'on' if tta else 'off'}"] = {**stats,
-                                                                 "images_per_s": len(cases) / stats["median_s"]}
-            print(f"{key} TTA {'on' if tta else 'off'}: {len(cases) / stats['median_s']:.2f} images/s")
-    return {"results": results, "export_s": export_s, "cases": len(cases)}
+            results[f"{key} / {mode}"] = {**stats, "images_per_s": len(cases) / stats["median_s"]}
+            print(f"{key} {mode}: {len(cases) / stats['median_s']:.2f} images/s")
+    return payload
 
 
 def _markdown(payload: dict, args) -> str:
-    r = payload["run"]["results"]
-    rows = []
-    for tta in (["on", "off"] if args.tta == "both" else [args.tta]):
-        for name in ("Med-DisSeg", "nnU-Net default"):
-            t, o = r[f"{name} / nnUNetv2_predict / TTA {tta}"], r[f"{name} / ONNX Runtime / TTA {tta}"]
-            a = r[f"{name} / TTA {tta} / agreement"]
-            rows.append([name, tta, f"{t['images_per_s']:.2f}", f"{o['images_per_s']:.2f}",
-                         f"{o['images_per_s'] / t['images_per_s']:.2f}x", f"{a['identical_masks']}/{a['cases']}",
-                         f"{a['min_dice']:.4f}", f"{a['max_probability_difference']:.1e}"])
-    body = [f"{payload['run']['cases']} generated {args.size}x{args.size} RGB images, {args.threads} threads for both "
-            f"(torch.set_num_threads / ONNX Runtime intra-op), median of {args.repeats} alternating rounds; "
-            f"onnxruntime {payload['onnxruntime']}, onnx {payload['onnx']}.", "",
-            markdown_table(["model", "TTA", "nnUNetv2_predict images/s", "ONNX Runtime images/s", "ONNX / nnU-Net",
-                            "identical masks", "min Dice", "max prob. difference"], rows), "",
-            "Export (`nnUNetv2_meddisseg_export -f 0`, one process with its checks): "
-            + ", ".join(f"{k} {v:.0f} s" for k, v in payload["run"]["export_s"].items()) + ".", ""]
+    run = payload["run"]
+    r = run["results"]
+    left_out = [f"{p} {why}" for p, why in run["providers_left_out"].items()]
+    body = []
+    if r:
+        rows = []
+        for tta in (["on", "off"] if args.tta == "both" else [args.tta]):
+            for name in ("Med-DisSeg", "nnU-Net default"):
+                t = r[f"{name} / nnUNetv2_predict / TTA {tta}"]
+                for arm in run["arms"]:
+                    o, a = r[f"{name} / {arm} / TTA {tta}"], r[f"{name} / {arm} / TTA {tta} / agreement"]
+                    rows.append([name, tta, arm, f"{t['images_per_s']:.2f}", f"{o['images_per_s']:.2f}",
+                                 f"{o['images_per_s'] / t['images_per_s']:.2f}x",
+                                 f"{a['sessions_and_first_round_s']:.1f}",
+                                 f"{a['identical_masks']}/{a['cases']}", f"{a['min_dice']:.4f}",
+                                 f"{a['max_probability_difference']:.1e}"])
+        threads = (f"{args.threads} threads for both (torch.set_num_threads / ONNX Runtime intra-op)"
+                   if args.device == "cpu" else f"nnU-Net's predictor on {args.device}")
+        body += [f"{run['cases']} generated {args.size}x{args.size} RGB images, {threads}, median of {args.repeats} "
+                 f"alternating rounds; onnxruntime {payload['onnxruntime']}, onnx {payload['onnx']}.", "",
+                 markdown_table(["model", "TTA", "ONNX Runtime provider", "nnUNetv2_predict images/s",
+                                 "ONNX Runtime images/s", "ONNX / nnU-Net", "sessions + first round s",
+                                 "identical masks", "min Dice", "max prob. difference"], rows), "",
+                 "Export (`nnUNetv2_meddisseg_export -f 0`, one process with its checks): "
+                 + ", ".join(f"{k} {v:.0f} s" for k, v in run["export_s"].items()) + ".", ""]
+        used = {f"{arm}: {', '.join(r[f'{n} / {arm} / TTA {t} / agreement']['providers_in_use'])}"
+                for n in ("Med-DisSeg", "nnU-Net default") for arm in run["arms"]
+                for t in (["on", "off"] if args.tta == "both" else [args.tta])}
+        body += ["Providers ONNX Runtime started per arm: " + "; ".join(sorted(used)) + ".", ""]
+    else:
+        body += ["Nothing timed: no requested ONNX Runtime provider is available.", ""]
+    if left_out:
+        body += ["Left out: " + "; ".join(left_out) + ".", ""]
     forms = payload.get("export_forms")
     if forms:
         body += ["CDFA forms of `MedDisSegNet(3, 2)` exported by `torch.onnx.export(dynamo=False)` (unless "
@@ -202,7 +265,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--size", type=int, default=128, help="image height = width of the generated dataset")
     p.add_argument("--num-images", type=int, default=8, help="test images")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds (median reported)")
-    p.add_argument("--threads", type=int, default=2, help="threads of both predictors")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads of both predictors")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="nnU-Net's predictor's device")
+    p.add_argument("--providers", nargs="+", default=None, metavar="PROVIDER",
+                   help="ONNX Runtime execution providers, each timed as its own arm (default: CPUExecutionProvider "
+                        "with --device cpu, TensorrtExecutionProvider CUDAExecutionProvider with --device cuda); one "
+                        "this onnxruntime lacks is left out and named in the results")
     p.add_argument("--tta", choices=("on", "off", "both"), default="both", help="mirroring")
     p.add_argument("--no-forms", action="store_true", help="leave out the export forms part")
     p.add_argument("--dynamo", action="store_true",
@@ -212,6 +280,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     if args.size < 32 or args.size % 16:
         raise SystemExit(f"--size must be a multiple of 16 and at least 32, got {args.size}")
+    if args.providers is None:
+        args.providers = (["CPUExecutionProvider"] if args.device == "cpu"
+                          else ["TensorrtExecutionProvider", "CUDAExecutionProvider"])
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: no CUDA GPU here (torch.cuda.is_available() is False)")
     work = Path(args.work or tempfile.mkdtemp(prefix="meddisseg_onnx_")).resolve()
     (work / "logs").mkdir(parents=True, exist_ok=True)
     print(f"work folder: {work}")
@@ -225,8 +301,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    payload = {"machine": machine_info("cpu"), "command": command_line(), "onnxruntime": package_version("onnxruntime"),
-               "onnx": package_version("onnx"), "run": run, "export_forms": forms}
+    payload = {"machine": machine_info(args.device), "command": command_line(),
+               "onnxruntime": package_version("onnxruntime"), "onnx": package_version("onnx"), "run": run,
+               "export_forms": forms}
     return report(Path(args.out), "onnx_predict", payload, _markdown(payload, args))
 
 

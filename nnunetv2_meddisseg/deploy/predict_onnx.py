@@ -12,7 +12,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -62,10 +62,12 @@ class OnnxPredictor:
     """The exported folds of one model as ONNX Runtime sessions, and nnU-Net's 2D pipeline around them.
 
     model_dir: an export folder; folds: a subset of its folds (None: all); providers: ONNX Runtime execution
-    providers in order of preference; threads: ONNX Runtime's intra-op threads (None: its default)."""
+    providers in order of preference, each a name or ``(name, provider options)``; threads: ONNX Runtime's intra-op
+    threads (None: its default)."""
 
     def __init__(self, model_dir: Path, folds: Optional[Sequence[str]] = None, use_mirroring: bool = True,
-                 step_size: Optional[float] = None, providers: Sequence[str] = ("CPUExecutionProvider",),
+                 step_size: Optional[float] = None,
+                 providers: Sequence[Union[str, Tuple[str, dict]]] = ("CPUExecutionProvider",),
                  threads: Optional[int] = None) -> None:
         ort = _onnxruntime()
         self.description = description = read_description(Path(model_dir))
@@ -75,7 +77,7 @@ class OnnxPredictor:
         if unknown:
             raise UserError(f"{model_dir}: fold(s) {', '.join(unknown)} not exported (there: {', '.join(exported)})")
         available = ort.get_available_providers()
-        missing = [p for p in providers if p not in available]
+        missing = [name for name in (p if isinstance(p, str) else p[0] for p in providers) if name not in available]
         if missing:
             raise UserError(f"--providers: {', '.join(missing)} not available in this onnxruntime "
                             f"(available: {', '.join(available)})")
@@ -86,6 +88,8 @@ class OnnxPredictor:
         self.sessions = [ort.InferenceSession(str(Path(model_dir) / exported[f]["file"]), options,
                                               providers=list(providers)) for f in chosen]
         self.folds = chosen
+        #: the providers ONNX Runtime started (it falls back to the next one, with a warning, where one cannot start)
+        self.providers_in_use = self.sessions[0].get_providers()
         self.mirror_axes = description["mirror_axes"] if use_mirroring else None
         self.step_size = description["tile_step_size"] if step_size is None else step_size
         if not 0 < self.step_size <= 1:
@@ -171,7 +175,8 @@ def _command(argv: Optional[Sequence[str]]) -> int:
     predictor = OnnxPredictor(args.model, args.folds, not args.disable_tta, args.step_size, args.providers,
                               args.threads)
     written = predictor.predict_folder(args.input, args.output, args.verbose, args.save_probabilities)
-    print(f"{len(written)} case(s) written to {args.output} (folds {' '.join(predictor.folds)})")
+    print(f"{len(written)} case(s) written to {args.output} (folds {' '.join(predictor.folds)}; ONNX Runtime "
+          f"providers {', '.join(predictor.providers_in_use)})")
     return 0
 
 

@@ -117,3 +117,25 @@ def test_bad_input_is_one_line(exported, capsys):
     assert main(["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model")]) == 2
     assert "fold_1/model.onnx: missing" in capsys.readouterr().err
     assert not (tmp / "out").exists()  # nothing written by a refused command
+
+
+def test_providers_with_options_and_the_ones_in_use(exported, capsys, monkeypatch):
+    """Providers given as ``(name, options)`` reach ONNX Runtime's sessions as given, one it lacks is refused by
+    name, and the command names the providers ONNX Runtime started."""
+    import onnxruntime
+
+    tmp, given, real = exported, [], onnxruntime.InferenceSession
+
+    def session(path, options=None, providers=None):
+        given.append(providers)
+        return real(path, options, providers=providers)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", session)
+    entry = ("CPUExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})
+    predictor = OnnxPredictor(tmp / "model", providers=[entry])
+    assert given == [[entry], [entry]]  # one session per fold
+    assert predictor.providers_in_use == ["CPUExecutionProvider"]
+    with pytest.raises(Exception, match="NoSuchProvider not available"):
+        OnnxPredictor(tmp / "model", providers=[("NoSuchProvider", {}), "CPUExecutionProvider"])
+    assert main(["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model"), "--threads", "1"]) == 0
+    assert "providers CPUExecutionProvider" in capsys.readouterr().out

@@ -93,7 +93,7 @@ def test_backward_clip_step_updates_as_nnunets_train_step(scaled):
 
 
 @pytest.mark.parametrize("augmentation", [True, False])
-def test_training_dataloader_is_nnunets_training_loader(preprocessed_synthetic, monkeypatch, augmentation):
+def test_training_dataloader_is_nnunets_training_loader(preprocessed_synthetic, monkeypatch, tmp_path, augmentation):
     """The copy draws what nnU-Net's own training loader (``get_dataloaders``) draws from the same random state;
     without augmentation the samples not centred on foreground are whole preprocessed training cases (the patch
     is the image here)."""
@@ -108,6 +108,7 @@ def test_training_dataloader_is_nnunets_training_loader(preprocessed_synthetic, 
     for name, value in preprocessed_synthetic.items():
         if name.startswith("nnUNet_"):
             monkeypatch.setenv(name, value)
+    monkeypatch.setenv("nnUNet_results", str(tmp_path / "results"))  # the trainer's log: not the shared folder
     monkeypatch.setenv("nnUNet_n_proc_DA", "0")
     folder = Path(preprocessed_synthetic["nnUNet_preprocessed"]) / "Dataset501_SyntheticPolyps"
     plans = dict(json.loads((folder / "nnUNetPlans.json").read_text()), continue_training=False)

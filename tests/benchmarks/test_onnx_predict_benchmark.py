@@ -1,0 +1,80 @@
+"""``benchmarks/onnx_predict.py`` and the GPU script's ``onnx`` step on the CPU: which ONNX Runtime providers
+become arms, a run where none is available, the step's table, and the whole step at 32x32 (CPU provider)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import gpu  # noqa: E402
+import onnx_predict  # noqa: E402
+
+TRT, CUDA, CPU = "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"
+
+
+def test_each_provider_is_an_arm_falling_back_through_the_ones_after_it():
+    arms, left_out = onnx_predict.provider_arms([TRT, CUDA, CPU], [TRT, CUDA, CPU])
+    assert arms == {"Tensorrt": [TRT, CUDA, CPU], "CUDA": [CUDA, CPU], "CPU": [CPU]} and left_out == {}
+    arms, left_out = onnx_predict.provider_arms([TRT, CUDA], ["AzureExecutionProvider", CPU])
+    assert arms == {}
+    assert set(left_out) == {TRT, CUDA}
+    assert left_out[CUDA] == f"not in this onnxruntime (available: AzureExecutionProvider, {CPU})"
+    arms, _ = onnx_predict.provider_arms([TRT], [TRT, CPU])  # no CUDA provider to fall back to
+    assert arms == {"Tensorrt": [TRT, CPU]}
+    # TensorRT's sessions cache their engines; the other providers pass as names
+    entries = onnx_predict._session_providers([TRT, CUDA, CPU], Path("cache"))
+    assert entries[0] == (TRT, {"trt_engine_cache_enable": True, "trt_engine_cache_path": "cache"})
+    assert entries[1:] == [CUDA, CPU]
+
+
+def test_no_available_provider_times_nothing_and_says_why(tmp_path, capsys):
+    assert onnx_predict.main(["--providers", "NoSuchExecutionProvider", "--no-forms", "--out", str(tmp_path)]) == 0
+    payload = json.loads((tmp_path / "onnx_predict.json").read_text())
+    assert payload["run"]["results"] == {} and payload["run"]["arms"] == {}
+    assert "NoSuchExecutionProvider" in payload["run"]["providers_left_out"]
+    text = (tmp_path / "onnx_predict.md").read_text()
+    assert "Nothing timed" in text and "Left out: NoSuchExecutionProvider not in this onnxruntime" in text
+
+
+def test_the_steps_table_pairs_each_provider_with_nnunets_predictor():
+    agreement = {"min_dice": 0.9991, "sessions_and_first_round_s": 42.0, "identical_masks": 9, "cases": 10,
+                 "max_probability_difference": 1e-3, "providers_in_use": [CUDA, CPU]}
+    onnx = {"onnxruntime": "1.2.3", "providers_available": [CUDA, CPU], "cases": 10,
+            "providers_left_out": {TRT: "not in this onnxruntime (available: ...)"},
+            "results": {"Med-DisSeg / nnUNetv2_predict / TTA on": {"images_per_s": 100.0},
+                        "Med-DisSeg / CUDA / TTA on": {"images_per_s": 150.0},
+                        "Med-DisSeg / CUDA / TTA on / agreement": agreement}}
+    lines = gpu.onnx_markdown(onnx)
+    rows = [line for line in "\n".join(lines).splitlines() if line.startswith("| Med-DisSeg")]
+    assert rows == ["| Med-DisSeg | TTA on | CUDA | 100.0 | 150.0 | 1.50x | 42.0 | 0.9991 |"]
+    assert f"Left out: {TRT} not in this onnxruntime (available: ...)" in lines
+    assert gpu.onnx_markdown(None) == []
+
+
+@pytest.mark.e2e
+def test_the_onnx_step_on_the_cpu(tmp_path):
+    """``gpu.py --steps onnx --device cpu`` at 32x32: both models exported and timed against nnU-Net's predictor
+    with and without mirroring, their masks equal, the figures in both results files."""
+    out = tmp_path / "out"
+    command = [sys.executable, str(BENCHMARKS / "gpu.py"), "--session", str(out), "--device", "cpu", "--steps",
+               "onnx", "--size", "32", "--cases", "4", "1", "2", "--repeats", "1", "--cap-scale", "3", "--work",
+               str(tmp_path / "work")]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    figures = json.loads(next(out.glob("gpu_cpu_*.json")).read_text())
+    assert figures["steps"]["onnx"]["rc"] == 0
+    onnx = figures["onnx"]
+    assert onnx["arms"] == {"CPU": [CPU]} and onnx["cases"] == 2
+    for model in ("Med-DisSeg", "nnU-Net default"):
+        for mode in ("TTA on", "TTA off"):
+            assert onnx["results"][f"{model} / nnUNetv2_predict / {mode}"]["images_per_s"] > 0
+            assert onnx["results"][f"{model} / CPU / {mode}"]["images_per_s"] > 0
+            agreement = onnx["results"][f"{model} / CPU / {mode} / agreement"]
+            assert agreement["min_dice"] >= 0.999 and agreement["providers_in_use"] == [CPU]
+    assert figures["targets"]["completed_through_predict"]["met"] is None  # step main did not run
+    assert "| Med-DisSeg | TTA on | CPU |" in next(out.glob("gpu_cpu_*.md")).read_text()
+    assert "| Med-DisSeg | on | CPU |" in (out / "onnx_predict.md").read_text()
