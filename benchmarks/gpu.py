@@ -769,8 +769,10 @@ def onnx_markdown(onnx: Optional[dict]) -> List[str]:
     if rows:
         lines += [markdown_table(["model", "mirroring", "provider", "nnU-Net's predictor images/s",
                                   "ONNX Runtime images/s", "ratio", "sessions + first round s", "min Dice"], rows), ""]
-    lines += [f"Left out: {p} {why}" for p, why in onnx["providers_left_out"].items()]
-    return lines + ([""] if onnx["providers_left_out"] else [])
+    failed = [f"{key[:-len(' / agreement')]}: {record['error']}" for key, record in results.items()
+              if key.endswith(" / agreement") and "error" in record]
+    notes = [f"Left out: {p} {why}" for p, why in onnx["providers_left_out"].items()] + failed
+    return lines + notes + ([""] if notes else [])
 
 
 def cli_markdown(data: dict) -> str:

@@ -134,6 +134,26 @@ def _session_providers(providers: Sequence[str], cache: Path) -> List[object]:
             if p == "TensorrtExecutionProvider" else p for p in providers]
 
 
+def start_arm(model_dir: Path, providers: Sequence[object], use_mirroring: bool, threads: int, images: Path,
+              out: Path, reference: Path, cases: Sequence[str], ending: str) -> Tuple[Optional[object], dict]:
+    """One ONNX Runtime arm of one model: ``(its predictor, its record)`` after a first round, timed together with
+    the sessions' creation (TensorRT builds its engines there), and the masks' agreement with nnU-Net's in
+    ``reference``; ``(None, {"error": ...})`` where the arm cannot run here (ONNX Runtime can list a provider whose
+    libraries are missing), so that the other arms are still measured."""
+    from nnunetv2_meddisseg.deploy.predict_onnx import OnnxPredictor
+
+    start = time.perf_counter()
+    try:
+        predictor = OnnxPredictor(model_dir, use_mirroring=use_mirroring, threads=threads, providers=providers)
+        predictor.predict_folder(images, out)
+    except Exception as e:  # the provider's own failure is the result here
+        return None, {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
+    first_s = time.perf_counter() - start
+    predictor.predict_folder(images, out, save_probabilities=True)  # for the agreement, untimed
+    return predictor, {**_agreement(reference, out, cases, ending), "providers_in_use": predictor.providers_in_use,
+                       "sessions_and_first_round_s": round(first_s, 2)}
+
+
 def _run(args, work: Path) -> dict:
     import onnxruntime as ort
     import predict  # benchmarks/predict.py: the generated dataset and the untrained model folders
@@ -169,8 +189,6 @@ def _run(args, work: Path) -> dict:
     from nnunetv2.utilities.file_path_utilities import get_output_folder
     from nnunetv2.utilities.utils import create_lists_from_splitted_dataset_folder
 
-    from nnunetv2_meddisseg.deploy.predict_onnx import OnnxPredictor
-
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     raw = next(Path(env["nnUNet_raw"]).glob(f"Dataset{int(dataset):03d}_*"))
@@ -195,16 +213,11 @@ def _run(args, work: Path) -> dict:
                                                           save_probabilities=True, overwrite=True)
             for arm, providers in arms.items():
                 out_o = work / "predictions" / f"{trainer}_{mode[4:]}_{arm}"
-                start = time.perf_counter()
-                onnx_predictor = OnnxPredictor(work / "onnx" / trainer, use_mirroring=tta, threads=args.threads,
-                                               providers=_session_providers(providers, work / "engine_cache"))
-                onnx_predictor.predict_folder(images, out_o)
-                first_s = time.perf_counter() - start
-                onnx_predictor.predict_folder(images, out_o, save_probabilities=True)  # for the agreement, untimed
-                results[f"{name} / {arm} / {mode} / agreement"] = {
-                    **_agreement(out_t, out_o, cases, ending), "providers_in_use": onnx_predictor.providers_in_use,
-                    "sessions_and_first_round_s": round(first_s, 2)}
-                calls[f"{name} / {arm}"] = lambda p=onnx_predictor, o=out_o: p.predict_folder(images, o)
+                onnx_predictor, record = start_arm(work / "onnx" / trainer, _session_providers(
+                    providers, work / "engine_cache"), tta, args.threads, images, out_o, out_t, cases, ending)
+                results[f"{name} / {arm} / {mode} / agreement"] = record
+                if onnx_predictor is not None:
+                    calls[f"{name} / {arm}"] = lambda p=onnx_predictor, o=out_o: p.predict_folder(images, o)
         times = alternating_timings(calls, repeats=args.repeats, warmup=1, device=device)
         for key, samples in times.items():
             stats = summarize(samples)
@@ -224,7 +237,11 @@ def _markdown(payload: dict, args) -> str:
             for name in ("Med-DisSeg", "nnU-Net default"):
                 t = r[f"{name} / nnUNetv2_predict / TTA {tta}"]
                 for arm in run["arms"]:
-                    o, a = r[f"{name} / {arm} / TTA {tta}"], r[f"{name} / {arm} / TTA {tta} / agreement"]
+                    a = r[f"{name} / {arm} / TTA {tta} / agreement"]
+                    if "error" in a:
+                        rows.append([name, tta, arm, f"{t['images_per_s']:.2f}", a["error"]] + ["-"] * 5)
+                        continue
+                    o = r[f"{name} / {arm} / TTA {tta}"]
                     rows.append([name, tta, arm, f"{t['images_per_s']:.2f}", f"{o['images_per_s']:.2f}",
                                  f"{o['images_per_s'] / t['images_per_s']:.2f}x",
                                  f"{a['sessions_and_first_round_s']:.1f}",
@@ -239,9 +256,8 @@ def _markdown(payload: dict, args) -> str:
                                  "identical masks", "min Dice", "max prob. difference"], rows), "",
                  "Export (`nnUNetv2_meddisseg_export -f 0`, one process with its checks): "
                  + ", ".join(f"{k} {v:.0f} s" for k, v in run["export_s"].items()) + ".", ""]
-        used = {f"{arm}: {', '.join(r[f'{n} / {arm} / TTA {t} / agreement']['providers_in_use'])}"
-                for n in ("Med-DisSeg", "nnU-Net default") for arm in run["arms"]
-                for t in (["on", "off"] if args.tta == "both" else [args.tta])}
+        used = {f"{arm}: {', '.join(a['providers_in_use'])}" for key, a in r.items()
+                if key.endswith("agreement") and "providers_in_use" in a for arm in [key.split(" / ")[1]]}
         body += ["Providers ONNX Runtime started per arm: " + "; ".join(sorted(used)) + ".", ""]
     else:
         body += ["Nothing timed: no requested ONNX Runtime provider is available.", ""]

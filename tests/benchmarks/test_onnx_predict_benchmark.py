@@ -48,11 +48,28 @@ def test_the_steps_table_pairs_each_provider_with_nnunets_predictor():
             "results": {"Med-DisSeg / nnUNetv2_predict / TTA on": {"images_per_s": 100.0},
                         "Med-DisSeg / CUDA / TTA on": {"images_per_s": 150.0},
                         "Med-DisSeg / CUDA / TTA on / agreement": agreement}}
+    onnx["results"]["Med-DisSeg / Tensorrt / TTA on / agreement"] = {"error": "RuntimeError: no libnvinfer"}
     lines = gpu.onnx_markdown(onnx)
     rows = [line for line in "\n".join(lines).splitlines() if line.startswith("| Med-DisSeg")]
     assert rows == ["| Med-DisSeg | TTA on | CUDA | 100.0 | 150.0 | 1.50x | 42.0 | 0.9991 |"]
     assert f"Left out: {TRT} not in this onnxruntime (available: ...)" in lines
+    assert "Med-DisSeg / Tensorrt / TTA on: RuntimeError: no libnvinfer" in lines
     assert gpu.onnx_markdown(None) == []
+
+
+def test_an_arm_that_cannot_start_is_recorded_not_fatal(tmp_path, monkeypatch):
+    """ONNX Runtime can list a provider whose libraries are missing: that arm's error is its record, and the run
+    goes on with the other arms."""
+    from nnunetv2_meddisseg.deploy import predict_onnx
+
+    def refuse(self, *args, **kwargs):
+        raise RuntimeError("TensorRT EP could not be created:\n libnvinfer.so.10 missing")
+
+    monkeypatch.setattr(predict_onnx.OnnxPredictor, "__init__", refuse)
+    predictor, record = onnx_predict.start_arm(tmp_path, [TRT], True, 1, tmp_path, tmp_path / "out", tmp_path, [],
+                                               ".png")
+    assert predictor is None
+    assert record == {"error": "RuntimeError: TensorRT EP could not be created: libnvinfer.so.10 missing"}
 
 
 @pytest.mark.e2e
