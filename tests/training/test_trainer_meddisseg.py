@@ -330,7 +330,9 @@ def test_foreground_target_is_any_foreground_class():
     assert mask.flatten().tolist() == [1.0, 1.0, 1.0, 0.0]
 
 
-def test_stage2_fg_bg_term_leaves_the_ignore_label_out(nnunet_dirs):
+def test_stage2_fg_bg_term_leaves_the_ignore_label_out(nnunet_dirs, monkeypatch):
+    # a fixed run seed: with some initialisations the unlabelled rows change the loss by less than the guard below
+    monkeypatch.setenv("nnUNet_meddisseg_seed", "0")
     torch.manual_seed(0)
     dataset_json = deepcopy(DATASET_JSON)
     dataset_json["labels"]["ignore"] = 3
@@ -346,9 +348,11 @@ def test_stage2_fg_bg_term_leaves_the_ignore_label_out(nnunet_dirs):
     expected = foreground_background_loss(output.fg, output.bg, ((batch["target"] > 0) & (labelled > 0)).float(),
                                           labelled)
     as_background = foreground_background_loss(output.fg, output.bg, ((batch["target"] > 0) & (labelled > 0)).float())
+    as_foreground = foreground_background_loss(output.fg, output.bg, (batch["target"] > 0).float())
     out = trainer.train_step(batch)
     assert out["loss_fg_bg"] == pytest.approx(expected.item(), rel=1e-5)
-    assert abs(expected.item() - as_background.item()) > 1e-3  # the test can tell the two apart
+    for wrong in (as_background, as_foreground):  # the test can tell the ignore label's two wrong readings apart
+        assert abs(expected.item() - wrong.item()) > 1e-2
 
 
 def test_nan_input_is_a_clear_error(nnunet_dirs):
