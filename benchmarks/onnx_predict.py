@@ -256,8 +256,8 @@ def _markdown(payload: dict, args) -> str:
                                  "identical masks", "min Dice", "max prob. difference"], rows), "",
                  "Export (`nnUNetv2_meddisseg_export -f 0`, one process with its checks): "
                  + ", ".join(f"{k} {v:.0f} s" for k, v in run["export_s"].items()) + ".", ""]
-        used = {f"{arm}: {', '.join(a['providers_in_use'])}" for key, a in r.items()
-                if key.endswith("agreement") and "providers_in_use" in a for arm in [key.split(" / ")[1]]}
+        used = {f"{key.split(' / ')[1]}: {', '.join(a['providers_in_use'])}" for key, a in r.items()
+                if "providers_in_use" in a}
         body += ["Providers ONNX Runtime started per arm: " + "; ".join(sorted(used)) + ".", ""]
     else:
         body += ["Nothing timed: no requested ONNX Runtime provider is available.", ""]

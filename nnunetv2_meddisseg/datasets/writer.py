@@ -24,6 +24,8 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
+from nnunetv2_meddisseg.files import replace_folder, write_atomically
+
 from .cases import ConversionPlan, ConversionResult, SourceCase
 from .errors import ConversionError, OptionError
 from .mask_report import MaskRuleError, survey_masks
@@ -51,9 +53,7 @@ def _splits_final(train: Sequence[str], val: Sequence[str]) -> List[dict]:
 
 
 def _write_json_atomic(data, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.partial")
-    tmp.write_text(json.dumps(data, indent=4) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=4) + "\n", encoding="utf-8"))
 
 
 def _write_one(write_case: Callable, case: SourceCase, image_file: Path, label_file: Path,
@@ -117,7 +117,7 @@ def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional
         _write_cases(plan, write_case, subsets, partial_dir, name, resize, num_processes, progress, masks_record)
         if splits is not None:
             _write_json_atomic(splits, partial_dir / "splits_final.json")
-        _move_into_place(partial_dir, target, raw_root / f".{name}.old")
+        replace_folder(partial_dir, target)
     except ConversionError:
         shutil.rmtree(partial_dir, ignore_errors=True)
         raise
@@ -254,17 +254,3 @@ def _run_jobs(write_case: Callable, jobs: List[tuple], resize: Optional[int], nu
     finally:
         bar.close()
 
-
-def _move_into_place(partial_dir: Path, target: Path, old: Path) -> None:
-    if not target.exists():
-        os.replace(partial_dir, target)
-        return
-    if old.exists():
-        shutil.rmtree(old)
-    os.replace(target, old)
-    try:
-        os.replace(partial_dir, target)
-    except BaseException:
-        os.replace(old, target)
-        raise
-    shutil.rmtree(old, ignore_errors=True)

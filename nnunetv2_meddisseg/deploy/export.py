@@ -40,6 +40,8 @@ from nnunetv2_meddisseg.deploy.description import (
     fold_model_file,
 )
 from nnunetv2_meddisseg.environment import CPU_BF16_ENVIRONMENT_VARIABLE
+from nnunetv2_meddisseg.files import replace_folder
+from nnunetv2_meddisseg.training.compilation import unwrap_module
 
 __all__ = ["EXPORT_FORM", "DEFAULT_TOLERANCE", "export_model", "trace_to_onnx", "compare_with_onnxruntime", "main"]
 
@@ -209,7 +211,7 @@ def _model_folder(args) -> Path:
 
 
 def _write(output: Path, models: Dict[str, bytes], description: dict) -> None:
-    """Write the folder whole: into a hidden sibling first, then renamed over ``output``."""
+    """Write the folder whole: into a hidden sibling first, then moved over ``output`` (``files.replace_folder``)."""
     partial = output.with_name(f".{output.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     for fold, model in models.items():
@@ -217,14 +219,7 @@ def _write(output: Path, models: Dict[str, bytes], description: dict) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(model)
     (partial / DESCRIPTION_FILE).write_text(json.dumps(description, indent=2))
-    if output.exists():
-        old = output.with_name(f".{output.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        output.rename(old)
-        partial.rename(output)
-        shutil.rmtree(old)
-    else:
-        partial.rename(output)
+    replace_folder(partial, output)
 
 
 def export_model(args) -> Tuple[Path, dict]:
@@ -248,7 +243,7 @@ def export_model(args) -> Tuple[Path, dict]:
     if nnUNet_preprocessed is not None:
         preprocessed = (Path(nnUNet_preprocessed) / plans["dataset_name"]
                         / predictor.configuration_manager.data_identifier)
-    network = getattr(predictor.network, "_orig_mod", predictor.network).cpu().eval()  # uncompiled
+    network = unwrap_module(predictor.network).cpu().eval()  # uncompiled
     inputs = _check_inputs(predictor, preprocessed)
     example = torch.from_numpy(inputs["random patches"][:1])
     models, folds = {}, []

@@ -17,6 +17,7 @@ from PIL import Image
 from scipy.ndimage import binary_fill_holes
 
 from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.files import write_atomically
 
 __all__ = ["read_case", "preprocess", "segmentation_from_logits", "probabilities_from_logits", "restore_shape",
            "restore_probabilities", "write_segmentation", "normalise_channel"]
@@ -144,6 +145,5 @@ def write_segmentation(segmentation: np.ndarray, path: Path) -> None:
     """(1, X, Y) labels -> an 8-bit (16-bit from label 255) grey image, as nnU-Net's NaturalImage2DIO writes it;
     written beside and renamed, so that an interrupted write leaves no partial file."""
     image = segmentation[0].astype(np.uint8 if segmentation.max() < 255 else np.uint16, copy=False)
-    partial = path.with_name(f".{path.name}.partial")
-    Image.fromarray(image).save(partial, format=Image.registered_extensions()[path.suffix.lower()])
-    partial.replace(path)
+    file_format = Image.registered_extensions()[path.suffix.lower()]
+    write_atomically(path, lambda tmp: Image.fromarray(image).save(tmp, format=file_format))

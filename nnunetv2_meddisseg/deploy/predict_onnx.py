@@ -11,6 +11,7 @@ import argparse
 import re
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -28,6 +29,7 @@ from nnunetv2_meddisseg.deploy.image_pipeline import (
     write_segmentation,
 )
 from nnunetv2_meddisseg.deploy.sliding_window import sliding_window_logits
+from nnunetv2_meddisseg.files import write_atomically
 
 __all__ = ["OnnxPredictor", "find_cases", "main"]
 
@@ -40,6 +42,13 @@ def _onnxruntime():
     except ImportError as e:
         raise UserError("onnxruntime is not installed: pip install 'nnunetv2_meddisseg[onnx]'") from e
     return onnxruntime
+
+
+def _save_probabilities(probabilities: np.ndarray, path: Path) -> None:
+    """``probabilities`` into the npz file ``path`` as nnU-Net's ``--save_probabilities`` names them (written
+    through a file object: ``np.savez_compressed`` would append ``.npz`` to another file name)."""
+    with open(path, "wb") as f:
+        np.savez_compressed(f, probabilities=probabilities)
 
 
 def find_cases(folder: Path, file_ending: str) -> Dict[str, List[Path]]:
@@ -131,9 +140,7 @@ class OnnxPredictor:
             target = output_folder / f"{case}{ending}"
             if save_probabilities:
                 segmentation, probabilities = self.predict_files(files, with_probabilities=True)
-                partial = output_folder / f".{case}.partial.npz"
-                np.savez_compressed(partial, probabilities=probabilities)
-                partial.replace(output_folder / f"{case}.npz")
+                write_atomically(output_folder / f"{case}.npz", partial(_save_probabilities, probabilities))
             else:
                 segmentation = self.predict_files(files)
             write_segmentation(segmentation, target)

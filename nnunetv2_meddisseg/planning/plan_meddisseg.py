@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
+from nnunetv2_meddisseg.files import write_atomically
 from nnunetv2_meddisseg.planning.memory import TRAINING_BYTES_PER_PIXEL, batch_size_for_memory, estimated_memory_line
 from nnunetv2_meddisseg.plans_entry import ADDED_NORMS, DEFAULT_ADDED_NORM, architecture_entry
 
@@ -198,12 +199,9 @@ def _write_plans(plans: dict, target: Path, overwrite: bool) -> None:
             raise UserError(f"{target} exists with other settings ({shown}): pass --overwrite to replace it (a "
                             f"training run resumed with --c would then continue on the new plans) or choose "
                             f"another --plans-name")
-    partial = target.with_suffix(".json.partial")
     try:
-        partial.write_text(json.dumps(plans, indent=4))
-        os.replace(partial, target)
+        write_atomically(target, lambda tmp: tmp.write_text(json.dumps(plans, indent=4)))
     except OSError as e:
-        partial.unlink(missing_ok=True)
         raise UserError(f"cannot write {target}: {e.strerror or e}") from None
 
 

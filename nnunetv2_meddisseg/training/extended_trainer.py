@@ -1,7 +1,6 @@
 """``ExtendedTrainerBase``: what our trainers (``nnUNetTrainerMedDisSeg``, ``nnUNetTrainerDispersive``, the
 seeded baselines and their variants) add to nnU-Net's ``nnUNetTrainer``, whatever their network and losses. Each
-override
-calls nnU-Net's method and adds to it; the pieces of nnU-Net that have no smaller hook (the checkpoint's
+override calls nnU-Net's method and adds to it; the pieces of nnU-Net that have no smaller hook (the checkpoint's
 entries, ``train_step``'s autocast rule and update, ``get_dataloaders``' training loader) are restated in
 ``nnunet_copies`` alone, pinned to nnU-Net's source by a test.
 

@@ -148,9 +148,9 @@ def stage1_logits(head: nn.Module, features: Sequence[Tensor], size: Sequence[in
     return logits[..., :size[0], :size[1]], fused
 
 
-def stage1_loss(network: nn.Module, head: nn.Module, seg: nn.Module, dispersive: DispersiveLoss, recipe,
-                  data: Tensor, perturbed: Tensor, target: Tensor,
-                  idle_parameters: Optional[Iterable[nn.Parameter]] = None) -> Tuple[Tensor, Dict[str, Tensor], Tensor]:
+def stage1_loss(network: nn.Module, head: nn.Module, seg: nn.Module, dispersive: DispersiveLoss,
+                recipe: MedDisSegRecipe, data: Tensor, perturbed: Tensor, target: Tensor,
+                idle_parameters: Optional[Iterable[nn.Parameter]] = None) -> Tuple[Tensor, Dict[str, Tensor], Tensor]:
     """Stage I loss of clean ``data`` and its ``perturbed`` view (see the module docstring). ``idle_parameters``
     (under DDP: the decoder's trainable parameters, idle in Stage I) enter the loss with weight 0, so that DDP's
     reducer, which expects a gradient for every parameter, completes."""
@@ -175,8 +175,9 @@ def stage1_loss(network: nn.Module, head: nn.Module, seg: nn.Module, dispersive:
     return total, terms, diagnosed
 
 
-def stage2_step_loss(network: nn.Module, seg: nn.Module, dispersive: DispersiveLoss, recipe, data: Tensor,
-                  target: Tensor, ignore_label: Optional[int]) -> Tuple[Tensor, Dict[str, Tensor], Tensor]:
+def stage2_step_loss(network: nn.Module, seg: nn.Module, dispersive: DispersiveLoss, recipe: MedDisSegRecipe,
+                     data: Tensor, target: Tensor,
+                     ignore_label: Optional[int]) -> Tuple[Tensor, Dict[str, Tensor], Tensor]:
     """Stage II loss of ``data`` (see the module docstring; pixels with ``ignore_label`` count in no term of
     the fg/bg maps)."""
     output = network(data)

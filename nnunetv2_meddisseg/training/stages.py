@@ -34,7 +34,6 @@ STAGE_2 = "stage2"
 STAGE_NAMES = (STAGE_1, STAGE_2)
 
 
-
 def checkpoint_stage(checkpoint: Mapping[str, object]) -> str:
     """The stage a checkpoint records (``meddisseg_stage``; where it records none, Stage I if it holds the head);
     a ``ValueError`` saying what is wrong where the checkpoint cannot be resumed in a stage."""
