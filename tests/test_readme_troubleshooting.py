@@ -360,6 +360,7 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "loading such objects can run code": _command("compare", compare_rows.cmp_checkpoint_payload),
     "holds NaN or inf values (expected finite weights)": _command("plan", plan_rows.plan_weights_nan),
     "checkpoint_final.pth is empty (0 bytes)": _command("compare", compare_rows.cmp_zero_byte_checkpoint),
+    "is not an nnU-Net checkpoint: it has no ...": _command("compare", compare_rows.cmp_checkpoint_not_nnunet),
     "cannot be read as a checkpoint (truncated or corrupt?": _command("compare", compare_rows.cmp_truncated_checkpoint),
     "mask ... would be written empty: its values reach ... but none exceeds half its range":
         _command("convert", convert_rows.conv_faint_mask),

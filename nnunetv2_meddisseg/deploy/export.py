@@ -229,6 +229,8 @@ def export_model(args) -> Tuple[Path, dict]:
     from nnunetv2.inference.predict_from_raw_data import nnUNetPredictor
     from nnunetv2.paths import nnUNet_preprocessed
 
+    from nnunetv2_meddisseg.torch_files import initialize_predictor
+
     folder = _model_folder(args)
     output = Path(args.o) if args.o is not None else folder / "onnx"
     predictor = nnUNetPredictor(tile_step_size=0.5, use_gaussian=True, use_mirroring=True,
@@ -236,7 +238,7 @@ def export_model(args) -> Tuple[Path, dict]:
     with warnings.catch_warnings():
         # deprecation notices of the modules nnU-Net's trainer search imports (timm's, for example)
         warnings.simplefilter("ignore", FutureWarning)
-        predictor.initialize_from_trained_model_folder(str(folder), tuple(args.f), args.chk)
+        initialize_predictor(predictor, folder, args.f, args.chk)  # checkpoints read weights-only
     plans = predictor.plans_manager.plans
     _refuse_unsupported(predictor, args.c)
     preprocessed = None
