@@ -368,6 +368,9 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "191.25), so it is neither faint background nor an anti-aliased edge": three_valued_mask,
     "nnUNetv2_meddisseg_convert: error: ... of ... masks are refused by the mask rule (all listed in the report above)":
         _command("convert", ambiguous_masks),
+    "holds the values {...}: ... a label map of ... classes": _command("convert", convert_rows.conv_label_map_mask),
+    "holds ... colours of different hues that each cover more than 1 % of the pixels":
+        _command("convert", convert_rows.conv_colour_label_map_mask),
     "--mask-threshold must be a number from 0 to below 65535": _command("convert", mask_threshold_negative),
     "--mask-threshold ... is not below the range of mask": _command("convert", mask_threshold_out_of_range),
     "holds NaN or inf values: replace them (e.g. numpy.nan_to_num)": nan_image,
