@@ -160,6 +160,19 @@ def conv_mask_threshold_above_label_range(tmp, env):
     return [*_cvc(tmp, {}), "--mask-threshold", "300"]
 
 
+def conv_png_image_without_mask(tmp, env):
+    """CVC-ClinicDB takes TIFF, PNG and BMP: the message names the ending of the image it could not pair."""
+    argv = _cvc(tmp, {})
+    (tmp / "cvc" / "Ground Truth" / "3.png").unlink()
+    return argv
+
+
+def conv_png_mask_without_image(tmp, env):
+    argv = _cvc(tmp, {})
+    (tmp / "cvc" / "Original" / "4.png").unlink()
+    return argv
+
+
 def conv_source_is_the_dataset(tmp, env):
     """--overwrite with the dataset of this ID as the source: it would replace its own input."""
     argv = _kvasir(tmp)
@@ -206,6 +219,10 @@ ROWS = [
     Row("convert/image_without_mask", "convert", conv_image_without_mask, 2,
         ["images/k1.jpg", "has no mask", "masks/k1.jpg"]),
     Row("convert/mask_without_image", "convert", conv_mask_without_image, 2, ["masks/k2.jpg", "has no image"]),
+    Row("convert/png_image_without_mask", "convert", conv_png_image_without_mask, 2,
+        ["image ", "Original/3.png has no mask (expected ", "Ground Truth/3.png, or 3.tif/.tiff/.bmp)"]),
+    Row("convert/png_mask_without_image", "convert", conv_png_mask_without_image, 2,
+        ["mask ", "Ground Truth/4.png has no image (expected ", "Original/4.png, or 4.tif/.tiff/.bmp)"]),
     Row("convert/size_mismatch", "convert", conv_size_mismatch, 2, ["masks/k1.jpg", "12x10", "expected the same size"]),
     Row("convert/corrupt_image", "convert", conv_corrupt_image, 2, ["cannot read image", "images/k3.jpg"]),
     Row("convert/empty_source", "convert", conv_empty_source, 2, ["no images", "Kvasir-SEG/images"]),
