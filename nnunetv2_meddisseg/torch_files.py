@@ -22,7 +22,7 @@ import re
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -126,8 +126,12 @@ def read_checkpoint(path: Union[str, os.PathLike], mmap: Optional[bool] = None) 
     return loaded
 
 
-def _fold_checkpoints(model_folder: Path, folds: Iterable[Union[int, str]], checkpoint_name: str) -> List[Path]:
-    return [model_folder / f"fold_{fold}" / checkpoint_name for fold in folds]
+def _folds(folds: Iterable[Union[int, str]]) -> Tuple[Union[int, str], ...]:
+    """``folds`` as nnU-Net's predictor takes them: numbers, or ``'all'``."""
+    try:
+        return tuple(f if f == "all" else int(f) for f in folds)
+    except ValueError:
+        raise UserError(f"folds {' '.join(map(str, folds))}: expected fold numbers or 'all'") from None
 
 
 def check_model_folder_checkpoints(model_folder: Union[str, os.PathLike], folds: Sequence[Union[int, str]],
@@ -137,7 +141,7 @@ def check_model_folder_checkpoints(model_folder: Union[str, os.PathLike], folds:
     reads (:data:`PREDICTOR_KEYS`); returns the files. Raises :class:`UnsafeTorchFile` or a one-line
     :class:`~nnunetv2_meddisseg.cli.UserError` naming the first file that fails, before anything loads it unsafely.
     """
-    files = _fold_checkpoints(Path(model_folder), folds, checkpoint_name)
+    files = [Path(model_folder) / f"fold_{fold}" / checkpoint_name for fold in _folds(folds)]
     for path in files:
         checkpoint = read_checkpoint(path)
         missing = [k for k in PREDICTOR_KEYS if k not in checkpoint]
@@ -180,7 +184,7 @@ def initialize_predictor(predictor: Any, model_folder: Union[str, os.PathLike], 
     ``nnUNetPredictor``) without running code a checkpoint carries: every fold's checkpoint is checked first
     (:func:`check_model_folder_checkpoints`), and the predictor's own loads run inside :func:`weights_only_loads`,
     so that what it loads is read weights-only too, even where a file changed after the check."""
-    folds = tuple(f if f == "all" else int(f) for f in folds)
+    folds = _folds(folds)
     files = check_model_folder_checkpoints(model_folder, folds, checkpoint_name)
     try:
         with weights_only_loads(f"checkpoint {' or '.join(map(str, files))}"):

@@ -164,7 +164,9 @@ def test_check_model_folder_checkpoints_names_the_bad_fold(bad, tmp_path):
     assert "\n" not in str(e.value) and not (tmp_path / "payload_ran").exists()
 
 
-def test_a_missing_checkpoint_and_one_that_holds_no_dict(tmp_path):
+def test_a_missing_checkpoint_a_bad_fold_and_one_that_holds_no_dict(tmp_path):
+    with pytest.raises(UserError, match="folds 0 x: expected fold numbers or 'all'"):
+        check_model_folder_checkpoints(tmp_path, ["0", "x"])
     with pytest.raises(UserError, match=f"no trained model: {tmp_path / 'fold_0' / 'checkpoint_final.pth'} does not "
                                         f"exist"):
         check_model_folder_checkpoints(tmp_path, [0])
