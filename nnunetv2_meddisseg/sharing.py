@@ -32,7 +32,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import torch
 
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
-from nnunetv2_meddisseg.torch_files import read_checkpoint
+from nnunetv2_meddisseg.torch_files import PREDICTOR_KEYS, read_checkpoint
 
 __all__ = ["PREDICTION_KEYS", "weights_only_checkpoint", "copy_weights_only", "main"]
 
@@ -47,7 +47,7 @@ TEMPORARY_SUFFIXES = (".tmp", ".partial")
 def weights_only_checkpoint(checkpoint: Mapping[str, object], source: str = "checkpoint") -> Dict[str, object]:
     """The entries of ``checkpoint`` in :data:`PREDICTION_KEYS` (an error naming ``source`` where the
     ones nnU-Net's predictor needs are missing)."""
-    missing = [k for k in ("network_weights", "trainer_name", "init_args") if k not in checkpoint]
+    missing = [k for k in PREDICTOR_KEYS if k not in checkpoint]
     if missing:
         raise UserError(f"{source} is not an nnU-Net checkpoint: it has no {', '.join(missing)}")
     return {k: checkpoint[k] for k in PREDICTION_KEYS if k in checkpoint}
