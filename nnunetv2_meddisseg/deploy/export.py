@@ -8,7 +8,11 @@ symbolic batch size, height and width. Before writing, ONNX Runtime runs each gr
 of two patches, and one input twice the patch size) and on up to two preprocessed training cases where the
 dataset is there, against the PyTorch network as nnU-Net predicts with it; the largest difference must stay
 within ``--tolerance`` times the largest absolute logit, else the command ends with one line and writes
-nothing. ``onnx_model.json`` (``deploy.description``) holds what the predictor needs.
+nothing. ``onnx_model.json`` (``deploy.description``) holds what the predictor needs, with each graph's sha256.
+
+Where it writes is checked before any of this (``deploy.export_folder``): ``-o`` replaces only an earlier export,
+never a folder of other files, a file or anything inside nnU-Net's folders but the default ``onnx`` in the model
+folder; the folder is written whole.
 
 Only what ``nnUNetv2_meddisseg_predict_onnx`` can run is exported: 2D configurations of datasets of 2D
 natural images (.png, .bmp, .tif) whose plans keep the image spacing (1, 1), i.e. no resampling; no cascade.
@@ -18,9 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import os
-import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -37,10 +39,13 @@ from nnunetv2_meddisseg.deploy.description import (
     INPUT_NAME,
     NATURAL_IMAGE_ENDINGS,
     OUTPUT_NAME,
+    WRITTEN_BY,
     fold_model_file,
+    sha256_of,
+    validate_description,
 )
+from nnunetv2_meddisseg.deploy.export_folder import DEFAULT_NAME, check_output, write_export
 from nnunetv2_meddisseg.environment import CPU_BF16_ENVIRONMENT_VARIABLE
-from nnunetv2_meddisseg.files import replace_folder
 from nnunetv2_meddisseg.training.compilation import unwrap_module
 
 __all__ = ["EXPORT_FORM", "DEFAULT_TOLERANCE", "export_model", "trace_to_onnx", "compare_with_onnxruntime", "main"]
@@ -171,6 +176,7 @@ def _description(predictor, args, folds: List[dict]) -> dict:
     mirror = predictor.allowed_mirroring_axes
     return {
         "format_version": FORMAT_VERSION,
+        "written_by": WRITTEN_BY,
         "trainer": predictor.trainer_name,
         "plans": args.p,
         "configuration": args.c,
@@ -210,18 +216,6 @@ def _model_folder(args) -> Path:
     return folder
 
 
-def _write(output: Path, models: Dict[str, bytes], description: dict) -> None:
-    """Write the folder whole: into a hidden sibling first, then moved over ``output`` (``files.replace_folder``)."""
-    partial = output.with_name(f".{output.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    for fold, model in models.items():
-        target = partial / fold_model_file(fold)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(model)
-    (partial / DESCRIPTION_FILE).write_text(json.dumps(description, indent=2))
-    replace_folder(partial, output)
-
-
 def export_model(args) -> Tuple[Path, dict]:
     """Export and check every fold of ``args`` (the command's options); write nothing unless all pass.
     Returns the output folder and the description."""
@@ -230,7 +224,7 @@ def export_model(args) -> Tuple[Path, dict]:
     from nnunetv2.paths import nnUNet_preprocessed
 
     folder = _model_folder(args)
-    output = Path(args.o) if args.o is not None else folder / "onnx"
+    output = check_output(Path(args.o) if args.o is not None else folder / DEFAULT_NAME, folder)
     predictor = nnUNetPredictor(tile_step_size=0.5, use_gaussian=True, use_mirroring=True,
                                 device=torch.device("cpu"), verbose=False, allow_tqdm=False)
     with warnings.catch_warnings():
@@ -260,11 +254,13 @@ def export_model(args) -> Tuple[Path, dict]:
                     f"{worst['relative_difference']:.2e} > tolerance {args.tolerance:g}): the export is wrong, "
                     f"nothing written")
             models[str(fold)] = model
-            folds.append({"fold": str(fold), "file": fold_model_file(fold), "checks": checks})
+            folds.append({"fold": str(fold), "file": fold_model_file(fold), "sha256": sha256_of(model),
+                          "checks": checks})
             print(f"fold {fold}: exported, ONNX Runtime vs PyTorch: largest relative difference "
                   f"{worst['relative_difference']:.1e} ({len(checks)} inputs)")
     description = _description(predictor, args, folds)
-    _write(output, models, description)
+    validate_description(description, output / DESCRIPTION_FILE)  # what the predictor will check
+    write_export(output, models, description)
     return output, description
 
 
@@ -280,7 +276,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-p", default="nnUNetPlans", help="plans identifier")
     p.add_argument("-chk", default="checkpoint_final.pth", help="checkpoint file name in each fold folder")
     p.add_argument("-o", default=None,
-                   help="output folder (default: onnx inside the model folder); replaced whole once every fold passes")
+                   help="output folder (default: onnx inside the model folder): a new or empty folder, or an earlier "
+                        "export, which is replaced whole once every fold passes")
     p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
                    help="largest difference ONNX Runtime vs PyTorch allowed, as a fraction of the largest |logit|")
     return p
