@@ -23,7 +23,7 @@ from typing import Dict
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, WRITTEN_BY, fold_model_file, written_by_export
 from nnunetv2_meddisseg.environment import NNUNET_FOLDERS
-from nnunetv2_meddisseg.files import replace_folder, restore_set_aside
+from nnunetv2_meddisseg.files import replace_folder, restore_set_aside, set_aside_path
 
 __all__ = ["DEFAULT_NAME", "check_output", "write_export"]
 
@@ -49,6 +49,15 @@ def _refuse_nnunet_folders(output: Path, resolved: Path, model_folder: Path) -> 
                             f"outside nnU-Net's folders, or leave -o out for the default {default}")
 
 
+def _written_by_export(folder: Path) -> bool:
+    """``folder`` holds an ``onnx_model.json`` that the export wrote."""
+    description = folder / DESCRIPTION_FILE
+    try:
+        return description.is_file() and written_by_export(json.loads(description.read_text()))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+
+
 def _refuse_what_is_not_an_export(output: Path) -> None:
     """An existing ``output`` passes when it is an empty folder or an earlier export holding only what the export
     writes."""
@@ -57,12 +66,7 @@ def _refuse_what_is_not_an_export(output: Path) -> None:
     entries = sorted(output.iterdir())
     if not entries:
         return
-    description = output / DESCRIPTION_FILE
-    try:
-        ours = description.is_file() and written_by_export(json.loads(description.read_text()))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        ours = False
-    if not ours:
+    if not _written_by_export(output):
         raise UserError(f"-o {output} exists and is not an export of {WRITTEN_BY} (no {DESCRIPTION_FILE} written "
                         f"by it): -o replaces only an earlier export; choose a new folder")
     other = [e.name for e in entries
@@ -93,9 +97,9 @@ def check_output(output: Path, model_folder: Path) -> Path:
     output = Path(os.path.abspath(output))
     if output.is_symlink():
         raise UserError(f"-o {output} is a symbolic link: name the folder itself")
-    if restore_set_aside(output):
-        print(f"{output}: put back the earlier export that an interrupted export had set aside")
     _refuse_nnunet_folders(output, output.resolve(), Path(model_folder))
+    if _written_by_export(set_aside_path(output)) and restore_set_aside(output):
+        print(f"{output}: put back the earlier export that an interrupted export had set aside")
     if output.exists():
         _refuse_what_is_not_an_export(output)
     _refuse_unwritable(output)

@@ -159,6 +159,14 @@ def test_export_a_kill_left_aside_is_put_back_before_the_check(model, tmp_path, 
         read_description(target)
 
 
+def test_a_hidden_folder_of_that_name_that_is_no_export_is_left_alone(model, tmp_path):
+    aside = set_aside_path(tmp_path / "kvasir_onnx")
+    aside.mkdir()
+    (aside / "notes.txt").write_text("mine")
+    assert export_folder.check_output(tmp_path / "kvasir_onnx", model) == tmp_path / "kvasir_onnx"
+    assert not (tmp_path / "kvasir_onnx").exists() and (aside / "notes.txt").read_text() == "mine"
+
+
 def test_unwritable_output_is_one_line(model, tmp_path, capsys, monkeypatch):
     (tmp_path / "a_file").write_text("x")
     err = _refused(["-o", str(tmp_path / "a_file" / "onnx")], capsys, tmp_path)
