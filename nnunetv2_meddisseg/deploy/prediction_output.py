@@ -154,13 +154,15 @@ class PredictionOutput:
 
     def write(self, case: str, segmentation: np.ndarray, probabilities: Optional[np.ndarray] = None) -> Path:
         """Write ``case``'s mask (1, X, Y) (and ``probabilities`` (K, 1, X, Y) where the run saves them), each
-        whole, recorded before and after; returns the mask's path."""
+        whole, recorded before and after (files of the case's record that this run does not write stay recorded);
+        returns the mask's path."""
         paths = self.files(case)
         self._create()
-        self._write_record(case, {p.name: None for p in paths})
+        previous = self._record(case)
+        self._write_record(case, {**previous, **{p.name: None for p in paths}})
         if self.save_probabilities:
             npz = paths[1]
             self._writing(npz, lambda: write_atomically(npz, lambda tmp: _save_probabilities(probabilities, tmp)))
         self._writing(paths[0], lambda: write_segmentation(segmentation, paths[0]))
-        self._write_record(case, {p.name: _sha256(p) for p in paths})
+        self._write_record(case, {**previous, **{p.name: _sha256(p) for p in paths}})
         return paths[0]

@@ -83,12 +83,16 @@ def test_existing_outputs_are_replaced_only_when_they_are_ours(work, capsys):
     assert first["case1.png"] != b"a user's mask" and sorted(first) == ["case0.png", "case1.png", "case2.png"]
     assert sorted(p.name for p in (out / RECORD_FOLDER).iterdir()) == ["case0.json", "case1.json", "case2.json"]
     assert main(_argv(work, out)) == 0 and _bytes(out) == first  # our own outputs are replaced without a flag
+    # probabilities written by one run stay ours through a run without them
+    assert main(_argv(work, out, "--save_probabilities")) == 0 and main(_argv(work, out)) == 0
+    assert main(_argv(work, out, "--save_probabilities")) == 0
     # a mask corrected by hand after it was written is no longer ours; nor is a user's probabilities file
     Image.fromarray(np.zeros((16, 16), np.uint8)).save(out / "case0.png")
     (out / "case2.npz").write_bytes(b"a user's file")
     capsys.readouterr()
     err = _refused(_argv(work, out, "--save_probabilities"), capsys, work)
     assert f"{out / 'case0.png'} (and 1 more) exists and was not written by {PROG} (or was changed since)" in err
+    assert main(_argv(work, out, "--save_probabilities", "--overwrite")) == 0
 
 
 def test_continue_prediction_skips_what_was_written_and_redoes_what_a_kill_cut_short(work, capsys, monkeypatch):
