@@ -294,7 +294,8 @@ def check_graph_io(input_shape: Optional[Sequence[Dim]], output_shape: Optional[
     """The shapes a runtime reports for a loaded graph's input and output (each axis an int, or None / a name where
     symbolic) against the description: (batch, channels, height, width) with the description's input channels and
     segmentation heads, a symbolic batch (the predictor runs batches of tiles) and height / width symbolic or the
-    patch size. ``where`` names the graph in the error."""
+    patch size. A symbolic channel axis passes here (the export declares both; ``sliding_window`` checks the
+    logits of every tile). ``where`` names the graph in the error."""
     patch = description["patch_size"]
     axes = {"input": (input_shape, description["num_input_channels"], "input channels"),
             "output": (output_shape, description["num_segmentation_heads"], "segmentation heads")}
@@ -303,10 +304,9 @@ def check_graph_io(input_shape: Optional[Sequence[Dim]], output_shape: Optional[
             raise UserError(f"{where}: the graph's {name} has shape {_show(list(shape) if shape else shape)}, "
                             f"expected (batch, {what}, height, width)")
         batch, channels, height, width = shape
-        if channels != expected:
-            shown = channels if _fixed(channels) else f"a symbolic number ({_show(channels)}) of"
-            raise UserError(f"{where}: the graph's {name} has {shown} {what}, {DESCRIPTION_FILE} says {expected}: "
-                            f"graph and description do not belong together")
+        if _fixed(channels) and channels != expected:
+            raise UserError(f"{where}: the graph's {name} has {channels} {what}, {DESCRIPTION_FILE} says "
+                            f"{expected}: graph and description do not belong together")
         if _fixed(batch):
             raise UserError(f"{where}: the graph's {name} has a fixed batch of {batch}; the predictor runs batches "
                             f"of tiles (the export writes a symbolic batch axis)")

@@ -48,7 +48,8 @@ from nnunetv2_meddisseg.deploy.export_folder import DEFAULT_NAME, check_output, 
 from nnunetv2_meddisseg.environment import CPU_BF16_ENVIRONMENT_VARIABLE
 from nnunetv2_meddisseg.training.compilation import unwrap_module
 
-__all__ = ["EXPORT_FORM", "DEFAULT_TOLERANCE", "export_model", "trace_to_onnx", "compare_with_onnxruntime", "main"]
+__all__ = ["EXPORT_FORM", "DEFAULT_TOLERANCE", "export_model", "trace_to_onnx", "declare_channels",
+           "compare_with_onnxruntime", "main"]
 
 PROG = "nnUNetv2_meddisseg_export"
 #: the CDFA form the exporter traces (``blocks.device_forms``)
@@ -92,6 +93,19 @@ def trace_to_onnx(network: torch.nn.Module, example: torch.Tensor, form: Optiona
         torch.onnx.export(network, (example,), buffer, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
                           opset_version=OPSET, dynamo=False, dynamic_axes={INPUT_NAME: axes, OUTPUT_NAME: axes})
     return buffer.getvalue()
+
+
+def declare_channels(model: bytes, channels: int, heads: int) -> bytes:
+    """``model`` with its input's channel axis declared ``channels`` and its output's ``heads`` where the tracer left
+    them symbolic (its shape inference loses the class count behind some operators, e.g. Med-DisSeg's final Add),
+    so that a runtime reports them and the predictor checks them against the description when it loads the graph."""
+    onnx, _ = _onnx_modules()
+    proto = onnx.load_from_string(model)
+    for value, size in ((proto.graph.input[0], channels), (proto.graph.output[0], heads)):
+        dim = value.type.tensor_type.shape.dim[1]
+        if not dim.HasField("dim_value"):
+            dim.dim_value = size  # replaces the symbolic name (one of the two fields)
+    return proto.SerializeToString()
 
 
 def compare_with_onnxruntime(network: torch.nn.Module, model: bytes, inputs: Dict[str, np.ndarray]
@@ -244,7 +258,8 @@ def export_model(args) -> Tuple[Path, dict]:
     with _fp32_prediction():
         for fold, parameters in zip(args.f, predictor.list_of_parameters):
             network.load_state_dict(parameters)
-            model = trace_to_onnx(network, example)
+            model = declare_channels(trace_to_onnx(network, example), example.shape[1],
+                                     predictor.label_manager.num_segmentation_heads)
             checks = compare_with_onnxruntime(network, model, inputs)
             worst = max(checks, key=lambda c: c["relative_difference"])
             if not worst["relative_difference"] <= args.tolerance:

@@ -181,7 +181,9 @@ def test_graph_shapes_against_the_description():
     d = GOOD
     check_graph_io(["b", 3, "h", "w"], [None, 2, None, None], d, "g")
     check_graph_io(["b", 3, 16, 16], ["b", 2, 16, 16], d, "g")  # fixed at the patch size: tiles are patches
-    for shapes, message in [((["b", 3, "h", "w"], ["b", "k", "h", "w"]), "a symbolic number (\"k\") of segmentation"),
+    check_graph_io(["b", "c", "h", "w"], ["b", "k", "h", "w"], d, "g")  # symbolic: checked at the first tile
+    for shapes, message in [((["b", 3, "h", "w"], ["b", 3, "h", "w"]), "output has 3 segmentation heads"),
+                            ((["b", 1, "h", "w"], ["b", 2, "h", "w"]), "input has 1 input channels"),
                             ((["b", 3, "h", "w"], ["b", 2, "h"]), "output has shape"),
                             (([1, 3, "h", "w"], ["b", 2, "h", "w"]), "fixed batch of 1"),
                             ((["b", 3, 32, "w"], ["b", 2, "h", "w"]), "fixed height of 32, the patch is [16, 16]"),
@@ -212,7 +214,6 @@ def test_a_graph_with_a_symbolic_class_axis_is_checked_at_its_first_tile(tmp_pat
             return getattr(self.session, name)
 
     monkeypatch.setattr(onnxruntime, "InferenceSession", SymbolicOutput)
-    monkeypatch.setattr("nnunetv2_meddisseg.deploy.predict_onnx.check_graph_io", lambda *args: None)
     predictor = OnnxPredictor(tmp_path / "model")
     with pytest.raises(UserError, match=r"returned logits of shape \(4, 1, 16, 16\) .* expected \(4, 2, 16, 16\)"):
         predictor.predict_files([tmp_path / "in" / "case0_0000.png"])
