@@ -5,7 +5,8 @@ A converter module (``kvasir``, ``glas``, ...) turns a publisher's folder into a
 :func:`write_nnunet_dataset` then writes ``$nnUNet_raw/DatasetXXX_Name/`` (``imagesTr``,
 ``labelsTr``, ``imagesTs``, ``labelsTs``, ``dataset.json``) into a hidden
 ``.DatasetXXX_Name.partial`` sibling and renames it into place only once every case was written,
-so an interrupted or failed conversion never leaves a valid-looking dataset behind. The
+so an interrupted or failed conversion never leaves a valid-looking dataset behind; a dataset that a
+conversion killed while replacing it left set aside is put back by the next one. The
 train / val split goes to ``splits_final.json`` (fold 0) both in the raw folder (nnU-Net's
 planner copies it from there) and, when ``nnUNet_preprocessed`` is set, straight into
 ``$nnUNet_preprocessed/DatasetXXX_Name/``, where ``nnUNetv2_train ID 2d 0`` reads it.
@@ -24,7 +25,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
-from nnunetv2_meddisseg.files import replace_folder, write_atomically
+from nnunetv2_meddisseg.files import replace_folder, restore_set_aside, set_aside_path, write_atomically
 
 from .cases import ConversionPlan, ConversionResult, SourceCase
 from .errors import ConversionError, OptionError
@@ -86,6 +87,8 @@ def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional
     prep_root = optional_env_folder("nnUNet_preprocessed")
     name = f"Dataset{dataset_id:03d}_{spec.name}"
     target = raw_root / name
+    if (set_aside_path(target) / "dataset.json").is_file():  # a conversion killed while replacing target
+        restore_set_aside(target)
     _check_target(raw_root, prep_root, name, dataset_id, overwrite)
     _check_source_outside_target(Path(plan.source), target)
     if plan.split_problem:

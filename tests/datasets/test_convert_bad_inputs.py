@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -254,6 +255,21 @@ def test_existing_dataset_is_refused_then_replaced_with_overwrite(tmp_path, nnun
     assert main(["kvasir-seg", str(src), "-d", "31", "--resize", "16", *split, "-np", "1", "--overwrite"]) == 0
     err = capsys.readouterr().err
     assert "preprocessed data of an earlier conversion" in err
+    assert read_png(raw / "labelsTr" / "k0.png").shape == (16, 16)
+    assert _left_behind(nnunet_dirs["nnUNet_raw"]) == [raw.name]
+
+
+def test_a_dataset_a_killed_conversion_set_aside_is_put_back(tmp_path, nnunet_dirs, capsys):
+    src, split = _kvasir(tmp_path)
+    raw = nnunet_dirs["nnUNet_raw"] / "Dataset031_KvasirSEG"
+    assert main(["kvasir-seg", str(src), "-d", "31", *split, "-np", "1"]) == 0
+    set_aside = raw.with_name(f".{raw.name}.old")
+    os.replace(raw, set_aside)  # killed between replace_folder's two renames: only the old dataset, aside
+    assert main(["kvasir-seg", str(src), "-d", "31", "--resize", "16", *split, "-np", "1"]) == 2
+    assert "--overwrite" in capsys.readouterr().err  # the old dataset is back and guarded as before
+    assert read_png(raw / "labelsTr" / "k0.png").shape == (24, 20) and not set_aside.exists()
+    shutil.copytree(raw, set_aside)  # killed after the new dataset was in place, while the old one was removed
+    assert main(["kvasir-seg", str(src), "-d", "31", "--resize", "16", *split, "-np", "1", "--overwrite"]) == 0
     assert read_png(raw / "labelsTr" / "k0.png").shape == (16, 16)
     assert _left_behind(nnunet_dirs["nnUNet_raw"]) == [raw.name]
 
