@@ -1,5 +1,5 @@
 """``nnUNetv2_meddisseg_predict_onnx``: predict 2D images with a model exported by ``nnUNetv2_meddisseg_export``,
-with ONNX Runtime and numpy only (PyTorch and nnU-Net are not imported).
+on OpenVINO or ONNX Runtime with numpy (PyTorch and nnU-Net are not imported).
 
 Input and output are as ``nnUNetv2_predict``'s: a folder of ``<case>_<XXXX><ending>`` files (one per channel)
 -> ``<case><ending>`` label images. The pipeline is nnU-Net's (``deploy.image_pipeline``,
@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
-from nnunetv2_meddisseg.deploy.description import INPUT_NAME, read_description
+from nnunetv2_meddisseg.deploy.description import read_description
 from nnunetv2_meddisseg.deploy.image_pipeline import (
     preprocess,
     probabilities_from_logits,
@@ -28,20 +28,14 @@ from nnunetv2_meddisseg.deploy.image_pipeline import (
     segmentation_from_logits,
     write_segmentation,
 )
+from nnunetv2_meddisseg.deploy.precision import PRECISIONS, fold_session
+from nnunetv2_meddisseg.deploy.runtimes import RUNTIMES, default_runtime
 from nnunetv2_meddisseg.deploy.sliding_window import sliding_window_logits
 from nnunetv2_meddisseg.files import write_atomically
 
 __all__ = ["OnnxPredictor", "find_cases", "main"]
 
 PROG = "nnUNetv2_meddisseg_predict_onnx"
-
-
-def _onnxruntime():
-    try:
-        import onnxruntime
-    except ImportError as e:
-        raise UserError("onnxruntime is not installed: pip install 'nnunetv2_meddisseg[onnx]'") from e
-    return onnxruntime
 
 
 def _save_probabilities(probabilities: np.ndarray, path: Path) -> None:
@@ -68,37 +62,32 @@ def find_cases(folder: Path, file_ending: str) -> Dict[str, List[Path]]:
 
 
 class OnnxPredictor:
-    """The exported folds of one model as ONNX Runtime sessions, and nnU-Net's 2D pipeline around them.
+    """The exported folds of one model as sessions of a runtime (``deploy.runtimes``), and nnU-Net's 2D pipeline
+    around them.
 
-    model_dir: an export folder; folds: a subset of its folds (None: all); providers: ONNX Runtime execution
-    providers in order of preference, each a name or ``(name, provider options)``; threads: ONNX Runtime's intra-op
+    model_dir: an export folder; folds: a subset of its folds (None: all); runtime: ``openvino`` or ``onnxruntime``
+    (None: the first installed of :data:`~nnunetv2_meddisseg.deploy.runtimes.RUNTIMES`); precision: ``fp32``, or
+    ``bf16`` / ``int8`` where the export verified them (``deploy.precision``); providers: ONNX Runtime execution
+    providers in order of preference, each a name or ``(name, provider options)``; threads: the runtime's CPU
     threads (None: its default)."""
 
     def __init__(self, model_dir: Path, folds: Optional[Sequence[str]] = None, use_mirroring: bool = True,
                  step_size: Optional[float] = None,
                  providers: Sequence[Union[str, Tuple[str, dict]]] = ("CPUExecutionProvider",),
-                 threads: Optional[int] = None) -> None:
-        ort = _onnxruntime()
+                 threads: Optional[int] = None, runtime: Optional[str] = None, precision: str = "fp32") -> None:
         self.description = description = read_description(Path(model_dir))
         exported = {str(f["fold"]): f for f in description["folds"]}
         chosen = list(exported) if folds is None else [str(f) for f in folds]
         unknown = [f for f in chosen if f not in exported]
         if unknown:
             raise UserError(f"{model_dir}: fold(s) {', '.join(unknown)} not exported (there: {', '.join(exported)})")
-        available = ort.get_available_providers()
-        missing = [name for name in (p if isinstance(p, str) else p[0] for p in providers) if name not in available]
-        if missing:
-            raise UserError(f"--providers: {', '.join(missing)} not available in this onnxruntime "
-                            f"(available: {', '.join(available)})")
-        options = ort.SessionOptions()
-        if threads is not None:
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = 1
-        self.sessions = [ort.InferenceSession(str(Path(model_dir) / exported[f]["file"]), options,
-                                              providers=list(providers)) for f in chosen]
+        self.runtime = default_runtime() if runtime is None else runtime
+        self.precision = precision
+        self.sessions = [fold_session(Path(model_dir), exported[f], self.runtime, precision, providers, threads)
+                         for f in chosen]
         self.folds = chosen
         #: the providers ONNX Runtime started (it falls back to the next one, with a warning, where one cannot start)
-        self.providers_in_use = self.sessions[0].get_providers()
+        self.providers_in_use = getattr(self.sessions[0], "providers_in_use", [])
         self.mirror_axes = description["mirror_axes"] if use_mirroring else None
         self.step_size = description["tile_step_size"] if step_size is None else step_size
         if not 0 < self.step_size <= 1:
@@ -109,7 +98,7 @@ class OnnxPredictor:
         """A preprocessed case (C, 1, X, Y) -> the folds' mean logits (K, 1, X, Y)."""
         d = self.description
         return sliding_window_logits(data, self.sessions, d["patch_size"], self.step_size, self.mirror_axes,
-                                     INPUT_NAME, d["num_segmentation_heads"])
+                                     d["num_segmentation_heads"])
 
     def predict_files(self, files: Sequence[Path], with_probabilities: bool = False):
         """One case's channel files -> its segmentation (1, X, Y) in the read image's shape; with
@@ -153,7 +142,8 @@ class OnnxPredictor:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, formatter_class=DefaultsHelpFormatter,
                                 description="Predict 2D images with an exported model (nnUNetv2_meddisseg_export) "
-                                            "on ONNX Runtime, as nnUNetv2_predict does, without PyTorch.")
+                                            "on OpenVINO or ONNX Runtime, as nnUNetv2_predict does, without "
+                                            "PyTorch.")
     p.add_argument("-i", dest="input", type=Path, required=True,
                    help="input folder: <case>_0000<ending> files, one per channel, as for nnUNetv2_predict")
     p.add_argument("-o", dest="output", type=Path, required=True, help="output folder for <case><ending> labels")
@@ -164,11 +154,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-step_size", type=float, default=None,
                    help="sliding-window step as a fraction of the patch size (default: the exported 0.5)")
     p.add_argument("--disable_tta", action="store_true", help="no mirroring (faster, as nnUNetv2_predict's flag)")
-    p.add_argument("--providers", nargs="+", default=["CPUExecutionProvider"],
+    p.add_argument("--runtime", choices=RUNTIMES, default=None,
+                   help="default: onnxruntime where --providers is given, else the first of openvino, onnxruntime "
+                        "installed (OpenVINO is the faster on the CPU)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="bf16 and int8 (OpenVINO only) where the export verified them against fp32 "
+                        "(nnUNetv2_meddisseg_export --int8 / --bf16); bf16 needs a CPU with native bf16")
+    p.add_argument("--providers", nargs="+", default=None,
                    help="ONNX Runtime execution providers in order of preference, e.g. TensorrtExecutionProvider "
-                        "CUDAExecutionProvider CPUExecutionProvider")
+                        "CUDAExecutionProvider CPUExecutionProvider (default: CPUExecutionProvider)")
     p.add_argument("--threads", type=int, default=None,
-                   help="ONNX Runtime's intra-op threads (default: ONNX Runtime's choice)")
+                   help="the runtime's CPU threads: OpenVINO's in all, ONNX Runtime's intra-op threads (default: the "
+                        "runtime's choice)")
     p.add_argument("--save_probabilities", action="store_true",
                    help="also write <case>.npz with the class probabilities, as nnUNetv2_predict's flag")
     p.add_argument("--verbose", action="store_true", help="print each case's time")
@@ -179,11 +176,16 @@ def _command(argv: Optional[Sequence[str]]) -> int:
     args = _parser().parse_args(argv)
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be at least 1, got {args.threads}")
-    predictor = OnnxPredictor(args.model, args.folds, not args.disable_tta, args.step_size, args.providers,
-                              args.threads)
+    if args.providers is not None and args.runtime == "openvino":
+        raise UserError("--providers: ONNX Runtime's execution providers do not apply to --runtime openvino")
+    runtime = args.runtime or ("onnxruntime" if args.providers is not None else None)
+    predictor = OnnxPredictor(args.model, args.folds, not args.disable_tta, args.step_size,
+                              args.providers or ["CPUExecutionProvider"], args.threads, runtime, args.precision)
     written = predictor.predict_folder(args.input, args.output, args.verbose, args.save_probabilities)
-    print(f"{len(written)} case(s) written to {args.output} (folds {' '.join(predictor.folds)}; ONNX Runtime "
-          f"providers {', '.join(predictor.providers_in_use)})")
+    engine = (f"ONNX Runtime providers {', '.join(predictor.providers_in_use)}" if predictor.runtime == "onnxruntime"
+              else "OpenVINO CPU")
+    print(f"{len(written)} case(s) written to {args.output} (folds {' '.join(predictor.folds)}; {engine}, "
+          f"{predictor.precision})")
     return 0
 
 

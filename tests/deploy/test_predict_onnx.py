@@ -1,6 +1,7 @@
-"""nnUNetv2_meddisseg_predict_onnx on a tiny exported network: it runs in a process where importing PyTorch (and
-nnU-Net) fails, writes what the in-process predictor computes, and reports bad input in one line. Its equality
-with nnUNetv2_predict on trained models is in tests/e2e/test_onnx_deploy.py."""
+"""nnUNetv2_meddisseg_predict_onnx on a tiny exported network: on both runtimes it runs in a process where
+importing PyTorch (and nnU-Net) fails and writes what the in-process predictor computes; it reports bad input, a
+precision the export did not verify and bf16 on a CPU without it (simulated) in one line. Its equality with
+nnUNetv2_predict on trained models is in tests/e2e/test_onnx_deploy.py."""
 import io
 import json
 import os
@@ -14,6 +15,7 @@ import torch
 from PIL import Image
 from torch import nn
 
+from nnunetv2_meddisseg.deploy import runtimes
 from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, FORMAT_VERSION, fold_model_file
 from nnunetv2_meddisseg.deploy.predict_onnx import PROG, OnnxPredictor, main
 
@@ -80,17 +82,19 @@ def _without_torch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("runtime", ["openvino", "onnxruntime"])
 @pytest.mark.parametrize("tta", [True, False], ids=["mirroring", "no_mirroring"])
-def test_runs_where_torch_cannot_be_imported(exported, tta):
+def test_runs_where_torch_cannot_be_imported(exported, tta, runtime):
     tmp = exported
     blocked = _without_torch(tmp, "-c", "import torch")
     assert blocked.returncode != 0 and "torch is blocked" in blocked.stderr  # the blocker works
     args = ["-m", "nnunetv2_meddisseg.deploy.predict_onnx", "-i", str(tmp / "in"), "-o", str(tmp / "out"),
-            "-m", str(tmp / "model"), "--threads", "1"] + ([] if tta else ["--disable_tta"])
+            "-m", str(tmp / "model"), "--threads", "1", "--runtime", runtime] + ([] if tta else ["--disable_tta"])
     proc = _without_torch(tmp, *args)
     assert proc.returncode == 0, proc.stderr
     assert "3 case(s) written" in proc.stdout
-    predictor = OnnxPredictor(tmp / "model", use_mirroring=tta, threads=1)
+    assert ("OpenVINO CPU, fp32" if runtime == "openvino" else "providers CPUExecutionProvider") in proc.stdout
+    predictor = OnnxPredictor(tmp / "model", use_mirroring=tta, threads=1, runtime=runtime)
     for i in range(3):
         written = np.asarray(Image.open(tmp / "out" / f"case{i}.png"))
         expected = predictor.predict_files([tmp / "in" / f"case{i}_0000.png"])[0]
@@ -113,6 +117,17 @@ def test_bad_input_is_one_line(exported, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith(f"{PROG}: error: ") and message in err, err
+    model = ["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model")]
+    for argv, message in [
+        (["--runtime", "openvino", "--providers", "CPUExecutionProvider"], "--providers: ONNX Runtime's execution "
+                                                                           "providers do not apply"),
+        (["--precision", "int8"], "was not verified in int8 at export (export it with nnUNetv2_meddisseg_export "
+                                  "--int8)"),
+        (["--precision", "int8", "--runtime", "onnxruntime"], "--precision int8 runs on --runtime openvino only"),
+    ]:
+        assert main(model + argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
     (tmp / "model" / fold_model_file(1)).unlink()
     assert main(["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model")]) == 2
     assert "fold_1/model.onnx: missing" in capsys.readouterr().err
@@ -132,10 +147,53 @@ def test_providers_with_options_and_the_ones_in_use(exported, capsys, monkeypatc
 
     monkeypatch.setattr(onnxruntime, "InferenceSession", session)
     entry = ("CPUExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})
-    predictor = OnnxPredictor(tmp / "model", providers=[entry])
+    predictor = OnnxPredictor(tmp / "model", providers=[entry], runtime="onnxruntime")
     assert given == [[entry], [entry]]  # one session per fold
     assert predictor.providers_in_use == ["CPUExecutionProvider"]
     with pytest.raises(Exception, match="NoSuchProvider not available"):
-        OnnxPredictor(tmp / "model", providers=[("NoSuchProvider", {}), "CPUExecutionProvider"])
-    assert main(["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model"), "--threads", "1"]) == 0
+        OnnxPredictor(tmp / "model", providers=[("NoSuchProvider", {}), "CPUExecutionProvider"], runtime="onnxruntime")
+    assert main(["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model"), "--threads", "1",
+                 "--providers", "CPUExecutionProvider"]) == 0
     assert "providers CPUExecutionProvider" in capsys.readouterr().out
+
+
+def _verified_bf16(folder: Path) -> None:
+    """The tiny export's description with bf16 recorded as verified for every fold (the fp32 graph, run whole)."""
+    description = json.loads((folder / DESCRIPTION_FILE).read_text())
+    for fold in description["folds"]:
+        fold["precisions"] = {"bf16": {"verified": True, "model": fold["file"], "files": {}, "kept_in_fp32": []}}
+    (folder / DESCRIPTION_FILE).write_text(json.dumps(description))
+
+
+def test_bf16_is_refused_in_one_line_on_a_cpu_without_it(exported, capsys, monkeypatch):
+    tmp = exported
+    _verified_bf16(tmp / "model")
+    argv = ["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model"), "--precision", "bf16",
+            "--threads", "1"]
+    if runtimes.cpu_supports_bf16():  # this CPU has it: the verified bf16 runs
+        assert main(argv) == 0, capsys.readouterr().err
+        assert "OpenVINO CPU, bf16" in capsys.readouterr().out
+    monkeypatch.setattr(runtimes, "_cpu_capabilities", lambda: ["WINOGRAD", "FP32", "INT8", "BIN", "EXPORT_IMPORT"])
+    for out in ("out", "out_no_bf16"):
+        code = main(argv[:3] + [str(tmp / out)] + argv[4:])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"{PROG}: error: --precision bf16: this CPU has no native bf16 (OpenVINO's CPU "
+                              f"capabilities: WINOGRAD, FP32, INT8"), err
+    assert not (tmp / "out_no_bf16").exists()
+
+
+def test_a_changed_reduced_precision_graph_is_refused(exported, capsys):
+    tmp = exported
+    description = json.loads((tmp / "model" / DESCRIPTION_FILE).read_text())
+    for fold in description["folds"]:
+        fold["precisions"] = {"int8": {"verified": True, "model": fold["file"], "files": {fold["file"]: "0" * 64},
+                                       "kept_in_fp32": []},
+                              "bf16": {"verified": False, "reason": "misses the bound"}}
+    (tmp / "model" / DESCRIPTION_FILE).write_text(json.dumps(description))
+    argv = ["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model")]
+    assert main(argv + ["--precision", "int8"]) == 2
+    assert "fold_0/model.onnx: its sha256 is not the one the export recorded" in capsys.readouterr().err
+    if runtimes.cpu_supports_bf16():
+        assert main(argv + ["--precision", "bf16"]) == 2
+        assert "the export did not verify fold 0 in bf16 (misses the bound)" in capsys.readouterr().err
