@@ -6,9 +6,10 @@ input and output shapes (``None`` for a symbolic dimension).
 
 - ONNX Runtime: the session as given (execution providers, intra-op threads), fed in batches of at most
   :data:`ORT_BATCH` tiles.
-- OpenVINO (CPU): one compiled model per input shape (static shapes, compiled at the shape's first use), with the
-  THROUGHPUT performance hint: the CPU's cores are shared out among streams, and the tiles go out one per
-  inference request, as many in flight as the compiled model has streams. The inference precision is set
+- OpenVINO (CPU): static shapes, one compiled model per input shape and performance hint (compiled at its first
+  use). A stack of several tiles runs with the THROUGHPUT hint: the CPU's cores are shared out among streams and
+  the tiles go out one per inference request, as many in flight as there are streams; a single tile (no mirroring,
+  an image of one tile) runs with the LATENCY hint, one request on all cores. The inference precision is set
   explicitly (fp32 or bf16): OpenVINO's CPU plugin runs in bf16 by default where the CPU has native bf16.
 
 Neither imports PyTorch; each runtime is imported when a session of it is made.
@@ -23,7 +24,7 @@ import numpy as np
 
 from nnunetv2_meddisseg.cli import UserError
 
-__all__ = ["RUNTIMES", "ORT_BATCH", "OPENVINO_HINT", "installed_runtimes", "default_runtime", "openvino_core",
+__all__ = ["RUNTIMES", "ORT_BATCH", "INFERENCE_PRECISION", "installed_runtimes", "default_runtime", "openvino_core",
            "cpu_supports_bf16", "require_bf16", "OnnxRuntimeSession", "OpenVinoSession"]
 
 #: the runtimes in order of preference: OpenVINO ran both networks faster on the CPU (docs/deploy.md)
@@ -32,11 +33,9 @@ _MODULES = {"openvino": "openvino", "onnxruntime": "onnxruntime"}
 _EXTRAS = {"openvino": "openvino", "onnxruntime": "onnx"}
 #: most tiles per ONNX Runtime call
 ORT_BATCH = 4
-#: OpenVINO's performance hint for the predictor's sessions
-OPENVINO_HINT = "THROUGHPUT"
 #: OpenVINO's inference precision for each precision a session runs in (int8 graphs keep fp32 around their
 #: quantized operations)
-_OPENVINO_PRECISION = {"fp32": "f32", "int8": "f32", "bf16": "bf16"}
+INFERENCE_PRECISION = {"fp32": "f32", "int8": "f32", "bf16": "bf16"}
 
 Shape = Tuple[Optional[int], ...]
 
@@ -143,37 +142,41 @@ class OpenVinoSession:
     runtime = "openvino"
 
     def __init__(self, model: Union[Path, object], precision: str = "fp32", threads: Optional[int] = None) -> None:
-        if precision not in _OPENVINO_PRECISION:
-            raise ValueError(f"precision {precision!r}: expected one of {', '.join(_OPENVINO_PRECISION)}")
+        if precision not in INFERENCE_PRECISION:
+            raise ValueError(f"precision {precision!r}: expected one of {', '.join(INFERENCE_PRECISION)}")
         if precision == "bf16":
             require_bf16()
         self._model = openvino_core().read_model(str(model)) if isinstance(model, (str, Path)) else model
         self.precision = precision
-        self._config = {"INFERENCE_PRECISION_HINT": _OPENVINO_PRECISION[precision],
-                        "PERFORMANCE_HINT": OPENVINO_HINT}
+        self._config = {"INFERENCE_PRECISION_HINT": INFERENCE_PRECISION[precision]}
         if threads is not None:
             self._config["INFERENCE_NUM_THREADS"] = threads
         self.input_shape: Shape = _shape(d.get_length() if d.is_static else None
                                          for d in self._model.input(0).get_partial_shape())
         self.output_shape: Shape = _shape(d.get_length() if d.is_static else None
                                           for d in self._model.output(0).get_partial_shape())
-        self._compiled: Dict[Tuple[int, ...], object] = {}
+        self._compiled: Dict[Tuple[Tuple[int, ...], str], object] = {}
 
-    def _queue(self, shape: Tuple[int, ...]):
-        """The inference requests of the model compiled for one input shape (compiled at its first use)."""
-        if shape not in self._compiled:
-            ov = _import("openvino")
+    def _compile(self, shape: Tuple[int, ...], hint: str):
+        """The model compiled for one input shape with one performance hint (at its first use)."""
+        if (shape, hint) not in self._compiled:
             model = self._model.clone()
             model.reshape({0: list(shape)})
-            compiled = openvino_core().compile_model(model, "CPU", self._config)
-            jobs = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
-            self._compiled[shape] = ov.AsyncInferQueue(compiled, max(jobs, 1))
-        return self._compiled[shape]
+            self._compiled[shape, hint] = openvino_core().compile_model(model, "CPU", {**self._config,
+                                                                                       "PERFORMANCE_HINT": hint})
+        return self._compiled[shape, hint]
 
     def run(self, batch: np.ndarray) -> np.ndarray:
-        """batch (N, C, H, W) float32 -> logits (N, K, H, W) float32: one tile per request, as many requests in
-        flight as the compiled model has streams."""
-        queue = self._queue((1, *batch.shape[1:]))
+        """batch (N, C, H, W) float32 -> logits (N, K, H, W) float32: one tile on all cores, or one tile per request
+        with as many requests in flight as the throughput model has streams."""
+        shape = (1, *batch.shape[1:])
+        if len(batch) == 1:
+            return self._compile(shape, "LATENCY")(np.ascontiguousarray(batch))[0].copy()
+        if (shape, "queue") not in self._compiled:
+            compiled = self._compile(shape, "THROUGHPUT")
+            jobs = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+            self._compiled[shape, "queue"] = _import("openvino").AsyncInferQueue(compiled, max(jobs, 1))
+        queue = self._compiled[shape, "queue"]
         results: List[Optional[np.ndarray]] = [None] * len(batch)
 
         def done(request, index: int) -> None:
