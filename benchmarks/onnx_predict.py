@@ -1,23 +1,23 @@
 """Images per second of nnU-Net's predictor (PyTorch) and the exported model's predictor on every arm (ONNX Runtime's
-providers; OpenVINO in fp32, bf16 and int8) on the same images and threads, side by side in one run, for Med-DisSeg
-and default nnU-Net; with the masks' agreement, the test mDSC where the images have labels, the export's cost, and
-how each CDFA form exports.
+providers; OpenVINO in fp32, bf16 and int8) on the same images and threads, side by side in one run, for Med-DisSeg and
+default nnU-Net; with the masks' agreement, the test mDSC where the images have labels, the export's cost, and how each
+CDFA form exports.
 
 Both predictors run in this process after loading their model: nnU-Net's ``nnUNetPredictor`` as
-``nnUNetv2_predict -npp 0 -nps 0`` runs it (``predict_from_files_sequential``: read, preprocess, sliding window,
-export the masks), and ``nnunetv2_meddisseg.deploy.predict_onnx.OnnxPredictor.predict_folder`` (the same steps in
-numpy and the arm's runtime), on a folder of N images, alternating in rounds, medians reported; with and without
-mirroring. The models: ``--model MedDisSeg=FOLDER nnUNet=FOLDER``, trained nnU-Net model folders (fold 0, read only;
-the images: the first N of the dataset's imagesTs in ``nnUNet_raw``, scored against its labelsTs; nnU-Net's
-folders from the environment; results file ``cpu_predict``), or by default the untrained, BatchNorm-calibrated
-model folders ``predict.py`` builds on N generated images (prediction time does not depend on the weights; results
-file ``onnx_predict``). Each is exported with ``nnUNetv2_meddisseg_export`` (with ``--int8`` for an int8 arm:
-calibrated on the fold's training cases and verified on its validation cases; where it refuses, the int8 arm holds
-its error). The arms: ``--providers`` (ONNX Runtime; with ``--device cuda`` TensorRT and CUDA, their engines cached
-in the work folder, the build in the "sessions + first round" seconds) and ``--openvino`` precisions; each arm's
-test mDSC, its drop from nnU-Net's predictor's (fp32) in points and the Dice of its masks to nnU-Net's. ``--profile``
-sums OpenVINO's per-layer counters by layer type. The export forms part traces ``MedDisSegNet(3, 2)`` with each
-CDFA form (legacy TorchScript exporter) and compares ONNX Runtime with PyTorch on one 64x64 input.
+``nnUNetv2_predict -npp 0 -nps 0`` runs it (``predict_from_files_sequential``: read, preprocess, sliding window, export
+the masks), and ``nnunetv2_meddisseg.deploy.predict_onnx.OnnxPredictor.predict_folder`` (the same steps in numpy and the
+arm's runtime), on a folder of N images, alternating in rounds, medians reported; with and without mirroring. The
+models: ``--model MedDisSeg=FOLDER nnUNet=FOLDER``, trained nnU-Net model folders (fold 0, read
+only; the images: the first N of the dataset's imagesTs in ``nnUNet_raw``, scored against its labelsTs; nnU-Net's
+folders from the environment; results file ``cpu_predict``), or by default the untrained, BatchNorm-calibrated model
+folders ``predict.py`` builds on N generated images (prediction time does not depend on the weights; results file
+``onnx_predict``). Each is exported with ``nnUNetv2_meddisseg_export`` (with ``--int8`` for an int8 arm: calibrated on
+the fold's training cases and verified on its validation cases; where it refuses, the int8 arm holds its error). The
+arms: ``--providers`` (ONNX Runtime; with ``--device cuda`` TensorRT and CUDA, their engines cached in the work folder,
+the build in the "sessions + first round" seconds) and ``--openvino`` precisions; each arm's test mDSC, its drop from
+nnU-Net's predictor's (fp32) in points and the Dice of its masks to nnU-Net's. ``--profile`` sums OpenVINO's per-layer
+counters by layer type. The export forms part traces ``MedDisSegNet(3, 2)`` with each CDFA form (legacy TorchScript
+exporter) and compares ONNX Runtime with PyTorch on one 64x64 input.
 """
 import argparse
 import json
@@ -194,11 +194,11 @@ def _profile(predictor, model_dir: Path, threads: int, top: int = 12) -> dict:
     """OpenVINO's per-layer counters (PERF_COUNT) of fold 0's graph in the predictor's precision, one patch-sized
     input run 3 times, summed by layer type: ``{type: ms per run}``, the largest ``top``."""
     from nnunetv2_meddisseg.deploy.precision import fold_graph
-    from nnunetv2_meddisseg.deploy.runtimes import INFERENCE_PRECISION, openvino_core
+    from nnunetv2_meddisseg.deploy.runtimes import INFERENCE_PRECISION, openvino_core, read_openvino_model
 
-    d = predictor.description
-    path, precision = fold_graph(model_dir, d["folds"][0], predictor.precision, "openvino")
-    model = openvino_core().read_model(str(path))
+    d, precision = predictor.description, predictor.precision
+    graph = fold_graph(model_dir, d["folds"][0], precision, "openvino")  # its sha256 checked
+    model = read_openvino_model(graph.model, graph.weights)
     model.reshape({0: [1, d["num_input_channels"], *d["patch_size"]]})
     request = openvino_core().compile_model(model, "CPU", {"PERF_COUNT": True, "PERFORMANCE_HINT": "LATENCY",
                                                            "INFERENCE_PRECISION_HINT": INFERENCE_PRECISION[precision],
@@ -300,6 +300,8 @@ def _run(args, work: Path) -> dict:
     from nnunetv2.inference.predict_from_raw_data import nnUNetPredictor
     from nnunetv2.utilities.utils import create_lists_from_splitted_dataset_folder
 
+    from nnunetv2_meddisseg.torch_files import initialize_predictor
+
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     ending = ".png"
@@ -315,7 +317,7 @@ def _run(args, work: Path) -> dict:
             torch_predictor = nnUNetPredictor(tile_step_size=0.5, use_gaussian=True, use_mirroring=tta,
                                               device=device, verbose=False, verbose_preprocessing=False,
                                               allow_tqdm=False)
-            torch_predictor.initialize_from_trained_model_folder(str(model["folder"]), ("0",), "checkpoint_final.pth")
+            initialize_predictor(torch_predictor, model["folder"], ["0"], "checkpoint_final.pth")  # weights-only
             out_t = work / "predictions" / f"{name}_{mode[4:]}_nnunet".replace(" ", "_")
             out_t.mkdir(parents=True, exist_ok=True)  # nnU-Net's sequential prediction writes into it first
             calls[f"{name} / nnUNetv2_predict"] = (lambda p=torch_predictor, o=out_t: p.predict_from_files_sequential(

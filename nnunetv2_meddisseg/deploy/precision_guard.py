@@ -32,7 +32,6 @@ The figures of every candidate tried are recorded (``deploy.precision`` reads th
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import tempfile
@@ -44,6 +43,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.deploy.description import sha256_of
 from nnunetv2_meddisseg.deploy.image_pipeline import probabilities_from_logits, segmentation_from_logits
 from nnunetv2_meddisseg.deploy.runtimes import OpenVinoSession, cpu_supports_bf16, openvino_core
 from nnunetv2_meddisseg.deploy.sliding_window import pad_to_patch, sliding_window_logits, tile_starts
@@ -415,5 +415,4 @@ def _written(fold: dict, precision: str, xml: bytes, weights: bytes, files: Dict
     stem = f"{Path(fold['file']).parent.as_posix()}/model_{precision}"
     entries = {f"{stem}.xml": xml, f"{stem}.bin": weights}
     files.update(entries)
-    return {"model": f"{stem}.xml", "files": {name: hashlib.sha256(content).hexdigest()
-                                              for name, content in entries.items()}}
+    return {"model": f"{stem}.xml", "files": {name: sha256_of(content) for name, content in entries.items()}}

@@ -2,7 +2,7 @@
 
 A session holds one fold's graph and runs a stack of tiles, ``run(batch (N, C, H, W) float32) -> logits (N, K, H,
 W) float32``, the way its runtime runs fastest; it names its runtime and the precision it runs in, and the graph's
-input and output shapes (``None`` for a symbolic dimension).
+input names and input and output shapes (``None`` for a symbolic dimension).
 
 - ONNX Runtime: the session as given (execution providers, intra-op threads), fed in batches of at most
   :data:`ORT_BATCH` tiles.
@@ -25,7 +25,7 @@ import numpy as np
 from nnunetv2_meddisseg.cli import UserError
 
 __all__ = ["RUNTIMES", "ORT_BATCH", "INFERENCE_PRECISION", "installed_runtimes", "default_runtime", "openvino_core",
-           "cpu_supports_bf16", "require_bf16", "OnnxRuntimeSession", "OpenVinoSession"]
+           "read_openvino_model", "cpu_supports_bf16", "require_bf16", "OnnxRuntimeSession", "OpenVinoSession"]
 
 #: the runtimes in order of preference: OpenVINO ran both networks faster on the CPU (docs/deploy.md)
 RUNTIMES = ("openvino", "onnxruntime")
@@ -73,6 +73,14 @@ def openvino_core():
     return _CORE
 
 
+def read_openvino_model(model: bytes, weights: Optional[bytes] = None):
+    """An ``openvino.Model`` from bytes already read (and checked): an ONNX graph, or an IR's XML with its weights
+    (the ``.bin``)."""
+    if weights is None:
+        return openvino_core().read_model(model)
+    return openvino_core().read_model(model, _import("openvino").Tensor(np.frombuffer(weights, dtype=np.uint8).copy()))
+
+
 def _cpu_capabilities() -> List[str]:
     """OpenVINO's CPU plugin's ``OPTIMIZATION_CAPABILITIES`` (``BF16`` where the CPU has native bf16)."""
     return list(openvino_core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
@@ -116,7 +124,8 @@ class OnnxRuntimeSession:
             options.inter_op_num_threads = 1
         self._session = ort.InferenceSession(path if isinstance(path, bytes) else str(path), options,
                                              providers=list(providers))
-        self._input = self._session.get_inputs()[0].name
+        self.input_names = [i.name for i in self._session.get_inputs()]
+        self._input = self.input_names[0]
         self.input_shape: Shape = _shape(self._session.get_inputs()[0].shape)
         self.output_shape: Shape = _shape(self._session.get_outputs()[0].shape)
 
@@ -148,6 +157,7 @@ class OpenVinoSession:
             require_bf16()
         self._model = openvino_core().read_model(str(model)) if isinstance(model, (str, Path)) else model
         self.precision = precision
+        self.input_names = [port.get_any_name() for port in self._model.inputs]
         self._config = {"INFERENCE_PRECISION_HINT": INFERENCE_PRECISION[precision]}
         if threads is not None:
             self._config["INFERENCE_NUM_THREADS"] = threads

@@ -6,15 +6,19 @@ the map's zeros replaced by its smallest non-zero value), the same mirroring (th
 of the mirror axes, per tile) and fold ensembling (the mean of the folds' logits). The map, the weighted sums
 and the fold mean are float16 as in nnU-Net (where two classes' logits nearly tie, the rounding decides the
 label, so the predictor rounds alike). The tiles and their mirrored copies go to the session in stacks of up to
-:data:`MAX_BATCH`, which it runs as its runtime runs them fastest.
+:data:`MAX_BATCH`, which it runs as its runtime runs them fastest; the logits must have the shape the description
+gives (numpy would broadcast a single class over all of them).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 from scipy.ndimage import gaussian_filter
+
+from nnunetv2_meddisseg.cli import UserError
 
 __all__ = ["MAX_BATCH", "tile_starts", "gaussian_importance", "pad_to_patch", "mirror_combinations",
            "sliding_window_logits"]
@@ -34,10 +38,13 @@ def tile_starts(image_size: Sequence[int], patch_size: Sequence[int], step: floa
     return starts
 
 
+@functools.lru_cache(maxsize=4)
 def gaussian_importance(patch_size: Sequence[int], sigma_scale: float = 1.0 / 8, value_scaling: float = 10.0
                         ) -> np.ndarray:
     """The importance map (patch_size) float16: a unit impulse at the centre blurred with sigma = patch *
-    sigma_scale, scaled to a maximum of ``value_scaling``; zeros replaced by the smallest non-zero value."""
+    sigma_scale, scaled to a maximum of ``value_scaling``; zeros replaced by the smallest non-zero value. Made once
+    per patch size (as nnU-Net caches it; a large patch's blur costs more than a small network's forward pass) and
+    read-only. ``patch_size``: a tuple."""
     impulse = np.zeros(patch_size)
     impulse[tuple(p // 2 for p in patch_size)] = 1
     gaussian = gaussian_filter(impulse, [p * sigma_scale for p in patch_size], 0, mode="constant", cval=0)
@@ -46,6 +53,7 @@ def gaussian_importance(patch_size: Sequence[int], sigma_scale: float = 1.0 / 8,
     zero = gaussian == 0
     if zero.any():
         gaussian[zero] = gaussian[~zero].min()
+    gaussian.setflags(write=False)
     return gaussian
 
 
@@ -89,6 +97,10 @@ def sliding_window_logits(data: np.ndarray, sessions: Sequence, patch_size: Sequ
             batch = np.ascontiguousarray(np.concatenate(
                 [np.flip(padded[(slice(None), d, *window)][None], f) for d, window in chunk for f in flips]))
             out = session.run(batch)  # (len(chunk) * len(flips), heads, px, py) float32
+            if out.shape != (len(batch), num_heads, *patch_size):
+                raise UserError(f"the graph returned logits of shape {out.shape} for tiles of shape {batch.shape}, "
+                                f"expected {(len(batch), num_heads, *patch_size)}: graph and description do not "
+                                f"belong together")
             for i, (d, window) in enumerate(chunk):
                 copies = out[i * len(flips):(i + 1) * len(flips)]
                 prediction = sum(np.flip(copies[j:j + 1], f) for j, f in enumerate(flips))[0] / len(flips)

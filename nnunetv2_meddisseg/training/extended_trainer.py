@@ -57,6 +57,7 @@ from torch import distributed as dist
 
 from nnunetv2_meddisseg.environment import BF16_ENVIRONMENT_VARIABLE, flag_is_set
 from nnunetv2_meddisseg.losses import DIAGNOSTIC_KEYS, MINIMUM_BATCH, dispersion_diagnostics, gather_batch
+from nnunetv2_meddisseg.torch_files import weights_only_loads
 from nnunetv2_meddisseg.training.checkpoints import atomic_torch_save, read_checkpoint_for_resuming
 from nnunetv2_meddisseg.training.compilation import unwrap_module
 from nnunetv2_meddisseg.training.curves import PLOT_FILENAME, CurvesLogger, TrainingCurves
@@ -373,7 +374,8 @@ class ExtendedTrainerBase(SeededTrainer):
             self._before_restoring_checkpoint(checkpoint)
         except TrainingInputError as error:  # the hook's message does not know the file
             raise type(error)(f"checkpoint {filename_or_checkpoint}: {error}") from None
-        super().load_checkpoint(filename_or_checkpoint)
+        with weights_only_loads(f"checkpoint {filename_or_checkpoint}"):  # nnU-Net's own load: weights only too
+            super().load_checkpoint(filename_or_checkpoint)
         if checkpoint.get("training_curves"):  # checkpoints that keep the curves in an entry of their own
             self.logger.local_logger.adopt(checkpoint["training_curves"])
         if checkpoint.get("run_seed") is not None:

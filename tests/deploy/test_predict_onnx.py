@@ -1,8 +1,8 @@
 """nnUNetv2_meddisseg_predict_onnx on a tiny exported network: on both runtimes it runs in a process where
 importing PyTorch (and nnU-Net) fails and writes what the in-process predictor computes; it reports bad input, a
-precision the export did not verify and bf16 on a CPU without it (simulated) in one line. Its equality with
+precision the export did not verify and bf16 on a CPU without it (simulated) in one line, and reads a reduced
+precision's OpenVINO IR only through the sha256 and shapes its description records. Its equality with
 nnUNetv2_predict on trained models is in tests/e2e/test_onnx_deploy.py."""
-import io
 import json
 import os
 import subprocess
@@ -11,12 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
-from torch import nn
+from tiny_export import export_tiny, tiny_graph, write_cases
 
 from nnunetv2_meddisseg.deploy import runtimes
-from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, FORMAT_VERSION, fold_model_file
+from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, fold_model_file, sha256_of
 from nnunetv2_meddisseg.deploy.predict_onnx import PROG, OnnxPredictor, main
 
 BLOCKER = '''import sys
@@ -35,42 +34,10 @@ sys.meta_path.insert(0, _Blocked())
 '''
 
 
-def _export_tiny(folder: Path, folds=(0, 1)) -> None:
-    """An export folder of a (B, 3, H, W) -> (B, 2, H, W) convolutional network per fold, and its description."""
-    folds_info = []
-    for fold in folds:
-        torch.manual_seed(fold)
-        net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Tanh(), nn.Conv2d(4, 2, 3, padding=1)).eval()
-        buffer = io.BytesIO()
-        torch.onnx.export(net, (torch.zeros(1, 3, 16, 16),), buffer, input_names=["image"], output_names=["logits"],
-                          opset_version=18, dynamo=False,
-                          dynamic_axes={n: {0: "b", 2: "h", 3: "w"} for n in ("image", "logits")})
-        (folder / f"fold_{fold}").mkdir(parents=True)
-        (folder / fold_model_file(fold)).write_bytes(buffer.getvalue())
-        folds_info.append({"fold": str(fold), "file": fold_model_file(fold), "checks": []})
-    description = {
-        "format_version": FORMAT_VERSION, "trainer": "tiny", "plans": "nnUNetPlans", "configuration": "2d",
-        "checkpoint": "checkpoint_final.pth", "folds": folds_info, "patch_size": [16, 16], "num_input_channels": 3,
-        "num_segmentation_heads": 2,
-        "normalization": [{"scheme": "ZScoreNormalization", "use_mask_for_norm": False,
-                           "intensity_properties": {}}] * 3,
-        "transpose_forward": [0, 1, 2], "transpose_backward": [0, 1, 2], "file_ending": ".png",
-        "labels": {"background": 0, "polyp": 1}, "regions_class_order": None, "mirror_axes": [0, 1],
-        "tile_step_size": 0.5}
-    (folder / DESCRIPTION_FILE).write_text(json.dumps(description))
-
-
-def _cases(folder: Path) -> None:
-    folder.mkdir()
-    rng = np.random.default_rng(0)
-    for i, shape in enumerate([(16, 16), (29, 21), (9, 12)]):
-        Image.fromarray(rng.integers(0, 256, (*shape, 3)).astype(np.uint8)).save(folder / f"case{i}_0000.png")
-
-
 @pytest.fixture
 def exported(tmp_path) -> Path:
-    _export_tiny(tmp_path / "model")
-    _cases(tmp_path / "in")
+    export_tiny(tmp_path / "model")
+    write_cases(tmp_path / "in")
     (tmp_path / "blocker").mkdir()
     (tmp_path / "blocker" / "sitecustomize.py").write_text(BLOCKER)
     return tmp_path
@@ -157,17 +124,48 @@ def test_providers_with_options_and_the_ones_in_use(exported, capsys, monkeypatc
     assert "providers CPUExecutionProvider" in capsys.readouterr().out
 
 
-def _verified_bf16(folder: Path) -> None:
-    """The tiny export's description with bf16 recorded as verified for every fold (the fp32 graph, run whole)."""
+#: figures of a candidate as the guard records them (deploy.precision_guard.Verifier.figures)
+FIGURES = {"cases": 2, "mean_dice_to_fp32": 1.0, "min_dice_to_fp32": 1.0, "pseudo_dice_fp32": 0.5,
+           "pseudo_dice": 0.5, "pseudo_dice_drop_points": 0.0}
+GUARD = {"bounds": {"min_dice_to_fp32": 0.99, "max_pseudo_dice_drop": 0.5}, "calibration_tiles": 4,
+         "validation": "the fold's validation cases"}
+
+
+def _record_precisions(folder: Path, records) -> dict:
+    """The tiny export's description with ``records(fold) -> the fold's precisions`` and the guard's settings."""
     description = json.loads((folder / DESCRIPTION_FILE).read_text())
     for fold in description["folds"]:
-        fold["precisions"] = {"bf16": {"verified": True, "model": fold["file"], "files": {}, "kept_in_fp32": []}}
+        fold["precisions"] = records(fold)
+    description["precision_guard"] = GUARD
     (folder / DESCRIPTION_FILE).write_text(json.dumps(description))
+    return description
+
+
+def _verified_bf16(fold: dict) -> dict:
+    """bf16 recorded as verified (the fp32 graph, run whole)."""
+    return {"bf16": {"verified": True, "model": fold["file"], "files": {}, "kept_in_fp32": [], "figures": FIGURES}}
+
+
+def _ir_as_int8(folder: Path, graph: bytes = None):
+    """``records(fold)``: each fold's graph (or ``graph``) written as an OpenVINO IR ``fold_<f>/model_int8.xml`` /
+    ``.bin`` and recorded as its verified int8 graph. The IR is not quantized: what is tested is how the predictor
+    reads it (tests/e2e/test_onnx_deploy.py runs real INT8 graphs)."""
+    import openvino as ov
+
+    def records(fold: dict) -> dict:
+        stem = folder / f"fold_{fold['fold']}" / "model_int8"
+        model = ov.Core().read_model(graph if graph is not None else (folder / fold["file"]).read_bytes())
+        ov.save_model(model, str(stem.with_suffix(".xml")), compress_to_fp16=False)
+        files = {f"fold_{fold['fold']}/model_int8{e}": sha256_of(stem.with_suffix(e).read_bytes())
+                 for e in (".xml", ".bin")}
+        return {"int8": {"verified": True, "model": f"fold_{fold['fold']}/model_int8.xml", "files": files,
+                         "kept_in_fp32": ["/0"], "figures": FIGURES}}
+    return records
 
 
 def test_bf16_is_refused_in_one_line_on_a_cpu_without_it(exported, capsys, monkeypatch):
     tmp = exported
-    _verified_bf16(tmp / "model")
+    _record_precisions(tmp / "model", _verified_bf16)
     argv = ["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model"), "--precision", "bf16",
             "--threads", "1"]
     if runtimes.cpu_supports_bf16():  # this CPU has it: the verified bf16 runs
@@ -183,17 +181,53 @@ def test_bf16_is_refused_in_one_line_on_a_cpu_without_it(exported, capsys, monke
     assert not (tmp / "out_no_bf16").exists()
 
 
-def test_a_changed_reduced_precision_graph_is_refused(exported, capsys):
+def test_a_precision_the_export_refused_is_refused(exported, capsys, monkeypatch):
     tmp = exported
-    description = json.loads((tmp / "model" / DESCRIPTION_FILE).read_text())
-    for fold in description["folds"]:
-        fold["precisions"] = {"int8": {"verified": True, "model": fold["file"], "files": {fold["file"]: "0" * 64},
-                                       "kept_in_fp32": []},
-                              "bf16": {"verified": False, "reason": "misses the bound"}}
-    (tmp / "model" / DESCRIPTION_FILE).write_text(json.dumps(description))
-    argv = ["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model")]
-    assert main(argv + ["--precision", "int8"]) == 2
-    assert "fold_0/model.onnx: its sha256 is not the one the export recorded" in capsys.readouterr().err
-    if runtimes.cpu_supports_bf16():
-        assert main(argv + ["--precision", "bf16"]) == 2
-        assert "the export did not verify fold 0 in bf16 (misses the bound)" in capsys.readouterr().err
+    _record_precisions(tmp / "model", lambda fold: {"bf16": {"verified": False, "reason": "misses the bound"}})
+    monkeypatch.setattr(runtimes, "_cpu_capabilities", lambda: ["FP32", "BF16"])  # simulated: bf16 would run
+    assert main(["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model"), "--precision", "bf16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the export did not verify fold 0 in bf16 (misses the bound)" in err, err
+    assert not (tmp / "out").exists()
+
+
+def test_an_openvino_ir_runs_as_recorded(exported, capsys):
+    """A fold's IR runs where its files have the recorded sha256 and its shapes fit the description: the same
+    masks as the ONNX graph it was saved from, also in two parts (one preprocessing ahead, one sequential) and
+    continued; a changed weights file, a file missing and a graph with other output channels are refused in one
+    line before anything is written."""
+    tmp = exported
+    model = tmp / "model"
+    _record_precisions(model, _ir_as_int8(model))
+    argv = ["-i", str(tmp / "in"), "-m", str(model), "--threads", "1", "--precision", "int8"]
+    for part, more in (("0", []), ("1", ["--sequential"])):
+        assert main(argv + ["-o", str(tmp / "int8"), "-num_parts", "2", "-part_id", part, *more]) == 0
+    out = capsys.readouterr().out
+    assert "2 case(s) written" in out and "1 case(s) written" in out and "OpenVINO CPU, int8" in out, out
+    assert main(argv + ["-o", str(tmp / "int8"), "--continue_prediction"]) == 0
+    assert "3 case(s) already predicted, 0 to go" in capsys.readouterr().out
+    assert main(argv[:-2] + ["-o", str(tmp / "fp32")]) == 0
+    for i in range(3):
+        assert np.array_equal(np.asarray(Image.open(tmp / "int8" / f"case{i}.png")),
+                              np.asarray(Image.open(tmp / "fp32" / f"case{i}.png")))
+    weights = model / "fold_1" / "model_int8.bin"
+    original = weights.read_bytes()
+    weights.write_bytes(original[:-4] + bytes(4))
+    _refused(argv + ["-o", str(tmp / "out")], capsys, "fold_1/model_int8.bin: its sha256")
+    weights.write_bytes(original)
+    xml = model / "fold_0" / "model_int8.xml"
+    xml.rename(xml.with_name("moved.xml"))
+    _refused(argv + ["-o", str(tmp / "out")], capsys, "fold_0/model_int8.xml: missing (fold 0's int8 graph of")
+    xml.with_name("moved.xml").rename(xml)
+    assert main(argv + ["-o", str(tmp / "int8")]) == 0  # all back as recorded: it runs again
+    _record_precisions(model, _ir_as_int8(model, tiny_graph(0, out_channels=3)))
+    _refused(argv + ["-o", str(tmp / "out")], capsys,
+             "fold_0/model_int8.xml: the graph's output has 3 segmentation heads, onnx_model.json says 2")
+    assert not (tmp / "out").exists()
+
+
+def _refused(argv, capsys, message: str) -> None:
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"{PROG}: error: ") and message in err, err

@@ -23,8 +23,7 @@ from scratch import scratch_folder
 
 from nnunetv2_meddisseg.datasets.synthetic import make_synthetic_dataset, synthetic_case
 from nnunetv2_meddisseg.deploy import export, runtimes
-from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE
-from nnunetv2_meddisseg.deploy.precision import file_sha256
+from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, sha256_of
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 DATASET = "503"
@@ -167,7 +166,7 @@ def test_reduced_precision_predictors_agree_with_the_recorded_verification(deplo
     record = fold["precisions"]["int8"]
     assert record["verified"] and record["model"] == "fold_0/model_int8.xml", record
     assert set(record["files"]) == {"fold_0/model_int8.xml", "fold_0/model_int8.bin"}
-    assert all(file_sha256(export_dir / name) == digest for name, digest in record["files"].items())
+    assert all(sha256_of((export_dir / name).read_bytes()) == digest for name, digest in record["files"].items())
     raw = Path(env["nnUNet_raw"]) / "Dataset503_SyntheticPolyps"
     splits = json.loads((Path(env["nnUNet_preprocessed"]) / raw.name / "splits_final.json").read_text())
     (tmp_path / "val").mkdir()
