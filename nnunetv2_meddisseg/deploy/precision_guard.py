@@ -42,7 +42,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.cli import UserError, quiet_cuda_home_warning
 from nnunetv2_meddisseg.deploy.description import sha256_of
 from nnunetv2_meddisseg.deploy.image_pipeline import probabilities_from_logits, segmentation_from_logits
 from nnunetv2_meddisseg.deploy.runtimes import OpenVinoSession, cpu_supports_bf16, openvino_core
@@ -321,8 +321,7 @@ def _serialized(model, folder: Path) -> Tuple[str, np.ndarray]:
 
 
 def _quantize(model, tiles: List[np.ndarray]):
-    # NNCF imports PyTorch's extension builder, which warns on a machine with a CUDA folder but no GPU
-    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    quiet_cuda_home_warning()  # NNCF imports PyTorch's extension builder, which warns on a CPU with a CUDA toolkit
     try:
         import nncf
     except ImportError as e:
