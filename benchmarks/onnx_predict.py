@@ -7,7 +7,7 @@ Both predictors run in this process after loading their model: nnU-Net's ``nnUNe
 ``nnUNetv2_predict -npp 0 -nps 0`` runs it (``predict_from_files_sequential``: read, preprocess, sliding window, export
 the masks), and ``nnunetv2_meddisseg.deploy.predict_onnx.OnnxPredictor.predict_folder`` (the same steps in numpy and the
 arm's runtime), on a folder of N images, alternating in rounds, medians reported; with and without mirroring. The
-models: ``--model MedDisSeg=FOLDER nnUNet=FOLDER``, trained nnU-Net model folders (fold 0, read
+models: ``--model MedDisSeg=FOLDER nnUNet=FOLDER``, trained nnU-Net model folders (fold 0 and its ``--checkpoint``, read
 only; the images: the first N of the dataset's imagesTs in ``nnUNet_raw``, scored against its labelsTs; nnU-Net's
 folders from the environment; results file ``cpu_predict``), or by default the untrained, BatchNorm-calibrated model
 folders ``predict.py`` builds on N generated images (prediction time does not depend on the weights; results file
@@ -221,7 +221,7 @@ def _models(args, work: Path, logs: Path) -> Tuple[dict, Dict[str, dict], Path, 
 
         setup = argparse.Namespace(size=args.size, num_images=args.num_images, plans="nnUNetMedDisSegPlans",
                                    baseline_trainer="nnUNetTrainer", baseline_plans="nnUNetPlans",
-                                   trainer="nnUNetTrainerMedDisSeg", fold="0", checkpoint="checkpoint_final.pth")
+                                   trainer="nnUNetTrainerMedDisSeg", fold="0", checkpoint=args.checkpoint)
         env, dataset = predict._prepare_generated(setup, work, logs)
         raw = next(Path(env["nnUNet_raw"]).glob(f"Dataset{int(dataset):03d}_*"))
         models = {name: {"folder": Path(env["nnUNet_results"]) / raw.name / f"{trainer}__{plans}__{CONFIGURATION}"}
@@ -248,7 +248,7 @@ def _models(args, work: Path, logs: Path) -> Tuple[dict, Dict[str, dict], Path, 
 
 
 def _export(models: Dict[str, dict], env: dict, work: Path, logs: Path, precisions: Sequence[str],
-            extra: Sequence[str]) -> Dict[str, dict]:
+            extra: Sequence[str], checkpoint: str) -> Dict[str, dict]:
     """Each model exported to ``work/onnx/<name>`` with ``--int8`` (int8 and bf16 verified) or ``--bf16`` where these
     arms are asked; where the export refuses one, its refusal is kept and it runs with the next flag:
     ``{name: {"export_s", "refused": {flag: error}}}``."""
@@ -261,7 +261,7 @@ def _export(models: Dict[str, dict], env: dict, work: Path, logs: Path, precisio
         trainer, plans, configuration = folder.name.split("__")
         model["export"] = work / "onnx" / name.replace(" ", "_")
         command = ["nnUNetv2_meddisseg_export", "-d", folder.parent.name, "-tr", trainer, "-p", plans, "-c",
-                   configuration, "-f", "0", "-o", str(model["export"]), *extra]
+                   configuration, "-f", "0", "-chk", checkpoint, "-o", str(model["export"]), *extra]
         for flag in flags:
             try:
                 record["export_s"] = run_logged(command + ([flag] if flag else []), {
@@ -291,7 +291,8 @@ def _run(args, work: Path) -> dict:
     logs = work / "logs"
     env, models, images, labels = _models(args, work, logs)
     print("[4/4] export, then both predictors in this process, alternating")
-    payload["export"] = _export(models, env, work, logs, precisions, (args.export_args or "").split())
+    payload["export"] = _export(models, env, work, logs, precisions, (args.export_args or "").split(),
+                                args.checkpoint)
     for key in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results", "nnUNet_extTrainer"):
         if key in env:
             os.environ[key] = env[key]
@@ -317,7 +318,7 @@ def _run(args, work: Path) -> dict:
             torch_predictor = nnUNetPredictor(tile_step_size=0.5, use_gaussian=True, use_mirroring=tta,
                                               device=device, verbose=False, verbose_preprocessing=False,
                                               allow_tqdm=False)
-            initialize_predictor(torch_predictor, model["folder"], ["0"], "checkpoint_final.pth")  # weights-only
+            initialize_predictor(torch_predictor, model["folder"], ["0"], args.checkpoint)  # weights-only
             out_t = work / "predictions" / f"{name}_{mode[4:]}_nnunet".replace(" ", "_")
             out_t.mkdir(parents=True, exist_ok=True)  # nnU-Net's sequential prediction writes into it first
             calls[f"{name} / nnUNetv2_predict"] = (lambda p=torch_predictor, o=out_t: p.predict_from_files_sequential(
@@ -444,6 +445,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--model", nargs="+", default=None, metavar="NAME=FOLDER",
                    help="trained nnU-Net model folders (.../nnUNet_results/DatasetX/Trainer__Plans__2d, fold 0) named "
                         "MedDisSeg and nnUNet; nnUNet_raw and nnUNet_preprocessed from the environment")
+    p.add_argument("--checkpoint", default="checkpoint_final.pth",
+                   help="checkpoint file name in fold_0 of each --model folder (nnU-Net's -chk), e.g. "
+                        "checkpoint_best.pth")
     p.add_argument("--size", type=int, default=128, help="image height = width of the generated dataset")
     p.add_argument("--num-images", type=int, default=None,
                    help="test images (default: 8 generated, or every test image of the --model dataset)")
