@@ -27,7 +27,7 @@ from nnunetv2_meddisseg.cli import UserError
 __all__ = ["RUNTIMES", "ORT_BATCH", "INFERENCE_PRECISION", "installed_runtimes", "default_runtime", "openvino_core",
            "read_openvino_model", "cpu_supports_bf16", "require_bf16", "OnnxRuntimeSession", "OpenVinoSession"]
 
-#: the runtimes in order of preference: OpenVINO ran both networks faster on the CPU (docs/deploy.md)
+#: the runtimes in order of preference (benchmarks/onnx_predict.py times both side by side)
 RUNTIMES = ("openvino", "onnxruntime")
 _MODULES = {"openvino": "openvino", "onnxruntime": "onnxruntime"}
 _EXTRAS = {"openvino": "openvino", "onnxruntime": "onnx"}
