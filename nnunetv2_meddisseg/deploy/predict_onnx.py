@@ -222,8 +222,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="sliding-window step as a fraction of the patch size (default: the exported 0.5)")
     p.add_argument("--disable_tta", action="store_true", help="no mirroring (faster, as nnUNetv2_predict's flag)")
     p.add_argument("--runtime", choices=RUNTIMES, default=None,
-                   help="default: onnxruntime where --providers is given, else the first of openvino, onnxruntime "
-                        "installed (OpenVINO is the faster on the CPU)")
+                   help="the runtime the graphs run on (default: onnxruntime where --providers is given, else the "
+                        "first installed of openvino, onnxruntime)")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="bf16 and int8 (OpenVINO only) where the export verified them against fp32 "
                         "(nnUNetv2_meddisseg_export --int8 / --bf16); bf16 needs a CPU with native bf16")
