@@ -21,8 +21,8 @@ setup(
         "pillow",
         "tqdm",
     ],
-    extras_require={"test": ["pytest", "h5py", "onnx", "onnxruntime"], "synapse": ["h5py"],
-                    "onnx": ["onnx", "onnxruntime"]},
+    extras_require={"test": ["pytest", "h5py", "onnx", "onnxruntime", "openvino", "nncf"], "synapse": ["h5py"],
+                    "onnx": ["onnx", "onnxruntime"], "openvino": ["openvino", "nncf"]},
     entry_points={
         "console_scripts": [
             "nnUNetv2_meddisseg_plan=nnunetv2_meddisseg.planning.plan_meddisseg:main",

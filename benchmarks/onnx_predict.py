@@ -1,20 +1,26 @@
-"""Images per second of nnU-Net's predictor (PyTorch) and the ONNX Runtime predictor on the same images and threads,
-side by side in one run, for Med-DisSeg and default nnU-Net; with the agreement of their masks and the export's
-cost, and how each CDFA form exports.
+"""Images per second of nnU-Net's predictor (PyTorch) and the exported model's predictor on every arm (ONNX Runtime's
+providers; OpenVINO in fp32, bf16 and int8) on the same images and threads, side by side in one run, for Med-DisSeg and
+default nnU-Net; with the masks' agreement, the test mDSC where the images have labels, the export's cost, and how each
+CDFA form exports.
 
 Both predictors run in this process after loading their model: nnU-Net's ``nnUNetPredictor`` as
-``nnUNetv2_predict -npp 0 -nps 0`` runs it (``predict_from_files_sequential``: read, preprocess, sliding window,
-export the masks), and ``nnunetv2_meddisseg.deploy.predict_onnx.OnnxPredictor.predict_folder`` (the same steps in
-numpy and ONNX Runtime), on a folder of N generated images, alternating in rounds, medians reported; with and
-without mirroring. ``--device cuda`` runs nnU-Net's predictor on the GPU and ONNX Runtime through its TensorRT and
-CUDA providers (``--providers``; each provider one arm, a provider this onnxruntime lacks named and left out;
-TensorRT's engines cached in the work folder, their build in the "sessions + first round" seconds). The models are
-the untrained, BatchNorm-calibrated model folders ``predict.py`` builds
-(prediction time does not depend on the weights), exported with ``nnUNetv2_meddisseg_export``. The export forms
-part traces ``MedDisSegNet(3, 2)`` with each CDFA form (legacy TorchScript exporter) and compares ONNX Runtime with
-PyTorch on one 64x64 input.
+``nnUNetv2_predict -npp 0 -nps 0`` runs it (``predict_from_files_sequential``: read, preprocess, sliding window, export
+the masks), and ``nnunetv2_meddisseg.deploy.predict_onnx.OnnxPredictor.predict_folder`` (the same steps in numpy and the
+arm's runtime), on a folder of N images, alternating in rounds, medians reported; with and without mirroring. The
+models: ``--model MedDisSeg=FOLDER nnUNet=FOLDER``, trained nnU-Net model folders (fold 0 and its ``--checkpoint``, read
+only; the images: the first N of the dataset's imagesTs in ``nnUNet_raw``, scored against its labelsTs; nnU-Net's
+folders from the environment; results file ``cpu_predict``), or by default the untrained, BatchNorm-calibrated model
+folders ``predict.py`` builds on N generated images (prediction time does not depend on the weights; results file
+``onnx_predict``). Each is exported with ``nnUNetv2_meddisseg_export`` (with ``--int8`` for an int8 arm: calibrated on
+the fold's training cases and verified on its validation cases; where it refuses, the int8 arm holds its error). The
+arms: ``--providers`` (ONNX Runtime; with ``--device cuda`` TensorRT and CUDA, their engines cached in the work folder,
+the build in the "sessions + first round" seconds) and ``--openvino`` precisions; each arm's test mDSC, its drop from
+nnU-Net's predictor's (fp32) in points and the Dice of its masks to nnU-Net's. ``--profile`` sums OpenVINO's per-layer
+counters by layer type. The export forms part traces ``MedDisSegNet(3, 2)`` with each CDFA form (legacy TorchScript
+exporter) and compares ONNX Runtime with PyTorch on one 64x64 input.
 """
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -134,17 +140,31 @@ def _session_providers(providers: Sequence[str], cache: Path) -> List[object]:
             if p == "TensorrtExecutionProvider" else p for p in providers]
 
 
+def openvino_arms(requested: Sequence[str]) -> Tuple[List[str], Dict[str, str]]:
+    """The OpenVINO precisions to time and ``{arm: why it is left out}`` (OpenVINO missing, bf16 on a CPU without
+    native bf16)."""
+    from nnunetv2_meddisseg.deploy.runtimes import cpu_supports_bf16, installed_runtimes
+
+    if requested and "openvino" not in installed_runtimes():
+        return [], {f"OpenVINO {p}": "openvino is not installed" for p in requested}
+    bf16 = "bf16" not in requested or cpu_supports_bf16()
+    return ([p for p in requested if p != "bf16" or bf16],
+            {} if bf16 else {"OpenVINO bf16": "this CPU has no native bf16"})
+
+
 def start_arm(model_dir: Path, providers: Sequence[object], use_mirroring: bool, threads: int, images: Path,
-              out: Path, reference: Path, cases: Sequence[str], ending: str) -> Tuple[Optional[object], dict]:
-    """One ONNX Runtime arm of one model: ``(its predictor, its record)`` after a first round, timed together with
-    the sessions' creation (TensorRT builds its engines there), and the masks' agreement with nnU-Net's in
-    ``reference``; ``(None, {"error": ...})`` where the arm cannot run here (ONNX Runtime can list a provider whose
-    libraries are missing), so that the other arms are still measured."""
+              out: Path, reference: Path, cases: Sequence[str], ending: str, runtime: str = "onnxruntime",
+              precision: str = "fp32") -> Tuple[Optional[object], dict]:
+    """One arm of one model: ``(its predictor, its record)`` after a first round, timed together with the sessions'
+    creation (TensorRT builds its engines there), and the masks' agreement with nnU-Net's in ``reference``;
+    ``(None, {"error": ...})`` where the arm cannot run here (ONNX Runtime can list a provider whose libraries are
+    missing; the export may not have verified a precision), so that the other arms are still measured."""
     from nnunetv2_meddisseg.deploy.predict_onnx import OnnxPredictor
 
     start = time.perf_counter()
     try:
-        predictor = OnnxPredictor(model_dir, use_mirroring=use_mirroring, threads=threads, providers=providers)
+        predictor = OnnxPredictor(model_dir, use_mirroring=use_mirroring, threads=threads, providers=providers,
+                                  runtime=runtime, precision=precision)
         predictor.predict_folder(images, out)
     except Exception as e:  # the provider's own failure is the result here
         return None, {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
@@ -154,115 +174,257 @@ def start_arm(model_dir: Path, providers: Sequence[object], use_mirroring: bool,
                        "sessions_and_first_round_s": round(first_s, 2)}
 
 
+def _scores(out: Path, reference: Path, labels: Optional[Path], cases: Sequence[str], ending: str) -> dict:
+    """Test mDSC (the mean Dice per image, where ``labels`` holds the ground truth) and the mean Dice of the masks in
+    ``out`` to those in ``reference``."""
+    from PIL import Image
+
+    from nnunetv2_meddisseg.evaluation.metrics import binary_metrics
+
+    def dice(folder: Path, other: Path) -> float:
+        return float(np.mean([binary_metrics(*(np.asarray(Image.open(d / f"{c}{ending}")) for d in (folder, other)))
+                              ["dice"] for c in cases]))
+    scores = {"dice_to_fp32": dice(out, reference)}
+    if labels is not None:
+        scores["test_mdsc"] = dice(out, labels)
+    return scores
+
+
+def _profile(predictor, model_dir: Path, threads: int, top: int = 12) -> dict:
+    """OpenVINO's per-layer counters (PERF_COUNT) of fold 0's graph in the predictor's precision, one patch-sized
+    input run 3 times, summed by layer type: ``{type: ms per run}``, the largest ``top``."""
+    from nnunetv2_meddisseg.deploy.precision import fold_graph
+    from nnunetv2_meddisseg.deploy.runtimes import INFERENCE_PRECISION, openvino_core, read_openvino_model
+
+    d, precision = predictor.description, predictor.precision
+    graph = fold_graph(model_dir, d["folds"][0], precision, "openvino")  # its sha256 checked
+    model = read_openvino_model(graph.model, graph.weights)
+    model.reshape({0: [1, d["num_input_channels"], *d["patch_size"]]})
+    request = openvino_core().compile_model(model, "CPU", {"PERF_COUNT": True, "PERFORMANCE_HINT": "LATENCY",
+                                                           "INFERENCE_PRECISION_HINT": INFERENCE_PRECISION[precision],
+                                                           "INFERENCE_NUM_THREADS": threads}
+                                            ).create_infer_request()
+    x = np.random.default_rng(0).standard_normal((1, d["num_input_channels"], *d["patch_size"]), dtype=np.float32)
+    totals: Counter = Counter()
+    for _ in range(3):
+        request.infer({0: x})
+        for info in request.profiling_info:
+            totals[f"{info.node_type} ({info.exec_type})"] += info.real_time.total_seconds() * 1e3 / 3
+    return {kind: round(ms, 2) for kind, ms in totals.most_common(top)}
+
+
+def _models(args, work: Path, logs: Path) -> Tuple[dict, Dict[str, dict], Path, Optional[Path]]:
+    """(the nnU-Net environment, ``{name: model}``, the test images, their labels or None): the trained ``--model``
+    folders and their dataset's first ``--num-images`` test images, or the generated dataset and untrained models."""
+    if not args.model:
+        import predict  # benchmarks/predict.py: the generated dataset and the untrained model folders
+
+        setup = argparse.Namespace(size=args.size, num_images=args.num_images, plans="nnUNetMedDisSegPlans",
+                                   baseline_trainer="nnUNetTrainer", baseline_plans="nnUNetPlans",
+                                   trainer="nnUNetTrainerMedDisSeg", fold="0", checkpoint=args.checkpoint)
+        env, dataset = predict._prepare_generated(setup, work, logs)
+        raw = next(Path(env["nnUNet_raw"]).glob(f"Dataset{int(dataset):03d}_*"))
+        models = {name: {"folder": Path(env["nnUNet_results"]) / raw.name / f"{trainer}__{plans}__{CONFIGURATION}"}
+                  for name, trainer, plans in (("Med-DisSeg", setup.trainer, setup.plans),
+                                               ("nnU-Net default", setup.baseline_trainer, setup.baseline_plans))}
+        if args.openvino and "int8" in args.openvino:  # the split nnU-Net writes when a fold is trained
+            from nnunetv2.utilities.crossval_split import generate_crossval_split
+
+            identifiers = sorted(p.name[:-len("_0000.png")] for p in (raw / "imagesTr").glob("*_0000.png"))
+            splits = generate_crossval_split(identifiers, seed=12345, n_splits=5)
+            (Path(env["nnUNet_preprocessed"]) / raw.name / "splits_final.json").write_text(json.dumps(splits))
+        return env, models, raw / "imagesTs", None
+    from nnunetv2_meddisseg.environment import EXT_TRAINER_VARIABLE, trainer_search_path
+
+    env = {**os.environ, EXT_TRAINER_VARIABLE: trainer_search_path()}
+    models = {name: {"folder": Path(folder).resolve()} for name, folder in (m.split("=", 1) for m in args.model)}
+    raw = Path(env["nnUNet_raw"]) / next(iter(models.values()))["folder"].parent.name
+    images = work / "images"
+    shutil.rmtree(images, ignore_errors=True)
+    images.mkdir(parents=True)
+    for path in sorted((raw / "imagesTs").glob("*_0000.png"))[:args.num_images]:
+        shutil.copy(path, images / path.name)
+    return env, models, images, raw / "labelsTs"
+
+
+def _export(models: Dict[str, dict], env: dict, work: Path, logs: Path, precisions: Sequence[str],
+            extra: Sequence[str], checkpoint: str) -> Dict[str, dict]:
+    """Each model exported to ``work/onnx/<name>`` with ``--int8`` (int8 and bf16 verified) or ``--bf16`` where these
+    arms are asked; where the export refuses one, its refusal is kept and it runs with the next flag:
+    ``{name: {"export_s", "refused": {flag: error}}}``."""
+    from nnunetv2_meddisseg.logged_command import run_logged
+
+    records = {}
+    flags = [f for f in ("--int8", "--bf16") if f[2:] in precisions] + [None]
+    for name, model in models.items():
+        folder, record = model["folder"], {"refused": {}}
+        trainer, plans, configuration = folder.name.split("__")
+        model["export"] = work / "onnx" / name.replace(" ", "_")
+        command = ["nnUNetv2_meddisseg_export", "-d", folder.parent.name, "-tr", trainer, "-p", plans, "-c",
+                   configuration, "-f", "0", "-chk", checkpoint, "-o", str(model["export"]), *extra]
+        for flag in flags:
+            try:
+                record["export_s"] = run_logged(command + ([flag] if flag else []), {
+                    **env, "nnUNet_results": str(folder.parents[1])}, logs / f"export_{name.replace(' ', '_')}.log")
+                break
+            except Exception as e:  # the export's refusal (a bound missed) is the arm's result
+                if flag is None:
+                    raise
+                record["refused"][flag] = f"{type(e).__name__}: {' '.join(str(e).split())[-300:]}"
+        records[name] = record
+    return records
+
+
 def _run(args, work: Path) -> dict:
     import onnxruntime as ort
-    import predict  # benchmarks/predict.py: the generated dataset and the untrained model folders
-
-    from nnunetv2_meddisseg.logged_command import run_logged
 
     available = ort.get_available_providers()
     arms, left_out = provider_arms(args.providers, available)
-    payload = {"providers_available": available, "arms": arms, "providers_left_out": left_out, "results": {},
-               "export_s": {}, "cases": 0}
-    for provider, why in left_out.items():
+    precisions, ov_left_out = openvino_arms(args.openvino or [])
+    payload = {"providers_available": available, "arms": arms, "openvino_precisions": precisions,
+               "providers_left_out": {**left_out, **ov_left_out}, "results": {}, "export": {}, "cases": 0}
+    for provider, why in payload["providers_left_out"].items():
         print(f"{provider}: {why}")
-    if not arms:
-        print("no requested ONNX Runtime provider is available: nothing timed")
+    if not arms and not precisions:
+        print("no requested arm is available: nothing timed")
         return payload
     logs = work / "logs"
-    setup = argparse.Namespace(size=args.size, num_images=args.num_images, plans="nnUNetMedDisSegPlans",
-                               baseline_trainer="nnUNetTrainer", baseline_plans="nnUNetPlans",
-                               trainer="nnUNetTrainerMedDisSeg", fold="0", checkpoint="checkpoint_final.pth")
-    env, dataset = predict._prepare_generated(setup, work, logs)
-    models = {"Med-DisSeg": (setup.trainer, setup.plans), "nnU-Net default": (setup.baseline_trainer,
-                                                                             setup.baseline_plans)}
+    env, models, images, labels = _models(args, work, logs)
     print("[4/4] export, then both predictors in this process, alternating")
-    for name, (trainer, plans) in models.items():
-        payload["export_s"][name] = run_logged(
-            ["nnUNetv2_meddisseg_export", "-d", dataset, "-tr", trainer, "-p", plans, "-f", "0", "-o",
-             str(work / "onnx" / trainer)], env, logs / f"export_{trainer}.log")
-    os.environ.update({k: env[k] for k in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results",
-                                           "nnUNet_extTrainer")})
+    payload["export"] = _export(models, env, work, logs, precisions, (args.export_args or "").split(),
+                                args.checkpoint)
+    for key in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results", "nnUNet_extTrainer"):
+        if key in env:
+            os.environ[key] = env[key]
     os.environ["nnUNet_def_n_proc"] = str(args.threads)  # nnU-Net's prediction threads (read at its import)
     import torch
     from nnunetv2.inference.predict_from_raw_data import nnUNetPredictor
-    from nnunetv2.utilities.file_path_utilities import get_output_folder
     from nnunetv2.utilities.utils import create_lists_from_splitted_dataset_folder
 
     from nnunetv2_meddisseg.torch_files import initialize_predictor
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    raw = next(Path(env["nnUNet_raw"]).glob(f"Dataset{int(dataset):03d}_*"))
-    images, ending = raw / "imagesTs", ".png"
+    ending = ".png"
     lists = create_lists_from_splitted_dataset_folder(str(images), ending)
     cases = [Path(files[0]).name[:-len(ending) - 5] for files in lists]
     payload["cases"] = len(cases)
     results = payload["results"]
+    runs = [(arm, {"providers": _session_providers(providers, work / "engine_cache")}) for arm, providers in
+            arms.items()] + [(f"OpenVINO {p}", {"runtime": "openvino", "precision": p}) for p in precisions]
     for tta in ([True, False] if args.tta == "both" else [args.tta == "on"]):
-        calls, mode = {}, f"TTA {'on' if tta else 'off'}"
-        for name, (trainer, plans) in models.items():
+        calls, mode, outputs = {}, f"TTA {'on' if tta else 'off'}", {}
+        for name, model in models.items():
             torch_predictor = nnUNetPredictor(tile_step_size=0.5, use_gaussian=True, use_mirroring=tta,
                                               device=device, verbose=False, verbose_preprocessing=False,
                                               allow_tqdm=False)
-            initialize_predictor(torch_predictor, get_output_folder(dataset, trainer, plans, CONFIGURATION), ["0"],
-                                 "checkpoint_final.pth")
-            out_t = work / "predictions" / f"{trainer}_{mode[4:]}_nnunet"
+            initialize_predictor(torch_predictor, model["folder"], ["0"], args.checkpoint)  # weights-only
+            out_t = work / "predictions" / f"{name}_{mode[4:]}_nnunet".replace(" ", "_")
             out_t.mkdir(parents=True, exist_ok=True)  # nnU-Net's sequential prediction writes into it first
             calls[f"{name} / nnUNetv2_predict"] = (lambda p=torch_predictor, o=out_t: p.predict_from_files_sequential(
                 [list(f) for f in lists], str(o), save_probabilities=False, overwrite=True))
             torch_predictor.predict_from_files_sequential([list(f) for f in lists], str(out_t),
                                                           save_probabilities=True, overwrite=True)
-            for arm, providers in arms.items():
-                out_o = work / "predictions" / f"{trainer}_{mode[4:]}_{arm}"
-                onnx_predictor, record = start_arm(work / "onnx" / trainer, _session_providers(
-                    providers, work / "engine_cache"), tta, args.threads, images, out_o, out_t, cases, ending)
+            outputs[f"{name} / nnUNetv2_predict"] = (out_t, out_t)
+            for arm, kwargs in runs:
+                out_o = work / "predictions" / f"{name}_{mode[4:]}_{arm}".replace(" ", "_")
+                onnx_predictor, record = start_arm(model["export"], kwargs.get("providers", ()), tta, args.threads,
+                                                   images, out_o, out_t, cases, ending, kwargs.get("runtime",
+                                                                                                   "onnxruntime"),
+                                                   kwargs.get("precision", "fp32"))
                 results[f"{name} / {arm} / {mode} / agreement"] = record
                 if onnx_predictor is not None:
                     calls[f"{name} / {arm}"] = lambda p=onnx_predictor, o=out_o: p.predict_folder(images, o)
-        times = alternating_timings(calls, repeats=args.repeats, warmup=1, device=device)
+                    outputs[f"{name} / {arm}"] = (out_o, out_t)
+                    if args.profile and arm.startswith("OpenVINO"):
+                        record["profile_ms_by_layer_type"] = _profile(onnx_predictor, model["export"],
+                                                                      args.threads)
+        times = alternating_timings(calls, repeats=args.repeats, warmup=0, device=device)
         for key, samples in times.items():
             stats = summarize(samples)
-            results[f"{key} / {mode}"] = {**stats, "images_per_s": len(cases) / stats["median_s"]}
+            results[f"{key} / {mode}"] = {**stats, "images_per_s": len(cases) / stats["median_s"],
+                                          **_scores(*outputs[key], labels, cases, ending)}
             print(f"{key} {mode}: {len(cases) / stats['median_s']:.2f} images/s")
     return payload
 
 
+#: the network names of the arms list
+NETWORKS = {"Med-DisSeg": "MedDisSeg", "nnU-Net default": "nnUNet"}
+
+
+def arms_list(run: dict) -> List[dict]:
+    """Every timed arm of ``run`` (nnU-Net's predictor too) as one record: network, runtime, precision, tta,
+    images/s, speed-up over nnU-Net's predictor, test mDSC and its drop from nnU-Net's predictor's in points, the
+    mean Dice of its masks to nnU-Net's."""
+    rows = []
+    for key, figures in run["results"].items():
+        name, arm, mode = (key.split(" / ") + [""])[:3]
+        if key.endswith(" / agreement") or not mode:
+            continue
+        torch_figures = run["results"][f"{name} / nnUNetv2_predict / {mode}"]
+        runtime, precision = (("pytorch", "fp32") if arm == "nnUNetv2_predict" else
+                              ("openvino", arm.split()[1]) if arm.startswith("OpenVINO") else (f"onnxruntime {arm}",
+                                                                                                "fp32"))
+        row = {"network": NETWORKS.get(name, name), "runtime": runtime, "precision": precision,
+               "tta": mode == "TTA on", "images_per_s": round(figures["images_per_s"], 3),
+               "speedup_vs_nnunet_predictor": round(figures["images_per_s"] / torch_figures["images_per_s"], 3),
+               "dice_to_fp32": round(figures["dice_to_fp32"], 5)}
+        if "test_mdsc" in figures:
+            row.update(test_mdsc=round(figures["test_mdsc"], 5),
+                       mdsc_drop_points=round(100 * (torch_figures["test_mdsc"] - figures["test_mdsc"]), 3))
+        rows.append(row)
+    return rows
+
+
+def targets(arms: List[dict]) -> Dict[str, dict]:
+    """Per network with test labels: the fastest arm (TTA on) whose test mDSC drops by at most 0.5 points, its
+    speed-up over nnU-Net's predictor and the target (Med-DisSeg 3x, nnU-Net's network 4x)."""
+    found = {}
+    for network, target in (("MedDisSeg", 3.0), ("nnUNet", 4.0)):
+        fit = [a for a in arms if a["network"] == network and a["tta"] and a["runtime"] != "pytorch"
+               and a.get("mdsc_drop_points", 1e9) <= 0.5]
+        if any(a["network"] == network and "test_mdsc" in a for a in arms):
+            best = max(fit, key=lambda a: a["speedup_vs_nnunet_predictor"], default=None)
+            found[network] = {"target_speedup": target, "arm": best and f"{best['runtime']} {best['precision']}",
+                              "speedup": best and best["speedup_vs_nnunet_predictor"],
+                              "met": bool(best) and best["speedup_vs_nnunet_predictor"] >= target}
+    return found
+
+
 def _markdown(payload: dict, args) -> str:
     run = payload["run"]
-    r = run["results"]
     left_out = [f"{p} {why}" for p, why in run["providers_left_out"].items()]
     body = []
-    if r:
-        rows = []
-        for tta in (["on", "off"] if args.tta == "both" else [args.tta]):
-            for name in ("Med-DisSeg", "nnU-Net default"):
-                t = r[f"{name} / nnUNetv2_predict / TTA {tta}"]
-                for arm in run["arms"]:
-                    a = r[f"{name} / {arm} / TTA {tta} / agreement"]
-                    if "error" in a:
-                        rows.append([name, tta, arm, f"{t['images_per_s']:.2f}", a["error"]] + ["-"] * 5)
-                        continue
-                    o = r[f"{name} / {arm} / TTA {tta}"]
-                    rows.append([name, tta, arm, f"{t['images_per_s']:.2f}", f"{o['images_per_s']:.2f}",
-                                 f"{o['images_per_s'] / t['images_per_s']:.2f}x",
-                                 f"{a['sessions_and_first_round_s']:.1f}",
-                                 f"{a['identical_masks']}/{a['cases']}", f"{a['min_dice']:.4f}",
-                                 f"{a['max_probability_difference']:.1e}"])
-        threads = (f"{args.threads} threads for both (torch.set_num_threads / ONNX Runtime intra-op)"
+    if payload["arms"]:
+        threads = (f"{args.threads} threads for all (torch.set_num_threads, ONNX Runtime intra-op, OpenVINO)"
                    if args.device == "cpu" else f"nnU-Net's predictor on {args.device}")
-        body += [f"{run['cases']} generated {args.size}x{args.size} RGB images, {threads}, median of {args.repeats} "
-                 f"alternating rounds; onnxruntime {payload['onnxruntime']}, onnx {payload['onnx']}.", "",
-                 markdown_table(["model", "TTA", "ONNX Runtime provider", "nnUNetv2_predict images/s",
-                                 "ONNX Runtime images/s", "ONNX / nnU-Net", "sessions + first round s",
-                                 "identical masks", "min Dice", "max prob. difference"], rows), "",
-                 "Export (`nnUNetv2_meddisseg_export -f 0`, one process with its checks): "
-                 + ", ".join(f"{k} {v:.0f} s" for k, v in run["export_s"].items()) + ".", ""]
-        used = {f"{key.split(' / ')[1]}: {', '.join(a['providers_in_use'])}" for key, a in r.items()
-                if "providers_in_use" in a}
-        body += ["Providers ONNX Runtime started per arm: " + "; ".join(sorted(used)) + ".", ""]
+        images = "test images" if args.model else f"generated {args.size}x{args.size} RGB images"
+        body += [f"{run['cases']} {images}, {threads}, median of {args.repeats} alternating rounds; onnxruntime "
+                 f"{payload['onnxruntime']}, openvino {payload['openvino']}, nncf {payload['nncf']}.", "",
+                 markdown_table(["network", "TTA", "runtime", "precision", "images/s", "vs nnU-Net's predictor",
+                                 "test mDSC", "drop (points)", "Dice to fp32"],
+                                [[a["network"], "on" if a["tta"] else "off", a["runtime"], a["precision"],
+                                  f"{a['images_per_s']:.2f}", f"{a['speedup_vs_nnunet_predictor']:.2f}x",
+                                  f"{a['test_mdsc']:.4f}" if "test_mdsc" in a else "-",
+                                  f"{a['mdsc_drop_points']:.2f}" if "mdsc_drop_points" in a else "-",
+                                  f"{a['dice_to_fp32']:.4f}"] for a in payload["arms"]]), ""]
+        body += [f"Target {k}: {t['arm']} at {t['speedup']}x (target {t['target_speedup']}x): "
+                 f"{'met' if t['met'] else 'MISSED'}." for k, t in payload["targets"].items()]
+        body += ["", "Export (`nnUNetv2_meddisseg_export -f 0`, with `--int8` / `--bf16` for those arms, one process "
+                 "with its checks and guard): " + ", ".join(f"{k} {v['export_s']:.0f} s" for k, v in
+                                                          run["export"].items()) + "."]
+        body += [f"{key}: {record['error']}" for key, record in run["results"].items() if "error" in record]
+        body += [f"{k}: export {flag} refused ({error})" for k, v in run["export"].items()
+                 for flag, error in v["refused"].items()]
+        for key, record in run["results"].items():
+            if "profile_ms_by_layer_type" in record:
+                body += ["", f"{key[:-len(' / agreement')]}, OpenVINO counters (ms per patch by layer type): "
+                         + ", ".join(f"{k} {v}" for k, v in record["profile_ms_by_layer_type"].items())]
+        used = {f"{key.split(' / ')[1]}: {', '.join(a['providers_in_use'])}" for key, a in run["results"].items()
+                if a.get("providers_in_use")}
+        body += ["", "Providers ONNX Runtime started per arm: " + "; ".join(sorted(used)) + ".", ""]
     else:
-        body += ["Nothing timed: no requested ONNX Runtime provider is available.", ""]
+        body += ["Nothing timed: no requested arm is available.", ""]
     if left_out:
         body += ["Left out: " + "; ".join(left_out) + ".", ""]
     forms = payload.get("export_forms")
@@ -279,16 +441,28 @@ def _markdown(payload: dict, args) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argument_parser(__doc__, "onnx_predict")
+    p = argument_parser(__doc__, "onnx_predict (cpu_predict with --model)")
+    p.add_argument("--model", nargs="+", default=None, metavar="NAME=FOLDER",
+                   help="trained nnU-Net model folders (.../nnUNet_results/DatasetX/Trainer__Plans__2d, fold 0) named "
+                        "MedDisSeg and nnUNet; nnUNet_raw and nnUNet_preprocessed from the environment")
+    p.add_argument("--checkpoint", default="checkpoint_final.pth",
+                   help="checkpoint file name in fold_0 of each --model folder (nnU-Net's -chk), e.g. "
+                        "checkpoint_best.pth")
     p.add_argument("--size", type=int, default=128, help="image height = width of the generated dataset")
-    p.add_argument("--num-images", type=int, default=8, help="test images")
+    p.add_argument("--num-images", type=int, default=None,
+                   help="test images (default: 8 generated, or every test image of the --model dataset)")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds (median reported)")
-    p.add_argument("--threads", type=int, default=2, help="CPU threads of both predictors")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads of all predictors")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="nnU-Net's predictor's device")
-    p.add_argument("--providers", nargs="+", default=None, metavar="PROVIDER",
+    p.add_argument("--providers", nargs="*", default=None, metavar="PROVIDER",
                    help="ONNX Runtime execution providers, each timed as its own arm (default: CPUExecutionProvider "
                         "with --device cpu, TensorrtExecutionProvider CUDAExecutionProvider with --device cuda); one "
                         "this onnxruntime lacks is left out and named in the results")
+    p.add_argument("--openvino", nargs="+", default=None, choices=("fp32", "bf16", "int8"),
+                   help="OpenVINO arms (int8: exported with --int8; bf16: where the export verified it)")
+    p.add_argument("--export-args", default=None,
+                   help="further options of nnUNetv2_meddisseg_export, e.g. \"--calibration_tiles 128\"")
+    p.add_argument("--profile", action="store_true", help="OpenVINO's per-layer counters of each OpenVINO arm")
     p.add_argument("--tta", choices=("on", "off", "both"), default="both", help="mirroring")
     p.add_argument("--no-forms", action="store_true", help="leave out the export forms part")
     p.add_argument("--dynamo", action="store_true",
@@ -296,8 +470,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "onnxscript)")
     p.add_argument("--work", default=None, help="work folder (default: a temporary folder, removed at the end)")
     args = p.parse_args(argv)
+    if args.model and any(m.split("=")[0] not in NETWORKS.values() or "=" not in m for m in args.model):
+        raise SystemExit(f"--model: expected MedDisSeg=FOLDER and/or nnUNet=FOLDER, got {' '.join(args.model)}")
     if args.size < 32 or args.size % 16:
         raise SystemExit(f"--size must be a multiple of 16 and at least 32, got {args.size}")
+    args.num_images = args.num_images or (None if args.model else 8)
     if args.providers is None:
         args.providers = (["CPUExecutionProvider"] if args.device == "cpu"
                           else ["TensorrtExecutionProvider", "CUDAExecutionProvider"])
@@ -319,10 +496,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    payload = {"machine": machine_info(args.device), "command": command_line(),
-               "onnxruntime": package_version("onnxruntime"), "onnx": package_version("onnx"), "run": run,
-               "export_forms": forms}
-    return report(Path(args.out), "onnx_predict", payload, _markdown(payload, args))
+    arms = arms_list(run)
+    payload = {"machine": machine_info(args.device), "command": command_line(), "arms": arms,
+               "targets": targets(arms), **{k: package_version(k) for k in ("onnxruntime", "onnx", "openvino", "nncf")},
+               "run": run, "export_forms": forms}
+    missed = "; ".join(f"{k} {t['speedup']}x < {t['target_speedup']}x" for k, t in payload["targets"].items()
+                       if not t["met"])
+    return report(Path(args.out), "cpu_predict" if args.model else "onnx_predict", payload,
+                  _markdown(payload, args), missed or None)
 
 
 if __name__ == "__main__":

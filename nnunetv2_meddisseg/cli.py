@@ -6,7 +6,9 @@ command that runs a network takes ``--device`` with one default: cuda if availab
 A user mistake (a file, folder or option) ends the command with exactly one line on stderr,
 ``nnUNetv2_meddisseg_<verb>: error: <message>``, and exit code :data:`EXIT_USER_ERROR` (2, the code
 argparse uses for a bad command line, so both kinds of mistake look alike). Anything else is a bug
-and keeps its traceback.
+and keeps its traceback. PyTorch's "No CUDA runtime is found" warning, logged where a CUDA toolkit is installed
+without a GPU when a library imports ``torch.utils.cpp_extension`` (NNCF's quantization does), is filtered out
+(:func:`quiet_cuda_home_warning`): the commands run on the CPU there, and the line would precede the error line.
 
 In the commands of nnU-Net that run our trainers (``nnUNetv2_train``, ``nnUNetv2_predict``), whose entry points
 are not ours, :func:`install_excepthook` (called when nnU-Net's trainer search imports our trainers) prints a
@@ -16,6 +18,7 @@ exits as Python does after any uncaught exception (code 1). Code that catches th
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import sys
@@ -23,7 +26,7 @@ from types import TracebackType
 from typing import Callable, Optional, Sequence, Tuple, Type
 
 __all__ = ["EXIT_USER_ERROR", "UserError", "print_error", "run_command", "program_name", "user_error_excepthook",
-           "install_excepthook", "DefaultsHelpFormatter",
+           "install_excepthook", "quiet_cuda_home_warning", "DefaultsHelpFormatter",
            "add_device_argument", "resolve_device", "DEVICE_DEFAULT_TEXT", "STATES_DEFAULT", "plain_text"]
 
 EXIT_USER_ERROR = 2
@@ -38,6 +41,19 @@ def print_error(prog: str, error: BaseException | str) -> None:
     print(f"{prog}: error: {' '.join(str(error).split())}", file=sys.stderr)
 
 
+class _NoCudaHomeWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No CUDA runtime is found")
+
+
+def quiet_cuda_home_warning() -> None:
+    """Filter PyTorch's "No CUDA runtime is found, using CUDA_HOME=..." warning out of its logger (without importing
+    torch; once per process)."""
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    if not any(isinstance(f, _NoCudaHomeWarning) for f in logger.filters):
+        logger.addFilter(_NoCudaHomeWarning())
+
+
 def run_command(prog: str, command: Callable[[Optional[Sequence[str]]], Optional[int]],
                 argv: Optional[Sequence[str]] = None,
                 user_errors: Tuple[Type[BaseException], ...] = (UserError, FileNotFoundError)) -> int:
@@ -45,6 +61,7 @@ def run_command(prog: str, command: Callable[[Optional[Sequence[str]]], Optional
 
     An exception of a ``user_errors`` type is printed as ``prog: error: ...`` (one line) and gives
     :data:`EXIT_USER_ERROR`. Console entry points return this value (``sys.exit(main())``)."""
+    quiet_cuda_home_warning()
     try:
         code = command(argv)
     except user_errors as e:

@@ -55,6 +55,11 @@ def _command(command: str, setup: Callable) -> Callable[[Path, Dict[str, Path]],
     return trigger
 
 
+def _with_flags(setup: Callable, *flags: str) -> Callable:
+    """``setup``'s command line with ``flags`` added."""
+    return lambda tmp, env: [*setup(tmp, env), *flags]
+
+
 def _error_of(call: Callable[[], object]) -> str:
     """``TypeName: message`` of what ``call`` raises, as a traceback's last line shows it."""
     try:
@@ -396,8 +401,10 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "its sha256 ... is not the ... that onnx_model.json records":
         _command("predict_onnx", predict_rows.pred_graph(lambda: predict_rows.tiny_graph(5), record=False)),
     "model.onnx: empty (0 bytes)": _command("predict_onnx", predict_rows.pred_graph(lambda: b"", record=False)),
-    "ONNX Runtime cannot load it":
+    "OpenVINO cannot load it":
         _command("predict_onnx", predict_rows.pred_graph(lambda: predict_rows.tiny_graph(0)[:100], record=True)),
+    "ONNX Runtime cannot load it": _command("predict_onnx", _with_flags(
+        predict_rows.pred_graph(lambda: predict_rows.tiny_graph(0)[:100], record=True), "--runtime", "onnxruntime")),
     "the graph's output has ... segmentation heads, onnx_model.json says ...": _command(
         "predict_onnx", predict_rows.pred_graph(lambda: predict_rows.tiny_graph(0, out_channels=3), record=True)),
     "onnx_model.json: patch_size must be two integers from 1 to 4096 (a 2D patch), got ...":

@@ -3,12 +3,15 @@
 ``nnUNetv2_meddisseg_export`` writes it, ``nnUNetv2_meddisseg_predict_onnx`` reads it; it holds everything
 nnU-Net's predictor takes from the plans, the dataset.json and the checkpoint (patch size, per-channel
 normalisation, transpose, labels or regions, mirror axes), what was exported (trainer, plans, configuration,
-checkpoint, folds, each fold's graph with its sha256) and each fold's check against PyTorch. Reading it needs
-neither PyTorch nor nnU-Net.
+checkpoint, folds, each fold's graph with its sha256) and each fold's check against PyTorch; where the export
+verified reduced precisions (``--int8`` / ``--bf16``), each fold's ``precisions`` records (``deploy.precision``)
+with every further file's sha256, and the guard's settings (``precision_guard``). Reading it needs neither PyTorch
+nor nnU-Net.
 
 A model folder is not trusted because it is there: :func:`read_description` checks every field the predictor
-reads (type and range, and that they agree with each other) and that each fold's file lies inside the folder;
-:func:`read_fold_model` checks a graph against the sha256 the export recorded before any runtime loads it; and
+reads (type and range, and that they agree with each other) and that each fold's files lie inside the folder;
+:func:`read_fold_model` (:func:`read_model_file` for the further files) checks a graph against the sha256 the export
+recorded before any runtime loads it; and
 :func:`check_graph_io` checks the shapes a runtime reports for a loaded graph against the description. Each
 refusal is one line naming the file and the field.
 """
@@ -26,8 +29,8 @@ from nnunetv2_meddisseg.files import set_aside_path
 
 __all__ = ["DESCRIPTION_FILE", "MODEL_FILE", "FORMAT_VERSION", "WRITTEN_BY", "INPUT_NAME", "OUTPUT_NAME",
            "NATURAL_IMAGE_ENDINGS", "NORMALIZATION_SCHEMES", "MAX_PATCH_SIDE", "read_description",
-           "validate_description", "written_by_export", "fold_model_file", "fold_file", "read_fold_model",
-           "check_graph_io", "check_step_size", "sha256_of"]
+           "validate_description", "written_by_export", "fold_model_file", "fold_file", "model_file", "read_fold_model",
+           "read_model_file", "check_graph_io", "check_step_size", "sha256_of", "REDUCED_PRECISIONS"]
 
 #: the description's file name in an export folder
 DESCRIPTION_FILE = "onnx_model.json"
@@ -47,6 +50,8 @@ NORMALIZATION_SCHEMES = ("ZScoreNormalization", "CTNormalization", "NoNormalizat
 MAX_PATCH_SIDE = 4096
 #: the largest label value a mask file holds (nnU-Net writes 16-bit masks from label 255)
 MAX_LABEL = 65535
+#: the precisions the export verifies and records per fold (``deploy.precision_guard``)
+REDUCED_PRECISIONS = ("bf16", "int8")
 
 _REQUIRED = ("format_version", "written_by", "trainer", "plans", "configuration", "checkpoint", "folds",
              "patch_size", "num_input_channels", "num_segmentation_heads", "normalization", "transpose_forward",
@@ -207,8 +212,77 @@ def _check_folds(f: _Fields) -> None:
         if not (isinstance(fold.get("sha256"), str) and _SHA256.match(fold["sha256"])):
             f.fail(f"{field}.sha256", "the graph's sha256 (64 hexadecimal digits)", fold.get("sha256"))
         names.append(fold["fold"])
+        if "precisions" in fold:
+            _check_precisions(f, field, fold)
     if len(set(names)) != len(names):
         f.fail("folds", "a list of distinct folds", names)
+    if any("precisions" in fold for fold in folds) or "precision_guard" in f.d:
+        _check_precision_guard(f)
+
+
+def _is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and bool(_SHA256.match(value))
+
+
+def _check_figures(f: _Fields, field: str, figures: Any) -> None:
+    """The guard's figures of one candidate (``deploy.precision_guard.Verifier.figures``)."""
+    if not isinstance(figures, dict):
+        f.fail(field, "an object of the guard's figures", figures)
+    if not (_is_int(figures.get("cases")) and figures["cases"] >= 1):
+        f.fail(f"{field}.cases", "an integer >= 1 (the validation cases)", figures.get("cases"))
+    for key in ("mean_dice_to_fp32", "min_dice_to_fp32", "pseudo_dice_fp32", "pseudo_dice"):
+        if not (_is_number(figures.get(key)) and 0 <= figures[key] <= 1):
+            f.fail(f"{field}.{key}", "a number from 0 to 1", figures.get(key))
+    if not _is_number(figures.get("pseudo_dice_drop_points")):
+        f.fail(f"{field}.pseudo_dice_drop_points", "a finite number", figures.get("pseudo_dice_drop_points"))
+
+
+def _check_precisions(f: _Fields, field: str, fold: dict) -> None:
+    """A fold's ``precisions``: per reduced precision, whether the guard verified it; where it did, the graph that
+    runs (``model``: the fold's own file, or an OpenVINO IR ``.xml`` with its ``.bin`` among ``files``), every
+    further file with its sha256, the blocks kept in fp32 and the figures; where it did not, the reason."""
+    records = fold["precisions"]
+    field = f"{field}.precisions"
+    if not (isinstance(records, dict) and set(records) <= set(REDUCED_PRECISIONS)):
+        f.fail(field, f"an object with records of {' and '.join(REDUCED_PRECISIONS)}", records)
+    for precision, record in records.items():
+        where = f"{field}.{precision}"
+        if not (isinstance(record, dict) and isinstance(record.get("verified"), bool)):
+            f.fail(where, "an object with verified true or false", record)
+        if not record["verified"]:
+            if not (isinstance(record.get("reason"), str) and record["reason"]):
+                f.fail(f"{where}.reason", "a non-empty string (why the guard refused it)", record.get("reason"))
+            continue
+        files = record.get("files")
+        if not (isinstance(files, dict) and all(isinstance(k, str) and k and _is_sha256(v) for k, v in files.items())):
+            f.fail(f"{where}.files", "an object of paths in the model folder to their sha256 (64 hexadecimal digits)",
+                   files)
+        model = record.get("model")
+        ir = isinstance(model, str) and model.endswith(".xml") and model in files and (
+            model[:-len(".xml")] + ".bin") in files
+        if not ((model == fold["file"] and precision == "bf16") or ir):
+            f.fail(f"{where}.model", "an OpenVINO IR (.xml) listed in files with its .bin"
+                   + (", or the fold's file" if precision == "bf16" else ""), model)
+        kept = record.get("kept_in_fp32")
+        if not (isinstance(kept, list) and all(isinstance(k, str) and k for k in kept)):
+            f.fail(f"{where}.kept_in_fp32", "a list of block names", kept)
+        _check_figures(f, f"{where}.figures", record.get("figures"))
+
+
+def _check_precision_guard(f: _Fields) -> None:
+    """The guard's settings, recorded where a fold has ``precisions``."""
+    guard = f.d.get("precision_guard")
+    if not isinstance(guard, dict):
+        f.fail("precision_guard", "an object with the guard's bounds (where a fold has precisions)", guard)
+    bounds = guard.get("bounds")
+    if not isinstance(bounds, dict):
+        f.fail("precision_guard.bounds", "an object with min_dice_to_fp32 and max_pseudo_dice_drop", bounds)
+    if not (_is_number(bounds.get("min_dice_to_fp32")) and 0 < bounds["min_dice_to_fp32"] <= 1):
+        f.fail("precision_guard.bounds.min_dice_to_fp32", "a number in (0, 1]", bounds.get("min_dice_to_fp32"))
+    if not _is_number(bounds.get("max_pseudo_dice_drop")):
+        f.fail("precision_guard.bounds.max_pseudo_dice_drop", "a finite number", bounds.get("max_pseudo_dice_drop"))
+    if not (_is_int(guard.get("calibration_tiles")) and guard["calibration_tiles"] >= 1):
+        f.fail("precision_guard.calibration_tiles", "an integer >= 1", guard.get("calibration_tiles"))
 
 
 def validate_description(description: Any, path: Path) -> Dict[str, Any]:
@@ -250,27 +324,39 @@ def validate_description(description: Any, path: Path) -> Dict[str, Any]:
     return description
 
 
-def fold_file(folder: Path, fold: Dict[str, Any]) -> Path:
-    """The graph file of ``fold`` (an entry of the description's ``folds``): a relative path that stays inside
-    ``folder`` (no ``..``, no absolute path, no symbolic link out of it) and names a file."""
+def model_file(folder: Path, name: str, owner: str) -> Path:
+    """The file ``name`` (a path relative to ``folder``, as the description records it) that stays inside ``folder``
+    (no ``..``, no absolute path, no symbolic link out of it) and names a file; ``owner`` names its entry in the
+    error (``fold 0``, ``fold 0's int8 graph``)."""
     folder = Path(folder)
-    relative = PurePosixPath(fold["file"])
-    where = f"{folder / DESCRIPTION_FILE}: fold {fold['fold']}'s file {_show(fold['file'])}"
-    if relative.is_absolute() or ".." in relative.parts or "\\" in fold["file"]:
+    relative = PurePosixPath(name)
+    where = f"{folder / DESCRIPTION_FILE}: {owner}'s file {_show(name)}"
+    if relative.is_absolute() or ".." in relative.parts or "\\" in name:
         raise UserError(f"{where} must be a path inside the model folder, without '..'")
     path = folder / relative
     resolved, root = path.resolve(), folder.resolve()
     if resolved != root and root not in resolved.parents:
         raise UserError(f"{where} leads out of the model folder (to {resolved}): a model folder holds its own graphs")
     if not path.is_file():
-        raise UserError(f"{path}: missing (fold {fold['fold']} of {folder / DESCRIPTION_FILE})")
+        raise UserError(f"{path}: missing ({owner} of {folder / DESCRIPTION_FILE})")
     return path
+
+
+def fold_file(folder: Path, fold: Dict[str, Any]) -> Path:
+    """The graph file of ``fold`` (an entry of the description's ``folds``), inside ``folder`` (:func:`model_file`)."""
+    return model_file(folder, fold["file"], f"fold {fold['fold']}")
 
 
 def read_fold_model(folder: Path, fold: Dict[str, Any]) -> bytes:
     """The bytes of ``fold``'s graph (:func:`fold_file`), checked against the sha256 the export recorded, so that
     a runtime loads exactly what was exported and checked."""
-    path = fold_file(folder, fold)
+    return read_model_file(folder, fold["file"], fold["sha256"], f"fold {fold['fold']}")
+
+
+def read_model_file(folder: Path, name: str, sha256: str, owner: str) -> bytes:
+    """The bytes of the file ``name`` in ``folder`` (:func:`model_file`), checked against ``sha256``, the digest the
+    export recorded for it."""
+    path = model_file(folder, name, owner)
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -278,8 +364,8 @@ def read_fold_model(folder: Path, fold: Dict[str, Any]) -> bytes:
     if not data:
         raise UserError(f"{path}: empty (0 bytes): an interrupted copy? copy the model folder again or export again")
     digest = sha256_of(data)
-    if digest != fold["sha256"]:
-        raise UserError(f"{path}: its sha256 {digest[:16]}... is not the {fold['sha256'][:16]}... that "
+    if digest != sha256:
+        raise UserError(f"{path}: its sha256 {digest[:16]}... is not the {sha256[:16]}... that "
                         f"{DESCRIPTION_FILE} records: the file was changed, damaged or replaced after the export; "
                         f"copy the model folder again or export again")
     return data
@@ -339,4 +425,7 @@ def read_description(folder: Path) -> Dict[str, Any]:
     folds: List[dict] = description["folds"]
     for fold in folds:
         fold_file(folder, fold)
+        for precision, record in fold.get("precisions", {}).items():
+            for name in record.get("files", {}) if record["verified"] else ():
+                model_file(folder, name, f"fold {fold['fold']}'s {precision} graph")
     return description

@@ -9,6 +9,9 @@ of two patches, and one input twice the patch size) and on up to two preprocesse
 dataset is there, against the PyTorch network as nnU-Net predicts with it; the largest difference must stay
 within ``--tolerance`` times the largest absolute logit, else the command ends with one line and writes
 nothing. ``onnx_model.json`` (``deploy.description``) holds what the predictor needs, with each graph's sha256.
+``--int8`` / ``--bf16`` add each fold in reduced precision where it passes the accuracy guard on the fold's
+validation cases (``deploy.precision_guard``; the further files' sha256 recorded too), or end the command with one
+line and write nothing.
 
 Where it writes is checked before any of this (``deploy.export_folder``): ``-o`` replaces only an earlier export,
 never a folder of other files, a file or anything inside nnU-Net's folders but the default ``onnx`` in the model
@@ -45,6 +48,7 @@ from nnunetv2_meddisseg.deploy.description import (
     validate_description,
 )
 from nnunetv2_meddisseg.deploy.export_folder import DEFAULT_NAME, check_output, write_export
+from nnunetv2_meddisseg.deploy.precision_guard import DEFAULT_CALIBRATION_TILES, Bounds, guard_folds
 from nnunetv2_meddisseg.environment import CPU_BF16_ENVIRONMENT_VARIABLE
 from nnunetv2_meddisseg.training.compilation import unwrap_module
 
@@ -276,8 +280,13 @@ def export_model(args) -> Tuple[Path, dict]:
             print(f"fold {fold}: exported, ONNX Runtime vs PyTorch: largest relative difference "
                   f"{worst['relative_difference']:.1e} ({len(checks)} inputs)")
     description = _description(predictor, args, folds)
+    extra = {}
+    if args.int8 or args.bf16:
+        required = [p for p, asked in (("int8", args.int8), ("bf16", args.bf16)) if asked]
+        extra = guard_folds(description, models, preprocessed, ["bf16", "int8"] if args.int8 else ["bf16"],
+                            Bounds(args.min_dice_to_fp32, args.max_pseudo_dice_drop), args.calibration_tiles, required)
     validate_description(description, output / DESCRIPTION_FILE)  # what the predictor will check
-    write_export(output, models, description)
+    write_export(output, models, description, extra)
     return output, description
 
 
@@ -297,6 +306,20 @@ def _parser() -> argparse.ArgumentParser:
                         "export, which is replaced whole once every fold passes")
     p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
                    help="largest difference ONNX Runtime vs PyTorch allowed, as a fraction of the largest |logit|")
+    guard = p.add_argument_group("reduced precision (OpenVINO; verified on each fold's validation cases against fp32)")
+    guard.add_argument("--int8", action="store_true",
+                       help="also write each fold as an INT8 OpenVINO model (NNCF, calibrated on the fold's training "
+                            "cases) within the bounds below, blocks kept in fp32 where needed, or write nothing; "
+                            "bf16 is verified and recorded too where the CPU has native bf16")
+    guard.add_argument("--bf16", action="store_true",
+                       help="verify bf16 within the bounds below (blocks kept in fp32 where needed), or write nothing")
+    guard.add_argument("--min_dice_to_fp32", type=float, default=Bounds.min_dice_to_fp32,
+                       help="least mean Dice of the reduced-precision masks to the fp32 masks")
+    guard.add_argument("--max_pseudo_dice_drop", type=float, default=Bounds.max_pseudo_dice_drop,
+                       help="largest drop of the pseudo Dice to the ground truth from fp32's, in points (negative: "
+                            "it must gain)")
+    guard.add_argument("--calibration_tiles", type=int, default=DEFAULT_CALIBRATION_TILES,
+                       help="INT8 calibration tiles, one from each of as many of the fold's training cases")
     return p
 
 
@@ -304,6 +327,10 @@ def _command(argv: Optional[Sequence[str]]) -> int:
     args = _parser().parse_args(argv)
     if not args.tolerance > 0:
         raise UserError(f"--tolerance must be positive, got {args.tolerance}")
+    if not 0 < args.min_dice_to_fp32 <= 1:
+        raise UserError(f"--min_dice_to_fp32 must be in (0, 1], got {args.min_dice_to_fp32}")
+    if args.calibration_tiles < 1:
+        raise UserError(f"--calibration_tiles must be at least 1, got {args.calibration_tiles}")
     output, description = export_model(args)
     print(f"{output}: {len(description['folds'])} fold(s) and {DESCRIPTION_FILE} written")
     return 0

@@ -3,9 +3,11 @@ whole.
 
 ``-o`` may name a folder that does not exist yet, an empty folder, or an earlier export: a folder whose
 ``onnx_model.json`` says the export wrote it (``deploy.description.written_by_export``) and that holds nothing
-besides it and its ``fold_*`` folders. Anything else that exists (a file, a folder of other files, the trained model
-folder) is refused, and so is any ``-o`` inside nnU-Net's folders (``nnUNet_raw``, ``nnUNet_preprocessed``,
-``nnUNet_results``), which belong to nnU-Net, except the default: ``onnx`` inside the exported model's folder.
+besides it and its ``fold_*`` folders (each fold's files: its ``model.onnx`` and, where the export verified a
+reduced precision, that precision's OpenVINO IR ``model_<precision>.xml`` / ``.bin``). Anything else that exists (a
+file, a folder of other files, the trained model folder) is refused, and so is any ``-o`` inside nnU-Net's folders
+(``nnUNet_raw``, ``nnUNet_preprocessed``, ``nnUNet_results``), which belong to nnU-Net, except the default: ``onnx``
+inside the exported model's folder.
 
 The folder is written into a hidden sibling and moved over ``-o`` (``files.replace_folder``); an export that a kill
 left set aside there is put back first (``files.restore_set_aside``), so that a kill at any moment leaves the old or
@@ -18,7 +20,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional
 
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, WRITTEN_BY, fold_model_file, written_by_export
@@ -106,17 +108,24 @@ def check_output(output: Path, model_folder: Path) -> Path:
     return output
 
 
-def write_export(output: Path, models: Dict[str, bytes], description: dict) -> None:
-    """Write the folder whole: each fold's graph (``models``: fold -> ONNX bytes) and ``description`` into a hidden
-    sibling first, then moved over ``output``; an OS error (a full disk, no permission) is one line and leaves
+def write_export(output: Path, models: Dict[str, bytes], description: dict,
+                 extra: Optional[Dict[str, bytes]] = None) -> None:
+    """Write the folder whole: each fold's graph (``models``: fold -> ONNX bytes), the ``extra`` files (``{path in
+    the folder: bytes}``, inside the ``fold_*`` folders: the reduced-precision graphs) and ``description`` into a
+    hidden sibling first, then moved over ``output``; an OS error (a full disk, no permission) is one line and leaves
     ``output`` as it was."""
+    files = {fold_model_file(fold): model for fold, model in models.items()}
+    files.update(extra or {})
+    outside = [name for name in files if not name.startswith("fold_") or "/" not in name]
+    if outside:
+        raise ValueError(f"export files outside the fold folders: {outside}")
     partial = output.with_name(f".{output.name}.partial")
     try:
         shutil.rmtree(partial, ignore_errors=True)
-        for fold, model in models.items():
-            target = partial / fold_model_file(fold)
+        for name, content in files.items():
+            target = partial / name
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(model)
+            target.write_bytes(content)
         (partial / DESCRIPTION_FILE).write_text(json.dumps(description, indent=2))
         replace_folder(partial, output)
     except OSError as e:

@@ -1,11 +1,13 @@
 """``nnUNetv2_meddisseg_predict_onnx``: predict 2D images with a model exported by ``nnUNetv2_meddisseg_export``,
-with ONNX Runtime and numpy only (PyTorch and nnU-Net are not imported).
+on OpenVINO or ONNX Runtime with numpy (PyTorch and nnU-Net are not imported).
 
 Input and output are as ``nnUNetv2_predict``'s: a folder of ``<case>_<XXXX><ending>`` files (one per channel)
 -> ``<case><ending>`` label images, with nnU-Net's conventions for large jobs (``-num_parts`` / ``-part_id``,
 ``--continue_prediction``, a progress bar). The pipeline is nnU-Net's (``deploy.image_pipeline``,
-``deploy.sliding_window``); the folds of the export folder are ensembled. The model folder is checked before it is
-used (``deploy.description``), the output folder before anything is written (``deploy.prediction_output``), and
+``deploy.sliding_window``); the folds of the export folder are ensembled, in fp32 or in a reduced precision the
+export verified (``deploy.precision``). The model folder is checked before it is used (``deploy.description``: the
+description field by field, each graph file against its recorded sha256, each loaded graph's input and output shapes
+against the description), the output folder before anything is written (``deploy.prediction_output``), and
 the next case is read and preprocessed in a background thread while this one is predicted.
 """
 from __future__ import annotations
@@ -22,14 +24,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
-from nnunetv2_meddisseg.deploy.description import (
-    INPUT_NAME,
-    check_graph_io,
-    check_step_size,
-    fold_file,
-    read_description,
-    read_fold_model,
-)
+from nnunetv2_meddisseg.deploy.description import check_step_size, read_description
 from nnunetv2_meddisseg.deploy.image_pipeline import (
     preprocess,
     probabilities_from_logits,
@@ -38,7 +33,9 @@ from nnunetv2_meddisseg.deploy.image_pipeline import (
     restore_shape,
     segmentation_from_logits,
 )
+from nnunetv2_meddisseg.deploy.precision import PRECISIONS, fold_session
 from nnunetv2_meddisseg.deploy.prediction_output import PredictionOutput, check_folders
+from nnunetv2_meddisseg.deploy.runtimes import RUNTIMES, default_runtime
 from nnunetv2_meddisseg.deploy.sliding_window import sliding_window_logits
 
 __all__ = ["OnnxPredictor", "find_cases", "check_part", "cases_of_part", "main"]
@@ -46,14 +43,6 @@ __all__ = ["OnnxPredictor", "find_cases", "check_part", "cases_of_part", "main"]
 PROG = "nnUNetv2_meddisseg_predict_onnx"
 
 Prepared = Tuple[np.ndarray, dict]
-
-
-def _onnxruntime():
-    try:
-        import onnxruntime
-    except ImportError as e:
-        raise UserError("onnxruntime is not installed: pip install 'nnunetv2_meddisseg[onnx]'") from e
-    return onnxruntime
 
 
 def find_cases(folder: Path, file_ending: str) -> Dict[str, List[Path]]:
@@ -89,18 +78,20 @@ def cases_of_part(cases: Sequence[str], num_parts: int, part_id: int) -> List[st
 
 
 class OnnxPredictor:
-    """The exported folds of one model as ONNX Runtime sessions, and nnU-Net's 2D pipeline around them.
+    """The exported folds of one model as sessions of a runtime (``deploy.runtimes``), and nnU-Net's 2D pipeline
+    around them.
 
-    model_dir: an export folder; folds: a subset of its folds (None: all); providers: ONNX Runtime execution
-    providers in order of preference, each a name or ``(name, provider options)``; threads: ONNX Runtime's intra-op
-    threads (None: its default). The description is checked field by field, each fold's graph against its recorded
+    model_dir: an export folder; folds: a subset of its folds (None: all); runtime: ``openvino`` or ``onnxruntime``
+    (None: the first installed of :data:`~nnunetv2_meddisseg.deploy.runtimes.RUNTIMES`); precision: ``fp32``, or
+    ``bf16`` / ``int8`` where the export verified them (``deploy.precision``); providers: ONNX Runtime execution
+    providers in order of preference, each a name or ``(name, provider options)``; threads: the runtime's CPU
+    threads (None: its default). The description is checked field by field, each graph file against its recorded
     sha256 and each session's input and output shapes against the description."""
 
     def __init__(self, model_dir: Path, folds: Optional[Sequence[str]] = None, use_mirroring: bool = True,
                  step_size: Optional[float] = None,
                  providers: Sequence[Union[str, Tuple[str, dict]]] = ("CPUExecutionProvider",),
-                 threads: Optional[int] = None) -> None:
-        ort = _onnxruntime()
+                 threads: Optional[int] = None, runtime: Optional[str] = None, precision: str = "fp32") -> None:
         self.model_dir = Path(model_dir)
         self.description = description = read_description(self.model_dir)
         exported = {f["fold"]: f for f in description["folds"]}
@@ -108,45 +99,23 @@ class OnnxPredictor:
         unknown = [f for f in chosen if f not in exported]
         if unknown:
             raise UserError(f"{model_dir}: fold(s) {', '.join(unknown)} not exported (there: {', '.join(exported)})")
-        available = ort.get_available_providers()
-        missing = [name for name in (p if isinstance(p, str) else p[0] for p in providers) if name not in available]
-        if missing:
-            raise UserError(f"--providers: {', '.join(missing)} not available in this onnxruntime "
-                            f"(available: {', '.join(available)})")
         self.mirror_axes = description["mirror_axes"] if use_mirroring else None
         self.step_size = (description["tile_step_size"] if step_size is None
                           else check_step_size(step_size, description["patch_size"], "-step_size"))
-        options = ort.SessionOptions()
-        if threads is not None:
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = 1
-        self.sessions = [self._session(ort, exported[f], options, providers) for f in chosen]
+        self.runtime = default_runtime() if runtime is None else runtime
+        self.precision = precision
+        self.sessions = [fold_session(self.model_dir, exported[f], description, self.runtime, precision, providers,
+                                      threads) for f in chosen]
         self.folds = chosen
         #: the providers ONNX Runtime started (it falls back to the next one, with a warning, where one cannot start)
-        self.providers_in_use = self.sessions[0].get_providers()
+        self.providers_in_use = getattr(self.sessions[0], "providers_in_use", [])
         self.num_foreground = len([v for v in description["labels"].values() if isinstance(v, int) and v > 0])
-
-    def _session(self, ort, fold: dict, options, providers):
-        """An ONNX Runtime session of ``fold``'s graph, checked (sha256, then input and output shapes)."""
-        model = read_fold_model(self.model_dir, fold)
-        where = str(fold_file(self.model_dir, fold))
-        try:
-            session = ort.InferenceSession(model, options, providers=list(providers))
-        except Exception as e:  # noqa: BLE001 (ONNX Runtime reports a graph it cannot load as a plain RuntimeError)
-            names = ", ".join(p if isinstance(p, str) else p[0] for p in providers)
-            raise UserError(f"{where}: ONNX Runtime cannot load it ({str(e).strip()[:300]}; providers {names})") from e
-        inputs = session.get_inputs()
-        if [i.name for i in inputs] != [INPUT_NAME]:
-            raise UserError(f"{where}: the graph's inputs are {[i.name for i in inputs]}, expected one named "
-                            f"{INPUT_NAME!r}")
-        check_graph_io(inputs[0].shape, session.get_outputs()[0].shape, self.description, where)
-        return session
 
     def logits(self, data):
         """A preprocessed case (C, 1, X, Y) -> the folds' mean logits (K, 1, X, Y)."""
         d = self.description
         return sliding_window_logits(data, self.sessions, d["patch_size"], self.step_size, self.mirror_axes,
-                                     INPUT_NAME, d["num_segmentation_heads"])
+                                     d["num_segmentation_heads"])
 
     def prepare(self, files: Sequence[Path]) -> Prepared:
         """One case's channel files read and preprocessed -> (the network's input (C, 1, X', Y'), the geometry
@@ -240,7 +209,8 @@ class OnnxPredictor:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, formatter_class=DefaultsHelpFormatter,
                                 description="Predict 2D images with an exported model (nnUNetv2_meddisseg_export) "
-                                            "on ONNX Runtime, as nnUNetv2_predict does, without PyTorch.")
+                                            "on OpenVINO or ONNX Runtime, as nnUNetv2_predict does, without "
+                                            "PyTorch.")
     p.add_argument("-i", dest="input", type=Path, required=True,
                    help="input folder: <case>_0000<ending> files, one per channel, as for nnUNetv2_predict")
     p.add_argument("-o", dest="output", type=Path, required=True, help="output folder for <case><ending> labels")
@@ -251,11 +221,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-step_size", type=float, default=None,
                    help="sliding-window step as a fraction of the patch size (default: the exported 0.5)")
     p.add_argument("--disable_tta", action="store_true", help="no mirroring (faster, as nnUNetv2_predict's flag)")
-    p.add_argument("--providers", nargs="+", default=["CPUExecutionProvider"],
+    p.add_argument("--runtime", choices=RUNTIMES, default=None,
+                   help="the runtime the graphs run on (default: onnxruntime where --providers is given, else the "
+                        "first installed of openvino, onnxruntime)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="bf16 and int8 (OpenVINO only) where the export verified them against fp32 "
+                        "(nnUNetv2_meddisseg_export --int8 / --bf16); bf16 needs a CPU with native bf16")
+    p.add_argument("--providers", nargs="+", default=None,
                    help="ONNX Runtime execution providers in order of preference, e.g. TensorrtExecutionProvider "
-                        "CUDAExecutionProvider CPUExecutionProvider")
+                        "CUDAExecutionProvider CPUExecutionProvider (default: CPUExecutionProvider)")
     p.add_argument("--threads", type=int, default=None,
-                   help="ONNX Runtime's intra-op threads (default: ONNX Runtime's choice)")
+                   help="the runtime's CPU threads: OpenVINO's in all, ONNX Runtime's intra-op threads (default: the "
+                        "runtime's choice)")
     p.add_argument("--save_probabilities", action="store_true",
                    help="also write <case>.npz with the class probabilities, as nnUNetv2_predict's flag")
     p.add_argument("-num_parts", type=int, default=1,
@@ -281,16 +258,21 @@ def _command(argv: Optional[Sequence[str]]) -> int:
     args = _parser().parse_args(argv)
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be at least 1, got {args.threads}")
+    if args.providers is not None and args.runtime == "openvino":
+        raise UserError("--providers: ONNX Runtime's execution providers do not apply to --runtime openvino")
     check_part(args.num_parts, args.part_id)
     check_folders(args.input, args.output, args.model)
-    predictor = OnnxPredictor(args.model, args.folds, not args.disable_tta, args.step_size, args.providers,
-                              args.threads)
+    runtime = args.runtime or ("onnxruntime" if args.providers is not None else None)
+    predictor = OnnxPredictor(args.model, args.folds, not args.disable_tta, args.step_size,
+                              args.providers or ["CPUExecutionProvider"], args.threads, runtime, args.precision)
     written = predictor.predict_folder(args.input, args.output, args.verbose, args.save_probabilities,
                                        args.num_parts, args.part_id, args.continue_prediction, args.overwrite,
                                        progress=not args.disable_progress_bar and sys.stderr.isatty(),
                                        preprocess_ahead=not args.sequential)
-    print(f"{len(written)} case(s) written to {args.output} (folds {' '.join(predictor.folds)}; ONNX Runtime "
-          f"providers {', '.join(predictor.providers_in_use)})")
+    engine = (f"ONNX Runtime providers {', '.join(predictor.providers_in_use)}" if predictor.runtime == "onnxruntime"
+              else "OpenVINO CPU")
+    print(f"{len(written)} case(s) written to {args.output} (folds {' '.join(predictor.folds)}; {engine}, "
+          f"{predictor.precision})")
     return 0
 
 

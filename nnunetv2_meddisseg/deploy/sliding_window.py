@@ -1,12 +1,13 @@
-"""nnU-Net's Gaussian-weighted sliding window over ONNX Runtime sessions, in numpy.
+"""nnU-Net's Gaussian-weighted sliding window over the runtimes' sessions (``deploy.runtimes``), in numpy.
 
 The same tiles as ``nnUNetPredictor`` (``compute_steps_for_sliding_window`` with the same tile step, the image
 padded to at least the patch size around its centre), the same Gaussian importance map (sigma = patch / 8,
 the map's zeros replaced by its smallest non-zero value), the same mirroring (the mean over every combination
 of the mirror axes, per tile) and fold ensembling (the mean of the folds' logits). The map, the weighted sums
 and the fold mean are float16 as in nnU-Net (where two classes' logits nearly tie, the rounding decides the
-label, so the predictor rounds alike). Each tile's mirrored copies go through the network as one batch, whose
-logits must have the shape the description gives (numpy would broadcast a single class over all of them).
+label, so the predictor rounds alike). The tiles and their mirrored copies go to the session in stacks of up to
+:data:`MAX_BATCH`, which it runs as its runtime runs them fastest; the logits must have the shape the description
+gives (numpy would broadcast a single class over all of them).
 """
 from __future__ import annotations
 
@@ -19,7 +20,11 @@ from scipy.ndimage import gaussian_filter
 
 from nnunetv2_meddisseg.cli import UserError
 
-__all__ = ["tile_starts", "gaussian_importance", "pad_to_patch", "mirror_combinations", "sliding_window_logits"]
+__all__ = ["MAX_BATCH", "tile_starts", "gaussian_importance", "pad_to_patch", "mirror_combinations",
+           "sliding_window_logits"]
+
+#: most network inputs (tiles times their mirrored copies) handed to a session in one call
+MAX_BATCH = 32
 
 
 def tile_starts(image_size: Sequence[int], patch_size: Sequence[int], step: float) -> List[List[int]]:
@@ -72,28 +77,33 @@ def mirror_combinations(mirror_axes: Optional[Sequence[int]]) -> List[Tuple[int,
 
 
 def sliding_window_logits(data: np.ndarray, sessions: Sequence, patch_size: Sequence[int], step: float,
-                          mirror_axes: Optional[Sequence[int]], input_name: str, num_heads: int) -> np.ndarray:
-    """data (C, 1, X, Y) float32 -> logits (num_heads, 1, X, Y) float16, the mean over ``sessions`` (one per fold)
-    of the Gaussian-weighted sliding-window prediction."""
+                          mirror_axes: Optional[Sequence[int]], num_heads: int) -> np.ndarray:
+    """data (C, 1, X, Y) float32 -> logits (num_heads, 1, X, Y) float16, the mean over ``sessions`` (one per fold,
+    each with ``run(batch (N, C, px, py)) -> (N, num_heads, px, py)``) of the Gaussian-weighted sliding-window
+    prediction."""
     padded, undo = pad_to_patch(data, patch_size)
     starts = tile_starts(padded.shape[2:], patch_size, step)
     gaussian = gaussian_importance(tuple(patch_size))
     flips = mirror_combinations(mirror_axes)
+    windows = [(d, (slice(sx, sx + patch_size[0]), slice(sy, sy + patch_size[1])))
+               for d in range(padded.shape[1]) for sx, sy in itertools.product(*starts)]
+    per_call = max(1, MAX_BATCH // len(flips))
     total = None
     for session in sessions:
         logits = np.zeros((num_heads, *padded.shape[1:]), dtype=np.float16)
         weight = np.zeros(padded.shape[1:], dtype=np.float16)
-        for d in range(padded.shape[1]):
-            for sx, sy in itertools.product(*starts):
-                window = (slice(sx, sx + patch_size[0]), slice(sy, sy + patch_size[1]))
-                tile = padded[(slice(None), d, *window)][None]  # (1, C, px, py)
-                batch = np.ascontiguousarray(np.concatenate([np.flip(tile, f) for f in flips]))
-                out = session.run(None, {input_name: batch})[0]  # (len(flips), heads, px, py) float32
-                if out.shape != (len(flips), num_heads, *patch_size):
-                    raise UserError(f"the graph returned logits of shape {out.shape} for tiles of shape {batch.shape}, "
-                                    f"expected {(len(flips), num_heads, *patch_size)}: graph and description do not "
-                                    f"belong together")
-                prediction = sum(np.flip(out[i:i + 1], f) for i, f in enumerate(flips))[0] / len(flips)
+        for first in range(0, len(windows), per_call):
+            chunk = windows[first:first + per_call]
+            batch = np.ascontiguousarray(np.concatenate(
+                [np.flip(padded[(slice(None), d, *window)][None], f) for d, window in chunk for f in flips]))
+            out = session.run(batch)  # (len(chunk) * len(flips), heads, px, py) float32
+            if out.shape != (len(batch), num_heads, *patch_size):
+                raise UserError(f"the graph returned logits of shape {out.shape} for tiles of shape {batch.shape}, "
+                                f"expected {(len(batch), num_heads, *patch_size)}: graph and description do not "
+                                f"belong together")
+            for i, (d, window) in enumerate(chunk):
+                copies = out[i * len(flips):(i + 1) * len(flips)]
+                prediction = sum(np.flip(copies[j:j + 1], f) for j, f in enumerate(flips))[0] / len(flips)
                 region = (slice(None), d, *window)
                 # float32 sums rounded to float16, as nnU-Net's in-place addition into its float16 arrays
                 logits[region] = logits[region].astype(np.float32) + prediction * gaussian.astype(np.float32)

@@ -72,6 +72,30 @@ def test_an_arm_that_cannot_start_is_recorded_not_fatal(tmp_path, monkeypatch):
     assert record == {"error": "RuntimeError: TensorRT EP could not be created: libnvinfer.so.10 missing"}
 
 
+def test_the_arms_list_and_the_targets():
+    """Each timed arm becomes one record; the target takes the fastest arm with mirroring whose test mDSC drops by
+    at most 0.5 points (a faster arm that drops more does not count)."""
+    figures = {"images_per_s": 1.0, "test_mdsc": 0.8, "dice_to_fp32": 1.0}
+    results = {"Med-DisSeg / nnUNetv2_predict / TTA on": figures,
+               "Med-DisSeg / OpenVINO int8 / TTA on": {"images_per_s": 3.5, "test_mdsc": 0.796, "dice_to_fp32": 0.99},
+               "Med-DisSeg / OpenVINO int8 / TTA on / agreement": {"min_dice": 0.9},
+               "Med-DisSeg / OpenVINO bf16 / TTA on": {"images_per_s": 5.0, "test_mdsc": 0.79, "dice_to_fp32": 0.98},
+               "Med-DisSeg / nnUNetv2_predict / TTA off": {**figures, "images_per_s": 4.0},
+               "Med-DisSeg / OpenVINO int8 / TTA off": {"images_per_s": 16.0, "test_mdsc": 0.8, "dice_to_fp32": 1.0},
+               "nnU-Net default / nnUNetv2_predict / TTA on": figures,
+               "nnU-Net default / CPU / TTA on": {**figures, "images_per_s": 2.0}}
+    arms = onnx_predict.arms_list({"results": results})
+    assert len(arms) == 7
+    int8 = next(a for a in arms if a["precision"] == "int8" and a["tta"])
+    assert int8 == {"network": "MedDisSeg", "runtime": "openvino", "precision": "int8", "tta": True,
+                    "images_per_s": 3.5, "speedup_vs_nnunet_predictor": 3.5, "dice_to_fp32": 0.99,
+                    "test_mdsc": 0.796, "mdsc_drop_points": 0.4}
+    assert next(a for a in arms if a["precision"] == "bf16")["mdsc_drop_points"] == 1.0
+    targets = onnx_predict.targets(arms)
+    assert targets["MedDisSeg"] == {"target_speedup": 3.0, "arm": "openvino int8", "speedup": 3.5, "met": True}
+    assert targets["nnUNet"] == {"target_speedup": 4.0, "arm": "onnxruntime CPU fp32", "speedup": 2.0, "met": False}
+
+
 @pytest.mark.e2e
 def test_the_onnx_step_on_the_cpu(tmp_path):
     """``gpu.py --steps onnx --device cpu`` at 32x32: both models exported and timed against nnU-Net's predictor
@@ -94,4 +118,4 @@ def test_the_onnx_step_on_the_cpu(tmp_path):
             assert agreement["min_dice"] >= 0.999 and agreement["providers_in_use"] == [CPU]
     assert figures["targets"]["completed_through_predict"]["met"] is None  # step main did not run
     assert "| Med-DisSeg | TTA on | CPU |" in next(out.glob("gpu_cpu_*.md")).read_text()
-    assert "| Med-DisSeg | on | CPU |" in (out / "onnx_predict.md").read_text()
+    assert "| MedDisSeg | on | onnxruntime CPU | fp32 |" in (out / "onnx_predict.md").read_text()

@@ -39,6 +39,24 @@ def _regions(**changes) -> dict:
                     **changes})
 
 
+FIGURES = {"cases": 2, "mean_dice_to_fp32": 0.995, "min_dice_to_fp32": 0.99, "pseudo_dice_fp32": 0.8,
+           "pseudo_dice": 0.799, "pseudo_dice_drop_points": 0.1}
+INT8 = {"verified": True, "model": "fold_0/model_int8.xml",
+        "files": {"fold_0/model_int8.xml": "a" * 64, "fold_0/model_int8.bin": "b" * 64},
+        "kept_in_fp32": ["/decoder"], "figures": FIGURES, "tried": []}
+GUARD = {"bounds": {"min_dice_to_fp32": 0.99, "max_pseudo_dice_drop": 0.5}, "calibration_tiles": 16,
+         "validation": "the fold's validation cases"}
+
+
+def _precisions(guard=GUARD, **records) -> dict:
+    """GOOD with fold 0's ``precisions`` and the guard's settings (``KeyError``: left out)."""
+    d = _with()
+    d["folds"][0]["precisions"] = records
+    if guard is not KeyError:
+        d["precision_guard"] = guard
+    return d
+
+
 CT = {"scheme": "CTNormalization", "use_mask_for_norm": False, "intensity_properties": {"mean": 1.0, "std": 2.0}}
 
 BAD = {
@@ -89,6 +107,33 @@ BAD = {
     "format 1": (_with(format_version=1), "format version 1, this predictor reads 2: export the model again"),
     "missing field": (_with(mirror_axes=KeyError), "missing mirror_axes"),
     "not an object": ([1, 2], "expected a JSON object"),
+    "unknown precision": (_precisions(fp16=INT8),
+                          "folds[0].precisions must be an object with records of bf16 and int8"),
+    "verified as text": (_precisions(int8={**INT8, "verified": "yes"}),
+                         "folds[0].precisions.int8 must be an object with verified true or false"),
+    "refused without a reason": (_precisions(int8={"verified": False}), "folds[0].precisions.int8.reason must be"),
+    "int8 as the fp32 graph": (_precisions(int8={**INT8, "model": fold_model_file(0)}),
+                               "folds[0].precisions.int8.model must be an OpenVINO IR (.xml) listed in files with its "
+                               ".bin, got"),
+    "IR without its weights": (_precisions(int8={**INT8, "files": {"fold_0/model_int8.xml": "a" * 64}}),
+                               "folds[0].precisions.int8.model must be an OpenVINO IR"),
+    "file without sha256": (_precisions(int8={**INT8, "files": {**INT8["files"], "fold_0/model_int8.bin": "x"}}),
+                            "folds[0].precisions.int8.files must be an object of paths in the model folder to their "
+                            "sha256"),
+    "kept blocks as text": (_precisions(int8={**INT8, "kept_in_fp32": "/encoder"}),
+                            "folds[0].precisions.int8.kept_in_fp32 must be a list of block names"),
+    "no figures": (_precisions(int8={k: v for k, v in INT8.items() if k != "figures"}),
+                   "folds[0].precisions.int8.figures must be an object of the guard's figures"),
+    "Dice above 1": (_precisions(int8={**INT8, "figures": {**FIGURES, "mean_dice_to_fp32": 1.5}}),
+                     "folds[0].precisions.int8.figures.mean_dice_to_fp32 must be a number from 0 to 1"),
+    "drop not a number": (_precisions(int8={**INT8, "figures": {**FIGURES, "pseudo_dice_drop_points": None}}),
+                          "folds[0].precisions.int8.figures.pseudo_dice_drop_points must be a finite number"),
+    "precisions without the guard": (_precisions(guard=KeyError, int8=INT8), "precision_guard must be an object"),
+    "guard bound out of range": (_precisions(guard={**GUARD, "bounds": {**GUARD["bounds"], "min_dice_to_fp32": 2}},
+                                             int8=INT8),
+                                 "precision_guard.bounds.min_dice_to_fp32 must be a number in (0, 1]"),
+    "no calibration tiles": (_precisions(guard={**GUARD, "calibration_tiles": 0}, int8=INT8),
+                             "precision_guard.calibration_tiles must be an integer >= 1"),
 }
 
 
@@ -104,7 +149,9 @@ def test_wrong_fields_are_one_line_naming_the_field(name):
 def test_valid_descriptions_pass():
     for description in (GOOD, _regions(num_segmentation_heads=2), _with(mirror_axes=None),
                         _with(labels={"background": 0, "polyp": 1, "ignore": 2}), _with(tile_step_size=1),
-                        _with(transpose_forward=[0, 2, 1], transpose_backward=[0, 2, 1])):
+                        _with(transpose_forward=[0, 2, 1], transpose_backward=[0, 2, 1]),
+                        _precisions(int8=INT8, bf16={"verified": False, "reason": "no native bf16"}),
+                        _precisions(bf16={**INT8, "model": fold_model_file(0), "files": {}})):
         assert validate_description(description, Path("m")) is description
 
 
@@ -159,19 +206,22 @@ def _replace_graph(model: Path, graph: bytes, record: bool) -> None:
     (lambda: tiny_graph(7), False, "is not the"),  # another network of the same shapes
     (lambda: b"", False, "empty (0 bytes)"),
     (lambda: tiny_graph(0)[:200], False, "is not the"),  # truncated
-    (lambda: tiny_graph(0)[:200], True, "ONNX Runtime cannot load it"),
-    (lambda: b"\x00" * 64, True, "ONNX Runtime cannot load it"),
+    (lambda: tiny_graph(0)[:200], True, "{runtime} cannot load it"),
+    (lambda: b"\x00" * 64, True, "{runtime} cannot load it"),
     (lambda: tiny_graph(0, out_channels=3), True, "has 3 segmentation heads, onnx_model.json says 2"),
     (lambda: tiny_graph(0, out_channels=1), True, "has 1 segmentation heads, onnx_model.json says 2"),
     (lambda: tiny_graph(0, in_channels=1), True, "has 1 input channels, onnx_model.json says 3"),
 ], ids=["other network", "empty", "truncated", "truncated, sha256 recorded", "garbage, sha256 recorded",
         "3 classes", "1 class", "1 input channel"])
-def test_graph_that_is_not_the_exported_one_is_refused_in_one_line(tmp_path, capsys, graph, record, message):
+@pytest.mark.parametrize("runtime", ["openvino", "onnxruntime"])
+def test_graph_that_is_not_the_exported_one_is_refused_in_one_line(tmp_path, capsys, graph, record, message, runtime):
     export_tiny(tmp_path / "model", folds=(0,))
     write_cases(tmp_path / "in")
     _replace_graph(tmp_path / "model", graph(), record)
-    assert main(["-i", str(tmp_path / "in"), "-o", str(tmp_path / "out"), "-m", str(tmp_path / "model")]) == 2
+    assert main(["-i", str(tmp_path / "in"), "-o", str(tmp_path / "out"), "-m", str(tmp_path / "model"),
+                 "--runtime", runtime]) == 2
     err = capsys.readouterr().err
+    message = message.format(runtime={"openvino": "OpenVINO", "onnxruntime": "ONNX Runtime"}[runtime])
     assert err.count("\n") == 1 and err.startswith(f"{PROG}: error: ") and message in err, err
     assert str(tmp_path / "model" / fold_model_file(0)) in err
     assert not (tmp_path / "out").exists()
@@ -214,7 +264,7 @@ def test_a_graph_with_a_symbolic_class_axis_is_checked_at_its_first_tile(tmp_pat
             return getattr(self.session, name)
 
     monkeypatch.setattr(onnxruntime, "InferenceSession", SymbolicOutput)
-    predictor = OnnxPredictor(tmp_path / "model")
+    predictor = OnnxPredictor(tmp_path / "model", runtime="onnxruntime")
     with pytest.raises(UserError, match=r"returned logits of shape \(4, 1, 16, 16\) .* expected \(4, 2, 16, 16\)"):
         predictor.predict_files([tmp_path / "in" / "case0_0000.png"])
 

@@ -193,3 +193,19 @@ def test_a_failed_write_leaves_the_earlier_export(tmp_path, monkeypatch):
     with pytest.raises(UserError, match=f"cannot write {target}: No space left on device"):
         export_folder.write_export(target, {"0": b"new graph"}, description_of({0: b"new graph"}))
     assert tree(tmp_path) == before and (target / fold_model_file(0)).read_bytes() == b"graph"
+
+
+def test_an_export_with_reduced_precision_files_is_an_earlier_export(model, tmp_path):
+    """What the export writes with --int8 (each fold's IR beside its graph) is accepted as an earlier export and
+    replaced whole: an export without them leaves none behind."""
+    target = tmp_path / "kvasir_onnx"
+    ir = {"fold_0/model_int8.xml": b"<net/>", "fold_0/model_int8.bin": b"weights"}
+    export_folder.write_export(target, {"0": b"graph"}, description_of({0: b"graph"}), ir)
+    assert {p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()} == {
+        DESCRIPTION_FILE, fold_model_file(0), *ir}
+    assert export_folder.check_output(target, model) == target
+    export_folder.write_export(target, {"0": b"graph 2"}, description_of({0: b"graph 2"}))
+    assert {p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()} == {
+        DESCRIPTION_FILE, fold_model_file(0)}
+    with pytest.raises(ValueError, match="outside the fold folders"):
+        export_folder.write_export(target, {"0": b"graph"}, description_of({0: b"graph"}), {"model_int8.xml": b""})

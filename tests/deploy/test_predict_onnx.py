@@ -1,6 +1,9 @@
-"""nnUNetv2_meddisseg_predict_onnx on a tiny exported network: it runs in a process where importing PyTorch (and
-nnU-Net) fails, writes what the in-process predictor computes, and reports bad input in one line. Its equality
-with nnUNetv2_predict on trained models is in tests/e2e/test_onnx_deploy.py."""
+"""nnUNetv2_meddisseg_predict_onnx on a tiny exported network: on both runtimes it runs in a process where
+importing PyTorch (and nnU-Net) fails and writes what the in-process predictor computes; it reports bad input, a
+precision the export did not verify and bf16 on a CPU without it (simulated) in one line, and reads a reduced
+precision's OpenVINO IR only through the sha256 and shapes its description records. Its equality with
+nnUNetv2_predict on trained models is in tests/e2e/test_onnx_deploy.py."""
+import json
 import os
 import subprocess
 import sys
@@ -9,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from tiny_export import export_tiny, write_cases
+from tiny_export import export_tiny, tiny_graph, write_cases
 
-from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, fold_model_file
+from nnunetv2_meddisseg.deploy import runtimes
+from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, fold_model_file, sha256_of
 from nnunetv2_meddisseg.deploy.predict_onnx import PROG, OnnxPredictor, main
 
 BLOCKER = '''import sys
@@ -45,17 +49,19 @@ def _without_torch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("runtime", ["openvino", "onnxruntime"])
 @pytest.mark.parametrize("tta", [True, False], ids=["mirroring", "no_mirroring"])
-def test_runs_where_torch_cannot_be_imported(exported, tta):
+def test_runs_where_torch_cannot_be_imported(exported, tta, runtime):
     tmp = exported
     blocked = _without_torch(tmp, "-c", "import torch")
     assert blocked.returncode != 0 and "torch is blocked" in blocked.stderr  # the blocker works
     args = ["-m", "nnunetv2_meddisseg.deploy.predict_onnx", "-i", str(tmp / "in"), "-o", str(tmp / "out"),
-            "-m", str(tmp / "model"), "--threads", "1"] + ([] if tta else ["--disable_tta"])
+            "-m", str(tmp / "model"), "--threads", "1", "--runtime", runtime] + ([] if tta else ["--disable_tta"])
     proc = _without_torch(tmp, *args)
     assert proc.returncode == 0, proc.stderr
     assert "3 case(s) written" in proc.stdout
-    predictor = OnnxPredictor(tmp / "model", use_mirroring=tta, threads=1)
+    assert ("OpenVINO CPU, fp32" if runtime == "openvino" else "providers CPUExecutionProvider") in proc.stdout
+    predictor = OnnxPredictor(tmp / "model", use_mirroring=tta, threads=1, runtime=runtime)
     for i in range(3):
         written = np.asarray(Image.open(tmp / "out" / f"case{i}.png"))
         expected = predictor.predict_files([tmp / "in" / f"case{i}_0000.png"])[0]
@@ -78,6 +84,17 @@ def test_bad_input_is_one_line(exported, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith(f"{PROG}: error: ") and message in err, err
+    model = ["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model")]
+    for argv, message in [
+        (["--runtime", "openvino", "--providers", "CPUExecutionProvider"], "--providers: ONNX Runtime's execution "
+                                                                           "providers do not apply"),
+        (["--precision", "int8"], "was not verified in int8 at export (export it with nnUNetv2_meddisseg_export "
+                                  "--int8)"),
+        (["--precision", "int8", "--runtime", "onnxruntime"], "--precision int8 runs on --runtime openvino only"),
+    ]:
+        assert main(model + argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
     (tmp / "model" / fold_model_file(1)).unlink()
     assert main(["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model")]) == 2
     assert "fold_1/model.onnx: missing" in capsys.readouterr().err
@@ -97,10 +114,120 @@ def test_providers_with_options_and_the_ones_in_use(exported, capsys, monkeypatc
 
     monkeypatch.setattr(onnxruntime, "InferenceSession", session)
     entry = ("CPUExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})
-    predictor = OnnxPredictor(tmp / "model", providers=[entry])
+    predictor = OnnxPredictor(tmp / "model", providers=[entry], runtime="onnxruntime")
     assert given == [[entry], [entry]]  # one session per fold
     assert predictor.providers_in_use == ["CPUExecutionProvider"]
     with pytest.raises(Exception, match="NoSuchProvider not available"):
-        OnnxPredictor(tmp / "model", providers=[("NoSuchProvider", {}), "CPUExecutionProvider"])
-    assert main(["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model"), "--threads", "1"]) == 0
+        OnnxPredictor(tmp / "model", providers=[("NoSuchProvider", {}), "CPUExecutionProvider"], runtime="onnxruntime")
+    assert main(["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model"), "--threads", "1",
+                 "--providers", "CPUExecutionProvider"]) == 0
     assert "providers CPUExecutionProvider" in capsys.readouterr().out
+
+
+#: figures of a candidate as the guard records them (deploy.precision_guard.Verifier.figures)
+FIGURES = {"cases": 2, "mean_dice_to_fp32": 1.0, "min_dice_to_fp32": 1.0, "pseudo_dice_fp32": 0.5,
+           "pseudo_dice": 0.5, "pseudo_dice_drop_points": 0.0}
+GUARD = {"bounds": {"min_dice_to_fp32": 0.99, "max_pseudo_dice_drop": 0.5}, "calibration_tiles": 4,
+         "validation": "the fold's validation cases"}
+
+
+def _record_precisions(folder: Path, records) -> dict:
+    """The tiny export's description with ``records(fold) -> the fold's precisions`` and the guard's settings."""
+    description = json.loads((folder / DESCRIPTION_FILE).read_text())
+    for fold in description["folds"]:
+        fold["precisions"] = records(fold)
+    description["precision_guard"] = GUARD
+    (folder / DESCRIPTION_FILE).write_text(json.dumps(description))
+    return description
+
+
+def _verified_bf16(fold: dict) -> dict:
+    """bf16 recorded as verified (the fp32 graph, run whole)."""
+    return {"bf16": {"verified": True, "model": fold["file"], "files": {}, "kept_in_fp32": [], "figures": FIGURES}}
+
+
+def _ir_as_int8(folder: Path, graph: bytes = None):
+    """``records(fold)``: each fold's graph (or ``graph``) written as an OpenVINO IR ``fold_<f>/model_int8.xml`` /
+    ``.bin`` and recorded as its verified int8 graph. The IR is not quantized: what is tested is how the predictor
+    reads it (tests/e2e/test_onnx_deploy.py runs real INT8 graphs)."""
+    import openvino as ov
+
+    def records(fold: dict) -> dict:
+        stem = folder / f"fold_{fold['fold']}" / "model_int8"
+        model = ov.Core().read_model(graph if graph is not None else (folder / fold["file"]).read_bytes())
+        ov.save_model(model, str(stem.with_suffix(".xml")), compress_to_fp16=False)
+        files = {f"fold_{fold['fold']}/model_int8{e}": sha256_of(stem.with_suffix(e).read_bytes())
+                 for e in (".xml", ".bin")}
+        return {"int8": {"verified": True, "model": f"fold_{fold['fold']}/model_int8.xml", "files": files,
+                         "kept_in_fp32": ["/0"], "figures": FIGURES}}
+    return records
+
+
+def test_bf16_is_refused_in_one_line_on_a_cpu_without_it(exported, capsys, monkeypatch):
+    tmp = exported
+    _record_precisions(tmp / "model", _verified_bf16)
+    argv = ["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model"), "--precision", "bf16",
+            "--threads", "1"]
+    if runtimes.cpu_supports_bf16():  # this CPU has it: the verified bf16 runs
+        assert main(argv) == 0, capsys.readouterr().err
+        assert "OpenVINO CPU, bf16" in capsys.readouterr().out
+    monkeypatch.setattr(runtimes, "_cpu_capabilities", lambda: ["WINOGRAD", "FP32", "INT8", "BIN", "EXPORT_IMPORT"])
+    for out in ("out", "out_no_bf16"):
+        code = main(argv[:3] + [str(tmp / out)] + argv[4:])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"{PROG}: error: --precision bf16: this CPU has no native bf16 (OpenVINO's CPU "
+                              f"capabilities: WINOGRAD, FP32, INT8"), err
+    assert not (tmp / "out_no_bf16").exists()
+
+
+def test_a_precision_the_export_refused_is_refused(exported, capsys, monkeypatch):
+    tmp = exported
+    _record_precisions(tmp / "model", lambda fold: {"bf16": {"verified": False, "reason": "misses the bound"}})
+    monkeypatch.setattr(runtimes, "_cpu_capabilities", lambda: ["FP32", "BF16"])  # simulated: bf16 would run
+    assert main(["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model"), "--precision", "bf16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the export did not verify fold 0 in bf16 (misses the bound)" in err, err
+    assert not (tmp / "out").exists()
+
+
+def test_an_openvino_ir_runs_as_recorded(exported, capsys):
+    """A fold's IR runs where its files have the recorded sha256 and its shapes fit the description: the same
+    masks as the ONNX graph it was saved from, also in two parts (one preprocessing ahead, one sequential) and
+    continued; a changed weights file, a file missing and a graph with other output channels are refused in one
+    line before anything is written."""
+    tmp = exported
+    model = tmp / "model"
+    _record_precisions(model, _ir_as_int8(model))
+    argv = ["-i", str(tmp / "in"), "-m", str(model), "--threads", "1", "--precision", "int8"]
+    for part, more in (("0", []), ("1", ["--sequential"])):
+        assert main(argv + ["-o", str(tmp / "int8"), "-num_parts", "2", "-part_id", part, *more]) == 0
+    out = capsys.readouterr().out
+    assert "2 case(s) written" in out and "1 case(s) written" in out and "OpenVINO CPU, int8" in out, out
+    assert main(argv + ["-o", str(tmp / "int8"), "--continue_prediction"]) == 0
+    assert "3 case(s) already predicted, 0 to go" in capsys.readouterr().out
+    assert main(argv[:-2] + ["-o", str(tmp / "fp32")]) == 0
+    for i in range(3):
+        assert np.array_equal(np.asarray(Image.open(tmp / "int8" / f"case{i}.png")),
+                              np.asarray(Image.open(tmp / "fp32" / f"case{i}.png")))
+    weights = model / "fold_1" / "model_int8.bin"
+    original = weights.read_bytes()
+    weights.write_bytes(original[:-4] + bytes(4))
+    _refused(argv + ["-o", str(tmp / "out")], capsys, "fold_1/model_int8.bin: its sha256")
+    weights.write_bytes(original)
+    xml = model / "fold_0" / "model_int8.xml"
+    xml.rename(xml.with_name("moved.xml"))
+    _refused(argv + ["-o", str(tmp / "out")], capsys, "fold_0/model_int8.xml: missing (fold 0's int8 graph of")
+    xml.with_name("moved.xml").rename(xml)
+    assert main(argv + ["-o", str(tmp / "int8")]) == 0  # all back as recorded: it runs again
+    _record_precisions(model, _ir_as_int8(model, tiny_graph(0, out_channels=3)))
+    _refused(argv + ["-o", str(tmp / "out")], capsys,
+             "fold_0/model_int8.xml: the graph's output has 3 segmentation heads, onnx_model.json says 2")
+    assert not (tmp / "out").exists()
+
+
+def _refused(argv, capsys, message: str) -> None:
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"{PROG}: error: ") and message in err, err

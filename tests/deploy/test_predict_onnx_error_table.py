@@ -144,7 +144,7 @@ ROWS = [
     Row("predict_onnx/empty_graph", "predict_onnx", pred_graph(lambda: b"", record=False), 2,
         ["model/fold_0/model.onnx: empty (0 bytes)"]),
     Row("predict_onnx/corrupt_graph", "predict_onnx", pred_graph(lambda: tiny_graph(0)[:100], record=True), 2,
-        ["model/fold_0/model.onnx: ONNX Runtime cannot load it"]),
+        ["model/fold_0/model.onnx: ", "cannot load it ("]),
     Row("predict_onnx/graph_of_other_classes", "predict_onnx",
         pred_graph(lambda: tiny_graph(0, out_channels=3), record=True), 2,
         ["model/fold_0/model.onnx: the graph's output has 3 segmentation heads, onnx_model.json says 2"]),

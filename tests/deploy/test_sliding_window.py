@@ -1,11 +1,11 @@
 """deploy/sliding_window.py against nnU-Net's own sliding window (nnunetv2.inference): the same tiles, Gaussian,
 padding, mirroring and fold ensembling, on a tiny convolutional network run by PyTorch there and by ONNX
-Runtime here."""
+Runtime or OpenVINO here."""
 import io
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 import torch
 from acvl_utils.cropping_and_padding.padding import pad_nd_image
@@ -13,6 +13,8 @@ from nnunetv2.inference.predict_from_raw_data import nnUNetPredictor
 from nnunetv2.inference.sliding_window_prediction import compute_gaussian, compute_steps_for_sliding_window
 from torch import nn
 
+from nnunetv2_meddisseg.deploy import sliding_window
+from nnunetv2_meddisseg.deploy.runtimes import OnnxRuntimeSession, OpenVinoSession
 from nnunetv2_meddisseg.deploy.sliding_window import (
     gaussian_importance,
     mirror_combinations,
@@ -66,18 +68,23 @@ class _TinyNet(nn.Module):
         return self.b(torch.tanh(self.a(x))) * 3
 
 
-def _session(net: nn.Module):
+def _session(net: nn.Module, runtime: str, folder: Path):
     buffer = io.BytesIO()
     torch.onnx.export(net, (torch.zeros(1, 2, 8, 8),), buffer, input_names=["image"], output_names=["logits"],
                       opset_version=18, dynamo=False,
                       dynamic_axes={n: {0: "b", 2: "h", 3: "w"} for n in ("image", "logits")})
-    return ort.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"])
+    if runtime == "onnxruntime":
+        return OnnxRuntimeSession(buffer.getvalue(), threads=1)
+    path = folder / f"{id(net)}.onnx"
+    path.write_bytes(buffer.getvalue())
+    return OpenVinoSession(path, threads=1)
 
 
+@pytest.mark.parametrize("runtime,num_folds", [("onnxruntime", 1), ("onnxruntime", 2), ("openvino", 2)])
 @pytest.mark.parametrize("mirror_axes", [None, (0, 1)], ids=["no_mirroring", "mirroring"])
-@pytest.mark.parametrize("num_folds", [1, 2])
-@pytest.mark.parametrize("shape", [(37, 21), (16, 24), (9, 50)])
-def test_sliding_window_equals_nnunet_predictor(mirror_axes, num_folds, shape):
+@pytest.mark.parametrize("shape", [(37, 21), (16, 24), (9, 50), (80, 72)])
+def test_sliding_window_equals_nnunet_predictor(mirror_axes, num_folds, shape, runtime, tmp_path, monkeypatch):
+    monkeypatch.setattr(sliding_window, "MAX_BATCH", 8)  # (80, 72): 20 tiles, several calls per fold
     nets = [_TinyNet(seed).eval() for seed in range(num_folds)]
     data = np.random.default_rng(1).standard_normal((2, 1, *shape)).astype(np.float32)
     patch = [16, 24]
@@ -89,7 +96,7 @@ def test_sliding_window_equals_nnunet_predictor(mirror_axes, num_folds, shape):
     predictor.network = _TinyNet(0).eval()
     predictor.list_of_parameters = [net.state_dict() for net in nets]
     expected = predictor.predict_logits_from_preprocessed_data(torch.from_numpy(data)).numpy()
-    got = sliding_window_logits(data, [_session(net) for net in nets], patch, 0.5, mirror_axes, "image", 3)
+    got = sliding_window_logits(data, [_session(net, runtime, tmp_path) for net in nets], patch, 0.5, mirror_axes, 3)
     assert got.shape == expected.shape == (3, 1, *shape) and got.dtype == expected.dtype == np.float16
     # float16 results: equal up to a float16 rounding step of the largest values
     np.testing.assert_allclose(got.astype(np.float32), expected.astype(np.float32), rtol=0,

@@ -1,0 +1,105 @@
+"""What ``--precision`` means at prediction: which graph of a fold runs, and whether the export verified it.
+
+fp32 runs the fold's ``model.onnx``. bf16 and int8 run only where ``nnUNetv2_meddisseg_export`` verified them on
+the fold's validation cases (``deploy.precision_guard``) and recorded the outcome in the fold's entry of
+``onnx_model.json`` (checked field by field by ``deploy.description``)::
+
+    "precisions": {
+      "int8": {"verified": true, "model": "fold_0/model_int8.xml",
+               "files": {"fold_0/model_int8.xml": "<sha256>", "fold_0/model_int8.bin": "<sha256>"},
+               "kept_in_fp32": [...], "figures": {...}},
+      "bf16": {"verified": true, "model": "fold_0/model.onnx", "files": {}, "kept_in_fp32": [], "figures": {...}}
+    }
+
+A precision the export did not verify (or refused: ``"verified": false`` and its ``reason``) is refused in one
+line. Every file a session loads is read once, checked against the sha256 the description records, and handed to
+the runtime from memory; the loaded graph's input and output shapes are checked against the description. Reduced
+precisions run on OpenVINO only.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence, Tuple, Union
+
+from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.deploy.description import (
+    INPUT_NAME,
+    REDUCED_PRECISIONS,
+    check_graph_io,
+    fold_file,
+    model_file,
+    read_fold_model,
+    read_model_file,
+)
+from nnunetv2_meddisseg.deploy.runtimes import OnnxRuntimeSession, OpenVinoSession, read_openvino_model, require_bf16
+
+__all__ = ["PRECISIONS", "REDUCED_PRECISIONS", "FoldGraph", "fold_graph", "fold_session"]
+
+PRECISIONS = ("fp32",) + REDUCED_PRECISIONS
+
+
+@dataclass(frozen=True)
+class FoldGraph:
+    """One fold's graph in one precision, its bytes checked: ``model`` (ONNX, or an OpenVINO IR's XML), ``weights``
+    (the IR's ``.bin``; None for ONNX), ``where`` (its file, for errors)."""
+    model: bytes
+    weights: Optional[bytes]
+    where: str
+
+
+def fold_graph(folder: Path, fold: dict, precision: str, runtime: str) -> FoldGraph:
+    """The graph of one fold's entry (``onnx_model.json``'s ``folds[i]``, validated) that runs in ``precision`` on
+    ``runtime``, read and checked against its recorded sha256; one line where it may not run."""
+    if precision not in PRECISIONS:
+        raise UserError(f"--precision {precision}: expected one of {', '.join(PRECISIONS)}")
+    folder = Path(folder)
+    if precision == "fp32":
+        return FoldGraph(read_fold_model(folder, fold), None, str(fold_file(folder, fold)))
+    if runtime != "openvino":
+        raise UserError(f"--precision {precision} runs on --runtime openvino only")
+    if precision == "bf16":
+        require_bf16()
+    record = fold.get("precisions", {}).get(precision)
+    if record is None:
+        raise UserError(f"--precision {precision}: fold {fold['fold']} of {folder} was not verified in {precision} at "
+                        f"export (export it with nnUNetv2_meddisseg_export --{precision})")
+    if not record["verified"]:
+        raise UserError(f"--precision {precision}: the export did not verify fold {fold['fold']} in {precision} "
+                        f"({record['reason']})")
+    if record["model"] == fold["file"]:
+        return FoldGraph(read_fold_model(folder, fold), None, str(fold_file(folder, fold)))
+    owner = f"fold {fold['fold']}'s {precision} graph"
+    weights = record["model"][:-len(".xml")] + ".bin"
+    return FoldGraph(read_model_file(folder, record["model"], record["files"][record["model"]], owner),
+                     read_model_file(folder, weights, record["files"][weights], owner),
+                     str(model_file(folder, record["model"], owner)))
+
+
+def fold_session(folder: Path, fold: dict, description: dict, runtime: str, precision: str = "fp32",
+                 providers: Sequence[Union[str, Tuple[str, dict]]] = ("CPUExecutionProvider",),
+                 threads: Optional[int] = None):
+    """A session (``deploy.runtimes``) of one fold's graph (:func:`fold_graph`) in ``precision`` on ``runtime``
+    (providers: ONNX Runtime's only), its input name and its input and output shapes checked against
+    ``description``."""
+    graph = fold_graph(folder, fold, precision, runtime)
+    try:
+        if runtime == "onnxruntime":
+            session = OnnxRuntimeSession(graph.model, providers, threads)
+        else:
+            session = OpenVinoSession(read_openvino_model(graph.model, graph.weights), precision, threads)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 (the runtimes report a graph they cannot load as a plain RuntimeError)
+        # OpenVINO prefixes its messages with the source lines that raised them
+        reason = re.sub(r"Exception from \S+:\d+:\s*", "", " ".join(str(e).split()))[:300]
+        if runtime == "onnxruntime":
+            names = ", ".join(p if isinstance(p, str) else p[0] for p in providers)
+            raise UserError(f"{graph.where}: ONNX Runtime cannot load it ({reason}; providers {names})") from e
+        raise UserError(f"{graph.where}: OpenVINO cannot load it ({reason})") from e
+    if session.input_names != [INPUT_NAME]:
+        raise UserError(f"{graph.where}: the graph's inputs are {session.input_names}, expected one named "
+                        f"{INPUT_NAME!r}")
+    check_graph_io(session.input_shape, session.output_shape, description, graph.where)
+    return session

@@ -1,0 +1,417 @@
+"""The accuracy guard of reduced precision: ``nnUNetv2_meddisseg_export --int8 / --bf16`` lets a fold run in INT8 or
+bf16 only where its masks stay within bounds of the fp32 graph's on the fold's validation cases.
+
+**Data.** nnU-Net's split of the fold (``splits_final.json`` in the dataset's ``nnUNet_preprocessed`` folder) and the
+configuration's preprocessed cases: INT8 is calibrated on patch-sized tiles of the fold's *training* cases (NNCF's
+post-training quantization of the OpenVINO model), and every candidate is verified on the fold's *validation*
+cases, predicted as the predictor predicts them (Gaussian sliding window, no mirroring) by the candidate and by the
+fp32 graph, both on OpenVINO:
+
+- **Dice to fp32**: per case, the Dice of the candidate's mask to the fp32 mask (the mean over the foreground labels;
+  1 where both are empty); the bound holds the mean over the cases (default >= 0.99);
+- **pseudo Dice** to the ground truth (the preprocessed segmentation), as nnU-Net's validation computes it: true and
+  false positives and false negatives summed over the cases per foreground label, the Dice of the sums averaged
+  over the labels; the bound holds its drop from fp32's, in points (default <= 0.5).
+
+**Blocks kept in fp32.** Where the whole network in reduced precision misses a bound, some of its blocks stay in
+fp32. A block is a group of operations named by their module path in the graph (``/encoder/layer1``, ``/elat.0``,
+``/decoder/stages.2``; one level deeper where a top-level module holds more than :data:`MAX_BLOCK_OPS` convolutions).
+The blocks are ranked by how far keeping each alone in fp32 brings the candidate's probabilities back to fp32's on
+the first :data:`RANKING_CASES` validation cases; the fewest top-ranked blocks with which both bounds hold are kept
+(bisection over the ranking, each step verified on every validation case). Where the bounds hold only with every
+block in fp32 (no reduced precision left), the precision is not verified.
+
+- INT8: a kept block's operations run as in the fp32 graph: their inputs unquantized (the quantizers before them
+  bypassed) and their weights and biases the original ones.
+- bf16: a kept block's operations carry OpenVINO's ``precise`` runtime attribute in the IR, which keeps them in
+  fp32 under a bf16 inference precision. OpenVINO's CPU plugin honours it on the operations it runs as they are
+  (convolutions, concatenations, element-wise operations); an operation it builds anew from several (an instance
+  normalisation fused with its activation) may still store bf16 results. The guard measures what runs.
+
+The figures of every candidate tried are recorded (``deploy.precision`` reads the outcome).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from nnunetv2_meddisseg.cli import UserError, quiet_cuda_home_warning
+from nnunetv2_meddisseg.deploy.description import sha256_of
+from nnunetv2_meddisseg.deploy.image_pipeline import probabilities_from_logits, segmentation_from_logits
+from nnunetv2_meddisseg.deploy.runtimes import OpenVinoSession, cpu_supports_bf16, openvino_core
+from nnunetv2_meddisseg.deploy.sliding_window import pad_to_patch, sliding_window_logits, tile_starts
+
+__all__ = ["Bounds", "GuardCases", "MAX_BLOCK_OPS", "RANKING_CASES", "DEFAULT_CALIBRATION_TILES", "load_cases",
+           "blocks", "Verifier", "guard", "guard_folds"]
+
+#: a top-level module with more convolutions than this is split into its children
+MAX_BLOCK_OPS = 12
+#: the validation cases that rank the blocks
+RANKING_CASES = 8
+DEFAULT_CALIBRATION_TILES = 64
+_COMPUTE_OPS = ("Convolution", "GroupConvolution", "ConvolutionBackpropData", "GroupConvolutionBackpropData",
+                "MatMul")
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What a reduced-precision fold must keep: the mean Dice of its masks to the fp32 masks, and at most this drop
+    of the pseudo Dice to the ground truth, in points (negative: it must gain)."""
+    min_dice_to_fp32: float = 0.99
+    max_pseudo_dice_drop: float = 0.5
+
+    def missed(self, figures: dict) -> List[str]:
+        """The bounds ``figures`` (:meth:`Verifier.figures`) miss, in words; empty where both hold."""
+        missed = []
+        if not figures["mean_dice_to_fp32"] >= self.min_dice_to_fp32:
+            missed.append(f"mean Dice to fp32 {figures['mean_dice_to_fp32']:.4f} < {self.min_dice_to_fp32:g}")
+        if not figures["pseudo_dice_drop_points"] <= self.max_pseudo_dice_drop:
+            missed.append(f"pseudo Dice drop {figures['pseudo_dice_drop_points']:.2f} points > "
+                          f"{self.max_pseudo_dice_drop:g}")
+        return missed
+
+
+@dataclass
+class GuardCases:
+    """One fold's cases: calibration tiles (1, C, *patch) float32 from its training cases; validation cases, each
+    (its name, data (C, 1, X, Y) float32, segmentation (1, X, Y) with labels >= 0)."""
+    calibration: List[np.ndarray]
+    validation: List[Tuple[str, np.ndarray, np.ndarray]]
+
+
+def _load_case(folder: Path, identifier: str) -> Tuple[np.ndarray, np.ndarray]:
+    """A preprocessed case (data (C, 1, X, Y), segmentation (1, 1, X, Y)) as nnU-Net stores it (``.b2nd``, or
+    ``.npy`` / ``.npz``), without its properties file (a pickle)."""
+    if (folder / f"{identifier}.b2nd").is_file():
+        import blosc2
+
+        return tuple(np.asarray(blosc2.open(urlpath=str(folder / f"{identifier}{suffix}.b2nd"), mode="r")[:])
+                     for suffix in ("", "_seg"))
+    if (folder / f"{identifier}.npy").is_file():
+        return tuple(np.load(folder / f"{identifier}{suffix}.npy", allow_pickle=False) for suffix in ("", "_seg"))
+    if (folder / f"{identifier}.npz").is_file():
+        with np.load(folder / f"{identifier}.npz", allow_pickle=False) as archive:
+            return archive["data"], archive["seg"]
+    raise UserError(f"{folder}: no preprocessed case {identifier} (.b2nd, .npy or .npz), which splits_final.json "
+                    f"names: run nnUNetv2_preprocess for this configuration")
+
+
+def load_cases(preprocessed: Optional[Path], fold: str, patch_size: Sequence[int], calibration_tiles: int,
+               seed: int = 0) -> GuardCases:
+    """The fold's training tiles (up to ``calibration_tiles``: one tile at a seeded random position of each of as many
+    training cases, evenly spaced) and validation cases, from ``preprocessed`` (the configuration's folder in the
+    dataset's ``nnUNet_preprocessed`` folder, ``splits_final.json`` beside it)."""
+    if preprocessed is None or not Path(preprocessed).is_dir():
+        raise UserError(f"{preprocessed}: the preprocessed dataset is not there (the reduced precisions are "
+                        f"calibrated and verified on the fold's preprocessed cases): set nnUNet_preprocessed")
+    preprocessed = Path(preprocessed)
+    splits_file = preprocessed.parent / "splits_final.json"
+    if not splits_file.is_file():
+        raise UserError(f"{splits_file}: not found (nnU-Net writes it when the fold is trained)")
+    splits = json.loads(splits_file.read_text())
+    if not str(fold).isdigit() or int(fold) >= len(splits):
+        raise UserError(f"fold {fold}: not one of the {len(splits)} folds of {splits_file} (a reduced precision is "
+                        f"verified on the fold's validation cases)")
+    split = splits[int(fold)]
+    rng = np.random.default_rng(seed)
+    train = split["train"]
+    chosen = [train[int(i)] for i in np.linspace(0, len(train) - 1, min(calibration_tiles, len(train)))]
+    calibration = []
+    for identifier in chosen:
+        padded, _ = pad_to_patch(_load_case(preprocessed, identifier)[0].astype(np.float32), patch_size)
+        starts = [rng.choice(axis) for axis in tile_starts(padded.shape[2:], patch_size, 0.5)]
+        window = tuple(slice(s, s + p) for s, p in zip(starts, patch_size))
+        calibration.append(np.ascontiguousarray(padded[(slice(None), 0, *window)][None]))
+    validation = []
+    for identifier in split["val"]:
+        data, seg = _load_case(preprocessed, identifier)
+        validation.append((identifier, data.astype(np.float32), np.maximum(seg[0], 0)))
+    if not validation:
+        raise UserError(f"fold {fold} of {splits_file} has no validation cases to verify a reduced precision on")
+    return GuardCases(calibration, validation)
+
+
+def _counts(mask: np.ndarray, reference: np.ndarray, labels: Sequence[int]) -> np.ndarray:
+    """(labels, 3): true positives, false positives, false negatives of ``mask`` against ``reference`` per label."""
+    return np.array([[np.sum((mask == label) & (reference == label)), np.sum((mask == label) & (reference != label)),
+                      np.sum((mask != label) & (reference == label))] for label in labels], dtype=np.int64)
+
+
+def _dice(counts: np.ndarray) -> np.ndarray:
+    """Per label, 2 TP / (2 TP + FP + FN) of ``counts`` (labels, 3); 1 where the label is in neither."""
+    tp, fp, fn = counts.T
+    denominator = 2 * tp + fp + fn
+    return np.where(denominator > 0, 2 * tp / np.maximum(denominator, 1), 1.0)
+
+
+class Verifier:
+    """The validation cases of one fold predicted by the fp32 session once, and the figures of a candidate against
+    them (:meth:`figures`) and its probabilities' distance to fp32's on the ranking cases (:meth:`distance`)."""
+
+    def __init__(self, cases: GuardCases, reference, description: dict) -> None:
+        d = description
+        self.cases = cases.validation
+        self.patch, self.step, self.heads = d["patch_size"], d["tile_step_size"], d["num_segmentation_heads"]
+        self.regions = d["regions_class_order"]
+        self.labels = list(self.regions) if self.regions is not None else list(range(1, self.heads))
+        logits = [self._logits(reference, data) for _, data, _ in self.cases]
+        self.reference_masks = [segmentation_from_logits(x, self.regions)[0] for x in logits]
+        self.reference_probabilities = [probabilities_from_logits(x, self.regions)
+                                        for x in logits[:RANKING_CASES]]
+        self.fp32_pseudo_dice = self._pseudo_dice(self.reference_masks)
+
+    def _logits(self, session, data: np.ndarray) -> np.ndarray:
+        return sliding_window_logits(data, [session], self.patch, self.step, None, self.heads)
+
+    def _pseudo_dice(self, masks: Sequence[np.ndarray]) -> float:
+        counts = sum(_counts(mask, seg[0], self.labels) for mask, (_, _, seg) in zip(masks, self.cases))
+        return float(np.mean(_dice(counts)))
+
+    def figures(self, session) -> dict:
+        """The candidate ``session``'s masks on every validation case against the fp32 masks and the ground truth."""
+        masks = [segmentation_from_logits(self._logits(session, data), self.regions)[0] for _, data, _ in self.cases]
+        to_fp32 = [float(np.mean(_dice(_counts(mask, reference, self.labels))))
+                   for mask, reference in zip(masks, self.reference_masks)]
+        pseudo_dice = self._pseudo_dice(masks)
+        return {"cases": len(masks), "mean_dice_to_fp32": float(np.mean(to_fp32)), "min_dice_to_fp32": min(to_fp32),
+                "pseudo_dice_fp32": self.fp32_pseudo_dice, "pseudo_dice": pseudo_dice,
+                "pseudo_dice_drop_points": 100 * (self.fp32_pseudo_dice - pseudo_dice)}
+
+    def distance(self, session) -> float:
+        """The mean absolute difference of the candidate's class probabilities to fp32's on the ranking cases."""
+        return float(np.mean([np.mean(np.abs(probabilities_from_logits(self._logits(session, data), self.regions)
+                                             - reference))
+                              for (_, data, _), reference in zip(self.cases, self.reference_probabilities)]))
+
+
+def blocks(model) -> Dict[str, List[str]]:
+    """``{block: the names of its operations}`` of an OpenVINO model (see the module's docstring). An operation
+    whose name is no module path (one the converter made, such as the MVN of an instance normalisation) belongs to
+    the block of its first consumer that has one; constants, inputs and outputs belong to none."""
+    ops = [op for op in model.get_ordered_ops() if op.get_type_name() not in ("Constant", "Parameter", "Result")]
+    path: Dict[str, List[str]] = {}
+    for op in reversed(ops):  # consumers first
+        name = op.get_friendly_name()
+        if name.startswith("/") and name.count("/") >= 2:
+            path[name] = name.split("/")[1:-1]
+            continue
+        consumers = [target.get_node().get_friendly_name() for output in op.outputs()
+                     for target in output.get_target_inputs()]
+        found = next((path[c] for c in consumers if c in path), None)
+        if found is not None:
+            path[name] = found
+        elif op.get_type_name() in _COMPUTE_OPS:
+            path[name] = [name]
+    size: Dict[str, int] = {}
+    for op in ops:
+        if op.get_type_name() in _COMPUTE_OPS and op.get_friendly_name() in path:
+            top = path[op.get_friendly_name()][0]
+            size[top] = size.get(top, 0) + 1
+    groups: Dict[str, List[str]] = {}
+    for op in ops:
+        parts = path.get(op.get_friendly_name())
+        if parts is not None:
+            depth = 2 if size.get(parts[0], 0) > MAX_BLOCK_OPS and len(parts) > 1 else 1
+            groups.setdefault("/" + "/".join(parts[:depth]), []).append(op.get_friendly_name())
+    compute = {op.get_friendly_name() for op in ops if op.get_type_name() in _COMPUTE_OPS}
+    return {key: names for key, names in groups.items() if compute.intersection(names)}
+
+
+Candidate = Callable[[Sequence[str]], object]
+
+
+def guard(precision: str, candidate: Candidate, groups: Dict[str, List[str]], verifier: Verifier, bounds: Bounds,
+          threads: Optional[int] = None, say: Callable[[str], None] = print) -> dict:
+    """The guard of one precision: ``candidate(names of the operations kept in fp32) -> openvino.Model``, the
+    blocks' operations ``groups``; returns its record: ``verified``, the blocks ``kept_in_fp32``, the chosen
+    candidate's ``figures`` (the whole network's where not verified, with the ``reason``) and every candidate
+    ``tried``."""
+    def check(kept: Sequence[str], what: str) -> dict:
+        figures = verifier.figures(OpenVinoSession(candidate([n for g in kept for n in groups[g]]), precision,
+                                                   threads))
+        figures.update(kept_in_fp32=len(kept), missed=bounds.missed(figures))
+        tried.append({"kept_in_fp32": list(kept), **figures})
+        say(f"  {precision}, {what}: mean Dice to fp32 {figures['mean_dice_to_fp32']:.4f}, pseudo Dice "
+            f"{100 * figures['pseudo_dice']:.2f} (fp32 {100 * figures['pseudo_dice_fp32']:.2f}) "
+            f"-> {'; '.join(figures['missed']) or 'within the bounds'}")
+        return figures
+
+    tried: List[dict] = []
+    figures = check([], "whole network")
+    if not figures["missed"]:
+        return _record(True, [], figures, tried)
+    order = list(groups)
+    distance = {g: verifier.distance(OpenVinoSession(candidate(groups[g]), precision, threads)) for g in order}
+    order.sort(key=distance.get)
+    say(f"  {precision}: blocks ranked by their distance to fp32 when kept alone: {', '.join(order[:8])}"
+        + (", ..." if len(order) > 8 else ""))
+    low, high, best = 0, len(order), None  # the whole network misses the bounds; every block in fp32 is no INT8
+    while high - low > 1:
+        middle = (low + high) // 2
+        figures = check(order[:middle], f"{middle} of {len(order)} blocks in fp32")
+        if figures["missed"]:
+            low = middle
+        else:
+            high, best = middle, figures
+    if best is None:
+        return _record(False, [], tried[0], tried, f"{precision} misses the bounds unless every block stays in fp32 "
+                                                   f"({'; '.join(tried[-1]['missed'])} with {low} of {len(order)})")
+    return _record(True, order[:high], best, tried)
+
+
+def _record(verified: bool, kept: List[str], figures: dict, tried: List[dict], reason: Optional[str] = None) -> dict:
+    record = {"verified": verified, "kept_in_fp32": kept, "figures": figures, "tried": tried}
+    if reason is not None:
+        record["reason"] = reason
+    return record
+
+
+def _int8_candidate(quantized, original) -> Candidate:
+    """Kept operations of the quantized model run as in ``original`` (the fp32 model it was made from): their
+    inputs unquantized (the FakeQuantize before them bypassed) and their constants (weights, biases) the original
+    ones."""
+    from openvino import op as ov_op
+
+    constants = {node.get_friendly_name(): {i: port.get_source_output().get_node() for i, port in
+                                            enumerate(node.inputs())
+                                            if port.get_source_output().get_node().get_type_name() == "Constant"}
+                 for node in original.get_ordered_ops()}
+
+    def make(kept: Sequence[str]):
+        model, kept = quantized.clone(), set(kept)
+        for node in model.get_ordered_ops():
+            if node.get_friendly_name() not in kept:
+                continue
+            for i, port in enumerate(node.inputs()):
+                source = port.get_source_output().get_node()
+                if i in constants.get(node.get_friendly_name(), {}):
+                    port.replace_source_output(ov_op.Constant(constants[node.get_friendly_name()][i].get_data())
+                                               .output(0))
+                elif source.get_type_name() == "FakeQuantize":
+                    port.replace_source_output(source.input_value(0))
+        return model
+    return make
+
+
+def _mark_fp32(xml_text: str, kept: Sequence[str]) -> str:
+    """The IR with OpenVINO's ``precise`` runtime attribute on the layers named in ``kept``."""
+    root, kept = ET.fromstring(xml_text), set(kept)
+    for layer in root.iter("layer"):
+        if layer.get("name") in kept:
+            info = layer.find("rt_info")
+            if info is None:
+                info = ET.SubElement(layer, "rt_info")
+            ET.SubElement(info, "attribute", name="precise", version="0")
+    return ET.tostring(root, encoding="unicode")
+
+
+def _serialized(model, folder: Path) -> Tuple[str, np.ndarray]:
+    """An OpenVINO model as its IR: (the XML, the weights' bytes)."""
+    import openvino as ov
+
+    ov.save_model(model, str(folder / "model.xml"), compress_to_fp16=False)
+    return (folder / "model.xml").read_text(), np.fromfile(folder / "model.bin", dtype=np.uint8)
+
+
+def _quantize(model, tiles: List[np.ndarray]):
+    quiet_cuda_home_warning()  # NNCF imports PyTorch's extension builder, which warns on a CPU with a CUDA toolkit
+    try:
+        import nncf
+    except ImportError as e:
+        raise UserError("--int8: nncf is not installed: pip install 'nnunetv2_meddisseg[openvino]'") from e
+    nncf.set_log_level(logging.WARNING)
+    return nncf.quantize(model.clone(), nncf.Dataset(tiles), subset_size=len(tiles),
+                         target_device=nncf.TargetDevice.CPU)
+
+
+def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optional[Path], precisions: Sequence[str],
+                bounds: Bounds, calibration_tiles: int = DEFAULT_CALIBRATION_TILES, required: Sequence[str] = (),
+                threads: Optional[int] = None, say: Callable[[str], None] = print) -> Dict[str, bytes]:
+    """Guard ``precisions`` (of ``bf16``, ``int8``) for every fold of ``description`` (its fp32 ONNX graphs:
+    ``graphs[fold]``): records each fold's outcome as its ``precisions`` entry and returns the files to write with
+    it (``{path in the export folder: bytes}``, their sha256 in the records). A precision of ``required`` that is not
+    verified ends with one line (nothing is written)."""
+    bf16 = "bf16" in precisions and cpu_supports_bf16()
+    if "bf16" in precisions and not bf16:
+        if "bf16" in required:
+            raise UserError("--bf16: this CPU has no native bf16, so bf16 cannot be verified here: nothing written")
+        say("bf16: not verified (this CPU has no native bf16)")
+    core = openvino_core()
+    files: Dict[str, bytes] = {}
+    description["precision_guard"] = {"bounds": asdict(bounds), "calibration_tiles": calibration_tiles,
+                                      "validation": "the fold's validation cases (splits_final.json), preprocessed, "
+                                                    "sliding window without mirroring, against the fp32 graph"}
+    for fold in description["folds"]:
+        name = fold["fold"]
+        cases = load_cases(preprocessed, name, description["patch_size"], calibration_tiles)
+        with tempfile.TemporaryDirectory() as scratch:
+            scratch = Path(scratch)
+            (scratch / "model.onnx").write_bytes(graphs[name])
+            model = core.read_model(str(scratch / "model.onnx"))
+            say(f"fold {name}: verifying on {len(cases.validation)} validation case(s)")
+            verifier = Verifier(cases, OpenVinoSession(model, "fp32", threads), description)
+            groups = blocks(model)
+            records = {} if bf16 or "bf16" not in precisions else {
+                "bf16": {"verified": False, "reason": "the CPU of the export has no native bf16"}}
+            if bf16:
+                xml, weights = _serialized(model, scratch)
+                records["bf16"] = guard("bf16", lambda kept: core.read_model(_mark_fp32(xml, kept),
+                                                                            _tensor(weights)),
+                                        groups, verifier, bounds, threads, say)
+                if records["bf16"]["verified"] and records["bf16"]["kept_in_fp32"]:
+                    kept = [n for g in records["bf16"]["kept_in_fp32"] for n in groups[g]]
+                    records["bf16"].update(_written(fold, "bf16", _mark_fp32(xml, kept).encode(), weights.tobytes(),
+                                                    files))
+                elif records["bf16"]["verified"]:
+                    records["bf16"].update(model=fold["file"], files={})
+            if "int8" in precisions:
+                say(f"fold {name}: INT8 calibration on {len(cases.calibration)} tile(s) of training cases (NNCF)")
+                quantized = _quantize(model, cases.calibration)
+                candidate = _int8_candidate(quantized, model)
+                record = guard("int8", candidate, groups, verifier, bounds, threads, say)
+                if record["verified"]:
+                    record = _written_int8(fold, candidate, groups, record, verifier, bounds, scratch, files, threads)
+                records["int8"] = record
+        for precision in required:
+            if not records[precision]["verified"]:
+                raise UserError(f"fold {name}: {records[precision]['reason']}; bounds: mean Dice to fp32 >= "
+                                f"{bounds.min_dice_to_fp32:g}, pseudo Dice drop <= {bounds.max_pseudo_dice_drop:g} "
+                                f"points: nothing written")
+        fold["precisions"] = records
+    return files
+
+
+def _written_int8(fold: dict, candidate: Candidate, groups: Dict[str, List[str]], record: dict, verifier: Verifier,
+                  bounds: Bounds, scratch: Path, files: Dict[str, bytes], threads: Optional[int]) -> dict:
+    """The chosen INT8 candidate as an IR (weights compressed to int8), read back and verified again: the record's
+    figures are the written graph's."""
+    folder = scratch / "int8"
+    folder.mkdir()
+    xml, weights = _serialized(candidate([n for g in record["kept_in_fp32"] for n in groups[g]]), folder)
+    figures = verifier.figures(OpenVinoSession(folder / "model.xml", "int8", threads))
+    figures.update(kept_in_fp32=len(record["kept_in_fp32"]), missed=bounds.missed(figures))
+    if figures["missed"]:
+        return {**record, "verified": False, "figures": figures,
+                "reason": f"the written INT8 graph misses the bounds ({'; '.join(figures['missed'])})"}
+    return {**record, "figures": figures, **_written(fold, "int8", xml.encode(), weights.tobytes(), files)}
+
+
+def _tensor(weights: np.ndarray):
+    import openvino as ov
+
+    return ov.Tensor(weights)
+
+
+def _written(fold: dict, precision: str, xml: bytes, weights: bytes, files: Dict[str, bytes]) -> dict:
+    """Adds a fold's IR in ``precision`` to ``files``; its record's ``model`` and ``files`` (with their sha256)."""
+    stem = f"{Path(fold['file']).parent.as_posix()}/model_{precision}"
+    entries = {f"{stem}.xml": xml, f"{stem}.bin": weights}
+    files.update(entries)
+    return {"model": f"{stem}.xml", "files": {name: sha256_of(content) for name, content in entries.items()}}

@@ -1,0 +1,199 @@
+"""The runtimes the exported graphs run on: ONNX Runtime and OpenVINO behind one small interface.
+
+A session holds one fold's graph and runs a stack of tiles, ``run(batch (N, C, H, W) float32) -> logits (N, K, H,
+W) float32``, the way its runtime runs fastest; it names its runtime and the precision it runs in, and the graph's
+input names and input and output shapes (``None`` for a symbolic dimension).
+
+- ONNX Runtime: the session as given (execution providers, intra-op threads), fed in batches of at most
+  :data:`ORT_BATCH` tiles.
+- OpenVINO (CPU): static shapes, one compiled model per input shape and performance hint (compiled at its first
+  use). A stack of several tiles runs with the THROUGHPUT hint: the CPU's cores are shared out among streams and
+  the tiles go out one per inference request, as many in flight as there are streams; a single tile (no mirroring,
+  an image of one tile) runs with the LATENCY hint, one request on all cores. The inference precision is set
+  explicitly (fp32 or bf16): OpenVINO's CPU plugin runs in bf16 by default where the CPU has native bf16.
+
+Neither imports PyTorch; each runtime is imported when a session of it is made.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from nnunetv2_meddisseg.cli import UserError
+
+__all__ = ["RUNTIMES", "ORT_BATCH", "INFERENCE_PRECISION", "installed_runtimes", "default_runtime", "openvino_core",
+           "read_openvino_model", "cpu_supports_bf16", "require_bf16", "OnnxRuntimeSession", "OpenVinoSession"]
+
+#: the runtimes in order of preference (benchmarks/onnx_predict.py times both side by side)
+RUNTIMES = ("openvino", "onnxruntime")
+_MODULES = {"openvino": "openvino", "onnxruntime": "onnxruntime"}
+_EXTRAS = {"openvino": "openvino", "onnxruntime": "onnx"}
+#: most tiles per ONNX Runtime call
+ORT_BATCH = 4
+#: OpenVINO's inference precision for each precision a session runs in (int8 graphs keep fp32 around their
+#: quantized operations)
+INFERENCE_PRECISION = {"fp32": "f32", "int8": "f32", "bf16": "bf16"}
+
+Shape = Tuple[Optional[int], ...]
+
+
+def installed_runtimes() -> List[str]:
+    """The runtimes of :data:`RUNTIMES` that can be imported here."""
+    return [name for name in RUNTIMES if importlib.util.find_spec(_MODULES[name]) is not None]
+
+
+def default_runtime() -> str:
+    """The first installed runtime of :data:`RUNTIMES`; a one-line error where neither is."""
+    installed = installed_runtimes()
+    if not installed:
+        raise UserError("neither openvino nor onnxruntime is installed: pip install 'nnunetv2_meddisseg[openvino]' "
+                        "(or [onnx])")
+    return installed[0]
+
+
+def _import(runtime: str):
+    try:
+        return importlib.import_module(_MODULES[runtime])
+    except ImportError as e:
+        raise UserError(f"--runtime {runtime}: {_MODULES[runtime]} is not installed: pip install "
+                        f"'nnunetv2_meddisseg[{_EXTRAS[runtime]}]'") from e
+
+
+_CORE = None
+
+
+def openvino_core():
+    """The process's OpenVINO ``Core`` (made once: each one loads the device plugins anew)."""
+    global _CORE
+    if _CORE is None:
+        _CORE = _import("openvino").Core()
+    return _CORE
+
+
+def read_openvino_model(model: bytes, weights: Optional[bytes] = None):
+    """An ``openvino.Model`` from bytes already read (and checked): an ONNX graph, or an IR's XML with its weights
+    (the ``.bin``)."""
+    if weights is None:
+        return openvino_core().read_model(model)
+    return openvino_core().read_model(model, _import("openvino").Tensor(np.frombuffer(weights, dtype=np.uint8).copy()))
+
+
+def _cpu_capabilities() -> List[str]:
+    """OpenVINO's CPU plugin's ``OPTIMIZATION_CAPABILITIES`` (``BF16`` where the CPU has native bf16)."""
+    return list(openvino_core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+
+
+def cpu_supports_bf16() -> bool:
+    """Whether this CPU computes in bf16 natively, as OpenVINO's CPU plugin reports it (AVX512-BF16 or AMX)."""
+    return "BF16" in _cpu_capabilities()
+
+
+def require_bf16() -> None:
+    """One line where this CPU has no native bf16 (OpenVINO would quietly run fp32 instead)."""
+    if not cpu_supports_bf16():
+        raise UserError(f"--precision bf16: this CPU has no native bf16 (OpenVINO's CPU capabilities: "
+                        f"{', '.join(_cpu_capabilities())}); use fp32 or int8")
+
+
+def _shape(dims) -> Shape:
+    return tuple(d if isinstance(d, int) else None for d in dims)
+
+
+class OnnxRuntimeSession:
+    """One graph in ONNX Runtime. providers: in order of preference, each a name or ``(name, options)``;
+    threads: intra-op threads (None: ONNX Runtime's default)."""
+
+    runtime = "onnxruntime"
+    precision = "fp32"
+
+    def __init__(self, path: Union[Path, bytes],
+                 providers: Sequence[Union[str, Tuple[str, dict]]] = ("CPUExecutionProvider",),
+                 threads: Optional[int] = None) -> None:
+        ort = _import("onnxruntime")
+        available = ort.get_available_providers()
+        missing = [name for name in (p if isinstance(p, str) else p[0] for p in providers) if name not in available]
+        if missing:
+            raise UserError(f"--providers: {', '.join(missing)} not available in this onnxruntime "
+                            f"(available: {', '.join(available)})")
+        options = ort.SessionOptions()
+        if threads is not None:
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+        self._session = ort.InferenceSession(path if isinstance(path, bytes) else str(path), options,
+                                             providers=list(providers))
+        self.input_names = [i.name for i in self._session.get_inputs()]
+        self._input = self.input_names[0]
+        self.input_shape: Shape = _shape(self._session.get_inputs()[0].shape)
+        self.output_shape: Shape = _shape(self._session.get_outputs()[0].shape)
+
+    @property
+    def providers_in_use(self) -> List[str]:
+        """The providers ONNX Runtime started (it passes over one that cannot start, with a warning)."""
+        return self._session.get_providers()
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        """batch (N, C, H, W) float32 -> logits (N, K, H, W) float32, in calls of at most :data:`ORT_BATCH`."""
+        parts = [self._session.run(None, {self._input: np.ascontiguousarray(batch[i:i + ORT_BATCH])})[0]
+                 for i in range(0, len(batch), ORT_BATCH)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+class OpenVinoSession:
+    """One graph (an ONNX or OpenVINO IR file, or an ``openvino.Model``) on OpenVINO's CPU plugin, run in
+    ``precision`` (``fp32``, ``bf16`` or, for a quantized graph, ``int8``); threads: the CPU threads it uses in all
+    (None: every core).
+
+    bf16 is refused in one line where the CPU has no native bf16 (OpenVINO would run fp32 instead, silently)."""
+
+    runtime = "openvino"
+
+    def __init__(self, model: Union[Path, object], precision: str = "fp32", threads: Optional[int] = None) -> None:
+        if precision not in INFERENCE_PRECISION:
+            raise ValueError(f"precision {precision!r}: expected one of {', '.join(INFERENCE_PRECISION)}")
+        if precision == "bf16":
+            require_bf16()
+        self._model = openvino_core().read_model(str(model)) if isinstance(model, (str, Path)) else model
+        self.precision = precision
+        self.input_names = [port.get_any_name() for port in self._model.inputs]
+        self._config = {"INFERENCE_PRECISION_HINT": INFERENCE_PRECISION[precision]}
+        if threads is not None:
+            self._config["INFERENCE_NUM_THREADS"] = threads
+        self.input_shape: Shape = _shape(d.get_length() if d.is_static else None
+                                         for d in self._model.input(0).get_partial_shape())
+        self.output_shape: Shape = _shape(d.get_length() if d.is_static else None
+                                          for d in self._model.output(0).get_partial_shape())
+        self._compiled: Dict[Tuple[Tuple[int, ...], str], object] = {}
+
+    def _compile(self, shape: Tuple[int, ...], hint: str):
+        """The model compiled for one input shape with one performance hint (at its first use)."""
+        if (shape, hint) not in self._compiled:
+            model = self._model.clone()
+            model.reshape({0: list(shape)})
+            self._compiled[shape, hint] = openvino_core().compile_model(model, "CPU", {**self._config,
+                                                                                       "PERFORMANCE_HINT": hint})
+        return self._compiled[shape, hint]
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        """batch (N, C, H, W) float32 -> logits (N, K, H, W) float32: one tile on all cores, or one tile per request
+        with as many requests in flight as the throughput model has streams."""
+        shape = (1, *batch.shape[1:])
+        if len(batch) == 1:
+            return self._compile(shape, "LATENCY")(np.ascontiguousarray(batch))[0].copy()
+        if (shape, "queue") not in self._compiled:
+            compiled = self._compile(shape, "THROUGHPUT")
+            jobs = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+            self._compiled[shape, "queue"] = _import("openvino").AsyncInferQueue(compiled, max(jobs, 1))
+        queue = self._compiled[shape, "queue"]
+        results: List[Optional[np.ndarray]] = [None] * len(batch)
+
+        def done(request, index: int) -> None:
+            results[index] = request.get_output_tensor(0).data.copy()
+
+        queue.set_callback(done)
+        for i in range(len(batch)):
+            queue.start_async({0: np.ascontiguousarray(batch[i:i + 1])}, i)
+        queue.wait_all()
+        return np.concatenate(results)
