@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
-from test_trainer_meddisseg import make_batch, make_trainer, nnunet_dirs, run_epoch  # noqa: F401 (fixture)
+from test_trainer_meddisseg import make_batch, make_trainer, run_epoch
 
 from nnunetv2_meddisseg.training.nnunet_copies import PINNED, checkpoint_entries, source_hash
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from test_trainer_meddisseg import PLAIN_UNET, make_batch, make_trainer, nnunet_dirs, tiny_plans  # noqa: F401
+from test_trainer_meddisseg import PLAIN_UNET, make_batch, make_trainer, tiny_plans
 
 from nnunetv2_meddisseg.ablation import study_trainers
 from nnunetv2_meddisseg.environment import RECIPE_ENVIRONMENT_VARIABLE

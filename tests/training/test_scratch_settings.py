@@ -29,12 +29,9 @@ from tests.training.test_trainer_meddisseg import (
     PLAIN_UNET,
     make_batch,
     make_trainer,
-    nnunet_dirs,
     run_epoch,
     tiny_plans,
 )
-
-__all__ = ["nnunet_dirs"]
 
 
 def _pretrained_plans() -> dict:

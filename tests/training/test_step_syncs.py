@@ -12,11 +12,8 @@ from tests.training.test_trainer_meddisseg import (
     PLAIN_UNET,
     make_batch,
     make_trainer,
-    nnunet_dirs,
     tiny_plans,
 )
-
-__all__ = ["nnunet_dirs"]
 
 #: the Tensor methods that wait for the device (the values must be on the host)
 SYNCHRONISING = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")

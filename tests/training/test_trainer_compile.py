@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch._dynamo
-from test_trainer_meddisseg import MEDDISSEG, make_batch, make_trainer, nnunet_dirs, run_epoch, tiny_plans  # noqa: F401
+from test_trainer_meddisseg import MEDDISSEG, make_batch, make_trainer, run_epoch, tiny_plans
 from torch._dynamo import OptimizedModule
 from torch._dynamo.utils import counters
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from distributed import spawn
 from scratch import scratch_folder
-from test_trainer_meddisseg import DATASET, MEDDISSEG, PLAIN_UNET, make_batch, make_trainer, nnunet_dirs, tiny_plans  # noqa: F401
+from test_trainer_meddisseg import DATASET, MEDDISSEG, PLAIN_UNET, make_batch, make_trainer, tiny_plans
 from torch import distributed as dist
 
 from nnunetv2_meddisseg.losses import dispersion_diagnostics, dispersive_loss

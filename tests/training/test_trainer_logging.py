@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_trainer_meddisseg import nnunet_dirs  # noqa: F401 (fixture)
 
 from nnunetv2_meddisseg.training.checkpoints import atomic_torch_save
 from nnunetv2_meddisseg.training.curves import NNUNET_KEYS, CurvesLogger, TrainingCurves

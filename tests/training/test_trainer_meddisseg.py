@@ -29,7 +29,7 @@ from nnunetv2_meddisseg.training.objectives import foreground_target
 from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2
 from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg_100epochs, nnUNetTrainerMedDisSeg_smoke
 
-DATASET = "Dataset999_Tiny"
+DATASET = "Dataset999_Tiny"  # the preprocessed folder conftest.py makes (nnunet_dirs)
 PLAIN_UNET = {
     "network_class_name": "dynamic_network_architectures.architectures.unet.PlainConvUNet",
     "arch_kwargs": {"n_stages": 3, "features_per_stage": [4, 8, 16], "conv_op": "torch.nn.modules.conv.Conv2d",
@@ -71,18 +71,6 @@ def tiny_plans(architecture=PLAIN_UNET, patch_size=(32, 32), configuration="2d")
             "batch_dice": True,
         }},
     }
-
-
-@pytest.fixture
-def nnunet_dirs(tmp_path, monkeypatch) -> Path:
-    preprocessed = tmp_path / "preprocessed" / DATASET / "nnUNetPlans_2d"
-    preprocessed.mkdir(parents=True)
-    (preprocessed / "case_000.b2nd").touch()  # lets nnU-Net infer its dataset class; never read
-    monkeypatch.setenv("nnUNet_preprocessed", str(tmp_path / "preprocessed"))
-    monkeypatch.setenv("nnUNet_results", str(tmp_path / "results"))
-    monkeypatch.delenv("nnUNet_meddisseg_seed", raising=False)  # run seeds are random unless a test sets one
-    torch.set_num_threads(2)
-    return tmp_path
 
 
 def make_trainer(cls=nnUNetTrainerMedDisSeg_smoke, plans=None, initialize=True, dataset_json=DATASET_JSON,

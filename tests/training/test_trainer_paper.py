@@ -12,7 +12,7 @@ import pytest
 import torch
 from batchgeneratorsv2.transforms.spatial.mirroring import MirrorTransform
 from batchgeneratorsv2.transforms.spatial.spatial import SpatialTransform
-from test_trainer_meddisseg import DATASET, make_trainer, nnunet_dirs  # noqa: F401 (fixture)
+from test_trainer_meddisseg import DATASET, make_trainer
 
 from nnunetv2_meddisseg.training.curves import TrainingCurves
 from nnunetv2_meddisseg.training.lr_schedule import cosine_lr
