@@ -41,7 +41,7 @@ from nnunetv2_meddisseg.deploy.description import (
 )
 from nnunetv2_meddisseg.environment import CPU_BF16_ENVIRONMENT_VARIABLE
 from nnunetv2_meddisseg.files import replace_folder
-from nnunetv2_meddisseg.training.compilation import unwrap_module
+from nnunetv2_meddisseg.module_wrappers import unwrap_module
 
 __all__ = ["EXPORT_FORM", "DEFAULT_TOLERANCE", "export_model", "trace_to_onnx", "compare_with_onnxruntime", "main"]
 

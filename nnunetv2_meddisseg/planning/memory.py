@@ -10,6 +10,8 @@ rest is what any batch costs (weights, gradients, Adam's moments, workspaces).
 import math
 from typing import NamedTuple, Optional, Sequence
 
+from nnunetv2_meddisseg.environment import bf16_training_requested
+
 __all__ = ["MemoryLine", "measure_training_memory", "estimated_memory_line", "batch_size_for_memory", "GIB",
            "TRAINING_BYTES_PER_PIXEL", "STATIC_TRAINING_BYTES"]
 
@@ -66,7 +68,6 @@ def measure_training_memory(patch_size: Sequence[int], architecture: dict, num_i
     import torch
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 
-    from nnunetv2_meddisseg.training.extended_trainer import bf16_training_requested
     from nnunetv2_meddisseg.training.nnunet_copies import backward_clip_step
     from nnunetv2_meddisseg.training.objectives import (
         Stage2Weights,

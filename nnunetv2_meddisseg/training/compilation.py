@@ -27,12 +27,10 @@ from typing import Callable, ContextManager, Dict, Iterable, List, Optional, Seq
 
 import torch
 from torch import nn
-from torch._dynamo import OptimizedModule
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 __all__ = ["COMPILE_RECOMPILE_LIMIT", "COMPILE_SCOPES", "COMPILE_COSTS", "CompileCosts", "CompileDecision",
            "compile_pays", "compile_network", "compile_error_summary", "compile_regions", "eager_stance",
-           "compiled_regions", "uncompile_regions", "is_compile_error", "region_modules", "unwrap_module",
+           "compiled_regions", "uncompile_regions", "is_compile_error", "region_modules",
            "Compilation"]
 
 T = TypeVar("T")
@@ -96,15 +94,6 @@ def compile_pays(stage_iterations: Sequence[int], batch_size: int, pixels: int,
               f"{'>' if pays else '<='} {compile_s:.0f} s of compilation for {len(stages)} graph(s); estimated, "
               f"nnUNet_compile=t / f decides instead")
     return CompileDecision(pays, reason)
-
-
-def unwrap_module(module: Optional[nn.Module]) -> Optional[nn.Module]:
-    """The plain module inside DistributedDataParallel and / or torch.compile wrappers."""
-    if isinstance(module, DDP):
-        module = module.module
-    if isinstance(module, OptimizedModule):
-        module = module._orig_mod
-    return module
 
 
 def region_modules(network: nn.Module) -> List[nn.Module]:

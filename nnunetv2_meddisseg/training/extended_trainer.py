@@ -55,26 +55,21 @@ from nnunetv2.utilities.collate_outputs import collate_outputs
 from torch import autocast, nn
 from torch import distributed as dist
 
-from nnunetv2_meddisseg.environment import BF16_ENVIRONMENT_VARIABLE, flag_is_set
+from nnunetv2_meddisseg.environment import BF16_ENVIRONMENT_VARIABLE, bf16_training_requested
 from nnunetv2_meddisseg.losses import DIAGNOSTIC_KEYS, MINIMUM_BATCH, dispersion_diagnostics, gather_batch
+from nnunetv2_meddisseg.module_wrappers import unwrap_module
 from nnunetv2_meddisseg.training.checkpoints import atomic_torch_save, read_checkpoint_for_resuming
-from nnunetv2_meddisseg.training.compilation import unwrap_module
 from nnunetv2_meddisseg.training.curves import PLOT_FILENAME, CurvesLogger, TrainingCurves
 from nnunetv2_meddisseg.training.errors import TrainingInputError, TrainingInputRuntimeError
 from nnunetv2_meddisseg.training.finite_input import check_finite_input, finite_per_sample, non_finite_input_message
 from nnunetv2_meddisseg.training.nnunet_copies import backward_clip_step, checkpoint_entries, train_autocast
 from nnunetv2_meddisseg.training.seeded_trainer import SeededTrainer
 
-__all__ = ["CURVE_PREFIXES", "bf16_training_requested", "ExtendedTrainerBase"]
+__all__ = ["CURVE_PREFIXES", "ExtendedTrainerBase"]
 
 
 #: train_step output keys with these prefixes are averaged per epoch and logged (``self.logger.log``)
 CURVE_PREFIXES = ("loss_", "dispersion_", "grad_norm_")
-
-
-def bf16_training_requested() -> bool:
-    """True when ``nnUNet_meddisseg_bf16`` is set (a flag, ``environment.flag_is_set``)."""
-    return flag_is_set(BF16_ENVIRONMENT_VARIABLE)
 
 
 class ExtendedTrainerBase(SeededTrainer):

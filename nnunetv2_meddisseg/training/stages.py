@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from nnunetv2_meddisseg.architectures import MedDisSegNet, MedDisSegOutput
 from nnunetv2_meddisseg.losses import DispersiveLoss
-from nnunetv2_meddisseg.training.compilation import unwrap_module
+from nnunetv2_meddisseg.module_wrappers import unwrap_module
 from nnunetv2_meddisseg.training.objectives import stage1_logits, stage1_loss, stage2_step_loss
 from nnunetv2_meddisseg.training.photometric import photometric_perturbation
 from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
