@@ -69,20 +69,13 @@ def measure_training_memory(patch_size: Sequence[int], architecture: dict, num_i
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 
     from nnunetv2_meddisseg.training.nnunet_copies import backward_clip_step
-    from nnunetv2_meddisseg.training.objectives import (
-        Stage2Weights,
-        dispersive_from_recipe,
-        segmentation_loss,
-        stage2_loss,
-    )
+    from nnunetv2_meddisseg.training.objectives import recipe_stage2_loss
     from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
 
     dev = torch.device(device)
     arch_kwargs = {**architecture["arch_kwargs"], "encoder_weights": None}  # the weights do not change the memory
     dtype = torch.bfloat16 if bf16_training_requested() else torch.float16
-    recipe = MedDisSegRecipe()
-    seg, dispersive = segmentation_loss(batch_dice=True), dispersive_from_recipe(recipe)
-    weights = Stage2Weights.from_recipe(recipe)
+    stage2_loss = recipe_stage2_loss(MedDisSegRecipe())
     peaks = []
     for batch in batches:
         torch.cuda.empty_cache()
@@ -97,7 +90,7 @@ def measure_training_memory(patch_size: Sequence[int], architecture: dict, num_i
         for _ in range(2):
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast("cuda", dtype=dtype):
-                loss = stage2_loss(net(x), target, seg, dispersive, weights)[0]
+                loss = stage2_loss(net(x), target)
             backward_clip_step(loss, optimizer, scaler, net.parameters())  # the trainer's update
         torch.cuda.synchronize(dev)
         peaks.append(int(torch.cuda.max_memory_allocated(dev)))
