@@ -1,6 +1,6 @@
 """Shared helpers of the benchmark scripts (imported as ``common``: ``python benchmarks/<script>.py`` puts this
-folder on ``sys.path``): machine description, the networks nnU-Net would use, the Stage II loss, alternating
-timers, block profiles and result files (JSON + markdown)."""
+folder on ``sys.path``): machine description, the networks nnU-Net would use, alternating timers, block
+profiles and result files (JSON + markdown)."""
 import argparse
 import datetime
 import json
@@ -124,18 +124,6 @@ def set_mode(net: nn.Module, training: bool, deep_supervision: bool) -> nn.Modul
     net.train(training)
     net.decoder.deep_supervision = deep_supervision
     return net
-
-
-def stage2_loss(dispersive: bool = True) -> Callable[[object, torch.Tensor], torch.Tensor]:
-    """nnUNetTrainerMedDisSeg's Stage II loss with its default weights (nnU-Net's batch Dice + CE, as planned
-    for 2D), with or without its dispersive term, as a function ``(network output, target) -> loss``."""
-    from nnunetv2_meddisseg.training.objectives import Stage2Weights, dispersive_from_recipe, segmentation_loss
-    from nnunetv2_meddisseg.training.objectives import stage2_loss as loss
-    from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
-
-    seg, weights = segmentation_loss(batch_dice=True), Stage2Weights.from_recipe(MedDisSegRecipe())
-    term = dispersive_from_recipe(MedDisSegRecipe()) if dispersive else None
-    return lambda output, target: loss(output, target, seg, term, weights)[0]
 
 
 def make_batch(batch: int, size: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -284,6 +272,26 @@ def report(out_dir: Path, name: str, payload: dict, markdown_body: str, missed: 
     if missed:
         print(f"TARGET MISSED: {missed}", file=sys.stderr)
     return 1 if missed else 0
+
+
+def dataset_folder(root: str, dataset: str) -> Path:
+    """``root/DatasetXXX_Name`` for a dataset ID or name (a ``SystemExit`` naming what was found otherwise)."""
+    pattern = f"Dataset{int(dataset):03d}_*" if str(dataset).isdigit() else dataset
+    found = sorted(p for p in Path(root).glob(pattern) if p.is_dir())
+    if len(found) != 1:
+        raise SystemExit(f"dataset {dataset}: expected one folder {pattern} in {root}, found "
+                         f"{', '.join(p.name for p in found) or 'none'}")
+    return found[0]
+
+
+def write_kvasir_split(target: Path, counts: Sequence[Optional[int]], description: str) -> dict:
+    """A ``--split-file`` (JSON) with the first ``counts`` (train, val, test; None: all) cases of each part of the
+    shipped Kvasir-SEG split."""
+    shipped = json.loads((Path(__file__).resolve().parents[1] / "nnunetv2_meddisseg" / "datasets" / "splits"
+                          / "kvasir_seg.json").read_text())
+    split = {"description": description, **{key: shipped[key][:n] for key, n in zip(("train", "val", "test"), counts)}}
+    target.write_text(json.dumps(split, indent=1) + "\n")
+    return split
 
 
 def parse_device(device: str) -> torch.device:
