@@ -67,7 +67,7 @@ def build(name: str, deep_supervision: bool, size: int = 256):
     below that with as many stages as nnU-Net plans: the deepest 4x4), 3 -> 2 classes."""
     import torch
 
-    from nnunetv2_meddisseg.plans_entry import architecture_entry
+    from nnunetv2_meddisseg.plans_architecture import architecture_entry
 
     torch.manual_seed(0)
     if name == "meddisseg":

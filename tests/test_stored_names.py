@@ -9,7 +9,7 @@ from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 
 from nnunetv2_meddisseg.blocks.norm import SingleKernelInstanceNorm2d, UncountedBatchNorm2d
 from nnunetv2_meddisseg.environment import TRAINER_FOLDER
-from nnunetv2_meddisseg.plans_entry import architecture_entry
+from nnunetv2_meddisseg.plans_architecture import architecture_entry
 from nnunetv2_meddisseg.stored_names import TRAINER_CLASSES, curves_with_the_head_named, head_group_named
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2, checkpoint_stage

@@ -33,7 +33,7 @@ from nnunetv2_meddisseg.environment import (
 from nnunetv2_meddisseg.evaluation.evaluate import evaluate_folders
 from nnunetv2_meddisseg.files import write_atomically
 from nnunetv2_meddisseg.logged_command import run_logged
-from nnunetv2_meddisseg.plans_entry import architecture_entry
+from nnunetv2_meddisseg.plans_architecture import architecture_entry
 from nnunetv2_meddisseg.training.recipe import ScheduleRecipe
 
 __all__ = ["NETWORK_ABLATIONS", "Variant", "write_budget", "write_network_ablation_plans", "epoch_seconds",

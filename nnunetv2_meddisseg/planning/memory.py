@@ -64,7 +64,7 @@ def measure_training_memory(patch_size: Sequence[int], architecture: dict, num_i
                             num_classes: int = 2, batches: Sequence[int] = (2, 4), device: str = "cuda") -> MemoryLine:
     """Peak memory of two Stage II training steps per batch in ``batches`` (the second step holds Adam's
     moments), fitted to a line (see the module docstring). ``architecture``: a plans configuration's
-    ``architecture`` block (``plans_entry.architecture_entry``). Needs a CUDA device."""
+    ``architecture`` block (``plans_architecture.architecture_entry``). Needs a CUDA device."""
     import torch
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 

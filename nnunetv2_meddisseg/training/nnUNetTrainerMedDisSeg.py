@@ -19,7 +19,7 @@ from nnunetv2_meddisseg.training.compilation import Compilation, CompileDecision
 from nnunetv2_meddisseg.training.errors import TrainingInputError, TrainingInputRuntimeError
 from nnunetv2_meddisseg.training.extended_trainer import ExtendedTrainerBase
 from nnunetv2_meddisseg.training.lr_schedule import PerGroupPolyLRScheduler
-from nnunetv2_meddisseg.training.meddisseg_plans import (
+from nnunetv2_meddisseg.training.network_from_plans import (
     build_meddisseg_network,
     load_plans_encoder_weights,
     plans_encoder_weights,
@@ -237,7 +237,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
                                    enable_deep_supervision: bool = True) -> nn.Module:
         """MedDisSegNet from the plans' ``arch_kwargs`` when the plans name it (``nnUNetMedDisSegPlans``, and the
         plans this trainer records with a model), else (a ``plans.json`` that names nnU-Net's network)
-        MedDisSegNet as ``nnUNetv2_meddisseg_plan`` writes it by default (``meddisseg_plans.build_meddisseg_network``).
+        MedDisSegNet as ``nnUNetv2_meddisseg_plan`` writes it by default
+        (``network_from_plans.build_meddisseg_network``).
 
         The plans' ``encoder_weights`` are never read here: nnU-Net's predictor builds the network through this
         method and then loads the checkpoint's weights (a trained model predicts where that file does not

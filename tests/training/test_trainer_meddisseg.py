@@ -156,7 +156,7 @@ def test_network_from_default_plans_and_from_meddisseg_plans():
 
 
 def test_network_on_nnunets_plans_is_what_the_plan_command_writes_by_default():
-    from nnunetv2_meddisseg.plans_entry import ADDED_NORMS, DEFAULT_ADDED_NORM
+    from nnunetv2_meddisseg.plans_architecture import ADDED_NORMS, DEFAULT_ADDED_NORM
 
     plans_manager = PlansManager(tiny_plans(PLAIN_UNET))
     network = nnUNetTrainerMedDisSeg.build_network_architecture(plans_manager, plans_manager.get_configuration("2d"),
@@ -172,7 +172,7 @@ def test_on_nnunets_plans_the_trainer_records_the_network_it_builds(nnunet_dirs)
     """The plans a model keeps (``plans.json`` is ``plans_manager.plans``; the checkpoints' ``init_args``)
     name MedDisSegNet with every argument, so prediction rebuilds the trained network whatever the code's
     defaults; everything else stays nnU-Net's plans, and the caller's plans are not changed."""
-    from nnunetv2_meddisseg.plans_entry import architecture_entry
+    from nnunetv2_meddisseg.plans_architecture import architecture_entry
 
     plans = dict(tiny_plans(PLAIN_UNET), continue_training=False)
     before = deepcopy(plans)
@@ -195,7 +195,7 @@ def test_on_nnunets_plans_the_trainer_records_the_network_it_builds(nnunet_dirs)
 
 
 def test_network_class_is_meddisseg_reads_the_class_not_the_plans_name():
-    from nnunetv2_meddisseg.training.meddisseg_plans import network_class_is_meddisseg
+    from nnunetv2_meddisseg.training.network_from_plans import network_class_is_meddisseg
 
     def configuration(architecture, plans_name):
         plans = tiny_plans(architecture)
