@@ -188,6 +188,8 @@ def _run(args, work: Path) -> dict:
     from nnunetv2.utilities.file_path_utilities import get_output_folder
     from nnunetv2.utilities.utils import create_lists_from_splitted_dataset_folder
 
+    from nnunetv2_meddisseg.torch_files import initialize_predictor
+
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     raw = next(Path(env["nnUNet_raw"]).glob(f"Dataset{int(dataset):03d}_*"))
@@ -202,8 +204,8 @@ def _run(args, work: Path) -> dict:
             torch_predictor = nnUNetPredictor(tile_step_size=0.5, use_gaussian=True, use_mirroring=tta,
                                               device=device, verbose=False, verbose_preprocessing=False,
                                               allow_tqdm=False)
-            torch_predictor.initialize_from_trained_model_folder(
-                get_output_folder(dataset, trainer, plans, CONFIGURATION), ("0",), "checkpoint_final.pth")
+            initialize_predictor(torch_predictor, get_output_folder(dataset, trainer, plans, CONFIGURATION), ["0"],
+                                 "checkpoint_final.pth")
             out_t = work / "predictions" / f"{trainer}_{mode[4:]}_nnunet"
             out_t.mkdir(parents=True, exist_ok=True)  # nnU-Net's sequential prediction writes into it first
             calls[f"{name} / nnUNetv2_predict"] = (lambda p=torch_predictor, o=out_t: p.predict_from_files_sequential(

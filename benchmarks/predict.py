@@ -27,6 +27,7 @@ from common import (
     summarize,
 )
 
+from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.environment import (
     CPU_BF16_ENVIRONMENT_VARIABLE,
     nnunet_environment,
@@ -35,6 +36,7 @@ from nnunetv2_meddisseg.environment import (
     trainer_output_folder,
 )
 from nnunetv2_meddisseg.logged_command import CommandFailed, run_logged
+from nnunetv2_meddisseg.torch_files import check_model_folder_checkpoints
 
 CONFIGURATION = "2d"
 SYNTHETIC_DATASET_ID = 990
@@ -241,6 +243,10 @@ def _run(args, work: Path, logs: Path) -> dict:
         if not ckpt.is_file():
             raise SystemExit(f"{MODEL_NAMES[k]}: {ckpt} not found (train the model first, or check --trainer / "
                              f"--plans / --fold / --checkpoint)")
+        try:  # read weights-only before nnUNetv2_predict loads it with weights_only=False
+            check_model_folder_checkpoints(folder, [args.fold], args.checkpoint)
+        except UserError as e:
+            raise SystemExit(f"{MODEL_NAMES[k]}: {e}") from None
     file_ending = json.loads((folders["default"] / "dataset.json").read_text()).get("file_ending", ".png")
     image_source = Path(args.images) if args.images else dataset_folder(env["nnUNet_raw"], dataset) / "imagesTs"
     if not image_source.is_dir():

@@ -14,7 +14,9 @@ the same files, each ``checkpoint_*.pth`` reduced to those keys (training cannot
 the reduced copy to share the smaller files.
 
 Checkpoints are read with ``weights_only=True`` (``torch_files``): a model folder someone shares can
-hold a checkpoint whose pickle would run code, and such a checkpoint is refused, never run. The copy
+hold a checkpoint whose pickle would run code, and such a checkpoint is refused, never run; an empty,
+truncated or corrupt one is refused in one line naming it. The copy's checkpoints are written anew from
+what was read, so they hold tensors, containers and numbers only. The copy
 carries no temporary files (``*.tmp``, ``*.partial``) and may not lie inside MODEL_FOLDER.
 """
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch
 
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
 from nnunetv2_meddisseg.files import replace_folder
-from nnunetv2_meddisseg.torch_files import UnsafeTorchFile, load_weights_only
+from nnunetv2_meddisseg.torch_files import PREDICTOR_KEYS, read_checkpoint
 
 __all__ = ["PREDICTION_KEYS", "weights_only_checkpoint", "copy_weights_only", "main"]
 
@@ -45,7 +47,7 @@ TEMPORARY_SUFFIXES = (".tmp", ".partial")
 def weights_only_checkpoint(checkpoint: Mapping[str, object], source: str = "checkpoint") -> Dict[str, object]:
     """The entries of ``checkpoint`` in :data:`PREDICTION_KEYS` (an error naming ``source`` where the
     ones nnU-Net's predictor needs are missing)."""
-    missing = [k for k in ("network_weights", "trainer_name", "init_args") if k not in checkpoint]
+    missing = [k for k in PREDICTOR_KEYS if k not in checkpoint]
     if missing:
         raise UserError(f"{source} is not an nnU-Net checkpoint: it has no {', '.join(missing)}")
     return {k: checkpoint[k] for k in PREDICTION_KEYS if k in checkpoint}
@@ -75,15 +77,7 @@ def copy_weights_only(model_folder: Path, output_folder: Path) -> List[Path]:
         raise UserError(f"{model_folder} holds no fold_*/checkpoint_*.pth: train the model first")
     reduced = {}
     for path in checkpoints:
-        try:
-            loaded = load_weights_only(path, "checkpoint")
-        except UnsafeTorchFile as e:
-            raise UserError(str(e)) from None
-        except Exception as e:  # noqa: BLE001 - any unreadable file is the user's file
-            raise UserError(f"{path} cannot be read as a checkpoint ({type(e).__name__}: {e})") from e
-        if not isinstance(loaded, Mapping):
-            raise UserError(f"{path} is not an nnU-Net checkpoint: it holds a {type(loaded).__name__}, not a dict")
-        reduced[path.relative_to(model_folder)] = weights_only_checkpoint(loaded, str(path))
+        reduced[path.relative_to(model_folder)] = weights_only_checkpoint(read_checkpoint(path), str(path))
     partial = target.parent / f".{target.name}.partial"
     try:
         if partial.exists():

@@ -6,6 +6,13 @@ checkpoint may hold, besides tensors and containers, the NumPy scalars nnU-Net l
 (:data:`NUMPY_SCALAR_GLOBALS`, allowed for the duration of one load only). A file needing anything
 else is refused with :class:`UnsafeTorchFile`, whose message says what the file asked for and never
 advises ``weights_only=False``.
+
+nnU-Net's predictor (``nnUNetPredictor.initialize_from_trained_model_folder``) loads checkpoints with
+``weights_only=False``. :func:`initialize_predictor` reads every checkpoint the predictor will load first
+(:func:`check_model_folder_checkpoints`: one line naming the file where one is missing, empty, truncated,
+carries other objects or lacks what the predictor reads) and then lets the predictor load them inside
+:func:`weights_only_loads`, where torch reads weights only whatever its caller asks
+(``TORCH_FORCE_WEIGHTS_ONLY_LOAD``): a file exchanged between the check and the load is refused as well.
 """
 from __future__ import annotations
 
@@ -13,14 +20,18 @@ import os
 import pickle
 import re
 import zipfile
-from typing import Any, List
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from nnunetv2_meddisseg.cli import UserError
 
-__all__ = ["NUMPY_SCALAR_GLOBALS", "UnsafeTorchFile", "is_torch_file", "load_weights_only", "refusal_reason"]
+__all__ = ["NUMPY_SCALAR_GLOBALS", "PREDICTOR_KEYS", "UnsafeTorchFile", "is_torch_file", "load_weights_only",
+           "refusal_reason", "read_checkpoint", "check_model_folder_checkpoints", "weights_only_loads",
+           "initialize_predictor"]
 
 
 def _numpy_scalar_globals() -> List[Any]:
@@ -64,9 +75,120 @@ def load_weights_only(path: str, what: str = "file", mmap: bool = False) -> Any:
         try:
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap or None)
         except pickle.UnpicklingError as e:
-            if "Weights only load failed" not in str(e):
+            if not _is_refusal(e):
                 raise
-            raise UnsafeTorchFile(
-                f"{what} {path} holds pickled objects other than tensors, numbers and containers "
-                f"({refusal_reason(e)}); it was not loaded, since loading such objects can run code: save plain "
-                f"data (state_dict() and built-in types) instead") from None
+            raise _unsafe(f"{what} {path}", e) from None
+
+
+def _is_refusal(error: BaseException) -> bool:
+    """``error`` is torch's refusal of a weights-only load (not a broken file)."""
+    return isinstance(error, pickle.UnpicklingError) and "Weights only load failed" in str(error)
+
+
+def _unsafe(what: str, error: BaseException) -> UnsafeTorchFile:
+    return UnsafeTorchFile(f"{what} holds pickled objects other than tensors, numbers and containers "
+                           f"({refusal_reason(error)}); it was not loaded, since loading such objects can run code: "
+                           f"save plain data (state_dict() and built-in types) instead")
+
+
+#: what nnU-Net's predictor reads from every checkpoint it loads
+PREDICTOR_KEYS = ("network_weights", "trainer_name", "init_args")
+
+
+def _one_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {' '.join(str(error).split())[:200]}".rstrip(": ")
+
+
+def read_checkpoint(path: Union[str, os.PathLike], mmap: Optional[bool] = None) -> Mapping[str, Any]:
+    """A checkpoint read by :func:`load_weights_only` (``mmap``: memory-mapped, tensors read when used; by default
+    for files in torch.save's zip format).
+
+    Raises a one-line :class:`~nnunetv2_meddisseg.cli.UserError` naming the file where it does not exist, is
+    empty, is no complete file written by ``torch.save`` (truncated or corrupt) or holds no dict, and
+    :class:`UnsafeTorchFile` where it holds objects other than tensors, containers, numbers and NumPy scalars."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise UserError(f"no trained model: {path} does not exist")
+    if os.path.getsize(path) == 0:
+        raise UserError(f"{path} is empty (0 bytes): an interrupted copy or save? copy it again or train the model "
+                        f"again")
+    if not is_torch_file(path):
+        raise UserError(f"{path} cannot be read as a checkpoint (truncated or corrupt? it is no complete file written "
+                        f"by torch.save)")
+    try:
+        loaded = load_weights_only(path, "checkpoint", mmap=zipfile.is_zipfile(path) if mmap is None else mmap)
+    except UnsafeTorchFile:
+        raise
+    except Exception as e:  # noqa: BLE001 - a truncated or corrupt file is the user's file
+        raise UserError(f"{path} cannot be read as a checkpoint (truncated or corrupt? {_one_line(e)})") from None
+    if not isinstance(loaded, Mapping):
+        raise UserError(f"{path} is not an nnU-Net checkpoint: it holds a {type(loaded).__name__}, not a dict")
+    return loaded
+
+
+def _folds(folds: Iterable[Union[int, str]]) -> Tuple[Union[int, str], ...]:
+    """``folds`` as nnU-Net's predictor takes them: numbers, or ``'all'``."""
+    try:
+        return tuple(f if f == "all" else int(f) for f in folds)
+    except ValueError:
+        raise UserError(f"folds {' '.join(map(str, folds))}: expected fold numbers or 'all'") from None
+
+
+def check_model_folder_checkpoints(model_folder: Union[str, os.PathLike], folds: Sequence[Union[int, str]],
+                                   checkpoint_name: str = "checkpoint_final.pth") -> List[Path]:
+    """Read ``model_folder/fold_<f>/<checkpoint_name>`` of every fold in ``folds`` (``int`` or ``'all'``) as
+    nnU-Net's predictor will load it, with :func:`read_checkpoint`, and check that it holds what the predictor
+    reads (:data:`PREDICTOR_KEYS`); returns the files. Raises :class:`UnsafeTorchFile` or a one-line
+    :class:`~nnunetv2_meddisseg.cli.UserError` naming the first file that fails, before anything loads it unsafely.
+    """
+    files = [Path(model_folder) / f"fold_{fold}" / checkpoint_name for fold in _folds(folds)]
+    for path in files:
+        checkpoint = read_checkpoint(path)
+        missing = [k for k in PREDICTOR_KEYS if k not in checkpoint]
+        if missing:
+            raise UserError(f"{path} is not an nnU-Net checkpoint: it has no {', '.join(missing)}")
+    return files
+
+
+_FORCE, _FORCE_NO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+
+
+@contextmanager
+def weights_only_loads(what: str = "a checkpoint") -> Iterator[None]:
+    """Inside the block, every ``torch.load`` of this process reads weights only, also where its caller passes
+    ``weights_only=False`` (torch's ``TORCH_FORCE_WEIGHTS_ONLY_LOAD``), with :data:`NUMPY_SCALAR_GLOBALS` allowed;
+    the environment is restored afterwards. A load that meets any other object is refused without running it:
+    :class:`UnsafeTorchFile` naming ``what`` (the file the block loads). The variable is process-wide: for a
+    single-threaded command's call into nnU-Net."""
+    saved = {name: os.environ.get(name) for name in (_FORCE, _FORCE_NO)}
+    os.environ[_FORCE] = "1"
+    os.environ.pop(_FORCE_NO, None)  # both set is an error in torch.load
+    try:
+        with torch.serialization.safe_globals(NUMPY_SCALAR_GLOBALS):
+            yield
+    except pickle.UnpicklingError as e:
+        if not _is_refusal(e):
+            raise
+        raise _unsafe(what, e) from None
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def initialize_predictor(predictor: Any, model_folder: Union[str, os.PathLike], folds: Sequence[Union[int, str]],
+                         checkpoint_name: str = "checkpoint_final.pth") -> None:
+    """``predictor.initialize_from_trained_model_folder(model_folder, folds, checkpoint_name)`` (an
+    ``nnUNetPredictor``) without running code a checkpoint carries: every fold's checkpoint is checked first
+    (:func:`check_model_folder_checkpoints`), and the predictor's own loads run inside :func:`weights_only_loads`,
+    so that what it loads is read weights-only too, even where a file changed after the check."""
+    folds = _folds(folds)
+    files = check_model_folder_checkpoints(model_folder, folds, checkpoint_name)
+    try:
+        with weights_only_loads(f"checkpoint {' or '.join(map(str, files))}"):
+            predictor.initialize_from_trained_model_folder(str(model_folder), folds, checkpoint_name)
+    except UnsafeTorchFile:
+        check_model_folder_checkpoints(model_folder, folds, checkpoint_name)  # names the file that changed
+        raise

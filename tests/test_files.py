@@ -47,3 +47,53 @@ def test_a_folder_is_replaced_whole_and_put_back_where_the_move_fails(tmp_path, 
     with pytest.raises(OSError, match="no space"):
         replace_folder(_folder(tmp_path / ".export.partial", "third"), target)
     assert (target / "a.txt").read_text() == "second"  # the previous folder is back
+
+
+KILLED_REPLACE = '''import os, shutil, signal, sys
+from nnunetv2_meddisseg import files
+
+point, new, target = sys.argv[1], sys.argv[2], sys.argv[3]
+real_replace, real_rmtree, calls = os.replace, shutil.rmtree, []
+
+
+def replace(src, dst):
+    calls.append(dst)
+    if point == f"rename {len(calls)}":
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_replace(src, dst)
+
+
+def rmtree(path, ignore_errors=False):
+    if point == "removing the old folder":
+        os.remove(os.path.join(path, "a.txt"))  # half removed
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_rmtree(path, ignore_errors=ignore_errors)
+
+
+files.os.replace, files.shutil.rmtree = replace, rmtree
+files.replace_folder(new, target)
+'''
+
+
+@pytest.mark.parametrize("point", ["rename 1", "rename 2", "removing the old folder"])
+def test_a_kill_at_any_moment_leaves_one_folder_whole_and_the_next_run_finds_it(tmp_path, point):
+    import signal
+    import subprocess
+    import sys
+
+    target = tmp_path / "export"
+    _folder(target, "old")
+    (target / "b.txt").write_text("old")
+    new = _folder(tmp_path / ".export.partial", "new")
+    (new / "b.txt").write_text("new")
+    proc = subprocess.run([sys.executable, "-c", KILLED_REPLACE, point, str(new), str(target)], timeout=120)
+    assert proc.returncode == -signal.SIGKILL  # killed where the point says
+    if point == "rename 2":  # between the renames: the target is missing, the old folder whole beside it
+        assert not target.exists() and files.set_aside_path(target).is_dir()
+    put_back = files.restore_set_aside(target)
+    assert put_back == (point == "rename 2")
+    texts = {p.name: p.read_text() for p in target.iterdir()}
+    expected = "new" if point == "removing the old folder" else "old"
+    assert texts == {"a.txt": expected, "b.txt": expected}  # one whole folder, never a mixture
+    assert not files.set_aside_path(target).exists()
+    assert files.restore_set_aside(target) is False  # nothing left to do

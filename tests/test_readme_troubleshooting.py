@@ -25,7 +25,8 @@ from bad_input_table import encoder_state_dict, row_module, run_entry_point
 from nnunetv2_meddisseg.environment import trainer_folder
 
 ROOT = Path(__file__).resolve().parents[1]
-convert_rows, plan_rows, evaluate_rows, compare_rows = map(row_module, ("convert", "plan", "evaluate", "compare"))
+convert_rows, plan_rows, evaluate_rows, compare_rows, export_rows, predict_rows = map(
+    row_module, ("convert", "plan", "evaluate", "compare", "export", "predict_onnx"))
 _TRAINING_TESTS = str(Path(__file__).resolve().parent / "training")
 if _TRAINING_TESTS not in sys.path:
     sys.path.append(_TRAINING_TESTS)
@@ -360,6 +361,7 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "loading such objects can run code": _command("compare", compare_rows.cmp_checkpoint_payload),
     "holds NaN or inf values (expected finite weights)": _command("plan", plan_rows.plan_weights_nan),
     "checkpoint_final.pth is empty (0 bytes)": _command("compare", compare_rows.cmp_zero_byte_checkpoint),
+    "is not an nnU-Net checkpoint: it has no ...": _command("compare", compare_rows.cmp_checkpoint_not_nnunet),
     "cannot be read as a checkpoint (truncated or corrupt?": _command("compare", compare_rows.cmp_truncated_checkpoint),
     "mask ... would be written empty: its values reach ... but none exceeds half its range":
         _command("convert", convert_rows.conv_faint_mask),
@@ -367,6 +369,9 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "191.25), so it is neither faint background nor an anti-aliased edge": three_valued_mask,
     "nnUNetv2_meddisseg_convert: error: ... of ... masks are refused by the mask rule (all listed in the report above)":
         _command("convert", ambiguous_masks),
+    "holds the values {...}: ... a label map of ... classes": _command("convert", convert_rows.conv_label_map_mask),
+    "holds ... colours of different hues that each cover more than 1 % of the pixels":
+        _command("convert", convert_rows.conv_colour_label_map_mask),
     "--mask-threshold must be a number from 0 to below 65535": _command("convert", mask_threshold_negative),
     "--mask-threshold ... is not below the range of mask": _command("convert", mask_threshold_out_of_range),
     "holds NaN or inf values: replace them (e.g. numpy.nan_to_num)": nan_image,
@@ -377,6 +382,32 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "is inside MODEL_FOLDER": share_inside_model_folder,
     "the dataset this conversion writes (and --overwrite replaces)":
         _command("convert", convert_rows.conv_source_is_the_dataset),
+    "nnUNetv2_meddisseg_export: error: -o ... exists and is not an export of nnUNetv2_meddisseg_export (no "
+    "onnx_model.json written by it): -o replaces only an earlier export; choose a new folder":
+        _command("export", export_rows.exp_output_is_a_user_folder),
+    "-o ... is inside nnUNet_raw (...), whose folders belong to nnU-Net":
+        _command("export", export_rows.exp_output_in("nnUNet_raw")),
+    "-o ... is the input folder -i ...: the predictor never writes into its inputs":
+        _command("predict_onnx", predict_rows.pred_output_is_input),
+    "(the output of case ...) would overwrite the input file ...":
+        _command("predict_onnx", predict_rows.pred_output_file_is_an_input),
+    "exists and was not written by nnUNetv2_meddisseg_predict_onnx (or was changed since): pass --overwrite to "
+    "replace such files, or choose another -o": _command("predict_onnx", predict_rows.pred_output_not_ours),
+    "its sha256 ... is not the ... that onnx_model.json records":
+        _command("predict_onnx", predict_rows.pred_graph(lambda: predict_rows.tiny_graph(5), record=False)),
+    "model.onnx: empty (0 bytes)": _command("predict_onnx", predict_rows.pred_graph(lambda: b"", record=False)),
+    "ONNX Runtime cannot load it":
+        _command("predict_onnx", predict_rows.pred_graph(lambda: predict_rows.tiny_graph(0)[:100], record=True)),
+    "the graph's output has ... segmentation heads, onnx_model.json says ...": _command(
+        "predict_onnx", predict_rows.pred_graph(lambda: predict_rows.tiny_graph(0, out_channels=3), record=True)),
+    "onnx_model.json: patch_size must be two integers from 1 to 4096 (a 2D patch), got ...":
+        _command("predict_onnx", predict_rows.pred_field("patch_size", [0, 16])),
+    "format version 1, this predictor reads 2: export the model again":
+        _command("predict_onnx", predict_rows.pred_field("format_version", 1)),
+    "reads as an array of shape ..., expected a 2D grey, RGB or RGBA image":
+        _command("predict_onnx", predict_rows.pred_grey_with_alpha),
+    "-part_id must be from 0 to ... (-num_parts ...; parts count from 0), got ...":
+        _command("predict_onnx", predict_rows.pred_parts("-num_parts", "3", "-part_id", "3")),
     "nnUNetv2_train: error: cannot read the checkpoint .../checkpoint_latest.pth (truncated or corrupt? ...): copy "
     ".../checkpoint_best.pth over it to resume from the best epoch, or train again without --c":
         truncated_checkpoint_latest,
@@ -412,7 +443,8 @@ NOT_TRIGGERED: Dict[str, str] = {
     "Distributed package doesn't have NCCL built in": "as the line above, with a torch built without NCCL",
     "cannot write ...: No space left on device": "needs a full disk; tests/datasets/test_convert_error_table.py and "
                                                    "tests/evaluation/test_evaluate_error_table.py simulate one, "
-                                                   "tests/test_sharing.py for weights_only",
+                                                   "tests/test_sharing.py for weights_only, "
+                                                   "tests/deploy/test_export_folder.py for the export",
 }
 
 # quotes in the first column that name a command or variable rather than a message

@@ -86,9 +86,9 @@ def write_network_ablation_plans(preprocessed: Path, plans: str, ablation: str) 
 
 def epoch_seconds(checkpoint_file: Path) -> List[float]:
     """nnU-Net's epoch durations recorded in a checkpoint, one per epoch (survive interruptions and ``--c``)."""
-    from nnunetv2_meddisseg.torch_files import load_weights_only
+    from nnunetv2_meddisseg.torch_files import read_checkpoint
 
-    logging = load_weights_only(checkpoint_file, "checkpoint")["logging"]
+    logging = read_checkpoint(checkpoint_file)["logging"]
     return [float(end - start) for start, end in zip(logging["epoch_start_timestamps"],
                                                      logging["epoch_end_timestamps"])]
 
@@ -148,6 +148,8 @@ class AblationRun:
         self._command(command, seed, self.out / "logs" / f"{variant}_seed{seed}_train.log", time_limit_s)
 
     def predict_and_evaluate(self, variant: str, seed: int, time_limit_s: Optional[float] = None) -> dict:
+        from nnunetv2_meddisseg.torch_files import check_model_folder_checkpoints
+
         predictions = self.out / f"seed_{seed}" / "predictions" / variant
         command = ["nnUNetv2_predict", "-i", str(self.images), "-o", str(predictions), "-d", self.dataset_name,
                    "-c", "2d", "-f", self.fold, "-tr", self.variants[variant].trainer,
@@ -156,6 +158,8 @@ class AblationRun:
                    "-nps", str(self.predict_processes)]
         if self.disable_tta:
             command.append("--disable_tta")
+        # nnUNetv2_predict loads the checkpoint with weights_only=False: read it weights-only first
+        check_model_folder_checkpoints(self.fold_folder(variant, seed).parent, [self.fold], "checkpoint_final.pth")
         start = time.monotonic()
         self._command(command, seed, self.out / "logs" / f"{variant}_seed{seed}_predict.log", time_limit_s)
         predict_seconds = time.monotonic() - start

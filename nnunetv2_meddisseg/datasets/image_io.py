@@ -3,7 +3,7 @@ case as nnU-Net PNGs."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 from PIL import Image
@@ -70,30 +70,31 @@ def read_rgb(path: Path) -> Image.Image:
     return img if img.mode == "RGB" else img.convert("RGB")
 
 
-def _mask_values(img: Image.Image, path: Path) -> Tuple[np.ndarray, int]:
-    """One value per pixel of a mask and its full range (see :func:`read_binary_mask` for the rule)."""
+def _mask_values(img: Image.Image, path: Path) -> Tuple[np.ndarray, int, Optional[np.ndarray]]:
+    """One value per pixel of a mask, its full range (see :func:`read_binary_mask` for the rule) and, for colour
+    masks (RGB, palette; RGBA / LA unless alpha is the mask), the ``(H, W, C)`` colours the values come from."""
     if img.mode in WIDE_MODES:
         arr = np.asarray(img).astype(np.float64)
         if not np.isfinite(arr).all():
             raise ConversionError(f"mask {path} holds NaN or inf values: expected a binary mask (0 background, "
                                   f"one foreground value)")
-        return arr, 65535 if arr.max(initial=0) > 255 else 255
+        return arr, 65535 if arr.max(initial=0) > 255 else 255, None
     if img.mode == "1":
-        return np.asarray(img).astype(np.uint8) * 255, 255
+        return np.asarray(img).astype(np.uint8) * 255, 255, None
     if img.mode == "L":
-        return np.asarray(img), 255
+        return np.asarray(img), 255, None
     if img.mode == "P":
         img = img.convert("RGBA" if "transparency" in img.info else "RGB")
     elif img.mode not in ("LA", "RGB", "RGBA"):
         img = img.convert("RGB")
     arr = np.asarray(img)
-    colour = arr[..., :-1] if img.mode in ("LA", "RGBA") else arr
-    colour = np.maximum.reduce([colour[..., i] for i in range(colour.shape[-1])])  # (faster than max(axis=-1))
+    colours = arr[..., :-1] if img.mode in ("LA", "RGBA") else arr
+    colour = np.maximum.reduce([colours[..., i] for i in range(colours.shape[-1])])  # (faster than max(axis=-1))
     if img.mode in ("LA", "RGBA"):
         alpha = arr[..., -1]
         if colour.min(initial=0) == colour.max(initial=0) and alpha.min(initial=0) != alpha.max(initial=0):
-            return alpha, 255  # one colour everywhere: the foreground is drawn in alpha
-    return colour, 255
+            return alpha, 255, None  # one colour everywhere: the foreground is drawn in alpha
+    return colour, 255, colours if colours.shape[-1] == 3 else None
 
 
 #: the mask rule's bands, as fractions of a lossless mask's range R: values at or below BACKGROUND_BAND * R are
@@ -104,6 +105,15 @@ FOREGROUND_BAND = 0.75
 #: label of its own (a second class, 'uncertain'), not an anti-aliased edge; faint background values that
 #: together cover more than this fraction are reported as faint background
 AMBIGUOUS_FRACTION = 0.01
+#: JPEG masks: values up to this fraction of the range are the format's noise around black, so a JPEG mask whose
+#: values stay within it is an empty mask, not a foreground drawn too dark
+LOSSY_NOISE = 0.05
+#: the classes of a binary dataset's masks: background and one foreground
+BINARY_CLASSES = 2
+#: colours whose channels, scaled by their brightest channel, agree to within this step are one hue (one class
+#: drawn with anti-aliased or darker edges); colours of different hues are different classes
+_HUE_STEP = 4
+
 
 def _percent(fraction: float) -> str:
     """``0.3`` -> ``"30"``, ``0.012`` -> ``"1.2"``."""
@@ -123,6 +133,52 @@ def _shown_values(values: np.ndarray) -> str:
     return ", ".join(f"{v:g}" for v in values) if len(values) <= 8 else f"{len(values)} values"
 
 
+def _colour_classes(colours: np.ndarray, values: np.ndarray, low: float) -> List[Tuple[Tuple[int, ...], float]]:
+    """The hues of a colour mask that are not background (brightest channel above ``low``) and each cover more than
+    :data:`AMBIGUOUS_FRACTION` of the pixels: ``[(the hue's most frequent colour, share)]``, largest first."""
+    bright = colours[values > low].astype(np.int64)  # (N, 3)
+    if not len(bright):
+        return []
+    packed, counts = np.unique((bright[:, 0] << 16) | (bright[:, 1] << 8) | bright[:, 2], return_counts=True)
+    found = np.stack([packed >> 16, (packed >> 8) & 255, packed & 255], axis=1)
+    hues = np.rint(found * _HUE_STEP / found.max(axis=1, keepdims=True)).astype(int)
+    groups: Dict[Tuple[int, ...], List[int]] = {}
+    for i, hue in enumerate(map(tuple, hues)):
+        groups.setdefault(hue, []).append(i)
+    classes = []
+    for members in groups.values():
+        share = counts[members].sum() / values.size
+        if share > AMBIGUOUS_FRACTION:
+            top = max(members, key=lambda i: counts[i])
+            classes.append((tuple(int(c) for c in found[top]), float(share)))
+    return sorted(classes, key=lambda cs: -cs[1])
+
+
+def _several_classes(path: Path, values: np.ndarray, counts: np.ndarray, arr: np.ndarray, colours: Optional[np.ndarray],
+                     low: float) -> Optional[str]:
+    """Why a lossless mask holds more classes than a binary dataset (a label map), or None: two or more non-zero
+    values of the low band (at most 25 % of the range) that each cover more than 1 % of the mask (``{0, 1, 2}``:
+    the rule would read every one as background), or two or more colour hues, not background, that each do."""
+    area = AMBIGUOUS_FRACTION * arr.size
+    if values.max(initial=0) <= low:
+        labels = [v for v, c in zip(values, counts) if v > 0 and c > area]
+        if len(labels) >= BINARY_CLASSES:
+            return (f"mask {path} holds the values {{{_shown_values(values)}}}: {_shown_values(labels)} each cover "
+                    f"more than {_percent(AMBIGUOUS_FRACTION)} % of the pixels and all lie at or below 25 % of its "
+                    f"range ({low:.10g}): a label map of {len(labels) + 1} classes (a binary dataset has "
+                    f"{BINARY_CLASSES}: background and one foreground), or faint values without a foreground; "
+                    f"expected a binary mask (0 and one foreground value)")
+    if colours is not None:
+        hues = _colour_classes(colours, arr, low)
+        if len(hues) >= BINARY_CLASSES:
+            shown = ", ".join(f"{colour} {_percent(share)} %" for colour, share in hues)
+            return (f"mask {path} holds {len(hues)} colours of different hues that each cover more than "
+                    f"{_percent(AMBIGUOUS_FRACTION)} % of the pixels ({shown}): a label map of {len(hues) + 1} "
+                    f"classes, but a binary dataset has {BINARY_CLASSES} (background and one foreground); expected a "
+                    f"binary mask (0 and one foreground colour)")
+    return None
+
+
 def _apply_rule(path: Path, lossy: Optional[bool], threshold: Optional[float]) -> Tuple[Optional[np.ndarray],
                                                                                           MaskFinding]:
     """The rule of :func:`read_binary_mask`: the ``(H, W)`` uint8 {0, 1} mask (None where refused) and the finding."""
@@ -130,19 +186,25 @@ def _apply_rule(path: Path, lossy: Optional[bool], threshold: Optional[float]) -
     if lossy is None:
         lossy = path.suffix.lower() in LOSSY_SUFFIXES
     img = _load(_open(path), path)
+    file_range = 65535 if img.mode in WIDE_MODES else 255
+    if threshold is not None and threshold >= file_range:  # every mask, labels included: T is a value of each
+        raise OptionError(f"--mask-threshold {threshold:g} is not below the range of mask {path} (0..{file_range}): "
+                          f"expected a value between 0 and {file_range}")
     if img.mode == "P":
         indices = np.asarray(img)
         if indices.max(initial=0) <= 1:
             return indices.astype(np.uint8), MaskFinding(path, "label")
-    arr, full = _mask_values(img, path)
+    arr, full, colours = _mask_values(img, path)
     values, counts = _value_counts(arr)
     two_valued = len(values) == 2 and values[0] == 0
-    if not lossy and values.min(initial=0) >= 0 and (values.max(initial=0) <= 1 or two_valued):
+    if not lossy and values.min(initial=0) >= 0 and (values.max(initial=0) <= 1 or two_valued) and \
+            (colours is None or len(_colour_classes(colours, arr, 0)) < BINARY_CLASSES):
         return (arr > 0).astype(np.uint8), MaskFinding(path, "label")
-    if threshold is not None and threshold >= full:
-        raise OptionError(f"--mask-threshold {threshold:g} is not below the range of mask {path} (0..{full}): "
-                          f"expected a value between 0 and {full}")
     low, high = BACKGROUND_BAND * full, FOREGROUND_BAND * full
+    if not lossy:
+        several = _several_classes(path, values, counts, arr, colours, low)
+        if several:
+            return None, MaskFinding(path, "classes", several)
     if lossy:
         kind = "lossy"
     else:
@@ -158,11 +220,11 @@ def _apply_rule(path: Path, lossy: Optional[bool], threshold: Optional[float]) -
         kind = "middle" if middle else "faint" if faint else "edges"
     cut = full / 2 if threshold is None else threshold
     binary = (arr > cut).astype(np.uint8)
-    if not binary.any() and arr.max(initial=0) > low:
+    if not binary.any() and arr.max(initial=0) > (LOSSY_NOISE * full if lossy else 0):
         limit = f"half its range ({cut:g})" if threshold is None else f"--mask-threshold {cut:g}"
         return None, MaskFinding(path, "empty", (
-            f"mask {path} would be written empty: its values reach {arr.max():g} but none exceeds {limit}; expected "
-            f"a binary mask with foreground above that"))
+            f"mask {path} would be written empty: its values reach {arr.max():g} ({{{_shown_values(values)}}}) but "
+            f"none exceeds {limit}; expected a binary mask with foreground above that"))
     return binary, MaskFinding(path, kind)
 
 
@@ -178,17 +240,25 @@ def read_binary_mask(path: Path, lossy: Optional[bool] = None, threshold: Option
       of its channels, so pure red, green or blue count; RGBA / LA the same, except that where the
       colour is one value everywhere and alpha varies, alpha is the mask. Palette masks whose indices
       are only 0 and 1 are labels as they are.
-    - Labels: a lossless mask holding only {0, 1}, or 0 and one other value, is that label.
+    - Labels: a lossless mask holding only {0, 1}, or 0 and one other value (in colour masks: of one
+      hue), is that label.
     - Bands, for every other mask, of range R = 255 (65535 for 16-bit masks with values above 255):
       values at or below 25 % of R are background and values at or above 75 % of R foreground,
       whatever their share of the mask (faint non-zero background, JPEG noise); values of the middle
       band are foreground above half the range (> 127 for 8 bit, > 32767 for 16 bit) where each
       covers at most 1 % of the pixels (anti-aliased edges, JPEG edges).
-    - Ambiguous, refused naming the file: a lossless mask in which one value of the middle band
-      covers more than 1 % of the pixels (``{0, 128, 255}``: a second class, or 'uncertain'?), and a
-      mask that would come out empty although its values reach above 25 % of R.
-    - ``threshold`` (``--mask-threshold T``) replaces the bands for every mask that is not a label:
-      foreground is every value above T, and middle values are no longer refused.
+    - Refused, naming the file and its values:
+      - ambiguous: a lossless mask in which one value of the middle band covers more than 1 % of the
+        pixels (``{0, 128, 255}``: a second class, or 'uncertain'?);
+      - several classes: a lossless mask whose values all lie at or below 25 % of R with two or more
+        non-zero values each over 1 % of the pixels (a label map ``{0, 1, 2}``), or a colour mask with
+        two or more hues, not background, each over 1 % (red and green classes);
+      - empty: a mask with non-zero values that would be written empty (JPEG masks: values above 5 %
+        of R, the format's noise around black).
+    - ``threshold`` (``--mask-threshold T``, below 255 for every 8-bit mask and 65535 for every 16-bit
+      one, labels included) replaces the bands for every mask that is not a label: foreground is every
+      value above T, and middle values are no longer refused; masks of several classes, and masks it
+      would leave empty, still are.
 
     ``lossy`` (JPEG: noisy edges and background) is decided by the file suffix by default; it only
     keeps a JPEG mask from being read as a label map.

@@ -3,9 +3,10 @@
 
 The report counts the masks with faint background values read as background, with anti-aliased edges, the
 JPEG masks and (with ``--mask-threshold``) those with middle values, naming up to three files of each, and
-lists every mask the rule refuses (ambiguous, or empty although bright) with the rule and the way on:
-``--mask-threshold T`` (foreground: the values above T) or ``--skip-ambiguous`` (those cases left out and
-named). Without either, the conversion refuses (:class:`MaskRuleError`) having written nothing.
+lists every mask the rule refuses (ambiguous, empty although it holds non-zero values, or a label map of more
+classes than the dataset's two) with the rule and the way on: ``--mask-threshold T`` (foreground: the values
+above T; not for label maps) or ``--skip-ambiguous`` (those cases left out and named). Otherwise the conversion
+refuses (:class:`MaskRuleError`) having written nothing.
 """
 from __future__ import annotations
 
@@ -19,16 +20,20 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from .cases import MASK_KINDS, REFUSED_KINDS, ConversionPlan, MaskFinding, SourceCase
 from .errors import ConversionError
 
-__all__ = ["MaskReport", "MaskRuleError", "survey_masks", "MASK_RULE", "WAY_ON"]
+__all__ = ["MaskReport", "MaskRuleError", "survey_masks", "MASK_RULE", "WAY_ON", "WAY_ON_CLASSES"]
 
 #: the rule in one line (the report, dataset.json's conversion record)
 MASK_RULE = ("masks holding 0 and one value (or 0/1) are that label; in any other mask, values at or below 25 % of "
              "its range are background, at or above 75 % foreground, and a value in between is foreground above "
              "half the range where it covers at most 1 % of the mask (anti-aliased edges), ambiguous where it covers "
-             "more")
+             "more; a mask with non-zero values that would be written empty, or holding several classes (two "
+             "low-band values or two colour hues each over 1 % of the mask), is refused")
 #: how to go on where masks are refused
 WAY_ON = ("pass --mask-threshold T (foreground: the mask values above T) or --skip-ambiguous (those cases are left "
           "out and named)")
+#: how to go on where every refused mask holds several classes (a threshold cannot make a label map binary)
+WAY_ON_CLASSES = ("save them as binary masks (0 and one foreground value), or pass --skip-ambiguous (those cases are "
+                  "left out and named)")
 
 #: the report's words for each kind of :data:`~nnunetv2_meddisseg.datasets.cases.MASK_KINDS`, and what the rule
 #: (without ``--mask-threshold``) did with them
@@ -39,7 +44,8 @@ _KIND_WORDS = {
     "lossy": ("JPEG masks", "thresholded at half their range"),
     "middle": ("with middle values (over 1 % of the mask)", ""),
     "ambiguous": ("ambiguous (a middle value covers over 1 % of the mask)", ""),
-    "empty": ("that would be written empty although their values reach above 25 % of the range", ""),
+    "empty": ("that would be written empty although they hold non-zero values", ""),
+    "classes": ("holding more classes than the dataset's two (label maps)", ""),
 }
 _SHOWN = 3
 
@@ -104,20 +110,26 @@ class MaskReport:
             lines += [f"    {self.findings[c].problem}" for c in refused]
             lines.append(f"  rule: {MASK_RULE}")
             if not self.left_out:
-                lines.append(f"  to go on: {WAY_ON}")
+                lines.append(f"  to go on: {self.way_on()}")
         return lines
+
+    def way_on(self) -> str:
+        """How to go on past the refused masks: :data:`WAY_ON`, or :data:`WAY_ON_CLASSES` where every one is a
+        label map."""
+        return WAY_ON_CLASSES if all(self.findings[c].kind == "classes" for c in self.refused) else WAY_ON
 
     def refusal_message(self) -> str:
         """The one-line error of a conversion refused for its masks."""
         refused = self.refused
         return (f"{len(refused)} of {len(self.findings)} masks are refused by the mask rule (all listed in the report "
-                f"above), the first: {self.findings[refused[0]].problem}; {WAY_ON}; nothing was written")
+                f"above), the first: {self.findings[refused[0]].problem}; {self.way_on()}; nothing was written")
 
     def record(self) -> dict:
         """The report for dataset.json's conversion record."""
         rule = MASK_RULE if self.threshold is None else (
             f"masks holding 0 and one value (or 0/1) are that label; in any other mask the values above "
-            f"{self.threshold:g} (--mask-threshold) are foreground")
+            f"{self.threshold:g} (--mask-threshold) are foreground; a mask with non-zero values that would be "
+            f"written empty, or holding several classes, is refused")
         return {"rule": rule,
                 "mask_threshold": self.threshold,
                 "counts": {k: n for k, n in self.counts().items() if n},

@@ -61,6 +61,14 @@ def _by_case_id(files: Iterable[Path], tag: str, what: str) -> Dict[str, Path]:
     return found
 
 
+def _expected_file(folder: Path, stem: str, suffixes: Sequence[str], other: Path) -> str:
+    """The file a pairing looked for: ``folder / stem`` with ``other``'s ending where that is one of ``suffixes``
+    (the first of them otherwise), and the other endings it would have taken."""
+    ending = next((s for s in suffixes if s.lower() == other.suffix.lower()), suffixes[0])
+    others = [s for s in suffixes if s.lower() != ending.lower()]
+    return f"{folder / (stem + ending)}" + (f", or {stem}{'/'.join(others)}" if others else "")
+
+
 def describe_more(n: int, what: str) -> str:
     return f" ({n} more {what})" if n > 0 else ""
 
@@ -91,12 +99,14 @@ def pair_images_and_masks(image_dir: Path, mask_dir: Path, dataset: str,
         raise ConversionError(f"{dataset}: no masks (*{mask_tag}{'/'.join(mask_suffixes)}) found in {mask_dir}")
     no_mask = [c for c in images if c not in masks]
     if no_mask:
-        expected = mask_dir / f"{no_mask[0]}{mask_tag}{mask_suffixes[0]}"
-        raise ConversionError(f"{dataset}: image {images[no_mask[0]]} has no mask (expected {expected})"
+        image = images[no_mask[0]]
+        expected = _expected_file(mask_dir, f"{no_mask[0]}{mask_tag}", mask_suffixes, image)
+        raise ConversionError(f"{dataset}: image {image} has no mask (expected {expected})"
                               + describe_more(len(no_mask) - 1, "images without a mask"))
     no_image = [c for c in masks if c not in images]
     if no_image:
-        raise ConversionError(f"{dataset}: mask {masks[no_image[0]]} has no image (expected "
-                              f"{image_dir / (no_image[0] + image_suffixes[0])})"
+        mask = masks[no_image[0]]
+        expected = _expected_file(image_dir, no_image[0], image_suffixes, mask)
+        raise ConversionError(f"{dataset}: mask {mask} has no image (expected {expected})"
                               + describe_more(len(no_image) - 1, "masks without an image"))
     return {c: SourceCase(c, images[c], masks[c]) for c in sorted(images)}

@@ -3,32 +3,60 @@
 ``nnUNetv2_meddisseg_export`` writes it, ``nnUNetv2_meddisseg_predict_onnx`` reads it; it holds everything
 nnU-Net's predictor takes from the plans, the dataset.json and the checkpoint (patch size, per-channel
 normalisation, transpose, labels or regions, mirror axes), what was exported (trainer, plans, configuration,
-checkpoint, folds) and each fold's check against PyTorch. Reading it needs neither PyTorch nor nnU-Net.
+checkpoint, folds, each fold's graph with its sha256) and each fold's check against PyTorch. Reading it needs
+neither PyTorch nor nnU-Net.
+
+A model folder is not trusted because it is there: :func:`read_description` checks every field the predictor
+reads (type and range, and that they agree with each other) and that each fold's file lies inside the folder;
+:func:`read_fold_model` checks a graph against the sha256 the export recorded before any runtime loads it; and
+:func:`check_graph_io` checks the shapes a runtime reports for a loaded graph against the description. Each
+refusal is one line naming the file and the field.
 """
 from __future__ import annotations
 
+import hashlib
 import json
-from pathlib import Path
-from typing import Any, Dict, List
+import math
+import re
+from pathlib import Path, PurePosixPath
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.files import set_aside_path
 
-__all__ = ["DESCRIPTION_FILE", "MODEL_FILE", "FORMAT_VERSION", "INPUT_NAME", "OUTPUT_NAME", "NATURAL_IMAGE_ENDINGS",
-           "read_description", "fold_model_file"]
+__all__ = ["DESCRIPTION_FILE", "MODEL_FILE", "FORMAT_VERSION", "WRITTEN_BY", "INPUT_NAME", "OUTPUT_NAME",
+           "NATURAL_IMAGE_ENDINGS", "NORMALIZATION_SCHEMES", "MAX_PATCH_SIDE", "read_description",
+           "validate_description", "written_by_export", "fold_model_file", "fold_file", "read_fold_model",
+           "check_graph_io", "check_step_size", "sha256_of"]
 
 #: the description's file name in an export folder
 DESCRIPTION_FILE = "onnx_model.json"
 #: each fold's graph: ``fold_<f>/model.onnx``
 MODEL_FILE = "model.onnx"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: the value of the description's ``written_by`` field: the export folder is ours to replace
+WRITTEN_BY = "nnUNetv2_meddisseg_export"
 #: the graph's input (B, C, H, W) and output (B, segmentation heads, H, W) names
 INPUT_NAME, OUTPUT_NAME = "image", "logits"
 #: what nnU-Net's 2D natural-image reader (NaturalImage2DIO) reads
 NATURAL_IMAGE_ENDINGS = (".png", ".bmp", ".tif")
+#: nnU-Net's normalisation schemes that ``image_pipeline.normalise_channel`` runs
+NORMALIZATION_SCHEMES = ("ZScoreNormalization", "CTNormalization", "NoNormalization", "RescaleTo01Normalization",
+                         "RGBTo01Normalization")
+#: the largest patch side accepted (nnU-Net plans 2D patches of at most a few thousand pixels a side)
+MAX_PATCH_SIDE = 4096
+#: the largest label value a mask file holds (nnU-Net writes 16-bit masks from label 255)
+MAX_LABEL = 65535
 
-_REQUIRED = ("format_version", "trainer", "plans", "configuration", "checkpoint", "folds", "patch_size",
-             "num_input_channels", "num_segmentation_heads", "normalization", "transpose_forward",
+_REQUIRED = ("format_version", "written_by", "trainer", "plans", "configuration", "checkpoint", "folds",
+             "patch_size", "num_input_channels", "num_segmentation_heads", "normalization", "transpose_forward",
              "transpose_backward", "file_ending", "labels", "regions_class_order", "mirror_axes", "tile_step_size")
+#: the keys of format 1, written before the ``written_by`` field and the graphs' sha256 were recorded
+_REQUIRED_FORMAT_1 = tuple(k for k in _REQUIRED if k != "written_by")
+_CT_PROPERTIES = ("mean", "std", "percentile_00_5", "percentile_99_5")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+Dim = Union[int, str, None]
 
 
 def fold_model_file(fold: Any) -> str:
@@ -36,24 +64,279 @@ def fold_model_file(fold: Any) -> str:
     return f"fold_{fold}/{MODEL_FILE}"
 
 
-def read_description(folder: Path) -> Dict[str, Any]:
-    """The description in ``folder`` (an export folder), checked for the keys the predictor reads and for the
-    fold files it names."""
-    path = Path(folder) / DESCRIPTION_FILE
+def sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def written_by_export(description: Any) -> bool:
+    """Whether a parsed ``onnx_model.json`` is one the export wrote: it carries the ``written_by`` marker, or it is
+    of format 1 (which had no marker) with all of that format's keys."""
+    if not isinstance(description, dict):
+        return False
+    if description.get("written_by") == WRITTEN_BY:
+        return True
+    return description.get("format_version") == 1 and all(k in description for k in _REQUIRED_FORMAT_1)
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (dict, list, str, int, float, bool, type(None))) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+class _Fields:
+    """One-line refusals naming the file and the field."""
+
+    def __init__(self, path: Path, description: dict) -> None:
+        self.path, self.d = path, description
+
+    def fail(self, field: str, expected: str, value: Any) -> None:
+        raise UserError(f"{self.path}: {field} must be {expected}, got {_show(value)}")
+
+    def string(self, field: str) -> str:
+        if not isinstance(self.d[field], str) or not self.d[field]:
+            self.fail(field, "a non-empty string", self.d[field])
+        return self.d[field]
+
+    def int_at_least(self, field: str, minimum: int) -> int:
+        if not (_is_int(self.d[field]) and self.d[field] >= minimum):
+            self.fail(field, f"an integer >= {minimum}", self.d[field])
+        return self.d[field]
+
+
+def check_step_size(step: Any, patch_size: Sequence[int], what: str) -> float:
+    """``step`` (the sliding window's step as a fraction of the patch) in (0, 1] and at least one pixel on every
+    axis of ``patch_size``; ``what`` names it in the error."""
+    if not (_is_number(step) and 0 < step <= 1):
+        raise UserError(f"{what} must be a number in (0, 1], got {_show(step)}")
+    if any(step * p < 1 for p in patch_size):
+        raise UserError(f"{what} {step:g} is below one pixel of the patch {list(patch_size)}: at least "
+                        f"{1 / min(patch_size):.3g}")
+    return float(step)
+
+
+def _check_labels(f: _Fields) -> None:
+    """labels, regions_class_order and num_segmentation_heads as nnU-Net's LabelManager reads them: background 0,
+    labels 0..K-1 (K heads), or regions (a label that is a list of several values) with one head per foreground
+    region and regions_class_order naming the label each head writes; an ignore label above all others."""
+    labels, order, heads = f.d["labels"], f.d["regions_class_order"], f.d["num_segmentation_heads"]
+    shape = "an object of label names to integers from 0 to 65535 or lists of them (regions), with background 0"
+    if not (isinstance(labels, dict) and labels):
+        f.fail("labels", shape, labels)
+    for name, value in labels.items():
+        values = value if isinstance(value, list) else [value]
+        if not values or not all(_is_int(v) and 0 <= v <= MAX_LABEL for v in values):
+            f.fail(f"labels[{_show(name)}]", "an integer from 0 to 65535 or a non-empty list of them", value)
+    if labels.get("background") != 0 or isinstance(labels.get("background"), bool):
+        f.fail('labels["background"]', "0", labels.get("background"))
+    if "ignore" in labels and not _is_int(labels["ignore"]):
+        f.fail('labels["ignore"]', "an integer", labels["ignore"])
+    used = {k: v for k, v in labels.items() if k != "ignore"}
+    all_labels = sorted({v for value in used.values() for v in (value if isinstance(value, list) else [value])})
+    if "ignore" in labels and labels["ignore"] != all_labels[-1] + 1:
+        f.fail('labels["ignore"]', f"the largest label value ({all_labels[-1] + 1}, as nnU-Net requires)",
+               labels["ignore"])
+    has_regions = any(isinstance(v, list) and len(v) > 1 for v in labels.values())
+    if not has_regions:
+        if order is not None:
+            f.fail("regions_class_order", "null for a model without regions", order)
+        if all_labels != list(range(len(all_labels))):
+            f.fail("labels", "the values 0, 1, ..., K-1 (consecutive, as nnU-Net requires)", all_labels)
+        if heads != len(all_labels):
+            f.fail("num_segmentation_heads", f"the number of labels ({len(all_labels)})", heads)
+        return
+    regions = [v for v in used.values() if set(v if isinstance(v, list) else [v]) != {0}]
+    if heads != len(regions):
+        f.fail("num_segmentation_heads", f"the number of foreground regions ({len(regions)})", heads)
+    if not (isinstance(order, list) and len(order) == heads and all(_is_int(v) and 1 <= v <= MAX_LABEL
+                                                                    for v in order)):
+        f.fail("regions_class_order", f"a list of {heads} label values from 1 to 65535 (one per region)", order)
+
+
+def _check_normalization(f: _Fields, channels: int) -> None:
+    normalization = f.d["normalization"]
+    if not (isinstance(normalization, list) and len(normalization) == channels):
+        f.fail("normalization", f"a list of {channels} entries (one per input channel)", normalization)
+    for c, n in enumerate(normalization):
+        field = f"normalization[{c}]"
+        if not (isinstance(n, dict) and isinstance(n.get("intensity_properties"), dict)):
+            f.fail(field, "an object with scheme, use_mask_for_norm and intensity_properties", n)
+        if n.get("scheme") not in NORMALIZATION_SCHEMES:
+            f.fail(f"{field}.scheme", f"one of nnU-Net's schemes ({', '.join(NORMALIZATION_SCHEMES)})",
+                   n.get("scheme"))
+        if not isinstance(n.get("use_mask_for_norm"), bool):
+            f.fail(f"{field}.use_mask_for_norm", "true or false", n.get("use_mask_for_norm"))
+        properties = n["intensity_properties"]
+        if n["scheme"] == "CTNormalization":
+            for key in _CT_PROPERTIES:
+                if not _is_number(properties.get(key)):
+                    f.fail(f"{field}.intensity_properties.{key}", "a finite number (CTNormalization uses it)",
+                           properties.get(key))
+
+
+def _check_transposes(f: _Fields) -> None:
+    forward, backward = f.d["transpose_forward"], f.d["transpose_backward"]
+    for field, value in (("transpose_forward", forward), ("transpose_backward", backward)):
+        if not (isinstance(value, list) and all(_is_int(a) for a in value) and sorted(value) == [0, 1, 2]
+                and value[0] == 0):
+            f.fail(field, "a permutation of [0, 1, 2] that keeps axis 0 first (a 2D model)", value)
+    if [forward[a] for a in backward] != [0, 1, 2]:
+        f.fail("transpose_backward", f"the inverse of transpose_forward {forward}", backward)
+
+
+def _check_folds(f: _Fields) -> None:
+    folds = f.d["folds"]
+    if not (isinstance(folds, list) and folds):
+        f.fail("folds", "a non-empty list", folds)
+    names = []
+    for i, fold in enumerate(folds):
+        field = f"folds[{i}]"
+        if not isinstance(fold, dict):
+            f.fail(field, "an object with fold, file and sha256", fold)
+        if not (isinstance(fold.get("fold"), str) and fold["fold"]):
+            f.fail(f"{field}.fold", "a non-empty string", fold.get("fold"))
+        if not (isinstance(fold.get("file"), str) and fold["file"]):
+            f.fail(f"{field}.file", "a path relative to the model folder", fold.get("file"))
+        if not (isinstance(fold.get("sha256"), str) and _SHA256.match(fold["sha256"])):
+            f.fail(f"{field}.sha256", "the graph's sha256 (64 hexadecimal digits)", fold.get("sha256"))
+        names.append(fold["fold"])
+    if len(set(names)) != len(names):
+        f.fail("folds", "a list of distinct folds", names)
+
+
+def validate_description(description: Any, path: Path) -> Dict[str, Any]:
+    """``description`` (the parsed ``path``) checked field by field; returns it. One line naming the field where a
+    field is missing, of the wrong type or out of range, or disagrees with another."""
+    if not isinstance(description, dict):
+        raise UserError(f"{path}: expected a JSON object (a file written by {WRITTEN_BY}), got {_show(description)}")
+    if "format_version" in description and description["format_version"] != FORMAT_VERSION:
+        raise UserError(f"{path}: format version {_show(description['format_version'])}, this predictor reads "
+                        f"{FORMAT_VERSION}: export the model again")
+    missing = [key for key in _REQUIRED if key not in description]
+    if missing:
+        raise UserError(f"{path}: missing {', '.join(missing)} (expected a file written by {WRITTEN_BY})")
+    f = _Fields(path, description)
+    if description["written_by"] != WRITTEN_BY:
+        f.fail("written_by", _show(WRITTEN_BY), description["written_by"])
+    for field in ("trainer", "plans", "configuration", "checkpoint"):
+        f.string(field)
+    patch = description["patch_size"]
+    if not (isinstance(patch, list) and len(patch) == 2 and all(_is_int(p) and 1 <= p <= MAX_PATCH_SIDE
+                                                                 for p in patch)):
+        f.fail("patch_size", f"two integers from 1 to {MAX_PATCH_SIDE} (a 2D patch)", patch)
+    channels = f.int_at_least("num_input_channels", 1)
+    f.int_at_least("num_segmentation_heads", 1)
+    _check_normalization(f, channels)
+    _check_transposes(f)
+    if description["file_ending"] not in NATURAL_IMAGE_ENDINGS:
+        f.fail("file_ending", f"one of {', '.join(NATURAL_IMAGE_ENDINGS)}", description["file_ending"])
+    _check_labels(f)
+    mirror = description["mirror_axes"]
+    if mirror is not None and not (isinstance(mirror, list) and all(_is_int(a) and 0 <= a < 2 for a in mirror)
+                                   and len(set(mirror)) == len(mirror)):
+        f.fail("mirror_axes", "null or a list of distinct image axes (0, 1)", mirror)
+    try:
+        check_step_size(description["tile_step_size"], patch, "tile_step_size")
+    except UserError as e:
+        raise UserError(f"{path}: {e}") from None
+    _check_folds(f)
+    return description
+
+
+def fold_file(folder: Path, fold: Dict[str, Any]) -> Path:
+    """The graph file of ``fold`` (an entry of the description's ``folds``): a relative path that stays inside
+    ``folder`` (no ``..``, no absolute path, no symbolic link out of it) and names a file."""
+    folder = Path(folder)
+    relative = PurePosixPath(fold["file"])
+    where = f"{folder / DESCRIPTION_FILE}: fold {fold['fold']}'s file {_show(fold['file'])}"
+    if relative.is_absolute() or ".." in relative.parts or "\\" in fold["file"]:
+        raise UserError(f"{where} must be a path inside the model folder, without '..'")
+    path = folder / relative
+    resolved, root = path.resolve(), folder.resolve()
+    if resolved != root and root not in resolved.parents:
+        raise UserError(f"{where} leads out of the model folder (to {resolved}): a model folder holds its own graphs")
     if not path.is_file():
-        raise UserError(f"{folder}: no {DESCRIPTION_FILE} (expected a folder written by nnUNetv2_meddisseg_export)")
+        raise UserError(f"{path}: missing (fold {fold['fold']} of {folder / DESCRIPTION_FILE})")
+    return path
+
+
+def read_fold_model(folder: Path, fold: Dict[str, Any]) -> bytes:
+    """The bytes of ``fold``'s graph (:func:`fold_file`), checked against the sha256 the export recorded, so that
+    a runtime loads exactly what was exported and checked."""
+    path = fold_file(folder, fold)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read it ({e.strerror or e})") from None
+    if not data:
+        raise UserError(f"{path}: empty (0 bytes): an interrupted copy? copy the model folder again or export again")
+    digest = sha256_of(data)
+    if digest != fold["sha256"]:
+        raise UserError(f"{path}: its sha256 {digest[:16]}... is not the {fold['sha256'][:16]}... that "
+                        f"{DESCRIPTION_FILE} records: the file was changed, damaged or replaced after the export; "
+                        f"copy the model folder again or export again")
+    return data
+
+
+def _fixed(dim: Dim) -> bool:
+    return _is_int(dim) and dim >= 0
+
+
+def check_graph_io(input_shape: Optional[Sequence[Dim]], output_shape: Optional[Sequence[Dim]],
+                   description: Dict[str, Any], where: str) -> None:
+    """The shapes a runtime reports for a loaded graph's input and output (each axis an int, or None / a name where
+    symbolic) against the description: (batch, channels, height, width) with the description's input channels and
+    segmentation heads, a symbolic batch (the predictor runs batches of tiles) and height / width symbolic or the
+    patch size. A symbolic channel axis passes here (the export declares both; ``sliding_window`` checks the
+    logits of every tile). ``where`` names the graph in the error."""
+    patch = description["patch_size"]
+    axes = {"input": (input_shape, description["num_input_channels"], "input channels"),
+            "output": (output_shape, description["num_segmentation_heads"], "segmentation heads")}
+    for name, (shape, expected, what) in axes.items():
+        if shape is None or len(shape) != 4:
+            raise UserError(f"{where}: the graph's {name} has shape {_show(list(shape) if shape else shape)}, "
+                            f"expected (batch, {what}, height, width)")
+        batch, channels, height, width = shape
+        if _fixed(channels) and channels != expected:
+            raise UserError(f"{where}: the graph's {name} has {channels} {what}, {DESCRIPTION_FILE} says "
+                            f"{expected}: graph and description do not belong together")
+        if _fixed(batch):
+            raise UserError(f"{where}: the graph's {name} has a fixed batch of {batch}; the predictor runs batches "
+                            f"of tiles (the export writes a symbolic batch axis)")
+        for axis, size, p in (("height", height, patch[0]), ("width", width, patch[1])):
+            if _fixed(size) and size != p:
+                raise UserError(f"{where}: the graph's {name} has a fixed {axis} of {size}, the patch is {patch}")
+
+
+def _set_aside_hint(folder: Path) -> str:
+    old = set_aside_path(folder)
+    return (f"; an interrupted export left the previous one aside as {old}: rerun the export (which puts it back) "
+            f"or rename it to {folder.name}") if old.is_dir() else ""
+
+
+def read_description(folder: Path) -> Dict[str, Any]:
+    """The description in ``folder`` (an export folder), checked field by field (:func:`validate_description`),
+    with each fold's file inside the folder (:func:`fold_file`)."""
+    folder = Path(folder)
+    path = folder / DESCRIPTION_FILE
+    if not path.is_file():
+        raise UserError(f"{folder}: no {DESCRIPTION_FILE} (expected a folder written by {WRITTEN_BY})"
+                        f"{_set_aside_hint(folder) if not folder.exists() else ''}")
     try:
         description = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: not a JSON file ({e})") from e
-    missing = [key for key in _REQUIRED if key not in description]
-    if missing:
-        raise UserError(f"{path}: missing {', '.join(missing)} (expected a file written by nnUNetv2_meddisseg_export)")
-    if description["format_version"] != FORMAT_VERSION:
-        raise UserError(f"{path}: format version {description['format_version']}, this predictor reads "
-                        f"{FORMAT_VERSION}: export the model again")
+    except OSError as e:
+        raise UserError(f"{path}: cannot read it ({e.strerror or e})") from None
+    validate_description(description, path)
     folds: List[dict] = description["folds"]
     for fold in folds:
-        if not (Path(folder) / fold["file"]).is_file():
-            raise UserError(f"{Path(folder) / fold['file']}: missing (fold {fold['fold']} of {path})")
+        fold_file(folder, fold)
     return description

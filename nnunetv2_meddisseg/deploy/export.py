@@ -8,7 +8,11 @@ symbolic batch size, height and width. Before writing, ONNX Runtime runs each gr
 of two patches, and one input twice the patch size) and on up to two preprocessed training cases where the
 dataset is there, against the PyTorch network as nnU-Net predicts with it; the largest difference must stay
 within ``--tolerance`` times the largest absolute logit, else the command ends with one line and writes
-nothing. ``onnx_model.json`` (``deploy.description``) holds what the predictor needs.
+nothing. ``onnx_model.json`` (``deploy.description``) holds what the predictor needs, with each graph's sha256.
+
+Where it writes is checked before any of this (``deploy.export_folder``): ``-o`` replaces only an earlier export,
+never a folder of other files, a file or anything inside nnU-Net's folders but the default ``onnx`` in the model
+folder; the folder is written whole.
 
 Only what ``nnUNetv2_meddisseg_predict_onnx`` can run is exported: 2D configurations of datasets of 2D
 natural images (.png, .bmp, .tif) whose plans keep the image spacing (1, 1), i.e. no resampling; no cascade.
@@ -18,9 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import os
-import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -37,13 +39,17 @@ from nnunetv2_meddisseg.deploy.description import (
     INPUT_NAME,
     NATURAL_IMAGE_ENDINGS,
     OUTPUT_NAME,
+    WRITTEN_BY,
     fold_model_file,
+    sha256_of,
+    validate_description,
 )
+from nnunetv2_meddisseg.deploy.export_folder import DEFAULT_NAME, check_output, write_export
 from nnunetv2_meddisseg.environment import CPU_BF16_ENVIRONMENT_VARIABLE
-from nnunetv2_meddisseg.files import replace_folder
 from nnunetv2_meddisseg.module_wrappers import unwrap_module
 
-__all__ = ["EXPORT_FORM", "DEFAULT_TOLERANCE", "export_model", "trace_to_onnx", "compare_with_onnxruntime", "main"]
+__all__ = ["EXPORT_FORM", "DEFAULT_TOLERANCE", "export_model", "trace_to_onnx", "declare_channels",
+           "compare_with_onnxruntime", "main"]
 
 PROG = "nnUNetv2_meddisseg_export"
 #: the CDFA form the exporter traces (``blocks.device_forms``)
@@ -87,6 +93,19 @@ def trace_to_onnx(network: torch.nn.Module, example: torch.Tensor, form: Optiona
         torch.onnx.export(network, (example,), buffer, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
                           opset_version=OPSET, dynamo=False, dynamic_axes={INPUT_NAME: axes, OUTPUT_NAME: axes})
     return buffer.getvalue()
+
+
+def declare_channels(model: bytes, channels: int, heads: int) -> bytes:
+    """``model`` with its input's channel axis declared ``channels`` and its output's ``heads`` where the tracer left
+    them symbolic (its shape inference loses the class count behind some operators, e.g. Med-DisSeg's final Add),
+    so that a runtime reports them and the predictor checks them against the description when it loads the graph."""
+    onnx, _ = _onnx_modules()
+    proto = onnx.load_from_string(model)
+    for value, size in ((proto.graph.input[0], channels), (proto.graph.output[0], heads)):
+        dim = value.type.tensor_type.shape.dim[1]
+        if not dim.HasField("dim_value"):
+            dim.dim_value = size  # replaces the symbolic name (one of the two fields)
+    return proto.SerializeToString()
 
 
 def compare_with_onnxruntime(network: torch.nn.Module, model: bytes, inputs: Dict[str, np.ndarray]
@@ -171,6 +190,7 @@ def _description(predictor, args, folds: List[dict]) -> dict:
     mirror = predictor.allowed_mirroring_axes
     return {
         "format_version": FORMAT_VERSION,
+        "written_by": WRITTEN_BY,
         "trainer": predictor.trainer_name,
         "plans": args.p,
         "configuration": args.c,
@@ -210,18 +230,6 @@ def _model_folder(args) -> Path:
     return folder
 
 
-def _write(output: Path, models: Dict[str, bytes], description: dict) -> None:
-    """Write the folder whole: into a hidden sibling first, then moved over ``output`` (``files.replace_folder``)."""
-    partial = output.with_name(f".{output.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    for fold, model in models.items():
-        target = partial / fold_model_file(fold)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(model)
-    (partial / DESCRIPTION_FILE).write_text(json.dumps(description, indent=2))
-    replace_folder(partial, output)
-
-
 def export_model(args) -> Tuple[Path, dict]:
     """Export and check every fold of ``args`` (the command's options); write nothing unless all pass.
     Returns the output folder and the description."""
@@ -229,14 +237,16 @@ def export_model(args) -> Tuple[Path, dict]:
     from nnunetv2.inference.predict_from_raw_data import nnUNetPredictor
     from nnunetv2.paths import nnUNet_preprocessed
 
+    from nnunetv2_meddisseg.torch_files import initialize_predictor
+
     folder = _model_folder(args)
-    output = Path(args.o) if args.o is not None else folder / "onnx"
+    output = check_output(Path(args.o) if args.o is not None else folder / DEFAULT_NAME, folder)
     predictor = nnUNetPredictor(tile_step_size=0.5, use_gaussian=True, use_mirroring=True,
                                 device=torch.device("cpu"), verbose=False, allow_tqdm=False)
     with warnings.catch_warnings():
         # deprecation notices of the modules nnU-Net's trainer search imports (timm's, for example)
         warnings.simplefilter("ignore", FutureWarning)
-        predictor.initialize_from_trained_model_folder(str(folder), tuple(args.f), args.chk)
+        initialize_predictor(predictor, folder, args.f, args.chk)  # checkpoints read weights-only
     plans = predictor.plans_manager.plans
     _refuse_unsupported(predictor, args.c)
     preprocessed = None
@@ -250,7 +260,8 @@ def export_model(args) -> Tuple[Path, dict]:
     with _fp32_prediction():
         for fold, parameters in zip(args.f, predictor.list_of_parameters):
             network.load_state_dict(parameters)
-            model = trace_to_onnx(network, example)
+            model = declare_channels(trace_to_onnx(network, example), example.shape[1],
+                                     predictor.label_manager.num_segmentation_heads)
             checks = compare_with_onnxruntime(network, model, inputs)
             worst = max(checks, key=lambda c: c["relative_difference"])
             if not worst["relative_difference"] <= args.tolerance:
@@ -260,11 +271,13 @@ def export_model(args) -> Tuple[Path, dict]:
                     f"{worst['relative_difference']:.2e} > tolerance {args.tolerance:g}): the export is wrong, "
                     f"nothing written")
             models[str(fold)] = model
-            folds.append({"fold": str(fold), "file": fold_model_file(fold), "checks": checks})
+            folds.append({"fold": str(fold), "file": fold_model_file(fold), "sha256": sha256_of(model),
+                          "checks": checks})
             print(f"fold {fold}: exported, ONNX Runtime vs PyTorch: largest relative difference "
                   f"{worst['relative_difference']:.1e} ({len(checks)} inputs)")
     description = _description(predictor, args, folds)
-    _write(output, models, description)
+    validate_description(description, output / DESCRIPTION_FILE)  # what the predictor will check
+    write_export(output, models, description)
     return output, description
 
 
@@ -280,7 +293,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-p", default="nnUNetPlans", help="plans identifier")
     p.add_argument("-chk", default="checkpoint_final.pth", help="checkpoint file name in each fold folder")
     p.add_argument("-o", default=None,
-                   help="output folder (default: onnx inside the model folder); replaced whole once every fold passes")
+                   help="output folder (default: onnx inside the model folder): a new or empty folder, or an earlier "
+                        "export, which is replaced whole once every fold passes")
     p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
                    help="largest difference ONNX Runtime vs PyTorch allowed, as a fraction of the largest |logit|")
     return p

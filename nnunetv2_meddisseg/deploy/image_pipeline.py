@@ -13,39 +13,79 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageSequence
 from scipy.ndimage import binary_fill_holes
 
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.files import write_atomically
 
-__all__ = ["read_case", "preprocess", "segmentation_from_logits", "probabilities_from_logits", "restore_shape",
-           "restore_probabilities", "write_segmentation", "normalise_channel"]
+__all__ = ["read_image", "read_case", "preprocess", "segmentation_from_logits", "probabilities_from_logits",
+           "restore_shape", "restore_probabilities", "write_segmentation", "normalise_channel"]
 
 BoundingBox = List[List[int]]
 
 
+def _tifffile():
+    try:
+        import tifffile
+    except ImportError as e:
+        raise UserError("reading .tif images needs tifffile, as nnU-Net's reader does: pip install tifffile") from e
+    return tifffile
+
+
+def _pillow_array(image: Image.Image) -> np.ndarray:
+    """One frame as imageio's Pillow plugin returns it: a palette image in its palette's mode (RGB or RGBA), a
+    PNG of mode I as 16-bit grey, anything else as Pillow decodes it."""
+    if image.mode == "P":
+        image = image.convert(image.palette.mode)
+    elif image.format == "PNG" and image.mode == "I":
+        image = image.convert("I;16")
+    return np.asarray(image)
+
+
+def read_image(path: Path) -> np.ndarray:
+    """One image file as ``skimage.io.imread`` (what nnU-Net's NaturalImage2DIO calls) returns it: a .tif through
+    tifffile, other files through Pillow as imageio reads them (:func:`_pillow_array`; every frame of an animated
+    PNG), then a leading axis of 3 or 4 (planes) moved last where the last axis is not 3 or 4 already."""
+    path = Path(path)
+    try:
+        if path.suffix.lower() in (".tif", ".tiff"):
+            array = np.asarray(_tifffile().imread(path))
+        else:
+            with Image.open(path) as image:
+                if image.custom_mimetype == "image/apng":
+                    array = np.stack([_pillow_array(frame) for frame in ImageSequence.Iterator(image)])
+                else:
+                    array = _pillow_array(image)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 (whatever the decoder says about this file is the user's answer)
+        raise UserError(f"{path}: cannot read the image ({type(e).__name__}: {e})") from e
+    if array.ndim > 2 and array.shape[-1] not in (3, 4) and array.shape[-3] in (3, 4):
+        array = np.moveaxis(array, -3, -1)
+    return array
+
+
 def read_case(files: Sequence[Path]) -> np.ndarray:
-    """One image per channel file -> (C, 1, X, Y) float32 (an RGB(A) file gives 3 (4) channels), as nnU-Net's
-    NaturalImage2DIO reads them."""
+    """One image per channel file -> (C, 1, X, Y) float32, exactly as nnU-Net's NaturalImage2DIO reads them
+    (:func:`read_image`): a grey file gives one channel, an RGB(A) file 3 (4), a palette file its palette's 3 (4);
+    files nnU-Net's reader refuses (grey with alpha, more dimensions) are refused in one line."""
     images = []
     for f in files:
-        try:
-            with Image.open(f) as im:
-                array = np.asarray(im)
-        except (OSError, ValueError) as e:
-            raise UserError(f"{f}: cannot read the image ({e})") from e
+        array = read_image(f)
         if array.ndim == 3 and array.shape[-1] in (3, 4):
             images.append(array.transpose(2, 0, 1)[:, None])
         elif array.ndim == 2:
             images.append(array[None, None])
         else:
-            raise UserError(f"{f}: expected a 2D grey, RGB or RGBA image, got an array of shape {array.shape}")
+            raise UserError(f"{f}: reads as an array of shape {array.shape}, expected a 2D grey, RGB or RGBA image "
+                            f"as nnU-Net's NaturalImage2DIO takes them (grey with alpha? save it without the alpha "
+                            f"channel)")
     shapes = {i.shape[1:] for i in images}
     if len(shapes) > 1:
         raise UserError(f"{files[0]}: the channel files of this case have different sizes "
                         f"({', '.join(str(s[1:]) for s in shapes)})")
-    return np.vstack(images).astype(np.float32)
+    return np.vstack(images, dtype=np.float32, casting="unsafe")
 
 
 def _bounding_box(mask: np.ndarray) -> BoundingBox:

@@ -2,23 +2,34 @@
 with ONNX Runtime and numpy only (PyTorch and nnU-Net are not imported).
 
 Input and output are as ``nnUNetv2_predict``'s: a folder of ``<case>_<XXXX><ending>`` files (one per channel)
--> ``<case><ending>`` label images. The pipeline is nnU-Net's (``deploy.image_pipeline``,
-``deploy.sliding_window``); the folds of the export folder are ensembled.
+-> ``<case><ending>`` label images, with nnU-Net's conventions for large jobs (``-num_parts`` / ``-part_id``,
+``--continue_prediction``, a progress bar). The pipeline is nnU-Net's (``deploy.image_pipeline``,
+``deploy.sliding_window``); the folds of the export folder are ensembled. The model folder is checked before it is
+used (``deploy.description``), the output folder before anything is written (``deploy.prediction_output``), and
+the next case is read and preprocessed in a background thread while this one is predicted.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import sys
 import time
-from functools import partial
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
-from nnunetv2_meddisseg.deploy.description import INPUT_NAME, read_description
+from nnunetv2_meddisseg.deploy.description import (
+    INPUT_NAME,
+    check_graph_io,
+    check_step_size,
+    fold_file,
+    read_description,
+    read_fold_model,
+)
 from nnunetv2_meddisseg.deploy.image_pipeline import (
     preprocess,
     probabilities_from_logits,
@@ -26,14 +37,15 @@ from nnunetv2_meddisseg.deploy.image_pipeline import (
     restore_probabilities,
     restore_shape,
     segmentation_from_logits,
-    write_segmentation,
 )
+from nnunetv2_meddisseg.deploy.prediction_output import PredictionOutput, check_folders
 from nnunetv2_meddisseg.deploy.sliding_window import sliding_window_logits
-from nnunetv2_meddisseg.files import write_atomically
 
-__all__ = ["OnnxPredictor", "find_cases", "main"]
+__all__ = ["OnnxPredictor", "find_cases", "check_part", "cases_of_part", "main"]
 
 PROG = "nnUNetv2_meddisseg_predict_onnx"
+
+Prepared = Tuple[np.ndarray, dict]
 
 
 def _onnxruntime():
@@ -44,27 +56,36 @@ def _onnxruntime():
     return onnxruntime
 
 
-def _save_probabilities(probabilities: np.ndarray, path: Path) -> None:
-    """``probabilities`` into the npz file ``path`` as nnU-Net's ``--save_probabilities`` names them (written
-    through a file object: ``np.savez_compressed`` would append ``.npz`` to another file name)."""
-    with open(path, "wb") as f:
-        np.savez_compressed(f, probabilities=probabilities)
-
-
 def find_cases(folder: Path, file_ending: str) -> Dict[str, List[Path]]:
     """``{case: [its files in channel order]}`` of an nnU-Net input folder (``<case>_<XXXX><ending>``; an RGB
-    file holds three channels)."""
+    file holds three channels), the cases in nnU-Net's order (sorted by name)."""
     if not folder.is_dir():
         raise UserError(f"{folder}: not a folder (expected images named <case>_0000{file_ending})")
     pattern = re.compile(rf"^(.+)_(\d{{4}}){re.escape(file_ending)}$")
     cases: Dict[str, List[Path]] = {}
     for path in sorted(folder.iterdir()):
         match = pattern.match(path.name)
-        if match:
+        if match and path.is_file():
             cases.setdefault(match.group(1), []).append(path)
     if not cases:
         raise UserError(f"{folder}: no images named <case>_0000{file_ending}")
-    return cases
+    return dict(sorted(cases.items()))
+
+
+def check_part(num_parts: int, part_id: int) -> None:
+    """One line where ``part_id`` is not one of the parts 0 .. ``num_parts`` - 1."""
+    if not (isinstance(num_parts, int) and num_parts >= 1):
+        raise UserError(f"-num_parts must be at least 1, got {num_parts}")
+    if not (isinstance(part_id, int) and 0 <= part_id < num_parts):
+        raise UserError(f"-part_id must be from 0 to {num_parts - 1} (-num_parts {num_parts}; parts count from 0), "
+                        f"got {part_id}")
+
+
+def cases_of_part(cases: Sequence[str], num_parts: int, part_id: int) -> List[str]:
+    """The cases part ``part_id`` of ``num_parts`` predicts, as ``nnUNetv2_predict`` splits them: every
+    ``num_parts``-th case of the sorted list, from the ``part_id``-th on."""
+    check_part(num_parts, part_id)
+    return list(cases)[part_id::num_parts]
 
 
 class OnnxPredictor:
@@ -72,15 +93,17 @@ class OnnxPredictor:
 
     model_dir: an export folder; folds: a subset of its folds (None: all); providers: ONNX Runtime execution
     providers in order of preference, each a name or ``(name, provider options)``; threads: ONNX Runtime's intra-op
-    threads (None: its default)."""
+    threads (None: its default). The description is checked field by field, each fold's graph against its recorded
+    sha256 and each session's input and output shapes against the description."""
 
     def __init__(self, model_dir: Path, folds: Optional[Sequence[str]] = None, use_mirroring: bool = True,
                  step_size: Optional[float] = None,
                  providers: Sequence[Union[str, Tuple[str, dict]]] = ("CPUExecutionProvider",),
                  threads: Optional[int] = None) -> None:
         ort = _onnxruntime()
-        self.description = description = read_description(Path(model_dir))
-        exported = {str(f["fold"]): f for f in description["folds"]}
+        self.model_dir = Path(model_dir)
+        self.description = description = read_description(self.model_dir)
+        exported = {f["fold"]: f for f in description["folds"]}
         chosen = list(exported) if folds is None else [str(f) for f in folds]
         unknown = [f for f in chosen if f not in exported]
         if unknown:
@@ -90,20 +113,34 @@ class OnnxPredictor:
         if missing:
             raise UserError(f"--providers: {', '.join(missing)} not available in this onnxruntime "
                             f"(available: {', '.join(available)})")
+        self.mirror_axes = description["mirror_axes"] if use_mirroring else None
+        self.step_size = (description["tile_step_size"] if step_size is None
+                          else check_step_size(step_size, description["patch_size"], "-step_size"))
         options = ort.SessionOptions()
         if threads is not None:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
-        self.sessions = [ort.InferenceSession(str(Path(model_dir) / exported[f]["file"]), options,
-                                              providers=list(providers)) for f in chosen]
+        self.sessions = [self._session(ort, exported[f], options, providers) for f in chosen]
         self.folds = chosen
         #: the providers ONNX Runtime started (it falls back to the next one, with a warning, where one cannot start)
         self.providers_in_use = self.sessions[0].get_providers()
-        self.mirror_axes = description["mirror_axes"] if use_mirroring else None
-        self.step_size = description["tile_step_size"] if step_size is None else step_size
-        if not 0 < self.step_size <= 1:
-            raise UserError(f"--step_size must be in (0, 1], got {self.step_size}")
         self.num_foreground = len([v for v in description["labels"].values() if isinstance(v, int) and v > 0])
+
+    def _session(self, ort, fold: dict, options, providers):
+        """An ONNX Runtime session of ``fold``'s graph, checked (sha256, then input and output shapes)."""
+        model = read_fold_model(self.model_dir, fold)
+        where = str(fold_file(self.model_dir, fold))
+        try:
+            session = ort.InferenceSession(model, options, providers=list(providers))
+        except Exception as e:  # noqa: BLE001 (ONNX Runtime reports a graph it cannot load as a plain RuntimeError)
+            names = ", ".join(p if isinstance(p, str) else p[0] for p in providers)
+            raise UserError(f"{where}: ONNX Runtime cannot load it ({str(e).strip()[:300]}; providers {names})") from e
+        inputs = session.get_inputs()
+        if [i.name for i in inputs] != [INPUT_NAME]:
+            raise UserError(f"{where}: the graph's inputs are {[i.name for i in inputs]}, expected one named "
+                            f"{INPUT_NAME!r}")
+        check_graph_io(inputs[0].shape, session.get_outputs()[0].shape, self.description, where)
+        return session
 
     def logits(self, data):
         """A preprocessed case (C, 1, X, Y) -> the folds' mean logits (K, 1, X, Y)."""
@@ -111,11 +148,15 @@ class OnnxPredictor:
         return sliding_window_logits(data, self.sessions, d["patch_size"], self.step_size, self.mirror_axes,
                                      INPUT_NAME, d["num_segmentation_heads"])
 
-    def predict_files(self, files: Sequence[Path], with_probabilities: bool = False):
-        """One case's channel files -> its segmentation (1, X, Y) in the read image's shape; with
-        ``with_probabilities`` also the class probabilities (K, 1, X, Y) float32 as nnU-Net saves them."""
+    def prepare(self, files: Sequence[Path]) -> Prepared:
+        """One case's channel files read and preprocessed -> (the network's input (C, 1, X', Y'), the geometry
+        that puts the prediction back)."""
+        return preprocess(read_case(files), self.description, str(files[0]))
+
+    def predict_prepared(self, prepared: Prepared, with_probabilities: bool = False):
+        """:meth:`predict_files` of a case that :meth:`prepare` read."""
         d = self.description
-        data, geometry = preprocess(read_case(files), d, str(files[0]))
+        data, geometry = prepared
         logits = self.logits(data)
         segmentation = restore_shape(segmentation_from_logits(logits, d["regions_class_order"]), geometry, d,
                                      self.num_foreground)
@@ -124,29 +165,75 @@ class OnnxPredictor:
         probabilities = probabilities_from_logits(logits, d["regions_class_order"])
         return segmentation, restore_probabilities(probabilities, geometry, d)
 
+    def predict_files(self, files: Sequence[Path], with_probabilities: bool = False):
+        """One case's channel files -> its segmentation (1, X, Y) in the read image's shape; with
+        ``with_probabilities`` also the class probabilities (K, 1, X, Y) float32 as nnU-Net saves them."""
+        return self.predict_prepared(self.prepare(files), with_probabilities)
+
+    def _prepared_in_order(self, cases: Sequence[Tuple[str, Sequence[Path]]], ahead: bool
+                           ) -> Iterator[Tuple[str, Prepared]]:
+        """``(case, prepared)`` in the order of ``cases``. With ``ahead``, the next case is read and preprocessed in
+        a background thread while the caller predicts this one; a case's error is raised at its turn either way."""
+        if not ahead:
+            for case, files in cases:
+                yield case, self.prepare(files)
+            return
+        upcoming = iter(cases)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="preprocess") as pool:
+            def submit():
+                case_files = next(upcoming, None)
+                return None if case_files is None else (case_files[0], pool.submit(self.prepare, case_files[1]))
+
+            pending = submit()
+            while pending is not None:
+                case, future = pending
+                prepared = future.result()
+                pending = submit()
+                yield case, prepared
+
     def predict_folder(self, input_folder: Path, output_folder: Path, verbose: bool = False,
-                       save_probabilities: bool = False) -> List[Path]:
-        """Every case of ``input_folder`` -> ``output_folder/<case><ending>`` (and ``<case>.npz`` with the
-        probabilities where ``save_probabilities``); returns the written label files."""
+                       save_probabilities: bool = False, num_parts: int = 1, part_id: int = 0,
+                       continue_prediction: bool = False, overwrite: bool = False, progress: bool = False,
+                       preprocess_ahead: bool = True) -> List[Path]:
+        """The cases of ``input_folder`` (part ``part_id`` of ``num_parts``, split as ``nnUNetv2_predict`` splits
+        them) -> ``output_folder/<case><ending>`` (and ``<case>.npz`` with the probabilities where
+        ``save_probabilities``); returns the written label files, in case order.
+
+        Before anything is written, the output files are checked (``deploy.prediction_output``): none may be an
+        input, an existing one must be an earlier output of ours unless ``overwrite``; with ``continue_prediction``
+        the cases already predicted are left out. ``progress``: a progress bar (tqdm) on stderr;
+        ``preprocess_ahead``: preprocess the next case in a background thread (the same results, in the same
+        order)."""
         ending = self.description["file_ending"]
-        cases = find_cases(Path(input_folder), ending)
-        output_folder = Path(output_folder)
-        if output_folder.exists() and not output_folder.is_dir():
-            raise UserError(f"{output_folder}: exists and is not a folder")
-        output_folder.mkdir(parents=True, exist_ok=True)
+        input_folder, output_folder = Path(input_folder), Path(output_folder)
+        check_folders(input_folder, output_folder, self.model_dir)
+        cases = find_cases(input_folder, ending)
+        part = cases_of_part(list(cases), num_parts, part_id)
+        output = PredictionOutput(output_folder, ending, save_probabilities)
+        todo = output.plan(part, [f for files in cases.values() for f in files], continue_prediction, overwrite)
+        if num_parts > 1:
+            print(f"part {part_id} of {num_parts} (counting from 0): {len(part)} of {len(cases)} case(s)")
+        if continue_prediction:
+            print(f"--continue_prediction: {len(part) - len(todo)} case(s) already predicted, {len(todo)} to go")
+        bar = contextlib.nullcontext()
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(todo), unit="case", desc=PROG, file=sys.stderr)
         written = []
-        for case, files in cases.items():
-            start = time.perf_counter()
-            target = output_folder / f"{case}{ending}"
-            if save_probabilities:
-                segmentation, probabilities = self.predict_files(files, with_probabilities=True)
-                write_atomically(output_folder / f"{case}.npz", partial(_save_probabilities, probabilities))
-            else:
-                segmentation = self.predict_files(files)
-            write_segmentation(segmentation, target)
-            written.append(target)
-            if verbose:
-                print(f"{case}: {time.perf_counter() - start:.2f} s")
+        with bar, contextlib.closing(self._prepared_in_order([(c, cases[c]) for c in todo],
+                                                             preprocess_ahead)) as prepared_cases:
+            for case, prepared in prepared_cases:
+                start = time.perf_counter()
+                if save_probabilities:
+                    segmentation, probabilities = self.predict_prepared(prepared, with_probabilities=True)
+                else:
+                    segmentation, probabilities = self.predict_prepared(prepared), None
+                written.append(output.write(case, segmentation, probabilities))
+                if progress:
+                    bar.update()
+                if verbose:
+                    (bar.write if progress else print)(f"{case}: {time.perf_counter() - start:.2f} s")
         return written
 
 
@@ -171,6 +258,21 @@ def _parser() -> argparse.ArgumentParser:
                    help="ONNX Runtime's intra-op threads (default: ONNX Runtime's choice)")
     p.add_argument("--save_probabilities", action="store_true",
                    help="also write <case>.npz with the class probabilities, as nnUNetv2_predict's flag")
+    p.add_argument("-num_parts", type=int, default=1,
+                   help="number of separate calls sharing the cases (and one output folder), as nnUNetv2_predict's")
+    p.add_argument("-part_id", type=int, default=0,
+                   help="which of the -num_parts calls this is, from 0 to num_parts - 1; the cases are split as "
+                        "nnUNetv2_predict splits them")
+    p.add_argument("--continue_prediction", action="store_true",
+                   help="continue an interrupted prediction: skip the cases whose outputs this command wrote and "
+                        "are still there unchanged")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace existing output files that this command did not write (never an input file)")
+    p.add_argument("--disable_progress_bar", action="store_true",
+                   help="no progress bar (by default it is shown where stderr is a terminal)")
+    p.add_argument("--sequential", action="store_true",
+                   help="read and preprocess each case only after the previous one is written (by default the next "
+                        "case is preprocessed in a background thread while this one is predicted)")
     p.add_argument("--verbose", action="store_true", help="print each case's time")
     return p
 
@@ -179,9 +281,14 @@ def _command(argv: Optional[Sequence[str]]) -> int:
     args = _parser().parse_args(argv)
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be at least 1, got {args.threads}")
+    check_part(args.num_parts, args.part_id)
+    check_folders(args.input, args.output, args.model)
     predictor = OnnxPredictor(args.model, args.folds, not args.disable_tta, args.step_size, args.providers,
                               args.threads)
-    written = predictor.predict_folder(args.input, args.output, args.verbose, args.save_probabilities)
+    written = predictor.predict_folder(args.input, args.output, args.verbose, args.save_probabilities,
+                                       args.num_parts, args.part_id, args.continue_prediction, args.overwrite,
+                                       progress=not args.disable_progress_bar and sys.stderr.isatty(),
+                                       preprocess_ahead=not args.sequential)
     print(f"{len(written)} case(s) written to {args.output} (folds {' '.join(predictor.folds)}; ONNX Runtime "
           f"providers {', '.join(predictor.providers_in_use)})")
     return 0

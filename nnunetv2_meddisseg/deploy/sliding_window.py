@@ -5,15 +5,19 @@ padded to at least the patch size around its centre), the same Gaussian importan
 the map's zeros replaced by its smallest non-zero value), the same mirroring (the mean over every combination
 of the mirror axes, per tile) and fold ensembling (the mean of the folds' logits). The map, the weighted sums
 and the fold mean are float16 as in nnU-Net (where two classes' logits nearly tie, the rounding decides the
-label, so the predictor rounds alike). Each tile's mirrored copies go through the network as one batch.
+label, so the predictor rounds alike). Each tile's mirrored copies go through the network as one batch, whose
+logits must have the shape the description gives (numpy would broadcast a single class over all of them).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 from scipy.ndimage import gaussian_filter
+
+from nnunetv2_meddisseg.cli import UserError
 
 __all__ = ["tile_starts", "gaussian_importance", "pad_to_patch", "mirror_combinations", "sliding_window_logits"]
 
@@ -29,10 +33,13 @@ def tile_starts(image_size: Sequence[int], patch_size: Sequence[int], step: floa
     return starts
 
 
+@functools.lru_cache(maxsize=4)
 def gaussian_importance(patch_size: Sequence[int], sigma_scale: float = 1.0 / 8, value_scaling: float = 10.0
                         ) -> np.ndarray:
     """The importance map (patch_size) float16: a unit impulse at the centre blurred with sigma = patch *
-    sigma_scale, scaled to a maximum of ``value_scaling``; zeros replaced by the smallest non-zero value."""
+    sigma_scale, scaled to a maximum of ``value_scaling``; zeros replaced by the smallest non-zero value. Made once
+    per patch size (as nnU-Net caches it; a large patch's blur costs more than a small network's forward pass) and
+    read-only. ``patch_size``: a tuple."""
     impulse = np.zeros(patch_size)
     impulse[tuple(p // 2 for p in patch_size)] = 1
     gaussian = gaussian_filter(impulse, [p * sigma_scale for p in patch_size], 0, mode="constant", cval=0)
@@ -41,6 +48,7 @@ def gaussian_importance(patch_size: Sequence[int], sigma_scale: float = 1.0 / 8,
     zero = gaussian == 0
     if zero.any():
         gaussian[zero] = gaussian[~zero].min()
+    gaussian.setflags(write=False)
     return gaussian
 
 
@@ -81,6 +89,10 @@ def sliding_window_logits(data: np.ndarray, sessions: Sequence, patch_size: Sequ
                 tile = padded[(slice(None), d, *window)][None]  # (1, C, px, py)
                 batch = np.ascontiguousarray(np.concatenate([np.flip(tile, f) for f in flips]))
                 out = session.run(None, {input_name: batch})[0]  # (len(flips), heads, px, py) float32
+                if out.shape != (len(flips), num_heads, *patch_size):
+                    raise UserError(f"the graph returned logits of shape {out.shape} for tiles of shape {batch.shape}, "
+                                    f"expected {(len(flips), num_heads, *patch_size)}: graph and description do not "
+                                    f"belong together")
                 prediction = sum(np.flip(out[i:i + 1], f) for i, f in enumerate(flips))[0] / len(flips)
                 region = (slice(None), d, *window)
                 # float32 sums rounded to float16, as nnU-Net's in-place addition into its float16 arrays

@@ -25,7 +25,6 @@ The modules doing the work: ``nnunet_prediction`` (the prediction step), ``compa
 import argparse
 import os
 import sys
-import zipfile
 from typing import Optional, Sequence, Tuple
 
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, add_device_argument, resolve_device, run_command
@@ -89,26 +88,6 @@ def _dataset_name(dataset: str) -> str:
         raise UserError(f"-d {dataset}: {str(e).splitlines()[0]}") from None
 
 
-def check_checkpoint(checkpoint: str) -> None:
-    """A checkpoint nnU-Net's predictor can read: not empty, a torch file holding only tensors, containers,
-    numbers and NumPy scalars (read with ``weights_only=True``, memory-mapped, before nnU-Net loads it)."""
-    from nnunetv2_meddisseg.torch_files import UnsafeTorchFile, is_torch_file, load_weights_only
-
-    if os.path.getsize(checkpoint) == 0:
-        raise UserError(f"{checkpoint} is empty (0 bytes): an interrupted copy or save? copy it again or train "
-                        f"the model again")
-    if not is_torch_file(checkpoint):
-        raise UserError(f"{checkpoint} cannot be read as a checkpoint (truncated or corrupt? it is no complete file "
-                        f"written by torch.save)")
-    try:
-        load_weights_only(checkpoint, "checkpoint", mmap=zipfile.is_zipfile(checkpoint))
-    except UnsafeTorchFile as e:
-        raise UserError(str(e)) from None
-    except Exception as e:  # noqa: BLE001 - a truncated or corrupt file is the user's file
-        raise UserError(f"{checkpoint} cannot be read as a checkpoint (truncated or corrupt? "
-                        f"{type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
-
-
 def _check_output_folder(out: str, inputs: Sequence[str]) -> None:
     """``-o`` must not be one of the input folders (test images and labels, model folders) or lie inside one."""
     target = os.path.realpath(out)
@@ -121,6 +100,8 @@ def _check_output_folder(out: str, inputs: Sequence[str]) -> None:
 
 def _compare_command(argv: Optional[Sequence[str]]) -> None:
     from nnunetv2.paths import nnUNet_raw, nnUNet_results
+
+    from nnunetv2_meddisseg.torch_files import check_model_folder_checkpoints
 
     args = _parser().parse_args(argv)
     for option, value in (("-npp", args.npp), ("--num-overlays", args.num_overlays)):
@@ -137,8 +118,8 @@ def _compare_command(argv: Optional[Sequence[str]]) -> None:
     plans_b = [args.plans] if args.plans else ["nnUNetMedDisSegPlans", "nnUNetPlans"]
     models = [(args.baseline_trainer, [args.baseline_plans]), (args.trainer, plans_b)]
     folders = [find_trained_model(dataset_name, t, p, args.c, args.f, args.checkpoint) for t, p in models]
-    for folder in folders:
-        check_checkpoint(os.path.join(folder, f"fold_{args.f}", args.checkpoint))
+    for folder in folders:  # before nnU-Net's predictor loads them, unsafely
+        check_model_folder_checkpoints(folder, [args.f], args.checkpoint)
     out = args.o or os.path.join(nnUNet_results.get(), dataset_name, f"meddisseg_compare_{args.c}_fold_{args.f}")
     _check_output_folder(out, [images_ts, labels_ts, *folders])
     pred_dirs = []

@@ -3,7 +3,8 @@
     nnUNetv2_meddisseg_features -d ID -tr TRAINER [-tr TRAINER2] [-p PLANS] [-f FOLD]
                                 [--layer early|middle|late] [-o features.png]
 
-Loads each trained model with nnU-Net's ``nnUNetPredictor.initialize_from_trained_model_folder``,
+Loads each trained model with nnU-Net's ``nnUNetPredictor.initialize_from_trained_model_folder`` (its checkpoint
+read weights-only: ``torch_files.initialize_predictor``),
 preprocesses the raw dataset's test images (``imagesTs``) as nnU-Net does, centre-crops or zero-pads
 them to the plans' patch size, and reads the network's features (``MedDisSegOutput.features``,
 eval mode) at ``--layer``: 'early' = ELAT-refined x2, 'middle' = x4, 'late' = output of D_s. One row
@@ -118,13 +119,13 @@ def _load_network(model_dir: Path, fold: str, checkpoint: str, device):
 
     from nnunetv2_meddisseg.architectures import MedDisSegNet
     from nnunetv2_meddisseg.module_wrappers import unwrap_module
+    from nnunetv2_meddisseg.torch_files import initialize_predictor
 
     if not (model_dir / f"fold_{fold}" / checkpoint).is_file():
         raise UserError(f"no trained model: {model_dir / f'fold_{fold}' / checkpoint} does not exist")
     predictor = nnUNetPredictor(device=device, perform_everything_on_device=False, verbose=False, allow_tqdm=False)
     with contextlib.redirect_stdout(io.StringIO()):
-        predictor.initialize_from_trained_model_folder(str(model_dir), (fold if fold == "all" else int(fold),),
-                                                       checkpoint_name=checkpoint)
+        initialize_predictor(predictor, model_dir, [fold], checkpoint)
     network = unwrap_module(predictor.network)
     if not isinstance(network, MedDisSegNet):
         raise UserError(f"{model_dir.name}: the network is {type(network).__name__}, not MedDisSegNet; features are "

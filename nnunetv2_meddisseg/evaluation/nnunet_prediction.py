@@ -33,7 +33,8 @@ def predict_missing_cases(model_dir: str, fold: str, checkpoint: str, images_dir
                           overwrite: bool = False, progress: bool = True) -> List[str]:
     """Predict every case of ``images_dir`` that has no ``<case><ending>`` in ``output_dir`` yet.
 
-    Uses nnU-Net's ``nnUNetPredictor`` (``initialize_from_trained_model_folder`` and
+    Uses nnU-Net's ``nnUNetPredictor`` (``initialize_from_trained_model_folder``, through
+    ``torch_files.initialize_predictor``, which reads the checkpoint weights-only, and
     ``predict_from_files_sequential`` case by case with ``num_processes`` 0, ``predict_from_files``
     otherwise); nnU-Net's own console output goes to ``output_dir/predict_log.txt``. Returns the
     predicted case ids.
@@ -53,6 +54,8 @@ def predict_missing_cases(model_dir: str, fold: str, checkpoint: str, images_dir
     import torch  # heavy imports only when something is to be predicted
     from nnunetv2.inference.predict_from_raw_data import nnUNetPredictor
 
+    from nnunetv2_meddisseg.torch_files import initialize_predictor
+
     os.makedirs(output_dir, exist_ok=True)
     use_our_trainers()
     dev = torch.device(device)
@@ -63,8 +66,7 @@ def predict_missing_cases(model_dir: str, fold: str, checkpoint: str, images_dir
         predictor = nnUNetPredictor(tile_step_size=0.5, use_gaussian=True, use_mirroring=True,
                                     perform_everything_on_device=dev.type == "cuda", device=dev,
                                     verbose=False, allow_tqdm=False)
-        predictor.initialize_from_trained_model_folder(model_dir, (fold if fold == "all" else int(fold),),
-                                                       checkpoint_name=checkpoint)
+        initialize_predictor(predictor, model_dir, [fold], checkpoint)
         outputs = [os.path.join(output_dir, c) for c, _ in todo]
         if num_processes > 0:
             predictor.predict_from_files([fs for _, fs in todo], outputs, overwrite=True,

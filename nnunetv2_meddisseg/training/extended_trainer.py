@@ -43,6 +43,7 @@ from torch import distributed as dist
 from nnunetv2_meddisseg.environment import BF16_ENVIRONMENT_VARIABLE, bf16_training_requested
 from nnunetv2_meddisseg.module_wrappers import unwrap_module
 from nnunetv2_meddisseg.stored_names import curves_entry
+from nnunetv2_meddisseg.torch_files import weights_only_loads
 from nnunetv2_meddisseg.training.checkpoints import read_checkpoint_for_resuming, save_checkpoint_file
 from nnunetv2_meddisseg.training.curves import (
     PLOT_FILENAME,
@@ -275,7 +276,8 @@ class ExtendedTrainerBase(SeededTrainer):
             self._before_restoring_checkpoint(checkpoint)
         except TrainingInputError as error:  # the hook's message does not know the file
             raise type(error)(f"checkpoint {filename_or_checkpoint}: {error}") from None
-        super().load_checkpoint(filename_or_checkpoint)
+        with weights_only_loads(f"checkpoint {filename_or_checkpoint}"):  # nnU-Net's own load: weights only too
+            super().load_checkpoint(filename_or_checkpoint)
         self.logger.local_logger.adopt(curves_entry(checkpoint))
         if checkpoint.get("run_seed") is not None:
             self.run_seed = int(checkpoint["run_seed"])

@@ -115,7 +115,7 @@ def test_every_refused_mask_is_listed_together(tmp_path, nnunet_dirs, capsys):
     assert [re.search(r"/(\d+\.png) ", line).group(1) for line in refused] == ["2.png", "5.png", "9.png"]
     assert "5.png would be written empty: its values reach 100" in refused[1]
     assert ("  2 ambiguous (a middle value covers over 1 % of the mask) and 1 that would be written empty although "
-            "their values reach above 25 % of the range, refused:") in out.splitlines()
+            "they hold non-zero values, refused:") in out.splitlines()
     assert _tree(nnunet_dirs["nnUNet_raw"]) == set()
 
 
@@ -187,6 +187,36 @@ def test_skip_ambiguous_adjusts_a_shipped_split(tmp_path, nnunet_dirs, capsys):
     assert splits == [{"train": sorted(shipped["train"]), "val": sorted(c for c in shipped["val"] if c != dark)}]
     assert case_ids(raw / "imagesTs") == set(shipped["test"])
     assert len(case_ids(raw / "imagesTr")) == 175
+
+
+def test_label_maps_and_faint_only_masks_are_listed_and_skip_ambiguous_leaves_them_out(tmp_path, nnunet_dirs, capsys):
+    """A 0/1/2 label map and a foreground drawn at 40 with a soft edge: both would have been written as background;
+    both are listed (a threshold cannot make the label map binary), and --skip-ambiguous leaves both cases out."""
+    masks = make_cvc_png_tree(tmp_path / "cvc", ids=[str(i) for i in range(1, 9)], faint=(), ambiguous=())
+    label_map = np.zeros(SIZE, np.uint8)
+    label_map[2:12, 5:45], label_map[20:30, 5:45] = 1, 2
+    save(label_map, tmp_path / "cvc" / "Ground Truth" / "3.png")
+    faint = np.where(masks["6"] > 0, 40, 0).astype(np.uint8)
+    edge = np.flatnonzero(((np.roll(masks["6"], 1, axis=0) > 0) != (masks["6"] > 0)).reshape(-1))
+    faint.reshape(-1)[edge[:12]] = 20  # a soft edge (under 1 % of the pixels): three values
+    save(faint, tmp_path / "cvc" / "Ground Truth" / "6.png")
+    argv = ["cvc-clinicdb", str(tmp_path / "cvc"), "-d", "32", "-np", "1"]
+    for extra, refused in (([], 2), (["--mask-threshold", "1"], 1)):  # T = 1 makes the faint mask's 20 and 40 count
+        assert main([*argv, *extra]) == 2
+        out, err = capsys.readouterr()
+        assert err.startswith(f"{PREFIX}{refused} of 8 masks are refused by the mask rule")
+        assert "Ground Truth/3.png holds the values {0, 1, 2}: 1, 2 each cover more than 1 % of the pixels" in out
+        assert "1 holding more classes than the dataset's two (label maps)" in out
+        assert ("Ground Truth/6.png would be written empty" in out) == (refused == 2)
+        assert _tree(nnunet_dirs["nnUNet_raw"]) == set()
+    assert main([*argv, "--skip-ambiguous"]) == 0
+    raw = nnunet_dirs["nnUNet_raw"] / "Dataset032_CVCClinicDB"
+    assert case_ids(raw / "imagesTs") == {"1", "2", "4", "5", "7", "8"}
+    record = json.loads((raw / "dataset.json").read_text())["meddisseg_conversion"]["masks"]
+    assert sorted(record["left_out"]) == ["3", "6"] and "a label map of 3 classes" in record["left_out"]["3"]
+    assert record["left_out"]["6"].endswith("would be written empty: its values reach 40 ({0, 20, 40}) but none "
+                                            "exceeds half its range (127.5); expected a binary mask with foreground "
+                                            "above that")
 
 
 def test_the_python_api_raises_with_the_whole_report(tmp_path, nnunet_dirs):

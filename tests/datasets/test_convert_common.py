@@ -152,8 +152,8 @@ def test_a_middle_value_covering_an_area_is_refused(tmp_path):
 
 def test_a_jpeg_mask_that_would_come_out_empty_is_refused(tmp_path):
     path = _mask(tmp_path, _foreground_square(100), "faint.jpg", quality=100)
-    with pytest.raises(ConversionError, match=r"faint.jpg would be written empty: its values reach 1\d\d but none "
-                                              r"exceeds half its range \(127.5\)"):
+    with pytest.raises(ConversionError, match=r"faint.jpg would be written empty: its values reach 1\d\d \(\{.*\}\) "
+                                              r"but none exceeds half its range \(127.5\)"):
         read_binary_mask(path)
 
 
@@ -214,3 +214,33 @@ def test_a_foreground_that_vanishes_at_resize_is_refused(tmp_path):
         write_binary_2d_case(case, tmp_path / "out_0000.png", tmp_path / "out.png", resize=16)
     assert str(e.value) == (f"--resize 16: the foreground of mask {tmp_path / 'dot.png'} (1 pixels) vanishes at 16x16: "
                             f"choose a larger --resize")
+
+
+@pytest.mark.parametrize("transparency", [None, 0])
+def test_palette_files_convert_to_what_nnunet_reads_from_them(tmp_path, transparency):
+    """A palette image becomes the RGB of its palette colours, which is what nnU-Net's reader (NaturalImage2DIO)
+    makes of the palette file itself (with or without a transparent index); a palette mask of indices 0/1 becomes
+    the label file nnU-Net reads as those labels."""
+    from nnunetv2.imageio.natural_image_reader_writer import NaturalImage2DIO
+
+    from nnunetv2_meddisseg.datasets.cases import SourceCase
+    from nnunetv2_meddisseg.datasets.image_io import write_binary_2d_case
+
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 6, (12, 10), dtype=np.uint8), "P")
+    image.putpalette(rng.integers(0, 256, 18, dtype=np.uint8).tolist() + [0] * 750)
+    image.save(tmp_path / "image.png", **({} if transparency is None else {"transparency": transparency}))
+    labels = (rng.random((12, 10)) < 0.4).astype(np.uint8)
+    mask = Image.fromarray(labels, "P")
+    mask.putpalette([255, 255, 255, 200, 0, 0] + [0] * 762)  # index 0 drawn white, index 1 dark red
+    mask.save(tmp_path / "mask.png", **({} if transparency is None else {"transparency": transparency}))
+    reader = NaturalImage2DIO()
+    source, _ = reader.read_images([str(tmp_path / "image.png")])  # (C, 1, H, W)
+    write_binary_2d_case(SourceCase("c", tmp_path / "image.png", tmp_path / "mask.png"), tmp_path / "c_0000.png",
+                         tmp_path / "c.png", resize=None)
+    written, _ = reader.read_images([str(tmp_path / "c_0000.png")])
+    np.testing.assert_array_equal(written, source[:3])
+    expected = np.asarray(image.convert("RGB")).transpose(2, 0, 1)[:, None]
+    np.testing.assert_array_equal(written, expected)
+    seg, _ = reader.read_seg(str(tmp_path / "c.png"))
+    np.testing.assert_array_equal(seg, labels[None, None])

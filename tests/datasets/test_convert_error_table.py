@@ -116,6 +116,63 @@ def conv_faint_mask(tmp, env):
     return argv
 
 
+def conv_faint_jpeg_mask_40(tmp, env):
+    """k1's mask drawn at grey 40 (all its values in the faint band): read by the bands it would be empty."""
+    argv = _kvasir(tmp)
+    path = tmp / "Kvasir-SEG" / "masks" / "k1.jpg"
+    mask = np.asarray(Image.open(path).convert("L"))
+    save(np.where(mask > 127, 40, 0).astype(np.uint8), path, quality=90)
+    return argv
+
+
+def _cvc(tmp: Path, masks: dict) -> List[str]:
+    """CVC-ClinicDB's PNG layout, cases 1..4 with 0 / 255 masks except those in ``masks`` (case -> array)."""
+    rng = np.random.default_rng(0)
+    for case in ("1", "2", "3", "4"):
+        save(rng.integers(0, 256, (20, 24, 3), dtype=np.uint8), tmp / "cvc" / "Original" / f"{case}.png")
+        mask = np.zeros((20, 24), np.uint8)
+        mask[4:12, 6:18] = 255
+        save(masks.get(case, mask), tmp / "cvc" / "Ground Truth" / f"{case}.png")
+    return ["cvc-clinicdb", str(tmp / "cvc"), "-d", "32", "-np", "1"]
+
+
+def _label_map_012() -> np.ndarray:
+    mask = np.zeros((20, 24), np.uint8)
+    mask[2:8, 4:20], mask[10:16, 4:20] = 1, 2
+    return mask
+
+
+def conv_label_map_mask(tmp, env):
+    return _cvc(tmp, {"2": _label_map_012()})
+
+
+def conv_label_map_mask_with_threshold(tmp, env):
+    return [*_cvc(tmp, {"2": _label_map_012()}), "--mask-threshold", "0"]
+
+
+def conv_colour_label_map_mask(tmp, env):
+    labels = _label_map_012()
+    return _cvc(tmp, {"3": np.stack([labels == 1, labels == 2, labels < 0], axis=-1).astype(np.uint8) * 255})
+
+
+def conv_mask_threshold_above_label_range(tmp, env):
+    """Every mask a plain 0 / 255 label: 300 is beyond their range all the same."""
+    return [*_cvc(tmp, {}), "--mask-threshold", "300"]
+
+
+def conv_png_image_without_mask(tmp, env):
+    """CVC-ClinicDB takes TIFF, PNG and BMP: the message names the ending of the image it could not pair."""
+    argv = _cvc(tmp, {})
+    (tmp / "cvc" / "Ground Truth" / "3.png").unlink()
+    return argv
+
+
+def conv_png_mask_without_image(tmp, env):
+    argv = _cvc(tmp, {})
+    (tmp / "cvc" / "Original" / "4.png").unlink()
+    return argv
+
+
 def conv_source_is_the_dataset(tmp, env):
     """--overwrite with the dataset of this ID as the source: it would replace its own input."""
     argv = _kvasir(tmp)
@@ -162,6 +219,10 @@ ROWS = [
     Row("convert/image_without_mask", "convert", conv_image_without_mask, 2,
         ["images/k1.jpg", "has no mask", "masks/k1.jpg"]),
     Row("convert/mask_without_image", "convert", conv_mask_without_image, 2, ["masks/k2.jpg", "has no image"]),
+    Row("convert/png_image_without_mask", "convert", conv_png_image_without_mask, 2,
+        ["image ", "Original/3.png has no mask (expected ", "Ground Truth/3.png, or 3.tif/.tiff/.bmp)"]),
+    Row("convert/png_mask_without_image", "convert", conv_png_mask_without_image, 2,
+        ["mask ", "Ground Truth/4.png has no image (expected ", "Original/4.png, or 4.tif/.tiff/.bmp)"]),
     Row("convert/size_mismatch", "convert", conv_size_mismatch, 2, ["masks/k1.jpg", "12x10", "expected the same size"]),
     Row("convert/corrupt_image", "convert", conv_corrupt_image, 2, ["cannot read image", "images/k3.jpg"]),
     Row("convert/empty_source", "convert", conv_empty_source, 2, ["no images", "Kvasir-SEG/images"]),
@@ -172,6 +233,18 @@ ROWS = [
     Row("convert/blue_masks_kept", "convert", conv_blue_masks, 0, check=check_blue_masks_kept),
     Row("convert/faint_mask_would_be_empty", "convert", conv_faint_mask, 2,
         ["mask ", "masks/k2.jpg would be written empty: its values reach", "but none exceeds half its range (127.5)"]),
+    Row("convert/faint_jpeg_mask_40", "convert", conv_faint_jpeg_mask_40, 2,
+        ["masks/k1.jpg would be written empty: its values reach ", "but none exceeds half its range (127.5)"]),
+    Row("convert/label_map_mask", "convert", conv_label_map_mask, 2,
+        ["Ground Truth/2.png holds the values {0, 1, 2}: ", "a label map of 3 classes (a binary dataset has 2",
+         "save them as binary masks (0 and one foreground value), or pass --skip-ambiguous"]),
+    Row("convert/label_map_mask_with_threshold", "convert", conv_label_map_mask_with_threshold, 2,
+        ["Ground Truth/2.png holds the values {0, 1, 2}: ", "a label map of 3 classes"]),
+    Row("convert/colour_label_map_mask", "convert", conv_colour_label_map_mask, 2,
+        ["Ground Truth/3.png holds 2 colours of different hues", "(255, 0, 0)", "(0, 255, 0)",
+         "a label map of 3 classes"]),
+    Row("convert/mask_threshold_above_label_range", "convert", conv_mask_threshold_above_label_range, 2,
+        ["--mask-threshold 300 is not below the range of mask ", "Ground Truth/1.png (0..255)"]),
     Row("convert/source_inside_the_dataset", "convert", conv_source_is_the_dataset, 2,
         [f"{KVASIR_DATASET}/Kvasir-SEG is inside ", "the dataset this conversion writes (and --overwrite replaces)"]),
     Row("convert/overwrite_replaces", "convert", conv_overwrite_replaces, 0, check=check_overwrite_replaced),

@@ -6,6 +6,8 @@ docs/data.md on random masks.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -175,18 +177,16 @@ def test_palette_indices_and_plain_labels_stay_labels(tmp_path):
     assert inspect_mask(path).kind == "label"
 
 
-def test_a_mask_that_would_come_out_empty_is_refused_only_above_the_low_band(tmp_path):
+def test_a_mask_that_would_come_out_empty_is_refused_naming_its_values(tmp_path):
     dim = _with_region(_with_region(np.zeros(SIZE, np.uint8), 11, 0.5)[::-1], 100, 0.005)  # 11 wide, 100 tiny
     path = _save(tmp_path, dim, "dim.png")
     finding = inspect_mask(path)
     assert finding.kind == "empty" and finding.problem == (
-        f"mask {path} would be written empty: its values reach 100 but none exceeds half its range (127.5); "
-        f"expected a binary mask with foreground above that")
+        f"mask {path} would be written empty: its values reach 100 ({{0, 11, 100}}) but none exceeds half its range "
+        f"(127.5); expected a binary mask with foreground above that")
     np.testing.assert_array_equal(read_binary_mask(path, threshold=50), (dim > 50).astype(np.uint8))
     with pytest.raises(ConversionError, match="none exceeds --mask-threshold 120;"):
         read_binary_mask(path, threshold=120)
-    faint_only = _with_region(_with_region(np.zeros(SIZE, np.uint8), 11, 0.5), 12, 0.1)
-    assert not read_binary_mask(_save(tmp_path, faint_only, "faint_only.png")).any()  # faint values: background
     jpeg = _save(tmp_path, _polyp(value=100), "dark.jpg", quality=100)
     assert inspect_mask(jpeg).kind == "empty"
 
@@ -217,6 +217,147 @@ def test_a_threshold_at_or_above_the_range_of_a_mask_names_both(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
+# masks that a binary dataset would get wrong with success: faint-only masks, label maps, thresholds beyond the range
+
+
+def _aa_disc(value: int, dtype=np.uint8) -> np.ndarray:
+    """:func:`_disc` drawn with ``value`` instead of 255 (its anti-aliased edge scaled alike)."""
+    return np.rint(_disc().astype(np.float64) / 255 * value).astype(dtype)
+
+
+@pytest.mark.parametrize("name, array, options", [
+    ("faint_40.png", _aa_disc(40), {}),
+    ("faint_63.png", _aa_disc(63), {}),
+    ("faint_12.png", _aa_disc(12), {}),
+    ("faint_16bit_10000.png", _aa_disc(10000, np.uint16), {}),
+    ("faint_16bit_300.png", _aa_disc(300, np.uint16), {}),  # values above 255: the 16-bit range
+    ("faint_40.jpg", np.where(_disc() > 127, 40, 0).astype(np.uint8), {"quality": 90}),
+    ("faint_60.jpg", _aa_disc(60), {"quality": 75}),
+])
+def test_a_foreground_drawn_in_the_faint_band_is_refused_not_written_empty(tmp_path, name, array, options):
+    path = _save(tmp_path, array, name, **options)
+    values = np.unique(np.asarray(Image.open(path)))
+    assert len(values) > 2 and values.max() > 0  # not a plain label: the bands decide
+    finding = inspect_mask(path)
+    assert finding.refused and finding.kind == "empty"
+    assert finding.problem.startswith(f"mask {path} would be written empty: its values reach {values.max():g} (")
+    assert "but none exceeds half its range" in finding.problem
+    with pytest.raises(ConversionError, match="would be written empty"):
+        read_binary_mask(path)
+
+
+def test_a_jpeg_of_an_empty_mask_with_noise_around_black_stays_empty(tmp_path):
+    noise = np.zeros(SIZE, np.uint8)
+    noise[::7, ::5] = 9  # up to 5 % of the range: the format's noise around black
+    path = _save(tmp_path, noise, "noise.jpg", quality=95)
+    decoded = np.asarray(Image.open(path))
+    assert 0 < decoded.max() <= 0.05 * 255
+    assert not read_binary_mask(path).any() and inspect_mask(path).kind == "lossy"
+
+
+def _label_map(classes: int, dtype=np.uint8) -> np.ndarray:
+    """0 background and classes 1..classes-1 as horizontal bands, each over 10 % of the pixels."""
+    array = np.zeros(SIZE, dtype)
+    for k in range(1, classes):
+        array[5 * k:5 * k + 5, 10:50] = k
+    return array
+
+
+@pytest.mark.parametrize("name, array", [
+    ("map_012.png", _label_map(3)),
+    ("map_0123.png", _label_map(4)),
+    ("map_012_16bit.png", _label_map(3, np.uint16)),
+    ("map_0123_16bit.png", _label_map(4, np.uint16)),
+    ("map_faint_noise.png", _with_region(_with_region(np.zeros(SIZE, np.uint8), 11, 0.5), 12, 0.1)),
+])
+@pytest.mark.parametrize("threshold", [None, 0, 1.5])
+def test_a_label_map_of_more_classes_is_refused_whatever_the_threshold(tmp_path, name, array, threshold):
+    path = _save(tmp_path, array, name)
+    values = sorted(np.unique(array).tolist())
+    finding = inspect_mask(path, threshold=threshold)
+    assert finding.kind == "classes" and finding.refused
+    shown = ", ".join(map(str, values))
+    assert finding.problem.startswith(f"mask {path} holds the values {{{shown}}}: ")
+    assert f"a label map of {len(values)} classes (a binary dataset has 2: background and one foreground)" in \
+           finding.problem
+    with pytest.raises(ConversionError, match="a label map of"):
+        read_binary_mask(path, threshold=threshold)
+
+
+def _palette_mask(indices: np.ndarray, colours) -> Image.Image:
+    img = Image.fromarray(indices, "P")
+    img.putpalette([c for colour in colours for c in colour] + [0] * (768 - 3 * len(colours)))
+    return img
+
+
+@pytest.mark.parametrize("name, image", [
+    ("red_green.png", Image.fromarray(np.stack([_label_map(3) == 1, _label_map(3) == 2, np.zeros(SIZE, bool)],
+                                               axis=-1).astype(np.uint8) * 255)),
+    ("voc_palette.png", _palette_mask(_label_map(3), [(0, 0, 0), (128, 0, 0), (0, 128, 0)])),
+    ("bright_palette.png", _palette_mask(_label_map(4), [(0, 0, 0), (255, 0, 0), (0, 255, 0), (0, 0, 255)])),
+    ("white_and_red.png", _palette_mask(_label_map(3), [(0, 0, 0), (255, 255, 255), (255, 0, 0)])),
+])
+@pytest.mark.parametrize("threshold", [None, 100])
+def test_a_colour_label_map_is_refused_not_merged_into_one_foreground(tmp_path, name, image, threshold):
+    image.save(tmp_path / name)
+    finding = inspect_mask(tmp_path / name, threshold=threshold)
+    assert finding.kind == "classes"
+    assert "colours of different hues that each cover more than 1 % of the pixels" in finding.problem
+    assert "(expected" not in finding.problem and finding.problem.endswith("(0 and one foreground colour)")
+
+
+def test_one_colour_with_anti_aliased_edges_and_a_grey_palette_stay_one_class(tmp_path):
+    red = np.zeros(SIZE + (3,), np.uint8)
+    red[..., 0] = _disc(64, 8)[:SIZE[0], :SIZE[1]]  # red at every edge level: one hue
+    np.testing.assert_array_equal(read_binary_mask(_save(tmp_path, red, "red_edges.png")), (red[..., 0] > 127))
+    grey = _palette_mask(np.where(_polyp(value=1) > 0, 2, 0).astype(np.uint8), [(0, 0, 0), (9, 9, 9), (255, 255, 255)])
+    grey.save(tmp_path / "grey_palette.png")
+    np.testing.assert_array_equal(read_binary_mask(tmp_path / "grey_palette.png"), FOREGROUND)
+
+
+def _palette_label(tmp_path) -> Path:
+    _palette_mask(_polyp(value=1), [(0, 0, 0), (255, 0, 0)]).save(tmp_path / "palette01.png")
+    return tmp_path / "palette01.png"
+
+
+#: masks of every kind -> the range of their file's values (``--mask-threshold`` must lie below it)
+MASK_KINDS_AND_RANGES = {
+    "label_0_255.png": (lambda tmp: _save(tmp, _polyp(), "label_0_255.png"), 255),
+    "label_0_1.png": (lambda tmp: _save(tmp, _polyp(value=1), "label_0_1.png"), 255),
+    "label_16bit_0_1.png": (lambda tmp: _save(tmp, _polyp(value=1, dtype=np.uint16), "label_16bit_0_1.png"), 65535),
+    "palette01.png": (_palette_label, 255),
+    "rgb_label.png": (lambda tmp: _save(tmp, np.repeat(_polyp()[..., None], 3, axis=-1), "rgb_label.png"), 255),
+    "edges.png": (lambda tmp: _save(tmp, _disc(), "edges.png"), 255),
+    "mask.jpg": (lambda tmp: _save(tmp, _disc(), "mask.jpg"), 255),
+    "label_16bit_0_65535.png": (lambda tmp: _save(tmp, _polyp(value=65535, dtype=np.uint16),
+                                                  "label_16bit_0_65535.png"), 65535),
+}
+
+
+@pytest.mark.parametrize("kind", list(MASK_KINDS_AND_RANGES))
+def test_mask_threshold_must_lie_below_the_range_of_every_mask_kind(tmp_path, kind):
+    make, full = MASK_KINDS_AND_RANGES[kind]
+    path = make(tmp_path)
+    for threshold in (full, full + 45, 300) if full == 255 else (full,):
+        with pytest.raises(OptionError) as e:
+            inspect_mask(path, threshold=threshold)
+        assert str(e.value) == (f"--mask-threshold {threshold:g} is not below the range of mask {path} (0..{full}): "
+                                f"expected a value between 0 and {full}")
+    assert inspect_mask(path, threshold=full - 1.5).kind in ("label", "edges", "lossy")  # just below: accepted
+    if full == 65535:  # a 16-bit label takes any T of the 16-bit range
+        np.testing.assert_array_equal(read_binary_mask(path, threshold=300), FOREGROUND)
+
+
+def test_a_threshold_within_the_16_bit_range_still_refuses_what_it_would_leave_empty(tmp_path):
+    faint = _save(tmp_path, _with_region(_polyp(value=200, dtype=np.uint16), 90, 0.05), "low16.png")  # {0, 90, 200}
+    with pytest.raises(ConversionError, match=r"would be written empty: its values reach 200 \(\{0, 90, 200\}\) but "
+                                              r"none exceeds --mask-threshold 300"):
+        read_binary_mask(faint, threshold=300)
+    empty = _save(tmp_path, np.zeros(SIZE, np.uint16), "empty16.png")
+    assert not read_binary_mask(empty, threshold=30000).any()
+
+
+# ------------------------------------------------------------------------------------------------
 # the rule against a brute-force reference of its statement
 
 
@@ -236,8 +377,8 @@ def _reference(arr: np.ndarray, full: int):
             return None  # a middle value covering an area
         elif v > full / 2:
             out[arr == v] = 1
-    if not out.any() and max(values) > full / 4:
-        return None  # empty although bright
+    if not out.any() and max(values) > 0:
+        return None  # non-zero values, written empty
     return out
 
 

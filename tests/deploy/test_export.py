@@ -73,3 +73,27 @@ def test_saturated_attention_keeps_its_precision_in_onnx_runtime():
     check = export.compare_with_onnxruntime(block, export.trace_to_onnx(block, torch.from_numpy(x)), {"x": x})[0]
     assert check["max_abs_logit"] < 1e-5  # the premise: saturated weights
     assert check["relative_difference"] < 1e-4, check
+
+
+def test_export_declares_the_channel_axes_the_tracer_left_symbolic():
+    import onnx
+    import onnxruntime
+
+    model = onnx.load_from_string(export.trace_to_onnx(_net(0), torch.zeros(1, 3, 8, 8)))
+    model.graph.output[0].type.tensor_type.shape.dim[1].dim_param = "Addlogits_dim_1"  # as Med-DisSeg's graph has it
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "channels"
+
+    def channel_axes(data: bytes):
+        graph = onnx.load_from_string(data).graph
+        return [str(v.type.tensor_type.shape.dim[1]).strip() for v in (graph.input[0], graph.output[0])]
+
+    assert channel_axes(model.SerializeToString()) == ['dim_param: "channels"', 'dim_param: "Addlogits_dim_1"']
+    declared = export.declare_channels(model.SerializeToString(), 3, 2)
+    assert channel_axes(declared) == ["dim_value: 3", "dim_value: 2"]
+    session = onnxruntime.InferenceSession(declared, providers=["CPUExecutionProvider"])
+    assert session.get_inputs()[0].shape == ["batch", 3, "height", "width"]
+    assert session.get_outputs()[0].shape == ["batch", 2, "height", "width"]
+    x = np.random.default_rng(0).standard_normal((2, 3, 8, 8), dtype=np.float32)
+    assert export.compare_with_onnxruntime(_net(0), declared, {"x": x})[0]["relative_difference"] < 1e-5
+    # an axis already fixed is left as it is (the predictor then refuses a graph that disagrees)
+    assert channel_axes(export.declare_channels(declared, 3, 5)) == ["dim_value: 3", "dim_value: 2"]

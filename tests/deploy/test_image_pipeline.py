@@ -1,6 +1,8 @@
 """deploy/image_pipeline.py against nnU-Net's own code: its image reader and writer (NaturalImage2DIO), its
 preprocessor (DefaultPreprocessor.run_case_npy: transpose, crop to non-zero, the five normalisation schemes)
 and its segmentation export (convert_predicted_logits_to_segmentation_with_correct_shape)."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 from nnunetv2.imageio.natural_image_reader_writer import NaturalImage2DIO
@@ -119,6 +121,72 @@ def test_read_equals_nnunet_reader(tmp_path, mode, channels):
     expected, _ = NaturalImage2DIO().read_images([str(path)])
     got = read_case([path])
     assert got.dtype == expected.dtype == np.float32 and np.array_equal(got, expected)
+
+
+def _palette(rng, path: Path, transparency=None) -> None:
+    image = Image.fromarray(rng.integers(0, 4, size=(9, 13)).astype(np.uint8), mode="L").convert("P")
+    image.putpalette([0, 0, 0, 255, 0, 0, 0, 255, 0, 10, 20, 30])
+    image.save(path, **({} if transparency is None else {"transparency": transparency}))
+
+
+def _grey_palette_bmp(rng, path: Path) -> None:  # an 8-bit BMP is a palette image, even of greys
+    Image.fromarray(rng.integers(0, 256, size=(9, 13)).astype(np.uint8)).convert("P").save(path)
+
+
+def _tif(array, **kwargs):
+    def write(rng, path: Path) -> None:
+        import tifffile
+
+        tifffile.imwrite(path, array(rng), **kwargs)
+    return write
+
+
+def _animated_png(frames: int):
+    def write(rng, path: Path) -> None:
+        images = [Image.fromarray(rng.integers(0, 256, size=(9, 13)).astype(np.uint8)) for _ in range(frames)]
+        images[0].save(path, save_all=True, append_images=images[1:])
+    return write
+
+
+# images that Pillow's own decoding gives differently from nnU-Net's reader (skimage.io.imread)
+KINDS = {
+    "palette.png": lambda rng, p: _palette(rng, p),
+    "palette_with_transparency.png": lambda rng, p: _palette(rng, p, transparency=1),
+    "grey_palette.bmp": _grey_palette_bmp,
+    "grey16.png": lambda rng, p: Image.fromarray(rng.integers(0, 65535, size=(9, 13)).astype(np.uint16)).save(p),
+    "bilevel.png": lambda rng, p: Image.fromarray(rng.integers(0, 2, size=(9, 13)).astype(bool)).save(p),
+    "rgb16.tif": _tif(lambda rng: rng.integers(0, 65535, size=(9, 13, 3)).astype(np.uint16), photometric="rgb"),
+    "planar_rgb.tif": _tif(lambda rng: rng.integers(0, 255, size=(3, 9, 13)).astype(np.uint8), photometric="rgb",
+                           planarconfig="separate"),
+    "float.tif": _tif(lambda rng: rng.random((9, 13)).astype(np.float32)),
+    "three_frames.png": _animated_png(3),
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_read_equals_nnunet_reader_where_pillow_alone_differs(tmp_path, kind):
+    path = tmp_path / f"case_0000{Path(kind).suffix}"
+    KINDS[kind](np.random.default_rng(4), path)
+    expected, _ = NaturalImage2DIO().read_images([str(path)])
+    got = read_case([path])
+    assert got.dtype == expected.dtype == np.float32 and got.shape == expected.shape, (got.shape, expected.shape)
+    assert np.array_equal(got, expected)
+
+
+@pytest.mark.parametrize("kind", ["grey_with_alpha.png", "two_pages.tif", "two_frames.png"])
+def test_images_nnunet_refuses_are_one_line(tmp_path, kind):
+    path = tmp_path / f"case_0000{Path(kind).suffix}"
+    rng = np.random.default_rng(5)
+    if kind == "grey_with_alpha.png":
+        Image.fromarray(rng.integers(0, 256, size=(9, 13, 2)).astype(np.uint8), mode="LA").save(path)
+    elif kind == "two_pages.tif":
+        _tif(lambda r: r.integers(0, 255, size=(2, 9, 13)).astype(np.uint8), photometric="minisblack")(rng, path)
+    else:
+        _animated_png(2)(rng, path)
+    with pytest.raises(AssertionError):
+        NaturalImage2DIO().read_images([str(path)])
+    with pytest.raises(UserError, match=r"case_0000\.\w+: reads as an array of shape \(.*\), expected a 2D grey"):
+        read_case([path])
 
 
 @pytest.mark.parametrize("top", [3, 300], ids=["uint8", "uint16"])

@@ -1,8 +1,6 @@
 """nnUNetv2_meddisseg_predict_onnx on a tiny exported network: it runs in a process where importing PyTorch (and
 nnU-Net) fails, writes what the in-process predictor computes, and reports bad input in one line. Its equality
 with nnUNetv2_predict on trained models is in tests/e2e/test_onnx_deploy.py."""
-import io
-import json
 import os
 import subprocess
 import sys
@@ -10,11 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
-from torch import nn
+from tiny_export import export_tiny, write_cases
 
-from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, FORMAT_VERSION, fold_model_file
+from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, fold_model_file
 from nnunetv2_meddisseg.deploy.predict_onnx import PROG, OnnxPredictor, main
 
 BLOCKER = '''import sys
@@ -33,42 +30,10 @@ sys.meta_path.insert(0, _Blocked())
 '''
 
 
-def _export_tiny(folder: Path, folds=(0, 1)) -> None:
-    """An export folder of a (B, 3, H, W) -> (B, 2, H, W) convolutional network per fold, and its description."""
-    folds_info = []
-    for fold in folds:
-        torch.manual_seed(fold)
-        net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Tanh(), nn.Conv2d(4, 2, 3, padding=1)).eval()
-        buffer = io.BytesIO()
-        torch.onnx.export(net, (torch.zeros(1, 3, 16, 16),), buffer, input_names=["image"], output_names=["logits"],
-                          opset_version=18, dynamo=False,
-                          dynamic_axes={n: {0: "b", 2: "h", 3: "w"} for n in ("image", "logits")})
-        (folder / f"fold_{fold}").mkdir(parents=True)
-        (folder / fold_model_file(fold)).write_bytes(buffer.getvalue())
-        folds_info.append({"fold": str(fold), "file": fold_model_file(fold), "checks": []})
-    description = {
-        "format_version": FORMAT_VERSION, "trainer": "tiny", "plans": "nnUNetPlans", "configuration": "2d",
-        "checkpoint": "checkpoint_final.pth", "folds": folds_info, "patch_size": [16, 16], "num_input_channels": 3,
-        "num_segmentation_heads": 2,
-        "normalization": [{"scheme": "ZScoreNormalization", "use_mask_for_norm": False,
-                           "intensity_properties": {}}] * 3,
-        "transpose_forward": [0, 1, 2], "transpose_backward": [0, 1, 2], "file_ending": ".png",
-        "labels": {"background": 0, "polyp": 1}, "regions_class_order": None, "mirror_axes": [0, 1],
-        "tile_step_size": 0.5}
-    (folder / DESCRIPTION_FILE).write_text(json.dumps(description))
-
-
-def _cases(folder: Path) -> None:
-    folder.mkdir()
-    rng = np.random.default_rng(0)
-    for i, shape in enumerate([(16, 16), (29, 21), (9, 12)]):
-        Image.fromarray(rng.integers(0, 256, (*shape, 3)).astype(np.uint8)).save(folder / f"case{i}_0000.png")
-
-
 @pytest.fixture
 def exported(tmp_path) -> Path:
-    _export_tiny(tmp_path / "model")
-    _cases(tmp_path / "in")
+    export_tiny(tmp_path / "model")
+    write_cases(tmp_path / "in")
     (tmp_path / "blocker").mkdir()
     (tmp_path / "blocker" / "sitecustomize.py").write_text(BLOCKER)
     return tmp_path

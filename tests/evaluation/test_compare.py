@@ -295,7 +295,8 @@ def test_main_with_existing_predictions(nnunet_env, tmp_path, capsys):
     model_b = results / ds.name / "nnUNetTrainerMedDisSeg__nnUNetPlans__2d"  # no nnUNetMedDisSegPlans: fallback
     for m in (model_a, model_b):
         (m / "fold_0").mkdir(parents=True)
-        torch.save({"network_weights": {}}, m / "fold_0" / "checkpoint_final.pth")  # checked, never used here
+        checkpoint = {"network_weights": {}, "trainer_name": m.name.split("__")[0], "init_args": {}}
+        torch.save(checkpoint, m / "fold_0" / "checkpoint_final.pth")  # checked, never used here
     out = tmp_path / "cmp"
     (out / "predictions").mkdir(parents=True)
     os.rename(a, out / "predictions" / model_a.name)

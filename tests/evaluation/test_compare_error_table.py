@@ -60,8 +60,13 @@ def cmp_meddisseg_model_missing(tmp, env):
     return _compare_argv(tmp, "802")
 
 
+#: the entries nnU-Net's predictor reads from a checkpoint (compare checks them before handing it over)
+PREDICTOR_ENTRIES = {"network_weights": {}, "trainer_name": "nnUNetTrainer", "init_args": {"configuration": "2d"}}
+
+
 def _two_models(env: Env, baseline: object, meddisseg: object = None) -> Dict[str, Path]:
-    """Both models' ``fold_0/checkpoint_final.pth``: bytes written as they are, anything else with torch.save."""
+    """Both models' ``fold_0/checkpoint_final.pth``: bytes written as they are, anything else with torch.save
+    (dicts completed with :data:`PREDICTOR_ENTRIES`)."""
     files = {}
     for name, content in (("nnUNetTrainer__nnUNetPlans__2d", baseline),
                           ("nnUNetTrainerMedDisSeg__nnUNetMedDisSegPlans__2d", meddisseg)):
@@ -71,7 +76,7 @@ def _two_models(env: Env, baseline: object, meddisseg: object = None) -> Dict[st
         if isinstance(content, bytes):
             files[name].write_bytes(content)
         else:
-            torch.save(content if content is not None else {"network_weights": {}}, files[name])
+            torch.save({**PREDICTOR_ENTRIES, **(content or {})}, files[name])
     return files
 
 
@@ -94,6 +99,17 @@ def cmp_checkpoint_payload(tmp, env):
 
     _raw_with_test_set(env)
     _two_models(env, {"network_weights": {}}, {"network_weights": {}, "logging": Payload(tmp / "payload_ran")})
+    return _compare_argv(tmp, "802")
+
+
+def cmp_checkpoint_not_nnunet(tmp, env):
+    """A torch file that nnU-Net's predictor would fail on with a KeyError: none of the entries it reads."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, buffer)
+    _raw_with_test_set(env)
+    _two_models(env, buffer.getvalue())
     return _compare_argv(tmp, "802")
 
 
@@ -120,6 +136,9 @@ ROWS = [
     Row("compare/checkpoint_payload_not_run", "compare", cmp_checkpoint_payload, 2,
         ["nnUNetTrainerMedDisSeg__nnUNetMedDisSegPlans__2d/fold_0/checkpoint_final.pth holds pickled objects "
          "other than tensors", "it was not loaded, since loading such objects can run code"]),
+    Row("compare/checkpoint_not_nnunet", "compare", cmp_checkpoint_not_nnunet, 2,
+        ["nnUNetTrainer__nnUNetPlans__2d/fold_0/checkpoint_final.pth is not an nnU-Net checkpoint: it has no "
+         "network_weights, trainer_name, init_args"]),
     Row("compare/output_inside_test_labels", "compare", cmp_output_inside_test_labels, 2,
         ["-o ", "labelsTs/comparison is inside the input folder ", "choose a folder outside it"]),
     Row("compare/meddisseg_model_missing", "compare", cmp_meddisseg_model_missing, 2,

@@ -2,9 +2,13 @@
 
 ``equivalence_run.py`` trains ``nnUNetTrainerMedDisSeg_smoke`` (Stage I, the switch, Stage II, validation, the final
 validation) and ``nnUNetTrainerDispersive_smoke`` on the shared synthetic dataset, seeded, on one CPU thread. With
-the torch version and CPU kernels of the record, every loss, the final weights' sha256 and the final validation's
-Dice must be identical: a change that was meant to move no number moved none. Elsewhere (another torch or CPU,
-whose kernels round differently) the losses must agree to 1e-3 and the checksum is not compared.
+the CPU kernels and the package versions of the record (``versions``: torch, numpy, scipy, nnU-Net and its
+augmentation and network packages), every loss, the final weights' sha256 and the final validation's Dice must be
+identical: a change that was meant to move no number moved none. Elsewhere, rounding differences of the first steps
+grow over a training run (seen between two environments with the same torch: late training losses 0.3 % apart,
+a validation loss near zero 0.025 apart), so there the training losses must agree to 2 %, the validation losses to
+0.05 and the final Dice to 0.02, and the checksum is not compared: a change of the method still fails, a
+reordered sum does not.
 
 To record anew (only for a change that is meant to change the numbers, and say so in its commit):
 ``NNUNETV2_MEDDISSEG_RECORD_EQUIVALENCE=1 pytest tests/training/test_training_equivalence.py``.
@@ -46,12 +50,15 @@ def test_seeded_smoke_training_matches_the_record(preprocessed_synthetic, traine
     expected = json.loads(RECORD.read_text())[trainer]
     assert len(result["train_losses"]) == len(expected["train_losses"]) > 0
     assert len(result["val_losses"]) == len(expected["val_losses"]) > 0
-    same_kernels = (result["torch"], result["cpu_capability"]) == (expected["torch"], expected["cpu_capability"])
-    if same_kernels:
+    same_environment = all(result.get(k) == expected.get(k) for k in ("cpu_capability", "versions"))
+    if same_environment:
         assert result["train_losses"] == expected["train_losses"]
         assert result["val_losses"] == expected["val_losses"]
         assert result["final_validation_dice"] == expected["final_validation_dice"]
         assert result["weights_sha256"] == expected["weights_sha256"]
     else:
-        for key in ("train_losses", "val_losses"):
-            torch.testing.assert_close(torch.tensor(result[key]), torch.tensor(expected[key]), rtol=1e-3, atol=1e-4)
+        torch.testing.assert_close(torch.tensor(result["train_losses"]), torch.tensor(expected["train_losses"]),
+                                   rtol=2e-2, atol=0)
+        torch.testing.assert_close(torch.tensor(result["val_losses"]), torch.tensor(expected["val_losses"]),
+                                   rtol=0, atol=5e-2)
+        assert abs(result["final_validation_dice"] - expected["final_validation_dice"]) < 2e-2

@@ -1,0 +1,233 @@
+"""A model folder is checked before it is trusted (deploy/description.py): every field of onnx_model.json by type,
+range and agreement with the others, fold files inside the folder, each graph against its recorded sha256 and each
+loaded graph's shapes against the description; every refusal one line naming the file and the field. Through the
+predictor (OnnxPredictor and its command) where a graph is involved."""
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+from tiny_export import description_of, export_tiny, tiny_graph, write_cases, write_description
+
+from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.deploy.description import (
+    DESCRIPTION_FILE,
+    check_graph_io,
+    fold_model_file,
+    read_description,
+    sha256_of,
+    validate_description,
+)
+from nnunetv2_meddisseg.deploy.predict_onnx import PROG, OnnxPredictor, main
+
+GOOD = description_of({0: b"graph"})
+
+
+def _with(**changes) -> dict:
+    d = copy.deepcopy(GOOD)
+    for key, value in changes.items():
+        if value is KeyError:
+            del d[key]
+        else:
+            d[key] = value
+    return d
+
+
+def _regions(**changes) -> dict:
+    return _with(**{"labels": {"background": 0, "whole": [1, 2], "core": 2}, "regions_class_order": [1, 2],
+                    **changes})
+
+
+CT = {"scheme": "CTNormalization", "use_mask_for_norm": False, "intensity_properties": {"mean": 1.0, "std": 2.0}}
+
+BAD = {
+    "patch size 0": (_with(patch_size=[0, 16]), "patch_size must be two integers from 1 to 4096"),
+    "negative patch size": (_with(patch_size=[-16, 16]), "patch_size must be two integers"),
+    "huge patch size": (_with(patch_size=[200000, 200000]), "patch_size must be two integers from 1 to 4096"),
+    "float patch size": (_with(patch_size=[16.5, 16]), "patch_size must be two integers"),
+    "3D patch size": (_with(patch_size=[16, 16, 16]), "patch_size must be two integers"),
+    "patch size as text": (_with(patch_size="16x16"), "patch_size must be two integers"),
+    "no input channels": (_with(num_input_channels=0), "num_input_channels must be an integer >= 1"),
+    "heads as text": (_with(num_segmentation_heads="2"), "num_segmentation_heads must be an integer >= 1"),
+    "heads that disagree with labels": (_with(num_segmentation_heads=3),
+                                        "num_segmentation_heads must be the number of labels (2)"),
+    "mirror axis beyond the image": (_with(mirror_axes=[0, 2]), "mirror_axes must be null or a list of distinct"),
+    "mirror axis twice": (_with(mirror_axes=[1, 1]), "mirror_axes must be null or a list of distinct"),
+    "negative mirror axis": (_with(mirror_axes=[-1]), "mirror_axes must be"),
+    "transpose no permutation": (_with(transpose_forward=[0, 1, 1]), "transpose_forward must be a permutation"),
+    "transpose moving the slice axis": (_with(transpose_forward=[1, 0, 2], transpose_backward=[1, 0, 2]),
+                                        "keeps axis 0 first"),
+    "backward transpose no inverse": (_with(transpose_forward=[0, 2, 1], transpose_backward=[0, 1, 2]),
+                                      "transpose_backward must be the inverse of transpose_forward"),
+    "labels as a list": (_with(labels=["background", "polyp"]), "labels must be an object of label names"),
+    "background not 0": (_with(labels={"background": 1, "polyp": 0}), 'labels["background"] must be 0'),
+    "labels not consecutive": (_with(labels={"background": 0, "polyp": 2}), "consecutive"),
+    "label as text": (_with(labels={"background": 0, "polyp": "1"}), 'labels["polyp"] must be an integer'),
+    "regions without their order": (_regions(regions_class_order=None), "regions_class_order must be a list of 2"),
+    "region order of the wrong length": (_regions(regions_class_order=[1]), "regions_class_order must be a list of 2"),
+    "order without regions": (_with(regions_class_order=[1]), "regions_class_order must be null"),
+    "ignore label not the largest": (_with(labels={"background": 0, "ignore": 1, "polyp": 1}),
+                                     'labels["ignore"] must be the largest label value'),
+    "unknown normalisation": (_with(normalization=[{**GOOD["normalization"][0], "scheme": "MyNorm"}] * 3),
+                              "normalization[0].scheme must be one of nnU-Net's schemes"),
+    "normalisations fewer than channels": (_with(normalization=GOOD["normalization"][:2]),
+                                           "normalization must be a list of 3 entries"),
+    "CT normalisation without percentiles": (_with(normalization=[CT] * 3),
+                                             "normalization[0].intensity_properties.percentile_00_5 must be a finite"),
+    "mask flag as text": (_with(normalization=[{**GOOD["normalization"][0], "use_mask_for_norm": "no"}] * 3),
+                          "normalization[0].use_mask_for_norm must be true or false"),
+    "file ending of a volume": (_with(file_ending=".nii.gz"), "file_ending must be one of .png, .bmp, .tif"),
+    "step size 0": (_with(tile_step_size=0), "tile_step_size must be a number in (0, 1]"),
+    "step size above 1": (_with(tile_step_size=1.5), "tile_step_size must be a number in (0, 1]"),
+    "step size below a pixel": (_with(tile_step_size=1e-9), "tile_step_size 1e-09 is below one pixel"),
+    "no folds": (_with(folds=[]), "folds must be a non-empty list"),
+    "fold without sha256": (_with(folds=[{"fold": "0", "file": fold_model_file(0)}]), "folds[0].sha256 must be"),
+    "fold twice": (_with(folds=GOOD["folds"] * 2), "folds must be a list of distinct folds"),
+    "trainer as a number": (_with(trainer=3), "trainer must be a non-empty string"),
+    "another writer": (_with(written_by="someone"), "written_by must be \"nnUNetv2_meddisseg_export\""),
+    "format 1": (_with(format_version=1), "format version 1, this predictor reads 2: export the model again"),
+    "missing field": (_with(mirror_axes=KeyError), "missing mirror_axes"),
+    "not an object": ([1, 2], "expected a JSON object"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_wrong_fields_are_one_line_naming_the_field(name):
+    description, message = BAD[name]
+    with pytest.raises(UserError) as e:
+        validate_description(description, Path("m") / DESCRIPTION_FILE)
+    text = str(e.value)
+    assert text.startswith(f"{Path('m') / DESCRIPTION_FILE}: ") and "\n" not in text and message in text, text
+
+
+def test_valid_descriptions_pass():
+    for description in (GOOD, _regions(num_segmentation_heads=2), _with(mirror_axes=None),
+                        _with(labels={"background": 0, "polyp": 1, "ignore": 2}), _with(tile_step_size=1),
+                        _with(transpose_forward=[0, 2, 1], transpose_backward=[0, 2, 1])):
+        assert validate_description(description, Path("m")) is description
+
+
+def test_huge_patch_size_is_refused_before_any_allocation(tmp_path):
+    # a 200000 x 200000 patch would pad every image to 3 x 4e10 float32 (480 GB) before the first tile
+    export_tiny(tmp_path / "model", folds=(0,))
+    description = json.loads((tmp_path / "model" / DESCRIPTION_FILE).read_text())
+    description["patch_size"] = [200000, 200000]
+    write_description(tmp_path / "model", description)
+    write_cases(tmp_path / "in")
+    assert main(["-i", str(tmp_path / "in"), "-o", str(tmp_path / "out"), "-m", str(tmp_path / "model")]) == 2
+    assert not (tmp_path / "out").exists()
+
+
+def _escaping(tmp: Path, how: str) -> None:
+    """Fold 0 of the export in ``tmp / "model"`` pointing outside the folder."""
+    outside = tmp / "elsewhere"
+    outside.mkdir()
+    graph = (tmp / "model" / fold_model_file(0)).read_bytes()
+    (outside / "model.onnx").write_bytes(graph)
+    description = json.loads((tmp / "model" / DESCRIPTION_FILE).read_text())
+    if how == "..":
+        description["folds"][0]["file"] = "../elsewhere/model.onnx"
+    elif how == "absolute":
+        description["folds"][0]["file"] = str(outside / "model.onnx")
+    else:  # a symbolic link inside the folder that leads out of it
+        (tmp / "model" / fold_model_file(0)).unlink()
+        (tmp / "model" / fold_model_file(0)).symlink_to(outside / "model.onnx")
+    write_description(tmp / "model", description)
+
+
+@pytest.mark.parametrize("how,message", [("..", "must be a path inside the model folder, without '..'"),
+                                         ("absolute", "must be a path inside the model folder"),
+                                         ("link", "leads out of the model folder")])
+def test_fold_files_stay_inside_the_model_folder(tmp_path, how, message):
+    export_tiny(tmp_path / "model", folds=(0,))
+    _escaping(tmp_path, how)
+    with pytest.raises(UserError, match=re.escape(message)):
+        read_description(tmp_path / "model")
+
+
+def _replace_graph(model: Path, graph: bytes, record: bool) -> None:
+    """Fold 0's graph replaced by ``graph``; ``record``: its sha256 recorded too (a description edited with it)."""
+    (model / fold_model_file(0)).write_bytes(graph)
+    if record:
+        description = json.loads((model / DESCRIPTION_FILE).read_text())
+        description["folds"][0]["sha256"] = sha256_of(graph)
+        write_description(model, description)
+
+
+@pytest.mark.parametrize("graph,record,message", [
+    (lambda: tiny_graph(7), False, "is not the"),  # another network of the same shapes
+    (lambda: b"", False, "empty (0 bytes)"),
+    (lambda: tiny_graph(0)[:200], False, "is not the"),  # truncated
+    (lambda: tiny_graph(0)[:200], True, "ONNX Runtime cannot load it"),
+    (lambda: b"\x00" * 64, True, "ONNX Runtime cannot load it"),
+    (lambda: tiny_graph(0, out_channels=3), True, "has 3 segmentation heads, onnx_model.json says 2"),
+    (lambda: tiny_graph(0, out_channels=1), True, "has 1 segmentation heads, onnx_model.json says 2"),
+    (lambda: tiny_graph(0, in_channels=1), True, "has 1 input channels, onnx_model.json says 3"),
+], ids=["other network", "empty", "truncated", "truncated, sha256 recorded", "garbage, sha256 recorded",
+        "3 classes", "1 class", "1 input channel"])
+def test_graph_that_is_not_the_exported_one_is_refused_in_one_line(tmp_path, capsys, graph, record, message):
+    export_tiny(tmp_path / "model", folds=(0,))
+    write_cases(tmp_path / "in")
+    _replace_graph(tmp_path / "model", graph(), record)
+    assert main(["-i", str(tmp_path / "in"), "-o", str(tmp_path / "out"), "-m", str(tmp_path / "model")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"{PROG}: error: ") and message in err, err
+    assert str(tmp_path / "model" / fold_model_file(0)) in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_graph_shapes_against_the_description():
+    d = GOOD
+    check_graph_io(["b", 3, "h", "w"], [None, 2, None, None], d, "g")
+    check_graph_io(["b", 3, 16, 16], ["b", 2, 16, 16], d, "g")  # fixed at the patch size: tiles are patches
+    check_graph_io(["b", "c", "h", "w"], ["b", "k", "h", "w"], d, "g")  # symbolic: checked at the first tile
+    for shapes, message in [((["b", 3, "h", "w"], ["b", 3, "h", "w"]), "output has 3 segmentation heads"),
+                            ((["b", 1, "h", "w"], ["b", 2, "h", "w"]), "input has 1 input channels"),
+                            ((["b", 3, "h", "w"], ["b", 2, "h"]), "output has shape"),
+                            (([1, 3, "h", "w"], ["b", 2, "h", "w"]), "fixed batch of 1"),
+                            ((["b", 3, 32, "w"], ["b", 2, "h", "w"]), "fixed height of 32, the patch is [16, 16]"),
+                            ((None, ["b", 2, "h", "w"]), "input has shape null")]:
+        with pytest.raises(UserError, match=re.escape(message)):
+            check_graph_io(*shapes, d, "g")
+
+
+def test_a_graph_with_a_symbolic_class_axis_is_checked_at_its_first_tile(tmp_path, monkeypatch):
+    """Where the session reports no class count, the first tile's logits are checked (numpy would broadcast one
+    class over the description's two and write all-background masks)."""
+    import onnxruntime
+
+    export_tiny(tmp_path / "model", folds=(0,))
+    write_cases(tmp_path / "in")
+    _replace_graph(tmp_path / "model", tiny_graph(0, out_channels=1), record=True)
+    real = onnxruntime.InferenceSession
+
+    class SymbolicOutput:
+        def __init__(self, *args, **kwargs):
+            self.session = real(*args, **kwargs)
+
+        def get_outputs(self):
+            output = self.session.get_outputs()[0]
+            return [type("Output", (), {"name": output.name, "shape": ["b", "k", "h", "w"]})()]
+
+        def __getattr__(self, name):
+            return getattr(self.session, name)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", SymbolicOutput)
+    predictor = OnnxPredictor(tmp_path / "model")
+    with pytest.raises(UserError, match=r"returned logits of shape \(4, 1, 16, 16\) .* expected \(4, 2, 16, 16\)"):
+        predictor.predict_files([tmp_path / "in" / "case0_0000.png"])
+
+
+def test_model_folder_without_permission_to_read_is_one_line(tmp_path, monkeypatch):
+    export_tiny(tmp_path / "model", folds=(0,))
+    real = Path.read_bytes
+
+    def denied(self):
+        if self.name == "model.onnx":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(UserError, match="model.onnx: cannot read it \\(Permission denied\\)"):
+        OnnxPredictor(tmp_path / "model")

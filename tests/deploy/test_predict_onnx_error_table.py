@@ -1,0 +1,168 @@
+"""The ONNX predictor's rows of the bad-input table (harness and contract in tests/bad_input_table.py): a tiny
+export and input folder (tests/deploy/tiny_export.py) broken one way per row, through
+``nnUNetv2_meddisseg_predict_onnx``'s ``main``: outputs that would overwrite an input or a file the predictor did
+not write, model folders that disagree with themselves or with their graphs, parts out of range, an image
+nnU-Net's reader refuses, an output folder that cannot be made."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List
+
+import numpy as np
+import pytest
+from bad_input_table import Row, check_row
+from PIL import Image
+from tiny_export import export_tiny, tiny_graph, write_cases, write_description
+
+from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, fold_model_file, sha256_of
+
+
+def _model_and_cases(tmp: Path) -> List[str]:
+    export_tiny(tmp / "model", folds=(0,))
+    write_cases(tmp / "in")
+    return ["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model"), "--threads", "1"]
+
+
+def _with_output(argv: List[str], output: Path) -> List[str]:
+    argv = list(argv)
+    argv[argv.index("-o") + 1] = str(output)
+    return argv
+
+
+def pred_output_is_input(tmp, env):
+    return _with_output(_model_and_cases(tmp), tmp / "in")
+
+
+def pred_output_links_to_input(tmp, env):
+    argv = _model_and_cases(tmp)
+    (tmp / "predictions").symlink_to(tmp / "in")
+    return _with_output(argv, tmp / "predictions")
+
+
+def pred_output_file_is_an_input(tmp, env):
+    argv = _model_and_cases(tmp)
+    (tmp / "out").mkdir()
+    (tmp / "out" / "case1.png").symlink_to(tmp / "in" / "case1_0000.png")
+    return argv
+
+
+def pred_output_not_ours(tmp, env):
+    argv = _model_and_cases(tmp)
+    (tmp / "out").mkdir()
+    (tmp / "out" / "case2.png").write_bytes(b"a mask drawn by hand")
+    return argv
+
+
+def pred_field(field: str, value):
+    def setup(tmp, env):
+        argv = _model_and_cases(tmp)
+        description = json.loads((tmp / "model" / DESCRIPTION_FILE).read_text())
+        description[field] = value
+        write_description(tmp / "model", description)
+        return argv
+    return setup
+
+
+def pred_fold_file_outside(tmp, env):
+    argv = _model_and_cases(tmp)
+    description = json.loads((tmp / "model" / DESCRIPTION_FILE).read_text())
+    description["folds"][0]["file"] = "../in/model.onnx"
+    write_description(tmp / "model", description)
+    return argv
+
+
+def pred_graph(graph, record: bool):
+    def setup(tmp, env):
+        argv = _model_and_cases(tmp)
+        data = graph()
+        (tmp / "model" / fold_model_file(0)).write_bytes(data)
+        if record:
+            description = json.loads((tmp / "model" / DESCRIPTION_FILE).read_text())
+            description["folds"][0]["sha256"] = sha256_of(data)
+            write_description(tmp / "model", description)
+        return argv
+    return setup
+
+
+def pred_parts(*flags: str):
+    def setup(tmp, env):
+        return [*_model_and_cases(tmp), *flags]
+    return setup
+
+
+def pred_grey_with_alpha(tmp, env):
+    argv = _model_and_cases(tmp)
+    Image.fromarray(np.zeros((8, 8, 2), np.uint8), mode="LA").save(tmp / "in" / "case0_0000.png")
+    return argv
+
+
+def pred_output_under_a_file(tmp, env):
+    argv = _model_and_cases(tmp)
+    (tmp / "a_file").write_text("x")
+    return _with_output(argv, tmp / "a_file" / "out")
+
+
+def pred_palette_image(tmp, env):
+    """A palette PNG (3 channels, as nnU-Net reads it) predicted like its RGB copy."""
+    argv = _model_and_cases(tmp)
+    rgb = np.asarray(Image.open(tmp / "in" / "case0_0000.png"))
+    Image.fromarray(rgb).quantize(16).save(tmp / "in" / "case0_0000.png")
+    return argv
+
+
+def pred_palette_check(tmp, env):
+    mask = np.asarray(Image.open(tmp / "out" / "case0.png"))
+    assert mask.shape == (16, 16) and set(np.unique(mask)) <= {0, 1}
+
+
+ROWS = [
+    Row("predict_onnx/output_is_input", "predict_onnx", pred_output_is_input, 2,
+        ["-o ", "/in is the input folder -i ", "never writes into its inputs"]),
+    Row("predict_onnx/output_links_to_input", "predict_onnx", pred_output_links_to_input, 2,
+        ["-o ", "/predictions is the input folder -i "]),
+    Row("predict_onnx/output_file_is_an_input", "predict_onnx", pred_output_file_is_an_input, 2,
+        ["out/case1.png (the output of case case1) would overwrite the input file ", "in/case1_0000.png"]),
+    Row("predict_onnx/output_not_ours", "predict_onnx", pred_output_not_ours, 2,
+        ["out/case2.png exists and was not written by nnUNetv2_meddisseg_predict_onnx", "--overwrite"]),
+    Row("predict_onnx/patch_size_zero", "predict_onnx", pred_field("patch_size", [0, 16]), 2,
+        [f"model/{DESCRIPTION_FILE}: patch_size must be two integers from 1 to 4096 (a 2D patch), got [0, 16]"]),
+    Row("predict_onnx/huge_patch_size", "predict_onnx", pred_field("patch_size", [150000, 150000]), 2,
+        ["patch_size must be two integers from 1 to 4096 (a 2D patch), got [150000, 150000]"]),
+    Row("predict_onnx/mirror_axis_beyond_the_image", "predict_onnx", pred_field("mirror_axes", [0, 2]), 2,
+        ["mirror_axes must be null or a list of distinct image axes (0, 1), got [0, 2]"]),
+    Row("predict_onnx/labels_as_a_list", "predict_onnx", pred_field("labels", ["background", "polyp"]), 2,
+        ["labels must be an object of label names"]),
+    Row("predict_onnx/transpose_no_permutation", "predict_onnx", pred_field("transpose_forward", [0, 2, 2]), 2,
+        ["transpose_forward must be a permutation of [0, 1, 2]"]),
+    Row("predict_onnx/format_1", "predict_onnx", pred_field("format_version", 1), 2,
+        ["format version 1, this predictor reads 2: export the model again"]),
+    Row("predict_onnx/fold_file_outside", "predict_onnx", pred_fold_file_outside, 2,
+        ["fold 0's file \"../in/model.onnx\" must be a path inside the model folder"]),
+    Row("predict_onnx/graph_replaced", "predict_onnx", pred_graph(lambda: tiny_graph(5), record=False), 2,
+        ["model/fold_0/model.onnx: its sha256 ", f"that {DESCRIPTION_FILE} records"]),
+    Row("predict_onnx/empty_graph", "predict_onnx", pred_graph(lambda: b"", record=False), 2,
+        ["model/fold_0/model.onnx: empty (0 bytes)"]),
+    Row("predict_onnx/corrupt_graph", "predict_onnx", pred_graph(lambda: tiny_graph(0)[:100], record=True), 2,
+        ["model/fold_0/model.onnx: ONNX Runtime cannot load it"]),
+    Row("predict_onnx/graph_of_other_classes", "predict_onnx",
+        pred_graph(lambda: tiny_graph(0, out_channels=3), record=True), 2,
+        ["model/fold_0/model.onnx: the graph's output has 3 segmentation heads, onnx_model.json says 2"]),
+    Row("predict_onnx/graph_of_other_channels", "predict_onnx",
+        pred_graph(lambda: tiny_graph(0, in_channels=1), record=True), 2,
+        ["the graph's input has 1 input channels, onnx_model.json says 3"]),
+    Row("predict_onnx/num_parts_zero", "predict_onnx", pred_parts("-num_parts", "0"), 2,
+        ["-num_parts must be at least 1, got 0"]),
+    Row("predict_onnx/part_id_too_large", "predict_onnx", pred_parts("-num_parts", "3", "-part_id", "3"), 2,
+        ["-part_id must be from 0 to 2 (-num_parts 3; parts count from 0), got 3"]),
+    Row("predict_onnx/grey_with_alpha", "predict_onnx", pred_grey_with_alpha, 2,
+        ["in/case0_0000.png: reads as an array of shape (8, 8, 2), expected a 2D grey, RGB or RGBA image"]),
+    Row("predict_onnx/output_under_a_file", "predict_onnx", pred_output_under_a_file, 2,
+        ["cannot write ", "a_file/out"]),
+    Row("predict_onnx/palette_image", "predict_onnx", pred_palette_image, 0, check=pred_palette_check),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_bad_input(row: Row, tmp_path, nnunet_dirs, capsys):
+    check_row(row, tmp_path, nnunet_dirs, capsys)
