@@ -303,10 +303,13 @@ def check_output_file(output_file: str, inputs: Mapping[str, Optional[str]]) -> 
 def save_summary(summary: Mapping, output_file: str) -> None:
     """Write a summary as JSON, whole (``files.write_atomically``); a failed write (disk full, read-only) leaves
     nothing behind and raises a ``UserError`` naming the file."""
+    def write(partial: Path) -> None:
+        with open(partial, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
+
     try:
         os.makedirs(os.path.dirname(os.path.abspath(output_file)), exist_ok=True)
-        write_atomically(Path(output_file), lambda partial: partial.write_text(json.dumps(summary, indent=2),
-                                                                                 encoding="utf-8"))
+        write_atomically(Path(output_file), write)
     except OSError as e:
         raise UserError(f"cannot write the summary {output_file}: {e.strerror or e}") from None
 
