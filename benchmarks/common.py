@@ -16,6 +16,8 @@ from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, 
 import torch
 from torch import nn
 
+from nnunetv2_meddisseg.files import write_atomically
+
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 # arch_kwargs of the 2d configuration that nnU-Net 2.8.1 plans for a 256x256 RGB dataset: produced by
@@ -244,7 +246,8 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
 
 def write_results(out_dir: Path, name: str, payload: dict, markdown_body: str) -> Dict[str, Path]:
     """Write ``<out_dir>/<name>.json`` (payload) and ``<name>.md`` (header with date, machine and
-    command, then ``markdown_body``), each replaced whole (a kill leaves the previous file). Returns both paths."""
+    command, then ``markdown_body``), each replaced whole (``files.write_atomically``: a kill leaves the previous
+    file). Returns both paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     machine = payload["machine"]
@@ -258,8 +261,7 @@ def write_results(out_dir: Path, name: str, payload: dict, markdown_body: str) -
     json_path, md_path = out_dir / f"{name}.json", out_dir / f"{name}.md"
     for path, text in ((json_path, json.dumps(payload, indent=2, default=str) + "\n"),
                        (md_path, "\n".join(header) + "\n" + markdown_body.rstrip() + "\n")):
-        path.with_name(path.name + ".partial").write_text(text)
-        os.replace(path.with_name(path.name + ".partial"), path)
+        write_atomically(path, lambda partial, text=text: partial.write_text(text))
     return {"json": json_path, "markdown": md_path}
 
 
