@@ -8,7 +8,7 @@ import torch
 from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 
 from nnunetv2_meddisseg.blocks.norm import SingleKernelInstanceNorm2d, UncountedBatchNorm2d
-from nnunetv2_meddisseg.environment import TRAINER_FOLDER
+from nnunetv2_meddisseg.environment import trainer_folder
 from nnunetv2_meddisseg.plans_architecture import architecture_entry
 from nnunetv2_meddisseg.stored_names import TRAINER_CLASSES, curves_with_the_head_named, head_group_named
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
@@ -39,10 +39,11 @@ def test_checkpoints_without_a_stage_entry_are_read_by_their_head():
 
 
 @pytest.mark.parametrize("stored", sorted(TRAINER_CLASSES))
-def test_trainer_names_model_folders_store_find_todays_trainer(stored):
-    from nnunetv2.utilities.find_class_by_name import recursive_find_python_class
+def test_trainer_names_model_folders_store_find_todays_trainer(stored, monkeypatch):
+    from nnunetv2.utilities.find_objects import recursive_find_trainer_class_by_name
 
-    found = recursive_find_python_class(str(TRAINER_FOLDER), stored, None)  # nnU-Net's search (nnUNet_extTrainer)
+    monkeypatch.setenv("nnUNet_extTrainer", trainer_folder())
+    found = recursive_find_trainer_class_by_name(stored)  # nnU-Net's search, which drops the modules it imported
     assert found is nnUNetTrainerMedDisSeg and TRAINER_CLASSES[stored] == found.__name__
 
 
