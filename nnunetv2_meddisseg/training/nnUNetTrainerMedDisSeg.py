@@ -1,4 +1,5 @@
 """nnUNetTrainerMedDisSeg: Med-DisSeg's two training stages in one ``nnUNetv2_train`` run."""
+import inspect
 import math
 import os
 from contextlib import contextmanager
@@ -115,7 +116,9 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         self.initial_lr = self.recipe.stage2_lr
         #: the stage of the current epoch (``training.stages``); None until ``initialize``
         self.stage: Optional[Stage] = None
-        self.compilation = Compilation(self.compile_backend, self.print_to_log_file, self._uncompile)
+        # getattr_static: a function a variant declares as its backend stays a function, not a method of the trainer
+        self.compilation = Compilation(inspect.getattr_static(self, "compile_backend"), self.print_to_log_file,
+                                       self._uncompile)
         self._compile_decision: Optional[CompileDecision] = None
         self._calibration_batches: Optional[List[Tensor]] = None
         #: weights were loaded into the network after ``initialize`` (nnU-Net's ``-pretrained_weights``, ``--c``)
