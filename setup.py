@@ -28,7 +28,7 @@ setup(
             "nnUNetv2_meddisseg_plan=nnunetv2_meddisseg.planning.plan_meddisseg:main",
             "nnUNetv2_meddisseg_convert=nnunetv2_meddisseg.datasets.convert:main",
             "nnUNetv2_meddisseg_evaluate=nnunetv2_meddisseg.evaluation.evaluate:main",
-            "nnUNetv2_meddisseg_compare=nnunetv2_meddisseg.evaluation.compare:main",
+            "nnUNetv2_meddisseg_compare=nnunetv2_meddisseg.evaluation.compare_models:main",
             "nnUNetv2_meddisseg_demo=nnunetv2_meddisseg.demo:main",
             "nnUNetv2_meddisseg_ablate=nnunetv2_meddisseg.ablation.ablate:main",
             "nnUNetv2_meddisseg_features=nnunetv2_meddisseg.evaluation.feature_space:main",

@@ -1,6 +1,6 @@
 """Shared helpers of the benchmark scripts (imported as ``common``: ``python benchmarks/<script>.py`` puts this
-folder on ``sys.path``): machine description, the networks nnU-Net would use, the Stage II loss, alternating
-timers, block profiles and result files (JSON + markdown)."""
+folder on ``sys.path``): machine description, the networks nnU-Net would use, alternating timers, block
+profiles and result files (JSON + markdown)."""
 import argparse
 import datetime
 import json
@@ -15,6 +15,8 @@ from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, 
 
 import torch
 from torch import nn
+
+from nnunetv2_meddisseg.files import write_atomically
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
@@ -124,18 +126,6 @@ def set_mode(net: nn.Module, training: bool, deep_supervision: bool) -> nn.Modul
     net.train(training)
     net.decoder.deep_supervision = deep_supervision
     return net
-
-
-def stage2_loss(dispersive: bool = True) -> Callable[[object, torch.Tensor], torch.Tensor]:
-    """nnUNetTrainerMedDisSeg's Stage II loss with its default weights (nnU-Net's batch Dice + CE, as planned
-    for 2D), with or without its dispersive term, as a function ``(network output, target) -> loss``."""
-    from nnunetv2_meddisseg.training.objectives import Stage2Weights, dispersive_from_recipe, segmentation_loss
-    from nnunetv2_meddisseg.training.objectives import stage2_loss as loss
-    from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
-
-    seg, weights = segmentation_loss(batch_dice=True), Stage2Weights.from_recipe(MedDisSegRecipe())
-    term = dispersive_from_recipe(MedDisSegRecipe()) if dispersive else None
-    return lambda output, target: loss(output, target, seg, term, weights)[0]
 
 
 def make_batch(batch: int, size: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -256,7 +246,8 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
 
 def write_results(out_dir: Path, name: str, payload: dict, markdown_body: str) -> Dict[str, Path]:
     """Write ``<out_dir>/<name>.json`` (payload) and ``<name>.md`` (header with date, machine and
-    command, then ``markdown_body``), each replaced whole (a kill leaves the previous file). Returns both paths."""
+    command, then ``markdown_body``), each replaced whole (``files.write_atomically``: a kill leaves the previous
+    file). Returns both paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     machine = payload["machine"]
@@ -270,8 +261,7 @@ def write_results(out_dir: Path, name: str, payload: dict, markdown_body: str) -
     json_path, md_path = out_dir / f"{name}.json", out_dir / f"{name}.md"
     for path, text in ((json_path, json.dumps(payload, indent=2, default=str) + "\n"),
                        (md_path, "\n".join(header) + "\n" + markdown_body.rstrip() + "\n")):
-        path.with_name(path.name + ".partial").write_text(text)
-        os.replace(path.with_name(path.name + ".partial"), path)
+        write_atomically(path, lambda partial, text=text: partial.write_text(text))
     return {"json": json_path, "markdown": md_path}
 
 
@@ -284,6 +274,26 @@ def report(out_dir: Path, name: str, payload: dict, markdown_body: str, missed: 
     if missed:
         print(f"TARGET MISSED: {missed}", file=sys.stderr)
     return 1 if missed else 0
+
+
+def dataset_folder(root: str, dataset: str) -> Path:
+    """``root/DatasetXXX_Name`` for a dataset ID or name (a ``SystemExit`` naming what was found otherwise)."""
+    pattern = f"Dataset{int(dataset):03d}_*" if str(dataset).isdigit() else dataset
+    found = sorted(p for p in Path(root).glob(pattern) if p.is_dir())
+    if len(found) != 1:
+        raise SystemExit(f"dataset {dataset}: expected one folder {pattern} in {root}, found "
+                         f"{', '.join(p.name for p in found) or 'none'}")
+    return found[0]
+
+
+def write_kvasir_split(target: Path, counts: Sequence[Optional[int]], description: str) -> dict:
+    """A ``--split-file`` (JSON) with the first ``counts`` (train, val, test; None: all) cases of each part of the
+    shipped Kvasir-SEG split."""
+    shipped = json.loads((Path(__file__).resolve().parents[1] / "nnunetv2_meddisseg" / "datasets" / "splits"
+                          / "kvasir_seg.json").read_text())
+    split = {"description": description, **{key: shipped[key][:n] for key, n in zip(("train", "val", "test"), counts)}}
+    target.write_text(json.dumps(split, indent=1) + "\n")
+    return split
 
 
 def parse_device(device: str) -> torch.device:

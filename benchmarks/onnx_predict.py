@@ -68,7 +68,6 @@ def _export_forms(dynamo: bool, size: int = 64) -> List[dict]:
     import torch
 
     from nnunetv2_meddisseg.architectures import MedDisSegNet
-    from nnunetv2_meddisseg.blocks.device_forms import forced_form
     from nnunetv2_meddisseg.deploy.export import trace_to_onnx
 
     torch.manual_seed(0)

@@ -150,8 +150,8 @@ def _markdown(payload: dict, parts, detail_paths) -> str:
     rows = [[path] + [_g(med["flops_per_part"][m][path]) for m in fwd] for path in detail_paths]
     out.append(markdown_table(["module"] + [f"{m} GFLOPs" for m in fwd], rows))
     out += ["", "Variants (inference GFLOPs):", "",
-            f"- CDFA's window aggregation accumulates shifted views element-wise: not counted (about 50 FLOPs "
-            f"per channel and pixel)",
+            "- CDFA's window aggregation accumulates shifted views element-wise: not counted (about 50 FLOPs "
+            "per channel and pixel)",
             f"- `decoder_fusion=\"concat\"` (released code: concatenation + full-resolution output block): "
             f"{_g(med['flops']['inference_decoder_fusion_concat'])}", ""]
     for name in ("PlainConvUNet", "ResEncM"):

@@ -18,6 +18,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from common import (
     argument_parser,
     command_line,
+    dataset_folder,
     load_average,
     machine_info,
     markdown_table,
@@ -106,16 +107,6 @@ def make_model_folder(dataset: str, trainer_name: str, plans: str, fold: int, ch
     trainer.save_checkpoint(str(target))
     print(f"wrote {target} (untrained {trainer.network.__class__.__name__} of {trainer_name})")
     return target
-
-
-def _dataset_folder(root: str, dataset: str) -> Path:
-    """``root/DatasetXXX_Name`` for an ID or a name."""
-    pattern = f"Dataset{int(dataset):03d}_*" if dataset.isdigit() else dataset
-    found = sorted(p for p in Path(root).glob(pattern) if p.is_dir())
-    if len(found) != 1:
-        raise SystemExit(f"--dataset {dataset}: expected one folder {pattern} in {root}, found "
-                         f"{', '.join(p.name for p in found) or 'none'}")
-    return found[0]
 
 
 def _copy_cases(folder: Path, file_ending: str, count: Optional[int], target: Path) -> List[str]:
@@ -239,7 +230,7 @@ def _run(args, work: Path, logs: Path) -> dict:
                                  f"nnU-Net folders holding the trained models)")
         env, dataset = set_nnunet_environment(dict(os.environ)), args.dataset
         print(f"[1-3/4] existing models of dataset {dataset} ({env['nnUNet_results']})")
-    results_dataset = _dataset_folder(env["nnUNet_results"], dataset)
+    results_dataset = dataset_folder(env["nnUNet_results"], dataset)
     models = {"default": (args.baseline_trainer, args.baseline_plans), "meddisseg": (args.trainer, args.plans)}
     if args.cpu_bf16:
         models["meddisseg_bf16"] = models["meddisseg"]
@@ -257,7 +248,7 @@ def _run(args, work: Path, logs: Path) -> dict:
         except UserError as e:
             raise SystemExit(f"{MODEL_NAMES[k]}: {e}") from None
     file_ending = json.loads((folders["default"] / "dataset.json").read_text()).get("file_ending", ".png")
-    image_source = Path(args.images) if args.images else _dataset_folder(env["nnUNet_raw"], dataset) / "imagesTs"
+    image_source = Path(args.images) if args.images else dataset_folder(env["nnUNet_raw"], dataset) / "imagesTs"
     if not image_source.is_dir():
         raise SystemExit(f"test image folder {image_source} not found (pass --images)")
     cases = _copy_cases(image_source, file_ending, args.num_images, work / "images" / "n_images")

@@ -26,364 +26,39 @@ budget that the results file does not hold yet: with an images budget sized to t
 command finishes one seed of every method, also on machines that keep nothing between commands.
 
 No ImageNet weights unless ``--encoder-weights`` (passed to ``nnUNetv2_meddisseg_plan``). torch.compile as
-nnU-Net decides (on by default on CUDA) unless ``--no-compile``.
+nnU-Net decides (on by default on CUDA) unless ``--no-compile``. The study's arms, one run and the tables:
+``quality_study``; the budgets: ``quality_budgets``.
 """
 import argparse
 import json
 import math
 import os
-import re
 import shutil
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Container, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Container, Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
-from common import DEFAULT_OUT, command_line, machine_info, markdown_table, write_results
+from common import DEFAULT_OUT, command_line, dataset_folder, machine_info, write_kvasir_split, write_results
+from quality_budgets import Budget, iterations_per_epoch, parse_budget
+from quality_study import BASELINE, MEDDISSEG_PLANS, METHODS, Study, aggregate, markdown
 
 from nnunetv2_meddisseg.ablation.runs import AblationRun, Variant, write_budget
-from nnunetv2_meddisseg.ablation.table import BINARY_METRICS as METRICS
-from nnunetv2_meddisseg.ablation.table import METRIC_TITLES
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.environment import (
     DATA_AUGMENTATION_PROCESSES_VARIABLE,
     planning_environment,
     set_nnunet_environment,
 )
-from nnunetv2_meddisseg.evaluation.paired_statistics import wilcoxon_p_value
-from nnunetv2_meddisseg.logged_command import CommandStopped, run_logged
+from nnunetv2_meddisseg.logged_command import run_logged
 from nnunetv2_meddisseg.training.recipe import ScheduleRecipe
 
 DATASET_ID = 502
 CONFIGURATION = "2d"
 FOLD = "0"
 DATA_VARIABLE = "NNUNETV2_MEDDISSEG_TEST_DATA"
-
-
-class Method(NamedTuple):
-    name: str
-    trainer: str
-    family: str  # "nnunet" (nnU-Net's plans and network) or a key of MEDDISSEG_PLANS
-
-
-#: Med-DisSeg plans families: plans name stem -> extra ``nnUNetv2_meddisseg_plan`` arguments
-MEDDISSEG_PLANS: Dict[str, tuple] = {
-    "meddisseg": ("nnUNetMedDisSegPlans", ()),
-    "meddisseg_relu": ("nnUNetMedDisSegPlans_relu", ("--activation", "relu")),
-}
-
-
-METHODS: Dict[str, Method] = {
-    "default": Method("nnU-Net (default)", "nnUNetTrainerBaseline", "nnunet"),
-    "dispersive": Method("nnU-Net + dispersive (centred cosine)", "nnUNetTrainerDispersive", "nnunet"),
-    "dispersive_l2": Method("nnU-Net + dispersive (InfoNCE-L2)", "nnUNetTrainerDispersive_infonceL2", "nnunet"),
-    "dispersive_cosine": Method("nnU-Net + dispersive (uncentred cosine)", "nnUNetTrainerDispersive_cosine", "nnunet"),
-    "meddisseg": Method("Med-DisSeg", "nnUNetTrainerMedDisSeg", "meddisseg"),
-    "meddisseg_paper": Method("Med-DisSeg, paper settings", "nnUNetTrainerMedDisSeg_paperSettings", "meddisseg"),
-    "meddisseg_sgd": Method("Med-DisSeg, SGD 1e-2", "nnUNetTrainerMedDisSeg_scratchSGD", "meddisseg"),
-    "meddisseg_sgd_centred": Method("Med-DisSeg, SGD 1e-2, centred cosine dispersion",
-                                    "nnUNetTrainerMedDisSeg_scratchSGDCentred", "meddisseg"),
-    "meddisseg_centred": Method("Med-DisSeg, centred cosine dispersion",
-                                "nnUNetTrainerMedDisSeg_cosineCentred", "meddisseg"),
-    "meddisseg_adam": Method("Med-DisSeg, Adam 1e-3", "nnUNetTrainerMedDisSeg_scratchAdam", "meddisseg"),
-    "meddisseg_nodispersive": Method("Med-DisSeg, no dispersive loss",
-                                     "nnUNetTrainerMedDisSeg_noDispersive", "meddisseg"),
-    "meddisseg_stage2only": Method("Med-DisSeg, dispersive loss in Stage II only",
-                                   "nnUNetTrainerMedDisSeg_dispersiveStage2Only", "meddisseg"),
-    "meddisseg_relu": Method("Med-DisSeg, ReLU instead of TeLU", "nnUNetTrainerMedDisSeg", "meddisseg_relu"),
-    "plain_paper": Method("Med-DisSeg network, plain, Adam 1e-4/1e-5",
-                          "nnUNetTrainerMedDisSeg_plainPaper", "meddisseg"),
-    "plain_sgd": Method("Med-DisSeg network, plain, SGD 1e-2", "nnUNetTrainerMedDisSeg_plainSGD", "meddisseg"),
-    "plain_adam": Method("Med-DisSeg network, plain, Adam 1e-3", "nnUNetTrainerMedDisSeg_plainAdam", "meddisseg"),
-}
-#: the default comparison reference of every p-value (``--baseline``)
-BASELINE = "default"
-
-# ------------------------------------------------------------------------------------------------
-# preparation
-
-
-def write_subset_split(target: Path, max_train: Optional[int], max_test: Optional[int]) -> dict:
-    """A ``--split-file`` with the first cases of the shipped Kvasir-SEG lists (debugging runs)."""
-    import nnunetv2_meddisseg.datasets as datasets
-
-    shipped = json.loads((Path(datasets.__file__).parent / "splits" / "kvasir_seg.json").read_text())
-    train, val, test = shipped["train"], shipped["val"], shipped["test"]
-    if max_train is not None:
-        val = val[:max(2, round(max_train * len(val) / len(train)))]
-        train = train[:max_train]
-    if max_test is not None:
-        test = test[:max_test]
-    split = {"description": "subset of the shipped Kvasir-SEG split (benchmarks/quality.py --max-*-cases)",
-             "train": train, "val": val, "test": test}
-    target.write_text(json.dumps(split, indent=1) + "\n")
-    return split
-
-
-def _dataset_folder(root: str, dataset_id: int) -> Path:
-    found = sorted(Path(root).glob(f"Dataset{dataset_id:03d}_*"))
-    if len(found) != 1:
-        raise SystemExit(f"expected one Dataset{dataset_id:03d}_* folder in {root}, found {len(found)}")
-    return found[0]
-
-
-# ------------------------------------------------------------------------------------------------
-# budgets
-
-
-class Budget(NamedTuple):
-    """The same training iterations at ``batch`` (``iterations``), training images (``images``, each
-    method at its plans' batch) or training minutes (``minutes``: the sum of nnU-Net's epoch durations)."""
-
-    kind: str
-    amount: float
-    batch: Optional[int] = None  #: ``iterations`` only
-
-    @property
-    def label(self) -> str:
-        return f"{self.kind}{self.amount:g}" + (f"_bs{self.batch}" if self.batch else "")
-
-    def describe(self) -> str:
-        if self.kind == "iterations":
-            return f"{self.amount:g} training iterations per run at batch {self.batch}"
-        return f"{self.amount:g} training {self.kind} per run, each method at its plans' batch"
-
-
-def parse_budget(text: str) -> Budget:
-    kind, _, amount = text.partition(":")
-    try:
-        value = float(amount)
-    except ValueError:
-        value = math.nan
-    if kind not in ("iterations", "images", "minutes") or not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected iterations:N, images:N or minutes:M with a number above 0, "
-                                         f"got {text!r}")
-    return Budget(kind, value)
-
-
-def iterations_per_epoch(budget: Budget, epochs: int, batch: int, calibration: Optional[dict] = None) -> int:
-    """Training iterations per epoch that spend ``budget`` in ``epochs`` epochs at ``batch``.
-
-    ``calibration`` (``minutes`` only): a finished run of the same method and ``epochs`` on the same device,
-    ``{"epoch_seconds": [...], "iterations_per_epoch": n}``. Epoch durations above their median count as
-    one-off overhead (compilation, the first epoch after a resume); the rest scales with the iterations."""
-    if budget.kind == "iterations":
-        return max(1, round(budget.amount / epochs))
-    if budget.kind == "images":
-        return max(1, math.ceil(budget.amount / (batch * epochs)))
-    seconds = calibration["epoch_seconds"]
-    median = float(np.median(seconds))
-    overhead = sum(max(0.0, s - median) for s in seconds)
-    iterations = math.floor(calibration["iterations_per_epoch"] * (60 * budget.amount - overhead)
-                            / (sum(seconds) - overhead))
-    if iterations < 1:
-        raise UserError(f"--budget {budget.kind}:{budget.amount:g} is too small: the calibration run spent "
-                        f"{overhead:.0f} s on overhead and {sum(seconds) - overhead:.0f} s on "
-                        f"{calibration['iterations_per_epoch']} iterations per epoch")
-    return iterations
-
-
-# ------------------------------------------------------------------------------------------------
-# training logs
-
-_LOG_SECTIONS = {"loss terms: ": "loss", "dispersion: ": "dispersion",
-                 "gradient norms (before clipping): ": "grad_norm"}
-
-
-def read_training_log(log_file: Path) -> dict:
-    """Per-epoch figures from an nnU-Net training log: epoch times, pseudo Dice, and our trainers'
-    ``loss terms`` / ``dispersion`` / ``gradient norms`` lines as ``{section_name: [per epoch]}``."""
-    text = log_file.read_text(errors="replace") if log_file.is_file() else ""
-    curves: Dict[str, List[float]] = {}
-    for line in text.splitlines():
-        for prefix, section in _LOG_SECTIONS.items():
-            at = line.find(prefix)
-            if at < 0:
-                continue
-            for item in line[at + len(prefix):].strip().split(", "):
-                name, _, value = item.strip().rpartition(" ")
-                try:
-                    number = float(value)
-                except ValueError:
-                    continue
-                curves.setdefault(f"{section}_{name}", []).append(number)
-    pseudo = [float(v) for v in re.findall(r"Pseudo dice \[(?:np\.float32\()?([0-9.]+)", text)]
-    return {"epoch_times_s": [float(v) for v in re.findall(r"Epoch time: ([0-9.]+) s", text)],
-            "pseudo_dice": pseudo, "curves": curves}
-
-
-def _first_last(values: Sequence[float]) -> Optional[List[float]]:
-    return [values[0], values[-1]] if values else None
-
-
-# ------------------------------------------------------------------------------------------------
-# one run
-
-
-class Study:
-    """Runs (method, seed) of ``AblationRun``s (one ``nnUNet_results`` folder per seed): none starts after
-    ``soft`` or ``hard`` (epoch seconds), a command still running at ``hard`` is stopped."""
-
-    def __init__(self, soft: float = math.inf, hard: float = math.inf):
-        self.soft, self.hard = soft, hard
-        self.lock = threading.Lock()
-
-    def may_start(self) -> bool:
-        return time.time() < min(self.soft, self.hard)
-
-    def remaining(self) -> Optional[float]:
-        return None if math.isinf(self.hard) else max(0.0, self.hard - time.time())
-
-    def run(self, runner: AblationRun, key: str, seed: int) -> dict:
-        spec = runner.variants[key]
-        tag = f"{key}_seed{seed}"
-        result = {"method": key, "seed": seed, "trainer": spec.trainer, "plans": spec.plans}
-        if not self.may_start():
-            return {**result, "status": "not started (deadline)"}
-        try:
-            state = runner.state(key, seed)
-            self._say(f"start {tag}" + (" (resuming the interrupted training with --c)" if state == "interrupted"
-                                        else ""))
-            if state in ("new", "interrupted"):
-                runner.train(key, seed, self.remaining())
-            record = (runner.load_record(key, seed) if state == "finished"
-                      else runner.predict_and_evaluate(key, seed, self.remaining()))
-        except CommandStopped:
-            self._say(f"stopped {tag} at the end of the piece: the same command continues it")
-            return {**result, "status": "stopped at the end of the piece"}
-        except UserError as e:
-            self._say(f"FAILED {tag}: {e}")
-            return {**result, "status": f"failed: {e}"}
-        fold_dir = runner.fold_folder(key, seed)
-        summary = record["summary"]
-        result.update({"train_wall_s": record["train_seconds"], "predict_wall_s": record["predict_seconds"],
-                       "epoch_seconds": record.get("epoch_seconds"),
-                       "test_per_case": {c["case"]: {k: c[k] for k in METRICS} for c in summary["metric_per_case"]},
-                       "test_mean": {k: summary["mean"][k] for k in METRICS}})
-        validation = fold_dir / "validation" / "summary.json"
-        if validation.is_file():
-            result["val_dice"] = json.loads(validation.read_text())["foreground_mean"]["Dice"]
-        logs = sorted(fold_dir.glob("training_log_*.txt"))
-        result.update(read_training_log(logs[-1] if logs else runner.out / "logs" / f"{key}_seed{seed}_train.log"))
-        result["status"] = "done"
-        self._say(f"done {tag}: validation mDSC {_pct(result.get('val_dice'))}, test mDSC "
-                  f"{_pct(result['test_mean']['dice'])}")
-        return result
-
-    def _say(self, text: str) -> None:
-        with self.lock:
-            print(f"  [{time.strftime('%H:%M:%S')}] {text}", flush=True)
-
-
-# ------------------------------------------------------------------------------------------------
-# aggregation
-
-
-def _pct(v: Optional[float]) -> str:
-    return f"{100 * v:.1f}" if isinstance(v, (int, float)) and math.isfinite(v) else "–"
-
-
-def _mean_sd(values: Sequence[float]) -> Dict[str, Optional[float]]:
-    v = [x for x in values if x is not None and math.isfinite(x)]
-    if not v:
-        return {"mean": None, "sd": None, "n": 0}
-    return {"mean": float(np.mean(v)), "sd": float(np.std(v, ddof=1)) if len(v) > 1 else None, "n": len(v)}
-
-
-def _seed_mean_dice(runs: Sequence[dict], seeds: Sequence[int]) -> Dict[str, float]:
-    """Each test image's Dice averaged over the runs of ``seeds``."""
-    chosen = [r for r in runs if r["seed"] in seeds]
-    cases = sorted(chosen[0]["test_per_case"])
-    return {c: float(np.mean([r["test_per_case"][c]["dice"] for r in chosen])) for c in cases}
-
-
-def aggregate(runs: Sequence[dict], methods: Sequence[str], baseline: str = BASELINE) -> Dict[str, dict]:
-    """Per method: seeds done, mean / sd over seeds of validation and test metrics, and the paired
-    comparison of test Dice to ``baseline`` over the seeds both completed."""
-    done = {k: [r for r in runs if r["method"] == k and r["status"] == "done"] for k in methods}
-    table = {}
-    for key in methods:
-        rs = done[key]
-        row = {"name": METHODS[key].name, "trainer": METHODS[key].trainer, "seeds": [r["seed"] for r in rs],
-               "val_dice": _mean_sd([r.get("val_dice") for r in rs]),
-               "test": {k: _mean_sd([r["test_mean"][k] for r in rs]) for k in METRICS},
-               "train_wall_s": _mean_sd([r.get("train_wall_s") for r in rs]),
-               "s_per_iteration": _mean_sd([sum(r["epoch_times_s"]) / max(1, r["iterations"]) for r in rs
-                                            if r.get("epoch_times_s")])}
-        diagnostics = {}
-        for name in sorted({n for r in rs for n in r["curves"]}):
-            firsts_lasts = [_first_last(r["curves"][name]) for r in rs if r["curves"].get(name)]
-            diagnostics[name] = {"first_epoch": float(np.mean([f[0] for f in firsts_lasts])),
-                                 "last_epoch": float(np.mean([f[1] for f in firsts_lasts]))}
-        row["diagnostics"] = diagnostics
-        reference = done.get(baseline, [])
-        common = sorted({r["seed"] for r in rs} & {r["seed"] for r in reference})
-        if key != baseline and common:
-            a, b = _seed_mean_dice(rs, common), _seed_mean_dice(reference, common)
-            d = np.array([a[c] - b[c] for c in sorted(a)])
-            p = wilcoxon_p_value(d)[0]
-            row["vs_baseline"] = {"seeds": common, "mean_dice_difference": float(d.mean()), "p_value": p,
-                                  "images_better": int((d > 0).sum()), "images_worse": int((d < 0).sum())}
-        table[key] = row
-    return table
-
-
-def _fmt_ms(s: Dict[str, Optional[float]], scale: float = 100.0, digits: int = 1) -> str:
-    if s["mean"] is None:
-        return "–"
-    text = f"{scale * s['mean']:.{digits}f}"
-    return text + (f" ± {scale * s['sd']:.{digits}f}" if s["sd"] is not None else "")
-
-
-def _p_value(v: Optional[dict]) -> str:
-    if not v:
-        return "–"
-    return f"{v['p_value']:.1e}" if v["p_value"] < 1e-3 else f"{v['p_value']:.3f}"
-
-
-def _markdown(payload: dict) -> str:
-    st = payload["settings"]
-    out = [f"Kvasir-SEG ({st['dataset']}) resized to {st['size']}x{st['size']}: {st['train_cases']} training / "
-           f"{st['val_cases']} validation (nnU-Net fold 0) / {st['test_cases']} test images"
-           + (" (**debugging subset**)" if st["subset"] else "") + f". Every run: {st['epochs']} epochs (Med-DisSeg's "
-           f"Stage I the first quarter), a checkpoint every epoch; test prediction "
-           f"{'with' if st['test_time_augmentation'] else 'without'} nnU-Net's mirroring. Encoder: "
-           f"{st['encoder_weights']}. Train min: the sum of nnU-Net's epoch durations (compilation included; "
-           "process start-up and a stopped piece's unfinished epoch not).", "",
-           "val mDSC: nnU-Net's final validation of the fold-0 validation cases (choose settings on this). "
-           "Test metrics: this package's evaluator on the test images (percent). Each cell: mean ± standard "
-           f"deviation over seeds. Δ, p: test mDSC difference to {METHODS[payload['baseline']].name} and the "
-           "two-sided Wilcoxon signed-rank p-value over the test images (each image's Dice averaged over the "
-           "seeds both completed).", ""]
-    diagnostics = []
-    for label, table in payload["tables"].items():
-        out += [f"### {Budget(**payload['budgets'][label]).describe()}", ""]
-        rows = []
-        for key, r in table.items():
-            mine = [run for run in payload["runs"] if run["budget"] == label and run["method"] == key]
-            v = r.get("vs_baseline")
-            rows.append([r["name"], f"`{r['trainer']}`", len(r["seeds"]),
-                         ", ".join(sorted({str(run["batch"]) for run in mine})),
-                         ", ".join(sorted({f"{run['images_seen']:,}" for run in mine})),
-                         _fmt_ms(r["train_wall_s"], 1 / 60), _fmt_ms(r["val_dice"]),
-                         *[_fmt_ms(r["test"][k]) for k in METRICS],
-                         f"{100 * v['mean_dice_difference']:+.1f}" if v else "–", _p_value(v)])
-            diagnostics += [[label, r["name"], name, f"{d['first_epoch']:.4g} → {d['last_epoch']:.4g}"]
-                            for name, d in r["diagnostics"].items()
-                            if name.startswith(("grad_norm", "dispersion", "loss_dispersive", "loss_seg"))]
-        out += [markdown_table(["method", "trainer", "seeds", "batch", "images seen", "train min", "val mDSC",
-                                *[f"test {METRIC_TITLES[k]}" for k in METRICS], "Δ mDSC", "p"], rows), ""]
-    if diagnostics:
-        out += ["Training diagnostics (mean over seeds; first → last epoch):", "",
-                markdown_table(["budget", "method", "figure", "first → last epoch"], diagnostics), ""]
-    if payload["pending"]:
-        out += ["Not yet done: " + "; ".join(payload["pending"]) + ".", ""]
-    out += ["Pieces: " + "; ".join(f"{pc['date']} on {pc['device_name']}, {pc['wall_s'] / 60:.1f} min, "
-                                   f"torch.compile {pc['compile']}" for pc in payload["pieces"]) + "."]
-    return "\n".join(out) + "\n"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -503,7 +178,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     study = Study(start + 60 * args.deadline_min if args.deadline_min is not None else math.inf,
                   start + 60 * args.piece_min if args.piece_min is not None else math.inf)
     payload = _run(args, kvasir, work, study, start)
-    files = write_results(args.out, args.name, payload, _markdown(payload))
+    files = write_results(args.out, args.name, payload, markdown(payload))
     print(files["markdown"].read_text())
     print(f"written: {files['json']}, {files['markdown']} (models, predictions and logs: {work})")
     return 0
@@ -516,7 +191,7 @@ def _prepare_data(args, kvasir: Path, env: Dict[str, str], work: Path) -> None:
              "max_train_cases": args.max_train_cases, "max_test_cases": args.max_test_cases}
     dataset, logs = str(args.dataset_id), work / "logs"
     if stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp:
-        name = _dataset_folder(env["nnUNet_raw"], args.dataset_id).name
+        name = dataset_folder(env["nnUNet_raw"], str(args.dataset_id)).name
         if (Path(env["nnUNet_preprocessed"]) / name / "nnUNetPlans.json").is_file():
             print(f"[1-2/5] reusing the converted and preprocessed {name} in {work}")
             return
@@ -525,7 +200,11 @@ def _prepare_data(args, kvasir: Path, env: Dict[str, str], work: Path) -> None:
     command = ["nnUNetv2_meddisseg_convert", "kvasir-seg", str(kvasir), "-d", dataset, "--resize", str(args.size),
                "--overwrite", "-np", str(args.num_processes)]
     if args.max_train_cases is not None or args.max_test_cases is not None:
-        split = write_subset_split(work / "subset_split.json", args.max_train_cases, args.max_test_cases)
+        shipped = write_kvasir_split(work / "subset_split.json", (None, None, None), "")
+        train = args.max_train_cases or len(shipped["train"])
+        val = max(2, round(train * len(shipped["val"]) / len(shipped["train"])))
+        split = write_kvasir_split(work / "subset_split.json", (train, val, args.max_test_cases),
+                                   "subset of the shipped Kvasir-SEG split (benchmarks/quality.py --max-*-cases)")
         print(f"  debugging subset: {len(split['train'])} train / {len(split['val'])} val / {len(split['test'])} test")
         command += ["--split-file", str(work / "subset_split.json")]
     for old in Path(env["nnUNet_preprocessed"]).glob(f"Dataset{args.dataset_id:03d}_*"):
@@ -595,7 +274,7 @@ class Plans:
 def _run(args, kvasir: Path, work: Path, study: Study, start: float) -> dict:
     env = _environment(args, work)
     _prepare_data(args, kvasir, env, work)
-    raw = _dataset_folder(env["nnUNet_raw"], args.dataset_id)
+    raw = dataset_folder(env["nnUNet_raw"], str(args.dataset_id))
     preprocessed = Path(env["nnUNet_preprocessed"]) / raw.name
     splits = json.loads((preprocessed / "splits_final.json").read_text())[0]
     labels = {k: int(v) for k, v in json.loads((raw / "dataset.json").read_text())["labels"].items()}
@@ -659,7 +338,7 @@ def _run(args, kvasir: Path, work: Path, study: Study, start: float) -> dict:
         with lock:
             runs[(budget.label, key, seed)] = result
             current = payload()
-            write_results(args.out, args.name, current, _markdown(current))
+            write_results(args.out, args.name, current, markdown(current))
 
     print(f"[4/5] {len(chosen)} runs, {args.parallel} at a time")
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:

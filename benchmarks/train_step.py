@@ -28,13 +28,14 @@ from common import (
     reset_peak_rss,
     rss_bytes,
     set_mode,
-    stage2_loss,
     summarize,
     synchronize,
 )
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.logged_command import run_logged_status
+from nnunetv2_meddisseg.training.objectives import recipe_stage2_loss
+from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
 
 OVERHEAD_TARGET = 0.03  # target: dispersive loss overhead <= 3 % of a training step
 GIB = 1024 ** 3
@@ -60,11 +61,11 @@ def dispersive_alone(batch: int, size: int, repeats: int, device: torch.device) 
     from nnunetv2_meddisseg.losses import DispersiveLoss, dispersion_diagnostics
 
     feats = torch.randn(batch, 256, size // 4, size // 4, device=device, requires_grad=True)
-    loss = DispersiveLoss(placement="early", lambda_dispersive=0.6)
+    loss = DispersiveLoss(placement="early")
 
     def fwd_bwd():
         feats.grad = None
-        loss({"early": feats}).backward()
+        (0.6 * loss({"early": feats})).backward()
 
     times = alternating_timings({"dispersive_forward_backward": fwd_bwd,
                                  "dispersion_diagnostics": lambda: dispersion_diagnostics(feats)},
@@ -77,7 +78,7 @@ def memory_probe(batch: int, size: int, steps: int, device: torch.device, amp: b
     torch.manual_seed(0)
     net = set_mode(build_network("MedDisSeg", deep_supervision=True).to(device), training=True, deep_supervision=True)
     x, target = make_batch(batch, size, device)
-    step = make_step(net, stage2_loss(True), x, target, amp)
+    step = make_step(net, recipe_stage2_loss(MedDisSegRecipe()), x, target, amp)
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
@@ -133,8 +134,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.manual_seed(0)
     net = set_mode(build_network("MedDisSeg", deep_supervision=True).to(device), training=True, deep_supervision=True)
     x, target = make_batch(args.batch, args.size, device)
-    candidates = {"without_dispersive": make_step(net, stage2_loss(False), x, target, args.bf16),
-                  "with_dispersive": make_step(net, stage2_loss(True), x, target, args.bf16)}
+    candidates = {"without_dispersive": make_step(net, recipe_stage2_loss(MedDisSegRecipe(), dispersive=False), x,
+                                                  target, args.bf16),
+                  "with_dispersive": make_step(net, recipe_stage2_loss(MedDisSegRecipe()), x, target, args.bf16)}
     times = alternating_timings(candidates, args.repeats, args.warmup, device)
     stats = {k: summarize(v) for k, v in times.items()}
     base = stats["without_dispersive"]["median_s"]

@@ -135,7 +135,7 @@ def _demo(argv: Optional[Sequence[str]]) -> None:
           "--names", "nnU-Net", "Med-DisSeg"], env, logs)
     table = comparison / "comparison.md"
     if table.is_file():
-        from nnunetv2_meddisseg.evaluation.comparison_report import terminal_text
+        from nnunetv2_meddisseg.evaluation.compare_predictions import terminal_text
 
         print("\n" + terminal_text(table.read_text()))
     print(f"Finished in {(time.time() - start) / 60:.1f} min. Comparison (table, chart, overlays): {comparison}")

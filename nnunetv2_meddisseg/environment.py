@@ -16,9 +16,9 @@ from typing import Dict, Mapping, MutableMapping, Optional, Sequence
 
 __all__ = ["NNUNET_FOLDERS", "EXT_TRAINER_VARIABLE", "SEED_ENVIRONMENT_VARIABLE", "BF16_ENVIRONMENT_VARIABLE",
            "CPU_BF16_ENVIRONMENT_VARIABLE", "RECIPE_ENVIRONMENT_VARIABLE", "DATA_AUGMENTATION_PROCESSES_VARIABLE",
-           "COMPILE_VARIABLE", "TRUE_VALUES", "flag_is_set", "TRAINER_FOLDER", "trainer_folder",
-           "trainer_search_path", "set_nnunet_environment", "nnunet_environment", "planning_environment",
-           "use_our_trainers", "trainer_output_folder"]
+           "COMPILE_VARIABLE", "TRUE_VALUES", "flag_is_set", "bf16_training_requested", "TRAINER_FOLDER",
+           "trainer_folder", "trainer_search_path", "set_nnunet_environment", "nnunet_environment",
+           "planning_environment", "use_our_trainers", "trainer_output_folder"]
 
 #: nnU-Net's data folders: raw datasets, preprocessed data and plans, trained models
 NNUNET_FOLDERS = ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results")
@@ -47,6 +47,12 @@ def flag_is_set(name: str, env: Optional[Mapping[str, str]] = None) -> bool:
     :data:`TRUE_VALUES`; the one reading of every on/off variable of the package."""
     value = (os.environ if env is None else env).get(name, "")
     return value.strip().lower() in TRUE_VALUES
+
+
+def bf16_training_requested() -> bool:
+    """True when :data:`BF16_ENVIRONMENT_VARIABLE` is set: our trainers (and the plan command's memory measurement)
+    train under bf16 autocast without a GradScaler."""
+    return flag_is_set(BF16_ENVIRONMENT_VARIABLE)
 
 
 def trainer_folder() -> str:

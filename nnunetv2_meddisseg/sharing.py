@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import torch
 
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
+from nnunetv2_meddisseg.files import replace_folder
 from nnunetv2_meddisseg.torch_files import PREDICTOR_KEYS, read_checkpoint
 
 __all__ = ["PREDICTION_KEYS", "weights_only_checkpoint", "copy_weights_only", "main"]
@@ -85,9 +85,7 @@ def copy_weights_only(model_folder: Path, output_folder: Path) -> List[Path]:
         shutil.copytree(model_folder, partial, ignore=_not_shared)
         for relative, checkpoint in reduced.items():
             _save(checkpoint, partial / relative)
-        if output_folder.exists():
-            output_folder.rmdir()
-        os.replace(partial, target)
+        replace_folder(partial, target)
     except OSError as e:
         shutil.rmtree(partial, ignore_errors=True)
         raise UserError(f"cannot write the copy {output_folder}: {_os_error(e)}") from None

@@ -35,7 +35,7 @@ from PIL import Image
 from nnunetv2_meddisseg.datasets.convert import main as convert_main
 from nnunetv2_meddisseg.deploy.export import main as export_main
 from nnunetv2_meddisseg.deploy.predict_onnx import main as predict_onnx_main
-from nnunetv2_meddisseg.evaluation.compare import main as compare_main
+from nnunetv2_meddisseg.evaluation.compare_models import main as compare_main
 from nnunetv2_meddisseg.evaluation.evaluate import main as evaluate_main
 from nnunetv2_meddisseg.planning.plan_meddisseg import main as plan_main
 

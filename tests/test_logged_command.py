@@ -1,9 +1,7 @@
 """The package's one subprocess runner: exit codes, logs, and a time limit that stops the command with its
 child processes."""
 import os
-import sys
 import time
-from pathlib import Path
 
 import pytest
 

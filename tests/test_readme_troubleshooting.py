@@ -172,7 +172,7 @@ def no_gradient_epoch(tmp, env) -> str:
     trainer = _smoke_trainer(env)
     trainer.on_epoch_start()
     trainer.on_train_epoch_start()
-    for p in trainer._trained_parameters():
+    for p in (p for group in trainer.optimizer.param_groups for p in group["params"]):
         p.register_hook(torch.zeros_like)  # every gradient zero, as after a GradScaler's scale has collapsed
     trainer.on_train_epoch_end([trainer.train_step(make_batch())])
     return Path(trainer.log_file).read_text()

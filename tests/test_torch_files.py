@@ -10,7 +10,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict
 
 import numpy as np
 import pytest

@@ -31,8 +31,9 @@ from nnunetv2_meddisseg.environment import (
     set_nnunet_environment,
 )
 from nnunetv2_meddisseg.evaluation.evaluate import evaluate_folders
+from nnunetv2_meddisseg.files import write_atomically
 from nnunetv2_meddisseg.logged_command import run_logged
-from nnunetv2_meddisseg.plans_entry import architecture_entry
+from nnunetv2_meddisseg.plans_architecture import architecture_entry
 from nnunetv2_meddisseg.training.recipe import ScheduleRecipe
 
 __all__ = ["NETWORK_ABLATIONS", "Variant", "write_budget", "write_network_ablation_plans", "epoch_seconds",
@@ -79,10 +80,7 @@ def write_network_ablation_plans(preprocessed: Path, plans: str, ablation: str) 
             architecture["arch_kwargs"].update(NETWORK_ABLATIONS[ablation])
         else:
             configuration["architecture"] = architecture_entry(**NETWORK_ABLATIONS[ablation])
-    target = preprocessed / f"{name}.json"
-    partial = target.with_suffix(".json.partial")
-    partial.write_text(json.dumps(content, indent=4))
-    os.replace(partial, target)
+    write_atomically(preprocessed / f"{name}.json", lambda partial: partial.write_text(json.dumps(content, indent=4)))
     return name
 
 
@@ -171,9 +169,7 @@ class AblationRun:
                   "train_seconds": float(sum(epochs)), "epoch_seconds": epochs, "summary": summary}
         target = self.record_file(variant, seed)
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_suffix(".json.partial")
-        partial.write_text(json.dumps(record, indent=1))
-        os.replace(partial, target)
+        write_atomically(target, lambda partial: partial.write_text(json.dumps(record, indent=1)))
         return record
 
     def load_record(self, variant: str, seed: int) -> dict:

@@ -17,16 +17,11 @@ from nnunetv2_meddisseg.training.variants import (
 )
 
 __all__ = [
-    "nnUNetTrainerMedDisSeg_paperSettings", "nnUNetTrainerMedDisSeg_scratchSGD",
+    "nnUNetTrainerMedDisSeg_scratchSGD",
     "nnUNetTrainerMedDisSeg_scratchSGDCentred", "nnUNetTrainerMedDisSeg_scratchAdam", "nnUNetTrainerMedDisSeg_plainSGD",
     "nnUNetTrainerMedDisSeg_plainAdam", "nnUNetTrainerMedDisSeg_plainPaper", "nnUNetTrainerMedDisSeg_cosineCentred",
     "nnUNetTrainerMedDisSeg_runningStatistics", "nnUNetTrainerMedDisSeg_plainPaperRunningStatistics",
 ]
-
-
-class nnUNetTrainerMedDisSeg_paperSettings(nnUNetTrainerMedDisSeg):
-    """from-scratch study: the default recipe under the name result tables use"""
-    recipe = MEDDISSEG
 
 
 class nnUNetTrainerMedDisSeg_scratchSGD(nnUNetTrainerMedDisSeg):

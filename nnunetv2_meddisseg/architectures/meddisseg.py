@@ -231,14 +231,6 @@ class MedDisSegNet(nn.Module):
             if id(p) not in encoder_ids:
                 yield p
 
-    def compile_regions(self) -> List[nn.Module]:
-        """The blocks that the trainers compile one by one (``training.compilation``): every ResNet bottleneck
-        (those of one layer after the first share their shapes, hence their compiled code), each ELAT,
-        enhancement, aggregation block, the decoupling, auxiliary heads, guidance pyramid and decoder."""
-        bottlenecks = [block for name in ("layer1", "layer2", "layer3") for block in getattr(self.encoder, name)]
-        return [*bottlenecks, *self.elat, *self.enhancement, self.decoupling, self.auxiliary_heads, self.guidance,
-                *self.cdfa, self.decoder]
-
     def encode(self, x: Tensor) -> List[Tensor]:
         """x: (B, C, H', W'), H', W' multiples of 16 -> the four ELAT-refined encoder features."""
         return [att(f) for att, f in zip(self.elat, self.encoder(x))]

@@ -1,7 +1,7 @@
 """Normalisation layers of Med-DisSeg: torch's, with fewer kernel launches.
 
-``BatchNorm2d`` and ``InstanceNorm2d`` are the names plans files store for these classes
-(``nnunetv2_meddisseg.blocks.norm.BatchNorm2d``); they stay importable under those names."""
+Plans files may name these classes by earlier names (``nnunetv2_meddisseg.blocks.norm.BatchNorm2d``); such a name
+resolves to the class it names today (``stored_names.NORM_CLASSES``)."""
 from typing import Optional
 
 import torch
@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.conv import memory_format_of
+from nnunetv2_meddisseg.stored_names import NORM_CLASSES
 
-__all__ = ["UncountedBatchNorm2d", "SingleKernelInstanceNorm2d", "BatchNorm2d", "InstanceNorm2d",
-           "instance_norm_channels_last"]
+__all__ = ["UncountedBatchNorm2d", "SingleKernelInstanceNorm2d", "instance_norm_channels_last"]
 
 
 class UncountedBatchNorm2d(nn.BatchNorm2d):
@@ -81,6 +81,9 @@ class SingleKernelInstanceNorm2d(nn.GroupNorm):
         return super().forward(x)
 
 
-#: the names plans files store (``norm_op`` / ``added_norm_op``): the same classes
-BatchNorm2d = UncountedBatchNorm2d
-InstanceNorm2d = SingleKernelInstanceNorm2d
+
+def __getattr__(name: str) -> type:
+    """A class name that plans files may store (``stored_names.NORM_CLASSES``): the class it names today."""
+    if name in NORM_CLASSES:
+        return globals()[NORM_CLASSES[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,6 +15,8 @@ from typing import Tuple
 import numpy as np
 from PIL import Image, ImageFilter
 
+from nnunetv2_meddisseg.files import replace_folder
+
 __all__ = ["make_synthetic_dataset", "synthetic_case"]
 
 DATASET_NAME = "SyntheticPolyps"
@@ -53,10 +55,8 @@ def make_synthetic_dataset(raw_dir: str | Path, dataset_id: int = 501, num_train
     if size < 16 or size % 16:
         raise ValueError(f"size must be a positive multiple of 16, got {size}")
     target = Path(raw_dir) / f"Dataset{dataset_id:03d}_{DATASET_NAME}"
-    if target.exists():
-        if not overwrite:
-            raise FileExistsError(f"{target} already exists (pass overwrite=True to replace it)")
-        shutil.rmtree(target)
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target} already exists (pass overwrite=True to replace it)")
     partial = target.with_name("." + target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     rng = np.random.default_rng(seed)
@@ -77,5 +77,5 @@ def make_synthetic_dataset(raw_dir: str | Path, dataset_id: int = 501, num_train
         "description": "Generated polyp-like RGB images (nnunetv2_meddisseg.datasets.synthetic)",
     }
     (partial / "dataset.json").write_text(json.dumps(dataset_json, indent=2))
-    partial.rename(target)
+    replace_folder(partial, target)
     return target

@@ -17,7 +17,6 @@ option and says what was expected.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial

@@ -50,7 +50,7 @@ from nnunetv2_meddisseg.deploy.description import (
 from nnunetv2_meddisseg.deploy.export_folder import DEFAULT_NAME, check_output, write_export
 from nnunetv2_meddisseg.deploy.precision_guard import DEFAULT_CALIBRATION_TILES, Bounds, guard_folds
 from nnunetv2_meddisseg.environment import CPU_BF16_ENVIRONMENT_VARIABLE
-from nnunetv2_meddisseg.training.compilation import unwrap_module
+from nnunetv2_meddisseg.module_wrappers import unwrap_module
 
 __all__ = ["EXPORT_FORM", "DEFAULT_TOLERANCE", "export_model", "trace_to_onnx", "declare_channels",
            "compare_with_onnxruntime", "main"]

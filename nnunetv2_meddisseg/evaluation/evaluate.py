@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 import numpy as np
@@ -21,6 +22,7 @@ from tqdm import tqdm
 
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
 from nnunetv2_meddisseg.evaluation.metrics import BINARY_METRICS, binary_metrics, mean_and_std, multiclass_dice_hd95
+from nnunetv2_meddisseg.files import write_atomically
 
 __all__ = [
     "LABEL_FILE_ENDINGS",
@@ -299,17 +301,16 @@ def check_output_file(output_file: str, inputs: Mapping[str, Optional[str]]) -> 
 
 
 def save_summary(summary: Mapping, output_file: str) -> None:
-    """Write a summary as JSON (written to a temporary file, then renamed into place); a failed write
-    (disk full, read-only) leaves nothing behind and raises a ``UserError`` naming the file."""
-    tmp = output_file + ".tmp"
+    """Write a summary as JSON, whole (``files.write_atomically``); a failed write (disk full, read-only) leaves
+    nothing behind and raises a ``UserError`` naming the file."""
+    def write(partial: Path) -> None:
+        with open(partial, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
+
     try:
         os.makedirs(os.path.dirname(os.path.abspath(output_file)), exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2)
-        os.replace(tmp, output_file)
+        write_atomically(Path(output_file), write)
     except OSError as e:
-        if os.path.isfile(tmp):
-            os.remove(tmp)
         raise UserError(f"cannot write the summary {output_file}: {e.strerror or e}") from None
 
 

@@ -118,8 +118,8 @@ def _load_network(model_dir: Path, fold: str, checkpoint: str, device):
     from nnunetv2.inference.predict_from_raw_data import nnUNetPredictor
 
     from nnunetv2_meddisseg.architectures import MedDisSegNet
+    from nnunetv2_meddisseg.module_wrappers import unwrap_module
     from nnunetv2_meddisseg.torch_files import initialize_predictor
-    from nnunetv2_meddisseg.training.compilation import unwrap_module
 
     if not (model_dir / f"fold_{fold}" / checkpoint).is_file():
         raise UserError(f"no trained model: {model_dir / f'fold_{fold}' / checkpoint} does not exist")

@@ -27,9 +27,9 @@ lowers it. Everything is computed in fp32 (autocast is switched off inside) from
 Gram matrix of the batch, so that D may be 10^6 without a D x D matrix ever being built.
 
 Under ``torch.distributed`` each process holds a share of the batch: ``DispersiveLoss`` (``gather=True``,
-the default) disperses the whole batch, ``dispersive_loss(gather_batch(features))`` (``losses.gather``),
-so that its value is the single-process loss of the concatenated batch and DDP's averaged gradient is
-that loss's gradient; ``gather=False`` disperses each process's share on its own.
+the default) disperses the whole batch, ``dispersive_loss(gather_batch(features))`` (``DispersiveLoss.batch``,
+``losses.gather``), so that its value is the single-process loss of the concatenated batch and DDP's averaged
+gradient is that loss's gradient; ``gather=False`` disperses each process's share on its own.
 
 Smallest batch (``MINIMUM_BATCH``): two samples for every variant except ``infonce_cosine_centred``,
 which needs three: centred on their mean, two samples are exact opposites (cosine distance 2 whatever
@@ -176,19 +176,20 @@ def dispersive_loss(features: Tensor, variant: str = "infonce_l2", tau: float = 
 
 
 class DispersiveLoss(nn.Module):
-    """Weighted dispersive loss on one named feature map of the network (or the mean over all three).
+    """The dispersive loss of one form on one named feature map of the network (or the mean over all three), over
+    the batch of every process.
 
     forward(features): features is a mapping with the keys ``early``, ``middle``, ``late`` (as in
-    ``MedDisSegOutput.features``), each (B, C, H, W). Returns ``lambda_dispersive * dispersive_loss(...)`` at
-    ``placement``; ``placement="all"`` uses the mean over the three placements.
+    ``MedDisSegOutput.features``), each (B, C, H, W). Returns ``dispersive_loss(...)`` at ``placement`` (0-dim);
+    ``placement="all"`` uses the mean over the three placements. :meth:`of` is the loss of one feature map.
 
-    gather: under ``torch.distributed``, disperse the batch of every process (``gather_batch``: the value
-    is the loss of the concatenated batch, identical on every process; DDP's averaged gradient is its
-    gradient); False: each process disperses its own share. No effect without a process group.
+    gather: under ``torch.distributed``, disperse the batch of every process (:meth:`batch`: the value is the loss
+    of the concatenated batch, identical on every process; DDP's averaged gradient is its gradient); False: each
+    process disperses its own share. No effect without a process group.
     """
 
     def __init__(self, variant: str = "infonce_l2", tau: float = 0.8, eps: float = 1e-8, margin: float = 1.0,
-                 lambda_dispersive: float = 1.0, placement: str = "early", gather: bool = True):
+                 placement: str = "early", gather: bool = True):
         super().__init__()
         _check_options(variant, tau, eps, margin)
         if placement not in DISPERSIVE_PLACEMENTS + ("all",):
@@ -198,14 +199,22 @@ class DispersiveLoss(nn.Module):
         self.tau = float(tau)
         self.eps = float(eps)
         self.margin = float(margin)
-        self.lambda_dispersive = float(lambda_dispersive)
         self.placement = placement
         self.gather = bool(gather)
 
     @property
     def placements(self) -> Tuple[str, ...]:
-        """The feature keys this loss reads."""
+        """The feature keys this loss reads (the first: the layer the trainers' diagnostics describe)."""
         return DISPERSIVE_PLACEMENTS if self.placement == "all" else (self.placement,)
+
+    def batch(self, features: Tensor) -> Tensor:
+        """features: this process's share (B_r, ...) -> the batch this loss disperses: every process's
+        (``gather_batch``) where it gathers, else ``features``."""
+        return gather_batch(features) if self.gather else features
+
+    def of(self, features: Tensor) -> Tensor:
+        """The loss of one feature map, features: this process's share (B_r, ...) -> 0-dim fp32."""
+        return dispersive_loss(self.batch(features), self.variant, self.tau, self.eps, self.margin)
 
     def forward(self, features: Mapping[str, Tensor]) -> Tensor:
         losses = []
@@ -213,13 +222,12 @@ class DispersiveLoss(nn.Module):
             if name not in features:
                 raise ValueError(f"DispersiveLoss(placement={self.placement!r}): no {name!r} entry in the features, "
                                  f"got keys {sorted(features.keys())}")
-            batch = gather_batch(features[name]) if self.gather else features[name]
-            losses.append(dispersive_loss(batch, self.variant, self.tau, self.eps, self.margin))
-        return self.lambda_dispersive * torch.stack(losses).mean()
+            losses.append(self.of(features[name]))
+        return torch.stack(losses).mean()
 
     def extra_repr(self) -> str:
         return (f"variant={self.variant!r}, tau={self.tau}, eps={self.eps}, margin={self.margin}, "
-                f"lambda_dispersive={self.lambda_dispersive}, placement={self.placement!r}, gather={self.gather}")
+                f"placement={self.placement!r}, gather={self.gather}")
 
 
 def _centred_gram_in_blocks(h: Tensor, dtype: torch.dtype, scale: float) -> Tensor:

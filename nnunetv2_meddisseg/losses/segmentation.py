@@ -5,6 +5,10 @@ decoding paths). Called once per map, nnU-Net's ``DC_and_CE_loss`` issues about 
 backward) each; :func:`dice_ce_per_output` computes the same four values from one stacked tensor in
 about a fifth of that (on a GPU every operation is at least one kernel launch).
 
+A restatement of nnU-Net's code: ``training.nnunet_copies.PINNED`` pins the source of the three nnU-Net methods it
+restates (a test fails, naming the method, when the installed nnU-Net's differs), and
+``tests/losses/test_segmentation.py`` compares its values and gradients with nnU-Net's loss.
+
 :func:`dice_ce_settings` reads the settings of an nnU-Net ``DC_and_CE_loss`` (with
 ``MemoryEfficientSoftDiceLoss`` and nnU-Net's plain cross-entropy, as ``nnUNetTrainer._build_loss`` makes it),
 and returns None for any other loss, or where the batch Dice is summed over processes (DDP), so that

@@ -10,6 +10,8 @@ rest is what any batch costs (weights, gradients, Adam's moments, workspaces).
 import math
 from typing import NamedTuple, Optional, Sequence
 
+from nnunetv2_meddisseg.environment import bf16_training_requested
+
 __all__ = ["MemoryLine", "measure_training_memory", "estimated_memory_line", "batch_size_for_memory", "GIB",
            "TRAINING_BYTES_PER_PIXEL", "STATIC_TRAINING_BYTES"]
 
@@ -62,26 +64,18 @@ def measure_training_memory(patch_size: Sequence[int], architecture: dict, num_i
                             num_classes: int = 2, batches: Sequence[int] = (2, 4), device: str = "cuda") -> MemoryLine:
     """Peak memory of two Stage II training steps per batch in ``batches`` (the second step holds Adam's
     moments), fitted to a line (see the module docstring). ``architecture``: a plans configuration's
-    ``architecture`` block (``plans_entry.architecture_entry``). Needs a CUDA device."""
+    ``architecture`` block (``plans_architecture.architecture_entry``). Needs a CUDA device."""
     import torch
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 
-    from nnunetv2_meddisseg.training.extended_trainer import bf16_training_requested
     from nnunetv2_meddisseg.training.nnunet_copies import backward_clip_step
-    from nnunetv2_meddisseg.training.objectives import (
-        Stage2Weights,
-        dispersive_from_recipe,
-        segmentation_loss,
-        stage2_loss,
-    )
+    from nnunetv2_meddisseg.training.objectives import recipe_stage2_loss
     from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
 
     dev = torch.device(device)
     arch_kwargs = {**architecture["arch_kwargs"], "encoder_weights": None}  # the weights do not change the memory
     dtype = torch.bfloat16 if bf16_training_requested() else torch.float16
-    recipe = MedDisSegRecipe()
-    seg, dispersive = segmentation_loss(batch_dice=True), dispersive_from_recipe(recipe)
-    weights = Stage2Weights.from_recipe(recipe)
+    stage2_loss = recipe_stage2_loss(MedDisSegRecipe())
     peaks = []
     for batch in batches:
         torch.cuda.empty_cache()
@@ -96,7 +90,7 @@ def measure_training_memory(patch_size: Sequence[int], architecture: dict, num_i
         for _ in range(2):
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast("cuda", dtype=dtype):
-                loss = stage2_loss(net(x), target, seg, dispersive, weights)[0]
+                loss = stage2_loss(net(x), target)
             backward_clip_step(loss, optimizer, scaler, net.parameters())  # the trainer's update
         torch.cuda.synchronize(dev)
         peaks.append(int(torch.cuda.max_memory_allocated(dev)))

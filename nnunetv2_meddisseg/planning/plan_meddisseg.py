@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
 from nnunetv2_meddisseg.files import write_atomically
 from nnunetv2_meddisseg.planning.memory import TRAINING_BYTES_PER_PIXEL, batch_size_for_memory, estimated_memory_line
-from nnunetv2_meddisseg.plans_entry import ADDED_NORMS, DEFAULT_ADDED_NORM, architecture_entry
+from nnunetv2_meddisseg.plans_architecture import ADDED_NORMS, DEFAULT_ADDED_NORM, architecture_entry
 
 if TYPE_CHECKING:
     from nnunetv2_meddisseg.planning.memory import MemoryLine
@@ -39,7 +39,7 @@ def build_meddisseg_plans(source_plans: dict, plans_name: str = DEFAULT_PLANS_NA
                           **arch_kwargs) -> dict:
     """Return a new plans dict with one ``2d`` configuration running MedDisSegNet on the source plans'
     preprocessed 2d data. ``arch_kwargs`` go to
-    :func:`~nnunetv2_meddisseg.plans_entry.default_arch_kwargs`.
+    :func:`~nnunetv2_meddisseg.plans_architecture.default_arch_kwargs`.
 
     Without ``batch_size``, the batch is the largest whose training memory fits ``memory_target_gb``: measured
     by ``memory_line(patch_size, architecture)`` where given (``architecture``: the configuration's block)

@@ -1,49 +1,37 @@
-"""Checkpoint files: writing them atomically (a temporary file in the same folder, then ``os.replace``), so
-that a kill during a save never leaves a truncated ``checkpoint_latest.pth``, and reading the checkpoint a
-run resumes from with an error that names the file and what to do."""
-import glob
+"""Checkpoint files: writing them whole, so that a kill during a save never leaves a truncated
+``checkpoint_latest.pth``, and reading the checkpoint a run resumes from with an error that names the file and
+what to do."""
 import os
 import zipfile
+from pathlib import Path
 from typing import Mapping
 
 import torch
 
-__all__ = ["atomic_torch_save", "read_checkpoint_for_resuming"]
+from nnunetv2_meddisseg.files import write_atomically
+from nnunetv2_meddisseg.torch_files import UnsafeTorchFile, load_weights_only
+from nnunetv2_meddisseg.training.errors import TrainingInputRuntimeError
+
+__all__ = ["save_checkpoint_file", "read_checkpoint_for_resuming"]
 
 
-def atomic_torch_save(obj: object, filename: str) -> None:
-    """``torch.save(obj, filename)`` that never leaves a partial ``filename`` behind.
-
-    The object is written to ``<filename>.<pid>.tmp`` in the same folder, flushed to disk and moved
-    over ``filename`` with ``os.replace`` (atomic on POSIX and Windows). Leftover temporary files of
-    earlier, killed saves of the same ``filename`` are removed first.
-    """
-    filename = os.path.abspath(filename)
-    for stale in glob.glob(glob.escape(filename) + ".*.tmp"):
-        try:
-            os.remove(stale)
-        except OSError:
-            pass
-    temporary = f"{filename}.{os.getpid()}.tmp"
-    try:
-        with open(temporary, "wb") as f:
-            torch.save(obj, f)
+def save_checkpoint_file(checkpoint: Mapping[str, object], filename: str) -> None:
+    """``torch.save(checkpoint, filename)`` written whole (``files.write_atomically``): the file is written beside
+    ``filename``, flushed to disk and renamed over it, so that a kill during a save leaves the previous
+    checkpoint."""
+    def write(partial: Path) -> None:
+        with open(partial, "wb") as f:
+            torch.save(checkpoint, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(temporary, filename)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise
+
+    write_atomically(Path(filename), write)
 
 
 def read_checkpoint_for_resuming(filename: str) -> Mapping[str, object]:
     """The checkpoint ``load_checkpoint`` resumes from (``torch_files.load_weights_only``, memory-mapped); a
     :class:`~nnunetv2_meddisseg.training.errors.TrainingInputRuntimeError` (a ``RuntimeError``) naming the
     file (and ``checkpoint_best.pth`` beside it, where there is one) if it cannot be read."""
-    from nnunetv2_meddisseg.torch_files import UnsafeTorchFile, load_weights_only
-    from nnunetv2_meddisseg.training.errors import TrainingInputRuntimeError
-
     try:
         return load_weights_only(filename, "checkpoint", mmap=zipfile.is_zipfile(filename))
     except UnsafeTorchFile:

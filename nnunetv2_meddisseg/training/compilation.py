@@ -1,17 +1,10 @@
-"""``torch.compile`` for the trainers: when it pays, static shapes, the whole network or block by block, the seconds
-each graph took, and a way back.
+"""``torch.compile`` for the trainers: when it pays, static shapes, the seconds each graph took, and a way back.
 
 nnU-Net compiles the whole network (``torch.compile(self.network)``) where ``_do_i_compile`` says so, with
 dynamo's automatic dynamic shapes: a change of batch (Stage I runs a doubled batch of clean and perturbed
 views, Stage II the plans' batch) would recompile it with a symbolic batch. :func:`compile_network` compiles
 with static shapes (``dynamic=False``) instead, so each stage's training step gets one graph and no stage
-recompiles after its first step:
-
-- ``whole`` (the trainer's default): one graph of the network per stage;
-- ``regional``: each block compiled on its own (:func:`compile_regions`, ``nn.Module.compile``: the module
-  keeps its class and state-dict keys). A block that occurs several times with the same shapes (the ResNet
-  bottlenecks of one layer) traces to the same graph, which inductor's graph cache compiles once; on an H200
-  the first compiled Stage I step still took longer this way (``benchmarks/RESULTS.md``).
+recompiles after its first step.
 
 :class:`Compilation` is a trainer's compile state: whether compiling pays for the run's schedule
 (:func:`compile_pays`, with the figures of :data:`COMPILE_COSTS`), the compiled flag, the seconds of each graph's
@@ -21,25 +14,20 @@ BatchNorm re-estimation and the final validation run eagerly (:func:`eager_stanc
 epoch do not repay graphs of their own.
 """
 import contextlib
+import weakref
 from dataclasses import dataclass
 from time import time
-from typing import Callable, ContextManager, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Callable, ContextManager, Dict, Sequence, TypeVar, Union
 
 import torch
 from torch import nn
-from torch._dynamo import OptimizedModule
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-__all__ = ["COMPILE_RECOMPILE_LIMIT", "COMPILE_SCOPES", "COMPILE_COSTS", "CompileCosts", "CompileDecision",
-           "compile_pays", "compile_network", "compile_error_summary", "compile_regions", "eager_stance",
-           "compiled_regions", "uncompile_regions", "is_compile_error", "region_modules", "unwrap_module",
-           "Compilation"]
+__all__ = ["COMPILE_RECOMPILE_LIMIT", "COMPILE_COSTS", "CompileCosts", "CompileDecision", "compile_pays",
+           "compile_network", "compile_error_summary", "eager_stance", "is_compile_error", "Compilation"]
 
 T = TypeVar("T")
 
-#: what :func:`compile_network` compiles: the network as one graph, or each block on its own
-COMPILE_SCOPES = ("whole", "regional")
-#: graphs a compiled block may hold (a stage's batch, a different last batch); dynamo's default limit (8) would
+#: graphs a compiled module may hold (a stage's batch, a different last batch); dynamo's default limit (8) would
 #: fall back to eager silently
 COMPILE_RECOMPILE_LIMIT = 32
 
@@ -98,72 +86,16 @@ def compile_pays(stage_iterations: Sequence[int], batch_size: int, pixels: int,
     return CompileDecision(pays, reason)
 
 
-def unwrap_module(module: Optional[nn.Module]) -> Optional[nn.Module]:
-    """The plain module inside DistributedDataParallel and / or torch.compile wrappers."""
-    if isinstance(module, DDP):
-        module = module.module
-    if isinstance(module, OptimizedModule):
-        module = module._orig_mod
-    return module
-
-
-def region_modules(network: nn.Module) -> List[nn.Module]:
-    """The blocks :func:`compile_regions` compiles: ``network.compile_regions()`` where the network defines
-    it, else its direct children with parameters (``nn.ModuleList`` / ``nn.Sequential`` items one by one)."""
-    regions = getattr(network, "compile_regions", None)
-    if callable(regions):
-        return list(regions())
-    found: List[nn.Module] = []
-    for child in network.children():
-        items: Iterable[nn.Module] = child if isinstance(child, (nn.ModuleList, nn.Sequential)) else [child]
-        found.extend(m for m in items if any(True for _ in m.parameters()))
-    return found
-
-
 def _raise_recompile_limit() -> None:
     limit_name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
     if getattr(torch._dynamo.config, limit_name) < COMPILE_RECOMPILE_LIMIT:
         setattr(torch._dynamo.config, limit_name, COMPILE_RECOMPILE_LIMIT)
 
 
-def compile_network(network: nn.Module, scope: str = "whole",
-                    backend: Union[str, Callable] = "inductor") -> Tuple[nn.Module, str]:
-    """(the module to call, what was compiled): ``torch.compile(network, dynamic=False)`` for ``scope``
-    "whole", ``network`` itself with its blocks compiled in place (:func:`compile_regions`) for "regional"."""
-    if scope == "regional":
-        return network, f"{len(compile_regions(network, backend=backend))} blocks of the network"
-    if scope != "whole":
-        raise ValueError(f"scope must be one of {', '.join(COMPILE_SCOPES)}, got {scope!r}")
+def compile_network(network: nn.Module, backend: Union[str, Callable] = "inductor") -> nn.Module:
+    """``torch.compile(network, dynamic=False)``: the network as one graph per input shape."""
     _raise_recompile_limit()
-    return torch.compile(network, backend=backend, dynamic=False), "the network"
-
-
-def compile_regions(network: nn.Module, backend: Union[str, Callable] = "inductor",
-                    mode: Optional[str] = None) -> List[nn.Module]:
-    """Compile each block of ``network`` in place (:func:`region_modules`), static shapes; returns the blocks.
-
-    Nothing is traced until the first forward: errors of compilation surface there
-    (:func:`is_compile_error`)."""
-    _raise_recompile_limit()
-    modules = region_modules(network)
-    for module in modules:
-        module.compile(backend=backend, mode=mode, dynamic=False)
-    return modules
-
-
-def compiled_regions(network: nn.Module) -> List[nn.Module]:
-    """The submodules of ``network`` that ``nn.Module.compile`` compiled."""
-    return [m for m in network.modules() if getattr(m, "_compiled_call_impl", None) is not None]
-
-
-def uncompile_regions(network: nn.Module) -> int:
-    """Undo :func:`compile_regions` on ``network`` (every compiled submodule runs eagerly again) and drop
-    dynamo's caches; returns the number of blocks that were compiled."""
-    modules = compiled_regions(network)
-    for module in modules:
-        module._compiled_call_impl = None
-    torch._dynamo.reset()
-    return len(modules)
+    return torch.compile(network, backend=backend, dynamic=False)
 
 
 def is_compile_error(error: BaseException) -> bool:
@@ -204,36 +136,36 @@ class Compilation:
 
     Args:
         backend: the torch.compile backend (a name or a callable).
-        scope: "whole" or "regional" (:func:`compile_network`).
         log: writes one line to the training log.
-        uncompile: makes the trainer call its plain modules again (called once, after a compile error).
+        uncompile: makes the trainer call its plain network again (called once, after a compile error).
     """
 
-    def __init__(self, backend: Union[str, Callable], scope: str, log: Callable[[str], None],
-                 uncompile: Callable[[], None]):
-        if scope not in COMPILE_SCOPES:
-            raise ValueError(f"compile_scope must be one of {', '.join(COMPILE_SCOPES)}, got {scope!r}")
-        self.backend, self.scope, self.log, self._uncompile = backend, scope, log, uncompile
+    def __init__(self, backend: Union[str, Callable], log: Callable[[str], None], uncompile: Callable[[], None]):
+        self.backend, self.log, self._uncompile = backend, log, uncompile
         #: the trainer calls compiled code (cleared by a compile error)
         self.compiled = False
         #: seconds of the first call of each graph (compilation included), by graph name
         self.first_call_s: Dict[str, float] = {}
+        #: the modules :meth:`compile_module` compiled in place
+        self._compiled_in_place: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
 
     def compile(self, network: nn.Module) -> nn.Module:
-        """The module to call for ``network`` (plain) compiled as :attr:`scope` says; logs what was compiled."""
-        compiled, what = compile_network(network, self.scope, backend=self.backend)
+        """The module to call for ``network`` (plain): :func:`compile_network`; logs what was compiled."""
+        compiled = compile_network(network, backend=self.backend)
         self.compiled = True
         backend = getattr(self.backend, "__name__", self.backend)
         threads = getattr(torch._inductor.config, "compile_threads", None) if backend == "inductor" else None
         workers = f", {threads} compile workers" if threads else ""
-        self.log(f"torch.compile ({backend}) of {what}, static shapes{workers}; only the training steps run "
+        self.log(f"torch.compile ({backend}) of the network, static shapes{workers}; only the training steps run "
                  f"compiled")
         return compiled
 
     def compile_module(self, module: nn.Module) -> None:
-        """Compile ``module`` (plain) in place with static shapes where the network is compiled."""
+        """Compile ``module`` (plain) in place (``nn.Module.compile``: it keeps its class and state-dict keys) with
+        static shapes where the network is compiled; a compile error makes it eager again."""
         if self.compiled:
             module.compile(backend=self.backend, dynamic=False)
+            self._compiled_in_place.add(module)
 
     def call(self, graph: str, function: Callable[..., T], *args) -> T:
         """``function(*args)``; where compiled, the first call for ``graph`` logs its seconds
@@ -269,6 +201,9 @@ class Compilation:
         if not self.compiled or not is_compile_error(error):
             raise error
         self._uncompile()
+        for module in self._compiled_in_place:
+            module._compiled_call_impl = None  # what nn.Module.compile set
+        self._compiled_in_place.clear()
         torch._dynamo.reset()
         self.compiled = False
         self.log(f"WARNING: torch.compile failed ({compile_error_summary(error)}); training continues without "

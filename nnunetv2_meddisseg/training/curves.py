@@ -6,120 +6,130 @@ parameter group, the training stage, every loss term, each group's gradient norm
 diagnostics. ``CurvesLogger`` is nnU-Net's ``LocalLogger`` accepting these keys too, so that they go
 through ``MetaLogger.log`` like nnU-Net's own values: into every logger nnU-Net drives (Weights &
 Biases with ``nnUNet_wandb_enabled=1``) and into the ``logging`` entry of the checkpoints.
-``TrainingCurves`` reads and draws them into a second figure, ``progress_terms.png``, beside
-``progress.png`` (which stays untouched).
+``plot_curves`` draws them into a second figure, ``progress_terms.png``, beside ``progress.png`` (which stays
+untouched).
 """
 import math
-import os
+from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 import matplotlib
+import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from nnunetv2.training.logging.nnunet_logger import LocalLogger
 
-__all__ = ["TrainingCurves", "CurvesLogger", "NNUNET_KEYS", "PLOT_FILENAME"]
+from nnunetv2_meddisseg.files import write_atomically
+
+__all__ = ["CurvesLogger", "plot_curves", "epoch_means", "summary_lines", "stopped_learning", "CURVE_PREFIXES",
+           "NNUNET_KEYS", "PLOT_FILENAME"]
 
 PLOT_FILENAME = "progress_terms.png"
 #: the keys nnU-Net's ``LocalLogger`` knows; every other key is one of our curves
 NNUNET_KEYS = tuple(LocalLogger().my_fantastic_logging)
+#: the per-epoch summary in the log, one line per section: (``train_step`` key prefix, title, number format);
+#: ``train_step`` values of these prefixes are averaged per epoch into our curves
+SUMMARY_SECTIONS = (("loss_", "loss terms", ".4f"), ("grad_norm_", "gradient norms (before clipping)", ".4g"),
+                    ("dispersion_", "dispersion", ".4g"))
+CURVE_PREFIXES = tuple(prefix for prefix, _, _ in SUMMARY_SECTIONS)
 _PLOT_STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "xtick.labelsize": 9,
                "ytick.labelsize": 9, "legend.fontsize": 8, "figure.titlesize": 12, "lines.linewidth": 1.5,
                "lines.markersize": 5}
 
 
-class TrainingCurves:
-    """One float per epoch for any number of named curves.
+def epoch_means(outputs: Mapping[str, Sequence[float]]) -> Dict[str, float]:
+    """The epoch's value of each curve: the mean of the finite values of every ``train_step`` key with one of
+    :data:`CURVE_PREFIXES` (``outputs``: the collated results, one value per step), NaN where none is finite."""
+    means: Dict[str, float] = {}
+    for key, values in outputs.items():
+        if key.startswith(CURVE_PREFIXES):
+            finite = [v for v in values if np.isfinite(v)]
+            means[key] = float(np.mean(finite)) if finite else float("nan")
+    return means
 
-    ``log(key, value, epoch)`` sets the value of ``key`` at ``epoch``; epochs a curve skipped are NaN
-    (e.g. Stage II loss terms during Stage I). Key prefixes decide the panel of the plot: ``loss_``
-    (loss terms), ``lr_`` (learning rates, log scale), ``dispersion_`` (diagnostics), ``stage``.
+
+def summary_lines(means: Mapping[str, float]) -> List[str]:
+    """The epoch's summary for the log: one line per section of :data:`SUMMARY_SECTIONS` that has values
+    (``loss terms: seg 0.4012, ...``)."""
+    lines = []
+    for prefix, title, number in SUMMARY_SECTIONS:
+        values = sorted((k[len(prefix):], v) for k, v in means.items() if k.startswith(prefix))
+        if values:
+            lines.append(f"{title}: " + ", ".join(f"{name} {value:{number}}" for name, value in values))
+    return lines
+
+
+def stopped_learning(outputs: Mapping[str, Sequence[float]]) -> bool:
+    """True where no training step of the epoch had a finite, non-zero gradient (``outputs``: the collated
+    ``train_step`` results, one value per step under each ``grad_norm_*`` key; False without such keys): a run that
+    has stopped learning, e.g. under fp16 when the GradScaler has shrunk its scale until every gradient underflows."""
+    norms = [np.asarray(v, dtype=np.float64).reshape(-1) for k, v in outputs.items() if k.startswith("grad_norm_")]
+    if not norms:
+        return False
+    norms = np.concatenate(norms)
+    return not np.any(np.isfinite(norms) & (norms > 0))
+
+
+def _our_keys(curves: Mapping[str, Sequence[float]], prefix: str = "") -> List[str]:
+    """Our curves' keys (every key but nnU-Net's) that start with ``prefix``, sorted."""
+    return sorted(k for k in curves if k.startswith(prefix) and k not in NNUNET_KEYS)
+
+
+def plot_curves(curves: Mapping[str, Sequence[float]], filename: str, num_epochs: Optional[int] = None,
+                stage_boundaries: Iterable[int] = ()) -> None:
+    """Draw loss terms, learning rates and dispersion diagnostics over the epochs into ``filename`` (a PNG, written
+    whole: ``files.write_atomically``).
+
+    curves: key -> one float per epoch (NaN where an epoch logged none; nnU-Net's keys are left out). Key prefixes
+    decide the panel: ``loss_`` (loss terms), ``lr_`` (learning rates, log scale), ``dispersion_`` (diagnostics).
+    ``num_epochs``: how many epochs to draw (default: the longest curve). ``stage_boundaries``: epochs at which a
+    new training stage starts (dashed vertical lines).
     """
+    with matplotlib.rc_context(_PLOT_STYLE):  # nnU-Net's progress plot scales all fonts globally
+        figure = _figure(curves, num_epochs, stage_boundaries)
+        write_atomically(Path(filename), lambda partial: figure.savefig(partial, format="png"))
 
-    def __init__(self, values: Optional[Dict[str, List[float]]] = None) -> None:
-        #: the curves by key (``values`` itself where given: the curves are a view on it)
-        self.values: Dict[str, List[float]] = values if values is not None else {}
 
-    def log(self, key: str, value: float, epoch: int) -> None:
-        if epoch < 0:
-            raise ValueError(f"TrainingCurves.log: epoch must be >= 0, got {epoch}")
-        curve = self.values.setdefault(key, [])
-        while len(curve) <= epoch:
-            curve.append(math.nan)
-        curve[epoch] = float(value)
+def _figure(curves: Mapping[str, Sequence[float]], num_epochs: Optional[int], stage_boundaries: Iterable[int]):
+    length = num_epochs if num_epochs is not None else max((len(c) for c in curves.values()), default=0)
+    epochs = list(range(length))
 
-    def log_many(self, values: Mapping[str, float], epoch: int) -> None:
-        for key, value in values.items():
-            self.log(key, value, epoch)
+    def series(key: str) -> List[float]:
+        curve = list(curves.get(key, []))[:length]
+        return curve + [math.nan] * (length - len(curve))
 
-    def get(self, key: str, epoch: Optional[int] = None):
-        """The whole curve (``epoch=None``) or its value at ``epoch`` (NaN where nothing was logged)."""
-        curve = self.values.get(key, [])
-        if epoch is None:
-            return list(curve)
-        return curve[epoch] if 0 <= epoch < len(curve) else math.nan
+    figure = Figure(figsize=(12, 13), dpi=80)
+    FigureCanvasAgg(figure)
+    ax_loss, ax_lr, ax_disp = figure.subplots(3, 1, sharex=True)
 
-    def keys(self, prefix: str = "") -> List[str]:
-        return sorted(k for k in self.values if k.startswith(prefix) and k not in NNUNET_KEYS)
+    for key in _our_keys(curves, "loss_"):
+        ax_loss.plot(epochs, series(key), marker=".", label=key[len("loss_"):])
+    ax_loss.set_ylabel("training loss term (unweighted)")
 
-    def get_checkpoint(self) -> Dict[str, List[float]]:
-        return {key: list(curve) for key, curve in self.values.items()}
+    for key in _our_keys(curves, "lr_"):
+        ax_lr.plot(epochs, series(key), marker=".", label=key[len("lr_"):])
+    if any(v > 0 for key in _our_keys(curves, "lr_") for v in series(key) if not math.isnan(v)):
+        ax_lr.set_yscale("log")
+    ax_lr.set_ylabel("learning rate")
 
-    def load_checkpoint(self, checkpoint: Optional[Mapping[str, Sequence[float]]]) -> None:
-        self.values = {key: [float(v) for v in curve] for key, curve in (checkpoint or {}).items()}
+    distance_key, rank_key = "dispersion_mean_pairwise_distance", "dispersion_effective_rank"
+    ax_disp.plot(epochs, series(distance_key), color="tab:blue", marker=".", label="mean pairwise d_ij")
+    ax_disp.set_ylabel("mean pairwise d_ij", color="tab:blue")
+    ax_rank = ax_disp.twinx()
+    ax_rank.plot(epochs, series(rank_key), color="tab:red", marker=".", label="effective rank")
+    ax_rank.set_ylabel("effective rank", color="tab:red")
+    ax_disp.set_xlabel("epoch")
 
-    def plot(self, filename: str, num_epochs: Optional[int] = None, stage_boundaries: Iterable[int] = ()) -> None:
-        """Draw loss terms, learning rates and dispersion diagnostics over the epochs into ``filename``.
-
-        ``num_epochs``: how many epochs to draw (default: the longest curve). ``stage_boundaries``:
-        epochs at which a new training stage starts (dashed vertical lines).
-        """
-        with matplotlib.rc_context(_PLOT_STYLE):  # nnU-Net's progress plot scales all fonts globally
-            self._draw(filename, num_epochs, stage_boundaries)
-
-    def _draw(self, filename: str, num_epochs: Optional[int], stage_boundaries: Iterable[int]) -> None:
-        length = num_epochs if num_epochs is not None else max((len(c) for c in self.values.values()), default=0)
-        epochs = list(range(length))
-
-        def series(key: str) -> List[float]:
-            curve = self.values.get(key, [])[:length]
-            return curve + [math.nan] * (length - len(curve))
-
-        figure = Figure(figsize=(12, 13), dpi=80)
-        FigureCanvasAgg(figure)
-        ax_loss, ax_lr, ax_disp = figure.subplots(3, 1, sharex=True)
-
-        for key in self.keys("loss_"):
-            ax_loss.plot(epochs, series(key), marker=".", label=key[len("loss_"):])
-        ax_loss.set_ylabel("training loss term (unweighted)")
-
-        for key in self.keys("lr_"):
-            ax_lr.plot(epochs, series(key), marker=".", label=key[len("lr_"):])
-        if any(v > 0 for key in self.keys("lr_") for v in series(key) if not math.isnan(v)):
-            ax_lr.set_yscale("log")
-        ax_lr.set_ylabel("learning rate")
-
-        distance_key, rank_key = "dispersion_mean_pairwise_distance", "dispersion_effective_rank"
-        ax_disp.plot(epochs, series(distance_key), color="tab:blue", marker=".", label="mean pairwise d_ij")
-        ax_disp.set_ylabel("mean pairwise d_ij", color="tab:blue")
-        ax_rank = ax_disp.twinx()
-        ax_rank.plot(epochs, series(rank_key), color="tab:red", marker=".", label="effective rank")
-        ax_rank.set_ylabel("effective rank", color="tab:red")
-        ax_disp.set_xlabel("epoch")
-
-        for ax in (ax_loss, ax_lr, ax_disp):
-            for boundary in stage_boundaries:
-                if 0 < boundary < max(length, 1):
-                    ax.axvline(boundary - 0.5, color="gray", linestyle="--", linewidth=1)
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(loc="upper right", fontsize="small")
-            ax.grid(True, alpha=0.3)
-        figure.suptitle("loss terms, learning rates and feature dispersion per epoch")
-        figure.tight_layout()
-        folder = os.path.dirname(os.path.abspath(filename))
-        temporary = os.path.join(folder, f".{os.path.basename(filename)}.{os.getpid()}.tmp.png")
-        figure.savefig(temporary)
-        os.replace(temporary, filename)
+    for ax in (ax_loss, ax_lr, ax_disp):
+        for boundary in stage_boundaries:
+            if 0 < boundary < max(length, 1):
+                ax.axvline(boundary - 0.5, color="gray", linestyle="--", linewidth=1)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="upper right", fontsize="small")
+        ax.grid(True, alpha=0.3)
+    figure.suptitle("loss terms, learning rates and feature dispersion per epoch")
+    figure.tight_layout()
+    return figure
 
 
 class CurvesLogger(LocalLogger):
@@ -158,7 +168,3 @@ class CurvesLogger(LocalLogger):
             if key not in self.my_fantastic_logging:
                 values = [float(v) for v in curve][:epochs]
                 self.my_fantastic_logging[key] = values + [math.nan] * (epochs - len(values))
-
-    def curves(self) -> TrainingCurves:
-        """Our curves (every key but nnU-Net's), a view that follows later logging."""
-        return TrainingCurves(self.my_fantastic_logging)

@@ -1,51 +1,36 @@
-"""``ExtendedTrainerBase``: what our trainers (``nnUNetTrainerMedDisSeg``, ``nnUNetTrainerDispersive``, the
-seeded baselines and their variants) add to nnU-Net's ``nnUNetTrainer``, whatever their network and losses. Each
-override calls nnU-Net's method and adds to it; the pieces of nnU-Net that have no smaller hook (the checkpoint's
-entries, ``train_step``'s autocast rule and update, ``get_dataloaders``' training loader) are restated in
-``nnunet_copies`` alone, pinned to nnU-Net's source by a test.
+"""``ExtendedTrainerBase``: what our trainers (``nnUNetTrainerMedDisSeg``, ``nnUNetTrainerDispersive`` and their
+variants) add to nnU-Net's ``nnUNetTrainer`` (through ``SeededTrainer``: the run seed and the recipe), whatever their
+network and losses. Each override calls nnU-Net's method and adds to it; the pieces of nnU-Net that have no smaller
+hook (the checkpoint's entries, ``train_step``'s autocast rule and update, ``get_dataloaders``' training loader,
+``on_epoch_end``) are restated in ``nnunet_copies`` alone, pinned to nnU-Net's source by a test. Each concept lives
+in a module of its own; the class holds them and overrides each hook once:
 
-- Checkpoints are nnU-Net's plus the run seed and the subclasses' state (``_checkpoint_extras`` /
-  ``_restore_checkpoint_extras``), written atomically (a temporary file in the same folder, then
-  ``os.replace``), so a kill during a save never leaves a truncated ``checkpoint_latest.pth``. Epochs
-  for which ``_may_write_best_checkpoint`` is False neither write ``checkpoint_best.pth`` nor count
-  towards the best EMA pseudo Dice.
-- Every training and validation batch is checked for NaN / inf: a clear ``RuntimeError`` naming the
-  cases instead of a NaN model. On the CPU, and for validation batches, before the batch reaches the
-  network. A training batch on any other device is checked there, and the result travels with the
-  step's logged values (``_step_result``), so that a step synchronises with the device once: the
-  error is raised at the end of the step that saw the batch, which stops the run before any
-  checkpoint holds that step's update (``input_check_on_device`` chooses explicitly).
-- A batch of one sample is reported once (a dispersive loss has no pairs and is zero), and at start-up
-  a batch too small for the dispersive form (``MINIMUM_BATCH``) is named in one line of the log.
-- Under DDP (``-num_gpus N``) the dispersive loss and its diagnostics see the batch of every process
-  (``dispersive_gather``, ``losses.gather``); rank 0's run seed is the run seed of every process, so
-  each rank draws its own, reproducible random numbers (``seed_epoch``); a batch with NaN / inf names
-  the rank that loaded it.
-- Per-epoch curves of every loss term, each group's learning rate and gradient norm, the dispersion
-  diagnostics, logged through nnU-Net's logger (``self.logger.log``; its local logger is a ``CurvesLogger``
-  that accepts them), so that they reach every logger nnU-Net drives (Weights & Biases with
-  ``nnUNet_wandb_enabled=1``) and its ``logging`` checkpoint entry; plotted into ``progress_terms.png``
-  beside nnU-Net's ``progress.png`` (``curves``). The diagnostics are computed on the first training batch
-  of each epoch (``_dispersion_diagnostics``).
-- Every setting comes from the trainer's recipe (``recipe``): the class attribute ``recipe``, then the
-  overrides of the JSON file named by ``nnUNet_meddisseg_recipe`` (``recipe.recipe_overrides_from_environment``),
-  held as ``trainer.recipe``; its schedule (epochs, iterations, checkpoint period, final validation, torch
-  threads) is applied at construction and the log names every setting that differs from the defaults.
-- ``initialize`` and every epoch start by seeding Python's, NumPy's and torch's global generators
-  from ``(run seed, epoch, rank)``. The run seed is the trainer's ``seed`` attribute, else the environment
-  variable ``nnUNet_meddisseg_seed``, else drawn at random; checkpoints store it. An epoch is then a
-  function of the weights and optimizer state it starts from, so ``--c`` replays the rest of an
-  interrupted run exactly where the batches come from this process (``nnUNet_n_proc_DA=0``) and the
-  arithmetic is deterministic (CPU; see docs/method.md, "Exact resumption", for what differs otherwise).
-- With the environment variable ``nnUNet_meddisseg_bf16`` set (a flag: "1", "true", "yes", ...), training and
-  validation steps run under bfloat16 autocast without a GradScaler (on CUDA and on the CPU), instead
-  of nnU-Net's fp16 autocast + GradScaler on CUDA and fp32 on the CPU. bf16 has fp32's exponent range,
-  so no loss scaling is needed and no value leaves its range. Prediction is unaffected.
+- the dispersive loss of the recipe (``recipe.dispersive_from_recipe``, ``trainer.dispersive``): under DDP
+  (``-num_gpus N``) it and its diagnostics see the batch of every process (``dispersive_gather``); the diagnostics
+  of each epoch's first batch and the warnings about batches too small for it: ``dispersion_monitor``;
+- what a training step reports, in one transfer from the device: ``step_report`` (the loss, the terms, each group's
+  gradient norm, and the NaN / inf check of its batch). Every training and validation batch is checked for NaN /
+  inf: a clear ``RuntimeError`` naming the cases instead of a NaN model. On the CPU, and for validation batches,
+  before the batch reaches the network; a training batch on any other device is checked there and read with the
+  step's report, so that the error is raised at the end of the step that saw the batch, before any checkpoint holds
+  its update (``input_check_on_device`` chooses explicitly; ``finite_input``); under DDP the message names the rank;
+- per-epoch curves (every loss term, each group's learning rate and gradient norm, the dispersion diagnostics)
+  through nnU-Net's logger (its local logger is a ``CurvesLogger`` that accepts them), so that they reach every
+  logger nnU-Net drives (Weights & Biases with ``nnUNet_wandb_enabled=1``) and its ``logging`` checkpoint entry;
+  averaged over ranks under DDP, summarised in the log and plotted into ``progress_terms.png`` beside nnU-Net's
+  ``progress.png`` (``curves``);
+- one rule for ``checkpoint_best.pth`` (``best_checkpoint_from``: the networks of epochs from it on may become it,
+  against an EMA pseudo Dice that starts afresh there; subclasses set it when a stage is entered);
+- checkpoints: nnU-Net's plus the run seed and the subclasses' state (``_checkpoint_extras`` /
+  ``_restore_checkpoint_extras``), written whole (``checkpoints``), so a kill during a save never leaves a truncated
+  ``checkpoint_latest.pth``;
+- precision: with ``nnUNet_meddisseg_bf16`` set (a flag: "1", "true", "yes", ...), training and validation steps run
+  under bfloat16 autocast without a GradScaler (on CUDA and on the CPU), instead of nnU-Net's fp16 autocast +
+  GradScaler on CUDA and fp32 on the CPU. bf16 has fp32's exponent range, so no loss scaling is needed. Prediction
+  is unaffected.
 """
-import math
 import os
 import tempfile
-from contextlib import contextmanager
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -55,42 +40,46 @@ from nnunetv2.utilities.collate_outputs import collate_outputs
 from torch import autocast, nn
 from torch import distributed as dist
 
-from nnunetv2_meddisseg.environment import BF16_ENVIRONMENT_VARIABLE, flag_is_set
-from nnunetv2_meddisseg.losses import DIAGNOSTIC_KEYS, MINIMUM_BATCH, dispersion_diagnostics, gather_batch
+from nnunetv2_meddisseg.environment import BF16_ENVIRONMENT_VARIABLE, bf16_training_requested
+from nnunetv2_meddisseg.module_wrappers import unwrap_module
+from nnunetv2_meddisseg.stored_names import curves_entry
 from nnunetv2_meddisseg.torch_files import weights_only_loads
-from nnunetv2_meddisseg.training.checkpoints import atomic_torch_save, read_checkpoint_for_resuming
-from nnunetv2_meddisseg.training.compilation import unwrap_module
-from nnunetv2_meddisseg.training.curves import PLOT_FILENAME, CurvesLogger, TrainingCurves
-from nnunetv2_meddisseg.training.errors import TrainingInputError, TrainingInputRuntimeError
-from nnunetv2_meddisseg.training.finite_input import check_finite_input, finite_per_sample, non_finite_input_message
-from nnunetv2_meddisseg.training.nnunet_copies import backward_clip_step, checkpoint_entries, train_autocast
+from nnunetv2_meddisseg.training.checkpoints import read_checkpoint_for_resuming, save_checkpoint_file
+from nnunetv2_meddisseg.training.curves import (
+    PLOT_FILENAME,
+    CurvesLogger,
+    epoch_means,
+    plot_curves,
+    stopped_learning,
+    summary_lines,
+)
+from nnunetv2_meddisseg.training.dispersion_monitor import SINGLE_SAMPLE_WARNING, EpochDiagnostics, small_batch_warning
+from nnunetv2_meddisseg.training.errors import TrainingInputError
+from nnunetv2_meddisseg.training.finite_input import check_finite_input
+from nnunetv2_meddisseg.training.nnunet_copies import backward_clip_step, checkpoint_entries, epoch_end, train_autocast
+from nnunetv2_meddisseg.training.recipe import DispersiveTermRecipe, dispersive_from_recipe
 from nnunetv2_meddisseg.training.seeded_trainer import SeededTrainer
+from nnunetv2_meddisseg.training.step_report import PendingInputCheck, group_gradient_norms, step_report
 
-__all__ = ["CURVE_PREFIXES", "bf16_training_requested", "ExtendedTrainerBase"]
-
-
-#: train_step output keys with these prefixes are averaged per epoch and logged (``self.logger.log``)
-CURVE_PREFIXES = ("loss_", "dispersion_", "grad_norm_")
-
-
-def bf16_training_requested() -> bool:
-    """True when ``nnUNet_meddisseg_bf16`` is set (a flag, ``environment.flag_is_set``)."""
-    return flag_is_set(BF16_ENVIRONMENT_VARIABLE)
+__all__ = ["ExtendedTrainerBase"]
 
 
 class ExtendedTrainerBase(SeededTrainer):
-    """SeededTrainer + atomic checkpoints, input checks, per-epoch curves (see the module docstring).
+    """SeededTrainer + the dispersive loss, step reports with input checks, per-epoch curves, one best-checkpoint
+    rule and whole checkpoints (see the module docstring).
 
-    Not meant to be used on its own (its network and losses are nnU-Net's); subclasses override
-    ``_checkpoint_extras`` / ``_restore_checkpoint_extras`` / ``_before_restoring_checkpoint`` and
-    ``_stage_boundaries`` as needed and return ``loss_*`` / ``dispersion_*`` floats from ``train_step``.
+    Not meant to be used on its own; subclasses compute their loss in ``train_step`` (``_batch_to_device``,
+    ``_autocast``, ``_optimizer_step``, ``_step_report``) and override ``_checkpoint_extras`` /
+    ``_restore_checkpoint_extras`` / ``_before_restoring_checkpoint``, ``_epoch_end_checkpoints`` and
+    ``_stage_boundaries`` as needed.
     """
 
+    recipe: DispersiveTermRecipe = DispersiveTermRecipe()
     #: under DDP, the dispersive loss and its diagnostics use the batch of every process (False: each
     #: process's own share, as without gathering)
     dispersive_gather: bool = True
-    #: check training batches for NaN / inf on the device, read at the step's one transfer to the host
-    #: (True), or before the step (False); None: on the device everywhere but on the CPU
+    #: check training batches for NaN / inf on the device, read with the step's report (True), or before the step
+    #: (False); None: on the device everywhere but on the CPU
     input_check_on_device: Optional[bool] = None
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
@@ -102,19 +91,18 @@ class ExtendedTrainerBase(SeededTrainer):
             self.grad_scaler = None
         # nnU-Net's local logger (plots, checkpoint) accepting our curves too; MetaLogger sends them on
         self.logger.local_logger = CurvesLogger(self.logger.local_logger.verbose)
-        self._warned_small_batch = False
-        self._diagnostics_due = True
-        #: (the true ``_best_ema``,) while ``_best_checkpoint_withheld`` holds it back, else None
-        self._withheld_best_ema: Optional[Tuple[object]] = None
-        #: (finite flags on the device, case keys, where) of the training batch not yet checked on the host
-        self._pending_input_check: Optional[Tuple[torch.Tensor, Optional[Sequence[str]], str]] = None
+        #: the (unweighted) dispersive loss of the recipe, over the batch of every process (``dispersive_gather``)
+        self.dispersive = dispersive_from_recipe(self.recipe, self.dispersive_gather)
+        self._diagnostics = EpochDiagnostics(self.dispersive)
+        #: the one rule of ``checkpoint_best.pth``: the networks of epochs from this one on may become it, against an
+        #: EMA pseudo Dice that starts afresh at it; None: no network of the current stage may (subclasses set it
+        #: when a stage is entered)
+        self.best_checkpoint_from: Optional[int] = 0
+        self._warned_single_sample = False
+        #: the input check of the training batch not yet read (``_batch_to_device`` -> ``_step_report``)
+        self._pending_input_check: Optional[PendingInputCheck] = None
 
-    # ------------------------------------------------------------------ helpers
-    @property
-    def curves(self) -> TrainingCurves:
-        """Our per-epoch curves as the logger holds them (read them here; log through ``self.logger.log``)."""
-        return self.logger.local_logger.curves()
-
+    # ------------------------------------------------------------------ a training step
     def _plain_network(self) -> nn.Module:
         return unwrap_module(self.network)
 
@@ -130,9 +118,8 @@ class ExtendedTrainerBase(SeededTrainer):
         return f" in a {'training' if training else 'validation'} batch of epoch {self.current_epoch}{rank}"
 
     def _batch_to_device(self, batch: dict, training: bool) -> Tuple[torch.Tensor, Union[torch.Tensor, List]]:
-        """Check ``batch['data']`` for NaN / inf (naming the cases; a training batch on the device, its
-        result read by ``_step_result``), warn once about single-sample batches, and move data and
-        target to the device."""
+        """Check ``batch['data']`` for NaN / inf (naming the cases; a training batch on the device, read with the
+        step's report), warn once about single-sample batches, and move data and target to the device."""
         data, target = batch["data"], batch["target"]
         where = self._batch_description(training)
         on_device = self.input_check_on_device
@@ -140,198 +127,114 @@ class ExtendedTrainerBase(SeededTrainer):
         if not on_device:
             check_finite_input(data, batch.get("keys"), where)
         gathered = self.is_ddp and self.dispersive_gather
-        if training and data.shape[0] < 2 and not gathered and not self._warned_small_batch:
-            self._warned_small_batch = True
-            self.print_to_log_file("WARNING: a training batch holds a single sample: the dispersive loss needs at "
-                                   "least two samples and is zero for such batches. Use a batch size >= 2 in the "
-                                   "plans to get dispersion regularisation.")
+        if training and data.shape[0] < 2 and not gathered and not self._warned_single_sample:
+            self._warned_single_sample = True
+            self.print_to_log_file(SINGLE_SAMPLE_WARNING)
         data = data.to(self.device, non_blocking=True)
         if on_device:
-            self._pending_input_check = (finite_per_sample(data), batch.get("keys"), where)
+            self._pending_input_check = PendingInputCheck.of(data, batch.get("keys"), where)
         if isinstance(target, list):
             target = [t.to(self.device, non_blocking=True) for t in target]
         else:
             target = target.to(self.device, non_blocking=True)
         return data, target
 
+    def _optimizer_step(self, loss: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """nnU-Net's update (``backward_clip_step``: backward, gradient clipping at 12 and step, with its
+        GradScaler on CUDA) of every parameter the optimizer holds. Returns each group's gradient norm
+        before clipping (``step_report.group_gradient_norms``, on the device; inf / NaN in a step that the
+        GradScaler skips)."""
+        parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
+        return backward_clip_step(loss, self.optimizer, self.grad_scaler, parameters,
+                                  before_clipping=lambda: group_gradient_norms(self.optimizer))
+
+    def _step_report(self, total: torch.Tensor, terms: Mapping[str, torch.Tensor],
+                     gradient_norms: Mapping[str, torch.Tensor], features: torch.Tensor) -> dict:
+        """The ``train_step`` result: ``step_report`` of the loss, each (unweighted) term as ``loss_<name>``, the
+        gradient norms and the batch's pending input check, in one transfer; plus the dispersion diagnostics of
+        ``features`` (the first regularised layer) on the epoch's first step."""
+        check, self._pending_input_check = self._pending_input_check, None
+        result = step_report(total, {**{f"loss_{k}": v for k, v in terms.items()}, **gradient_norms}, check)
+        result.update(self._diagnostics(features))
+        return result
+
     def validation_step(self, batch: dict) -> dict:
         """nnU-Net's ``validation_step``, after checking ``batch['data']`` for NaN / inf (naming the cases)."""
         check_finite_input(batch["data"], batch.get("keys"), self._batch_description(training=False))
         return super().validation_step(batch)
 
-    def _trained_parameters(self) -> List[nn.Parameter]:
-        return [p for group in self.optimizer.param_groups for p in group["params"]]
-
-    def _group_gradient_norms(self) -> Dict[str, torch.Tensor]:
-        """``{"grad_norm_<group name>": L2 norm}`` of every optimizer group's gradients (before clipping),
-        0-dim fp32 tensors on the device (multi-tensor norms: a few operations per group, no sync)."""
-        norms: Dict[str, torch.Tensor] = {}
-        for i, group in enumerate(self.optimizer.param_groups):
-            grads = [p.grad.detach() for p in group["params"] if p.grad is not None]
-            if grads:
-                name = group.get("name", "network" if len(self.optimizer.param_groups) == 1 else i)
-                per_tensor = torch._foreach_norm(grads)
-                norms[f"grad_norm_{name}"] = torch.linalg.vector_norm(torch.stack(per_tensor).float())
-        return norms
-
-    def _optimizer_step(self, loss: torch.Tensor) -> Dict[str, torch.Tensor]:
-        """nnU-Net's update (``backward_clip_step``: backward, gradient clipping at 12 and step, with its
-        GradScaler on CUDA) of every parameter the optimizer holds. Returns each group's gradient norm
-        before clipping (``_group_gradient_norms``, on the device; inf / NaN in a step that the GradScaler
-        skips)."""
-        return backward_clip_step(loss, self.optimizer, self.grad_scaler, self._trained_parameters(),
-                                  before_clipping=self._group_gradient_norms)
-
-    def _step_result(self, total: torch.Tensor, scalars: Mapping[str, torch.Tensor]) -> dict:
-        """A ``train_step`` result from one device-to-host transfer: ``loss`` (total, a 0-dim array as
-        nnU-Net's), every 0-dim tensor of ``scalars`` as a float under its name, and the finiteness flags
-        of the step's batch (``_batch_to_device``), which raise the input error naming the cases here."""
-        names = list(scalars)
-        parts = [total.detach().float().reshape(1)] + [scalars[n].detach().float().reshape(1) for n in names]
-        check, self._pending_input_check = self._pending_input_check, None
-        if check is not None:
-            parts.append(check[0].float())
-        host = torch.cat(parts).cpu().numpy()
-        if check is not None:
-            finite = host[1 + len(names):] > 0
-            if not finite.all():
-                raise TrainingInputRuntimeError(non_finite_input_message(finite.tolist(), check[1], check[2]))
-        result = {"loss": np.array(host[0])}
-        result.update({n: float(v) for n, v in zip(names, host[1:1 + len(names)])})
-        return result
-
+    # ------------------------------------------------------------------ start of training, epochs
     def on_train_start(self) -> None:
         super().on_train_start()
         if self.bf16:
             self.print_to_log_file(f"{BF16_ENVIRONMENT_VARIABLE} is set: bf16 autocast, no GradScaler")
-        warning = self._dispersive_batch_warning()
+        warning = self._small_batch_warning()
         if warning:
             self.print_to_log_file(warning)
 
-    def _dispersive_batch_size(self) -> int:
-        """The samples one dispersive loss sees: the global batch where it is gathered over the processes,
-        else the smallest share of one process (nnU-Net splits a batch of 5 over 2 GPUs into 3 + 2)."""
-        global_batch = self.configuration_manager.batch_size
+    def _small_batch_warning(self) -> Optional[str]:
+        """``dispersion_monitor.small_batch_warning`` for the samples one dispersive loss sees: the global batch
+        where it is gathered over the processes, else the smallest share of one process (nnU-Net splits a batch of
+        5 over 2 GPUs into 3 + 2)."""
         if not self.is_ddp:
-            return self.batch_size
-        return global_batch if self.dispersive_gather else global_batch // dist.get_world_size()
-
-    def _dispersive_batch_warning(self) -> Optional[str]:
-        """One line for the log when the dispersive form (``dispersive_variant``) needs a larger batch."""
-        variant = getattr(self.recipe, "dispersive_variant", None)
-        needed = MINIMUM_BATCH.get(variant, 2)
-        size = self._dispersive_batch_size()
-        if size >= needed:
-            return None
-        local = self.is_ddp and not self.dispersive_gather
-        where = " per process (dispersive_gather is off)" if local else ""
-        plans_batch = needed * (dist.get_world_size() if local else 1)
-        return (f"WARNING: the dispersive loss ({variant}) sees {size} sample(s) per step{where} but needs at least "
-                f"{needed}: it is a constant without gradient and does not regularise. Use a batch size >= "
-                f"{plans_batch} in the plans" + (", or the infonce_cosine form (nnUNetTrainerDispersive_cosine)"
-                                   if variant == "infonce_cosine_centred" else "") + ".")
+            return small_batch_warning(self.recipe.dispersive_variant, self.batch_size)
+        global_batch, world_size = self.configuration_manager.batch_size, dist.get_world_size()
+        samples = global_batch if self.dispersive_gather else global_batch // world_size
+        return small_batch_warning(self.recipe.dispersive_variant, samples, not self.dispersive_gather, world_size)
 
     def on_train_epoch_start(self) -> None:
         super().on_train_epoch_start()
-        self._diagnostics_due = True
-
-    def _dispersion_diagnostics(self, features: torch.Tensor) -> Dict[str, float]:
-        """``dispersion_*`` entries of a ``train_step`` result: ``dispersion_diagnostics(features)`` on the
-        first training step of each epoch, NaN on the others (the epoch's curve is the mean of the finite
-        values), so that their cost is paid once per epoch."""
-        if not self._diagnostics_due:
-            return {f"dispersion_{k}": math.nan for k in DIAGNOSTIC_KEYS}
-        self._diagnostics_due = False
-        if self.is_ddp and self.dispersive_gather:
-            features = gather_batch(features.detach())
-        return {f"dispersion_{k}": v for k, v in dispersion_diagnostics(features).items()}
-
-    # ------------------------------------------------------------------ curves
-    def _stage_boundaries(self) -> Sequence[int]:
-        return ()
-
-    def _warn_if_no_step_learned(self, outputs: Dict[str, np.ndarray]) -> None:
-        """Log a warning when no training step of the epoch had a finite, non-zero gradient (``outputs``:
-        the collated ``train_step`` results, one value per step under each ``grad_norm_*`` key).
-
-        That is a run that has stopped learning, e.g. under fp16 when the GradScaler has shrunk its scale
-        until every gradient underflows; its curves would otherwise only flatten."""
-        norms = [np.asarray(v, dtype=np.float64).reshape(-1) for k, v in outputs.items() if k.startswith("grad_norm_")]
-        if not norms or np.any(np.isfinite(norms := np.concatenate(norms)) & (norms > 0)):
-            return
-        scaler = f" (GradScaler scale {self.grad_scaler.get_scale():.3g})" if self.grad_scaler is not None else ""
-        self.print_to_log_file(
-            f"WARNING: no training step of epoch {self.current_epoch} changed the weights: every gradient was zero "
-            f"or not finite{scaler}. The run has stopped learning; see docs/troubleshooting.md.")
+        self._diagnostics.new_epoch()
 
     def on_train_epoch_end(self, train_outputs: List[dict]) -> None:
+        """nnU-Net's, then the epoch's mean of each of our curves (averaged over ranks under DDP) logged and
+        summarised in the log, and a warning where no step of the epoch changed the weights."""
         super().on_train_epoch_end(train_outputs)
         outputs = collate_outputs(train_outputs)
-        means: Dict[str, float] = {}
-        for key, values in outputs.items():
-            if key.startswith(CURVE_PREFIXES):
-                finite = [v for v in values if np.isfinite(v)]
-                means[key] = float(np.mean(finite)) if finite else float("nan")
+        means = epoch_means(outputs)
         if self.is_ddp:
             gathered: List[Optional[Dict[str, float]]] = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, means)
             means = {k: float(np.nanmean([g.get(k, np.nan) for g in gathered])) for k in means}
         for key, value in means.items():
             self.logger.log(key, value, self.current_epoch)
-        terms = ", ".join(f"{k[len('loss_'):]} {v:.4f}" for k, v in sorted(means.items()) if k.startswith("loss_"))
-        if terms:
-            self.print_to_log_file(f"loss terms: {terms}")
-        gradient_norms = {k: v for k, v in means.items() if k.startswith("grad_norm_")}
-        if gradient_norms:
-            self.print_to_log_file("gradient norms (before clipping): " + ", ".join(
-                f"{k[len('grad_norm_'):]} {v:.4g}" for k, v in sorted(gradient_norms.items())))
-        diagnostics = {k: v for k, v in means.items() if k.startswith("dispersion_")}
-        if diagnostics:
-            self.print_to_log_file("dispersion: " + ", ".join(f"{k[len('dispersion_'):]} {v:.4g}"
-                                                              for k, v in sorted(diagnostics.items())))
-        self._warn_if_no_step_learned(outputs)
+        for line in summary_lines(means):
+            self.print_to_log_file(line)
+        if stopped_learning(outputs):  # e.g. fp16, the GradScaler's scale shrunk until every gradient underflows
+            scaler = f" (GradScaler scale {self.grad_scaler.get_scale():.3g})" if self.grad_scaler is not None else ""
+            self.print_to_log_file(
+                f"WARNING: no training step of epoch {self.current_epoch} changed the weights: every gradient was "
+                f"zero or not finite{scaler}. The run has stopped learning; see docs/troubleshooting.md.")
 
-    # ------------------------------------------------------------------ end of epoch, checkpoint_best
-    def _may_write_best_checkpoint(self) -> bool:
-        """Whether this epoch's network may become ``checkpoint_best.pth`` (when its EMA pseudo Dice is the
-        best so far). Epochs for which this is False neither write it nor count towards the best EMA."""
-        return True
-
-    def _restart_ema_fg_dice(self) -> None:
-        """Restart nnU-Net's EMA pseudo Dice at the current epoch: its value becomes this epoch's pseudo
-        Dice, so that later epochs average only from here on. Call after ``on_validation_epoch_end``."""
+    def on_validation_epoch_end(self, val_outputs) -> None:
+        """nnU-Net's, with its EMA pseudo Dice started afresh at ``best_checkpoint_from``: there it is that epoch's
+        pseudo Dice, so that the EMA of later epochs averages only from there on."""
+        super().on_validation_epoch_end(val_outputs)
         epoch = self.current_epoch
-        dice, ema = self.logger.get_value("mean_fg_dice", step=None), self.logger.get_value("ema_fg_dice", step=None)
-        if len(dice) != epoch + 1 or len(ema) != epoch + 1:
-            raise RuntimeError(f"cannot restart the EMA pseudo Dice at epoch {epoch}: the logger holds "
-                               f"{len(dice)} pseudo Dice values")
-        self.logger.log("ema_fg_dice", dice[epoch], epoch)
+        if epoch > 0 and epoch == self.best_checkpoint_from:
+            self.logger.log("ema_fg_dice", self.logger.get_value("mean_fg_dice", step=epoch), epoch)
 
-    @contextmanager
-    def _best_checkpoint_withheld(self, withheld: bool):
-        """Within the block, no EMA pseudo Dice is a new best (nnU-Net's ``on_epoch_end`` then neither writes
-        ``checkpoint_best.pth`` nor moves ``_best_ema``); checkpoints written meanwhile hold the true ``_best_ema``."""
-        if not withheld:
-            yield
-            return
-        best, self._withheld_best_ema = self._best_ema, (self._best_ema,)
-        self._best_ema = math.inf  # nnU-Net: a new best where "_best_ema is None or ema > _best_ema"
-        try:
-            yield
-        finally:
-            self._best_ema, self._withheld_best_ema = best, None
+    # ------------------------------------------------------------------ end of epoch
+    def _stage_boundaries(self) -> Sequence[int]:
+        """Epochs at which a new training stage starts (the plot's dashed lines)."""
+        return ()
+
+    def _epoch_end_checkpoints(self, epoch: int) -> List[str]:
+        """Checkpoint files written at the end of ``epoch`` besides nnU-Net's periodic ``checkpoint_latest.pth``."""
+        return []
 
     def on_epoch_end(self) -> None:
-        """nnU-Net's ``on_epoch_end`` (log, periodic ``checkpoint_latest.pth``, ``checkpoint_best.pth`` on a new
-        best EMA pseudo Dice, ``progress.png``) with ``checkpoint_best.pth`` subject to
-        ``_may_write_best_checkpoint``, our curves given NaN where an epoch logged none, plus ``progress_terms.png``."""
-        epoch = self.current_epoch
+        """nnU-Net's ``on_epoch_end`` (``nnunet_copies.epoch_end``: log, periodic ``checkpoint_latest.pth`` and
+        ``_epoch_end_checkpoints``, ``checkpoint_best.pth`` on a new best EMA pseudo Dice of an epoch from
+        ``best_checkpoint_from`` on, ``progress.png``), our curves given NaN where an epoch logged none, plus
+        ``progress_terms.png``."""
+        epoch, first_best = self.current_epoch, self.best_checkpoint_from
         self.logger.local_logger.fill_missing(epoch)  # one value per epoch in every list, NaN where none came
-        with self._best_checkpoint_withheld(not self._may_write_best_checkpoint()):
-            super().on_epoch_end()
+        epoch_end(self, self._epoch_end_checkpoints(epoch), may_become_best=first_best is not None and
+                  epoch >= first_best)
         if self.local_rank == 0:
-            self.curves.plot(join(self.output_folder, PLOT_FILENAME), num_epochs=epoch + 1,
-                             stage_boundaries=self._stage_boundaries())
+            plot_curves(self.logger.local_logger.my_fantastic_logging, join(self.output_folder, PLOT_FILENAME),
+                        num_epochs=epoch + 1, stage_boundaries=self._stage_boundaries())
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint_extras(self) -> Dict[str, object]:
@@ -344,20 +247,19 @@ class ExtendedTrainerBase(SeededTrainer):
         """Called by ``load_checkpoint`` after nnU-Net's state (network, optimizer, ...) is restored."""
 
     def save_checkpoint(self, filename: str) -> None:
-        """nnU-Net's checkpoint (``checkpoint_entries``) + ``run_seed`` + ``_checkpoint_extras``, written atomically."""
+        """nnU-Net's checkpoint (``checkpoint_entries``) + ``run_seed`` + ``_checkpoint_extras``, written whole
+        (``checkpoints.save_checkpoint_file``)."""
         if self.local_rank != 0 or self.disable_checkpointing:
             super().save_checkpoint(filename)  # nnU-Net writes nothing then
             return
         checkpoint = checkpoint_entries(self)
-        if self._withheld_best_ema is not None:
-            checkpoint["_best_ema"] = self._withheld_best_ema[0]
         checkpoint["run_seed"] = self.run_seed
         checkpoint.update(self._checkpoint_extras())
-        atomic_torch_save(checkpoint, filename)
+        save_checkpoint_file(checkpoint, filename)
 
     def load_checkpoint(self, filename_or_checkpoint: Union[dict, str]) -> None:
-        """nnU-Net's ``load_checkpoint``, with ``_before_restoring_checkpoint`` before it and the run seed, curves
-        of older checkpoints (``training_curves``) and ``_restore_checkpoint_extras`` after it."""
+        """nnU-Net's ``load_checkpoint``, with ``_before_restoring_checkpoint`` before it and the run seed, the curves
+        of a ``training_curves`` entry (``stored_names.curves_entry``) and ``_restore_checkpoint_extras`` after it."""
         if not self.was_initialized:
             self.initialize()
         if not isinstance(filename_or_checkpoint, str):
@@ -376,8 +278,7 @@ class ExtendedTrainerBase(SeededTrainer):
             raise type(error)(f"checkpoint {filename_or_checkpoint}: {error}") from None
         with weights_only_loads(f"checkpoint {filename_or_checkpoint}"):  # nnU-Net's own load: weights only too
             super().load_checkpoint(filename_or_checkpoint)
-        if checkpoint.get("training_curves"):  # checkpoints that keep the curves in an entry of their own
-            self.logger.local_logger.adopt(checkpoint["training_curves"])
+        self.logger.local_logger.adopt(curves_entry(checkpoint))
         if checkpoint.get("run_seed") is not None:
             self.run_seed = int(checkpoint["run_seed"])
         self._restore_checkpoint_extras(checkpoint)

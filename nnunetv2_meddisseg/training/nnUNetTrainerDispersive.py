@@ -5,7 +5,6 @@ from typing import List
 import torch
 from torch import Tensor, nn
 
-from nnunetv2_meddisseg.losses import dispersive_loss, gather_batch
 from nnunetv2_meddisseg.training.errors import TrainingInputRuntimeError
 from nnunetv2_meddisseg.training.extended_trainer import ExtendedTrainerBase
 from nnunetv2_meddisseg.training.recipe import DispersiveRecipe
@@ -19,8 +18,8 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
     The plans' network (e.g. PlainConvUNet, ResEnc; 2D or 3D) and nnU-Net's loss, optimizer and
     schedule are unchanged. A forward hook on ``network.encoder.stages[0]`` (found behind the
     DDP / torch.compile wrappers) captures that stage's output in training mode, and
-    ``lambda_dispersive * dispersive_loss(output, dispersive_variant, dispersive_tau, dispersive_eps,
-    dispersive_margin)`` (the settings of its recipe, ``recipe.DispersiveRecipe``) is added to nnU-Net's loss.
+    ``lambda_dispersive * dispersive.of(output)`` (the trainer's ``dispersive``: the form its recipe sets,
+    ``recipe.DispersiveRecipe``, over the batch of every process) is added to nnU-Net's loss.
     Only the training loss changes: validation and prediction are nnU-Net's.
 
     ``lambda_dispersive`` = 0.2: nnU-Net trains a randomly initialised network in one stage, the
@@ -72,16 +71,9 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
             if len(self._captured) != 1:
                 raise RuntimeError(f"expected one output of encoder.stages[0] per forward, got {len(self._captured)}")
             features = self._captured.pop()
-            dispersed = gather_batch(features) if self.dispersive_gather else features
-            recipe = self.recipe
-            dispersive = dispersive_loss(dispersed, recipe.dispersive_variant, recipe.dispersive_tau,
-                                         recipe.dispersive_eps, recipe.dispersive_margin)
-            total = seg + recipe.lambda_dispersive * dispersive
-        gradient_norms = self._optimizer_step(total)
-        # one transfer to the host for the loss, the logged terms and norms, and the batch's input check
-        result = self._step_result(total, {"loss_seg": seg, "loss_dispersive": dispersive, **gradient_norms})
-        result.update(self._dispersion_diagnostics(features))
-        return result
+            dispersive = self.dispersive.of(features)
+            total = seg + self.recipe.lambda_dispersive * dispersive
+        return self._step_report(total, {"seg": seg, "dispersive": dispersive}, self._optimizer_step(total), features)
 
     def on_train_epoch_start(self) -> None:
         super().on_train_epoch_start()

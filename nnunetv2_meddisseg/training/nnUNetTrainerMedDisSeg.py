@@ -1,33 +1,26 @@
 """nnUNetTrainerMedDisSeg: Med-DisSeg's two training stages in one ``nnUNetv2_train`` run."""
+import inspect
 import math
 import os
 from contextlib import contextmanager
-from dataclasses import replace
 from time import time
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import torch
-from batchgenerators.utilities.file_and_folder_operations import join
 from nnunetv2.utilities.helpers import empty_cache
 from nnunetv2.utilities.plans_handling.plans_handler import ConfigurationManager, PlansManager
 from torch import Tensor, nn
-from torch._dynamo import OptimizedModule
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from nnunetv2_meddisseg.blocks.stage1_head import Stage1Head
 from nnunetv2_meddisseg.environment import COMPILE_VARIABLE
-from nnunetv2_meddisseg.losses import DispersiveLoss
+from nnunetv2_meddisseg.stored_names import curves_with_the_head_named, head_group_named
 from nnunetv2_meddisseg.training.batchnorm_statistics import recalibrate_batchnorm
-from nnunetv2_meddisseg.training.compilation import (
-    Compilation,
-    CompileDecision,
-    compile_pays,
-    uncompile_regions,
-)
+from nnunetv2_meddisseg.training.compilation import Compilation, CompileDecision, compile_pays
 from nnunetv2_meddisseg.training.errors import TrainingInputError, TrainingInputRuntimeError
 from nnunetv2_meddisseg.training.extended_trainer import ExtendedTrainerBase
 from nnunetv2_meddisseg.training.lr_schedule import PerGroupPolyLRScheduler
-from nnunetv2_meddisseg.training.meddisseg_plans import (
+from nnunetv2_meddisseg.training.network_from_plans import (
     build_meddisseg_network,
     load_plans_encoder_weights,
     plans_encoder_weights,
@@ -35,7 +28,6 @@ from nnunetv2_meddisseg.training.meddisseg_plans import (
     require_2d_configuration,
 )
 from nnunetv2_meddisseg.training.nnunet_copies import training_dataloader
-from nnunetv2_meddisseg.training.objectives import dispersive_from_recipe
 from nnunetv2_meddisseg.training.photometric import channels_are_rgb
 from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
 from nnunetv2_meddisseg.training.seeding import preserved_random_state, seed_generators
@@ -57,8 +49,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     into logits. Every batch is also seen under a strong photometric perturbation drawn per sample (colour
     operations for RGB inputs, channel-wise intensity operations otherwise); clean and perturbed views go
     through the network as one batch of 2B; the loss (``objectives.stage1_loss``) sums segmentation of both
-    views, their consistency and the dispersive terms. Adam, both groups (head, encoder+ELAT) at ``stage1_lr`` =
-    1e-4.
+    views, their consistency and the dispersive terms. Adam, both groups (``head``, ``encoder``: encoder + ELAT) at
+    ``stage1_lr`` = 1e-4.
 
     Stage II, epochs ``[stage1_epochs, num_epochs)``: the full network, encoder and ELAT carried over from Stage
     I; a new Adam with two groups, ``encoder`` (encoder + ELAT, ``stage2_encoder_lr`` = 1e-5) and ``decoder``
@@ -89,9 +81,9 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
 
     Checkpoints record their stage; Stage I checkpoints also hold the head. ``--c`` resumes in the recorded
     stage with that stage's optimizer groups. A ``checkpoint_latest.pth`` is also written at the end of Stage I.
-    ``checkpoint_best.pth`` is only written in Stage II, and nnU-Net's EMA pseudo Dice restarts at the first Stage
-    II epoch, so the best checkpoint is the Stage II network whose own EMA (never the Stage I head's) is the
-    highest.
+    One rule for ``checkpoint_best.pth``, set when a stage is entered (``best_checkpoint_from``): only networks of
+    Stage II may become it, and nnU-Net's EMA pseudo Dice restarts at the first Stage II epoch, so the best
+    checkpoint is the Stage II network whose own EMA (never the Stage I head's) is the highest.
 
     torch.compile (``training.compilation``): where nnU-Net would compile (CUDA) and ``nnUNet_compile`` is unset,
     the run compiles only when its schedule repays the compilation (``compile_pays``; one line of the log says
@@ -115,9 +107,6 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     recipe: MedDisSegRecipe = MedDisSegRecipe()
     #: the torch.compile backend (a name or a callable) where the trainer compiles (``training.compilation``)
     compile_backend: Union[str, Callable] = "inductor"
-    #: "whole": the network as one graph per stage (static shapes); "regional": each block on its own
-    #: (``training.compilation.compile_regions``), which took longer on an H200
-    compile_scope: str = "whole"
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
@@ -127,11 +116,13 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         self.initial_lr = self.recipe.stage2_lr
         #: the stage of the current epoch (``training.stages``); None until ``initialize``
         self.stage: Optional[Stage] = None
-        self.dispersive: Optional[DispersiveLoss] = None
-        self.compilation = self._new_compilation()
+        # getattr_static: a function a variant declares as its backend stays a function, not a method of the trainer
+        self.compilation = Compilation(inspect.getattr_static(self, "compile_backend"), self.print_to_log_file,
+                                       self._uncompile)
         self._compile_decision: Optional[CompileDecision] = None
         self._calibration_batches: Optional[List[Tensor]] = None
-        self._initial_stem: Optional[Tensor] = None
+        #: weights were loaded into the network after ``initialize`` (nnU-Net's ``-pretrained_weights``, ``--c``)
+        self._weights_loaded = False
 
     # ------------------------------------------------------------------ settings
     def _class_recipe(self) -> MedDisSegRecipe:
@@ -151,10 +142,6 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
             return self.recipe.stage1_epochs
         return int(math.floor(self.recipe.stage1_fraction * self.num_epochs))
 
-    @stage1_epochs.setter
-    def stage1_epochs(self, value: int) -> None:
-        self.recipe = replace(self.recipe, stage1_epochs=int(value))
-
     @property
     def training_stage(self) -> Optional[str]:
         """The current stage's name (``stages.STAGE_1`` / ``STAGE_2``), None before ``initialize``."""
@@ -172,23 +159,40 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     def stage_for_epoch(self, epoch: int) -> str:
         return STAGE_1 if epoch < self.stage1_epochs else STAGE_2
 
+    def _check_run_settings(self) -> None:
+        """What this trainer cannot train: region-based labels, no deep supervision, a Stage I longer than the run."""
+        self._refuse_regions()
+        if not self.enable_deep_supervision:
+            raise ValueError(f"{self.__class__.__name__} needs enable_deep_supervision = True: Stage II trains on "
+                             f"the network's auxiliary outputs")
+        if not 0 <= self.stage1_epochs <= self.num_epochs:
+            raise TrainingInputError(f"{self.__class__.__name__}: the recipe's stage1_epochs must lie in [0, "
+                                     f"num_epochs={self.num_epochs}], got {self.stage1_epochs}")
+
+    def _refuse_regions(self) -> None:
+        if self.label_manager.has_regions:
+            raise TrainingInputError(f"{self.__class__.__name__} does not support region-based labels "
+                                     f"(dataset.json 'regions_class_order')")
+
     # ------------------------------------------------------------------ the stages
     def _make_stage(self, name: str) -> Stage:
-        """The stage ``name`` on this trainer's network and recipe."""
-        makers = {STAGE_1: self._stage1, STAGE_2: self._stage2}
-        if name not in makers:
-            raise ValueError(f"unknown training stage {name!r}, expected {STAGE_1!r} or {STAGE_2!r}")
-        return makers[name]()
+        """The stage ``name`` on this trainer's network, recipe and losses."""
+        network, seg, dispersive = self._plain_network(), self.loss, self.dispersive
+        if name == STAGE_1:
+            return Stage1(network, self.recipe, seg, dispersive, 0, self.stage1_epochs, self._build_stage1_head(),
+                          self._input_is_rgb(), distributed=self.is_ddp)
+        if name == STAGE_2:
+            return Stage2(network, self.recipe, seg, dispersive, self.stage1_epochs,
+                          self.num_epochs - self.stage1_epochs, self.label_manager.ignore_label)
+        raise ValueError(f"unknown training stage {name!r}, expected {STAGE_1!r} or {STAGE_2!r}")
 
-    def _stage1(self) -> Stage1:
-        """Stage I, epochs ``[0, stage1_epochs)``, with the current head where there is one, else a new one."""
-        head = self.stage1_head if self.stage1_head is not None else self._build_stage1_head()
-        return Stage1(self._plain_network(), self.recipe, 0, self.stage1_epochs, head, self._input_is_rgb())
-
-    def _stage2(self) -> Stage2:
-        """Stage II, epochs ``[stage1_epochs, num_epochs)``."""
-        return Stage2(self._plain_network(), self.recipe, self.stage1_epochs, self.num_epochs - self.stage1_epochs,
-                      self.label_manager.ignore_label)
+    def _enter_stage(self, name: str) -> None:
+        """Make the stage ``name`` the current one: its network mode, its optimizer and schedule, and the one rule of
+        ``checkpoint_best.pth`` (only networks of a stage that trains the whole network, from its first epoch)."""
+        self.stage = self._make_stage(name)
+        self.stage.enter()
+        self.optimizer, self.lr_scheduler = self.configure_optimizers()
+        self.best_checkpoint_from = self.stage.first_epoch if self.stage.trains_whole_network else None
 
     def _build_stage1_head(self) -> nn.Module:
         norm_op, norm_op_kwargs = self._plain_network().added_norm
@@ -218,22 +222,14 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         return PerGroupPolyLRScheduler(optimizer, [g["lr"] for g in optimizer.param_groups], stage.first_epoch,
                                        max(stage.num_epochs, 1), self.recipe.lr_exponent)
 
-    def configure_optimizers(self, stage_name: Optional[str] = None):
-        """Enter the stage ``stage_name`` (default: the stage of the current epoch) and return its optimizer and
-        per-group schedule."""
-        self.stage = self._make_stage(stage_name or self.stage_for_epoch(self.current_epoch))
-        self.stage.enter()
+    def configure_optimizers(self):
+        """The optimizer of the current stage's groups and their per-group schedule. nnU-Net's ``initialize`` asks
+        before any stage exists (a stage needs nnU-Net's loss, built after): there is nothing to optimise then
+        (None, None), and ``initialize`` enters the first stage, which asks again."""
+        if self.stage is None:
+            return None, None
         optimizer = self._make_optimizer(self.stage.parameter_groups())
         return optimizer, self._lr_scheduler(optimizer, self.stage)
-
-    def _switch_stage(self, name: str) -> None:
-        previous = self.stage
-        self.optimizer, self.lr_scheduler = self.configure_optimizers(name)
-        if previous is not None and previous.name != name:
-            self._best_ema = None
-            self.print_to_log_file(f"Stage {self.stage.numeral} from epoch {self.current_epoch}: "
-                                   f"{self.stage.describe()}")
-        empty_cache(self.device)
 
     # ------------------------------------------------------------------ network, loss, set-up
     @staticmethod
@@ -244,7 +240,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
                                    enable_deep_supervision: bool = True) -> nn.Module:
         """MedDisSegNet from the plans' ``arch_kwargs`` when the plans name it (``nnUNetMedDisSegPlans``, and the
         plans this trainer records with a model), else (a ``plans.json`` that names nnU-Net's network)
-        MedDisSegNet as ``nnUNetv2_meddisseg_plan`` writes it by default (``meddisseg_plans.build_meddisseg_network``).
+        MedDisSegNet as ``nnUNetv2_meddisseg_plan`` writes it by default
+        (``network_from_plans.build_meddisseg_network``).
 
         The plans' ``encoder_weights`` are never read here: nnU-Net's predictor builds the network through this
         method and then loads the checkpoint's weights (a trained model predicts where that file does not
@@ -266,11 +263,6 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
             yield
         finally:
             self.enable_deep_supervision = deep_supervision
-
-    def _refuse_regions(self) -> None:
-        if self.label_manager.has_regions:
-            raise TrainingInputError(f"{self.__class__.__name__} does not support region-based labels "
-                                     f"(dataset.json 'regions_class_order')")
 
     def _build_loss(self) -> nn.Module:
         """nnU-Net's loss (Dice + CE; the Dice compiled where nnU-Net compiles it) without its deep-supervision
@@ -301,35 +293,25 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         return compile_pays(stages, self.batch_size, int(patch[0]) * int(patch[1]))
 
     def initialize(self) -> None:
-        self._refuse_regions()
-        if not self.enable_deep_supervision:
-            raise ValueError(f"{self.__class__.__name__} needs enable_deep_supervision = True: Stage II trains on "
-                             f"the network's auxiliary outputs")
-        if not 0 <= self.stage1_epochs <= self.num_epochs:
-            raise TrainingInputError(f"{self.__class__.__name__}: the recipe's stage1_epochs must lie in [0, "
-                                     f"num_epochs={self.num_epochs}], got {self.stage1_epochs}")
-        self.dispersive = dispersive_from_recipe(self.recipe, self.dispersive_gather)
-        was_initialized = self.was_initialized
-        if not was_initialized:  # the compile settings as they are now (a caller may have set them)
-            self.compilation = self._new_compilation()
+        """nnU-Net's set-up (network, loss, DDP) for a run this trainer can train, then: the network compiled again
+        with static shapes where nnU-Net compiled it, the plans' encoder weights (for training only: prediction
+        loads the checkpoint; before ``--c`` or ``-pretrained_weights`` load theirs over them), and the stage of the
+        current epoch."""
+        self._check_run_settings()
         super().initialize()
-        if was_initialized:
-            return
-        holder = self.network.module if isinstance(self.network, DDP) else self.network
-        if isinstance(holder, OptimizedModule):  # nnU-Net compiled it: again, as compile_scope says, static shapes
-            plain = holder._orig_mod
-            if self.device.type == "cuda" and hasattr(plain, "_use_channels_last"):
-                plain._use_channels_last()  # the layout the compiled graphs see (an eager forward sets it itself)
-            self._set_network(self.compilation.compile(plain))
-            for module in self.stage.own_modules():
-                self.compilation.compile_module(module)
-        # the plans' encoder weights, for training only (prediction loads the checkpoint), before --c or
-        # -pretrained_weights load theirs over them
-        load_plans_encoder_weights(self._plain_network(), self.configuration_manager)
-        self._initial_stem = next(self._plain_network().parameters()).detach().clone()
+        if self._do_i_compile():
+            self._compile_with_static_shapes()
+        network = self._plain_network()
+        load_plans_encoder_weights(network, self.configuration_manager)
+        network.register_load_state_dict_post_hook(self._note_loaded_weights)
+        self._enter_stage(self.stage_for_epoch(self.current_epoch))
 
-    def _new_compilation(self) -> Compilation:
-        return Compilation(self.compile_backend, self.compile_scope, self.print_to_log_file, self._uncompile)
+    def _compile_with_static_shapes(self) -> None:
+        """Replace nnU-Net's compiled network (dynamic shapes) by the plain network compiled with static shapes."""
+        plain = self._plain_network()
+        if self.device.type == "cuda" and hasattr(plain, "_use_channels_last"):
+            plain._use_channels_last()  # the layout the compiled graphs see (an eager forward sets it itself)
+        self._set_network(self.compilation.compile(plain))
 
     def _set_network(self, network: nn.Module) -> None:
         """Replace the network inside the DDP wrapper where there is one, else ``self.network``."""
@@ -339,19 +321,17 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
             self.network = network
 
     def _uncompile(self) -> None:
-        """Call the plain network (and the stage's plain modules) again, with no compiled block left."""
-        plain = self._plain_network()
-        self._set_network(plain)
-        for module in [plain, *self.stage.own_modules()]:
-            uncompile_regions(module)
+        """Call the plain network again."""
+        self._set_network(self._plain_network())
+
+    def _note_loaded_weights(self, module: nn.Module, incompatible_keys) -> None:
+        self._weights_loaded = True
 
     def _encoder_origin(self) -> str:
         """Where the encoder's weights come from, for the log: the plans' ``encoder_weights``, random
         initialisation, or the file nnU-Net's ``-pretrained_weights`` loaded after ``initialize`` (nnU-Net does
-        not tell the trainer; the network's first weight tensor tells: it changed since ``initialize``)."""
-        first = next(self._plain_network().parameters()).detach()
-        if self._initial_stem is not None and self.current_epoch == 0 and \
-                not torch.equal(first.to(self._initial_stem.device), self._initial_stem):
+        not tell the trainer: weights loaded into the network before the first epoch tell)."""
+        if self._weights_loaded and self.current_epoch == 0:
             return "the weights -pretrained_weights loaded (every layer whose name and shape match)"
         weights = self._plans_encoder_weights()
         return f"pretrained weights ({weights})" if weights else "random initialisation"
@@ -360,7 +340,6 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     def on_train_start(self) -> None:
         super().on_train_start()
         origin, recipe = self._encoder_origin(), self.recipe
-        self._initial_stem = None
         self.print_to_log_file(f"encoder from {origin}: {recipe.optimizer}, learning rates Stage I {recipe.stage1_lr}, "
                                f"Stage II {recipe.stage2_encoder_lr} (encoder + ELAT) / {recipe.stage2_lr} (rest)")
         perturbation = "RGB" if self._input_is_rgb() else "channel-wise"
@@ -375,7 +354,10 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
     def on_train_epoch_start(self) -> None:
         name = self.stage_for_epoch(self.current_epoch)
         if name != self.training_stage:
-            self._switch_stage(name)
+            self._enter_stage(name)
+            self.print_to_log_file(f"Stage {self.stage.numeral} from epoch {self.current_epoch}: "
+                                   f"{self.stage.describe()}")
+            empty_cache(self.device)
         self.stage.set_training(True)
         super().on_train_epoch_start()
         lrs = {f"lr_{g.get('name', i)}": g["lr"] for i, g in enumerate(self.optimizer.param_groups)}
@@ -391,13 +373,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         data, target = self._batch_to_device(batch, training=True)
         self.optimizer.zero_grad(set_to_none=True)
         with self._autocast():
-            total, terms, diagnosed = self.stage.loss(self.network, self.loss, self.dispersive, data, target,
-                                                      distributed=isinstance(self.network, DDP))
-        gradient_norms = self._optimizer_step(total)
-        # one transfer to the host for the loss, every logged term and norm, and the batch's input check
-        result = self._step_result(total, {**{f"loss_{k}": v for k, v in terms.items()}, **gradient_norms})
-        result.update(self._dispersion_diagnostics(diagnosed))
-        return result
+            total, terms, diagnosed = self.stage.loss(self.network, data, target)
+        return self._step_report(total, terms, self._optimizer_step(total), diagnosed)
 
     # ------------------------------------------------------------------ validation
     def on_validation_epoch_start(self) -> None:
@@ -427,12 +404,6 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
                 return super().validation_step(batch)
         finally:
             self.network = network
-
-    def on_validation_epoch_end(self, val_outputs) -> None:
-        super().on_validation_epoch_end(val_outputs)
-        if self.stage.trains_whole_network and self.current_epoch == self.stage.first_epoch:
-            # the first Stage II network: its EMA pseudo Dice starts afresh, not from the Stage I head's
-            self._restart_ema_fg_dice()
 
     def _draw_batchnorm_calibration_batches(self) -> List[Tensor]:
         """``ceil(batchnorm_calibration_samples / batch_size)`` training batches (B, C, H, W) on the CPU, drawn as
@@ -469,37 +440,27 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
                                f"({augmentation} augmentation) in {time() - start:.1f} s")
 
     def perform_actual_validation(self, save_probabilities: bool = False) -> None:
-        """nnU-Net's final validation of the full network, eagerly (and behind the compile fallback)."""
-        network = self._plain_network()
-        encoder_only, network.encoder_only = network.encoder_only, False
-        if self.stage is not None and not self.stage.trains_whole_network:
-            self.print_to_log_file("WARNING: validating a network that never reached Stage II (untrained decoder)")
-        try:
+        """nnU-Net's final validation of the whole network (``Stage.whole_network``), eagerly (and behind the
+        compile fallback)."""
+        if self.stage is None:
             self.compilation.eager(super().perform_actual_validation, save_probabilities)
-        finally:
-            network.encoder_only = encoder_only
+            return
+        if not self.stage.trains_whole_network:
+            self.print_to_log_file("WARNING: validating a network that never reached Stage II (untrained decoder)")
+        with self.stage.whole_network():
+            self.compilation.eager(super().perform_actual_validation, save_probabilities)
 
     # ------------------------------------------------------------------ end of epoch, checkpoints
-    def _may_write_best_checkpoint(self) -> bool:
-        return self.stage is not None and self.stage.trains_whole_network
-
     def _stage_boundaries(self) -> Sequence[int]:
         return (self.stage1_epochs,)
 
-    def on_epoch_end(self) -> None:
-        stage = self.stage
-        stage_ends = self.current_epoch == stage.last_epoch
-        saved_periodically = (self.current_epoch + 1) % self.save_every == 0
-        last_epoch = self.current_epoch == self.num_epochs - 1
-        super().on_epoch_end()  # increments current_epoch
-        if not stage_ends or last_epoch and stage.end_checkpoint() is None:
-            return
-        self.current_epoch -= 1  # the checkpoints must record the finished epoch, as nnU-Net's on_train_end does
-        if not saved_periodically and not last_epoch:
-            self.save_checkpoint(join(self.output_folder, "checkpoint_latest.pth"))
-        if stage.end_checkpoint() is not None:
-            self.save_checkpoint(join(self.output_folder, stage.end_checkpoint()))
-        self.current_epoch += 1
+    def _epoch_end_checkpoints(self, epoch: int) -> List[str]:
+        """At the end of a stage: ``checkpoint_latest.pth`` (but after the last epoch, where nnU-Net writes
+        ``checkpoint_final.pth``) and the copy the stage keeps (``Stage.end_checkpoint``)."""
+        if epoch != self.stage.last_epoch:
+            return []
+        end = self.stage.end_checkpoint()
+        return (["checkpoint_latest.pth"] if epoch != self.num_epochs - 1 else []) + ([end] if end else [])
 
     def _checkpoint_extras(self) -> Dict[str, object]:
         return self.stage.checkpoint_extras() if self.stage is not None else {}
@@ -512,7 +473,9 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         except ValueError as error:
             raise TrainingInputRuntimeError(f"{error}: not a checkpoint of this trainer") from None
         if name != self.training_stage:
-            self.optimizer, self.lr_scheduler = self.configure_optimizers(name)
+            self._enter_stage(name)
 
     def _restore_checkpoint_extras(self, checkpoint: Mapping[str, object]) -> None:
         self.stage.restore(checkpoint)
+        head_group_named(self.optimizer.param_groups, self.stage.group_names)  # stored_names
+        curves_with_the_head_named(self.logger.local_logger.my_fantastic_logging)

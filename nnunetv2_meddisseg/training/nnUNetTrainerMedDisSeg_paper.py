@@ -141,14 +141,15 @@ class nnUNetTrainerMedDisSeg_paper(nnUNetTrainerMedDisSeg):
             raise _EarlyStop
 
     def on_epoch_end(self) -> None:
-        """nnU-Net's epoch end, then the early-stopping bookkeeping on the EMA pseudo Dice (Stage II): when it
-        fires, the run ends after this epoch (``run_training``)."""
-        epoch, stage = self.current_epoch, self.stage
+        """nnU-Net's epoch end, then the early-stopping bookkeeping on the EMA pseudo Dice of the epochs whose
+        networks may become ``checkpoint_best.pth`` (Stage II): when it fires, the run ends after this epoch
+        (``run_training``)."""
+        epoch, first = self.current_epoch, self.best_checkpoint_from
         super().on_epoch_end()
-        if not stage.trains_whole_network:
+        if first is None or epoch < first:
             return
-        if epoch == stage.first_epoch:
-            self.early_stopping.reset()  # the EMA restarts with Stage II
+        if epoch == first:
+            self.early_stopping.reset()  # the EMA restarts there
         if self.early_stopping.update(epoch, self.logger.get_value("ema_fg_dice", step=-1)):
             self.print_to_log_file(f"early stopping: no new best EMA pseudo Dice for {self.early_stopping.patience} "
                                    f"epochs (best {self.early_stopping.best:.4f} at epoch "

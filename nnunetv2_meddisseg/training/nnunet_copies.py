@@ -1,4 +1,5 @@
-"""The one place where our trainers copy nnU-Net code instead of calling it.
+"""The one place where our trainers copy nnU-Net code instead of calling it, and the pins of every restatement of
+nnU-Net's code in the package.
 
 Each copy restates a piece of an nnU-Net method that offers no smaller hook:
 
@@ -12,6 +13,14 @@ Each copy restates a piece of an nnU-Net method that offers no smaller hook:
 - ``training_dataloader``: the training ``nnUNetDataLoader`` of ``nnUNetTrainer.get_dataloaders``,
   without the augmenter processes around it, with nnU-Net's training transforms or its validation
   transforms (the BatchNorm calibration batches).
+- ``epoch_end``: ``nnUNetTrainer.on_epoch_end``, with the checkpoints a trainer adds at an epoch's end
+  (Med-DisSeg: at the end of a stage) written where nnU-Net writes its periodic one, and ``checkpoint_best.pth``
+  only for the epochs whose networks may become it (Med-DisSeg: those of Stage II).
+
+One restatement lives elsewhere, and is pinned here too: ``losses.segmentation.dice_ce_per_output`` computes
+nnU-Net's Dice + CE (``DC_and_CE_loss`` with ``MemoryEfficientSoftDiceLoss`` and ``RobustCrossEntropyLoss``) of
+Stage II's four outputs in one pass; ``tests/losses/test_segmentation.py`` checks its values and gradients against
+nnU-Net's loss.
 
 ``tests/training/test_nnunet_copies.py`` hashes the installed nnU-Net's source of every method in
 ``PINNED`` and fails, naming the method, when it differs from the source the copies were taken from:
@@ -21,9 +30,12 @@ copy does what nnU-Net's method does.
 import hashlib
 import inspect
 import textwrap
-from typing import Callable, Dict, Iterable, Optional, TypeVar
+from time import time
+from typing import Callable, Dict, Iterable, Optional, Sequence, TypeVar
 
+import numpy as np
 import torch
+from batchgenerators.utilities.file_and_folder_operations import join
 from nnunetv2.training.dataloading.data_loader import nnUNetDataLoader
 from nnunetv2.training.dataloading.nnunet_dataset import infer_dataset_class
 from nnunetv2.utilities.helpers import dummy_context
@@ -31,7 +43,7 @@ from torch import autocast
 from torch._dynamo import OptimizedModule
 
 __all__ = ["PINNED", "source_hash", "checkpoint_entries", "train_autocast", "backward_clip_step",
-           "training_dataloader"]
+           "training_dataloader", "epoch_end"]
 
 T = TypeVar("T")
 
@@ -43,6 +55,15 @@ PINNED: Dict[str, str] = {
         "aac5fa9fda6d009a6721fb58b807f2b396e3e15ab05a35c23b066ca045b2cbb4",
     "nnunetv2.training.nnUNetTrainer.nnUNetTrainer:nnUNetTrainer.get_dataloaders":
         "13b6ac3b86403e26d79498346e909884a7011153a7800ad63939bbec490091cf",
+    # losses.segmentation.dice_ce_per_output
+    "nnunetv2.training.loss.compound_losses:DC_and_CE_loss.forward":
+        "377dddb0fc5c99f408bdf0c99bd72e3980cc6dfd563524df8c6151edf5742979",
+    "nnunetv2.training.loss.dice:MemoryEfficientSoftDiceLoss.forward":
+        "8bf439a8a5349f457001eb5422c10c25755c332b3c4414a3dfad3a533552b929",
+    "nnunetv2.training.loss.robust_ce_loss:RobustCrossEntropyLoss.forward":
+        "e240f96687735c61e2332f425a33ab9d4ecf6b060b97b8445816c0a85d30fe1e",
+    "nnunetv2.training.nnUNetTrainer.nnUNetTrainer:nnUNetTrainer.on_epoch_end":
+        "cb9ff905a3a4d85b4965d2fe6856fa7e5089d3a6eb4c3655bde20fb0d93e9935",
 }
 
 
@@ -137,3 +158,39 @@ def training_dataloader(trainer, augmentation: bool = True) -> nnUNetDataLoader:
                             oversample_foreground_percent=trainer.oversample_foreground_percent,
                             sampling_probabilities=None, pad_sides=None, transforms=transforms,
                             probabilistic_oversampling=trainer.probabilistic_oversampling)
+
+
+def epoch_end(trainer, checkpoints: Sequence[str] = (), may_become_best: bool = True) -> None:
+    """``nnUNetTrainer.on_epoch_end`` for ``trainer`` (copied; see ``PINNED``): the epoch's log lines, the periodic
+    ``checkpoint_latest.pth`` and then each file of ``checkpoints`` (each once, while ``current_epoch`` is still the
+    finished epoch, so that they record it as nnU-Net's own do), ``checkpoint_best.pth`` on a new best EMA pseudo
+    Dice only where ``may_become_best`` (nnU-Net: always), ``progress.png``, and the next epoch."""
+    trainer.logger.log('epoch_end_timestamps', time(), trainer.current_epoch)
+
+    trainer.print_to_log_file('train_loss', np.round(trainer.logger.get_value('train_losses', step=-1), decimals=4))
+    trainer.print_to_log_file('val_loss', np.round(trainer.logger.get_value('val_losses', step=-1), decimals=4))
+    trainer.print_to_log_file('Pseudo dice', [np.round(i, decimals=4) for i in
+                                              trainer.logger.get_value('dice_per_class_or_region', step=-1)])
+    trainer.print_to_log_file(
+        f"Epoch time: {np.round(trainer.logger.get_value('epoch_end_timestamps', step=-1) - trainer.logger.get_value('epoch_start_timestamps', step=-1), decimals=2)} s")  # noqa: E501
+
+    # handling periodic checkpointing
+    current_epoch = trainer.current_epoch
+    written = []
+    if (current_epoch + 1) % trainer.save_every == 0 and current_epoch != (trainer.num_epochs - 1):
+        written.append('checkpoint_latest.pth')
+    written += [name for name in checkpoints if name not in written]
+    for name in written:
+        trainer.save_checkpoint(join(trainer.output_folder, name))
+
+    # handle 'best' checkpointing. ema_fg_dice is computed by the logger and can be accessed like this
+    if may_become_best and (trainer._best_ema is None
+                            or trainer.logger.get_value('ema_fg_dice', step=-1) > trainer._best_ema):
+        trainer._best_ema = trainer.logger.get_value('ema_fg_dice', step=-1)
+        trainer.print_to_log_file(f"Yayy! New best EMA pseudo Dice: {np.round(trainer._best_ema, decimals=4)}")
+        trainer.save_checkpoint(join(trainer.output_folder, 'checkpoint_best.pth'))
+
+    if trainer.local_rank == 0:
+        trainer.logger.plot_progress_png(trainer.output_folder)
+
+    trainer.current_epoch += 1

@@ -9,8 +9,8 @@ single forward). Loss::
     seg(clean) + seg(perturbed) + consistency_weight * consistency(clean, perturbed)
     + lambda_dispersive_stage1 * (dispersive(clean) + dispersive(perturbed))
 
-Stage II (:func:`stage2_step_loss`): the full network with deep supervision, returning a ``MedDisSegOutput``; its
-loss is :func:`stage2_loss`::
+Stage II (:func:`stage2_loss`): the full network with deep supervision, returning a ``MedDisSegOutput``; its
+loss is::
 
     seg(logits) + path_supervision_weight * mean(seg(O_S), seg(O_M), seg(O_L))
     + fg_bg_weight * foreground_background_loss(fg, bg, any foreground class)
@@ -25,10 +25,11 @@ own (``path_supervision_weight = 0`` trains the final logits only, as the releas
 nnU-Net's ignore label count in no term of the fg/bg maps. ``seg`` is ``DC_and_CE_loss`` built as nnU-Net's
 ``_build_loss`` builds it, without the deep-supervision wrapper.
 
-The step losses return (total loss, the unweighted terms by name, the features of the dispersive loss's first
-regularised layer, for the diagnostics). :class:`Stage2Weights` and :func:`dispersive_from_recipe` read a
-recipe, so that code outside the trainer (the training-step benchmark) computes exactly the trainer's loss;
-:func:`segmentation_loss` builds the ``seg`` term as nnU-Net's ``_build_loss`` does, for such code.
+:func:`stage1_loss` returns (total loss, the unweighted terms by name, the features of the dispersive loss's first
+regularised layer, for the diagnostics), :func:`stage2_loss` the first two. :class:`Stage2Weights` reads a recipe
+(as ``recipe.dispersive_from_recipe`` the dispersive loss); :func:`recipe_stage2_loss` is the trainer's Stage II
+loss of a recipe for code outside the trainer (benchmarks, the plan command's memory measurement), with
+:func:`segmentation_loss` building the ``seg`` term as nnU-Net's ``_build_loss`` does.
 """
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
@@ -41,10 +42,10 @@ from torch import Tensor, nn
 from nnunetv2_meddisseg.architectures import MedDisSegOutput
 from nnunetv2_meddisseg.losses import DispersiveLoss, complementarity_loss, consistency_loss, foreground_background_loss
 from nnunetv2_meddisseg.losses.segmentation import dice_ce_per_output, dice_ce_settings
-from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
+from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe, dispersive_from_recipe
 
-__all__ = ["Stage2Weights", "dispersive_from_recipe", "segmentation_loss", "foreground_target", "stage2_loss",
-           "dispersion", "stage1_logits", "stage1_loss", "stage2_step_loss"]
+__all__ = ["Stage2Weights", "segmentation_loss", "foreground_target", "stage2_loss", "recipe_stage2_loss",
+           "stage1_logits", "stage1_loss"]
 
 
 @dataclass(frozen=True)
@@ -62,14 +63,6 @@ class Stage2Weights:
         ``lambda_dispersive_stage2``."""
         return cls(path_supervision=recipe.path_supervision_weight, fg_bg=recipe.fg_bg_weight,
                    complementarity=recipe.complementarity_weight, dispersive=recipe.lambda_dispersive_stage2)
-
-
-def dispersive_from_recipe(recipe: MedDisSegRecipe, gather: bool = True) -> DispersiveLoss:
-    """The (unweighted) dispersive loss a recipe sets: ``dispersive_variant``, ``dispersive_tau``,
-    ``dispersive_eps``, ``dispersive_margin``, ``dispersive_placement``; ``gather``: under DDP, the batch of
-    every process (the trainer's ``dispersive_gather``). Both stages use it."""
-    return DispersiveLoss(recipe.dispersive_variant, recipe.dispersive_tau, eps=recipe.dispersive_eps,
-                          margin=recipe.dispersive_margin, placement=recipe.dispersive_placement, gather=gather)
 
 
 def segmentation_loss(batch_dice: bool, ignore_label: Optional[int] = None, ddp: bool = False) -> nn.Module:
@@ -136,9 +129,14 @@ def stage2_loss(output: MedDisSegOutput, target: Tensor, seg_loss: Callable[[Ten
     return total, terms
 
 
-def dispersion(dispersive: DispersiveLoss, features: Mapping[str, Tensor]) -> Tuple[Tensor, Tensor]:
-    """(loss, features of the first regularised layer for the diagnostics)."""
-    return dispersive(features), features[dispersive.placements[0]]
+def recipe_stage2_loss(recipe: MedDisSegRecipe, dispersive: bool = True) -> Callable[[MedDisSegOutput, Tensor], Tensor]:
+    """The trainer's Stage II loss for ``recipe``, as a function ``(network output, target) -> total``: nnU-Net's
+    Dice + CE with the batch Dice (as nnU-Net plans 2D configurations), the recipe's weights and, where
+    ``dispersive``, its dispersive term; for code outside the trainer (benchmarks, the plan command's memory
+    measurement, tests)."""
+    seg, weights = segmentation_loss(batch_dice=True), Stage2Weights.from_recipe(recipe)
+    term = dispersive_from_recipe(recipe) if dispersive else None
+    return lambda output, target: stage2_loss(output, target, seg, term, weights)[0]
 
 
 def stage1_logits(head: nn.Module, features: Sequence[Tensor], size: Sequence[int]) -> Tuple[Tensor, Tensor]:
@@ -163,23 +161,11 @@ def stage1_loss(network: nn.Module, head: nn.Module, seg: nn.Module, dispersive:
     seg_clean = seg(logits[:b], target)
     seg_perturbed = seg(logits[b:], target)
     consistency = consistency_loss(logits[:b], logits[b:])
-    dispersive_clean, diagnosed = dispersion(dispersive, views[0])
-    dispersive_perturbed, _ = dispersion(dispersive, views[1])
-    dispersive_total = dispersive_clean + dispersive_perturbed
+    dispersive_total = dispersive(views[0]) + dispersive(views[1])
     total = (seg_clean + seg_perturbed + recipe.consistency_weight * consistency
              + recipe.lambda_dispersive_stage1 * dispersive_total)
     if idle_parameters is not None:
         total = total + 0.0 * sum(p.sum() for p in idle_parameters)
     terms = {"seg": seg_clean, "seg_perturbed": seg_perturbed, "consistency": consistency,
              "dispersive": dispersive_total}
-    return total, terms, diagnosed
-
-
-def stage2_step_loss(network: nn.Module, seg: nn.Module, dispersive: DispersiveLoss, recipe: MedDisSegRecipe,
-                     data: Tensor, target: Tensor,
-                     ignore_label: Optional[int]) -> Tuple[Tensor, Dict[str, Tensor], Tensor]:
-    """Stage II loss of ``data`` (see the module docstring; pixels with ``ignore_label`` count in no term of
-    the fg/bg maps)."""
-    output = network(data)
-    total, terms = stage2_loss(output, target, seg, dispersive, Stage2Weights.from_recipe(recipe), ignore_label)
-    return total, terms, output.features[dispersive.placements[0]]
+    return total, terms, views[0][dispersive.placements[0]]

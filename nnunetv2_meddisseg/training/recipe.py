@@ -24,11 +24,11 @@ from types import MappingProxyType
 from typing import Mapping, Optional, TypeVar
 
 from nnunetv2_meddisseg.environment import RECIPE_ENVIRONMENT_VARIABLE
-from nnunetv2_meddisseg.losses import DISPERSIVE_PLACEMENTS, DISPERSIVE_VARIANTS
+from nnunetv2_meddisseg.losses import DISPERSIVE_PLACEMENTS, DISPERSIVE_VARIANTS, DispersiveLoss
 from nnunetv2_meddisseg.training.errors import TrainingInputError
 
 __all__ = ["ScheduleRecipe", "DispersiveTermRecipe", "DispersiveRecipe", "MedDisSegRecipe", "PaperScheduleRecipe",
-           "apply_overrides", "read_override_file", "recipe_overrides_from_environment",
+           "dispersive_from_recipe", "apply_overrides", "read_override_file", "recipe_overrides_from_environment",
            "recipe_summary", "OPTIMIZERS"]
 
 OPTIMIZERS = ("adam", "sgd")
@@ -241,6 +241,16 @@ class PaperScheduleRecipe(MedDisSegRecipe):
         super().__post_init__()
         _integer(self, "early_stopping_patience", 1)
         _number(self, "rotation_probability", 0, 1)
+
+
+def dispersive_from_recipe(recipe: DispersiveTermRecipe, gather: bool = True) -> DispersiveLoss:
+    """The (unweighted) dispersive loss a recipe sets: ``dispersive_variant``, ``dispersive_tau``, ``dispersive_eps``,
+    ``dispersive_margin`` and, for Med-DisSeg, ``dispersive_placement`` (other trainers call ``DispersiveLoss.of`` on
+    their one feature map); ``gather``: under DDP, the batch of every process (the trainers' ``dispersive_gather``).
+    Our trainers build theirs here once, and so do the benchmarks and the plan command's memory measurement."""
+    placement = recipe.dispersive_placement if isinstance(recipe, MedDisSegRecipe) else "early"
+    return DispersiveLoss(recipe.dispersive_variant, recipe.dispersive_tau, eps=recipe.dispersive_eps,
+                          margin=recipe.dispersive_margin, placement=placement, gather=gather)
 
 
 def apply_overrides(recipe: R, overrides: Mapping[str, object], source: str, exclude: tuple = ()) -> R:

@@ -1,9 +1,10 @@
 """Med-DisSeg's two training stages as objects: everything that differs between them lives here.
 
 ``nnUNetTrainerMedDisSeg`` holds one stage (``trainer.stage``) and delegates to it: which part of the network
-runs (``encoder_only``), the optimizer's parameter groups and their learning rates, the epochs the stage's
-schedule spans, the loss of a training step, the logits validation scores, what a checkpoint adds, which modules'
-BatchNorm statistics are re-estimated, and whether the stage's networks may become ``checkpoint_best.pth``.
+runs (``encoder_only``, and the whole network for the final validation), the optimizer's parameter groups and
+their learning rates, the epochs the stage's schedule spans, the loss of a training step, the logits validation
+scores, what a checkpoint adds, which modules' BatchNorm statistics are re-estimated, and whether the stage's
+networks may become ``checkpoint_best.pth``.
 
 - :class:`Stage1` (epochs ``[0, stage1_epochs)``): the encoder with ELAT and a light head (``Stage1Head``) that
   turns the four ELAT-refined features into logits; every batch is also seen under a strong photometric
@@ -11,18 +12,21 @@ BatchNorm statistics are re-estimated, and whether the stage's networks may beco
 - :class:`Stage2` (epochs ``[stage1_epochs, num_epochs)``): the full network with deep supervision; the encoder
   + ELAT at ``stage2_encoder_lr``, everything else at ``stage2_lr``.
 
-The losses themselves are pure functions (``objectives``). A stage is told the modules it works on when it is
-made and the model to run when it is called (the trainer's network may be wrapped by DDP or torch.compile);
-it reads nothing else of the trainer.
+The losses themselves are pure functions (``objectives``). A stage is made with what is fixed for the run (the
+plain network, the recipe, nnU-Net's Dice + CE, the dispersive loss, its epochs and its own parts) and told the
+model to run when it is called (the trainer's network may be wrapped by DDP or torch.compile); it reads nothing
+else of the trainer.
 """
-from typing import Dict, List, Mapping, Optional, Tuple
+from contextlib import contextmanager
+from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.architectures import MedDisSegNet, MedDisSegOutput
 from nnunetv2_meddisseg.losses import DispersiveLoss
-from nnunetv2_meddisseg.training.compilation import unwrap_module
-from nnunetv2_meddisseg.training.objectives import stage1_logits, stage1_loss, stage2_step_loss
+from nnunetv2_meddisseg.module_wrappers import unwrap_module
+from nnunetv2_meddisseg.stored_names import checkpoint_stage_without_entry
+from nnunetv2_meddisseg.training.objectives import Stage2Weights, stage1_logits, stage1_loss, stage2_loss
 from nnunetv2_meddisseg.training.photometric import photometric_perturbation
 from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
 
@@ -35,11 +39,10 @@ STAGE_NAMES = (STAGE_1, STAGE_2)
 
 
 def checkpoint_stage(checkpoint: Mapping[str, object]) -> str:
-    """The stage a checkpoint records (``meddisseg_stage``; where it records none, Stage I if it holds the head);
-    a ``ValueError`` saying what is wrong where the checkpoint cannot be resumed in a stage."""
-    name = checkpoint.get("meddisseg_stage")
-    if name is None:  # a Stage I checkpoint always holds the head
-        name = STAGE_1 if "stage1_head_weights" in checkpoint else STAGE_2
+    """The stage a checkpoint records (``meddisseg_stage``; where it records none,
+    ``stored_names.checkpoint_stage_without_entry``); a ``ValueError`` saying what is wrong where the checkpoint
+    cannot be resumed in a stage."""
+    name = checkpoint.get("meddisseg_stage") or checkpoint_stage_without_entry(checkpoint)
     if name not in STAGE_NAMES:
         raise ValueError(f"it records an unknown Med-DisSeg stage {name!r} (expected {STAGE_1!r} or {STAGE_2!r})")
     if name == STAGE_1 and "stage1_head_weights" not in checkpoint:
@@ -57,6 +60,8 @@ class Stage:
     Args:
         network: the plain MedDisSegNet (no DDP / compile wrapper).
         recipe: the trainer's recipe (learning rates, loss weights).
+        seg: nnU-Net's Dice + CE (the trainer's ``loss``): logits (B, K, H, W), target (B, 1, H, W) -> 0-dim.
+        dispersive: the (unweighted) dispersive loss of the recipe (``recipe.dispersive_from_recipe``).
         first_epoch, num_epochs: the epochs ``[first_epoch, first_epoch + num_epochs)`` the stage spans; its
             learning rates decay over them.
     """
@@ -68,9 +73,12 @@ class Stage:
     #: the stage trains the whole network: its networks may become ``checkpoint_best.pth`` (and count towards the
     #: best EMA pseudo Dice); a network that never reached such a stage has an untrained decoder
     trains_whole_network: bool = False
+    #: the names of the optimizer's groups (the ``lr_<name>`` and ``grad_norm_<name>`` curves)
+    group_names: Tuple[str, ...] = ()
 
-    def __init__(self, network: MedDisSegNet, recipe: MedDisSegRecipe, first_epoch: int, num_epochs: int):
-        self.network, self.recipe = network, recipe
+    def __init__(self, network: MedDisSegNet, recipe: MedDisSegRecipe, seg: nn.Module, dispersive: DispersiveLoss,
+                 first_epoch: int, num_epochs: int):
+        self.network, self.recipe, self.seg, self.dispersive = network, recipe, seg, dispersive
         self.first_epoch, self.num_epochs = int(first_epoch), int(num_epochs)
 
     @property
@@ -81,6 +89,16 @@ class Stage:
         """Put the network into this stage's mode."""
         self.network.encoder_only = False
 
+    @contextmanager
+    def whole_network(self) -> Iterator[None]:
+        """Within the block, the network runs whole (nnU-Net's final validation, as prediction runs it); this
+        stage's mode again after it."""
+        self.network.encoder_only = False
+        try:
+            yield
+        finally:
+            self.enter()
+
     def describe(self) -> str:
         """What the stage trains and at which learning rates, for the log."""
         raise NotImplementedError
@@ -90,13 +108,12 @@ class Stage:
         return None
 
     def parameter_groups(self) -> List[dict]:
-        """The optimizer's groups (``name``, ``params``, ``lr``): ``decoder`` first, then ``encoder``."""
+        """The optimizer's groups (``name``, ``params``, ``lr``), named as :attr:`group_names` says."""
         raise NotImplementedError
 
-    def loss(self, model: nn.Module, seg: nn.Module, dispersive: DispersiveLoss, data: Tensor, target: Tensor,
-             distributed: bool = False) -> StepLoss:
-        """The loss of one training step: ``model`` is the network to call (possibly wrapped); ``seg`` nnU-Net's
-        Dice + CE; data (B, C, H, W), target (B, 1, H, W); ``distributed``: the model is DDP-wrapped."""
+    def loss(self, model: nn.Module, data: Tensor, target: Tensor) -> StepLoss:
+        """The loss of one training step: ``model`` is the network to call (possibly wrapped); data (B, C, H, W),
+        target (B, 1, H, W)."""
         raise NotImplementedError
 
     def validation_logits(self, model: nn.Module, data: Tensor, plain: bool = False) -> Tensor:
@@ -117,28 +134,29 @@ class Stage:
         """The plain modules whose BatchNorm statistics describe this stage's model."""
         return [self.network]
 
-    def own_modules(self) -> List[nn.Module]:
-        """The plain modules the stage owns besides the network (compiled and uncompiled with it)."""
-        return []
-
 
 class Stage1(Stage):
     """Stage I: encoder + ELAT with a light head, clean and photometrically perturbed views
-    (``objectives.stage1_loss``).
+    (``objectives.stage1_loss``); the optimizer's groups ``head`` and ``encoder`` (encoder + ELAT).
 
     Args:
         head: the head to call (``Stage1Head``, possibly wrapped by DDP).
         rgb: colour perturbations (RGB input) instead of channel-wise intensity ones.
+        distributed: the model is DDP-wrapped: the idle decoder enters the loss with weight 0 (DDP's reducer
+            expects a gradient for every parameter).
     """
 
     name, number, numeral = STAGE_1, 1, "I"
+    group_names = ("head", "encoder")
     #: where the recipe's ``stage1_checkpoint`` keeps the model at the end of Stage I
     CHECKPOINT = "checkpoint_stage1.pth"
 
-    def __init__(self, network: MedDisSegNet, recipe: MedDisSegRecipe, first_epoch: int, num_epochs: int,
-                 head: nn.Module, rgb: bool):
-        super().__init__(network, recipe, first_epoch, num_epochs)
+    def __init__(self, network: MedDisSegNet, recipe: MedDisSegRecipe, seg: nn.Module, dispersive: DispersiveLoss,
+                 first_epoch: int, num_epochs: int, head: nn.Module, rgb: bool, distributed: bool = False):
+        super().__init__(network, recipe, seg, dispersive, first_epoch, num_epochs)
         self.head, self.rgb = head, rgb
+        self.idle_parameters = [p for p in network.non_encoder_parameters() if p.requires_grad] if distributed \
+            else None
 
     @property
     def plain_head(self) -> nn.Module:
@@ -155,15 +173,13 @@ class Stage1(Stage):
 
     def parameter_groups(self) -> List[dict]:
         lr = self.recipe.stage1_lr
-        return [{"name": "decoder", "params": list(self.plain_head.parameters()), "lr": lr},
+        return [{"name": "head", "params": list(self.plain_head.parameters()), "lr": lr},
                 {"name": "encoder", "params": list(self.network.encoder_parameters()), "lr": lr}]
 
-    def loss(self, model: nn.Module, seg: nn.Module, dispersive: DispersiveLoss, data: Tensor, target: Tensor,
-             distributed: bool = False) -> StepLoss:
+    def loss(self, model: nn.Module, data: Tensor, target: Tensor) -> StepLoss:
         perturbed = photometric_perturbation(data, rgb=self.rgb)
-        # DDP's reducer expects a gradient for every parameter: the idle decoder enters with weight 0
-        idle = [p for p in self.network.non_encoder_parameters() if p.requires_grad] if distributed else None
-        return stage1_loss(model, self.head, seg, dispersive, self.recipe, data, perturbed, target, idle)
+        return stage1_loss(model, self.head, self.seg, self.dispersive, self.recipe, data, perturbed, target,
+                           self.idle_parameters)
 
     def validation_logits(self, model: nn.Module, data: Tensor, plain: bool = False) -> Tensor:
         head = self.plain_head if plain else self.head
@@ -181,13 +197,11 @@ class Stage1(Stage):
     def batchnorm_modules(self) -> List[nn.Module]:
         return [self.network, self.plain_head]
 
-    def own_modules(self) -> List[nn.Module]:
-        return [self.plain_head]
-
 
 class Stage2(Stage):
-    """Stage II: the full network with deep supervision (``objectives.stage2_step_loss``), the encoder + ELAT at a
-    lower learning rate.
+    """Stage II: the full network with deep supervision (``objectives.stage2_loss``, its weights read from the
+    recipe once); the optimizer's groups ``decoder`` (everything but encoder + ELAT) and ``encoder`` (encoder + ELAT,
+    at a lower learning rate).
 
     Args:
         ignore_label: nnU-Net's ignore label (such pixels count in no term of the fg/bg maps), or None.
@@ -195,11 +209,13 @@ class Stage2(Stage):
 
     name, number, numeral = STAGE_2, 2, "II"
     trains_whole_network = True
+    group_names = ("decoder", "encoder")
 
-    def __init__(self, network: MedDisSegNet, recipe: MedDisSegRecipe, first_epoch: int, num_epochs: int,
-                 ignore_label: Optional[int] = None):
-        super().__init__(network, recipe, first_epoch, num_epochs)
+    def __init__(self, network: MedDisSegNet, recipe: MedDisSegRecipe, seg: nn.Module, dispersive: DispersiveLoss,
+                 first_epoch: int, num_epochs: int, ignore_label: Optional[int] = None):
+        super().__init__(network, recipe, seg, dispersive, first_epoch, num_epochs)
         self.ignore_label = ignore_label
+        self.weights = Stage2Weights.from_recipe(recipe)
 
     def describe(self) -> str:
         recipe = self.recipe
@@ -212,9 +228,10 @@ class Stage2(Stage):
                 {"name": "encoder", "params": list(self.network.encoder_parameters()),
                  "lr": recipe.stage2_encoder_lr}]
 
-    def loss(self, model: nn.Module, seg: nn.Module, dispersive: DispersiveLoss, data: Tensor, target: Tensor,
-             distributed: bool = False) -> StepLoss:
-        return stage2_step_loss(model, seg, dispersive, self.recipe, data, target, self.ignore_label)
+    def loss(self, model: nn.Module, data: Tensor, target: Tensor) -> StepLoss:
+        output = model(data)
+        total, terms = stage2_loss(output, target, self.seg, self.dispersive, self.weights, self.ignore_label)
+        return total, terms, output.features[self.dispersive.placements[0]]
 
     def validation_logits(self, model: nn.Module, data: Tensor, plain: bool = False) -> Tensor:
         output = model(data)

@@ -39,7 +39,7 @@ def test_variant_names_short_and_full_network_ablations_and_unknown(monkeypatch,
 
 
 def test_network_ablation_plans_change_one_option_and_keep_the_rest(tmp_path):
-    from nnunetv2_meddisseg.plans_entry import default_arch_kwargs
+    from nnunetv2_meddisseg.plans_architecture import default_arch_kwargs
 
     meddisseg = {"plans_name": "P", "configurations": {"2d": {"batch_size": 3, "architecture": {
         "network_class_name": "nnunetv2_meddisseg.architectures.MedDisSegNet",

@@ -17,6 +17,13 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import gpu  # noqa: E402
+from common import write_kvasir_split  # noqa: E402
+from gpu_commands import (  # noqa: E402
+    compile_figures,
+    epoch_times,
+    peak_memory_gib,
+    schedule_hours,
+)
 
 STAMP = "2026-11-28 16:29:43.527411: "
 
@@ -38,22 +45,22 @@ def test_compile_lines_of_the_training_log():
         f"{STAMP}peak GPU memory 5.25 GiB (batch 10) ",
         f"{STAMP}Epoch time: 12.25 s ",
         f"{STAMP}peak GPU memory 6.5 GiB (batch 10) "])
-    figures = gpu.compile_figures(log)
+    figures = compile_figures(log)
     assert figures == {"decision": "on", "reason": "1000 epochs repay about 120 s of compilation", "compiled": True,
                        "compile_s": {"Stage I training": 41.2, "Stage II training": 63.0}, "compile_s_total": 104.2}
-    assert gpu.epoch_times(log) == [50.5, 12.25]
-    assert gpu.peak_memory_gib(log) == 6.5
-    eager = gpu.compile_figures(f"{STAMP}torch.compile: off (3 epochs cannot repay the compilation) \n"
+    assert epoch_times(log) == [50.5, 12.25]
+    assert peak_memory_gib(log) == 6.5
+    eager = compile_figures(f"{STAMP}torch.compile: off (3 epochs cannot repay the compilation) \n"
                                 f"{STAMP}Epoch time: 3.0 s ")
     assert eager["decision"] == "off" and eager["compiled"] is False and eager["compile_s"] is None
-    assert gpu.compile_figures(f"{STAMP}Epoch time: 3.0 s ") == {
+    assert compile_figures(f"{STAMP}Epoch time: 3.0 s ") == {
         "decision": None, "reason": None, "compiled": False, "compile_s": None, "compile_s_total": None}
-    assert gpu.peak_memory_gib("") is None
+    assert peak_memory_gib("") is None
     # logs without the decision line: the trainers' own lines of a compiled network, or of none
-    assert gpu.compile_figures(f"{STAMP}torch.compile (inductor) of the whole network, static shapes ")["compiled"]
-    assert gpu.compile_figures(f"{STAMP}Using torch.compile... ")["compiled"]
-    assert not gpu.compile_figures(f"{STAMP}INFO: torch.compile disabled because device is CPU ")["compiled"]
-    assert not gpu.compile_figures(f"{STAMP}Using torch.compile... \n{STAMP}WARNING: torch.compile failed (x); "
+    assert compile_figures(f"{STAMP}torch.compile (inductor) of the whole network, static shapes ")["compiled"]
+    assert compile_figures(f"{STAMP}Using torch.compile... ")["compiled"]
+    assert not compile_figures(f"{STAMP}INFO: torch.compile disabled because device is CPU ")["compiled"]
+    assert not compile_figures(f"{STAMP}Using torch.compile... \n{STAMP}WARNING: torch.compile failed (x); "
                                    f"training continues without compilation ")["compiled"]
 
 
@@ -106,13 +113,13 @@ def test_targets_and_schedule_hours(tmp_path):
     assert targets["peak_memory_gib"]["measured"] == 9.0 and targets["peak_memory_gib"]["met"] is False
     epochs = {"meddisseg_eager": {"stage1_epoch": {"seconds": 20.0}, "stage2_warm_epoch": {"seconds": 10.0}},
               "nnunet_compiled": {"warm_epoch": {"seconds": 2.0}}, "skipped": "reason"}
-    hours = gpu.schedule_hours(epochs, iterations=50)
+    hours = schedule_hours(epochs, iterations=50)
     # (250 x 20 + 750 x 10) s x 250 / 50 iterations; 1000 x 2 s x 5
     assert hours == {"meddisseg_eager": round(62500 / 3600, 1), "nnunet_compiled": round(10000 / 3600, 1)}
 
 
 def test_split_comes_from_the_shipped_split(tmp_path):
-    split = gpu.write_split(tmp_path / "split.json", (3, 2, 1))
+    split = write_kvasir_split(tmp_path / "split.json", (3, 2, 1), "a test")
     shipped = json.loads((BENCHMARKS.parent / "nnunetv2_meddisseg" / "datasets" / "splits" / "kvasir_seg.json")
                          .read_text())
     assert split["train"] == shipped["train"][:3] and split["val"] == shipped["val"][:2]

@@ -10,7 +10,7 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
-import gpu  # noqa: E402
+import gpu_report  # noqa: E402
 import onnx_predict  # noqa: E402
 
 TRT, CUDA, CPU = "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"
@@ -49,12 +49,12 @@ def test_the_steps_table_pairs_each_provider_with_nnunets_predictor():
                         "Med-DisSeg / CUDA / TTA on": {"images_per_s": 150.0},
                         "Med-DisSeg / CUDA / TTA on / agreement": agreement}}
     onnx["results"]["Med-DisSeg / Tensorrt / TTA on / agreement"] = {"error": "RuntimeError: no libnvinfer"}
-    lines = gpu.onnx_markdown(onnx)
+    lines = gpu_report.onnx_markdown(onnx)
     rows = [line for line in "\n".join(lines).splitlines() if line.startswith("| Med-DisSeg")]
     assert rows == ["| Med-DisSeg | TTA on | CUDA | 100.0 | 150.0 | 1.50x | 42.0 | 0.9991 |"]
     assert f"Left out: {TRT} not in this onnxruntime (available: ...)" in lines
     assert "Med-DisSeg / Tensorrt / TTA on: RuntimeError: no libnvinfer" in lines
-    assert gpu.onnx_markdown(None) == []
+    assert gpu_report.onnx_markdown(None) == []
 
 
 def test_an_arm_that_cannot_start_is_recorded_not_fatal(tmp_path, monkeypatch):

@@ -17,6 +17,12 @@ from scratch import scratch_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import quality  # noqa: E402
+import quality_study  # noqa: E402
+from quality_budgets import Budget, iterations_per_epoch, parse_budget  # noqa: E402
+
+from nnunetv2_meddisseg.ablation.runs import Variant  # noqa: E402
+from nnunetv2_meddisseg.cli import UserError  # noqa: E402
+from nnunetv2_meddisseg.logged_command import CommandStopped  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -100,22 +106,22 @@ def test_equal_minutes_iterations_come_from_the_equal_images_run(study):
 
 
 def test_iterations_per_epoch_by_hand():
-    assert quality.iterations_per_epoch(quality.Budget("iterations", 2000, 4), 40, 4) == 50
-    assert quality.iterations_per_epoch(quality.Budget("images", 16), 4, 2) == 2
-    assert quality.iterations_per_epoch(quality.Budget("images", 17), 4, 2) == 3
+    assert iterations_per_epoch(Budget("iterations", 2000, 4), 40, 4) == 50
+    assert iterations_per_epoch(Budget("images", 16), 4, 2) == 2
+    assert iterations_per_epoch(Budget("images", 17), 4, 2) == 3
     # median 5 s: 20 s overhead (the compiling first epoch), 20 s for 4 epochs of 2 iterations
     calibration = {"epoch_seconds": [25.0, 5.0, 5.0, 5.0], "iterations_per_epoch": 2}
-    assert quality.iterations_per_epoch(quality.Budget("minutes", 1), 4, 2, calibration) == 4  # 2 * 40 / 20
-    with pytest.raises(quality.UserError, match="minutes:0.3 is too small"):
-        quality.iterations_per_epoch(quality.Budget("minutes", 0.3), 4, 2, calibration)  # 18 s < 20 s overhead
+    assert iterations_per_epoch(Budget("minutes", 1), 4, 2, calibration) == 4  # 2 * 40 / 20
+    with pytest.raises(UserError, match="minutes:0.3 is too small"):
+        iterations_per_epoch(Budget("minutes", 0.3), 4, 2, calibration)  # 18 s < 20 s overhead
 
 
 def test_budget_option_and_results_file_errors(tmp_path):
-    assert quality.parse_budget("images:880") == ("images", 880.0, None)
-    assert quality.parse_budget("iterations:2000")._replace(batch=4).label == "iterations2000_bs4"
+    assert parse_budget("images:880") == ("images", 880.0, None)
+    assert parse_budget("iterations:2000")._replace(batch=4).label == "iterations2000_bs4"
     for bad in ("images", "images:0", "hours:2", "minutes:nan"):
         with pytest.raises(Exception, match="expected iterations:N, images:N or minutes:M"):
-            quality.parse_budget(bad)
+            parse_budget(bad)
     path = tmp_path / "q.json"
     assert quality._previous_results(path, {"size": 256}) == {}
     path.write_text(json.dumps({"settings": {"size": 64, "epochs": 20}, "runs": []}))
@@ -141,7 +147,7 @@ def test_budget_command_line_errors(argv, message):
 class _Runner:
     """An AblationRun stand-in whose training is still running when the piece ends."""
 
-    variants = {"default": quality.Variant("nnUNetTrainerBaseline", "nnUNetPlans")}
+    variants = {"default": Variant("nnUNetTrainerBaseline", "nnUNetPlans")}
 
     def __init__(self):
         self.time_limits = []
@@ -151,14 +157,14 @@ class _Runner:
 
     def train(self, key, seed, time_limit_s):
         self.time_limits.append(time_limit_s)
-        raise quality.CommandStopped("stopped at its time limit")
+        raise CommandStopped("stopped at its time limit")
 
 
 def test_a_piece_ends_a_running_training_and_starts_nothing_after():
     import time
 
     runner = _Runner()
-    result = quality.Study(hard=time.time() + 60).run(runner, "default", 0)
+    result = quality_study.Study(hard=time.time() + 60).run(runner, "default", 0)
     assert result["status"] == "stopped at the end of the piece" and 0 < runner.time_limits[0] <= 60
-    assert quality.Study(hard=time.time() - 1).run(runner, "default", 1)["status"] == "not started (deadline)"
+    assert quality_study.Study(hard=time.time() - 1).run(runner, "default", 1)["status"] == "not started (deadline)"
     assert len(runner.time_limits) == 1

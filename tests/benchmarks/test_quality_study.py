@@ -10,6 +10,8 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import quality  # noqa: E402
+import quality_study  # noqa: E402
+from quality_budgets import Budget  # noqa: E402
 
 LOG = """2026-11-26 09:10:01.0: Epoch 0
 2026-11-26 09:10:02.0: loss terms: dispersive -1.9101, seg 0.0376 
@@ -28,7 +30,7 @@ LOG = """2026-11-26 09:10:01.0: Epoch 0
 def test_training_log_reader(tmp_path):
     log = tmp_path / "training_log.txt"
     log.write_text(LOG)
-    read = quality.read_training_log(log)
+    read = quality_study.read_training_log(log)
     assert read["epoch_times_s"] == [29.52, 10.5]
     assert read["pseudo_dice"] == [0.4251, 0.6184]
     assert read["curves"] == {"loss_dispersive": [-1.9101, -2.5], "loss_seg": [0.0376, -0.2994],
@@ -40,7 +42,7 @@ def test_training_log_reader(tmp_path):
 def _run(method, seed, dice, val=None, status="done"):
     cases = {f"case{i}": {"iou": d / (2 - d), "dice": d, "recall": d, "precision": d} for i, d in enumerate(dice)}
     return {"method": method, "seed": seed, "status": status, "val_dice": val, "test_per_case": cases,
-            "test_mean": {k: float(np.mean([c[k] for c in cases.values()])) for k in quality.METRICS},
+            "test_mean": {k: float(np.mean([c[k] for c in cases.values()])) for k in quality_study.METRICS},
             "train_wall_s": 60.0, "epoch_times_s": [10.0, 10.0], "iterations": 20,
             "curves": {"grad_norm_network": [1.0 + seed, 0.5]}}
 
@@ -52,7 +54,7 @@ def test_aggregate_means_spread_and_paired_test():
     runs = [_run("default", s, base[s], val=0.6 + 0.1 * s) for s in range(2)]
     runs += [_run("dispersive", 0, other[0], val=0.5), _run("dispersive", 1, other[1], val=0.55),
              _run("dispersive", 2, other[1], status="failed: killed at the deadline")]
-    table = quality.aggregate(runs, ["default", "dispersive"])
+    table = quality_study.aggregate(runs, ["default", "dispersive"])
     d = table["dispersive"]
     assert d["seeds"] == [0, 1]
     assert d["val_dice"]["mean"] == pytest.approx(0.525) and d["val_dice"]["sd"] == pytest.approx(np.std([0.5, 0.55],
@@ -66,13 +68,13 @@ def test_aggregate_means_spread_and_paired_test():
     assert v["mean_dice_difference"] == pytest.approx(differences.mean())
     assert v["p_value"] == pytest.approx(stats.wilcoxon(differences).pvalue)
     assert "vs_baseline" not in table["default"]
-    reversed_table = quality.aggregate(runs, ["default", "dispersive"], baseline="dispersive")
+    reversed_table = quality_study.aggregate(runs, ["default", "dispersive"], baseline="dispersive")
     assert "vs_baseline" not in reversed_table["dispersive"]
     assert reversed_table["default"]["vs_baseline"]["mean_dice_difference"] == pytest.approx(-differences.mean())
     label = "iterations20_bs2"
     for r in runs:
         r.update(budget=label, batch=2, images_seen=40)
-    markdown = quality._markdown({
+    markdown = quality_study.markdown({
         "settings": {"dataset": "D", "size": 64, "train_cases": 8, "val_cases": 2, "test_cases": 12, "subset": False,
                      "epochs": 2, "test_time_augmentation": True, "encoder_weights": "random"},
         "baseline": "default", "budgets": {label: {"kind": "iterations", "amount": 20, "batch": 2}},
@@ -87,7 +89,7 @@ def test_aggregate_means_spread_and_paired_test():
 
 
 def test_next_seed_runs_one_seed_per_method_and_budget_until_every_arm_has_all():
-    images, minutes = quality.Budget("images", 1760), quality.Budget("minutes", 5)
+    images, minutes = Budget("images", 1760), Budget("minutes", 5)
     order = [(b, k, seed) for seed in range(2) for b in (images, minutes) for k in ("default", "meddisseg")]
     everything = quality.selected_runs(order, set(), next_seed=False)
     assert everything == order

@@ -8,7 +8,7 @@ from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 from torch.overrides import TorchFunctionMode
 
 from nnunetv2_meddisseg.blocks.conv import memory_format_of
-from nnunetv2_meddisseg.plans_entry import architecture_entry
+from nnunetv2_meddisseg.plans_architecture import architecture_entry
 
 WATCHED = {F.conv2d, F.interpolate, torch.conv2d}
 

@@ -10,6 +10,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nnunetv2_meddisseg.blocks.device_forms import forced_form
+from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
+from nnunetv2_meddisseg.training.objectives import recipe_stage2_loss
 
 #: counts of the few-op form (forced), measured on the CPU; each pinned within MARGIN
 STAGE2_STEP_OPS = 3159
@@ -67,29 +69,13 @@ def _inputs(size=32):
     return x, target
 
 
-def _stage2_loss() -> Callable:
-    """nnUNetTrainerMedDisSeg's Stage II loss with its default weights, the dispersive term included."""
-    from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
-    from nnunetv2_meddisseg.training.objectives import (
-        Stage2Weights,
-        dispersive_from_recipe,
-        segmentation_loss,
-        stage2_loss,
-    )
-
-    recipe = nnUNetTrainerMedDisSeg.recipe
-    seg, weights, dispersive = (segmentation_loss(batch_dice=True), Stage2Weights.from_recipe(recipe),
-                                dispersive_from_recipe(recipe))
-    return lambda output, target: stage2_loss(output, target, seg, dispersive, weights)[0]
-
-
 def _pinned(count: int, pinned: int) -> bool:
     return abs(count - pinned) <= MARGIN * pinned
 
 
 def test_stage2_step_count_is_pinned():
     net = _network(True).train()
-    loss = _stage2_loss()
+    loss = recipe_stage2_loss(nnUNetTrainerMedDisSeg.recipe)
     x, target = _inputs()
 
     def step():

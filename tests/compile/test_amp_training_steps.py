@@ -100,7 +100,7 @@ def test_stage1_and_stage2_steps_under_autocast_and_grad_scaler(trainer, monkeyp
     trainer.on_epoch_start()
     trainer.on_train_epoch_start()
     assert trainer.training_stage == STAGE_1
-    assert [g["name"] for g in trainer.optimizer.param_groups] == ["decoder", "encoder"]  # head, encoder + ELAT
+    assert [g["name"] for g in trainer.optimizer.param_groups] == ["head", "encoder"]
     before = _snapshot(trainer)
     out = trainer.train_step(batch)
     assert out["loss_dispersive"] < 0

@@ -13,7 +13,7 @@ from torch._dynamo.utils import counters
 from nnunetv2_meddisseg.architectures import MedDisSegNet
 from nnunetv2_meddisseg.blocks.device_forms import forced_form
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
-from nnunetv2_meddisseg.training.objectives import Stage2Weights, dispersive_from_recipe, segmentation_loss, stage2_loss
+from nnunetv2_meddisseg.training.objectives import recipe_stage2_loss
 
 
 def _inputs(batch=2, size=32):
@@ -24,11 +24,10 @@ def _inputs(batch=2, size=32):
 
 
 def _stage2_objective(net):
-    seg, dispersive = segmentation_loss(batch_dice=True), dispersive_from_recipe(nnUNetTrainerMedDisSeg.recipe)
-    weights = Stage2Weights.from_recipe(nnUNetTrainerMedDisSeg.recipe)
+    loss = recipe_stage2_loss(nnUNetTrainerMedDisSeg.recipe)
 
     def objective(x, target):
-        return stage2_loss(net(x), target, seg, dispersive, weights)[0]
+        return loss(net(x), target)
     return objective
 
 

@@ -6,6 +6,8 @@ docs/data.md on random masks.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from PIL import Image

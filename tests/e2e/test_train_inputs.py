@@ -24,7 +24,7 @@ SMOKE = "nnUNetTrainerMedDisSeg_smoke"
 CT_ID, CT_DATASET = 611, "Dataset611_TinyCT"
 MR_ID, MR_DATASET = 612, "Dataset612_TinyMR"
 MR_CHANNELS = ("T1", "T1c", "T2", "FLAIR")
-#: loss terms each stage logs per epoch (TrainingCurves), by the stage number in the "stage" curve
+#: loss terms each stage logs per epoch (the checkpoint's logging), by the stage number in the "stage" curve
 STAGE_TERMS = {1.0: ("loss_seg", "loss_seg_perturbed", "loss_consistency", "loss_dispersive"),
                2.0: ("loss_seg", "loss_seg_paths", "loss_fg_bg", "loss_complementarity", "loss_dispersive")}
 #: printed by nnunetv2.run.run_training.maybe_load_checkpoint (nnU-Net 2.8) for --c without a checkpoint

@@ -10,9 +10,9 @@ import torch
 from PIL import Image
 from scipy import stats
 
-from nnunetv2_meddisseg.evaluation import comparison_report
-from nnunetv2_meddisseg.evaluation.compare import main
-from nnunetv2_meddisseg.evaluation.comparison_report import compare_prediction_folders, terminal_text
+from nnunetv2_meddisseg.evaluation import compare_predictions
+from nnunetv2_meddisseg.evaluation.compare_models import main
+from nnunetv2_meddisseg.evaluation.compare_predictions import compare_prediction_folders, terminal_text
 from nnunetv2_meddisseg.evaluation.nnunet_prediction import predict_missing_cases
 from nnunetv2_meddisseg.evaluation.paired_statistics import wilcoxon_p_value
 from nnunetv2_meddisseg.evaluation.paper_reference import load_paper_results, normalise_name, paper_reference
@@ -111,7 +111,7 @@ def test_compare_prediction_folders(png_folders, tmp_path):
 def test_overlay_titles_say_what_the_number_is(png_folders, tmp_path, monkeypatch):
     ref, a, b, img = png_folders
     titles = []
-    monkeypatch.setattr(comparison_report, "overlay_figure", lambda *args, title, **kwargs: titles.append(title))
+    monkeypatch.setattr(compare_predictions, "overlay_figure", lambda *args, title, **kwargs: titles.append(title))
     compare_prediction_folders(str(ref), str(a), str(b), str(tmp_path / "out"), image_dir=str(img), num_overlays=2,
                                progress=False)
     known = [dice_after_removing(kb) - dice_after_removing(ka) for ka, kb in zip(K_A, K_B)]
@@ -128,8 +128,8 @@ def test_terminal_text_leaves_out_the_image_links(png_folders, tmp_path):
     md = open(r["files"]["table_md"]).read()
     assert "](overlays/case_003.png)" in md  # the report shows its overlays
     text = terminal_text(md)
-    assert "![" not in text and "overlays/" not in text and comparison_report.OVERLAYS_HEADING not in text
-    assert text == md.split("\n\n" + comparison_report.OVERLAYS_HEADING)[0] + "\n"
+    assert "![" not in text and "overlays/" not in text and compare_predictions.OVERLAYS_HEADING not in text
+    assert text == md.split("\n\n" + compare_predictions.OVERLAYS_HEADING)[0] + "\n"
     assert "| Med-DisSeg |" in text and "Wilcoxon" in text
 
 

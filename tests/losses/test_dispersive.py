@@ -232,12 +232,13 @@ def _features(seed: int = 5):
             "late": torch.randn(3, 2, 16, 16, generator=g) * 0.5}
 
 
-def test_module_placement_and_weight():
+def test_module_placement():
     feats = _features()
-    module = DispersiveLoss(variant="infonce_l2", tau=0.5, lambda_dispersive=0.2, placement="middle")
-    torch.testing.assert_close(module(feats), 0.2 * dispersive_loss(feats["middle"], tau=0.5))
-    every = DispersiveLoss(variant="hinge", margin=1.7, lambda_dispersive=0.6, placement="all")
-    expected = 0.6 * sum(dispersive_loss(feats[k], "hinge", margin=1.7) for k in ("early", "middle", "late")) / 3
+    module = DispersiveLoss(variant="infonce_l2", tau=0.5, placement="middle")
+    torch.testing.assert_close(module(feats), dispersive_loss(feats["middle"], tau=0.5))
+    torch.testing.assert_close(module.of(feats["late"]), dispersive_loss(feats["late"], tau=0.5))
+    every = DispersiveLoss(variant="hinge", margin=1.7, placement="all")
+    expected = sum(dispersive_loss(feats[k], "hinge", margin=1.7) for k in ("early", "middle", "late")) / 3
     torch.testing.assert_close(every(feats), expected)
     assert "hinge" in repr(every) and "'all'" in repr(every)
 

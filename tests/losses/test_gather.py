@@ -53,7 +53,7 @@ def _worker(rank, world_size, folder):
         # the module: every placement, gathered and not
         maps = {name: _features(x[_rows(split, rank)], w * (i + 1)) for i, name in enumerate(DISPERSIVE_PLACEMENTS)}
         for gather in (True, False):
-            module = DispersiveLoss("infonce_l2", placement="all", lambda_dispersive=0.6, gather=gather, **OPTIONS)
+            module = DispersiveLoss("infonce_l2", placement="all", gather=gather, **OPTIONS)
             results[(split, "module", gather)] = module(maps).detach()
     # features that differ beyond the batch dimension are refused on every process
     try:
@@ -125,7 +125,7 @@ def test_module_gathers_every_placement(gathered):
     for split in SPLITS[world_size]:
         x, w = _batch(sum(split))
         whole = {name: _features(x, w * (i + 1)) for i, name in enumerate(DISPERSIVE_PLACEMENTS)}
-        module = DispersiveLoss("infonce_l2", placement="all", lambda_dispersive=0.6, gather=False, **OPTIONS)
+        module = DispersiveLoss("infonce_l2", placement="all", gather=False, **OPTIONS)
         expected = module(whole)
         for rank, results in enumerate(per_rank):
             torch.testing.assert_close(results[(split, "module", True)], expected)

@@ -11,7 +11,7 @@ from nnunet_cli import run_cli
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.planning.memory import batch_size_for_memory, estimated_memory_line
 from nnunetv2_meddisseg.planning.plan_meddisseg import build_meddisseg_plans, main
-from nnunetv2_meddisseg.plans_entry import NETWORK_CLASS_NAME
+from nnunetv2_meddisseg.plans_architecture import NETWORK_CLASS_NAME
 
 
 def _source_plans(patch=(72, 60), configs=("2d",)) -> dict:

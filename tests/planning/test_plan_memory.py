@@ -38,7 +38,7 @@ def test_plans_use_the_measured_line_and_record_it():
 
     plans = build_meddisseg_plans(_source_plans((256, 256)), memory_target_gb=8.0, memory_line=measured)
     config = plans["configurations"]["2d"]
-    from nnunetv2_meddisseg.plans_entry import ADDED_NORMS, DEFAULT_ADDED_NORM
+    from nnunetv2_meddisseg.plans_architecture import ADDED_NORMS, DEFAULT_ADDED_NORM
 
     assert config["batch_size"] == 6 and calls == [((256, 256), ADDED_NORMS[DEFAULT_ADDED_NORM][0])]
     assert "measured on NVIDIA Test GPU" in config["batch_size_source"]

@@ -6,7 +6,7 @@ from copy import deepcopy
 import pytest
 import torch
 from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
-from test_trainer_meddisseg import MEDDISSEG, make_batch, make_trainer, nnunet_dirs, tiny_plans  # noqa: F401
+from test_trainer_meddisseg import make_batch, make_trainer, tiny_plans
 from torch import nn
 
 from nnunetv2_meddisseg.blocks.activation import TeLU

@@ -6,9 +6,7 @@ import torch
 
 from nnunetv2_meddisseg.environment import BF16_ENVIRONMENT_VARIABLE
 from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2
-from tests.training.test_trainer_meddisseg import MEDDISSEG, make_batch, make_trainer, nnunet_dirs, tiny_plans
-
-__all__ = ["nnunet_dirs"]
+from tests.training.test_trainer_meddisseg import MEDDISSEG, make_batch, make_trainer, tiny_plans
 
 
 @pytest.mark.e2e  # the whole network trained through a trainer (the quick loop leaves it out)

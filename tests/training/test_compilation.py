@@ -2,7 +2,7 @@
 import pytest
 import torch
 from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
-from test_trainer_meddisseg import MEDDISSEG, make_trainer, nnunet_dirs, tiny_plans  # noqa: F401
+from test_trainer_meddisseg import MEDDISSEG, make_trainer, tiny_plans
 from torch._dynamo.exc import TorchDynamoException
 
 from nnunetv2_meddisseg.environment import COMPILE_VARIABLE

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
-from test_trainer_meddisseg import make_batch, make_trainer, nnunet_dirs, run_epoch  # noqa: F401 (fixture)
+from test_trainer_meddisseg import make_batch, make_trainer, run_epoch
 
 from nnunetv2_meddisseg.training.nnunet_copies import PINNED, checkpoint_entries, source_hash
 
@@ -133,3 +133,52 @@ def test_training_dataloader_is_nnunets_training_loader(preprocessed_synthetic, 
         for key, data in zip(batch["keys"][:random_samples], batch["data"][:random_samples]):
             case = np.asarray(dataset.load_case(key)[0])
             torch.testing.assert_close(data, torch.from_numpy(case).float().reshape(data.shape), rtol=0, atol=0)
+
+
+class _StandInEpochEnd:
+    """What ``nnUNetTrainer.on_epoch_end`` uses of a trainer, recording what it writes and prints."""
+
+    def __init__(self, epoch, num_epochs, save_every, best_ema, ema):
+        self.current_epoch, self.num_epochs, self.save_every, self._best_ema = epoch, num_epochs, save_every, best_ema
+        self.output_folder, self.local_rank, self.record = "out", 0, []
+        values = {"train_losses": [0.5], "val_losses": [0.4], "dice_per_class_or_region": [[0.3, 0.2]],
+                  "epoch_start_timestamps": [0.0], "epoch_end_timestamps": [], "ema_fg_dice": [ema]}
+        stand_in = self
+
+        class Logger:
+            def log(self, key, value, epoch):
+                values[key].append(value)
+
+            def get_value(self, key, step):
+                return values[key][step]
+
+            def plot_progress_png(self, folder):
+                stand_in.record.append(("plot", folder))
+
+        self.logger = Logger()
+
+    def print_to_log_file(self, *args):
+        if not str(args[0]).startswith("Epoch time"):
+            self.record.append(("log", " ".join(str(a) for a in args)))
+
+    def save_checkpoint(self, filename):
+        self.record.append(("save", filename, self.current_epoch))
+
+
+@pytest.mark.parametrize("epoch, num_epochs, save_every, best_ema, ema", [
+    (1, 10, 2, None, 0.3), (1, 10, 2, 0.5, 0.3), (2, 10, 2, 0.2, 0.3), (9, 10, 5, 0.2, 0.1)])
+def test_epoch_end_does_what_nnunets_on_epoch_end_does(epoch, num_epochs, save_every, best_ema, ema):
+    from nnunetv2_meddisseg.training.nnunet_copies import epoch_end
+
+    theirs, ours = (_StandInEpochEnd(epoch, num_epochs, save_every, best_ema, ema) for _ in range(2))
+    nnUNetTrainer.on_epoch_end(theirs)
+    epoch_end(ours)
+    assert ours.record == theirs.record and ours.record
+    assert (ours.current_epoch, ours._best_ema) == (theirs.current_epoch, theirs._best_ema) == (
+        epoch + 1, ema if best_ema is None or ema > best_ema else best_ema)
+    # what the copy adds: more checkpoints of the finished epoch, and no best where the epoch may not become it
+    held = _StandInEpochEnd(epoch, num_epochs, save_every, None, ema)
+    epoch_end(held, ["checkpoint_latest.pth", "checkpoint_stage1.pth"], may_become_best=False)
+    saved = [entry[1:] for entry in held.record if entry[0] == "save"]
+    assert saved == [("out/checkpoint_latest.pth", epoch), ("out/checkpoint_stage1.pth", epoch)]
+    assert held._best_ema is None and held.current_epoch == epoch + 1

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from test_trainer_meddisseg import PLAIN_UNET, make_batch, make_trainer, nnunet_dirs, tiny_plans  # noqa: F401
+from test_trainer_meddisseg import PLAIN_UNET, make_batch, make_trainer, tiny_plans
 
 from nnunetv2_meddisseg.ablation import study_trainers
 from nnunetv2_meddisseg.environment import RECIPE_ENVIRONMENT_VARIABLE
@@ -50,8 +50,6 @@ def test_the_default_recipe_is_the_papers():
 
 #: every trainer of the catalogue, by its name without "nnUNetTrainer", and its recipe
 RECIPES = {name[len("nnUNetTrainer"):]: getattr(meddisseg_trainers, name).recipe for name in meddisseg_trainers.__all__}
-#: variants whose recipe equals another's under a name result tables use: alias -> the recipe it equals
-ALIASES = {"MedDisSeg_paperSettings": "MedDisSeg"}
 
 #: trainer name -> the settings its name says it changes (written out here, not read from the trainers)
 NAMED_CHANGES = {
@@ -104,9 +102,6 @@ def test_each_recipe_differs_from_its_default_in_what_its_name_says(name):
     if name in DEFAULTS or name == "MedDisSeg_paper":
         assert recipe == (DEFAULTS.get(name) or PaperScheduleRecipe())
         return
-    if name in ALIASES:  # documented aliases (result tables name them)
-        assert recipe == RECIPES[ALIASES[name]]
-        return
     default = DEFAULTS[name.split("_")[0]]
     assert type(recipe) is type(default)
     assert _differences(recipe, default) == NAMED_CHANGES[name]
@@ -116,11 +111,11 @@ def test_every_trainer_is_in_the_catalogue_and_no_two_variants_are_equal():
     exported = set(variants.__all__) | set(study_trainers.__all__) | {
         "nnUNetTrainerMedDisSeg", "nnUNetTrainerDispersive", "nnUNetTrainerMedDisSeg_paper"}
     assert {f"nnUNetTrainer{name}" for name in RECIPES} == exported
-    assert set(NAMED_CHANGES) | set(DEFAULTS) | set(ALIASES) | {"MedDisSeg_paper"} == set(RECIPES)
+    assert set(NAMED_CHANGES) | set(DEFAULTS) | {"MedDisSeg_paper"} == set(RECIPES)
     seen = {}
     for name, recipe in RECIPES.items():
         twin = [other for other, r in seen.items() if r == recipe and type(r) is type(recipe)]
-        assert not twin or name in ALIASES, f"{name} equals {twin}: remove it or document it as an alias"
+        assert not twin, f"{name} equals {twin}: remove it (a name stored in users' files: stored_names)"
         seen[name] = recipe
 
 

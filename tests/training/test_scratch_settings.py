@@ -8,7 +8,6 @@ import torch
 
 from nnunetv2_meddisseg.ablation.study_trainers import (
     nnUNetTrainerMedDisSeg_cosineCentred,
-    nnUNetTrainerMedDisSeg_paperSettings,
     nnUNetTrainerMedDisSeg_plainSGD,
     nnUNetTrainerMedDisSeg_scratchSGD,
     nnUNetTrainerMedDisSeg_scratchSGDCentred,
@@ -29,12 +28,9 @@ from tests.training.test_trainer_meddisseg import (
     PLAIN_UNET,
     make_batch,
     make_trainer,
-    nnunet_dirs,
     run_epoch,
     tiny_plans,
 )
-
-__all__ = ["nnunet_dirs"]
 
 
 def _pretrained_plans() -> dict:
@@ -51,11 +47,11 @@ def test_scratch_settings_apply_only_without_encoder_weights(nnunet_dirs):
     assert not scratch.recipe.from_scratch  # applied once
     pretrained = make_trainer(nnUNetTrainerMedDisSeg_scratchSGD, plans=_pretrained_plans(), initialize=False)
     assert pretrained._plans_encoder_weights() == "resnet50_imagenet.pth"
-    paper = nnUNetTrainerMedDisSeg_paperSettings.recipe
+    paper = nnUNetTrainerMedDisSeg.recipe
     assert (pretrained.recipe.optimizer, pretrained.recipe.stage1_lr, pretrained.recipe.stage2_encoder_lr,
             pretrained.recipe.dispersive_variant) == (paper.optimizer, paper.stage1_lr, paper.stage2_encoder_lr,
                                                       paper.dispersive_variant)
-    kept = make_trainer(nnUNetTrainerMedDisSeg_paperSettings, initialize=False)
+    kept = make_trainer(nnUNetTrainerMedDisSeg, initialize=False)
     assert (kept.recipe.optimizer, kept.recipe.stage2_encoder_lr) == ("adam", 1e-5)
 
 
@@ -77,7 +73,8 @@ def test_unknown_scratch_setting_is_refused():
 
 def test_sgd_recipe_builds_nesterov_sgd_for_both_groups(nnunet_dirs):
     trainer = make_trainer(nnUNetTrainerMedDisSeg_scratchSGD, num_epochs=2)
-    optimizer, _ = trainer.configure_optimizers(STAGE_2)
+    trainer._enter_stage(STAGE_2)
+    optimizer = trainer.optimizer
     assert isinstance(optimizer, torch.optim.SGD)
     assert {g["name"]: g["lr"] for g in optimizer.param_groups} == {"decoder": 1e-2, "encoder": 1e-2}
     assert all(g["nesterov"] and g["momentum"] == 0.99 for g in optimizer.param_groups)

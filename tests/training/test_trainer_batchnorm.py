@@ -2,7 +2,7 @@
 checkpoint), without changing a weight or the training's random numbers."""
 import pytest
 import torch
-from test_trainer_meddisseg import make_batch, make_trainer, nnunet_dirs, run_epoch  # noqa: F401 (fixture)
+from test_trainer_meddisseg import make_batch, make_trainer, run_epoch
 
 from nnunetv2_meddisseg.training.batchnorm_statistics import recalibrate_batchnorm
 from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2

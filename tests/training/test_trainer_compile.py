@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 import torch._dynamo
-from test_trainer_meddisseg import MEDDISSEG, make_batch, make_trainer, nnunet_dirs, run_epoch, tiny_plans  # noqa: F401
+from test_trainer_meddisseg import MEDDISSEG, make_batch, make_trainer, run_epoch, tiny_plans
 from torch._dynamo import OptimizedModule
 from torch._dynamo.utils import counters
 
-from nnunetv2_meddisseg.training.compilation import compiled_regions, is_compile_error
+from nnunetv2_meddisseg.training.compilation import is_compile_error
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2
 from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg_smoke
@@ -40,16 +40,11 @@ def _graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-@pytest.mark.parametrize("scope", ["whole", pytest.param("regional", marks=pytest.mark.slow)])
-def test_each_stage_compiles_in_its_first_epoch_only(nnunet_dirs, compiling, scope):
+def test_each_stage_compiles_in_its_first_epoch_only(nnunet_dirs, compiling):
     trainer = make_trainer(nnUNetTrainerMedDisSeg_smoke, plans=tiny_plans(MEDDISSEG), compile_backend="eager",
-                           compile_scope=scope, num_epochs=4, stage1_epochs=2)
-    assert trainer.compiled
-    if scope == "whole":
-        assert isinstance(trainer.network, OptimizedModule) and compiled_regions(trainer._plain_network()) == []
-    else:  # no whole-network wrapper: the blocks are compiled in place
-        assert trainer.network is trainer._plain_network()
-        assert len(compiled_regions(trainer.network)) == len(trainer.network.compile_regions())
+                           num_epochs=4, stage1_epochs=2)
+    assert trainer.compiled and isinstance(trainer.network, OptimizedModule)
+    assert trainer.stage1_head._compiled_call_impl is not None  # compiled in place
     batch = make_batch()
     graphs = []
     for epoch in range(4):
@@ -62,18 +57,18 @@ def test_each_stage_compiles_in_its_first_epoch_only(nnunet_dirs, compiling, sco
     assert trainer.compiled and trainer.stage1_head is None
 
 
-@pytest.mark.parametrize("scope", ["whole", "regional"])
-def test_a_compile_error_continues_eagerly_and_says_so(nnunet_dirs, compiling, scope):
+def test_a_compile_error_continues_eagerly_and_says_so(nnunet_dirs, compiling):
     def failing_backend(graph_module, example_inputs):
         raise RuntimeError("no kernel for this graph")
 
     trainer = make_trainer(nnUNetTrainerMedDisSeg_smoke, plans=tiny_plans(MEDDISSEG), compile_backend=failing_backend,
-                           compile_scope=scope, num_epochs=2, stage1_epochs=1)
+                           num_epochs=2, stage1_epochs=1)
     assert trainer.compiled
+    head = trainer.stage1_head
     batch = make_batch()
     first = run_epoch(trainer, batch)  # Stage I: the first forward fails to compile
     assert np.isfinite(first["loss"]) and not trainer.compiled
-    assert trainer.network is trainer._plain_network() and compiled_regions(trainer.network) == []
+    assert trainer.network is trainer._plain_network() and head._compiled_call_impl is None
     second = run_epoch(trainer, batch)  # Stage II runs eagerly from the start
     assert np.isfinite(second["loss"]) and trainer.training_stage == STAGE_2
     with open(trainer.log_file) as f:

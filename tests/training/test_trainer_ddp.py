@@ -14,7 +14,7 @@ import pytest
 import torch
 from distributed import spawn
 from scratch import scratch_folder
-from test_trainer_meddisseg import DATASET, MEDDISSEG, PLAIN_UNET, make_batch, make_trainer, nnunet_dirs, tiny_plans  # noqa: F401
+from test_trainer_meddisseg import DATASET, MEDDISSEG, PLAIN_UNET, make_batch, make_trainer, tiny_plans
 from torch import distributed as dist
 
 from nnunetv2_meddisseg.losses import dispersion_diagnostics, dispersive_loss
@@ -75,8 +75,8 @@ def _meddisseg_worker(rank, world_size, folder):
 
     _on_cpu_under_gloo()
     saved = []
-    save = base_module.atomic_torch_save
-    base_module.atomic_torch_save = lambda obj, filename: saved.append(Path(filename).name) or save(obj, filename)
+    save = base_module.save_checkpoint_file
+    base_module.save_checkpoint_file = lambda obj, filename: saved.append(Path(filename).name) or save(obj, filename)
     perturbed = []
     perturb = stages_module.photometric_perturbation
     stages_module.photometric_perturbation = lambda x, rgb: perturbed.append(perturb(x, rgb=rgb)) or perturbed[-1]
@@ -96,7 +96,7 @@ def _meddisseg_worker(rank, world_size, folder):
         results[f"groups_{epoch}"] = [(g["name"], g["lr"], len(g["params"])) for g in trainer.optimizer.param_groups]
         results[f"weights_shared_{epoch}"] = _same_on_every_rank(_flat_weights(trainer))
     results["outputs"] = outputs
-    results["curves"] = {k: [trainer.curves.get(k, e) for e in range(2)]
+    results["curves"] = {k: [trainer.logger.get_value(k, step=e) for e in range(2)]
                          for k in ("loss_seg", "loss_dispersive", "grad_norm_encoder", "dispersion_effective_rank")}
     results["saved"] = sorted(set(saved))
 

@@ -5,53 +5,47 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_trainer_meddisseg import nnunet_dirs  # noqa: F401 (fixture)
 
-from nnunetv2_meddisseg.training.checkpoints import atomic_torch_save
-from nnunetv2_meddisseg.training.curves import NNUNET_KEYS, CurvesLogger, TrainingCurves
+from nnunetv2_meddisseg.training.checkpoints import save_checkpoint_file
+from nnunetv2_meddisseg.training.curves import NNUNET_KEYS, CurvesLogger, plot_curves
 from nnunetv2_meddisseg.training.finite_input import check_finite_input
 
 
-def test_curves_pad_skipped_epochs_and_round_trip():
-    curves = TrainingCurves()
-    curves.log("loss_seg", 1.0, 0)
-    curves.log("loss_fg_bg", 2.0, 2)  # a Stage II term, first logged at epoch 2
-    curves.log("loss_seg", 0.5, 1)
-    curves.log("loss_seg", 0.25, 1)  # overwrite
-    assert curves.get("loss_seg") == [1.0, 0.25]
-    fg = curves.get("loss_fg_bg")
+def test_curves_pad_skipped_epochs_and_are_replaced_by_a_second_value():
+    logger = CurvesLogger()
+    logger.log("loss_seg", 1.0, 0)
+    logger.log("loss_fg_bg", 2.0, 2)  # a Stage II term, first logged at epoch 2
+    logger.log("loss_seg", 0.5, 1)
+    logger.log("loss_seg", 0.25, 1)  # replaced
+    assert logger.get_value("loss_seg", step=None) == [1.0, 0.25]
+    fg = logger.get_value("loss_fg_bg", step=None)
     assert math.isnan(fg[0]) and math.isnan(fg[1]) and fg[2] == 2.0
-    assert math.isnan(curves.get("loss_seg", 5))
-    restored = TrainingCurves()
-    restored.load_checkpoint(curves.get_checkpoint())
-    assert restored.get("loss_seg") == [1.0, 0.25]
-    assert restored.keys("loss_") == ["loss_fg_bg", "loss_seg"]
+    logger.fill_missing(3)
+    assert len(logger.get_value("loss_seg", step=None)) == 4 and math.isnan(logger.get_value("loss_seg", step=3))
+    assert logger.get_value("train_losses", step=None) == []  # nnU-Net's own keys are left alone
 
 
 def test_plot_writes_a_png(tmp_path):
-    curves = TrainingCurves()
-    for epoch in range(4):
-        curves.log_many({"loss_seg": 1.0 / (epoch + 1), "lr_encoder": 1e-5, "lr_decoder": 1e-4,
-                         "dispersion_mean_pairwise_distance": 0.5 + epoch,
-                         "dispersion_effective_rank": 1.5}, epoch)
+    curves = {"loss_seg": [1.0 / (epoch + 1) for epoch in range(4)], "lr_encoder": [1e-5] * 4, "lr_head": [1e-4] * 4,
+              "dispersion_mean_pairwise_distance": [0.5 + epoch for epoch in range(4)],
+              "dispersion_effective_rank": [1.5] * 4, "train_losses": [0.5] * 4}
     target = tmp_path / "progress_terms.png"
-    curves.plot(str(target), stage_boundaries=(2,))
+    plot_curves(curves, str(target), stage_boundaries=(2,))
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["progress_terms.png"]
 
 
-def test_atomic_save_replaces_and_cleans_up(tmp_path):
+def test_checkpoint_save_replaces_what_a_killed_save_left(tmp_path):
     target = tmp_path / "checkpoint_latest.pth"
-    stale = tmp_path / "checkpoint_latest.pth.12345.tmp"
-    stale.write_bytes(b"partial")
-    atomic_torch_save({"a": torch.arange(3)}, str(target))
+    (tmp_path / ".checkpoint_latest.pth.partial").write_bytes(b"partial")  # a save killed half-way
+    save_checkpoint_file({"a": torch.arange(3)}, str(target))
     assert torch.load(target)["a"].tolist() == [0, 1, 2]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_latest.pth"]
 
 
-def test_atomic_save_failure_keeps_the_old_file(tmp_path, monkeypatch):
+def test_checkpoint_save_failure_keeps_the_old_file(tmp_path, monkeypatch):
     target = tmp_path / "checkpoint_latest.pth"
-    atomic_torch_save({"epoch": 1}, str(target))
+    save_checkpoint_file({"epoch": 1}, str(target))
 
     def broken_save(obj, f, *args, **kwargs):
         f.write(b"half a checkpoint")
@@ -59,7 +53,7 @@ def test_atomic_save_failure_keeps_the_old_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "save", broken_save)
     with pytest.raises(KeyboardInterrupt):
-        atomic_torch_save({"epoch": 2}, str(target))
+        save_checkpoint_file({"epoch": 2}, str(target))
     monkeypatch.undo()
     assert torch.load(target)["epoch"] == 1
     assert os.listdir(tmp_path) == ["checkpoint_latest.pth"]
@@ -148,14 +142,14 @@ def test_our_curves_reach_wandb_through_nnunets_logger_and_survive_resume(nnunet
         assert logged["dispersion_effective_rank"][epoch] == pytest.approx(outputs[epoch]["dispersion_effective_rank"])
     assert [logged["stage"][e] for e in (0, 1)] == [1.0, 2.0]
     grad_norms = sorted(k for k in logged if k.startswith("grad_norm_"))
-    assert grad_norms == ["grad_norm_decoder", "grad_norm_encoder"]
-    assert all(sorted(logged[k]) == [0, 1] for k in grad_norms)
+    assert grad_norms == ["grad_norm_decoder", "grad_norm_encoder", "grad_norm_head"]  # Stage II's, both's, Stage I's
+    assert [sorted(logged[k]) for k in grad_norms] == [[1], [0, 1], [0]]
     assert sorted(logged["loss_fg_bg"]) == [1]  # a Stage II term: not sent for Stage I
     # locally every list holds one value per epoch (NaN where the term did not exist), as nnU-Net's plot needs
     lists = trainer.logger.get_checkpoint()
     assert {len(v) for v in lists.values()} == {2}
-    assert math.isnan(trainer.curves.get("loss_fg_bg", 0))
-    assert trainer.curves.get("loss_fg_bg", 1) == pytest.approx(logged["loss_fg_bg"][1])
+    assert math.isnan(trainer.logger.get_value("loss_fg_bg", step=0))
+    assert trainer.logger.get_value("loss_fg_bg", step=1) == pytest.approx(logged["loss_fg_bg"][1])
     assert (Path(trainer.output_folder) / "progress_terms.png").is_file()
 
     # the curves ride in nnU-Net's logging entry of the checkpoint, and a resumed trainer has them
@@ -163,19 +157,20 @@ def test_our_curves_reach_wandb_through_nnunets_logger_and_survive_resume(nnunet
     trainer.save_checkpoint(filename)
     checkpoint = torch.load(filename, weights_only=False)
     assert "training_curves" not in checkpoint
-    assert _same(checkpoint["logging"]["loss_fg_bg"], trainer.curves.get("loss_fg_bg"))
+    assert _same(checkpoint["logging"]["loss_fg_bg"], trainer.logger.get_value("loss_fg_bg", step=None))
     resumed = make_trainer()
     resumed.load_checkpoint(filename)
     for key in ("loss_dispersive", "loss_fg_bg", "stage", "grad_norm_encoder", "dispersion_effective_rank",
                 "lr_encoder", "train_losses", "ema_fg_dice"):
         assert _same(resumed.logger.get_value(key, step=None), trainer.logger.get_value(key, step=None)), key
     resumed.logger.log("loss_dispersive", -1.5, 2)  # logging goes on at the next epoch
-    assert resumed.curves.get("loss_dispersive", 2) == -1.5
+    assert resumed.logger.get_value("loss_dispersive", step=2) == -1.5
     # a checkpoint given as a dict (nnU-Net 2.8.1's load_checkpoint reads file names only)
     from_dict = make_trainer()
     from_dict.load_checkpoint(torch.load(filename, weights_only=False))
     assert from_dict.current_epoch == resumed.current_epoch == 3 and from_dict.run_seed == trainer.run_seed
-    assert _same(from_dict.curves.get("grad_norm_encoder"), trainer.curves.get("grad_norm_encoder"))
+    assert _same(from_dict.logger.get_value("grad_norm_encoder", step=None),
+                 trainer.logger.get_value("grad_norm_encoder", step=None))
     assert all(torch.equal(a, b) for a, b in zip(from_dict.network.state_dict().values(),
                                                  trainer.network.state_dict().values()))
 
@@ -195,8 +190,8 @@ def test_a_checkpoint_with_the_former_training_curves_entry_still_resumes_them(n
     torch.save(checkpoint, filename)
     resumed = make_trainer()
     resumed.load_checkpoint(filename)
-    assert _same(resumed.curves.get("loss_seg"), ours["loss_seg"]) and len(ours["loss_seg"]) == 1
-    assert resumed.curves.get("loss_old_term") == [0.5]  # cut to the epochs the run holds
+    assert _same(resumed.logger.get_value("loss_seg", step=None), ours["loss_seg"]) and len(ours["loss_seg"]) == 1
+    assert resumed.logger.get_value("loss_old_term", step=None) == [0.5]  # cut to the epochs the run holds
 
 
 def test_curves_logger_backfills_and_fills_missing_epochs():

@@ -17,7 +17,7 @@ from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
 
 from nnunetv2_meddisseg.architectures import MedDisSegNet
 from nnunetv2_meddisseg.losses import foreground_background_loss
-from nnunetv2_meddisseg.training import extended_trainer as base_module
+from nnunetv2_meddisseg.training import dispersion_monitor
 from nnunetv2_meddisseg.training.errors import (
     TrainingInputError,
     TrainingInputFileNotFoundError,
@@ -29,7 +29,7 @@ from nnunetv2_meddisseg.training.objectives import foreground_target
 from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2
 from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg_100epochs, nnUNetTrainerMedDisSeg_smoke
 
-DATASET = "Dataset999_Tiny"
+DATASET = "Dataset999_Tiny"  # the preprocessed folder conftest.py makes (nnunet_dirs)
 PLAIN_UNET = {
     "network_class_name": "dynamic_network_architectures.architectures.unet.PlainConvUNet",
     "arch_kwargs": {"n_stages": 3, "features_per_stage": [4, 8, 16], "conv_op": "torch.nn.modules.conv.Conv2d",
@@ -73,30 +73,20 @@ def tiny_plans(architecture=PLAIN_UNET, patch_size=(32, 32), configuration="2d")
     }
 
 
-@pytest.fixture
-def nnunet_dirs(tmp_path, monkeypatch) -> Path:
-    preprocessed = tmp_path / "preprocessed" / DATASET / "nnUNetPlans_2d"
-    preprocessed.mkdir(parents=True)
-    (preprocessed / "case_000.b2nd").touch()  # lets nnU-Net infer its dataset class; never read
-    monkeypatch.setenv("nnUNet_preprocessed", str(tmp_path / "preprocessed"))
-    monkeypatch.setenv("nnUNet_results", str(tmp_path / "results"))
-    monkeypatch.delenv("nnUNet_meddisseg_seed", raising=False)  # run seeds are random unless a test sets one
-    torch.set_num_threads(2)
-    return tmp_path
-
-
 def make_trainer(cls=nnUNetTrainerMedDisSeg_smoke, plans=None, initialize=True, dataset_json=DATASET_JSON,
                  **attributes):
+    """A trainer of ``cls`` on the tiny plans; ``attributes``: recipe settings and class attributes of a variant
+    (a subclass of ``cls`` of the same name, as a one-line variant gives them), and other instance attributes."""
     plans = deepcopy(plans if plans is not None else tiny_plans())
     plans["continue_training"] = False
+    settings = {k: v for k, v in attributes.items() if k in cls.recipe.field_names()}
+    declared = {k: v for k, v in attributes.items() if k not in settings and hasattr(cls, k)}
+    if settings or declared:
+        cls = type(cls.__name__, (cls,), {"recipe": replace(cls.recipe, **settings), **declared})
     trainer = cls(plans=plans, configuration="2d", fold=0, dataset_json=deepcopy(dataset_json),
                   device=torch.device("cpu"))
-    settings = {k: v for k, v in attributes.items() if k in trainer.recipe.field_names()}
-    if settings:  # recipe settings, as an override file would give them
-        trainer.recipe = replace(trainer.recipe, **settings)
-        trainer._apply_schedule()
     for name, value in attributes.items():
-        if name not in settings:
+        if name not in settings and name not in declared:
             setattr(trainer, name, value)
     if hasattr(trainer, "_draw_batchnorm_calibration_batches"):  # no preprocessed dataset to draw from
         patch = trainer.configuration_manager.patch_size
@@ -150,8 +140,7 @@ def test_default_stage1_length_is_a_quarter(nnunet_dirs):
 def test_stage1_epochs_follows_the_variants_num_epochs(nnunet_dirs):
     trainer = make_trainer(nnUNetTrainerMedDisSeg_100epochs, initialize=False)
     assert (trainer.num_epochs, trainer.stage1_epochs) == (100, 25)
-    trainer.stage1_epochs = 7
-    assert trainer.stage1_epochs == 7
+    assert make_trainer(nnUNetTrainerMedDisSeg_100epochs, initialize=False, stage1_epochs=7).stage1_epochs == 7
 
 
 def test_network_from_default_plans_and_from_meddisseg_plans():
@@ -167,7 +156,7 @@ def test_network_from_default_plans_and_from_meddisseg_plans():
 
 
 def test_network_on_nnunets_plans_is_what_the_plan_command_writes_by_default():
-    from nnunetv2_meddisseg.plans_entry import ADDED_NORMS, DEFAULT_ADDED_NORM
+    from nnunetv2_meddisseg.plans_architecture import ADDED_NORMS, DEFAULT_ADDED_NORM
 
     plans_manager = PlansManager(tiny_plans(PLAIN_UNET))
     network = nnUNetTrainerMedDisSeg.build_network_architecture(plans_manager, plans_manager.get_configuration("2d"),
@@ -183,7 +172,7 @@ def test_on_nnunets_plans_the_trainer_records_the_network_it_builds(nnunet_dirs)
     """The plans a model keeps (``plans.json`` is ``plans_manager.plans``; the checkpoints' ``init_args``)
     name MedDisSegNet with every argument, so prediction rebuilds the trained network whatever the code's
     defaults; everything else stays nnU-Net's plans, and the caller's plans are not changed."""
-    from nnunetv2_meddisseg.plans_entry import architecture_entry
+    from nnunetv2_meddisseg.plans_architecture import architecture_entry
 
     plans = dict(tiny_plans(PLAIN_UNET), continue_training=False)
     before = deepcopy(plans)
@@ -206,7 +195,7 @@ def test_on_nnunets_plans_the_trainer_records_the_network_it_builds(nnunet_dirs)
 
 
 def test_network_class_is_meddisseg_reads_the_class_not_the_plans_name():
-    from nnunetv2_meddisseg.training.meddisseg_plans import network_class_is_meddisseg
+    from nnunetv2_meddisseg.training.network_from_plans import network_class_is_meddisseg
 
     def configuration(architecture, plans_name):
         plans = tiny_plans(architecture)
@@ -250,9 +239,9 @@ def test_stage1_optimizer_holds_head_and_encoder(nnunet_dirs):
     trainer = make_trainer()
     network = trainer.network
     assert trainer.training_stage == STAGE_1 and network.encoder_only
-    assert [g["name"] for g in trainer.optimizer.param_groups] == ["decoder", "encoder"]
+    assert [g["name"] for g in trainer.optimizer.param_groups] == ["head", "encoder"]
     ids = group_ids(trainer)
-    assert ids["decoder"] == [id(p) for p in trainer.stage1_head.parameters()]
+    assert ids["head"] == [id(p) for p in trainer.stage1_head.parameters()]
     assert ids["encoder"] == [id(p) for p in network.encoder_parameters()]
     assert [g["lr"] for g in trainer.optimizer.param_groups] == [1e-4, 1e-4]
 
@@ -281,8 +270,8 @@ def test_stage_switch_groups_and_per_group_schedule(nnunet_dirs):
     for epoch in range(2, 8):
         factor = (1 - (epoch - 2) / 6) ** 0.9
         assert seen[epoch] == pytest.approx([1e-4 * factor, 1e-5 * factor])
-    assert trainer.curves.get("lr_encoder")[3] == pytest.approx(1e-5 * (1 - 1 / 6) ** 0.9)
-    assert trainer.curves.get("stage") == [1, 1, 2, 2, 2, 2, 2, 2]
+    assert trainer.logger.get_value("lr_encoder", step=None)[3] == pytest.approx(1e-5 * (1 - 1 / 6) ** 0.9)
+    assert trainer.logger.get_value("stage", step=None) == [1, 1, 2, 2, 2, 2, 2, 2]
 
 
 def test_train_steps_update_the_right_parameters(nnunet_dirs):
@@ -417,7 +406,7 @@ def test_checkpoint_round_trip_in_stage1_and_stage2(nnunet_dirs):
     for a, b in zip(trainer.network.state_dict().values(), resumed.network.state_dict().values()):
         assert torch.equal(a, b)
     assert resumed.optimizer.state_dict()["state"][0]["step"] == 1
-    assert [g["name"] for g in resumed.optimizer.param_groups] == ["decoder", "encoder"]
+    assert [g["name"] for g in resumed.optimizer.param_groups] == ["head", "encoder"]
     # epoch 1 of the smoke schedule is Stage II: the resumed trainer switches there
     resumed.on_train_epoch_start()
     assert resumed.training_stage == STAGE_2 and resumed.stage1_head is None
@@ -455,10 +444,10 @@ def test_smoke_schedule_writes_stage_checkpoints_and_best_only_in_stage2(nnunet_
     assert (folder / "checkpoint_best.pth").is_file()
     assert torch.load(folder / "checkpoint_best.pth", weights_only=False)["meddisseg_stage"] == STAGE_2
     assert (folder / "progress.png").is_file() and (folder / "progress_terms.png").is_file()
-    curves = trainer.curves
-    assert curves.get("stage") == [1, 2]
-    assert math.isnan(curves.get("loss_fg_bg", 0)) and math.isfinite(curves.get("loss_fg_bg", 1))
-    assert all(math.isfinite(v) for v in curves.get("dispersion_effective_rank"))
+    curves = trainer.logger.local_logger
+    assert curves.get_value("stage", step=None) == [1, 2]
+    assert math.isnan(curves.get_value("loss_fg_bg", 0)) and math.isfinite(curves.get_value("loss_fg_bg", 1))
+    assert all(math.isfinite(v) for v in curves.get_value("dispersion_effective_rank", step=None))
     assert not list(folder.glob("*.tmp"))
 
 
@@ -507,8 +496,8 @@ def test_dispersive_margin_and_eps_are_trainer_settings(nnunet_dirs):
 
 def test_dispersion_diagnostics_once_per_epoch(nnunet_dirs, monkeypatch):
     calls = []
-    real = base_module.dispersion_diagnostics
-    monkeypatch.setattr(base_module, "dispersion_diagnostics", lambda f: calls.append(tuple(f.shape)) or real(f))
+    real = dispersion_monitor.dispersion_diagnostics
+    monkeypatch.setattr(dispersion_monitor, "dispersion_diagnostics", lambda f: calls.append(tuple(f.shape)) or real(f))
     torch.manual_seed(0)
     trainer = make_trainer()
     batch = make_batch()
@@ -520,7 +509,7 @@ def test_dispersion_diagnostics_once_per_epoch(nnunet_dirs, monkeypatch):
         first = outputs[0]["dispersion_effective_rank"]
         assert math.isfinite(first) and all(math.isnan(o["dispersion_effective_rank"]) for o in outputs[1:])
         trainer.on_train_epoch_end(outputs)
-        assert trainer.curves.get("dispersion_effective_rank", epoch) == pytest.approx(first)
+        assert trainer.logger.get_value("dispersion_effective_rank", step=epoch) == pytest.approx(first)
 
 
 def _epoch_with_pseudo_dice(trainer, dice):
@@ -595,3 +584,23 @@ def test_stage1_head_uses_the_norm_of_the_added_blocks(nnunet_dirs):
     assert norms == {torch.nn.InstanceNorm2d}
     default = make_trainer(plans=tiny_plans(MEDDISSEG))
     assert {type(m) for m in default.stage1_head.modules() if isinstance(m, _NormBase)} == {torch.nn.BatchNorm2d}
+
+
+def test_a_stage1_checkpoint_naming_the_head_group_decoder_resumes_with_it_named_head(nnunet_dirs):
+    """Stage I checkpoints of earlier versions call the head's group "decoder", in the optimizer state and in the
+    lr_ / grad_norm_ curves of Stage I epochs (stored_names)."""
+    torch.manual_seed(0)
+    trainer = make_trainer()
+    run_epoch(trainer, make_batch())
+    stored = str(nnunet_dirs / "stored.pth")
+    checkpoint = torch.load(trainer.output_folder + "/checkpoint_latest.pth", weights_only=False)
+    checkpoint["optimizer_state"]["param_groups"][0]["name"] = "decoder"
+    logging = checkpoint["logging"]
+    logging["lr_decoder"], logging["grad_norm_decoder"] = logging.pop("lr_head"), logging.pop("grad_norm_head")
+    torch.save(checkpoint, stored)
+    resumed = make_trainer()
+    resumed.load_checkpoint(stored)
+    assert [g["name"] for g in resumed.optimizer.param_groups] == ["head", "encoder"]
+    curves = resumed.logger.local_logger.my_fantastic_logging
+    assert curves["lr_head"] == pytest.approx([1e-4]) and math.isnan(curves["lr_decoder"][0])
+    assert curves["grad_norm_head"][0] > 0 and math.isnan(curves["grad_norm_decoder"][0])

@@ -12,9 +12,9 @@ import pytest
 import torch
 from batchgeneratorsv2.transforms.spatial.mirroring import MirrorTransform
 from batchgeneratorsv2.transforms.spatial.spatial import SpatialTransform
-from test_trainer_meddisseg import DATASET, make_trainer, nnunet_dirs  # noqa: F401 (fixture)
+from test_trainer_meddisseg import DATASET, make_trainer
 
-from nnunetv2_meddisseg.training.curves import TrainingCurves
+from nnunetv2_meddisseg.training import extended_trainer
 from nnunetv2_meddisseg.training.lr_schedule import cosine_lr
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg_paper import (
     EarlyStopping,
@@ -34,10 +34,12 @@ def test_paper_epochs_and_stage_split(nnunet_dirs):
 def test_cosine_schedule_per_group(nnunet_dirs):
     trainer = make_trainer(nnUNetTrainerMedDisSeg_paper, initialize=False)
     trainer.initialize()
-    for stage, start, length, bases in ((STAGE_1, 0, 75, (1e-4, 1e-4)), (STAGE_2, 75, 225, (1e-4, 1e-5))):
-        optimizer, scheduler = trainer.configure_optimizers(stage)
+    for stage, start, length, bases, groups in ((STAGE_1, 0, 75, (1e-4, 1e-4), ["head", "encoder"]),
+                                                (STAGE_2, 75, 225, (1e-4, 1e-5), ["decoder", "encoder"])):
+        trainer._enter_stage(stage)
+        optimizer, scheduler = trainer.optimizer, trainer.lr_scheduler
         assert isinstance(optimizer, torch.optim.Adam)
-        assert [g["name"] for g in optimizer.param_groups] == ["decoder", "encoder"]
+        assert [g["name"] for g in optimizer.param_groups] == groups
         for k in (0, 1, length // 2, length - 1, length):
             scheduler.step(start + k)
             expected = [b * (1 + math.cos(math.pi * k / length)) / 2 for b in bases]  # independent formula
@@ -76,25 +78,24 @@ def test_early_stopping_counts_epochs_since_the_best():
 
 
 def test_early_stopping_fires_on_an_ema_plateau_in_stage2(nnunet_dirs, monkeypatch):
-    trainer = make_trainer(nnUNetTrainerMedDisSeg_paper, initialize=False)
-    trainer.initialize()
-    trainer.stage1_epochs = 2
+    trainer = make_trainer(nnUNetTrainerMedDisSeg_paper, stage1_epochs=2)
     trainer.early_stopping = EarlyStopping(patience=4)
     trainer.disable_checkpointing = True
     monkeypatch.setattr(trainer.logger, "plot_progress_png", lambda *a, **k: None)
-    monkeypatch.setattr(TrainingCurves, "plot", lambda *a, **k: None)
+    monkeypatch.setattr(extended_trainer, "plot_curves", lambda *a, **k: None)
     # high in Stage I (must not count), a peak early in Stage II, then a plateau below it
     dice = [0.9, 0.9, 0.1, 0.5, 0.9, 0.9] + [0.2] * 10
     stopped_at = None
     for epoch, d in enumerate(dice):
         trainer.current_epoch = epoch
-        trainer.stage = trainer._make_stage(STAGE_1 if epoch < 2 else STAGE_2)
+        if trainer.training_stage != trainer.stage_for_epoch(epoch):
+            trainer._enter_stage(trainer.stage_for_epoch(epoch))
         for key, value in (("epoch_start_timestamps", 0.0), ("train_losses", 1.0), ("val_losses", 1.0),
                            ("dice_per_class_or_region", [d, d]), ("lrs", 1e-4)):
             trainer.logger.log(key, value, epoch)
         trainer.logger.log("mean_fg_dice", d, epoch)
-        if epoch == 2:
-            trainer._restart_ema_fg_dice()
+        if epoch == trainer.best_checkpoint_from:
+            trainer.logger.log("ema_fg_dice", d, epoch)  # the EMA starts afresh (on_validation_epoch_end)
         try:
             trainer.on_epoch_end()
         except _EarlyStop:
@@ -121,9 +122,8 @@ def _loop_trainer(monkeypatch, dice, patience=3, num_epochs=20):
         os.makedirs(self.output_folder, exist_ok=True)
 
     monkeypatch.setattr(nnUNetTrainer, "on_train_start", start)
-    monkeypatch.setattr(TrainingCurves, "plot", lambda *a, **k: None)
-    trainer = make_trainer(nnUNetTrainerMedDisSeg_paper, initialize=False)
-    trainer.num_epochs, trainer.stage1_epochs = num_epochs, 2
+    monkeypatch.setattr(extended_trainer, "plot_curves", lambda *a, **k: None)
+    trainer = make_trainer(nnUNetTrainerMedDisSeg_paper, initialize=False, num_epochs=num_epochs, stage1_epochs=2)
     trainer.num_iterations_per_epoch, trainer.num_val_iterations_per_epoch = 2, 1
     trainer.early_stopping = EarlyStopping(patience)
     monkeypatch.setattr(trainer.logger, "plot_progress_png", lambda *a, **k: None)

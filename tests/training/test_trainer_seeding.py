@@ -4,7 +4,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from test_trainer_meddisseg import make_trainer, nnunet_dirs  # noqa: F401 (fixture)
+from test_trainer_meddisseg import make_trainer
 
 from nnunetv2_meddisseg.environment import SEED_ENVIRONMENT_VARIABLE
 from nnunetv2_meddisseg.training.seeding import run_seed_from_environment, seed_epoch

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from nnunetv2.training.loss.compound_losses import DC_and_CE_loss
-from test_trainer_meddisseg import DATASET_JSON, make_batch, make_trainer, nnunet_dirs  # noqa: F401 (fixture)
+from test_trainer_meddisseg import DATASET_JSON, make_batch, make_trainer
 
 from nnunetv2_meddisseg.training.objectives import segmentation_loss
 from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2

@@ -12,7 +12,7 @@ from torch import nn
 
 from nnunetv2_meddisseg.architectures import MedDisSegNet
 from nnunetv2_meddisseg.blocks.encoder import load_resnet50_weights, resolve_encoder_weights
-from nnunetv2_meddisseg.plans_entry import architecture_entry
+from nnunetv2_meddisseg.plans_architecture import architecture_entry
 from nnunetv2_meddisseg.torch_files import UnsafeTorchFile
 from nnunetv2_meddisseg.training.errors import TrainingInputError, TrainingInputFileNotFoundError
 
@@ -31,7 +31,7 @@ def network_class_is_meddisseg(configuration_manager: ConfigurationManager) -> b
 def plans_recording_the_network(plans: dict, configuration: str) -> dict:
     """``plans`` where ``configuration`` builds MedDisSegNet; else (e.g. nnU-Net's default ``nnUNetPlans``) a
     copy whose configuration names MedDisSegNet as ``nnUNetv2_meddisseg_plan`` writes it by default
-    (:func:`~nnunetv2_meddisseg.plans_entry.architecture_entry`), so that the plans nnU-Net saves with the
+    (:func:`~nnunetv2_meddisseg.plans_architecture.architecture_entry`), so that the plans nnU-Net saves with the
     model (``plans.json``, the checkpoints' ``init_args``) rebuild the network the trainer trained."""
     if network_class_is_meddisseg(PlansManager(deepcopy(plans)).get_configuration(configuration)):
         return plans
@@ -54,8 +54,9 @@ def require_2d_configuration(plans: dict, configuration: str, trainer_name: str)
 def build_meddisseg_network(configuration_manager: ConfigurationManager, num_input_channels: int,
                             num_output_channels: int, enable_deep_supervision: bool = True) -> nn.Module:
     """MedDisSegNet from the plans' ``arch_kwargs`` when the plans name it, else MedDisSegNet as
-    ``nnUNetv2_meddisseg_plan`` writes it by default (:func:`~nnunetv2_meddisseg.plans_entry.architecture_entry`);
-    the plans' ``encoder_weights`` are never read (``nnUNetTrainerMedDisSeg.build_network_architecture``)."""
+    ``nnUNetv2_meddisseg_plan`` writes it by default
+    (:func:`~nnunetv2_meddisseg.plans_architecture.architecture_entry`); the plans' ``encoder_weights`` are never
+    read (``nnUNetTrainerMedDisSeg.build_network_architecture``)."""
     if network_class_is_meddisseg(configuration_manager):
         class_name = configuration_manager.network_arch_class_name
         arch_kwargs = dict(configuration_manager.network_arch_init_kwargs)

@@ -19,7 +19,7 @@ with the paper's metrics, and ``OUT`` receives:
 - ``overlays/*.png``: image | ground truth | both predictions for the cases whose Dice differs most;
 - ``summary_<model>.json``: each model's evaluation summary.
 
-The modules doing the work: ``nnunet_prediction`` (the prediction step), ``comparison_report``
+The modules doing the work: ``nnunet_prediction`` (the prediction step), ``compare_predictions``
 (:func:`compare_prediction_folders`: everything after it), ``paired_statistics`` and ``paper_reference``.
 """
 import argparse
@@ -28,7 +28,7 @@ import sys
 from typing import Optional, Sequence, Tuple
 
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, add_device_argument, resolve_device, run_command
-from nnunetv2_meddisseg.evaluation.comparison_report import compare_prediction_folders, terminal_text
+from nnunetv2_meddisseg.evaluation.compare_predictions import compare_prediction_folders, terminal_text
 from nnunetv2_meddisseg.evaluation.evaluate import load_dataset_json_labels
 from nnunetv2_meddisseg.evaluation.nnunet_prediction import find_trained_model, predict_missing_cases
 

@@ -1,0 +1,260 @@
+"""The arms of ``benchmarks/quality.py``'s study (:data:`METHODS`), one run of an arm (:class:`Study`) and the
+tables of the runs: the figures read from a run's training log, the mean and standard deviation over seeds, and the
+paired comparison of test Dice to the baseline (the Wilcoxon signed-rank test over the test images)."""
+import json
+import math
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, NamedTuple, Optional, Sequence
+
+import numpy as np
+from common import markdown_table
+from quality_budgets import Budget
+
+from nnunetv2_meddisseg.ablation.runs import AblationRun
+from nnunetv2_meddisseg.ablation.table import BINARY_METRICS as METRICS
+from nnunetv2_meddisseg.ablation.table import METRIC_TITLES
+from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.evaluation.paired_statistics import wilcoxon_p_value
+from nnunetv2_meddisseg.logged_command import CommandStopped
+
+
+class Method(NamedTuple):
+    name: str
+    trainer: str
+    family: str  # "nnunet" (nnU-Net's plans and network) or a key of MEDDISSEG_PLANS
+
+
+#: Med-DisSeg plans families: plans name stem -> extra ``nnUNetv2_meddisseg_plan`` arguments
+MEDDISSEG_PLANS: Dict[str, tuple] = {
+    "meddisseg": ("nnUNetMedDisSegPlans", ()),
+    "meddisseg_relu": ("nnUNetMedDisSegPlans_relu", ("--activation", "relu")),
+}
+
+
+METHODS: Dict[str, Method] = {
+    "default": Method("nnU-Net (default)", "nnUNetTrainerBaseline", "nnunet"),
+    "dispersive": Method("nnU-Net + dispersive (centred cosine)", "nnUNetTrainerDispersive", "nnunet"),
+    "dispersive_l2": Method("nnU-Net + dispersive (InfoNCE-L2)", "nnUNetTrainerDispersive_infonceL2", "nnunet"),
+    "dispersive_cosine": Method("nnU-Net + dispersive (uncentred cosine)", "nnUNetTrainerDispersive_cosine", "nnunet"),
+    "meddisseg": Method("Med-DisSeg", "nnUNetTrainerMedDisSeg", "meddisseg"),
+    "meddisseg_sgd": Method("Med-DisSeg, SGD 1e-2", "nnUNetTrainerMedDisSeg_scratchSGD", "meddisseg"),
+    "meddisseg_sgd_centred": Method("Med-DisSeg, SGD 1e-2, centred cosine dispersion",
+                                    "nnUNetTrainerMedDisSeg_scratchSGDCentred", "meddisseg"),
+    "meddisseg_centred": Method("Med-DisSeg, centred cosine dispersion",
+                                "nnUNetTrainerMedDisSeg_cosineCentred", "meddisseg"),
+    "meddisseg_adam": Method("Med-DisSeg, Adam 1e-3", "nnUNetTrainerMedDisSeg_scratchAdam", "meddisseg"),
+    "meddisseg_nodispersive": Method("Med-DisSeg, no dispersive loss",
+                                     "nnUNetTrainerMedDisSeg_noDispersive", "meddisseg"),
+    "meddisseg_stage2only": Method("Med-DisSeg, dispersive loss in Stage II only",
+                                   "nnUNetTrainerMedDisSeg_dispersiveStage2Only", "meddisseg"),
+    "meddisseg_relu": Method("Med-DisSeg, ReLU instead of TeLU", "nnUNetTrainerMedDisSeg", "meddisseg_relu"),
+    "plain_paper": Method("Med-DisSeg network, plain, Adam 1e-4/1e-5",
+                          "nnUNetTrainerMedDisSeg_plainPaper", "meddisseg"),
+    "plain_sgd": Method("Med-DisSeg network, plain, SGD 1e-2", "nnUNetTrainerMedDisSeg_plainSGD", "meddisseg"),
+    "plain_adam": Method("Med-DisSeg network, plain, Adam 1e-3", "nnUNetTrainerMedDisSeg_plainAdam", "meddisseg"),
+}
+#: the default comparison reference of every p-value (``--baseline``)
+BASELINE = "default"
+
+
+# ------------------------------------------------------------------------------------------------
+# training logs
+
+_LOG_SECTIONS = {"loss terms: ": "loss", "dispersion: ": "dispersion",
+                 "gradient norms (before clipping): ": "grad_norm"}
+
+
+def read_training_log(log_file: Path) -> dict:
+    """Per-epoch figures from an nnU-Net training log: epoch times, pseudo Dice, and our trainers'
+    ``loss terms`` / ``dispersion`` / ``gradient norms`` lines as ``{section_name: [per epoch]}``."""
+    text = log_file.read_text(errors="replace") if log_file.is_file() else ""
+    curves: Dict[str, List[float]] = {}
+    for line in text.splitlines():
+        for prefix, section in _LOG_SECTIONS.items():
+            at = line.find(prefix)
+            if at < 0:
+                continue
+            for item in line[at + len(prefix):].strip().split(", "):
+                name, _, value = item.strip().rpartition(" ")
+                try:
+                    number = float(value)
+                except ValueError:
+                    continue
+                curves.setdefault(f"{section}_{name}", []).append(number)
+    pseudo = [float(v) for v in re.findall(r"Pseudo dice \[(?:np\.float32\()?([0-9.]+)", text)]
+    return {"epoch_times_s": [float(v) for v in re.findall(r"Epoch time: ([0-9.]+) s", text)],
+            "pseudo_dice": pseudo, "curves": curves}
+
+
+def _first_last(values: Sequence[float]) -> Optional[List[float]]:
+    return [values[0], values[-1]] if values else None
+
+
+# ------------------------------------------------------------------------------------------------
+# one run
+
+
+class Study:
+    """Runs (method, seed) of ``AblationRun``s (one ``nnUNet_results`` folder per seed): none starts after
+    ``soft`` or ``hard`` (epoch seconds), a command still running at ``hard`` is stopped."""
+
+    def __init__(self, soft: float = math.inf, hard: float = math.inf):
+        self.soft, self.hard = soft, hard
+        self.lock = threading.Lock()
+
+    def may_start(self) -> bool:
+        return time.time() < min(self.soft, self.hard)
+
+    def remaining(self) -> Optional[float]:
+        return None if math.isinf(self.hard) else max(0.0, self.hard - time.time())
+
+    def run(self, runner: AblationRun, key: str, seed: int) -> dict:
+        spec = runner.variants[key]
+        tag = f"{key}_seed{seed}"
+        result = {"method": key, "seed": seed, "trainer": spec.trainer, "plans": spec.plans}
+        if not self.may_start():
+            return {**result, "status": "not started (deadline)"}
+        try:
+            state = runner.state(key, seed)
+            self._say(f"start {tag}" + (" (resuming the interrupted training with --c)" if state == "interrupted"
+                                        else ""))
+            if state in ("new", "interrupted"):
+                runner.train(key, seed, self.remaining())
+            record = (runner.load_record(key, seed) if state == "finished"
+                      else runner.predict_and_evaluate(key, seed, self.remaining()))
+        except CommandStopped:
+            self._say(f"stopped {tag} at the end of the piece: the same command continues it")
+            return {**result, "status": "stopped at the end of the piece"}
+        except UserError as e:
+            self._say(f"FAILED {tag}: {e}")
+            return {**result, "status": f"failed: {e}"}
+        fold_dir = runner.fold_folder(key, seed)
+        summary = record["summary"]
+        result.update({"train_wall_s": record["train_seconds"], "predict_wall_s": record["predict_seconds"],
+                       "epoch_seconds": record.get("epoch_seconds"),
+                       "test_per_case": {c["case"]: {k: c[k] for k in METRICS} for c in summary["metric_per_case"]},
+                       "test_mean": {k: summary["mean"][k] for k in METRICS}})
+        validation = fold_dir / "validation" / "summary.json"
+        if validation.is_file():
+            result["val_dice"] = json.loads(validation.read_text())["foreground_mean"]["Dice"]
+        logs = sorted(fold_dir.glob("training_log_*.txt"))
+        result.update(read_training_log(logs[-1] if logs else runner.out / "logs" / f"{key}_seed{seed}_train.log"))
+        result["status"] = "done"
+        self._say(f"done {tag}: validation mDSC {_pct(result.get('val_dice'))}, test mDSC "
+                  f"{_pct(result['test_mean']['dice'])}")
+        return result
+
+    def _say(self, text: str) -> None:
+        with self.lock:
+            print(f"  [{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# aggregation
+
+
+def _pct(v: Optional[float]) -> str:
+    return f"{100 * v:.1f}" if isinstance(v, (int, float)) and math.isfinite(v) else "–"
+
+
+def _mean_sd(values: Sequence[float]) -> Dict[str, Optional[float]]:
+    v = [x for x in values if x is not None and math.isfinite(x)]
+    if not v:
+        return {"mean": None, "sd": None, "n": 0}
+    return {"mean": float(np.mean(v)), "sd": float(np.std(v, ddof=1)) if len(v) > 1 else None, "n": len(v)}
+
+
+def _seed_mean_dice(runs: Sequence[dict], seeds: Sequence[int]) -> Dict[str, float]:
+    """Each test image's Dice averaged over the runs of ``seeds``."""
+    chosen = [r for r in runs if r["seed"] in seeds]
+    cases = sorted(chosen[0]["test_per_case"])
+    return {c: float(np.mean([r["test_per_case"][c]["dice"] for r in chosen])) for c in cases}
+
+
+def aggregate(runs: Sequence[dict], methods: Sequence[str], baseline: str = BASELINE) -> Dict[str, dict]:
+    """Per method: seeds done, mean / sd over seeds of validation and test metrics, and the paired
+    comparison of test Dice to ``baseline`` over the seeds both completed."""
+    done = {k: [r for r in runs if r["method"] == k and r["status"] == "done"] for k in methods}
+    table = {}
+    for key in methods:
+        rs = done[key]
+        row = {"name": METHODS[key].name, "trainer": METHODS[key].trainer, "seeds": [r["seed"] for r in rs],
+               "val_dice": _mean_sd([r.get("val_dice") for r in rs]),
+               "test": {k: _mean_sd([r["test_mean"][k] for r in rs]) for k in METRICS},
+               "train_wall_s": _mean_sd([r.get("train_wall_s") for r in rs]),
+               "s_per_iteration": _mean_sd([sum(r["epoch_times_s"]) / max(1, r["iterations"]) for r in rs
+                                            if r.get("epoch_times_s")])}
+        diagnostics = {}
+        for name in sorted({n for r in rs for n in r["curves"]}):
+            firsts_lasts = [_first_last(r["curves"][name]) for r in rs if r["curves"].get(name)]
+            diagnostics[name] = {"first_epoch": float(np.mean([f[0] for f in firsts_lasts])),
+                                 "last_epoch": float(np.mean([f[1] for f in firsts_lasts]))}
+        row["diagnostics"] = diagnostics
+        reference = done.get(baseline, [])
+        common = sorted({r["seed"] for r in rs} & {r["seed"] for r in reference})
+        if key != baseline and common:
+            a, b = _seed_mean_dice(rs, common), _seed_mean_dice(reference, common)
+            d = np.array([a[c] - b[c] for c in sorted(a)])
+            p = wilcoxon_p_value(d)[0]
+            row["vs_baseline"] = {"seeds": common, "mean_dice_difference": float(d.mean()), "p_value": p,
+                                  "images_better": int((d > 0).sum()), "images_worse": int((d < 0).sum())}
+        table[key] = row
+    return table
+
+
+def _fmt_ms(s: Dict[str, Optional[float]], scale: float = 100.0, digits: int = 1) -> str:
+    if s["mean"] is None:
+        return "–"
+    text = f"{scale * s['mean']:.{digits}f}"
+    return text + (f" ± {scale * s['sd']:.{digits}f}" if s["sd"] is not None else "")
+
+
+def _p_value(v: Optional[dict]) -> str:
+    if not v:
+        return "–"
+    return f"{v['p_value']:.1e}" if v["p_value"] < 1e-3 else f"{v['p_value']:.3f}"
+
+
+def markdown(payload: dict) -> str:
+    st = payload["settings"]
+    out = [f"Kvasir-SEG ({st['dataset']}) resized to {st['size']}x{st['size']}: {st['train_cases']} training / "
+           f"{st['val_cases']} validation (nnU-Net fold 0) / {st['test_cases']} test images"
+           + (" (**debugging subset**)" if st["subset"] else "") + f". Every run: {st['epochs']} epochs (Med-DisSeg's "
+           f"Stage I the first quarter), a checkpoint every epoch; test prediction "
+           f"{'with' if st['test_time_augmentation'] else 'without'} nnU-Net's mirroring. Encoder: "
+           f"{st['encoder_weights']}. Train min: the sum of nnU-Net's epoch durations (compilation included; "
+           "process start-up and a stopped piece's unfinished epoch not).", "",
+           "val mDSC: nnU-Net's final validation of the fold-0 validation cases (choose settings on this). "
+           "Test metrics: this package's evaluator on the test images (percent). Each cell: mean ± standard "
+           f"deviation over seeds. Δ, p: test mDSC difference to {METHODS[payload['baseline']].name} and the "
+           "two-sided Wilcoxon signed-rank p-value over the test images (each image's Dice averaged over the "
+           "seeds both completed).", ""]
+    diagnostics = []
+    for label, table in payload["tables"].items():
+        out += [f"### {Budget(**payload['budgets'][label]).describe()}", ""]
+        rows = []
+        for key, r in table.items():
+            mine = [run for run in payload["runs"] if run["budget"] == label and run["method"] == key]
+            v = r.get("vs_baseline")
+            rows.append([r["name"], f"`{r['trainer']}`", len(r["seeds"]),
+                         ", ".join(sorted({str(run["batch"]) for run in mine})),
+                         ", ".join(sorted({f"{run['images_seen']:,}" for run in mine})),
+                         _fmt_ms(r["train_wall_s"], 1 / 60), _fmt_ms(r["val_dice"]),
+                         *[_fmt_ms(r["test"][k]) for k in METRICS],
+                         f"{100 * v['mean_dice_difference']:+.1f}" if v else "–", _p_value(v)])
+            diagnostics += [[label, r["name"], name, f"{d['first_epoch']:.4g} → {d['last_epoch']:.4g}"]
+                            for name, d in r["diagnostics"].items()
+                            if name.startswith(("grad_norm", "dispersion", "loss_dispersive", "loss_seg"))]
+        out += [markdown_table(["method", "trainer", "seeds", "batch", "images seen", "train min", "val mDSC",
+                                *[f"test {METRIC_TITLES[k]}" for k in METRICS], "Δ mDSC", "p"], rows), ""]
+    if diagnostics:
+        out += ["Training diagnostics (mean over seeds; first → last epoch):", "",
+                markdown_table(["budget", "method", "figure", "first → last epoch"], diagnostics), ""]
+    if payload["pending"]:
+        out += ["Not yet done: " + "; ".join(payload["pending"]) + ".", ""]
+    out += ["Pieces: " + "; ".join(f"{pc['date']} on {pc['device_name']}, {pc['wall_s'] / 60:.1f} min, "
+                                   f"torch.compile {pc['compile']}" for pc in payload["pieces"]) + "."]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,61 @@
+"""What a training step of our trainers reports, read from the device in one transfer: the loss, every logged term,
+each optimizer group's gradient norm before clipping, and whether the step's batch held NaN / inf.
+
+On a GPU every value read back is a synchronisation: :func:`step_report` stacks the step's 0-dim tensors (and the
+per-sample finiteness flags of its batch, :class:`PendingInputCheck`) into one tensor and copies it once."""
+from typing import Dict, Mapping, NamedTuple, Optional, Sequence
+
+import numpy as np
+import torch
+
+from nnunetv2_meddisseg.training.errors import TrainingInputRuntimeError
+from nnunetv2_meddisseg.training.finite_input import finite_per_sample, non_finite_input_message
+
+__all__ = ["PendingInputCheck", "group_gradient_norms", "step_report"]
+
+
+class PendingInputCheck(NamedTuple):
+    """A training batch's finiteness flags on the device (B,), its case keys and where it came from (for the
+    message), read with the step's report."""
+
+    finite: torch.Tensor
+    keys: Optional[Sequence[str]]
+    where: str
+
+    @classmethod
+    def of(cls, data: torch.Tensor, keys: Optional[Sequence[str]], where: str) -> "PendingInputCheck":
+        """data: (B, C, ...) on the device (no sync)."""
+        return cls(finite_per_sample(data), keys, where)
+
+
+def group_gradient_norms(optimizer: torch.optim.Optimizer) -> Dict[str, torch.Tensor]:
+    """``{"grad_norm_<group name>": L2 norm}`` of every optimizer group's gradients (groups without a name: their
+    index, or ``network`` for a single group), 0-dim fp32 tensors on the device (multi-tensor norms: a few
+    operations per group, no sync)."""
+    norms: Dict[str, torch.Tensor] = {}
+    for i, group in enumerate(optimizer.param_groups):
+        grads = [p.grad.detach() for p in group["params"] if p.grad is not None]
+        if grads:
+            name = group.get("name", "network" if len(optimizer.param_groups) == 1 else i)
+            per_tensor = torch._foreach_norm(grads)
+            norms[f"grad_norm_{name}"] = torch.linalg.vector_norm(torch.stack(per_tensor).float())
+    return norms
+
+
+def step_report(total: torch.Tensor, scalars: Mapping[str, torch.Tensor],
+                check: Optional[PendingInputCheck] = None) -> dict:
+    """A ``train_step`` result from one device-to-host transfer: ``loss`` (total, a 0-dim array as nnU-Net's), every
+    0-dim tensor of ``scalars`` as a float under its name; where ``check`` holds a flag of a sample with NaN / inf,
+    the :class:`~nnunetv2_meddisseg.training.errors.TrainingInputRuntimeError` naming its case instead."""
+    names = list(scalars)
+    parts = [total.detach().float().reshape(1)] + [scalars[n].detach().float().reshape(1) for n in names]
+    if check is not None:
+        parts.append(check.finite.float())
+    host = torch.cat(parts).cpu().numpy()
+    if check is not None:
+        finite = host[1 + len(names):] > 0
+        if not finite.all():
+            raise TrainingInputRuntimeError(non_finite_input_message(finite.tolist(), check.keys, check.where))
+    result = {"loss": np.array(host[0])}
+    result.update({n: float(v) for n, v in zip(names, host[1:1 + len(names)])})
+    return result
