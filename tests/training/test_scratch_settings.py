@@ -115,7 +115,9 @@ def test_gradient_norms_are_the_groups_norms_before_clipping(nnunet_dirs, cls, p
         name = group.get("name", "network")
         after = math.sqrt(sum(float(p.grad.float().norm()) ** 2 for p in group["params"] if p.grad is not None))
         assert reported[name] > 0
-        assert after == pytest.approx(reported[name] * clip, rel=1e-4)
+        # the reported norms are fp32 reductions over up to millions of gradients (torch._foreach_norm): measured
+        # up to 3e-4 from a float64 reference where an untrained encoder's gradient norm is in the thousands
+        assert after == pytest.approx(reported[name] * clip, rel=1e-3)
 
 
 def test_plain_training_constants_match_the_plain_variants():
