@@ -152,7 +152,7 @@ def test_bad_input(row: Row, tmp_path, nnunet_dirs, capsys):
 
 
 def test_evaluate_write_failure_leaves_nothing(tmp_path, nnunet_dirs, capsys, monkeypatch):
-    """A full disk while the summary is written: one line naming the file and the OS error, no ``.tmp``."""
+    """A full disk while the summary is written: one line naming the file and the OS error, no partial file left."""
     import errno
 
     import nnunetv2_meddisseg.evaluation.evaluate as evaluate
