@@ -15,7 +15,9 @@ fp32 graph, both on OpenVINO:
 
 **Blocks kept in fp32.** Where the whole network in reduced precision misses a bound, some of its blocks stay in
 fp32. A block is a group of operations named by their module path in the graph (``/encoder/layer1``, ``/elat.0``,
-``/decoder/stages.2``; one level deeper where a top-level module holds more than :data:`MAX_BLOCK_OPS` convolutions).
+``/decoder/stages.2``; one level deeper where a top-level module holds more than :data:`MAX_BLOCK_OPS` convolutions);
+the operations between them (the sum of the decoders' logits, skip connections' concatenations) form one more block,
+so that every block kept leaves no quantized input behind.
 The blocks are ranked by how far keeping each alone in fp32 brings the candidate's probabilities back to fp32's on
 the first :data:`RANKING_CASES` validation cases; the fewest top-ranked blocks with which both bounds hold are kept
 (bisection over the ranking, each step verified on every validation case). Where the bounds hold only with every
@@ -48,13 +50,15 @@ from nnunetv2_meddisseg.deploy.image_pipeline import probabilities_from_logits, 
 from nnunetv2_meddisseg.deploy.runtimes import OpenVinoSession, cpu_supports_bf16, openvino_core
 from nnunetv2_meddisseg.deploy.sliding_window import pad_to_patch, sliding_window_logits, tile_starts
 
-__all__ = ["Bounds", "GuardCases", "MAX_BLOCK_OPS", "RANKING_CASES", "DEFAULT_CALIBRATION_TILES", "load_cases",
-           "blocks", "Verifier", "guard", "guard_folds"]
+__all__ = ["Bounds", "GuardCases", "MAX_BLOCK_OPS", "RANKING_CASES", "BETWEEN_BLOCKS", "DEFAULT_CALIBRATION_TILES",
+           "load_cases", "blocks", "Verifier", "guard", "guard_folds"]
 
 #: a top-level module with more convolutions than this is split into its children
 MAX_BLOCK_OPS = 12
 #: the validation cases that rank the blocks
 RANKING_CASES = 8
+#: the block of the operations between the blocks with convolutions (sums and concatenations of their outputs)
+BETWEEN_BLOCKS = "(between blocks)"
 DEFAULT_CALIBRATION_TILES = 64
 _COMPUTE_OPS = ("Convolution", "GroupConvolution", "ConvolutionBackpropData", "GroupConvolutionBackpropData",
                 "MatMul")
@@ -194,7 +198,9 @@ class Verifier:
 def blocks(model) -> Dict[str, List[str]]:
     """``{block: the names of its operations}`` of an OpenVINO model (see the module's docstring). An operation
     whose name is no module path (one the converter made, such as the MVN of an instance normalisation) belongs to
-    the block of its first consumer that has one; constants, inputs and outputs belong to none."""
+    the block of its first consumer that has one; the operations in no block with a convolution (the sum of the
+    decoders' logits, the concatenations of skip connections) form the block :data:`BETWEEN_BLOCKS`; constants,
+    inputs and outputs belong to none."""
     ops = [op for op in model.get_ordered_ops() if op.get_type_name() not in ("Constant", "Parameter", "Result")]
     path: Dict[str, List[str]] = {}
     for op in reversed(ops):  # consumers first
@@ -221,7 +227,10 @@ def blocks(model) -> Dict[str, List[str]]:
             depth = 2 if size.get(parts[0], 0) > MAX_BLOCK_OPS and len(parts) > 1 else 1
             groups.setdefault("/" + "/".join(parts[:depth]), []).append(op.get_friendly_name())
     compute = {op.get_friendly_name() for op in ops if op.get_type_name() in _COMPUTE_OPS}
-    return {key: names for key, names in groups.items() if compute.intersection(names)}
+    found = {key: names for key, names in groups.items() if compute.intersection(names)}
+    inside = {name for names in found.values() for name in names}
+    between = [op.get_friendly_name() for op in ops if op.get_friendly_name() not in inside]
+    return {**found, BETWEEN_BLOCKS: between} if between else found
 
 
 Candidate = Callable[[Sequence[str]], object]

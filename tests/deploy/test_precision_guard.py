@@ -1,0 +1,85 @@
+"""deploy/precision_guard.py's blocks and INT8 candidates on a tiny network exported as the export exports: every
+operation in one block, and an INT8 candidate that keeps every block in fp32 computes what the fp32 graph does
+(nothing quantized left behind, also between the blocks: skip concatenations, the sum of two heads)."""
+import io
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from nnunetv2_meddisseg.deploy import precision_guard
+from nnunetv2_meddisseg.deploy.precision_guard import BETWEEN_BLOCKS, _int8_candidate, _quantize, blocks
+from nnunetv2_meddisseg.deploy.runtimes import OpenVinoSession, openvino_core
+
+
+class _Decoder(nn.Module):
+    """(N, 8, H, W) features and (N, 1, H, W) input -> (N, 8, H, W): a skip concatenated, as nnU-Net's decoder."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fuse = nn.Sequential(nn.Conv2d(9, 8, 3, padding=1), nn.ReLU())
+        self.refine = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU())
+
+    def forward(self, features: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.refine(self.fuse(torch.cat([features, x], 1)))
+
+
+class _TwoHeads(nn.Module):
+    """(N, 1, H, W) -> (N, 2, H, W): an encoder, a decoder with a skip concatenation, and the sum of two heads'
+    logits (as Med-DisSeg sums its decoders')."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU())
+        self.decoder = _Decoder()
+        self.head_a = nn.Conv2d(8, 2, 1)
+        self.head_b = nn.Conv2d(8, 2, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = self.encoder(x)
+        return self.head_a(self.decoder(features, x)) + self.head_b(features)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    network = _TwoHeads().eval()
+    buffer = io.BytesIO()
+    torch.onnx.export(network, (torch.zeros(1, 1, 16, 16),), buffer, input_names=["data"], output_names=["logits"],
+                      opset_version=17, dynamo=False)
+    return openvino_core().read_model(buffer.getvalue())
+
+
+@pytest.fixture
+def groups(model, monkeypatch):
+    """The blocks, a module with more than one convolution split into its children (the decoder's concatenation
+    then belongs to none of them, as in nnU-Net's decoder of more than MAX_BLOCK_OPS convolutions)."""
+    monkeypatch.setattr(precision_guard, "MAX_BLOCK_OPS", 1)
+    return blocks(model)
+
+
+def _tiles(count: int, seed: int):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(0, 1, (1, 1, 16, 16)).astype(np.float32) for _ in range(count)]
+
+
+def test_every_operation_is_in_exactly_one_block(model, groups):
+    names = [name for members in groups.values() for name in members]
+    ops = [op.get_friendly_name() for op in model.get_ordered_ops()
+           if op.get_type_name() not in ("Constant", "Parameter", "Result")]
+    assert sorted(names) == sorted(ops)
+    between = {op.get_type_name() for op in model.get_ordered_ops()
+               if op.get_friendly_name() in groups[BETWEEN_BLOCKS]}
+    assert {"Add", "Concat"} <= between and "/decoder/fuse" in groups and "/decoder/refine" in groups, groups
+
+
+def test_an_int8_candidate_keeping_every_block_is_the_fp32_graph(model, groups):
+    candidate = _int8_candidate(_quantize(model, _tiles(8, 0)), model)
+    x = np.concatenate(_tiles(2, 1))
+    fp32 = OpenVinoSession(model, "fp32").run(x)
+    every = [name for members in groups.values() for name in members]
+    assert np.abs(OpenVinoSession(candidate(every), "int8").run(x) - fp32).max() < 1e-4
+    but_between = [name for key, members in groups.items() if key != BETWEEN_BLOCKS for name in members]
+    assert np.abs(OpenVinoSession(candidate(but_between), "int8").run(x) - fp32).max() > 1e-3
+    assert np.abs(OpenVinoSession(candidate([]), "int8").run(x) - fp32).max() > 1e-3
