@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.environment import use_our_trainers
 
 __all__ = ["NUMPY_SCALAR_GLOBALS", "PREDICTOR_KEYS", "UnsafeTorchFile", "is_torch_file", "load_weights_only",
            "refusal_reason", "read_checkpoint", "check_model_folder_checkpoints", "weights_only_loads",
@@ -103,8 +104,9 @@ def read_checkpoint(path: Union[str, os.PathLike], mmap: Optional[bool] = None) 
     """A checkpoint read by :func:`load_weights_only` (``mmap``: memory-mapped, tensors read when used; by default
     for files in torch.save's zip format).
 
-    Raises a one-line :class:`~nnunetv2_meddisseg.cli.UserError` naming the file where it does not exist, is
-    empty, is no complete file written by ``torch.save`` (truncated or corrupt) or holds no dict, and
+    Raises a one-line :class:`~nnunetv2_meddisseg.cli.UserError` naming the file where it does not exist, cannot
+    be read (no permission), is empty, is no complete file written by ``torch.save`` (truncated or corrupt) or
+    holds no dict, and
     :class:`UnsafeTorchFile` where it holds objects other than tensors, containers, numbers and NumPy scalars."""
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -112,7 +114,11 @@ def read_checkpoint(path: Union[str, os.PathLike], mmap: Optional[bool] = None) 
     if os.path.getsize(path) == 0:
         raise UserError(f"{path} is empty (0 bytes): an interrupted copy or save? copy it again or train the model "
                         f"again")
-    if not is_torch_file(path):
+    try:
+        torch_file = is_torch_file(path)
+    except OSError as e:
+        raise UserError(f"{path} cannot be read: {e.strerror or e}") from None
+    if not torch_file:
         raise UserError(f"{path} cannot be read as a checkpoint (truncated or corrupt? it is no complete file written "
                         f"by torch.save)")
     try:
@@ -183,12 +189,21 @@ def initialize_predictor(predictor: Any, model_folder: Union[str, os.PathLike], 
     """``predictor.initialize_from_trained_model_folder(model_folder, folds, checkpoint_name)`` (an
     ``nnUNetPredictor``) without running code a checkpoint carries: every fold's checkpoint is checked first
     (:func:`check_model_folder_checkpoints`), and the predictor's own loads run inside :func:`weights_only_loads`,
-    so that what it loads is read weights-only too, even where a file changed after the check."""
+    so that what it loads is read weights-only too, even where a file changed after the check. nnU-Net finds this
+    package's trainers by name (:func:`~nnunetv2_meddisseg.environment.use_our_trainers`); a trainer class it finds
+    nowhere is a one-line :class:`~nnunetv2_meddisseg.cli.UserError` naming the checkpoint."""
     folds = _folds(folds)
     files = check_model_folder_checkpoints(model_folder, folds, checkpoint_name)
+    use_our_trainers()
     try:
         with weights_only_loads(f"checkpoint {' or '.join(map(str, files))}"):
             predictor.initialize_from_trained_model_folder(str(model_folder), folds, checkpoint_name)
     except UnsafeTorchFile:
         check_model_folder_checkpoints(model_folder, folds, checkpoint_name)  # names the file that changed
         raise
+    except RuntimeError as e:
+        if not str(e).startswith("Could not find requested nnunet trainer"):
+            raise
+        trainer = read_checkpoint(files[-1])["trainer_name"]
+        raise UserError(f"{files[-1]}: its trainer class {trainer} is neither nnU-Net's nor this package's: add the "
+                        f"folder of the module that defines it to nnUNet_extTrainer") from None

@@ -175,6 +175,26 @@ def test_a_missing_checkpoint_a_bad_fold_and_one_that_holds_no_dict(tmp_path):
         read_checkpoint(tmp_path / "list.pth")
 
 
+def test_a_checkpoint_without_read_permission_is_one_line(tmp_path, monkeypatch):
+    """Simulated (a test running as root reads any file): opening the file is refused by the system."""
+    import builtins
+    import errno
+
+    path = tmp_path / "checkpoint_final.pth"
+    torch.save(_complete(), path)
+    real_open = builtins.open
+
+    def refusing_open(file, *args, **kwargs):
+        if os.fspath(file) == str(path):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", refusing_open)
+    with pytest.raises(UserError) as e:
+        read_checkpoint(path)
+    assert str(e.value) == f"{path} cannot be read: Permission denied"
+
+
 def test_read_checkpoint_reads_tensors_and_numpy_scalars(tmp_path):
     torch.save(_complete(), tmp_path / "c.pth")
     for mmap in (None, False):
@@ -265,6 +285,31 @@ def test_a_trained_checkpoint_loads_through_initialize_predictor(trained_model):
     assert loaded.keys() == trained_model["weights"].keys()
     assert all(torch.equal(loaded[k], v) for k, v in trained_model["weights"].items())
     assert predictor.trainer_name == "nnUNetTrainer" and "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in os.environ
+
+
+def _name_trainer(checkpoint: Path, trainer: str) -> None:
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # the test's own file
+    torch.save(dict(state, trainer_name=trainer), checkpoint)
+
+
+def test_a_trainer_class_nnunet_finds_nowhere_is_one_line(trained_model, monkeypatch):
+    checkpoint = trained_model["folder"] / "fold_0" / "checkpoint_final.pth"
+    _name_trainer(checkpoint, "nnUNetTrainerNoSuchThing")
+    monkeypatch.delenv("nnUNet_extTrainer", raising=False)
+    with pytest.raises(UserError) as e:
+        initialize_predictor(_predictor(), trained_model["folder"], [0])
+    assert str(e.value) == (f"{checkpoint}: its trainer class nnUNetTrainerNoSuchThing is neither nnU-Net's nor this "
+                            f"package's: add the folder of the module that defines it to nnUNet_extTrainer")
+
+
+def test_the_packages_trainers_are_found_without_nnunet_exttrainer(trained_model, monkeypatch):
+    """A model trained with one of this package's trainers loads with ``nnUNet_extTrainer`` unset (the plain
+    U-Net of the tiny plans, built by nnU-Net's default architecture of a trainer that keeps it)."""
+    _name_trainer(trained_model["folder"] / "fold_0" / "checkpoint_final.pth", "nnUNetTrainerBaseline")
+    monkeypatch.delenv("nnUNet_extTrainer", raising=False)
+    predictor = _predictor()
+    initialize_predictor(predictor, trained_model["folder"], [0])
+    assert predictor.trainer_name == "nnUNetTrainerBaseline"
 
 
 def test_a_checkpoint_exchanged_after_the_check_is_refused_by_the_predictors_own_load(trained_model, tmp_path,

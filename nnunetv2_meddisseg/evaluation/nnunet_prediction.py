@@ -7,7 +7,7 @@ from typing import List, Sequence
 
 from tqdm import tqdm
 
-from nnunetv2_meddisseg.environment import trainer_output_folder, use_our_trainers
+from nnunetv2_meddisseg.environment import trainer_output_folder
 
 __all__ = ["find_trained_model", "predict_missing_cases"]
 
@@ -57,7 +57,6 @@ def predict_missing_cases(model_dir: str, fold: str, checkpoint: str, images_dir
     from nnunetv2_meddisseg.torch_files import initialize_predictor
 
     os.makedirs(output_dir, exist_ok=True)
-    use_our_trainers()
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was requested but no CUDA device is available")
