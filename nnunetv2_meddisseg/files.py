@@ -13,7 +13,14 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["write_atomically", "replace_folder", "set_aside_path", "restore_set_aside"]
+__all__ = ["is_inside", "write_atomically", "replace_folder", "set_aside_path", "restore_set_aside"]
+
+
+def is_inside(path: os.PathLike, folder: os.PathLike) -> bool:
+    """Whether ``path`` is ``folder`` or lies inside it, symbolic links resolved (where a command's output would
+    land in one of its inputs)."""
+    path, folder = Path(path).resolve(), Path(folder).resolve()
+    return path == folder or folder in path.parents
 
 
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import torch
 
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
-from nnunetv2_meddisseg.files import replace_folder
+from nnunetv2_meddisseg.files import is_inside
 from nnunetv2_meddisseg.torch_files import PREDICTOR_KEYS, read_checkpoint
 
 __all__ = ["PREDICTION_KEYS", "weights_only_checkpoint", "copy_weights_only", "main"]
@@ -66,8 +67,7 @@ def copy_weights_only(model_folder: Path, output_folder: Path) -> List[Path]:
     if not (model_folder / "plans.json").is_file() or not list(model_folder.glob("fold_*")):
         raise UserError(f"{model_folder} is not a trained nnU-Net model folder: expected plans.json and fold_* "
                         f"folders (<trainer>__<plans>__<configuration> under $nnUNet_results/<dataset>)")
-    source, target = model_folder.resolve(), output_folder.resolve()
-    if target == source or source in target.parents or target in source.parents:
+    if is_inside(output_folder, model_folder) or is_inside(model_folder, output_folder):
         raise UserError(f"OUTPUT_FOLDER {output_folder} is inside MODEL_FOLDER {model_folder} (or holds it): choose "
                         f"a folder outside the model folder")
     if output_folder.exists() and (not output_folder.is_dir() or any(output_folder.iterdir())):
@@ -78,6 +78,7 @@ def copy_weights_only(model_folder: Path, output_folder: Path) -> List[Path]:
     reduced = {}
     for path in checkpoints:
         reduced[path.relative_to(model_folder)] = weights_only_checkpoint(read_checkpoint(path), str(path))
+    target = output_folder.resolve()
     partial = target.parent / f".{target.name}.partial"
     try:
         if partial.exists():
@@ -85,7 +86,9 @@ def copy_weights_only(model_folder: Path, output_folder: Path) -> List[Path]:
         shutil.copytree(model_folder, partial, ignore=_not_shared)
         for relative, checkpoint in reduced.items():
             _save(checkpoint, partial / relative)
-        replace_folder(partial, target)
+        if target.is_dir():
+            target.rmdir()  # empty when checked; one that has gained files since stays, and the copy is refused
+        os.replace(partial, target)
     except OSError as e:
         shutil.rmtree(partial, ignore_errors=True)
         raise UserError(f"cannot write the copy {output_folder}: {_os_error(e)}") from None

@@ -147,3 +147,29 @@ def test_a_failed_write_leaves_nothing_and_names_the_path(model_folder, tmp_path
     assert err.count("\n") == 1 and err.startswith("nnUNetv2_meddisseg_weights_only: error: cannot write the copy ")
     assert "checkpoint_best.pth: No space left on device" in err
     assert sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("empty_before", [True, False], ids=["empty_folder", "new_folder"])
+def test_files_that_appear_in_the_output_folder_while_copying_are_kept(model_folder, tmp_path, capsys, monkeypatch,
+                                                                       empty_before):
+    """The output folder is checked (missing or empty) before the checkpoints are read; a file someone writes there
+    meanwhile stays, and the copy is refused with one line."""
+    import nnunetv2_meddisseg.sharing as sharing
+
+    out = tmp_path / "shared"
+    if empty_before:
+        out.mkdir()
+    real_save = sharing._save
+
+    def save_while_someone_writes(checkpoint, path):
+        out.mkdir(exist_ok=True)
+        (out / "results.csv").write_text("mine")
+        real_save(checkpoint, path)
+
+    monkeypatch.setattr(sharing, "_save", save_while_someone_writes)
+    assert main([str(model_folder), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"nnUNetv2_meddisseg_weights_only: error: cannot write the copy "
+                                                   f"{out}: "), err
+    assert [p.name for p in out.iterdir()] == ["results.csv"] and (out / "results.csv").read_text() == "mine"
+    assert not list(tmp_path.glob(".shared*"))

@@ -3,8 +3,8 @@ whole.
 
 ``-o`` may name a folder that does not exist yet, an empty folder, or an earlier export: a folder whose
 ``onnx_model.json`` says the export wrote it (``deploy.description.written_by_export``) and that holds nothing
-besides it and its ``fold_*`` folders (each fold's files: its ``model.onnx`` and, where the export verified a
-reduced precision, that precision's OpenVINO IR ``model_<precision>.xml`` / ``.bin``). Anything else that exists (a
+besides the files it records (each fold's ``fold_*/model.onnx`` and, where the export verified a reduced precision,
+that precision's OpenVINO IR ``model_<precision>.xml`` / ``.bin``) and their folders. Anything else that exists (a
 file, a folder of other files, the trained model folder) is refused, and so is any ``-o`` inside nnU-Net's folders
 (``nnUNet_raw``, ``nnUNet_preprocessed``, ``nnUNet_results``), which belong to nnU-Net, except the default: ``onnx``
 inside the exported model's folder.
@@ -19,13 +19,13 @@ import json
 import os
 import shutil
 import tempfile
-from pathlib import Path
-from typing import Dict, Optional
+from pathlib import Path, PurePosixPath
+from typing import Dict, Optional, Set
 
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, WRITTEN_BY, fold_model_file, written_by_export
 from nnunetv2_meddisseg.environment import NNUNET_FOLDERS
-from nnunetv2_meddisseg.files import replace_folder, restore_set_aside, set_aside_path
+from nnunetv2_meddisseg.files import is_inside, replace_folder, restore_set_aside, set_aside_path
 
 __all__ = ["DEFAULT_NAME", "check_output", "write_export"]
 
@@ -33,46 +33,60 @@ __all__ = ["DEFAULT_NAME", "check_output", "write_export"]
 DEFAULT_NAME = "onnx"
 
 
-def _inside(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
-
-
 def _refuse_nnunet_folders(output: Path, resolved: Path, model_folder: Path) -> None:
     default = (model_folder / DEFAULT_NAME).resolve()
     if resolved == default:
         return
-    if _inside(resolved, model_folder.resolve()):
+    if is_inside(resolved, model_folder):
         raise UserError(f"-o {output} is inside the model folder {model_folder}: the export goes there only to its "
                         f"default place {default} (leave -o out), or to a folder outside nnU-Net's folders")
     for name in NNUNET_FOLDERS:
         root = os.environ.get(name)
-        if root and _inside(resolved, Path(root).resolve()):
+        if root and is_inside(resolved, root):
             raise UserError(f"-o {output} is inside {name} ({root}), whose folders belong to nnU-Net: choose a folder "
                             f"outside nnU-Net's folders, or leave -o out for the default {default}")
 
 
-def _written_by_export(folder: Path) -> bool:
-    """``folder`` holds an ``onnx_model.json`` that the export wrote."""
-    description = folder / DESCRIPTION_FILE
+def _description(folder: Path) -> Optional[dict]:
+    """``folder``'s ``onnx_model.json`` where the export wrote it, else None."""
     try:
-        return description.is_file() and written_by_export(json.loads(description.read_text()))
+        description = json.loads((folder / DESCRIPTION_FILE).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
+        return None
+    return description if written_by_export(description) else None
+
+
+def _recorded_files(description: dict) -> Set[str]:
+    """The files an export's description records (each fold's graph and its reduced-precision IRs), relative to
+    the folder; those of entries that are not as the export writes them are left out."""
+    recorded = {DESCRIPTION_FILE}
+    for fold in description.get("folds") if isinstance(description.get("folds"), list) else []:
+        if not isinstance(fold, dict):
+            continue
+        if isinstance(fold.get("file"), str):
+            recorded.add(fold["file"])
+        records = fold.get("precisions") if isinstance(fold.get("precisions"), dict) else {}
+        for record in records.values():
+            files = record.get("files") if isinstance(record, dict) else None
+            recorded.update(name for name in files or {} if isinstance(name, str))
+    return recorded
 
 
 def _refuse_what_is_not_an_export(output: Path) -> None:
-    """An existing ``output`` passes when it is an empty folder or an earlier export holding only what the export
-    writes."""
+    """An existing ``output`` passes when it is an empty folder or an earlier export holding only the files its
+    description records (and their folders)."""
     if not output.is_dir():
         raise UserError(f"-o {output} exists and is not a folder: the export writes a folder; choose a new name")
-    entries = sorted(output.iterdir())
-    if not entries:
+    if not any(output.iterdir()):
         return
-    if not _written_by_export(output):
+    description = _description(output)
+    if description is None:
         raise UserError(f"-o {output} exists and is not an export of {WRITTEN_BY} (no {DESCRIPTION_FILE} written "
                         f"by it): -o replaces only an earlier export; choose a new folder")
-    other = [e.name for e in entries
-             if e.name != DESCRIPTION_FILE and not (e.name.startswith("fold_") and e.is_dir() and not e.is_symlink())]
+    recorded = _recorded_files(description)
+    folders = {parent.as_posix() for name in recorded for parent in PurePosixPath(name).parents}
+    other = [name for name, path in ((p.relative_to(output).as_posix(), p) for p in sorted(output.rglob("*")))
+             if path.is_symlink() or name not in (folders if path.is_dir() else recorded)]
     if other:
         raise UserError(f"-o {output} is an earlier export but also holds {', '.join(other[:3])}"
                         f"{' ...' if len(other) > 3 else ''}, which the export did not write: move them out or "
@@ -100,7 +114,7 @@ def check_output(output: Path, model_folder: Path) -> Path:
     if output.is_symlink():
         raise UserError(f"-o {output} is a symbolic link: name the folder itself")
     _refuse_nnunet_folders(output, output.resolve(), Path(model_folder))
-    if _written_by_export(set_aside_path(output)) and restore_set_aside(output):
+    if _description(set_aside_path(output)) is not None and restore_set_aside(output):
         print(f"{output}: put back the earlier export that an interrupted export had set aside")
     if output.exists():
         _refuse_what_is_not_an_export(output)

@@ -25,7 +25,7 @@ import numpy as np
 
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.deploy.image_pipeline import write_segmentation
-from nnunetv2_meddisseg.files import write_atomically
+from nnunetv2_meddisseg.files import is_inside, write_atomically
 
 __all__ = ["RECORD_FOLDER", "check_folders", "PredictionOutput"]
 
@@ -34,17 +34,13 @@ RECORD_FOLDER = ".nnUNetv2_meddisseg_predict_onnx"
 WRITER = "nnUNetv2_meddisseg_predict_onnx"
 
 
-def _inside(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
-
-
 def check_folders(input_folder: Path, output_folder: Path, model_folder: Path) -> None:
     """One line where ``output_folder`` is, or lies inside, the input folder or the model folder, or exists and
     is not a folder."""
     output = Path(output_folder).resolve()
     for option, folder, what in (("-i", input_folder, "input"), ("-m", model_folder, "model")):
         resolved = Path(folder).resolve()
-        if _inside(output, resolved):
+        if is_inside(output, resolved):
             where = "is" if output == resolved else "is inside"
             raise UserError(f"-o {output_folder} {where} the {what} folder {option} {folder}: the predictor never "
                             f"writes into its inputs; choose another -o")

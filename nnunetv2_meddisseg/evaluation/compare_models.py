@@ -31,6 +31,7 @@ from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, add_device_
 from nnunetv2_meddisseg.evaluation.compare_predictions import compare_prediction_folders, terminal_text
 from nnunetv2_meddisseg.evaluation.evaluate import load_dataset_json_labels
 from nnunetv2_meddisseg.evaluation.nnunet_prediction import find_trained_model, predict_missing_cases
+from nnunetv2_meddisseg.files import is_inside
 
 __all__ = ["main"]
 
@@ -90,10 +91,8 @@ def _dataset_name(dataset: str) -> str:
 
 def _check_output_folder(out: str, inputs: Sequence[str]) -> None:
     """``-o`` must not be one of the input folders (test images and labels, model folders) or lie inside one."""
-    target = os.path.realpath(out)
     for folder in inputs:
-        source = os.path.realpath(folder)
-        if target == source or target.startswith(source.rstrip(os.sep) + os.sep):
+        if is_inside(out, folder):
             raise UserError(f"-o {out} is inside the input folder {folder}: the comparison would be written into "
                             f"its input; choose a folder outside it")
 

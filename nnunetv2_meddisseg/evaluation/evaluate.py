@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
 from nnunetv2_meddisseg.evaluation.metrics import BINARY_METRICS, binary_metrics, mean_and_std, multiclass_dice_hd95
-from nnunetv2_meddisseg.files import write_atomically
+from nnunetv2_meddisseg.files import is_inside, write_atomically
 
 __all__ = [
     "LABEL_FILE_ENDINGS",
@@ -287,12 +287,8 @@ def format_summary(summary: Mapping) -> str:
 def check_output_file(output_file: str, inputs: Mapping[str, Optional[str]]) -> None:
     """``-o`` names a file that is neither one of the ``inputs`` (option -> path) nor inside an input
     folder, nor an existing folder."""
-    target = os.path.realpath(output_file)
     for option, path in inputs.items():
-        if path is None:
-            continue
-        source = os.path.realpath(path)
-        if target == source or target.startswith(source.rstrip(os.sep) + os.sep):
+        if path is not None and is_inside(output_file, path):
             raise UserError(f"-o {output_file} is inside {option} {path}: the summary would be written into the "
                             f"input; choose a file outside it")
     if os.path.isdir(output_file):

@@ -54,6 +54,21 @@ def exp_export_with_a_user_file(tmp, env):
     return _argv(tmp / "kvasir_onnx")
 
 
+def exp_export_with_a_user_file_in_a_fold(tmp, env):
+    _model(env)
+    earlier_export(tmp / "kvasir_onnx")
+    (tmp / "kvasir_onnx" / "fold_0" / "predictions.csv").write_text("mine")
+    return _argv(tmp / "kvasir_onnx")
+
+
+def exp_export_with_a_fold_it_does_not_record(tmp, env):
+    _model(env)
+    earlier_export(tmp / "kvasir_onnx")
+    (tmp / "kvasir_onnx" / "fold_3").mkdir()
+    (tmp / "kvasir_onnx" / "fold_3" / "model.onnx").write_bytes(b"mine")
+    return _argv(tmp / "kvasir_onnx")
+
+
 def exp_output_under_a_file(tmp, env):
     _model(env)
     (tmp / "a_file").write_text("x")
@@ -76,6 +91,10 @@ ROWS = [
         ["is inside nnUNet_results"]),
     Row("export/export_with_a_user_file", "export", exp_export_with_a_user_file, 2,
         ["is an earlier export but also holds README.txt, which the export did not write"]),
+    Row("export/export_with_a_user_file_in_a_fold", "export", exp_export_with_a_user_file_in_a_fold, 2,
+        ["is an earlier export but also holds fold_0/predictions.csv, which the export did not write"]),
+    Row("export/export_with_a_fold_it_does_not_record", "export", exp_export_with_a_fold_it_does_not_record, 2,
+        ["is an earlier export but also holds fold_3, fold_3/model.onnx, which the export did not write"]),
     Row("export/output_under_a_file", "export", exp_output_under_a_file, 2,
         ["cannot write ", "a_file/kvasir_onnx: ", "a_file is not a folder"]),
 ]

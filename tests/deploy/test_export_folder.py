@@ -13,7 +13,7 @@ from tiny_export import description_of
 
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.deploy import export, export_folder
-from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, fold_model_file
+from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, fold_model_file, sha256_of
 from nnunetv2_meddisseg.files import set_aside_path
 
 DATASET = "Dataset987_Tiny"
@@ -200,7 +200,10 @@ def test_an_export_with_reduced_precision_files_is_an_earlier_export(model, tmp_
     replaced whole: an export without them leaves none behind."""
     target = tmp_path / "kvasir_onnx"
     ir = {"fold_0/model_int8.xml": b"<net/>", "fold_0/model_int8.bin": b"weights"}
-    export_folder.write_export(target, {"0": b"graph"}, description_of({0: b"graph"}), ir)
+    description = description_of({0: b"graph"})
+    description["folds"][0]["precisions"] = {"int8": {"verified": True, "model": "fold_0/model_int8.xml",
+                                                      "files": {name: sha256_of(data) for name, data in ir.items()}}}
+    export_folder.write_export(target, {"0": b"graph"}, description, ir)
     assert {p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()} == {
         DESCRIPTION_FILE, fold_model_file(0), *ir}
     assert export_folder.check_output(target, model) == target
