@@ -186,9 +186,12 @@ class OnnxPredictor:
             print(f"--continue_prediction: {len(part) - len(todo)} case(s) already predicted, {len(todo)} to go")
         bar = contextlib.nullcontext()
         if progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(todo), unit="case", desc=PROG, file=sys.stderr)
+            try:
+                from tqdm import tqdm
+            except ImportError:  # tqdm is optional without PyTorch's stack: no bar then
+                progress = False
+            else:
+                bar = tqdm(total=len(todo), unit="case", desc=PROG, file=sys.stderr)
         written = []
         with bar, contextlib.closing(self._prepared_in_order([(c, cases[c]) for c in todo],
                                                              preprocess_ahead)) as prepared_cases:
@@ -246,7 +249,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="replace existing output files that this command did not write (never an input file)")
     p.add_argument("--disable_progress_bar", action="store_true",
-                   help="no progress bar (by default it is shown where stderr is a terminal)")
+                   help="no progress bar (by default it is shown where stderr is a terminal and tqdm is installed)")
     p.add_argument("--sequential", action="store_true",
                    help="read and preprocess each case only after the previous one is written (by default the next "
                         "case is preprocessed in a background thread while this one is predicted)")

@@ -4,6 +4,7 @@ conventions for large jobs (-num_parts / -part_id as nnUNetv2_predict splits the
 progress bar) and the next case preprocessed while this one is predicted, with the sequential path's results."""
 import itertools
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -242,6 +243,14 @@ def test_progress_bar_on_request_only(work, capsys):
     assert "3/3" in capsys.readouterr().err
     assert main(_argv(work, work / "out2")) == 0  # stderr is no terminal here: no bar
     assert main(_argv(work, work / "out3", "--disable_progress_bar")) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_no_bar_where_tqdm_is_not_installed(work, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # importing tqdm fails, as where it is not installed
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(_argv(work, work / "out")) == 0
+    assert sorted(p.name for p in (work / "out").iterdir() if p.is_file()) == ["case0.png", "case1.png", "case2.png"]
     assert capsys.readouterr().err == ""
 
 
