@@ -269,7 +269,8 @@ def _export(models: Dict[str, dict], env: dict, work: Path, logs: Path, precisio
             except Exception as e:  # the export's refusal (a bound missed) is the arm's result
                 if flag is None:
                     raise
-                record["refused"][flag] = f"{type(e).__name__}: {' '.join(str(e).split())[-300:]}"
+                text = " ".join(str(e).split())
+                record["refused"][flag] = f"{type(e).__name__}: {text[max(text.find('exit code'), 0):]}"
         records[name] = record
     return records
 
@@ -326,6 +327,8 @@ def _run(args, work: Path) -> dict:
                                                           save_probabilities=True, overwrite=True)
             outputs[f"{name} / nnUNetv2_predict"] = (out_t, out_t)
             for arm, kwargs in runs:
+                if f"--{kwargs.get('precision')}" in payload["export"][name]["refused"]:
+                    continue  # the export's guard refused this precision: reported with the export
                 out_o = work / "predictions" / f"{name}_{mode[4:]}_{arm}".replace(" ", "_")
                 onnx_predictor, record = start_arm(model["export"], kwargs.get("providers", ()), tta, args.threads,
                                                    images, out_o, out_t, cases, ending, kwargs.get("runtime",
