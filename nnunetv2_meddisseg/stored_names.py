@@ -1,12 +1,12 @@
-"""Names and entries that files users already hold still carry, and how they are read today: the one home of
-every reader kept for such files.
+"""Names and entries that users' files may carry besides the ones the package writes, and how they are read: the
+one home of every reader of such files.
 
-Each entry names the files that need it. None of them is written any more; an entry can go once no such file is
+Each entry names the files that need it. The package writes none of them; an entry can go once no such file is
 in use (a major version may drop them, saying so in its notes), together with the line that consults it.
 
 - Plans files (``nnUNetPlans.json`` of ``nnUNetv2_meddisseg_plan``, ``plans.json`` beside a trained model) that
-  name the normalisation classes by their earlier names: :data:`NORM_CLASSES`, read by ``blocks/norm.py``.
-- Model folders and checkpoints (``trainer_name``) of trainers whose recipe became the default one:
+  name the normalisation classes by other names: :data:`NORM_CLASSES`, read by ``blocks/norm.py``.
+- Model folders and checkpoints (``trainer_name``) of trainers whose recipe is the default one's:
   :data:`TRAINER_CLASSES`, read by ``nnunet_trainers/meddisseg_trainers.py`` so that such a model still predicts.
 - Checkpoints of ``nnUNetTrainerMedDisSeg`` without a ``meddisseg_stage`` entry: :func:`checkpoint_stage_without_entry`,
   read by ``training/stages.py``.
@@ -24,14 +24,14 @@ from typing import List, Mapping, MutableMapping, Sequence
 __all__ = ["NORM_CLASSES", "TRAINER_CLASSES", "checkpoint_stage_without_entry", "curves_entry",
            "head_group_named", "curves_with_the_head_named"]
 
-#: ``blocks.norm`` class names that plans files may store -> the class they name today
+#: ``blocks.norm`` class names that plans files may store -> the class each names
 NORM_CLASSES: Mapping[str, str] = {"BatchNorm2d": "UncountedBatchNorm2d",
                                    "InstanceNorm2d": "SingleKernelInstanceNorm2d"}
 
 #: trainer class names that model folders and checkpoints may store -> the trainer whose recipe they trained with
 TRAINER_CLASSES: Mapping[str, str] = {"nnUNetTrainerMedDisSeg_paperSettings": "nnUNetTrainerMedDisSeg"}
 
-#: the name Stage I's head group had, and has
+#: Stage I's head group: the name some checkpoints store, and the name the trainer writes
 _HEAD_GROUP_BEFORE, _HEAD_GROUP = "decoder", "head"
 
 

@@ -1,7 +1,7 @@
 """Normalisation layers of Med-DisSeg: torch's, with fewer kernel launches.
 
-Plans files may name these classes by earlier names (``nnunetv2_meddisseg.blocks.norm.BatchNorm2d``); such a name
-resolves to the class it names today (``stored_names.NORM_CLASSES``)."""
+Plans files may name these classes by other names (``nnunetv2_meddisseg.blocks.norm.BatchNorm2d``); such a name
+resolves to the class it stands for (``stored_names.NORM_CLASSES``)."""
 from typing import Optional
 
 import torch
@@ -81,9 +81,8 @@ class SingleKernelInstanceNorm2d(nn.GroupNorm):
         return super().forward(x)
 
 
-
 def __getattr__(name: str) -> type:
-    """A class name that plans files may store (``stored_names.NORM_CLASSES``): the class it names today."""
+    """A class name that plans files may store (``stored_names.NORM_CLASSES``): the class it stands for."""
     if name in NORM_CLASSES:
         return globals()[NORM_CLASSES[name]]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

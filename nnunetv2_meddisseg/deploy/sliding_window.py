@@ -39,12 +39,12 @@ def tile_starts(image_size: Sequence[int], patch_size: Sequence[int], step: floa
 
 
 @functools.lru_cache(maxsize=4)
-def gaussian_importance(patch_size: Sequence[int], sigma_scale: float = 1.0 / 8, value_scaling: float = 10.0
+def gaussian_importance(patch_size: Tuple[int, ...], sigma_scale: float = 1.0 / 8, value_scaling: float = 10.0
                         ) -> np.ndarray:
     """The importance map (patch_size) float16: a unit impulse at the centre blurred with sigma = patch *
     sigma_scale, scaled to a maximum of ``value_scaling``; zeros replaced by the smallest non-zero value. Made once
     per patch size (as nnU-Net caches it; a large patch's blur costs more than a small network's forward pass) and
-    read-only. ``patch_size``: a tuple."""
+    read-only. ``patch_size``: a tuple (the cache's key)."""
     impulse = np.zeros(patch_size)
     impulse[tuple(p // 2 for p in patch_size)] = 1
     gaussian = gaussian_filter(impulse, [p * sigma_scale for p in patch_size], 0, mode="constant", cval=0)

@@ -3,7 +3,7 @@
 nnU-Net imports this file as the top-level module ``meddisseg_trainers`` and drops it afterwards, so it
 defines nothing: it imports the classes from the package (absolute imports), where they are defined once.
 ``python -m nnunetv2_meddisseg.trainer_path --list`` prints the catalogue, one line per trainer. The trainer names
-that model folders may store for a trainer of today (``stored_names.TRAINER_CLASSES``) resolve to it, so that such
+that model folders may store for one of these trainers (``stored_names.TRAINER_CLASSES``) resolve to it, so that such
 a model still predicts.
 
 Importing it also installs (once per process) the ``sys.excepthook`` that prints a mistake in the user's input
@@ -27,7 +27,7 @@ __all__ = ["nnUNetTrainerMedDisSeg", "nnUNetTrainerMedDisSeg_paper",
            *[name for name in _variants if name.startswith("nnUNetTrainerMedDisSeg_")], "nnUNetTrainerDispersive",
            *[name for name in _variants if not name.startswith("nnUNetTrainerMedDisSeg_")], *_study]
 
-# names that model folders may store for a trainer whose recipe became the default one (not in the catalogue)
+# names that model folders may store for a trainer whose recipe is the default one's (not in the catalogue)
 globals().update({stored: globals()[current] for stored, current in TRAINER_CLASSES.items()})
 
 install_excepthook()

@@ -2,7 +2,8 @@
 variants) add to nnU-Net's ``nnUNetTrainer`` (through ``SeededTrainer``: the run seed and the recipe), whatever their
 network and losses. Each override calls nnU-Net's method and adds to it; the pieces of nnU-Net that have no smaller
 hook (the checkpoint's entries, ``train_step``'s autocast rule and update, ``get_dataloaders``' training loader,
-``on_epoch_end``) are restated in ``nnunet_copies`` alone, pinned to nnU-Net's source by a test. Each concept lives
+``on_epoch_end``) are restated in ``nnunet_copies``, pinned to nnU-Net's source by a test (and nnU-Net's deep
+supervision loss per output in ``losses/segmentation.py``). Each concept lives
 in a module of its own; the class holds them and overrides each hook once:
 
 - the dispersive loss of the recipe (``recipe.dispersive_from_recipe``, ``trainer.dispersive``): under DDP
