@@ -52,6 +52,7 @@ from nnunetv2_meddisseg.environment import (
     planning_environment,
     set_nnunet_environment,
 )
+from nnunetv2_meddisseg.files import write_atomically
 from nnunetv2_meddisseg.logged_command import run_logged
 from nnunetv2_meddisseg.training.recipe import ScheduleRecipe
 
@@ -213,7 +214,7 @@ def _prepare_data(args, kvasir: Path, env: Dict[str, str], work: Path) -> None:
     print("[2/5] nnU-Net planning and preprocessing (2d)")
     run_logged(["nnUNetv2_plan_and_preprocess", "-d", dataset, "-c", CONFIGURATION, "-np", str(args.num_processes)],
                planning_environment(env), logs / "plan_and_preprocess.log")
-    stamp_file.write_text(json.dumps(stamp, indent=1) + "\n")
+    write_atomically(stamp_file, lambda f: f.write_text(json.dumps(stamp, indent=1) + "\n"))
 
 
 def _environment(args, work: Path) -> Dict[str, str]:
@@ -260,7 +261,8 @@ class Plans:
             if family == "nnunet":
                 plans = json.loads((self.preprocessed / f"{stem}.json").read_text())
                 plans["plans_name"], plans["configurations"][CONFIGURATION]["batch_size"] = name, budget.batch
-                (self.preprocessed / f"{name}.json").write_text(json.dumps(plans, indent=4) + "\n")
+                write_atomically(self.preprocessed / f"{name}.json",
+                                 lambda f: f.write_text(json.dumps(plans, indent=4) + "\n"))
             else:
                 command = ["nnUNetv2_meddisseg_plan", "-d", str(self.args.dataset_id), "--plans-name", name,
                            *MEDDISSEG_PLANS[family][1]]
