@@ -19,6 +19,7 @@ from nnunetv2_meddisseg.ablation.table import METRIC_TITLES
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.evaluation.paired_statistics import wilcoxon_p_value
 from nnunetv2_meddisseg.logged_command import CommandStopped
+from nnunetv2_meddisseg.training.curves import SUMMARY_SECTIONS
 
 
 class Method(NamedTuple):
@@ -63,8 +64,8 @@ BASELINE = "default"
 # ------------------------------------------------------------------------------------------------
 # training logs
 
-_LOG_SECTIONS = {"loss terms: ": "loss", "dispersion: ": "dispersion",
-                 "gradient norms (before clipping): ": "grad_norm"}
+#: the log line's title of each summary section (training.curves) -> its key in the parsed log
+_LOG_SECTIONS = {f"{title}: ": prefix.rstrip("_") for prefix, title, _ in SUMMARY_SECTIONS}
 
 
 def read_training_log(log_file: Path) -> dict:
