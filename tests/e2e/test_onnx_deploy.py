@@ -85,9 +85,8 @@ def _predict_all(deployed: dict, key: str, folds: Tuple[str, ...], tta: bool, na
 
 
 @pytest.mark.parametrize("key,folds,tta", [
-    ("meddisseg", ("0",), True), ("meddisseg", ("0",), False), ("meddisseg", ("0", "1"), True),
-    ("meddisseg", ("0", "1"), False), ("dispersive", ("0",), True), ("nnunet", ("0",), True),
-    ("nnunet", ("0",), False)])
+    ("meddisseg", ("0",), True), ("meddisseg", ("0", "1"), True), ("meddisseg", ("0", "1"), False),
+    ("dispersive", ("0",), True), ("nnunet", ("0",), True), ("nnunet", ("0",), False)])
 def test_onnx_predictor_matches_nnunet_predict(deployed, key, folds, tta):
     name = f"{key}_{'_'.join(folds)}_{'tta' if tta else 'notta'}"
     out = _predict_all(deployed, key, folds, tta, name)
