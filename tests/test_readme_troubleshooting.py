@@ -409,6 +409,9 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
         "predict_onnx", predict_rows.pred_graph(lambda: predict_rows.tiny_graph(0, out_channels=3), record=True)),
     "onnx_model.json: patch_size must be two integers from 1 to 4096 (a 2D patch), got ...":
         _command("predict_onnx", predict_rows.pred_field("patch_size", [0, 16])),
+    "--precision int8: fold ... was not verified in int8 at export (export it with nnUNetv2_meddisseg_export --int8)":
+        _command("predict_onnx", _with_flags(lambda tmp, env: predict_rows._model_and_cases(tmp), "--precision",
+                                             "int8")),
     "format version 1, this predictor reads 2: export the model again":
         _command("predict_onnx", predict_rows.pred_field("format_version", 1)),
     "reads as an array of shape ..., expected a 2D grey, RGB or RGBA image":
@@ -434,6 +437,10 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
 
 # quoted in the table but not triggered here, with the reason
 NOT_TRIGGERED: Dict[str, str] = {
+    "--precision bf16: this CPU has no native bf16 (...); use fp32 or int8":
+        "needs a CPU without native bf16; tests/deploy/test_predict_onnx.py simulates one",
+    "fold ...: int8 misses the bounds unless every block stays in fp32 (...): nothing written":
+        "needs a trained model; tests/e2e/test_onnx_deploy.py sets a bound no model meets",
     "WARNING: torch.compile failed (...); training continues without compilation":
         "trains through a compiled trainer; tests/training/test_trainer_compile.py forces a compile error and reads "
         "this line from the training log",
