@@ -18,9 +18,11 @@ fp32. A block is a group of operations named by their module path in the graph (
 ``/decoder/stages.2``; one level deeper where a top-level module holds more than :data:`MAX_BLOCK_OPS` convolutions);
 the operations between them (the sum of the decoders' logits, skip connections' concatenations) form one more block,
 so that every block kept leaves no quantized input behind.
-The blocks are ranked by how far keeping each alone in fp32 brings the candidate's probabilities back to fp32's on
-the first :data:`RANKING_CASES` validation cases; the fewest top-ranked blocks with which both bounds hold are kept
-(bisection over the ranking, each step verified on every validation case). Where the bounds hold only with every
+The blocks are ranked by how far each alone in reduced precision (every other block in fp32) moves the
+probabilities from fp32's on the first :data:`RANKING_CASES` validation cases, the most harmful first (a block's own
+harm: the gain of keeping one block in fp32 while all others are reduced hides behind the others' errors); the
+fewest top-ranked blocks with which both bounds hold are kept (bisection over the ranking, each step verified on
+every validation case). Where the bounds hold only with every
 block in fp32 (no reduced precision left), the precision is not verified.
 
 - INT8: a kept block's operations run as in the fp32 graph: their inputs unquantized (the quantizers before them
@@ -257,9 +259,10 @@ def guard(precision: str, candidate: Candidate, groups: Dict[str, List[str]], ve
     if not figures["missed"]:
         return _record(True, [], figures, tried)
     order = list(groups)
-    distance = {g: verifier.distance(OpenVinoSession(candidate(groups[g]), precision, threads)) for g in order}
-    order.sort(key=distance.get)
-    say(f"  {precision}: blocks ranked by their distance to fp32 when kept alone: {', '.join(order[:8])}"
+    distance = {g: verifier.distance(OpenVinoSession(candidate([n for h in order if h != g for n in groups[h]]),
+                                                     precision, threads)) for g in order}
+    order.sort(key=distance.get, reverse=True)
+    say(f"  {precision}: blocks ranked by their distance to fp32 when reduced alone: {', '.join(order[:8])}"
         + (", ..." if len(order) > 8 else ""))
     low, high, best = 0, len(order), None  # the whole network misses the bounds; every block in fp32 is no INT8
     while high - low > 1:

@@ -1,6 +1,7 @@
 """deploy/precision_guard.py's blocks and INT8 candidates on a tiny network exported as the export exports: every
 operation in one block, and an INT8 candidate that keeps every block in fp32 computes what the fp32 graph does
-(nothing quantized left behind, also between the blocks: skip concatenations, the sum of two heads)."""
+(nothing quantized left behind, also between the blocks: skip concatenations, the sum of two heads); and the guard's
+ranking of the blocks by their own harm."""
 import io
 
 import numpy as np
@@ -83,3 +84,33 @@ def test_an_int8_candidate_keeping_every_block_is_the_fp32_graph(model, groups):
     but_between = [name for key, members in groups.items() if key != BETWEEN_BLOCKS for name in members]
     assert np.abs(OpenVinoSession(candidate(but_between), "int8").run(x) - fp32).max() > 1e-3
     assert np.abs(OpenVinoSession(candidate([]), "int8").run(x) - fp32).max() > 1e-3
+
+
+class _WorstBlockVerifier:
+    """A stand-in for the guard's verifier whose figures follow the worst block left in reduced precision (the
+    others' errors hide behind it): ``session`` is the set of operation names kept in fp32."""
+
+    def __init__(self, harm):
+        self.harm = harm
+
+    def _worst(self, kept):
+        return max([h for block, h in self.harm.items() if block not in kept] or [0.0])
+
+    def figures(self, kept):
+        return {"cases": 1, "mean_dice_to_fp32": 1 - self._worst(kept), "min_dice_to_fp32": 1 - self._worst(kept),
+                "pseudo_dice_fp32": 0.8, "pseudo_dice": 0.8, "pseudo_dice_drop_points": 0.0}
+
+    def distance(self, kept):
+        return self._worst(kept)
+
+
+def test_the_guard_keeps_the_blocks_whose_own_reduction_costs_most(monkeypatch):
+    """Keeping one block in fp32 while the others stay reduced hides its harm behind theirs; reducing it alone
+    shows it: the guard keeps exactly the two blocks that alone miss the bound."""
+    monkeypatch.setattr(precision_guard, "OpenVinoSession", lambda kept, precision, threads: frozenset(kept))
+    harm = {"/d": 0.0, "/c": 0.001, "/b": 0.02, "/a": 0.05}
+    groups = {block: [block] for block in harm}
+    record = precision_guard.guard("int8", lambda kept: kept, groups, _WorstBlockVerifier(harm),
+                                   precision_guard.Bounds(), say=lambda line: None)
+    assert record["verified"] and record["kept_in_fp32"] == ["/a", "/b"], record
+    assert record["tried"][0]["kept_in_fp32"] == 0  # the whole network first
