@@ -204,6 +204,6 @@ def initialize_predictor(predictor: Any, model_folder: Union[str, os.PathLike], 
     except RuntimeError as e:
         if not str(e).startswith("Could not find requested nnunet trainer"):
             raise
-        trainer = read_checkpoint(files[-1])["trainer_name"]
-        raise UserError(f"{files[-1]}: its trainer class {trainer} is neither nnU-Net's nor this package's: add the "
+        trainer = read_checkpoint(files[0])["trainer_name"]  # nnU-Net takes the first fold's
+        raise UserError(f"{files[0]}: its trainer class {trainer} is neither nnU-Net's nor this package's: add the "
                         f"folder of the module that defines it to nnUNet_extTrainer") from None

@@ -40,7 +40,6 @@ from nnunetv2_meddisseg.cli import (
     resolve_device,
     run_command,
 )
-from nnunetv2_meddisseg.environment import use_our_trainers
 
 __all__ = ["LAYERS", "pca_2d", "tsne_2d", "sample_pixels", "ModelFeatures", "model_features", "draw_features",
            "main"]
@@ -274,7 +273,6 @@ def _features(argv: Optional[Sequence[str]]) -> None:
         dataset = maybe_convert_to_dataset_name(args.dataset)
     except RuntimeError as e:
         raise UserError(f"-d {args.dataset}: {e}") from None
-    use_our_trainers()
     device = torch.device(resolve_device(args.device))
     tsne = not args.no_tsne
     if tsne and importlib.util.find_spec("sklearn") is None:
