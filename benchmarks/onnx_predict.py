@@ -1,7 +1,7 @@
 """Images per second of nnU-Net's predictor (PyTorch) and the exported model's predictor on every arm (ONNX Runtime's
-providers; OpenVINO in fp32, bf16 and int8) on the same images and threads, side by side in one run, for Med-DisSeg and
-default nnU-Net; with the masks' agreement, the test mDSC where the images have labels, the export's cost, and how each
-CDFA form exports.
+providers; OpenVINO in fp32, bf16, int8 and int8+bf16) on the same images and threads, side by side in one run, for
+Med-DisSeg and default nnU-Net; with the masks' agreement, the test mDSC where the images have labels, the export's
+cost, and how each CDFA form exports.
 
 Both predictors run in this process after loading their model: nnU-Net's ``nnUNetPredictor`` as
 ``nnUNetv2_predict -npp 0 -nps 0`` runs it (``predict_from_files_sequential``: read, preprocess, sliding window, export
@@ -12,7 +12,8 @@ only; the images: the first N of the dataset's imagesTs in ``nnUNet_raw``, score
 folders from the environment; results file ``cpu_predict``), or by default the untrained, BatchNorm-calibrated model
 folders ``predict.py`` builds on N generated images (prediction time does not depend on the weights; results file
 ``onnx_predict``). Each is exported with ``nnUNetv2_meddisseg_export`` (with ``--int8`` for an int8 arm: calibrated on
-the fold's training cases and verified on its validation cases; where it refuses, the int8 arm holds its error). The
+the fold's training cases and verified on its validation cases; where it refuses, the int8 arm holds its error; the
+int8 arm runs the graph's float operations in fp32, the int8+bf16 arm in bf16, where the export verified that). The
 arms: ``--providers`` (ONNX Runtime; with ``--device cuda`` TensorRT and CUDA, their engines cached in the work folder,
 the build in the "sessions + first round" seconds) and ``--openvino`` precisions; each arm's test mDSC, its drop from
 nnU-Net's predictor's (fp32) in points and the Dice of its masks to nnU-Net's. ``--profile`` sums OpenVINO's per-layer
@@ -146,14 +147,14 @@ def openvino_arms(requested: Sequence[str]) -> Tuple[List[str], Dict[str, str]]:
 
     if requested and "openvino" not in installed_runtimes():
         return [], {f"OpenVINO {p}": "openvino is not installed" for p in requested}
-    bf16 = "bf16" not in requested or cpu_supports_bf16()
-    return ([p for p in requested if p != "bf16" or bf16],
-            {} if bf16 else {"OpenVINO bf16": "this CPU has no native bf16"})
+    bf16 = cpu_supports_bf16()
+    return ([p for p in requested if "bf16" not in p or bf16],
+            {f"OpenVINO {p}": "this CPU has no native bf16" for p in requested if "bf16" in p and not bf16})
 
 
 def start_arm(model_dir: Path, providers: Sequence[object], use_mirroring: bool, threads: int, images: Path,
               out: Path, reference: Path, cases: Sequence[str], ending: str, runtime: str = "onnxruntime",
-              precision: str = "fp32") -> Tuple[Optional[object], dict]:
+              precision: str = "fp32", int8_floats: Optional[str] = None) -> Tuple[Optional[object], dict]:
     """One arm of one model: ``(its predictor, its record)`` after a first round, timed together with the sessions'
     creation (TensorRT builds its engines there), and the masks' agreement with nnU-Net's in ``reference``;
     ``(None, {"error": ...})`` where the arm cannot run here (ONNX Runtime can list a provider whose libraries are
@@ -163,7 +164,7 @@ def start_arm(model_dir: Path, providers: Sequence[object], use_mirroring: bool,
     start = time.perf_counter()
     try:
         predictor = OnnxPredictor(model_dir, use_mirroring=use_mirroring, threads=threads, providers=providers,
-                                  runtime=runtime, precision=precision)
+                                  runtime=runtime, precision=precision, int8_floats=int8_floats)
         predictor.predict_folder(images, out)
     except Exception as e:  # the provider's own failure is the result here
         return None, {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
@@ -193,14 +194,15 @@ def _profile(predictor, model_dir: Path, threads: int, top: int = 12) -> dict:
     """OpenVINO's per-layer counters (PERF_COUNT) of fold 0's graph in the predictor's precision, one patch-sized
     input run 3 times, summed by layer type: ``{type: ms per run}``, the largest ``top``."""
     from nnunetv2_meddisseg.deploy.precision import fold_graph
-    from nnunetv2_meddisseg.deploy.runtimes import INFERENCE_PRECISION, openvino_core, read_openvino_model
+    from nnunetv2_meddisseg.deploy.runtimes import openvino_core, read_openvino_model
 
     d, precision = predictor.description, predictor.precision
     graph = fold_graph(model_dir, d["folds"][0], precision, "openvino")  # its sha256 checked
     model = read_openvino_model(graph.model, graph.weights)
     model.reshape({0: [1, d["num_input_channels"], *d["patch_size"]]})
     request = openvino_core().compile_model(model, "CPU", {"PERF_COUNT": True, "PERFORMANCE_HINT": "LATENCY",
-                                                           "INFERENCE_PRECISION_HINT": INFERENCE_PRECISION[precision],
+                                                           "INFERENCE_PRECISION_HINT":
+                                                               predictor.sessions[0].inference_precision,
                                                            "INFERENCE_NUM_THREADS": threads}
                                             ).create_infer_request()
     x = np.random.default_rng(0).standard_normal((1, d["num_input_channels"], *d["patch_size"]), dtype=np.float32)
@@ -254,7 +256,7 @@ def _export(models: Dict[str, dict], env: dict, work: Path, logs: Path, precisio
     from nnunetv2_meddisseg.logged_command import run_logged
 
     records = {}
-    flags = [f for f in ("--int8", "--bf16") if f[2:] in precisions] + [None]
+    flags = [f for f in ("--int8", "--bf16") if f[2:] in {p.split("+")[0] for p in precisions}] + [None]
     for name, model in models.items():
         folder, record = model["folder"], {"refused": {}}
         trainer, plans, configuration = folder.name.split("__")
@@ -311,7 +313,8 @@ def _run(args, work: Path) -> dict:
     payload["cases"] = len(cases)
     results = payload["results"]
     runs = [(arm, {"providers": _session_providers(providers, work / "engine_cache")}) for arm, providers in
-            arms.items()] + [(f"OpenVINO {p}", {"runtime": "openvino", "precision": p}) for p in precisions]
+            arms.items()] + [(f"OpenVINO {p}", {"runtime": "openvino", "precision": p.split("+")[0],
+                            "int8_floats": "bf16" if p == "int8+bf16" else "fp32"}) for p in precisions]
     for tta in ([True, False] if args.tta == "both" else [args.tta == "on"]):
         calls, mode, outputs = {}, f"TTA {'on' if tta else 'off'}", {}
         for name, model in models.items():
@@ -333,7 +336,7 @@ def _run(args, work: Path) -> dict:
                 onnx_predictor, record = start_arm(model["export"], kwargs.get("providers", ()), tta, args.threads,
                                                    images, out_o, out_t, cases, ending, kwargs.get("runtime",
                                                                                                    "onnxruntime"),
-                                                   kwargs.get("precision", "fp32"))
+                                                   kwargs.get("precision", "fp32"), kwargs.get("int8_floats"))
                 results[f"{name} / {arm} / {mode} / agreement"] = record
                 if onnx_predictor is not None:
                     calls[f"{name} / {arm}"] = lambda p=onnx_predictor, o=out_o: p.predict_folder(images, o)
@@ -460,8 +463,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="ONNX Runtime execution providers, each timed as its own arm (default: CPUExecutionProvider "
                         "with --device cpu, TensorrtExecutionProvider CUDAExecutionProvider with --device cuda); one "
                         "this onnxruntime lacks is left out and named in the results")
-    p.add_argument("--openvino", nargs="+", default=None, choices=("fp32", "bf16", "int8"),
-                   help="OpenVINO arms (int8: exported with --int8; bf16: where the export verified it)")
+    p.add_argument("--openvino", nargs="+", default=None, choices=("fp32", "bf16", "int8", "int8+bf16"),
+                   help="OpenVINO arms (int8: exported with --int8, its float operations in fp32; int8+bf16: in bf16, "
+                        "where the export verified that; bf16: where the export verified it)")
     p.add_argument("--export-args", default=None,
                    help="further options of nnUNetv2_meddisseg_export, e.g. \"--calibration_tiles 128\"")
     p.add_argument("--profile", action="store_true", help="OpenVINO's per-layer counters of each OpenVINO arm")

@@ -267,6 +267,19 @@ def _check_precisions(f: _Fields, field: str, fold: dict) -> None:
         if not (isinstance(kept, list) and all(isinstance(k, str) and k for k in kept)):
             f.fail(f"{where}.kept_in_fp32", "a list of block names", kept)
         _check_figures(f, f"{where}.figures", record.get("figures"))
+        if "floats_in_bf16" in record:
+            _check_floats_in_bf16(f, f"{where}.floats_in_bf16", precision, record["floats_in_bf16"])
+
+
+def _check_floats_in_bf16(f: _Fields, field: str, precision: str, floats: Any) -> None:
+    """An INT8 record's second verification, with its float operations in bf16: verified, and its figures or the
+    reason."""
+    if precision != "int8" or not (isinstance(floats, dict) and isinstance(floats.get("verified"), bool)):
+        f.fail(field, "an object with verified true or false (in an int8 record)", floats)
+    if floats["verified"]:
+        _check_figures(f, f"{field}.figures", floats.get("figures"))
+    elif not (isinstance(floats.get("reason"), str) and floats["reason"]):
+        f.fail(f"{field}.reason", "a non-empty string (why the guard refused it)", floats.get("reason"))
 
 
 def _check_precision_guard(f: _Fields) -> None:

@@ -7,12 +7,15 @@ the fold's validation cases (``deploy.precision_guard``) and recorded the outcom
     "precisions": {
       "int8": {"verified": true, "model": "fold_0/model_int8.xml",
                "files": {"fold_0/model_int8.xml": "<sha256>", "fold_0/model_int8.bin": "<sha256>"},
-               "kept_in_fp32": [...], "figures": {...}},
+               "kept_in_fp32": [...], "figures": {...},
+               "floats_in_bf16": {"verified": true, "figures": {...}}},
       "bf16": {"verified": true, "model": "fold_0/model.onnx", "files": {}, "kept_in_fp32": [], "figures": {...}}
     }
 
 A precision the export did not verify (or refused: ``"verified": false`` and its ``reason``) is refused in one
-line. Every file a session loads is read once, checked against the sha256 the description records, and handed to
+line. An int8 graph's float operations (the blocks kept out of INT8, and those around the quantized operations) run
+in bf16 where the export verified that too (``floats_in_bf16``) and this CPU has native bf16, in fp32 otherwise.
+Every file a session loads is read once, checked against the sha256 the description records, and handed to
 the runtime from memory; the loaded graph's input and output shapes are checked against the description. Reduced
 precisions run on OpenVINO only.
 """
@@ -33,9 +36,16 @@ from nnunetv2_meddisseg.deploy.description import (
     read_fold_model,
     read_model_file,
 )
-from nnunetv2_meddisseg.deploy.runtimes import OnnxRuntimeSession, OpenVinoSession, read_openvino_model, require_bf16
+from nnunetv2_meddisseg.deploy.runtimes import (
+    INT8_FLOATS,
+    OnnxRuntimeSession,
+    OpenVinoSession,
+    cpu_supports_bf16,
+    read_openvino_model,
+    require_bf16,
+)
 
-__all__ = ["PRECISIONS", "REDUCED_PRECISIONS", "FoldGraph", "fold_graph", "fold_session"]
+__all__ = ["PRECISIONS", "REDUCED_PRECISIONS", "FoldGraph", "fold_graph", "int8_floats", "fold_session"]
 
 PRECISIONS = ("fp32",) + REDUCED_PRECISIONS
 
@@ -77,18 +87,35 @@ def fold_graph(folder: Path, fold: dict, precision: str, runtime: str) -> FoldGr
                      str(model_file(folder, record["model"], owner)))
 
 
+def int8_floats(fold: dict, asked: Optional[str] = None) -> str:
+    """The precision of the float operations of one fold's int8 graph: ``asked`` (``fp32`` or ``bf16``; bf16 only
+    where the export verified it, in one line otherwise), or by default bf16 where the export verified it and this
+    CPU has native bf16, fp32 otherwise."""
+    floats = fold["precisions"]["int8"].get("floats_in_bf16",
+                                            {"verified": False, "reason": "not recorded: export it again"})
+    if asked is None:
+        return "bf16" if floats["verified"] and cpu_supports_bf16() else "fp32"
+    if asked not in INT8_FLOATS:
+        raise UserError(f"int8 float operations in {asked}: expected one of {', '.join(INT8_FLOATS)}")
+    if asked == "bf16" and not floats["verified"]:
+        raise UserError(f"int8 with bf16 float operations: the export did not verify fold {fold['fold']} so "
+                        f"({floats['reason']})")
+    return asked
+
+
 def fold_session(folder: Path, fold: dict, description: dict, runtime: str, precision: str = "fp32",
                  providers: Sequence[Union[str, Tuple[str, dict]]] = ("CPUExecutionProvider",),
-                 threads: Optional[int] = None):
+                 threads: Optional[int] = None, floats: Optional[str] = None):
     """A session (``deploy.runtimes``) of one fold's graph (:func:`fold_graph`) in ``precision`` on ``runtime``
-    (providers: ONNX Runtime's only), its input name and its input and output shapes checked against
-    ``description``."""
+    (providers: ONNX Runtime's only; floats: an int8 graph's float operations, see :func:`int8_floats`), its input
+    name and its input and output shapes checked against ``description``."""
     graph = fold_graph(folder, fold, precision, runtime)
     try:
         if runtime == "onnxruntime":
             session = OnnxRuntimeSession(graph.model, providers, threads)
         else:
-            session = OpenVinoSession(read_openvino_model(graph.model, graph.weights), precision, threads)
+            session = OpenVinoSession(read_openvino_model(graph.model, graph.weights), precision, threads,
+                                      int8_floats(fold, floats) if precision == "int8" else "fp32")
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 (the runtimes report a graph they cannot load as a plain RuntimeError)

@@ -27,6 +27,9 @@ block in fp32 (no reduced precision left), the precision is not verified.
 
 - INT8: a kept block's operations run as in the fp32 graph: their inputs unquantized (the quantizers before them
   bypassed) and their weights and biases the original ones.
+  Where the export's CPU has native bf16, the written INT8 graph is verified a second time with its float
+  operations (the kept blocks', and those around the quantized operations) in bf16, OpenVINO's bf16 inference
+  precision; where that holds the bounds too, the predictor runs them in bf16 on a CPU with native bf16.
 - bf16: a kept block's operations carry OpenVINO's ``precise`` runtime attribute in the IR, which keeps them in
   fp32 under a bf16 inference precision. OpenVINO's CPU plugin honours it on the operations it runs as they are
   (convolutions, concatenations, element-wise operations); an operation it builds anew from several (an instance
@@ -389,7 +392,8 @@ def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optio
                 candidate = _int8_candidate(quantized, model)
                 record = guard("int8", candidate, groups, verifier, bounds, threads, say)
                 if record["verified"]:
-                    record = _written_int8(fold, candidate, groups, record, verifier, bounds, scratch, files, threads)
+                    record = _written_int8(fold, candidate, groups, record, verifier, bounds, scratch, files, threads,
+                                           say)
                 records["int8"] = record
         for precision in required:
             if not records[precision]["verified"]:
@@ -401,18 +405,33 @@ def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optio
 
 
 def _written_int8(fold: dict, candidate: Candidate, groups: Dict[str, List[str]], record: dict, verifier: Verifier,
-                  bounds: Bounds, scratch: Path, files: Dict[str, bytes], threads: Optional[int]) -> dict:
+                  bounds: Bounds, scratch: Path, files: Dict[str, bytes], threads: Optional[int],
+                  say: Callable[[str], None] = print) -> dict:
     """The chosen INT8 candidate as an IR (weights compressed to int8), read back and verified again: the record's
-    figures are the written graph's."""
+    figures are the written graph's. Where the CPU has native bf16, the written graph is verified once more with
+    its float operations (the kept blocks, and the operations around the quantized ones) in bf16: the record's
+    ``floats_in_bf16`` (``verified``, and its ``figures`` or the ``reason``)."""
     folder = scratch / "int8"
     folder.mkdir()
+    kept = len(record["kept_in_fp32"])
     xml, weights = _serialized(candidate([n for g in record["kept_in_fp32"] for n in groups[g]]), folder)
     figures = verifier.figures(OpenVinoSession(folder / "model.xml", "int8", threads))
-    figures.update(kept_in_fp32=len(record["kept_in_fp32"]), missed=bounds.missed(figures))
+    figures.update(kept_in_fp32=kept, missed=bounds.missed(figures))
     if figures["missed"]:
         return {**record, "verified": False, "figures": figures,
                 "reason": f"the written INT8 graph misses the bounds ({'; '.join(figures['missed'])})"}
-    return {**record, "figures": figures, **_written(fold, "int8", xml.encode(), weights.tobytes(), files)}
+    if not cpu_supports_bf16():
+        floats = {"verified": False, "reason": "the CPU of the export has no native bf16"}
+    else:
+        bf16 = verifier.figures(OpenVinoSession(folder / "model.xml", "int8", threads, floats="bf16"))
+        bf16.update(kept_in_fp32=kept, missed=bounds.missed(bf16))
+        say(f"  int8, float operations in bf16: mean Dice to fp32 {bf16['mean_dice_to_fp32']:.4f}, pseudo Dice "
+            f"{100 * bf16['pseudo_dice']:.2f} -> {'; '.join(bf16['missed']) or 'within the bounds'}")
+        floats = {"verified": not bf16["missed"], "figures": bf16}
+        if bf16["missed"]:
+            floats["reason"] = f"misses the bounds ({'; '.join(bf16['missed'])})"
+    return {**record, "figures": figures, "floats_in_bf16": floats,
+            **_written(fold, "int8", xml.encode(), weights.tobytes(), files)}
 
 
 def _tensor(weights: np.ndarray):

@@ -83,7 +83,9 @@ class OnnxPredictor:
 
     model_dir: an export folder; folds: a subset of its folds (None: all); runtime: ``openvino`` or ``onnxruntime``
     (None: the first installed of :data:`~nnunetv2_meddisseg.deploy.runtimes.RUNTIMES`); precision: ``fp32``, or
-    ``bf16`` / ``int8`` where the export verified them (``deploy.precision``); providers: ONNX Runtime execution
+    ``bf16`` / ``int8`` where the export verified them (``deploy.precision``); int8_floats: the precision of an
+    int8 graph's float operations (None: bf16 where verified and the CPU has it, else fp32; see
+    :func:`~nnunetv2_meddisseg.deploy.precision.int8_floats`); providers: ONNX Runtime execution
     providers in order of preference, each a name or ``(name, provider options)``; threads: the runtime's CPU
     threads (None: its default). The description is checked field by field, each graph file against its recorded
     sha256 and each session's input and output shapes against the description."""
@@ -91,7 +93,8 @@ class OnnxPredictor:
     def __init__(self, model_dir: Path, folds: Optional[Sequence[str]] = None, use_mirroring: bool = True,
                  step_size: Optional[float] = None,
                  providers: Sequence[Union[str, Tuple[str, dict]]] = ("CPUExecutionProvider",),
-                 threads: Optional[int] = None, runtime: Optional[str] = None, precision: str = "fp32") -> None:
+                 threads: Optional[int] = None, runtime: Optional[str] = None, precision: str = "fp32",
+                 int8_floats: Optional[str] = None) -> None:
         self.model_dir = Path(model_dir)
         self.description = description = read_description(self.model_dir)
         exported = {f["fold"]: f for f in description["folds"]}
@@ -105,7 +108,10 @@ class OnnxPredictor:
         self.runtime = default_runtime() if runtime is None else runtime
         self.precision = precision
         self.sessions = [fold_session(self.model_dir, exported[f], description, self.runtime, precision, providers,
-                                      threads) for f in chosen]
+                                      threads, int8_floats) for f in chosen]
+        floats = sorted({getattr(s, "floats", "fp32") for s in self.sessions})
+        #: what runs: the precision, and an int8 graph's float operations' (``int8 (floats in bf16)``)
+        self.precision_in_use = precision + (f" (floats in {'/'.join(floats)})" if precision == "int8" else "")
         self.folds = chosen
         #: the providers ONNX Runtime started (it falls back to the next one, with a warning, where one cannot start)
         self.providers_in_use = getattr(self.sessions[0], "providers_in_use", [])
@@ -275,7 +281,7 @@ def _command(argv: Optional[Sequence[str]]) -> int:
     engine = (f"ONNX Runtime providers {', '.join(predictor.providers_in_use)}" if predictor.runtime == "onnxruntime"
               else "OpenVINO CPU")
     print(f"{len(written)} case(s) written to {args.output} (folds {' '.join(predictor.folds)}; {engine}, "
-          f"{predictor.precision})")
+          f"{predictor.precision_in_use})")
     return 0
 
 

@@ -10,7 +10,9 @@ input names and input and output shapes (``None`` for a symbolic dimension).
   use). A stack of several tiles runs with the THROUGHPUT hint: the CPU's cores are shared out among streams and
   the tiles go out one per inference request, as many in flight as there are streams; a single tile (no mirroring,
   an image of one tile) runs with the LATENCY hint, one request on all cores. The inference precision is set
-  explicitly (fp32 or bf16): OpenVINO's CPU plugin runs in bf16 by default where the CPU has native bf16.
+  explicitly (fp32 or bf16): OpenVINO's CPU plugin runs in bf16 by default where the CPU has native bf16. An INT8
+  graph's operations that are not quantized (those around the quantized ones, and the blocks the export kept out
+  of INT8) run in fp32, or in bf16 where asked (``floats="bf16"``).
 
 Neither imports PyTorch; each runtime is imported when a session of it is made.
 """
@@ -25,7 +27,8 @@ import numpy as np
 from nnunetv2_meddisseg.cli import UserError
 
 __all__ = ["RUNTIMES", "ORT_BATCH", "INFERENCE_PRECISION", "installed_runtimes", "default_runtime", "openvino_core",
-           "read_openvino_model", "cpu_supports_bf16", "require_bf16", "OnnxRuntimeSession", "OpenVinoSession"]
+           "read_openvino_model", "cpu_supports_bf16", "require_bf16", "INT8_FLOATS", "OnnxRuntimeSession",
+           "OpenVinoSession"]
 
 #: the runtimes in order of preference (benchmarks/onnx_predict.py times both side by side)
 RUNTIMES = ("openvino", "onnxruntime")
@@ -33,9 +36,11 @@ _MODULES = {"openvino": "openvino", "onnxruntime": "onnxruntime"}
 _EXTRAS = {"openvino": "openvino", "onnxruntime": "onnx"}
 #: most tiles per ONNX Runtime call
 ORT_BATCH = 4
-#: OpenVINO's inference precision for each precision a session runs in (int8 graphs keep fp32 around their
-#: quantized operations)
+#: OpenVINO's inference precision for each precision a session runs in (an int8 graph's operations that are not
+#: quantized run in it: fp32, unless the session asks for bf16 ones)
 INFERENCE_PRECISION = {"fp32": "f32", "int8": "f32", "bf16": "bf16"}
+#: the precisions an int8 graph's float operations may run in
+INT8_FLOATS = ("fp32", "bf16")
 
 Shape = Tuple[Optional[int], ...]
 
@@ -91,10 +96,11 @@ def cpu_supports_bf16() -> bool:
     return "BF16" in _cpu_capabilities()
 
 
-def require_bf16() -> None:
-    """One line where this CPU has no native bf16 (OpenVINO would quietly run fp32 instead)."""
+def require_bf16(what: str = "--precision bf16") -> None:
+    """One line, starting with ``what``, where this CPU has no native bf16 (OpenVINO would quietly run fp32
+    instead)."""
     if not cpu_supports_bf16():
-        raise UserError(f"--precision bf16: this CPU has no native bf16 (OpenVINO's CPU capabilities: "
+        raise UserError(f"{what}: this CPU has no native bf16 (OpenVINO's CPU capabilities: "
                         f"{', '.join(_cpu_capabilities())}); use fp32 or int8")
 
 
@@ -143,22 +149,33 @@ class OnnxRuntimeSession:
 
 class OpenVinoSession:
     """One graph (an ONNX or OpenVINO IR file, or an ``openvino.Model``) on OpenVINO's CPU plugin, run in
-    ``precision`` (``fp32``, ``bf16`` or, for a quantized graph, ``int8``); threads: the CPU threads it uses in all
-    (None: every core).
+    ``precision`` (``fp32``, ``bf16`` or, for a quantized graph, ``int8``, its float operations in ``floats``:
+    ``fp32`` or ``bf16``); threads: the CPU threads it uses in all (None: every core).
 
-    bf16 is refused in one line where the CPU has no native bf16 (OpenVINO would run fp32 instead, silently)."""
+    bf16 (also as an int8 graph's floats) is refused in one line where the CPU has no native bf16 (OpenVINO would run
+    fp32 instead, silently)."""
 
     runtime = "openvino"
 
-    def __init__(self, model: Union[Path, object], precision: str = "fp32", threads: Optional[int] = None) -> None:
+    def __init__(self, model: Union[Path, object], precision: str = "fp32", threads: Optional[int] = None,
+                 floats: str = "fp32") -> None:
         if precision not in INFERENCE_PRECISION:
             raise ValueError(f"precision {precision!r}: expected one of {', '.join(INFERENCE_PRECISION)}")
+        if floats not in INT8_FLOATS or (floats != "fp32" and precision != "int8"):
+            raise ValueError(f"floats {floats!r}: an int8 graph's float operations run in one of "
+                             f"{', '.join(INT8_FLOATS)}; other precisions in their own")
         if precision == "bf16":
             require_bf16()
+        if floats == "bf16":
+            require_bf16("int8 with bf16 float operations")
         self._model = openvino_core().read_model(str(model)) if isinstance(model, (str, Path)) else model
         self.precision = precision
+        #: the precision of the graph's operations that are not quantized (an int8 graph's; others: ``precision``)
+        self.floats = floats if precision == "int8" else precision
+        #: OpenVINO's inference precision (``INFERENCE_PRECISION_HINT``) the session compiles with
+        self.inference_precision = "bf16" if floats == "bf16" else INFERENCE_PRECISION[precision]
         self.input_names = [port.get_any_name() for port in self._model.inputs]
-        self._config = {"INFERENCE_PRECISION_HINT": INFERENCE_PRECISION[precision]}
+        self._config = {"INFERENCE_PRECISION_HINT": self.inference_precision}
         if threads is not None:
             self._config["INFERENCE_NUM_THREADS"] = threads
         self.input_shape: Shape = _shape(d.get_length() if d.is_static else None

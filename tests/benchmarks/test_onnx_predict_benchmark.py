@@ -72,6 +72,20 @@ def test_an_arm_that_cannot_start_is_recorded_not_fatal(tmp_path, monkeypatch):
     assert record == {"error": "RuntimeError: TensorRT EP could not be created: libnvinfer.so.10 missing"}
 
 
+def test_openvino_arms_leave_out_bf16_ones_on_a_cpu_without_it(monkeypatch):
+    from nnunetv2_meddisseg.deploy import runtimes
+
+    requested = ["fp32", "bf16", "int8", "int8+bf16"]
+    monkeypatch.setattr(runtimes, "installed_runtimes", lambda: ["openvino", "onnxruntime"])
+    monkeypatch.setattr(runtimes, "_cpu_capabilities", lambda: ["FP32", "INT8"])  # simulated
+    assert onnx_predict.openvino_arms(requested) == (["fp32", "int8"], {
+        "OpenVINO bf16": "this CPU has no native bf16", "OpenVINO int8+bf16": "this CPU has no native bf16"})
+    monkeypatch.setattr(runtimes, "_cpu_capabilities", lambda: ["FP32", "BF16", "INT8"])
+    assert onnx_predict.openvino_arms(requested) == (requested, {})
+    monkeypatch.setattr(runtimes, "installed_runtimes", lambda: ["onnxruntime"])
+    assert onnx_predict.openvino_arms(["int8+bf16"]) == ([], {"OpenVINO int8+bf16": "openvino is not installed"})
+
+
 def test_the_arms_list_and_the_targets():
     """Each timed arm becomes one record; the target takes the fastest arm with mirroring whose test mDSC drops by
     at most 0.5 points (a faster arm that drops more does not count)."""

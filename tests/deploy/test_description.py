@@ -128,6 +128,16 @@ BAD = {
                      "folds[0].precisions.int8.figures.mean_dice_to_fp32 must be a number from 0 to 1"),
     "drop not a number": (_precisions(int8={**INT8, "figures": {**FIGURES, "pseudo_dice_drop_points": None}}),
                           "folds[0].precisions.int8.figures.pseudo_dice_drop_points must be a finite number"),
+    "bf16 floats in a bf16 record": (_precisions(bf16={**INT8, "floats_in_bf16": {"verified": True,
+                                                                                   "figures": FIGURES}}),
+                                     "folds[0].precisions.bf16.floats_in_bf16 must be an object with verified true "
+                                     "or false (in an int8 record)"),
+    "bf16 floats verified without figures": (_precisions(int8={**INT8, "floats_in_bf16": {"verified": True}}),
+                                             "folds[0].precisions.int8.floats_in_bf16.figures must be an object of "
+                                             "the guard's figures"),
+    "bf16 floats refused without a reason": (_precisions(int8={**INT8, "floats_in_bf16": {"verified": False}}),
+                                             "folds[0].precisions.int8.floats_in_bf16.reason must be a non-empty "
+                                             "string"),
     "precisions without the guard": (_precisions(guard=KeyError, int8=INT8), "precision_guard must be an object"),
     "guard bound out of range": (_precisions(guard={**GUARD, "bounds": {**GUARD["bounds"], "min_dice_to_fp32": 2}},
                                              int8=INT8),
@@ -151,6 +161,8 @@ def test_valid_descriptions_pass():
                         _with(labels={"background": 0, "polyp": 1, "ignore": 2}), _with(tile_step_size=1),
                         _with(transpose_forward=[0, 2, 1], transpose_backward=[0, 2, 1]),
                         _precisions(int8=INT8, bf16={"verified": False, "reason": "no native bf16"}),
+                        _precisions(int8={**INT8, "floats_in_bf16": {"verified": True, "figures": FIGURES}}),
+                        _precisions(int8={**INT8, "floats_in_bf16": {"verified": False, "reason": "no native bf16"}}),
                         _precisions(bf16={**INT8, "model": fold_model_file(0), "files": {}})):
         assert validate_description(description, Path("m")) is description
 

@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 from tiny_export import export_tiny, tiny_graph, write_cases
 
+from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.deploy import runtimes
 from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, fold_model_file, sha256_of
 from nnunetv2_meddisseg.deploy.predict_onnx import PROG, OnnxPredictor, main
@@ -146,10 +147,11 @@ def _verified_bf16(fold: dict) -> dict:
     return {"bf16": {"verified": True, "model": fold["file"], "files": {}, "kept_in_fp32": [], "figures": FIGURES}}
 
 
-def _ir_as_int8(folder: Path, graph: bytes = None):
+def _ir_as_int8(folder: Path, graph: bytes = None, floats_in_bf16: dict = None):
     """``records(fold)``: each fold's graph (or ``graph``) written as an OpenVINO IR ``fold_<f>/model_int8.xml`` /
     ``.bin`` and recorded as its verified int8 graph. The IR is not quantized: what is tested is how the predictor
-    reads it (tests/e2e/test_onnx_deploy.py runs real INT8 graphs)."""
+    reads it (tests/e2e/test_onnx_deploy.py runs real INT8 graphs). floats_in_bf16: the record of its second
+    verification, with bf16 float operations (None: none recorded)."""
     import openvino as ov
 
     def records(fold: dict) -> dict:
@@ -158,8 +160,9 @@ def _ir_as_int8(folder: Path, graph: bytes = None):
         ov.save_model(model, str(stem.with_suffix(".xml")), compress_to_fp16=False)
         files = {f"fold_{fold['fold']}/model_int8{e}": sha256_of(stem.with_suffix(e).read_bytes())
                  for e in (".xml", ".bin")}
-        return {"int8": {"verified": True, "model": f"fold_{fold['fold']}/model_int8.xml", "files": files,
-                         "kept_in_fp32": ["/0"], "figures": FIGURES}}
+        record = {"verified": True, "model": f"fold_{fold['fold']}/model_int8.xml", "files": files,
+                  "kept_in_fp32": ["/0"], "figures": FIGURES}
+        return {"int8": record if floats_in_bf16 is None else {**record, "floats_in_bf16": floats_in_bf16}}
     return records
 
 
@@ -203,7 +206,7 @@ def test_an_openvino_ir_runs_as_recorded(exported, capsys):
     for part, more in (("0", []), ("1", ["--sequential"])):
         assert main(argv + ["-o", str(tmp / "int8"), "-num_parts", "2", "-part_id", part, *more]) == 0
     out = capsys.readouterr().out
-    assert "2 case(s) written" in out and "1 case(s) written" in out and "OpenVINO CPU, int8" in out, out
+    assert "2 case(s) written" in out and "1 case(s) written" in out and "OpenVINO CPU, int8 (floats in fp32)" in out
     assert main(argv + ["-o", str(tmp / "int8"), "--continue_prediction"]) == 0
     assert "3 case(s) already predicted, 0 to go" in capsys.readouterr().out
     assert main(argv[:-2] + ["-o", str(tmp / "fp32")]) == 0
@@ -224,6 +227,42 @@ def test_an_openvino_ir_runs_as_recorded(exported, capsys):
     _refused(argv + ["-o", str(tmp / "out")], capsys,
              "fold_0/model_int8.xml: the graph's output has 3 segmentation heads, onnx_model.json says 2")
     assert not (tmp / "out").exists()
+
+
+@pytest.mark.parametrize("recorded,capabilities,floats", [
+    ({"verified": True, "figures": FIGURES}, ["FP32", "BF16", "INT8"], "bf16"),
+    ({"verified": True, "figures": FIGURES}, ["FP32", "INT8"], "fp32"),
+    ({"verified": False, "reason": "misses the bounds"}, ["FP32", "BF16", "INT8"], "fp32"),
+    (None, ["FP32", "BF16", "INT8"], "fp32"),
+], ids=["verified_and_cpu_has_bf16", "cpu_without_bf16", "not_verified", "not_recorded"])
+def test_int8_float_operations_run_in_bf16_only_where_verified_and_the_cpu_has_it(exported, monkeypatch, recorded,
+                                                                                   capabilities, floats):
+    model = exported / "model"
+    _record_precisions(model, _ir_as_int8(model, floats_in_bf16=recorded))
+    monkeypatch.setattr(runtimes, "_cpu_capabilities", lambda: capabilities)  # simulated
+    predictor = OnnxPredictor(model, threads=1, runtime="openvino", precision="int8")
+    assert predictor.precision_in_use == f"int8 (floats in {floats})"
+    assert [(s.floats, s.inference_precision) for s in predictor.sessions] == [
+        (floats, "bf16" if floats == "bf16" else "f32")] * len(predictor.sessions)
+    # asked for explicitly: fp32 always; bf16 only where the export verified it, in one line otherwise
+    assert OnnxPredictor(model, threads=1, runtime="openvino", precision="int8",
+                         int8_floats="fp32").precision_in_use == "int8 (floats in fp32)"
+    if recorded is None or not recorded["verified"]:
+        with pytest.raises(UserError, match="int8 with bf16 float operations: the export did not verify fold 0 so"):
+            OnnxPredictor(model, threads=1, runtime="openvino", precision="int8", int8_floats="bf16")
+    elif "BF16" not in capabilities:
+        with pytest.raises(UserError, match="^int8 with bf16 float operations: this CPU has no native bf16"):
+            OnnxPredictor(model, threads=1, runtime="openvino", precision="int8", int8_floats="bf16")
+
+
+def test_a_session_checks_its_float_precision():
+    graph = tiny_graph(0)
+    with pytest.raises(ValueError, match="floats 'bf16': an int8 graph's float operations"):
+        runtimes.OpenVinoSession(runtimes.read_openvino_model(graph), "fp32", 1, floats="bf16")
+    with pytest.raises(ValueError, match="floats 'fp16'"):
+        runtimes.OpenVinoSession(runtimes.read_openvino_model(graph), "int8", 1, floats="fp16")
+    session = runtimes.OpenVinoSession(runtimes.read_openvino_model(graph), "int8", 1)
+    assert (session.floats, session.inference_precision) == ("fp32", "f32")
 
 
 def _refused(argv, capsys, message: str) -> None:
