@@ -65,11 +65,6 @@ def deployed(request, tmp_path_factory) -> dict:
     return {"env": env, "exports": exports, "cases": root / "cases", "root": root}
 
 
-def _dice(a: np.ndarray, b: np.ndarray) -> float:
-    both = (a > 0).sum() + (b > 0).sum()
-    return 1.0 if both == 0 else 2.0 * ((a > 0) & (b > 0)).sum() / both
-
-
 def _predict_all(deployed: dict, key: str, folds: Tuple[str, ...], tta: bool, name: str) -> Dict[str, Path]:
     """nnUNetv2_predict's masks and probabilities, and ours on each runtime."""
     out = {which: deployed["root"] / name / which for which in ("nnunet",) + RUNTIMES}
@@ -84,6 +79,11 @@ def _predict_all(deployed: dict, key: str, folds: Tuple[str, ...], tta: bool, na
     return out
 
 
+#: the largest probability difference to nnU-Net's predictor: a mask pixel may differ only where nnU-Net's foreground
+#: probability is this close to 0.5
+TIE = 0.05
+
+
 @pytest.mark.parametrize("key,folds,tta", [
     ("meddisseg", ("0",), True), ("meddisseg", ("0", "1"), True), ("meddisseg", ("0", "1"), False),
     ("dispersive", ("0",), True), ("nnunet", ("0",), True), ("nnunet", ("0",), False)])
@@ -96,18 +96,24 @@ def test_onnx_predictor_matches_nnunet_predict(deployed, key, folds, tta):
             ours = np.asarray(Image.open(out[runtime] / f"case{i}.png"))
             theirs = np.asarray(Image.open(out["nnunet"] / f"case{i}.png"))
             assert ours.shape == theirs.shape == (h, w) and ours.dtype == theirs.dtype
-            assert _dice(ours, theirs) >= 0.999, (name, runtime, i, _dice(ours, theirs))
             p_ours = np.load(out[runtime] / f"case{i}.npz")["probabilities"]
             p_theirs = np.load(out["nnunet"] / f"case{i}.npz")["probabilities"]
             assert p_ours.shape == p_theirs.shape == (2, 1, h, w)
+            # the masks are equal but where nnU-Net's own probabilities nearly tie (the smoke models are briefly
+            # trained: one pixel of these small masks moves the Dice by up to 0.003); trained models' masks equal
+            # nnU-Net's in benchmarks/results/cpu_predict.json
+            flipped = ours != theirs
+            near_tie = np.abs(p_theirs[1, 0] - 0.5) < TIE
+            assert not np.any(flipped & ~near_tie), (name, runtime, i, np.argwhere(flipped & ~near_tie)[:5])
+            assert flipped.sum() <= 2, (name, runtime, i, int(flipped.sum()))
             difference = np.abs(p_ours - p_theirs)
             where = np.unravel_index(difference.argmax(), difference.shape)
             print(f"{name} {runtime} case{i}: largest probability difference {difference.max():.2e} at {where[2:]} "
                   f"({p_ours[where]:.4f} vs {p_theirs[where]:.4f})")
             largest = max(largest, float(difference.max()))
         # both sum the logits in float16, whose steps grow with the logits (1/16 from 64 up): where two classes'
-        # large logits nearly tie, one step moves a probability by up to ~0.016; the masks (above) must agree
-        assert largest < 0.05, (runtime, largest)
+        # large logits nearly tie, one step moves a probability by up to ~0.016
+        assert largest < TIE, (runtime, largest)
 
 
 def test_description_holds_the_plans(deployed):
