@@ -140,6 +140,11 @@ def _session_providers(providers: Sequence[str], cache: Path) -> List[object]:
             if p == "TensorrtExecutionProvider" else p for p in providers]
 
 
+#: each ``--openvino`` arm: the predictor's precision and, for int8, the precision of the graph's float operations
+OPENVINO_ARMS = {"fp32": ("fp32", None), "bf16": ("bf16", None), "int8": ("int8", "fp32"),
+                 "int8+bf16": ("int8", "bf16")}
+
+
 def openvino_arms(requested: Sequence[str]) -> Tuple[List[str], Dict[str, str]]:
     """The OpenVINO precisions to time and ``{arm: why it is left out}`` (OpenVINO missing, bf16 on a CPU without
     native bf16)."""
@@ -256,7 +261,7 @@ def _export(models: Dict[str, dict], env: dict, work: Path, logs: Path, precisio
     from nnunetv2_meddisseg.logged_command import run_logged
 
     records = {}
-    flags = [f for f in ("--int8", "--bf16") if f[2:] in {p.split("+")[0] for p in precisions}] + [None]
+    flags = [f for f in ("--int8", "--bf16") if f[2:] in {OPENVINO_ARMS[p][0] for p in precisions}] + [None]
     for name, model in models.items():
         folder, record = model["folder"], {"refused": {}}
         trainer, plans, configuration = folder.name.split("__")
@@ -313,8 +318,8 @@ def _run(args, work: Path) -> dict:
     payload["cases"] = len(cases)
     results = payload["results"]
     runs = [(arm, {"providers": _session_providers(providers, work / "engine_cache")}) for arm, providers in
-            arms.items()] + [(f"OpenVINO {p}", {"runtime": "openvino", "precision": p.split("+")[0],
-                            "int8_floats": "bf16" if p == "int8+bf16" else "fp32"}) for p in precisions]
+            arms.items()] + [(f"OpenVINO {p}", dict(zip(("runtime", "precision", "int8_floats"),
+                                                        ("openvino", *OPENVINO_ARMS[p])))) for p in precisions]
     for tta in ([True, False] if args.tta == "both" else [args.tta == "on"]):
         calls, mode, outputs = {}, f"TTA {'on' if tta else 'off'}", {}
         for name, model in models.items():
@@ -463,7 +468,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="ONNX Runtime execution providers, each timed as its own arm (default: CPUExecutionProvider "
                         "with --device cpu, TensorrtExecutionProvider CUDAExecutionProvider with --device cuda); one "
                         "this onnxruntime lacks is left out and named in the results")
-    p.add_argument("--openvino", nargs="+", default=None, choices=("fp32", "bf16", "int8", "int8+bf16"),
+    p.add_argument("--openvino", nargs="+", default=None, choices=tuple(OPENVINO_ARMS),
                    help="OpenVINO arms (int8: exported with --int8, its float operations in fp32; int8+bf16: in bf16, "
                         "where the export verified that; bf16: where the export verified it)")
     p.add_argument("--export-args", default=None,

@@ -247,11 +247,7 @@ def _check_precisions(f: _Fields, field: str, fold: dict) -> None:
         f.fail(field, f"an object with records of {' and '.join(REDUCED_PRECISIONS)}", records)
     for precision, record in records.items():
         where = f"{field}.{precision}"
-        if not (isinstance(record, dict) and isinstance(record.get("verified"), bool)):
-            f.fail(where, "an object with verified true or false", record)
-        if not record["verified"]:
-            if not (isinstance(record.get("reason"), str) and record["reason"]):
-                f.fail(f"{where}.reason", "a non-empty string (why the guard refused it)", record.get("reason"))
+        if not _check_outcome(f, where, record, "an object with verified true or false"):
             continue
         files = record.get("files")
         if not (isinstance(files, dict) and all(isinstance(k, str) and k and _is_sha256(v) for k, v in files.items())):
@@ -267,19 +263,22 @@ def _check_precisions(f: _Fields, field: str, fold: dict) -> None:
         if not (isinstance(kept, list) and all(isinstance(k, str) and k for k in kept)):
             f.fail(f"{where}.kept_in_fp32", "a list of block names", kept)
         _check_figures(f, f"{where}.figures", record.get("figures"))
-        if "floats_in_bf16" in record:
-            _check_floats_in_bf16(f, f"{where}.floats_in_bf16", precision, record["floats_in_bf16"])
+        if "floats_in_bf16" in record:  # an INT8 record's second verification, its float operations in bf16
+            floats, at = record["floats_in_bf16"], f"{where}.floats_in_bf16"
+            expected = "an object with verified true or false (in an int8 record)"
+            if precision != "int8":
+                f.fail(at, expected, floats)
+            if _check_outcome(f, at, floats, expected):
+                _check_figures(f, f"{at}.figures", floats.get("figures"))
 
 
-def _check_floats_in_bf16(f: _Fields, field: str, precision: str, floats: Any) -> None:
-    """An INT8 record's second verification, with its float operations in bf16: verified, and its figures or the
-    reason."""
-    if precision != "int8" or not (isinstance(floats, dict) and isinstance(floats.get("verified"), bool)):
-        f.fail(field, "an object with verified true or false (in an int8 record)", floats)
-    if floats["verified"]:
-        _check_figures(f, f"{field}.figures", floats.get("figures"))
-    elif not (isinstance(floats.get("reason"), str) and floats["reason"]):
-        f.fail(f"{field}.reason", "a non-empty string (why the guard refused it)", floats.get("reason"))
+def _check_outcome(f: _Fields, field: str, outcome: Any, expected: str) -> bool:
+    """Whether a verification's outcome (``verified``, and the ``reason`` where it is false) says verified."""
+    if not (isinstance(outcome, dict) and isinstance(outcome.get("verified"), bool)):
+        f.fail(field, expected, outcome)
+    if not outcome["verified"] and not (isinstance(outcome.get("reason"), str) and outcome["reason"]):
+        f.fail(f"{field}.reason", "a non-empty string (why the guard refused it)", outcome.get("reason"))
+    return outcome["verified"]
 
 
 def _check_precision_guard(f: _Fields) -> None:

@@ -248,13 +248,10 @@ def guard(precision: str, candidate: Candidate, groups: Dict[str, List[str]], ve
     candidate's ``figures`` (the whole network's where not verified, with the ``reason``) and every candidate
     ``tried``."""
     def check(kept: Sequence[str], what: str) -> dict:
-        figures = verifier.figures(OpenVinoSession(candidate([n for g in kept for n in groups[g]]), precision,
-                                                   threads))
-        figures.update(kept_in_fp32=len(kept), missed=bounds.missed(figures))
+        figures = _checked(verifier, OpenVinoSession(candidate([n for g in kept for n in groups[g]]), precision,
+                                                     threads), bounds, len(kept))
         tried.append({"kept_in_fp32": list(kept), **figures})
-        say(f"  {precision}, {what}: mean Dice to fp32 {figures['mean_dice_to_fp32']:.4f}, pseudo Dice "
-            f"{100 * figures['pseudo_dice']:.2f} (fp32 {100 * figures['pseudo_dice_fp32']:.2f}) "
-            f"-> {'; '.join(figures['missed']) or 'within the bounds'}")
+        say(f"  {precision}, {what}: {_summary(figures)}")
         return figures
 
     tried: List[dict] = []
@@ -279,6 +276,19 @@ def guard(precision: str, candidate: Candidate, groups: Dict[str, List[str]], ve
         return _record(False, [], tried[0], tried, f"{precision} misses the bounds unless every block stays in fp32 "
                                                    f"({'; '.join(tried[-1]['missed'])} with {low} of {len(order)})")
     return _record(True, order[:high], best, tried)
+
+
+def _checked(verifier: Verifier, session: OpenVinoSession, bounds: Bounds, kept: int) -> dict:
+    """The verifier's figures of one session, with the number of blocks kept out of the reduced precision and the
+    bounds it misses."""
+    figures = verifier.figures(session)
+    figures.update(kept_in_fp32=kept, missed=bounds.missed(figures))
+    return figures
+
+
+def _summary(figures: dict) -> str:
+    return (f"mean Dice to fp32 {figures['mean_dice_to_fp32']:.4f}, pseudo Dice {100 * figures['pseudo_dice']:.2f} "
+            f"(fp32 {100 * figures['pseudo_dice_fp32']:.2f}) -> {'; '.join(figures['missed']) or 'within the bounds'}")
 
 
 def _record(verified: bool, kept: List[str], figures: dict, tried: List[dict], reason: Optional[str] = None) -> dict:
@@ -415,18 +425,15 @@ def _written_int8(fold: dict, candidate: Candidate, groups: Dict[str, List[str]]
     folder.mkdir()
     kept = len(record["kept_in_fp32"])
     xml, weights = _serialized(candidate([n for g in record["kept_in_fp32"] for n in groups[g]]), folder)
-    figures = verifier.figures(OpenVinoSession(folder / "model.xml", "int8", threads))
-    figures.update(kept_in_fp32=kept, missed=bounds.missed(figures))
+    figures = _checked(verifier, OpenVinoSession(folder / "model.xml", "int8", threads), bounds, kept)
     if figures["missed"]:
         return {**record, "verified": False, "figures": figures,
                 "reason": f"the written INT8 graph misses the bounds ({'; '.join(figures['missed'])})"}
     if not cpu_supports_bf16():
         floats = {"verified": False, "reason": "the CPU of the export has no native bf16"}
     else:
-        bf16 = verifier.figures(OpenVinoSession(folder / "model.xml", "int8", threads, floats="bf16"))
-        bf16.update(kept_in_fp32=kept, missed=bounds.missed(bf16))
-        say(f"  int8, float operations in bf16: mean Dice to fp32 {bf16['mean_dice_to_fp32']:.4f}, pseudo Dice "
-            f"{100 * bf16['pseudo_dice']:.2f} -> {'; '.join(bf16['missed']) or 'within the bounds'}")
+        bf16 = _checked(verifier, OpenVinoSession(folder / "model.xml", "int8", threads, floats="bf16"), bounds, kept)
+        say(f"  int8, float operations in bf16: {_summary(bf16)}")
         floats = {"verified": not bf16["missed"], "figures": bf16}
         if bf16["missed"]:
             floats["reason"] = f"misses the bounds ({'; '.join(bf16['missed'])})"

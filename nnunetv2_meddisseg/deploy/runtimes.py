@@ -36,11 +36,11 @@ _MODULES = {"openvino": "openvino", "onnxruntime": "onnxruntime"}
 _EXTRAS = {"openvino": "openvino", "onnxruntime": "onnx"}
 #: most tiles per ONNX Runtime call
 ORT_BATCH = 4
-#: OpenVINO's inference precision for each precision a session runs in (an int8 graph's operations that are not
-#: quantized run in it: fp32, unless the session asks for bf16 ones)
-INFERENCE_PRECISION = {"fp32": "f32", "int8": "f32", "bf16": "bf16"}
+#: OpenVINO's inference precision for each precision of a graph's float operations (an int8 graph's operations that
+#: are not quantized run in it too)
+INFERENCE_PRECISION = {"fp32": "f32", "bf16": "bf16"}
 #: the precisions an int8 graph's float operations may run in
-INT8_FLOATS = ("fp32", "bf16")
+INT8_FLOATS = tuple(INFERENCE_PRECISION)
 
 Shape = Tuple[Optional[int], ...]
 
@@ -159,21 +159,19 @@ class OpenVinoSession:
 
     def __init__(self, model: Union[Path, object], precision: str = "fp32", threads: Optional[int] = None,
                  floats: str = "fp32") -> None:
-        if precision not in INFERENCE_PRECISION:
-            raise ValueError(f"precision {precision!r}: expected one of {', '.join(INFERENCE_PRECISION)}")
+        if precision not in (*INFERENCE_PRECISION, "int8"):
+            raise ValueError(f"precision {precision!r}: expected one of {', '.join(INFERENCE_PRECISION)}, int8")
         if floats not in INT8_FLOATS or (floats != "fp32" and precision != "int8"):
             raise ValueError(f"floats {floats!r}: an int8 graph's float operations run in one of "
                              f"{', '.join(INT8_FLOATS)}; other precisions in their own")
-        if precision == "bf16":
-            require_bf16()
-        if floats == "bf16":
-            require_bf16("int8 with bf16 float operations")
-        self._model = openvino_core().read_model(str(model)) if isinstance(model, (str, Path)) else model
-        self.precision = precision
         #: the precision of the graph's operations that are not quantized (an int8 graph's; others: ``precision``)
         self.floats = floats if precision == "int8" else precision
+        if self.floats == "bf16":
+            require_bf16("--precision bf16" if precision == "bf16" else "int8 with bf16 float operations")
+        self._model = openvino_core().read_model(str(model)) if isinstance(model, (str, Path)) else model
+        self.precision = precision
         #: OpenVINO's inference precision (``INFERENCE_PRECISION_HINT``) the session compiles with
-        self.inference_precision = "bf16" if floats == "bf16" else INFERENCE_PRECISION[precision]
+        self.inference_precision = INFERENCE_PRECISION[self.floats]
         self.input_names = [port.get_any_name() for port in self._model.inputs]
         self._config = {"INFERENCE_PRECISION_HINT": self.inference_precision}
         if threads is not None:

@@ -130,7 +130,8 @@ def test_the_onnx_step_on_the_cpu(tmp_path):
             assert onnx["results"][f"{model} / CPU / {mode}"]["images_per_s"] > 0
             agreement = onnx["results"][f"{model} / CPU / {mode} / agreement"]
             # untrained networks: their logits nearly tie, so one pixel of a 32x32 mask may flip (Dice ~0.998);
-            # the masks of trained models equal nnU-Net's in tests/e2e/test_onnx_deploy.py (Dice >= 0.999)
+            # tests/e2e/test_onnx_deploy.py lets masks differ only at near-ties, and the masks of models trained
+            # on Kvasir-SEG equal nnU-Net's in benchmarks/results/cpu_predict.json
             assert agreement["min_dice"] >= 0.99 and agreement["providers_in_use"] == [CPU]
     assert figures["targets"]["completed_through_predict"]["met"] is None  # step main did not run
     assert "| Med-DisSeg | TTA on | CPU |" in next(out.glob("gpu_cpu_*.md")).read_text()
