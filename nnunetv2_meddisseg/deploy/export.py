@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
+import math
 import os
 import sys
 import warnings
@@ -48,7 +50,13 @@ from nnunetv2_meddisseg.deploy.description import (
     validate_description,
 )
 from nnunetv2_meddisseg.deploy.export_folder import DEFAULT_NAME, check_output, write_export
-from nnunetv2_meddisseg.deploy.precision_guard import DEFAULT_CALIBRATION_TILES, Bounds, guard_folds
+from nnunetv2_meddisseg.deploy.precision_guard import (
+    DEFAULT_CALIBRATION_TILES,
+    Bounds,
+    case_identifiers,
+    guard_folds,
+    read_case,
+)
 from nnunetv2_meddisseg.environment import CPU_BF16_ENVIRONMENT_VARIABLE
 from nnunetv2_meddisseg.module_wrappers import unwrap_module
 
@@ -148,21 +156,29 @@ def _patch_of(case: np.ndarray, patch_size: Sequence[int]) -> np.ndarray:
 
 def _check_inputs(predictor, preprocessed: Optional[Path], seed: int = 0) -> Dict[str, np.ndarray]:
     """The inputs of the check: random patches (batch 2), a random input twice the patch size and up to
-    :data:`REAL_CASES` preprocessed cases (centre patches) from ``preprocessed`` where it exists."""
+    :data:`REAL_CASES` preprocessed cases (centre patches) from ``preprocessed`` where it holds any."""
     patch = list(predictor.configuration_manager.patch_size)
     channels = len(predictor.configuration_manager.normalization_schemes)
     rng = np.random.default_rng(seed)
     inputs = {"random patches": rng.standard_normal((2, channels, *patch), dtype=np.float32),
               "random input of twice the patch size": rng.standard_normal((1, channels, *[2 * p for p in patch]),
                                                                           dtype=np.float32)}
-    if preprocessed is not None and preprocessed.is_dir() and any(preprocessed.iterdir()):
-        from nnunetv2.training.dataloading.nnunet_dataset import infer_dataset_class
-
-        dataset = infer_dataset_class(str(preprocessed))(str(preprocessed))
-        for identifier in dataset.identifiers[:REAL_CASES]:
-            data = np.asarray(dataset.load_case(identifier)[0], dtype=np.float32)
+    if preprocessed is not None and preprocessed.is_dir():
+        for identifier in case_identifiers(preprocessed)[:REAL_CASES]:
+            data = read_case(preprocessed, identifier, channels)[0].astype(np.float32)
             inputs[f"case {identifier}"] = _patch_of(data, patch)
     return inputs
+
+
+def _preprocessed_folder(predictor) -> Optional[Path]:
+    """The configuration's folder of the dataset in ``nnUNet_preprocessed``; None where the variable is unset
+    (nnU-Net's path object is never None: it raises where it is read unset)."""
+    from nnunetv2.paths import nnUNet_preprocessed
+
+    if not nnUNet_preprocessed.is_set():
+        return None
+    return (Path(nnUNet_preprocessed.get()) / predictor.plans_manager.plans["dataset_name"]
+            / predictor.configuration_manager.data_identifier)
 
 
 def _refuse_unsupported(predictor, configuration: str) -> None:
@@ -234,6 +250,21 @@ def _model_folder(args) -> Path:
     return folder
 
 
+def _json_object(path: Path) -> dict:
+    """The JSON object in ``path``; one line naming it where it is missing, unreadable or not an object."""
+    if not path.is_file():
+        raise UserError(f"{path}: not found (nnU-Net writes it into the model folder when it trains)")
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: not valid JSON (truncated? {e.msg} at line {e.lineno})") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path}: expected a JSON object, as nnU-Net writes it")
+    return value
+
+
 def export_model(args) -> Tuple[Path, dict]:
     """Export and check every fold of ``args`` (the command's options); write nothing unless all pass.
     Returns the output folder and the description."""
@@ -243,22 +274,28 @@ def export_model(args) -> Tuple[Path, dict]:
 
     from nnunetv2_meddisseg.torch_files import initialize_predictor
 
+    reduced = [p for p, asked in (("int8", args.int8), ("bf16", args.bf16)) if asked]
+    if reduced and not nnUNet_preprocessed.is_set():
+        raise UserError(f"--{reduced[0]} needs nnUNet_preprocessed, which is not set: a reduced precision is "
+                        f"calibrated and verified on the fold's preprocessed training and validation cases "
+                        f"(splits_final.json); set it to the folder nnUNetv2_preprocess wrote, or export fp32 alone")
     folder = _model_folder(args)
     output = check_output(Path(args.o) if args.o is not None else folder / DEFAULT_NAME, folder)
+    for name in ("plans.json", "dataset.json"):  # nnU-Net's predictor reads them before the checkpoints
+        _json_object(folder / name)
     predictor = nnUNetPredictor(tile_step_size=0.5, use_gaussian=True, use_mirroring=True,
                                 device=torch.device("cpu"), verbose=False, allow_tqdm=False)
     with warnings.catch_warnings():
         # deprecation notices of the modules nnU-Net's trainer search imports (timm's, for example)
         warnings.simplefilter("ignore", FutureWarning)
         initialize_predictor(predictor, folder, args.f, args.chk)  # checkpoints read weights-only
-    plans = predictor.plans_manager.plans
     _refuse_unsupported(predictor, args.c)
-    preprocessed = None
-    if nnUNet_preprocessed is not None:
-        preprocessed = (Path(nnUNet_preprocessed) / plans["dataset_name"]
-                        / predictor.configuration_manager.data_identifier)
+    preprocessed = _preprocessed_folder(predictor)
     network = unwrap_module(predictor.network).cpu().eval()  # uncompiled
     inputs = _check_inputs(predictor, preprocessed)
+    if not any(name.startswith("case ") for name in inputs):
+        where = "nnUNet_preprocessed is not set" if preprocessed is None else f"none in {preprocessed}"
+        print(f"no preprocessed cases ({where}): ONNX Runtime is checked against PyTorch on random inputs only")
     example = torch.from_numpy(inputs["random patches"][:1])
     models, folds = {}, []
     with _fp32_prediction():
@@ -281,10 +318,9 @@ def export_model(args) -> Tuple[Path, dict]:
                   f"{worst['relative_difference']:.1e} ({len(checks)} inputs)")
     description = _description(predictor, args, folds)
     extra = {}
-    if args.int8 or args.bf16:
-        required = [p for p, asked in (("int8", args.int8), ("bf16", args.bf16)) if asked]
+    if reduced:
         extra = guard_folds(description, models, preprocessed, ["bf16", "int8"] if args.int8 else ["bf16"],
-                            Bounds(args.min_dice_to_fp32, args.max_pseudo_dice_drop), args.calibration_tiles, required)
+                            Bounds(args.min_dice_to_fp32, args.max_pseudo_dice_drop), args.calibration_tiles, reduced)
     validate_description(description, output / DESCRIPTION_FILE)  # what the predictor will check
     write_export(output, models, description, extra)
     return output, description
@@ -325,10 +361,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _command(argv: Optional[Sequence[str]]) -> int:
     args = _parser().parse_args(argv)
-    if not args.tolerance > 0:
-        raise UserError(f"--tolerance must be positive, got {args.tolerance}")
-    if not 0 < args.min_dice_to_fp32 <= 1:
+    if not (math.isfinite(args.tolerance) and args.tolerance > 0):
+        raise UserError(f"--tolerance must be positive and finite, got {args.tolerance}")
+    if not 0 < args.min_dice_to_fp32 <= 1:  # also refuses nan
         raise UserError(f"--min_dice_to_fp32 must be in (0, 1], got {args.min_dice_to_fp32}")
+    if not math.isfinite(args.max_pseudo_dice_drop):
+        raise UserError(f"--max_pseudo_dice_drop must be a finite number of points, got {args.max_pseudo_dice_drop}")
     if args.calibration_tiles < 1:
         raise UserError(f"--calibration_tiles must be at least 1, got {args.calibration_tiles}")
     output, description = export_model(args)

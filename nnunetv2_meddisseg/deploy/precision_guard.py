@@ -56,7 +56,8 @@ from nnunetv2_meddisseg.deploy.runtimes import OpenVinoSession, cpu_supports_bf1
 from nnunetv2_meddisseg.deploy.sliding_window import pad_to_patch, sliding_window_logits, tile_starts
 
 __all__ = ["Bounds", "GuardCases", "MAX_BLOCK_OPS", "RANKING_CASES", "BETWEEN_BLOCKS", "DEFAULT_CALIBRATION_TILES",
-           "load_cases", "blocks", "Verifier", "guard", "guard_folds"]
+           "FEW_VALIDATION_CASES", "CASE_ENDINGS", "case_identifiers", "read_case", "fold_split", "load_cases",
+           "blocks", "Verifier", "guard", "guard_folds"]
 
 #: a top-level module with more convolutions than this is split into its children
 MAX_BLOCK_OPS = 12
@@ -65,6 +66,8 @@ RANKING_CASES = 8
 #: the block of the operations between the blocks with convolutions (sums and concatenations of their outputs)
 BETWEEN_BLOCKS = "(between blocks)"
 DEFAULT_CALIBRATION_TILES = 64
+#: a fold verified on fewer validation cases than this gets a warning: its figures rest on few cases
+FEW_VALIDATION_CASES = 5
 _COMPUTE_OPS = ("Convolution", "GroupConvolution", "ConvolutionBackpropData", "GroupConvolutionBackpropData",
                 "MatMul")
 
@@ -95,55 +98,134 @@ class GuardCases:
     validation: List[Tuple[str, np.ndarray, np.ndarray]]
 
 
-def _load_case(folder: Path, identifier: str) -> Tuple[np.ndarray, np.ndarray]:
+#: the endings of nnU-Net's preprocessed case files, as its dataset classes write them
+CASE_ENDINGS = (".b2nd", ".npy", ".npz")
+
+
+def case_identifiers(folder: Path) -> List[str]:
+    """The identifiers of the preprocessed cases in ``folder`` (``<id>.b2nd``, ``<id>.npy`` or ``<id>.npz``; the
+    segmentations ``<id>_seg.*`` and the properties ``<id>.pkl`` not counted), sorted as nnU-Net sorts them."""
+    found = set()
+    for path in Path(folder).iterdir():
+        for ending in CASE_ENDINGS:
+            if path.name.endswith(ending) and not path.name.endswith(f"_seg{ending}") and path.is_file():
+                found.add(path.name[:-len(ending)])
+    return sorted(found)
+
+
+def _read_array(path: Path, read: Callable[[], np.ndarray]) -> np.ndarray:
+    """``read()`` (a preprocessed case's array from ``path``); one line naming ``path`` where it fails."""
+    if not path.is_file():
+        raise UserError(f"{path}: not found (a file of a preprocessed case): run nnUNetv2_preprocess for this "
+                        f"configuration again")
+    try:
+        return np.asarray(read())
+    except Exception as e:  # noqa: BLE001 (blosc2 and NumPy report a truncated or damaged file in several types)
+        reason = " ".join(str(e).split())[:200] or type(e).__name__
+        raise UserError(f"{path}: cannot be read as a preprocessed case (truncated or damaged? {reason}): run "
+                        f"nnUNetv2_preprocess for this configuration again") from None
+
+
+def read_case(folder: Path, identifier: str, channels: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
     """A preprocessed case (data (C, 1, X, Y), segmentation (1, 1, X, Y)) as nnU-Net stores it (``.b2nd``, or
-    ``.npy`` / ``.npz``), without its properties file (a pickle)."""
+    ``.npy`` / ``.npz``), without its properties file (a pickle); one line naming the file where it is missing,
+    unreadable or not a 2D case (of ``channels`` channels where given)."""
+    folder = Path(folder)
     if (folder / f"{identifier}.b2nd").is_file():
         import blosc2
 
-        return tuple(np.asarray(blosc2.open(urlpath=str(folder / f"{identifier}{suffix}.b2nd"), mode="r")[:])
-                     for suffix in ("", "_seg"))
-    if (folder / f"{identifier}.npy").is_file():
-        return tuple(np.load(folder / f"{identifier}{suffix}.npy", allow_pickle=False) for suffix in ("", "_seg"))
-    if (folder / f"{identifier}.npz").is_file():
-        with np.load(folder / f"{identifier}.npz", allow_pickle=False) as archive:
-            return archive["data"], archive["seg"]
-    raise UserError(f"{folder}: no preprocessed case {identifier} (.b2nd, .npy or .npz), which splits_final.json "
-                    f"names: run nnUNetv2_preprocess for this configuration")
+        files = [folder / f"{identifier}{suffix}.b2nd" for suffix in ("", "_seg")]
+        data, seg = (_read_array(f, lambda f=f: blosc2.open(urlpath=str(f), mode="r")[:]) for f in files)
+    elif (folder / f"{identifier}.npy").is_file():
+        files = [folder / f"{identifier}{suffix}.npy" for suffix in ("", "_seg")]
+        data, seg = (_read_array(f, lambda f=f: np.load(f, allow_pickle=False)) for f in files)
+    elif (folder / f"{identifier}.npz").is_file():
+        files = [folder / f"{identifier}.npz"] * 2
+
+        def read(key: str) -> np.ndarray:
+            with np.load(files[0], allow_pickle=False) as archive:
+                return archive[key]
+        data, seg = (_read_array(files[0], lambda key=key: read(key)) for key in ("data", "seg"))
+    else:
+        raise UserError(f"{folder}: no preprocessed case {identifier} (.b2nd, .npy or .npz): run nnUNetv2_preprocess "
+                        f"for this configuration")
+    if not (data.ndim == 4 and data.shape[1] == 1 and np.issubdtype(data.dtype, np.number)):
+        raise UserError(f"{files[0]}: holds an array of shape {data.shape}, expected a 2D preprocessed case "
+                        f"(channels, 1, height, width)")
+    if channels is not None and data.shape[0] != channels:
+        raise UserError(f"{files[0]}: holds {data.shape[0]} channel(s), the model takes {channels}: not this "
+                        f"model's preprocessed data")
+    if not (seg.shape == (1, *data.shape[1:]) and np.issubdtype(seg.dtype, np.number)):
+        raise UserError(f"{files[1]}: holds a segmentation of shape {seg.shape}, expected {(1, *data.shape[1:])} "
+                        f"(its image's)")
+    return data, seg
+
+
+def _json_kind(value: object) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "true or false", type(None): "null"}.get(
+        type(value), "a number")
+
+
+def fold_split(splits_file: Path, fold: str) -> Dict[str, List[str]]:
+    """The fold's ``train`` and ``val`` case names in nnU-Net's ``splits_final.json``; one line naming the file
+    where it is unreadable, not nnU-Net's list of splits, or has no such fold."""
+    try:
+        splits = json.loads(splits_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{splits_file}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{splits_file}: not valid JSON (truncated? {e.msg} at line {e.lineno}), expected nnU-Net's "
+                        f"list of splits") from None
+    expected = "expected nnU-Net's list of splits, one object per fold with lists of case names 'train' and 'val'"
+    if not isinstance(splits, list):
+        raise UserError(f"{splits_file}: {expected}; got {_json_kind(splits)}")
+    for i, split in enumerate(splits):
+        for key in ("train", "val"):
+            names = split.get(key) if isinstance(split, dict) else None
+            if not (isinstance(names, list) and all(isinstance(name, str) and name for name in names)):
+                got = f"{_json_kind(names)} as its {key!r}" if isinstance(split, dict) else _json_kind(split)
+                raise UserError(f"{splits_file}: {expected}; fold {i} is {got}")
+    if not str(fold).isdigit() or int(fold) >= len(splits):
+        raise UserError(f"fold {fold}: not one of the {len(splits)} folds of {splits_file} (a reduced precision is "
+                        f"verified on the fold's validation cases)")
+    return splits[int(fold)]
 
 
 def load_cases(preprocessed: Optional[Path], fold: str, patch_size: Sequence[int], calibration_tiles: int,
-               seed: int = 0) -> GuardCases:
+               seed: int = 0, channels: Optional[int] = None) -> GuardCases:
     """The fold's training tiles (up to ``calibration_tiles``: one tile at a seeded random position of each of as many
-    training cases, evenly spaced) and validation cases, from ``preprocessed`` (the configuration's folder in the
-    dataset's ``nnUNet_preprocessed`` folder, ``splits_final.json`` beside it)."""
-    if preprocessed is None or not Path(preprocessed).is_dir():
+    training cases, evenly spaced; none for 0) and validation cases, from ``preprocessed`` (the configuration's folder
+    in the dataset's ``nnUNet_preprocessed`` folder, ``splits_final.json`` beside it), each of ``channels`` channels
+    where given."""
+    if preprocessed is None:
+        raise UserError("nnUNet_preprocessed is not set: the reduced precisions are calibrated and verified on the "
+                        "fold's preprocessed cases")
+    if not Path(preprocessed).is_dir():
         raise UserError(f"{preprocessed}: the preprocessed dataset is not there (the reduced precisions are "
-                        f"calibrated and verified on the fold's preprocessed cases): set nnUNet_preprocessed")
+                        f"calibrated and verified on the fold's preprocessed cases): run nnUNetv2_preprocess or set "
+                        f"nnUNet_preprocessed")
     preprocessed = Path(preprocessed)
     splits_file = preprocessed.parent / "splits_final.json"
     if not splits_file.is_file():
         raise UserError(f"{splits_file}: not found (nnU-Net writes it when the fold is trained)")
-    splits = json.loads(splits_file.read_text())
-    if not str(fold).isdigit() or int(fold) >= len(splits):
-        raise UserError(f"fold {fold}: not one of the {len(splits)} folds of {splits_file} (a reduced precision is "
-                        f"verified on the fold's validation cases)")
-    split = splits[int(fold)]
-    rng = np.random.default_rng(seed)
+    split = fold_split(splits_file, fold)
+    if not split["val"]:
+        raise UserError(f"fold {fold} of {splits_file} has no validation cases to verify a reduced precision on")
     train = split["train"]
+    if calibration_tiles > 0 and not train:
+        raise UserError(f"fold {fold} of {splits_file} has no training cases to calibrate INT8 on")
+    rng = np.random.default_rng(seed)
     chosen = [train[int(i)] for i in np.linspace(0, len(train) - 1, min(calibration_tiles, len(train)))]
     calibration = []
     for identifier in chosen:
-        padded, _ = pad_to_patch(_load_case(preprocessed, identifier)[0].astype(np.float32), patch_size)
+        padded, _ = pad_to_patch(read_case(preprocessed, identifier, channels)[0].astype(np.float32), patch_size)
         starts = [rng.choice(axis) for axis in tile_starts(padded.shape[2:], patch_size, 0.5)]
         window = tuple(slice(s, s + p) for s, p in zip(starts, patch_size))
         calibration.append(np.ascontiguousarray(padded[(slice(None), 0, *window)][None]))
     validation = []
     for identifier in split["val"]:
-        data, seg = _load_case(preprocessed, identifier)
+        data, seg = read_case(preprocessed, identifier, channels)
         validation.append((identifier, data.astype(np.float32), np.maximum(seg[0], 0)))
-    if not validation:
-        raise UserError(f"fold {fold} of {splits_file} has no validation cases to verify a reduced precision on")
     return GuardCases(calibration, validation)
 
 
@@ -375,12 +457,16 @@ def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optio
                                                     "sliding window without mirroring, against the fp32 graph"}
     for fold in description["folds"]:
         name = fold["fold"]
-        cases = load_cases(preprocessed, name, description["patch_size"], calibration_tiles)
+        cases = load_cases(preprocessed, name, description["patch_size"], calibration_tiles if "int8" in precisions
+                           else 0, channels=description["num_input_channels"])
         with tempfile.TemporaryDirectory() as scratch:
             scratch = Path(scratch)
             (scratch / "model.onnx").write_bytes(graphs[name])
             model = core.read_model(str(scratch / "model.onnx"))
             say(f"fold {name}: verifying on {len(cases.validation)} validation case(s)")
+            if len(cases.validation) < FEW_VALIDATION_CASES:
+                say(f"WARNING: fold {name} has only {len(cases.validation)} validation case(s) (fewer than "
+                    f"{FEW_VALIDATION_CASES}): the guard's figures rest on few cases")
             verifier = Verifier(cases, OpenVinoSession(model, "fp32", threads), description)
             groups = blocks(model)
             records = {} if bf16 or "bf16" not in precisions else {
@@ -397,14 +483,17 @@ def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optio
                 elif records["bf16"]["verified"]:
                     records["bf16"].update(model=fold["file"], files={})
             if "int8" in precisions:
-                say(f"fold {name}: INT8 calibration on {len(cases.calibration)} tile(s) of training cases (NNCF)")
+                tiles = len(cases.calibration)
+                say(f"fold {name}: INT8 calibration on {tiles} tile(s) of training cases (NNCF)"
+                    + (f", fewer than the {calibration_tiles} asked: the fold has {tiles} training case(s)"
+                       if tiles < calibration_tiles else ""))
                 quantized = _quantize(model, cases.calibration)
                 candidate = _int8_candidate(quantized, model)
                 record = guard("int8", candidate, groups, verifier, bounds, threads, say)
                 if record["verified"]:
                     record = _written_int8(fold, candidate, groups, record, verifier, bounds, scratch, files, threads,
                                            say)
-                records["int8"] = record
+                records["int8"] = {**record, "calibration_tiles": tiles}
         for precision in required:
             if not records[precision]["verified"]:
                 raise UserError(f"fold {name}: {records[precision]['reason']}; bounds: mean Dice to fp32 >= "

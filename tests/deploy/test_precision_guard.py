@@ -1,12 +1,15 @@
 """deploy/precision_guard.py's blocks and INT8 candidates on a tiny network exported as the export exports: every
 operation in one block, and an INT8 candidate that keeps every block in fp32 computes what the fp32 graph does
-(nothing quantized left behind, also between the blocks: skip concatenations, the sum of two heads); and the guard's
-ranking of the blocks by their own harm."""
+(nothing quantized left behind, also between the blocks: skip concatenations, the sum of two heads); the guard's
+ranking of the blocks by their own harm; and what the guard of a tiny export's fold records and says about the
+cases it had (the calibration tiles it used, few validation cases)."""
 import io
+import json
 
 import numpy as np
 import pytest
 import torch
+from tiny_export import description_of, tiny_graph
 from torch import nn
 
 from nnunetv2_meddisseg.deploy import precision_guard
@@ -114,3 +117,39 @@ def test_the_guard_keeps_the_blocks_whose_own_reduction_costs_most(monkeypatch):
                                    precision_guard.Bounds(), say=lambda line: None)
     assert record["verified"] and record["kept_in_fp32"] == ["/a", "/b"], record
     assert record["tried"][0]["kept_in_fp32"] == 0  # the whole network first
+
+
+def _preprocessed(tmp_path, train: int, val: int):
+    """A preprocessed folder of ``train + val`` tiny cases (3 channels, 20x18, ``.npy`` as nnU-Net unpacks them) and
+    splits_final.json beside it: one fold of the first ``train`` cases for training and the rest for validation."""
+    folder = tmp_path / "Dataset987_Tiny" / "nnUNetPlans_2d"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    names = [f"case_{i:03d}" for i in range(train + val)]
+    for name in names:
+        data = rng.standard_normal((3, 1, 20, 18)).astype(np.float32)
+        np.save(folder / f"{name}.npy", data)
+        np.save(folder / f"{name}_seg.npy", (data[:1] > 0).astype(np.int8))
+    (folder.parent / "splits_final.json").write_text(json.dumps([{"train": names[:train], "val": names[train:]}]))
+    return folder
+
+
+@pytest.mark.parametrize("train,val,tiles,used,fewer,warned", [
+    (1, 2, 64, 1, True, True),  # fewer training cases than tiles asked, few validation cases
+    (3, precision_guard.FEW_VALIDATION_CASES, 2, 2, False, False),
+])
+def test_the_int8_record_holds_the_calibration_tiles_used_and_few_cases_are_named(tmp_path, train, val, tiles, used,
+                                                                                   fewer, warned):
+    description, lines = description_of({0: tiny_graph(0)}), []
+    precision_guard.guard_folds(description, {"0": tiny_graph(0)}, _preprocessed(tmp_path, train, val), ["int8"],
+                                precision_guard.Bounds(), tiles, threads=1, say=lines.append)
+    record = description["folds"][0]["precisions"]["int8"]
+    assert record["calibration_tiles"] == used and description["precision_guard"]["calibration_tiles"] == tiles
+    calibration = [line for line in lines if "INT8 calibration" in line]
+    assert calibration == [f"fold 0: INT8 calibration on {used} tile(s) of training cases (NNCF)"
+                           + (f", fewer than the {tiles} asked: the fold has {train} training case(s)" if fewer
+                              else "")]
+    warning = (f"WARNING: fold 0 has only {val} validation case(s) (fewer than {precision_guard.FEW_VALIDATION_CASES})"
+               f": the guard's figures rest on few cases")
+    assert (warning in lines) == warned and sum(line.startswith("WARNING") for line in lines) == warned, lines
+    assert record["figures"]["cases"] == val
