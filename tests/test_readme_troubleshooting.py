@@ -392,6 +392,18 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
         _command("export", export_rows.exp_output_is_a_user_folder),
     "-o ... is inside nnUNet_raw (...), whose folders belong to nnU-Net":
         _command("export", export_rows.exp_output_in("nnUNet_raw")),
+    "--int8 needs nnUNet_preprocessed, which is not set":
+        _command("export", export_rows.exp_without_nnunet_preprocessed("--int8")),
+    "nnUNetv2_meddisseg_export: error: ... cannot be read as a preprocessed case (truncated or damaged? ...): run "
+    "nnUNetv2_preprocess for this configuration again": _command("export", export_rows.exp_truncated_case),
+    "splits_final.json: not valid JSON (truncated? ...), expected nnU-Net's list of splits":
+        _command("export", export_rows.exp_int8_splits_truncated),
+    "splits_final.json: expected nnU-Net's list of splits, one object per fold with lists of case names 'train' and "
+    "'val'; got ...": _command("export", export_rows.exp_int8_splits_an_object),
+    "splits_final.json has no training cases to calibrate INT8 on":
+        _command("export", export_rows.exp_int8_fold_without_training_cases),
+    "splits_final.json has no validation cases to verify a reduced precision on":
+        _command("export", export_rows.exp_int8_fold_without_validation_cases),
     "-o ... is the input folder -i ...: the predictor never writes into its inputs":
         _command("predict_onnx", predict_rows.pred_output_is_input),
     "(the output of case ...) would overwrite the input file ...":

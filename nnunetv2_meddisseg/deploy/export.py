@@ -5,11 +5,12 @@ The model is found as ``nnUNetv2_predict`` finds it (-d -c -f -tr -p -chk) and l
 ``nnUNetPredictor`` (deep supervision off). Each fold is traced on the CPU with the CDFA blocks in their graph
 form (``blocks.cdfa_graph``: no in-place writes, which a tracer loses) into ``fold_<f>/model.onnx`` with a
 symbolic batch size, height and width. Before writing, ONNX Runtime runs each graph on random inputs (a batch
-of two patches, and one input twice the patch size) and on up to two preprocessed training cases where the
-dataset is there, against the PyTorch network as nnU-Net predicts with it; the largest difference must stay
-within ``--tolerance`` times the largest absolute logit, else the command ends with one line and writes
-nothing. ``onnx_model.json`` (``deploy.description``) holds what the predictor needs, with each graph's sha256.
-``--int8`` / ``--bf16`` add each fold in reduced precision where it passes the accuracy guard on the fold's
+of two patches, and one input twice the patch size) and on up to two preprocessed cases where
+``nnUNet_preprocessed`` holds the configuration's (optional: random inputs only otherwise, said in one line), against
+the PyTorch network as nnU-Net predicts with it; the largest difference must stay within ``--tolerance`` times the
+largest absolute logit, else the command ends with one line and writes nothing. ``onnx_model.json``
+(``deploy.description``) holds what the predictor needs, with each graph's sha256. ``--int8`` / ``--bf16`` (which
+need ``nnUNet_preprocessed``) add each fold in reduced precision where it passes the accuracy guard on the fold's
 validation cases (``deploy.precision_guard``; the further files' sha256 recorded too), or end the command with one
 line and write nothing.
 

@@ -7,7 +7,7 @@ the fold's validation cases (``deploy.precision_guard``) and recorded the outcom
     "precisions": {
       "int8": {"verified": true, "model": "fold_0/model_int8.xml",
                "files": {"fold_0/model_int8.xml": "<sha256>", "fold_0/model_int8.bin": "<sha256>"},
-               "kept_in_fp32": [...], "figures": {...},
+               "kept_in_fp32": [...], "figures": {...}, "calibration_tiles": 64,
                "floats_in_bf16": {"verified": true, "figures": {...}}},
       "bf16": {"verified": true, "model": "fold_0/model.onnx", "files": {}, "kept_in_fp32": [], "figures": {...}}
     }

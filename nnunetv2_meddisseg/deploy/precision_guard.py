@@ -5,7 +5,13 @@ bf16 only where its masks stay within bounds of the fp32 graph's on the fold's v
 configuration's preprocessed cases: INT8 is calibrated on patch-sized tiles of the fold's *training* cases (NNCF's
 post-training quantization of the OpenVINO model), and every candidate is verified on the fold's *validation*
 cases, predicted as the predictor predicts them (Gaussian sliding window, no mirroring) by the candidate and by the
-fp32 graph, both on OpenVINO:
+fp32 graph, both on OpenVINO. A fold with fewer training cases than the tiles asked is calibrated on one tile of
+each (its int8 record holds the number used, ``calibration_tiles``); a fold of fewer than
+:data:`FEW_VALIDATION_CASES` validation cases gets a warning line. Unreadable or misshaped case files and a
+``splits_final.json`` that is not nnU-Net's list of splits are one line naming the file (:func:`read_case`,
+:func:`fold_split`).
+
+The figures:
 
 - **Dice to fp32**: per case, the Dice of the candidate's mask to the fp32 mask (the mean over the foreground labels;
   1 where both are empty); the bound holds the mean over the cases (default >= 0.99);

@@ -196,6 +196,13 @@ def _splits_text(text: str) -> Callable[[Path], None]:
     return lambda folder: (folder.parent / "splits_final.json").write_text(text)
 
 
+exp_truncated_case = exp_preprocessed(lambda folder: truncate(folder / "case_000.b2nd"))
+exp_int8_splits_truncated = exp_preprocessed(_splits_text('[{"train": ["case_0'), "--int8")
+exp_int8_splits_an_object = exp_preprocessed(_splits_text(json.dumps(SPLIT)), "--int8")
+exp_int8_fold_without_training_cases = exp_preprocessed(_nothing, "--int8", splits=[{"train": [], "val": CASES}])
+exp_int8_fold_without_validation_cases = exp_preprocessed(_nothing, "--int8", splits=[{"train": CASES, "val": []}])
+
+
 ROWS = [
     Row("export/output_is_a_file", "export", exp_output_is_a_file, 2,
         ["-o ", "kvasir_onnx exists and is not a folder"]),
@@ -241,8 +248,7 @@ ROWS = [
     Row("export/bf16_without_nnunet_preprocessed", "export", exp_without_nnunet_preprocessed("--bf16"), 2,
         ["--bf16 needs nnUNet_preprocessed, which is not set"]),
     Row("export/fp32_with_preprocessed_cases", "export", exp_preprocessed(_nothing), 0, check=_exported),
-    Row("export/truncated_preprocessed_case", "export",
-        exp_preprocessed(lambda folder: truncate(folder / "case_000.b2nd")), 2,
+    Row("export/truncated_preprocessed_case", "export", exp_truncated_case, 2,
         ["nnUNetPlans_2d/case_000.b2nd: cannot be read as a preprocessed case (truncated or damaged?",
          "run nnUNetv2_preprocess"]),
     Row("export/preprocessed_case_of_other_channels", "export", exp_preprocessed(_nothing, channels=1), 2,
@@ -253,18 +259,16 @@ ROWS = [
     Row("export/int8_validation_case_missing", "export",
         exp_preprocessed(lambda folder: (folder / "case_004_seg.b2nd").unlink(), "--int8"), 2,
         ["nnUNetPlans_2d/case_004_seg.b2nd: not found"]),
-    Row("export/int8_splits_truncated", "export", exp_preprocessed(_splits_text('[{"train": ["case_0'), "--int8"), 2,
+    Row("export/int8_splits_truncated", "export", exp_int8_splits_truncated, 2,
         ["splits_final.json: not valid JSON (truncated?", "expected nnU-Net's list of splits"]),
-    Row("export/int8_splits_an_object", "export", exp_preprocessed(_splits_text(json.dumps(SPLIT)), "--int8"), 2,
+    Row("export/int8_splits_an_object", "export", exp_int8_splits_an_object, 2,
         ["splits_final.json: expected nnU-Net's list of splits, one object per fold", "got an object"]),
     Row("export/int8_splits_without_val", "export",
         exp_preprocessed(_splits_text(json.dumps([{"train": CASES}])), "--int8"), 2,
         ["splits_final.json: expected nnU-Net's list of splits", "fold 0 is null as its 'val'"]),
-    Row("export/int8_fold_without_training_cases", "export",
-        exp_preprocessed(_nothing, "--int8", splits=[{"train": [], "val": CASES}]), 2,
+    Row("export/int8_fold_without_training_cases", "export", exp_int8_fold_without_training_cases, 2,
         ["fold 0 of ", "splits_final.json has no training cases to calibrate INT8 on"]),
-    Row("export/int8_fold_without_validation_cases", "export",
-        exp_preprocessed(_nothing, "--int8", splits=[{"train": CASES, "val": []}]), 2,
+    Row("export/int8_fold_without_validation_cases", "export", exp_int8_fold_without_validation_cases, 2,
         ["fold 0 of ", "splits_final.json has no validation cases to verify a reduced precision on"]),
     Row("export/int8_preprocessed_folder_empty", "export",
         exp_preprocessed(_nothing, "--int8", cases=()), 2,
@@ -277,16 +281,20 @@ def test_bad_input(row: Row, tmp_path, nnunet_dirs, capsys):
     check_row(row, tmp_path, nnunet_dirs, capsys)
 
 
-def test_fp32_export_without_nnunet_preprocessed_says_it_checks_on_random_inputs_only(tmp_path, nnunet_dirs,
-                                                                                      capsys, monkeypatch):
+@pytest.mark.parametrize("preprocessed", ["unset", "empty"])
+def test_fp32_export_without_preprocessed_cases_says_it_checks_on_random_inputs_only(preprocessed, tmp_path,
+                                                                                     nnunet_dirs, capsys, monkeypatch):
     from nnunetv2_meddisseg.deploy.export import main
 
     tiny_model(nnunet_dirs)
-    monkeypatch.delenv("nnUNet_preprocessed")
+    if preprocessed == "unset":
+        monkeypatch.delenv("nnUNet_preprocessed")
+        why = "nnUNet_preprocessed is not set"
+    else:
+        why = f"none in {preprocessed_cases(nnunet_dirs, cases=())}"
     assert main(_export_argv(tmp_path)) == 0
     out = capsys.readouterr().out
-    assert ("no preprocessed cases (nnUNet_preprocessed is not set): ONNX Runtime is checked against PyTorch on "
-            "random inputs only") in out
+    assert f"no preprocessed cases ({why}): ONNX Runtime is checked against PyTorch on random inputs only" in out
     assert "(2 inputs)" in out and (tmp_path / "kvasir_onnx" / DESCRIPTION_FILE).is_file()
     checks = json.loads((tmp_path / "kvasir_onnx" / DESCRIPTION_FILE).read_text())["folds"][0]["checks"]
     assert [c["input"] for c in checks] == ["random patches", "random input of twice the patch size"]
