@@ -461,10 +461,15 @@ def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optio
     description["precision_guard"] = {"bounds": asdict(bounds), "calibration_tiles": calibration_tiles,
                                       "validation": "the fold's validation cases (splits_final.json), preprocessed, "
                                                     "sliding window without mirroring, against the fp32 graph"}
+    # Every fold's cases are read before the first fold is guarded: a bad case or split stops the export at once,
+    # not after minutes of guarding the folds before it.
+    fold_cases = {fold["fold"]: load_cases(preprocessed, fold["fold"], description["patch_size"],
+                                           calibration_tiles if "int8" in precisions else 0,
+                                           channels=description["num_input_channels"])
+                  for fold in description["folds"]}
     for fold in description["folds"]:
         name = fold["fold"]
-        cases = load_cases(preprocessed, name, description["patch_size"], calibration_tiles if "int8" in precisions
-                           else 0, channels=description["num_input_channels"])
+        cases = fold_cases[name]
         with tempfile.TemporaryDirectory() as scratch:
             scratch = Path(scratch)
             (scratch / "model.onnx").write_bytes(graphs[name])
