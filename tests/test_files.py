@@ -89,11 +89,12 @@ def test_a_kill_at_any_moment_leaves_one_folder_whole_and_the_next_run_finds_it(
     proc = subprocess.run([sys.executable, "-c", KILLED_REPLACE, point, str(new), str(target)], timeout=120)
     assert proc.returncode == -signal.SIGKILL  # killed where the point says
     if point == "rename 2":  # between the renames: the target is missing, the old folder whole beside it
-        assert not target.exists() and files.set_aside_path(target).is_dir()
+        assert not target.exists() and files.find_set_aside(target).is_dir()
     put_back = files.restore_set_aside(target)
     assert put_back == (point == "rename 2")
     texts = {p.name: p.read_text() for p in target.iterdir()}
     expected = "new" if point == "removing the old folder" else "old"
     assert texts == {"a.txt": expected, "b.txt": expected}  # one whole folder, never a mixture
-    assert not files.set_aside_path(target).exists()
+    assert files.find_set_aside(target) is None
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".old")] == []  # no holder left
     assert files.restore_set_aside(target) is False  # nothing left to do
