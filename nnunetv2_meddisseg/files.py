@@ -94,8 +94,14 @@ def _abandoned_siblings(target: Path, suffix: str) -> List[Path]:
         entries = [Path(e.path) for e in os.scandir(target.parent) if pattern.fullmatch(e.name)]
     except OSError:
         return []
-    found = [p for p in entries if _abandoned(p, target)]
-    return sorted(found, key=lambda p: os.lstat(p / MARKER).st_mtime_ns, reverse=True)
+    found = {}
+    for path in entries:
+        if _abandoned(path, target):
+            try:
+                found[path] = os.lstat(path / MARKER).st_mtime_ns
+            except OSError:  # removed meanwhile
+                pass
+    return sorted(found, key=found.get, reverse=True)
 
 
 def _remove(path: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from bad_input_table import tree
+from planted import KINDS, plant, snapshot
 from tiny_export import description_of
 
 from nnunetv2_meddisseg.cli import UserError
@@ -213,3 +214,23 @@ def test_an_export_with_reduced_precision_files_is_an_earlier_export(model, tmp_
         DESCRIPTION_FILE, fold_model_file(0)}
     with pytest.raises(ValueError, match="outside the fold folders"):
         export_folder.write_export(target, {"0": b"graph"}, description_of({0: b"graph"}), {"model_int8.xml": b""})
+
+
+@pytest.mark.parametrize("name", [".kvasir_onnx.partial", ".kvasir_onnx.old"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_folder_or_link_of_a_fixed_temporary_name_is_left_alone(model, tmp_path, capsys, name, kind):
+    """A user's folder, or a link to a folder outside (an earlier export, say), where the export's temporary or
+    set-aside folder would be: the export replaces -o all the same, writes nothing through the link and leaves
+    both as they were."""
+    target = earlier_export(tmp_path / "kvasir_onnx")
+    plant(tmp_path / name, kind, tmp_path / "outside")
+    if kind == "link":
+        earlier_export(tmp_path / "outside")
+    before = snapshot(tmp_path, leave_out=[target])
+    for graph in (b"new graph", b"newer graph"):  # into an earlier export, and into the one just written
+        assert export_folder.check_output(target, model) == target
+        export_folder.write_export(target, {"0": graph}, description_of({0: graph}))
+        assert (target / fold_model_file(0)).read_bytes() == graph and not target.is_symlink()
+        assert json.loads((target / DESCRIPTION_FILE).read_text()) == description_of({0: graph})
+        assert snapshot(tmp_path, leave_out=[target]) == before  # untouched, and no temporary left
+    assert "put back" not in capsys.readouterr().out
