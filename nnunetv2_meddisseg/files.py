@@ -1,19 +1,38 @@
 """Writing files and folders whole: a reader (or a later run) sees the old version or the new one, never a part.
 
-Both helpers write beside the target (a hidden sibling in the same folder, so the final rename stays on one file
-system) and rename into place. A folder is replaced in two renames (the old one set aside as ``.<name>.old``, the
-new one moved in); a process killed between them leaves the target missing and the old folder whole beside it,
-which :func:`restore_set_aside` puts back. They import nothing of the package and no torch: the ONNX predictor,
-which runs without PyTorch, uses them too.
+Every temporary name is made fresh by :func:`temporary_sibling`: a hidden sibling of the target with a random part,
+``.<name>.<random>.partial``, created exclusively (``tempfile.mkstemp`` / ``mkdtemp``) in the target's folder, so
+that the final rename stays on one file system. No existing file, folder or symbolic link is ever reused as a
+temporary, written through or removed for its name alone: a user's ``.<name>.partial`` is left as it is.
+
+A file is written into its temporary and renamed over the target (:func:`write_atomically`). A folder is replaced
+in two renames (:func:`replace_folder`): the old one is first moved into a fresh holder ``.<name>.<random>.old``
+(:func:`set_aside`), then the new one is moved in. A process killed between them leaves the target missing and
+the old folder whole in its holder, which :func:`restore_set_aside` puts back. Holders and temporary folders carry
+a marker file (:data:`MARKER`) naming their target and the process that made them; only real folders (never
+links) with that marker, left by a process that has ended, are ever moved or removed by a later run. They import
+nothing of the package and no torch: the ONNX predictor, which runs without PyTorch, uses them too.
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
+import socket
+import stat
+import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, List, Optional
 
-__all__ = ["is_inside", "write_atomically", "replace_folder", "set_aside_path", "restore_set_aside"]
+__all__ = ["MARKER", "is_inside", "temporary_sibling", "write_atomically", "replace_folder", "set_aside",
+           "find_set_aside", "restore_set_aside"]
+
+#: the marker file in a holder of a set-aside folder and in a temporary folder
+MARKER = ".nnUNetv2_meddisseg_temporary"
+#: inside a holder: the set-aside folder, and the same once the new one is in place (only to be removed)
+_KEPT, _REMOVING = "kept", "removing"
+_WRITTEN_BY = "nnunetv2_meddisseg.files"
 
 
 def is_inside(path: os.PathLike, folder: os.PathLike) -> bool:
@@ -23,11 +42,120 @@ def is_inside(path: os.PathLike, folder: os.PathLike) -> bool:
     return path == folder or folder in path.parents
 
 
+def _default_mode(folder: bool) -> int:
+    """The mode a plain ``open`` / ``mkdir`` would give (mkstemp and mkdtemp make theirs private)."""
+    mask = os.umask(0o022)  # the only way to read the umask; set back at once
+    os.umask(mask)
+    return (0o777 if folder else 0o666) & ~mask
+
+
+def _marker_text(target: Path) -> str:
+    return json.dumps({"written_by": _WRITTEN_BY, "target": target.name, "host": socket.gethostname(),
+                       "pid": os.getpid()})
+
+
+def _mark(folder: Path, target: Path) -> None:
+    with open(folder / MARKER, "x", encoding="utf-8") as f:
+        f.write(_marker_text(target))
+
+
+def _pid_ended(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # another user's process
+        return False
+    return False
+
+
+def _abandoned(folder: Path, target: Path) -> bool:
+    """``folder`` is a real folder whose marker (a regular file) names ``target`` and a process of this machine
+    that has ended (or is this one)."""
+    try:
+        if not stat.S_ISDIR(os.lstat(folder).st_mode) or not stat.S_ISREG(os.lstat(folder / MARKER).st_mode):
+            return False
+        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(marker, dict) or not isinstance(marker.get("pid"), int):
+        return False
+    if (marker.get("written_by"), marker.get("target"), marker.get("host")) != (
+            _WRITTEN_BY, target.name, socket.gethostname()):
+        return False
+    return marker["pid"] == os.getpid() or _pid_ended(marker["pid"])
+
+
+def _abandoned_siblings(target: Path, suffix: str) -> List[Path]:
+    """Holders (``suffix`` ``.old``) or temporary folders (``.partial``) of ``target`` that a process left: named as
+    mkdtemp names them, and marked (:func:`_abandoned`); the newest first."""
+    pattern = re.compile(re.escape(f".{target.name}.") + r"[A-Za-z0-9_]{8}" + re.escape(suffix))
+    try:
+        entries = [Path(e.path) for e in os.scandir(target.parent) if pattern.fullmatch(e.name)]
+    except OSError:
+        return []
+    found = {}
+    for path in entries:
+        if _abandoned(path, target):
+            try:
+                found[path] = os.lstat(path / MARKER).st_mtime_ns
+            except OSError:  # removed meanwhile
+                pass
+    return sorted(found, key=found.get, reverse=True)
+
+
+def _remove(path: Path) -> None:
+    """Remove ``path`` (a link itself, never what it points to); nothing where it is missing."""
+    if path.is_symlink() or (os.path.lexists(path) and not path.is_dir()):
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+def _remove_marked(folder: Path) -> None:
+    """Remove a holder or temporary folder of ours, its marker last (a kill half-way leaves it still marked)."""
+    for entry in os.listdir(folder):
+        if entry != MARKER:
+            _remove(folder / entry)
+    (folder / MARKER).unlink(missing_ok=True)
+    folder.rmdir()
+
+
+def temporary_sibling(target: Path, folder: bool = False) -> Path:
+    """A new, empty file (or, with ``folder``, a folder holding only :data:`MARKER`) beside ``target``:
+    ``.<name>.<random>.partial``, made exclusively, with the mode a plain ``open`` / ``mkdir`` would give. The
+    caller writes it and renames it over ``target`` (:func:`write_atomically`, :func:`replace_folder`) or removes
+    it. Temporary folders of ``target`` that a process which has ended left behind are removed first."""
+    target = Path(target)
+    prefix, suffix = f".{target.name}.", ".partial"
+    if folder:
+        for leftover in _abandoned_siblings(target, suffix):
+            try:
+                _remove_marked(leftover)
+            except OSError:
+                pass
+        path = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=target.parent))
+        try:
+            os.chmod(path, _default_mode(folder=True))
+            _mark(path, target)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        return path
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=target.parent)
+    try:
+        os.fchmod(fd, _default_mode(folder=False))
+    finally:
+        os.close(fd)
+    return Path(name)
+
+
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """``write(partial)`` writes the whole file to the hidden sibling ``.<name>.partial``, which then replaces
-    ``path`` (``os.replace``); where ``write`` fails, the partial file is removed and the error raised."""
+    """``write(partial)`` writes the whole file to a fresh temporary sibling (:func:`temporary_sibling`), which
+    then replaces ``path`` (``os.replace``: a link at ``path`` is replaced, not written through); where ``write``
+    fails, the temporary file is removed and the error raised."""
     path = Path(path)
-    partial = path.with_name(f".{path.name}.partial")
+    partial = temporary_sibling(path)
     try:
         write(partial)
         os.replace(partial, path)
@@ -36,42 +164,69 @@ def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
         raise
 
 
-def set_aside_path(target: Path) -> Path:
-    """Where :func:`replace_folder` keeps the old ``target`` until the new one is in place: ``.<name>.old``."""
+def set_aside(target: Path) -> Path:
+    """Move ``target`` into a fresh holder beside it (``.<name>.<random>.old``, marked as ours before the move);
+    returns the holder. The first of :func:`replace_folder`'s two renames."""
     target = Path(target)
-    return target.with_name(f".{target.name}.old")
+    holder = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+    try:
+        _mark(holder, target)
+        os.replace(target, holder / _KEPT)
+    except BaseException:
+        shutil.rmtree(holder, ignore_errors=True)
+        raise
+    return holder
 
 
 def replace_folder(new: Path, target: Path) -> None:
-    """Move the complete folder ``new`` to ``target``. An existing ``target`` is set aside as ``.<name>.old``
-    until the new folder is in place (and put back where that move fails), then removed."""
+    """Move the complete folder ``new`` (made by :func:`temporary_sibling`; its marker is removed) to ``target``.
+    An existing ``target`` is set aside (:func:`set_aside`) until the new folder is in place (and put back where
+    that move fails), then removed."""
     new, target = Path(new), Path(target)
-    if not target.exists():
+    (new / MARKER).unlink(missing_ok=True)
+    if not os.path.lexists(target):
         os.replace(new, target)
         return
-    old = set_aside_path(target)
-    if old.exists():
-        shutil.rmtree(old)
-    os.replace(target, old)
+    holder = set_aside(target)
     try:
         os.replace(new, target)
     except BaseException:
-        os.replace(old, target)
+        os.replace(holder / _KEPT, target)
+        _remove_marked(holder)
         raise
-    shutil.rmtree(old, ignore_errors=True)
+    # renamed first, so that a kill while it is removed never leaves it to be put back half removed
+    os.replace(holder / _KEPT, holder / _REMOVING)
+    try:
+        _remove_marked(holder)
+    except OSError:
+        pass
+
+
+def find_set_aside(target: Path) -> Optional[Path]:
+    """The folder a killed :func:`replace_folder` set aside from ``target`` (inside its holder; the newest where
+    there are several), or None."""
+    for holder in _abandoned_siblings(Path(target), ".old"):
+        kept = holder / _KEPT
+        if kept.is_dir() and not kept.is_symlink():
+            return kept
+    return None
 
 
 def restore_set_aside(target: Path) -> bool:
-    """Finish what a killed :func:`replace_folder` left: where ``target`` is missing and its set-aside copy
-    exists (killed between the two renames), that copy, whole since it was only renamed, is moved back; where
-    both exist (killed after the new folder was in place, maybe while the old one was being removed), the
-    set-aside copy is removed. Returns whether a folder was put back."""
+    """Finish what a killed :func:`replace_folder` left: where ``target`` is missing and a holder of ours keeps its
+    set-aside copy (killed between the two renames), that copy, whole since it was only renamed, is moved back;
+    holders left where ``target`` exists (killed after the new folder was in place, maybe while the old one was
+    being removed) are removed. Folders that merely look like holders are left alone. Returns whether a folder
+    was put back."""
     target = Path(target)
-    old = set_aside_path(target)
-    if not old.is_dir() or old.is_symlink():
-        return False
-    if os.path.lexists(target):
-        shutil.rmtree(old, ignore_errors=True)
-        return False
-    os.replace(old, target)
-    return True
+    put_back = False
+    for holder in _abandoned_siblings(target, ".old"):
+        kept = holder / _KEPT
+        if not os.path.lexists(target) and kept.is_dir() and not kept.is_symlink():
+            os.replace(kept, target)
+            put_back = True
+        try:
+            _remove_marked(holder)
+        except OSError:
+            pass
+    return put_back

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import torch
 
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
-from nnunetv2_meddisseg.files import is_inside
+from nnunetv2_meddisseg.files import is_inside, replace_folder, temporary_sibling
 from nnunetv2_meddisseg.torch_files import PREDICTOR_KEYS, read_checkpoint
 
 __all__ = ["PREDICTION_KEYS", "weights_only_checkpoint", "copy_weights_only", "main"]
@@ -61,8 +60,8 @@ def copy_weights_only(model_folder: Path, output_folder: Path) -> List[Path]:
 
     Checkpoints are read with ``weights_only=True`` (``torch_files``): one holding other objects is
     refused, never run. Every checkpoint is read before anything is written, and the copy is written
-    into a hidden sibling that is renamed into place at the end, so a bad checkpoint or a failed write
-    (disk full, read-only) leaves no output behind."""
+    into a fresh hidden sibling (``files.temporary_sibling``) that is renamed into place at the end, so a
+    bad checkpoint or a failed write (disk full, read-only) leaves no output behind."""
     model_folder, output_folder = Path(model_folder), Path(output_folder)
     if not (model_folder / "plans.json").is_file() or not list(model_folder.glob("fold_*")):
         raise UserError(f"{model_folder} is not a trained nnU-Net model folder: expected plans.json and fold_* "
@@ -79,21 +78,20 @@ def copy_weights_only(model_folder: Path, output_folder: Path) -> List[Path]:
     for path in checkpoints:
         reduced[path.relative_to(model_folder)] = weights_only_checkpoint(read_checkpoint(path), str(path))
     target = output_folder.resolve()
-    partial = target.parent / f".{target.name}.partial"
+    partial = None
     try:
-        if partial.exists():
-            shutil.rmtree(partial)
-        shutil.copytree(model_folder, partial, ignore=_not_shared)
+        partial = temporary_sibling(target, folder=True)
+        shutil.copytree(model_folder, partial, ignore=_not_shared, dirs_exist_ok=True)
         for relative, checkpoint in reduced.items():
             _save(checkpoint, partial / relative)
         if target.is_dir():
             target.rmdir()  # empty when checked; one that has gained files since stays, and the copy is refused
-        os.replace(partial, target)
+        replace_folder(partial, target)
     except OSError as e:
-        shutil.rmtree(partial, ignore_errors=True)
+        _discard(partial)
         raise UserError(f"cannot write the copy {output_folder}: {_os_error(e)}") from None
     except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
+        _discard(partial)
         raise
     return [output_folder / relative for relative in reduced]
 
@@ -105,6 +103,11 @@ def _save(checkpoint: Mapping[str, object], path: Path) -> None:
     torch.save(checkpoint, buffer)
     with open(path, "wb") as f:
         f.write(buffer.getbuffer())
+
+
+def _discard(partial: Optional[Path]) -> None:
+    if partial is not None:
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def _not_shared(folder: str, names: List[str]) -> List[str]:

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from planted import KINDS, plant, snapshot
 from torch import nn
 
 from nnunetv2_meddisseg.sharing import PREDICTION_KEYS, main
@@ -173,3 +174,16 @@ def test_files_that_appear_in_the_output_folder_while_copying_are_kept(model_fol
                                                    f"{out}: "), err
     assert [p.name for p in out.iterdir()] == ["results.csv"] and (out / "results.csv").read_text() == "mine"
     assert not list(tmp_path.glob(".shared*"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_folder_or_link_of_a_fixed_temporary_name_is_left_alone(model_folder, tmp_path, capsys, kind):
+    """A user's folder, or a link to a folder outside, where the copy's temporary folder would be: the copy is
+    written all the same, nothing through the link, and both stay as they were."""
+    out = tmp_path / "shared"
+    plant(tmp_path / ".shared.partial", kind, tmp_path / "outside")
+    before = snapshot(tmp_path, leave_out=[out])
+    assert main([str(model_folder), str(out)]) == 0
+    assert snapshot(tmp_path, leave_out=[out]) == before  # untouched, and no temporary left
+    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file()) == sorted(
+        p.relative_to(model_folder) for p in model_folder.rglob("*") if p.is_file())

@@ -8,14 +8,13 @@ untrained network does not score well.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Tuple
 
 import numpy as np
 from PIL import Image, ImageFilter
 
-from nnunetv2_meddisseg.files import replace_folder
+from nnunetv2_meddisseg.files import replace_folder, temporary_sibling
 
 __all__ = ["make_synthetic_dataset", "synthetic_case"]
 
@@ -51,14 +50,15 @@ def synthetic_case(rng: np.random.Generator, size: int) -> Tuple[np.ndarray, np.
 def make_synthetic_dataset(raw_dir: str | Path, dataset_id: int = 501, num_train: int = 12, num_test: int = 4,
                            size: int = 64, seed: int = 0, overwrite: bool = False) -> Path:
     """Write ``Dataset{ID}_SyntheticPolyps`` under ``raw_dir`` (imagesTr/labelsTr/imagesTs/labelsTs,
-    dataset.json) and return its path. Refuses to replace an existing folder unless ``overwrite``."""
+    dataset.json) and return its path. Refuses to replace an existing folder unless ``overwrite``. Written into a
+    fresh hidden sibling and moved into place whole (``files.temporary_sibling``, ``files.replace_folder``)."""
     if size < 16 or size % 16:
         raise ValueError(f"size must be a positive multiple of 16, got {size}")
     target = Path(raw_dir) / f"Dataset{dataset_id:03d}_{DATASET_NAME}"
     if target.exists() and not overwrite:
         raise FileExistsError(f"{target} already exists (pass overwrite=True to replace it)")
-    partial = target.with_name("." + target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = temporary_sibling(target, folder=True)  # a failed run's is removed by the next one
     rng = np.random.default_rng(seed)
     for split, count in (("Tr", num_train), ("Ts", num_test)):
         (partial / f"images{split}").mkdir(parents=True)

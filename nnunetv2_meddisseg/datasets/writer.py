@@ -3,10 +3,12 @@
 A converter module (``kvasir``, ``glas``, ...) turns a publisher's folder into a
 :class:`ConversionPlan` (which cases exist, how to write one, which are train / val / test);
 :func:`write_nnunet_dataset` then writes ``$nnUNet_raw/DatasetXXX_Name/`` (``imagesTr``,
-``labelsTr``, ``imagesTs``, ``labelsTs``, ``dataset.json``) into a hidden
-``.DatasetXXX_Name.partial`` sibling and renames it into place only once every case was written,
-so an interrupted or failed conversion never leaves a valid-looking dataset behind; a dataset that a
-conversion killed while replacing it left set aside is put back by the next one. The
+``labelsTr``, ``imagesTs``, ``labelsTs``, ``dataset.json``) into a fresh hidden sibling
+(``files.temporary_sibling``: ``.DatasetXXX_Name.<random>.partial``) and renames it into place only
+once every case was written, so an interrupted or failed conversion never leaves a valid-looking
+dataset behind; a dataset that a conversion killed while replacing it left set aside (in a holder
+``.DatasetXXX_Name.<random>.old``) is put back by the next one. A user's file, folder or link of any
+such name is never written through, moved or removed. The
 train / val split goes to ``splits_final.json`` (fold 0) both in the raw folder (nnU-Net's
 planner copies it from there) and, when ``nnUNet_preprocessed`` is set, straight into
 ``$nnUNet_preprocessed/DatasetXXX_Name/``, where ``nnUNetv2_train ID 2d 0`` reads it.
@@ -24,7 +26,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
-from nnunetv2_meddisseg.files import replace_folder, restore_set_aside, set_aside_path, write_atomically
+from nnunetv2_meddisseg.files import replace_folder, restore_set_aside, temporary_sibling, write_atomically
 
 from .cases import ConversionPlan, ConversionResult, SourceCase
 from .errors import ConversionError, OptionError
@@ -86,8 +88,7 @@ def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional
     prep_root = optional_env_folder("nnUNet_preprocessed")
     name = f"Dataset{dataset_id:03d}_{spec.name}"
     target = raw_root / name
-    if (set_aside_path(target) / "dataset.json").is_file():  # a conversion killed while replacing target
-        restore_set_aside(target)
+    restore_set_aside(target)  # a conversion killed while replacing target
     _check_target(raw_root, prep_root, name, dataset_id, overwrite)
     _check_source_outside_target(Path(plan.source), target)
     if plan.split_problem:
@@ -112,24 +113,23 @@ def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional
                                                                             mask_threshold=mask_threshold)
     masks_record = report.record() if report is not None else None
 
-    partial_dir = raw_root / f".{name}.partial"
-    if partial_dir.exists():
-        shutil.rmtree(partial_dir)
+    partial_dir = None
     try:
+        partial_dir = temporary_sibling(target, folder=True)
         _write_cases(plan, write_case, subsets, partial_dir, name, resize, num_processes, progress, masks_record)
         if splits is not None:
             _write_json_atomic(splits, partial_dir / "splits_final.json")
         replace_folder(partial_dir, target)
     except ConversionError:
-        shutil.rmtree(partial_dir, ignore_errors=True)
+        _discard(partial_dir)
         raise
     except OSError as err:  # disk full, read-only file system, permissions: one line, nothing left behind
-        shutil.rmtree(partial_dir, ignore_errors=True)
-        where = str(err.filename or partial_dir)
+        _discard(partial_dir)
+        where = str(err.filename or partial_dir or target)
         verb = "write" if where.startswith(str(raw_root)) else "read"
         raise ConversionError(f"cannot {verb} {where}: {err.strerror or err}") from None
     except BaseException:
-        shutil.rmtree(partial_dir, ignore_errors=True)
+        _discard(partial_dir)
         raise
 
     notes = list(plan.notes)
@@ -140,6 +140,11 @@ def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional
                      "5-fold cross-validation")
     return ConversionResult(name, target, written, len(plan.train), len(plan.val), len(plan.test), notes,
                             report.summary_lines() if report is not None else [])
+
+
+def _discard(partial_dir: Optional[Path]) -> None:
+    if partial_dir is not None:
+        shutil.rmtree(partial_dir, ignore_errors=True)
 
 
 def _check_target(raw_root: Path, prep_root: Optional[Path], name: str, dataset_id: int, overwrite: bool) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from nnunetv2_meddisseg.cli import UserError
-from nnunetv2_meddisseg.files import set_aside_path
+from nnunetv2_meddisseg.files import find_set_aside
 
 __all__ = ["DESCRIPTION_FILE", "MODEL_FILE", "FORMAT_VERSION", "WRITTEN_BY", "INPUT_NAME", "OUTPUT_NAME",
            "NATURAL_IMAGE_ENDINGS", "NORMALIZATION_SCHEMES", "MAX_PATCH_SIDE", "read_description",
@@ -414,9 +414,9 @@ def check_graph_io(input_shape: Optional[Sequence[Dim]], output_shape: Optional[
 
 
 def _set_aside_hint(folder: Path) -> str:
-    old = set_aside_path(folder)
+    old = find_set_aside(folder)
     return (f"; an interrupted export left the previous one aside as {old}: rerun the export (which puts it back) "
-            f"or rename it to {folder.name}") if old.is_dir() else ""
+            f"or move it to {folder}") if old is not None else ""
 
 
 def read_description(folder: Path) -> Dict[str, Any]:

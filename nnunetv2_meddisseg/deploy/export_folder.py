@@ -9,9 +9,11 @@ file, a folder of other files, the trained model folder) is refused, and so is a
 (``nnUNet_raw``, ``nnUNet_preprocessed``, ``nnUNet_results``), which belong to nnU-Net, except the default: ``onnx``
 inside the exported model's folder.
 
-The folder is written into a hidden sibling and moved over ``-o`` (``files.replace_folder``); an export that a kill
-left set aside there is put back first (``files.restore_set_aside``), so that a kill at any moment leaves the old or
-the new export whole.
+The folder is written into a fresh hidden sibling (``files.temporary_sibling``: ``.NAME.<random>.partial``) and
+moved over ``-o`` (``files.replace_folder``, which sets the earlier export aside in a fresh holder
+``.NAME.<random>.old`` until the new one is in place); an export that a kill left set aside there is put back first
+(``files.restore_set_aside``), so that a kill at any moment leaves the old or the new export whole. A user's file,
+folder or link of any such name is never written through, moved or removed.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from typing import Dict, Optional, Set
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, WRITTEN_BY, fold_model_file, written_by_export
 from nnunetv2_meddisseg.environment import NNUNET_FOLDERS
-from nnunetv2_meddisseg.files import is_inside, replace_folder, restore_set_aside, set_aside_path
+from nnunetv2_meddisseg.files import is_inside, replace_folder, restore_set_aside, temporary_sibling
 
 __all__ = ["DEFAULT_NAME", "check_output", "write_export"]
 
@@ -108,13 +110,13 @@ def _refuse_unwritable(output: Path) -> None:
 
 def check_output(output: Path, model_folder: Path) -> Path:
     """``output`` (the command's ``-o``, or :data:`DEFAULT_NAME` in ``model_folder``) as an absolute path, after
-    putting back an earlier export that a killed export left aside there; one line where the export may not write
-    it (module docstring) or cannot."""
+    putting back an earlier export that a killed export left aside there (``files.restore_set_aside``); one line
+    where the export may not write it (module docstring) or cannot."""
     output = Path(os.path.abspath(output))
     if output.is_symlink():
         raise UserError(f"-o {output} is a symbolic link: name the folder itself")
     _refuse_nnunet_folders(output, output.resolve(), Path(model_folder))
-    if _description(set_aside_path(output)) is not None and restore_set_aside(output):
+    if restore_set_aside(output):
         print(f"{output}: put back the earlier export that an interrupted export had set aside")
     if output.exists():
         _refuse_what_is_not_an_export(output)
@@ -126,16 +128,16 @@ def write_export(output: Path, models: Dict[str, bytes], description: dict,
                  extra: Optional[Dict[str, bytes]] = None) -> None:
     """Write the folder whole: each fold's graph (``models``: fold -> ONNX bytes), the ``extra`` files (``{path in
     the folder: bytes}``, inside the ``fold_*`` folders: the reduced-precision graphs) and ``description`` into a
-    hidden sibling first, then moved over ``output``; an OS error (a full disk, no permission) is one line and leaves
-    ``output`` as it was."""
+    fresh hidden sibling first (``files.temporary_sibling``), then moved over ``output``; an OS error (a full disk,
+    no permission) is one line and leaves ``output`` as it was."""
     files = {fold_model_file(fold): model for fold, model in models.items()}
     files.update(extra or {})
     outside = [name for name in files if not name.startswith("fold_") or "/" not in name]
     if outside:
         raise ValueError(f"export files outside the fold folders: {outside}")
-    partial = output.with_name(f".{output.name}.partial")
+    partial = None
     try:
-        shutil.rmtree(partial, ignore_errors=True)
+        partial = temporary_sibling(output, folder=True)
         for name, content in files.items():
             target = partial / name
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -143,5 +145,6 @@ def write_export(output: Path, models: Dict[str, bytes], description: dict,
         (partial / DESCRIPTION_FILE).write_text(json.dumps(description, indent=2))
         replace_folder(partial, output)
     except OSError as e:
-        shutil.rmtree(partial, ignore_errors=True)
+        if partial is not None:
+            shutil.rmtree(partial, ignore_errors=True)
         raise UserError(f"cannot write {output}: {e.strerror or e}") from None

@@ -12,6 +12,10 @@ writing leaves files that are still recognised) and their sha256 once they are (
 longer taken for ours). One record per case, so several processes predicting parts of one folder (``-num_parts``
 / ``-part_id``) never write the same record. With ``--continue_prediction`` (nnU-Net's flag), cases whose recorded
 outputs are all there and unchanged are skipped.
+
+Each file is written whole into a fresh temporary sibling (``files.write_atomically``: ``.<name>.<random>.partial``,
+made exclusively) and renamed into place, so nothing is written through a link of any name. A :data:`RECORD_FOLDER`
+that is a symbolic link or not a folder is refused before anything is written.
 """
 from __future__ import annotations
 
@@ -75,10 +79,22 @@ class PredictionOutput:
         names = [f"{case}{self.ending}"] + ([f"{case}.npz"] if self.save_probabilities else [])
         return [self.folder / n for n in names]
 
+    def _check_records(self) -> None:
+        """One line where the record folder is a symbolic link or not a folder (the records are never written
+        through a link, nor anywhere but in ``-o``)."""
+        if self.records.is_symlink() or (self.records.exists() and not self.records.is_dir()):
+            what = "a symbolic link" if self.records.is_symlink() else "not a folder"
+            raise UserError(f"{self.records} is {what}: {WRITER} keeps its records of what it wrote in this folder of "
+                            f"-o; move it away or choose another -o")
+
     def _record(self, case: str) -> Dict[str, Optional[str]]:
-        """``{file name: sha256, or None while being written}`` of ``case``'s record; empty where there is none."""
+        """``{file name: sha256, or None while being written}`` of ``case``'s record; empty where there is none (or
+        it is a link)."""
+        path = self.records / f"{case}.json"
+        if path.is_symlink():
+            return {}
         try:
-            record = json.loads((self.records / f"{case}.json").read_text())
+            record = json.loads(path.read_text())
             files = record["files"]
             if record.get("written_by") == WRITER and isinstance(files, dict):
                 return files
@@ -102,6 +118,7 @@ class PredictionOutput:
         file (``input_files``: every file of the input folder); an existing one must be an earlier output of ours
         unless ``overwrite``. With ``continue_prediction``, cases whose recorded outputs are all there are left
         out. Nothing is written."""
+        self._check_records()
         resolved = {Path(f).resolve(): Path(f) for f in input_files}
         identities = {}
         for f in input_files:
@@ -135,6 +152,7 @@ class PredictionOutput:
             self.records.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise UserError(f"cannot write {self.folder}: {e.strerror or e}") from None
+        self._check_records()
 
     def _write_record(self, case: str, files: Dict[str, Optional[str]]) -> None:
         text = json.dumps({"written_by": WRITER, "case": case, "files": files}, indent=1)

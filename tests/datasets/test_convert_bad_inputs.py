@@ -18,8 +18,10 @@ import pytest
 import SimpleITK as sitk
 from convert_trees import make_kvasir_tree, make_pairs, read_png, save, write_split
 from PIL import Image
+from planted import KINDS, plant, snapshot
 
 from nnunetv2_meddisseg.datasets.convert import main
+from nnunetv2_meddisseg.files import find_set_aside, set_aside
 
 PREFIX = "nnUNetv2_meddisseg_convert: error: "
 IDS = ["k0", "k1", "k2", "k3"]
@@ -263,12 +265,12 @@ def test_a_dataset_a_killed_conversion_set_aside_is_put_back(tmp_path, nnunet_di
     src, split = _kvasir(tmp_path)
     raw = nnunet_dirs["nnUNet_raw"] / "Dataset031_KvasirSEG"
     assert main(["kvasir-seg", str(src), "-d", "31", *split, "-np", "1"]) == 0
-    set_aside = raw.with_name(f".{raw.name}.old")
-    os.replace(raw, set_aside)  # killed between replace_folder's two renames: only the old dataset, aside
+    set_aside(raw)  # killed between replace_folder's two renames: only the old dataset, aside
     assert main(["kvasir-seg", str(src), "-d", "31", "--resize", "16", *split, "-np", "1"]) == 2
     assert "--overwrite" in capsys.readouterr().err  # the old dataset is back and guarded as before
-    assert read_png(raw / "labelsTr" / "k0.png").shape == (24, 20) and not set_aside.exists()
-    shutil.copytree(raw, set_aside)  # killed after the new dataset was in place, while the old one was removed
+    assert read_png(raw / "labelsTr" / "k0.png").shape == (24, 20) and find_set_aside(raw) is None
+    holder = set_aside(raw)  # killed after the new dataset was in place, while the old one was removed
+    shutil.copytree(holder / "kept", raw)
     assert main(["kvasir-seg", str(src), "-d", "31", "--resize", "16", *split, "-np", "1", "--overwrite"]) == 0
     assert read_png(raw / "labelsTr" / "k0.png").shape == (16, 16)
     assert _left_behind(nnunet_dirs["nnUNet_raw"]) == [raw.name]
@@ -336,3 +338,19 @@ def test_without_nnunet_preprocessed_the_split_stays_in_the_raw_folder(tmp_path,
     raw = nnunet_dirs["nnUNet_raw"] / "Dataset033_KvasirSEG"
     assert json.loads((raw / "splits_final.json").read_text()) == [{"train": ["k0", "k1"], "val": ["k2"]}]
     assert _left_behind(nnunet_dirs["nnUNet_preprocessed"]) == []
+
+
+@pytest.mark.parametrize("name", [".Dataset031_KvasirSEG.partial", ".Dataset031_KvasirSEG.old"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_folder_or_link_of_a_fixed_temporary_name_is_left_alone(tmp_path, nnunet_dirs, capsys, name, kind):
+    """A user's folder, or a link to a folder outside, where the conversion's temporary or set-aside folder would
+    be: the dataset is written and replaced all the same, nothing through the link, and both stay as they were."""
+    src, split = _kvasir(tmp_path)
+    raw = nnunet_dirs["nnUNet_raw"] / "Dataset031_KvasirSEG"
+    plant(raw.with_name(name), kind, tmp_path / "outside")
+    before = snapshot(tmp_path, leave_out=[raw, nnunet_dirs["nnUNet_preprocessed"] / raw.name])
+    assert main(["kvasir-seg", str(src), "-d", "31", *split, "-np", "1"]) == 0
+    assert main(["kvasir-seg", str(src), "-d", "31", "--resize", "16", *split, "-np", "1", "--overwrite"]) == 0
+    assert read_png(raw / "labelsTr" / "k0.png").shape == (16, 16) and not raw.is_symlink()
+    assert snapshot(tmp_path, leave_out=[raw, nnunet_dirs["nnUNet_preprocessed"] / raw.name]) == before
+    assert _left_behind(nnunet_dirs["nnUNet_raw"]) == sorted([raw.name, name])  # no temporary left

@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 from bad_input_table import tree
+from planted import KINDS, plant, snapshot
 from tiny_export import description_of
 
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.deploy import export, export_folder
 from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, fold_model_file, sha256_of
-from nnunetv2_meddisseg.files import set_aside_path
+from nnunetv2_meddisseg.files import find_set_aside, set_aside, temporary_sibling
 
 DATASET = "Dataset987_Tiny"
 PROG = "nnUNetv2_meddisseg_export"
@@ -145,22 +146,23 @@ def test_export_a_kill_left_aside_is_put_back_before_the_check(model, tmp_path, 
     target = earlier_export(tmp_path / "kvasir_onnx")
     before = {p.relative_to(target): p.read_bytes() for p in target.rglob("*") if p.is_file()}
     # a kill between replace_folder's two renames: the old export aside, the new one complete but not in place
-    os.replace(target, set_aside_path(target))
-    earlier_export(tmp_path / ".kvasir_onnx.partial")
+    set_aside(target)
+    earlier_export(temporary_sibling(target, folder=True))
     assert export_folder.check_output(target, model) == target
     assert {p.relative_to(target): p.read_bytes() for p in target.rglob("*") if p.is_file()} == before
-    assert not set_aside_path(target).exists()
+    assert find_set_aside(target) is None and not list(tmp_path.glob(".kvasir_onnx.*.old"))
     assert "put back the earlier export" in capsys.readouterr().out
     # the predictor names what a kill left aside
     from nnunetv2_meddisseg.deploy.description import read_description
 
-    os.replace(target, set_aside_path(target))
-    with pytest.raises(UserError, match="an interrupted export left the previous one aside as .*kvasir_onnx.old"):
+    set_aside(target)
+    with pytest.raises(UserError, match=r"an interrupted export left the previous one aside as .*/\.kvasir_onnx\."
+                                        r"\w{8}\.old/kept: rerun the export"):
         read_description(target)
 
 
 def test_a_hidden_folder_of_that_name_that_is_no_export_is_left_alone(model, tmp_path):
-    aside = set_aside_path(tmp_path / "kvasir_onnx")
+    aside = tmp_path / ".kvasir_onnx.old"
     aside.mkdir()
     (aside / "notes.txt").write_text("mine")
     assert export_folder.check_output(tmp_path / "kvasir_onnx", model) == tmp_path / "kvasir_onnx"
@@ -212,3 +214,23 @@ def test_an_export_with_reduced_precision_files_is_an_earlier_export(model, tmp_
         DESCRIPTION_FILE, fold_model_file(0)}
     with pytest.raises(ValueError, match="outside the fold folders"):
         export_folder.write_export(target, {"0": b"graph"}, description_of({0: b"graph"}), {"model_int8.xml": b""})
+
+
+@pytest.mark.parametrize("name", [".kvasir_onnx.partial", ".kvasir_onnx.old"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_folder_or_link_of_a_fixed_temporary_name_is_left_alone(model, tmp_path, capsys, name, kind):
+    """A user's folder, or a link to a folder outside (an earlier export, say), where the export's temporary or
+    set-aside folder would be: the export replaces -o all the same, writes nothing through the link and leaves
+    both as they were."""
+    target = earlier_export(tmp_path / "kvasir_onnx")
+    plant(tmp_path / name, kind, tmp_path / "outside")
+    if kind == "link":
+        earlier_export(tmp_path / "outside")
+    before = snapshot(tmp_path, leave_out=[target])
+    for graph in (b"new graph", b"newer graph"):  # into an earlier export, and into the one just written
+        assert export_folder.check_output(target, model) == target
+        export_folder.write_export(target, {"0": graph}, description_of({0: graph}))
+        assert (target / fold_model_file(0)).read_bytes() == graph and not target.is_symlink()
+        assert json.loads((target / DESCRIPTION_FILE).read_text()) == description_of({0: graph})
+        assert snapshot(tmp_path, leave_out=[target]) == before  # untouched, and no temporary left
+    assert "put back" not in capsys.readouterr().out

@@ -16,6 +16,7 @@ from PIL import Image
 from tiny_export import export_tiny, tiny_graph, write_cases, write_description
 
 from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, fold_model_file, sha256_of
+from nnunetv2_meddisseg.deploy.prediction_output import RECORD_FOLDER
 
 
 def _model_and_cases(tmp: Path) -> List[str]:
@@ -51,6 +52,22 @@ def pred_output_not_ours(tmp, env):
     argv = _model_and_cases(tmp)
     (tmp / "out").mkdir()
     (tmp / "out" / "case2.png").write_bytes(b"a mask drawn by hand")
+    return argv
+
+
+def pred_records_folder_a_link(tmp, env):
+    argv = _model_and_cases(tmp)
+    (tmp / "out").mkdir()
+    (tmp / "elsewhere").mkdir()
+    (tmp / "elsewhere" / "notes.txt").write_text("a user's notes")
+    (tmp / "out" / RECORD_FOLDER).symlink_to(tmp / "elsewhere")
+    return argv
+
+
+def pred_records_folder_a_file(tmp, env):
+    argv = _model_and_cases(tmp)
+    (tmp / "out").mkdir()
+    (tmp / "out" / RECORD_FOLDER).write_text("a user's file")
     return argv
 
 
@@ -125,6 +142,10 @@ ROWS = [
         ["out/case1.png (the output of case case1) would overwrite the input file ", "in/case1_0000.png"]),
     Row("predict_onnx/output_not_ours", "predict_onnx", pred_output_not_ours, 2,
         ["out/case2.png exists and was not written by nnUNetv2_meddisseg_predict_onnx", "--overwrite"]),
+    Row("predict_onnx/records_folder_a_link", "predict_onnx", pred_records_folder_a_link, 2,
+        [f"out/{RECORD_FOLDER} is a symbolic link: ", "keeps its records"]),
+    Row("predict_onnx/records_folder_a_file", "predict_onnx", pred_records_folder_a_file, 2,
+        [f"out/{RECORD_FOLDER} is not a folder: ", "keeps its records"]),
     Row("predict_onnx/patch_size_zero", "predict_onnx", pred_field("patch_size", [0, 16]), 2,
         [f"model/{DESCRIPTION_FILE}: patch_size must be two integers from 1 to 4096 (a 2D patch), got [0, 16]"]),
     Row("predict_onnx/huge_patch_size", "predict_onnx", pred_field("patch_size", [150000, 150000]), 2,

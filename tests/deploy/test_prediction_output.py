@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from bad_input_table import tree
 from PIL import Image
+from planted import KINDS, plant, snapshot
 from tiny_export import export_tiny, write_cases
 
 from nnunetv2_meddisseg.cli import UserError
@@ -270,3 +271,24 @@ def test_unwritable_output_folder_is_one_line(work, capsys, monkeypatch):
     monkeypatch.setattr(Path, "mkdir", read_only)
     assert main(_argv(work, work / "out")) == 2
     assert f"cannot write {work / 'out'}: Read-only file system" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", [".case0.png.partial", ".case0.npz.partial", f"{RECORD_FOLDER}/.case0.json.partial",
+                                  f"{RECORD_FOLDER}/notes"], ids=["mask", "probabilities", "record", "record folder"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_folder_or_link_of_a_fixed_temporary_name_is_left_alone(work, capsys, name, kind):
+    """A user's folder, or a link to a file outside -o, where a temporary file of the predictor would be (or in a
+    record folder the user made): the predictor writes its files all the same, nothing through the link, and leaves
+    both as they were."""
+    out = work / "out"
+    (out / RECORD_FOLDER).mkdir(parents=True)
+    plant(out / name, kind, work / "outside" / "mask.png", file=True)
+    before, planted = snapshot(work, leave_out=[out]), snapshot(out)
+    assert main(_argv(work, out, "--save_probabilities")) == 0
+    assert snapshot(work, leave_out=[out]) == before  # nothing written outside -o
+    after = snapshot(out)
+    assert {key: after[key] for key in planted} == planted
+    assert sorted(set(after) - set(planted)) == sorted(
+        [f"case{i}.{ending}" for i in range(3) for ending in ("npz", "png")]
+        + [f"{RECORD_FOLDER}/case{i}.json" for i in range(3)])  # and no temporary left behind
+    assert not (out / RECORD_FOLDER / "case0.json").is_symlink()

@@ -35,12 +35,15 @@ def test_plot_writes_a_png(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["progress_terms.png"]
 
 
-def test_checkpoint_save_replaces_what_a_killed_save_left(tmp_path):
+def test_checkpoint_save_writes_through_no_file_of_a_temporary_name(tmp_path):
     target = tmp_path / "checkpoint_latest.pth"
-    (tmp_path / ".checkpoint_latest.pth.partial").write_bytes(b"partial")  # a save killed half-way
+    (tmp_path / "elsewhere").write_bytes(b"mine")
+    (tmp_path / ".checkpoint_latest.pth.partial").symlink_to(tmp_path / "elsewhere")
     save_checkpoint_file({"a": torch.arange(3)}, str(target))
     assert torch.load(target)["a"].tolist() == [0, 1, 2]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_latest.pth"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".checkpoint_latest.pth.partial", "checkpoint_latest.pth",
+                                                          "elsewhere"]
+    assert (tmp_path / "elsewhere").read_bytes() == b"mine"
 
 
 def test_checkpoint_save_failure_keeps_the_old_file(tmp_path, monkeypatch):
