@@ -345,9 +345,10 @@ def read_binary_mask(path: Path, lossy: Optional[bool] = None, threshold: Option
         of R, the format's noise around black).
     - Lossy (JPEG) masks, whose values JPEG spreads around each drawn value and over edges, are read by
       the levels of their histogram instead of single values (:func:`_lossy_levels`: each level with the
-      values within 5 % of R of it, its noise; a level's band holds over 1 % of the pixels): a middle-band
-      level beside another level beyond black's noise is ambiguous (``{0, 128, 255}``, ``{0, 100, 200}``);
-      otherwise the mask is cut at half the range (black and one faint level: refused as empty). A JPEG
+      values within 5 % of R of it, its noise; the values within two steps of a level hold over 1 % of
+      the pixels): in a grey mask, a middle-band level beside another level beyond black's noise is
+      ambiguous (``{0, 128, 255}``, ``{0, 100, 200}``); otherwise the mask is cut at half the range (black
+      and one faint level: refused as empty). A JPEG
       whose values all lie within 5 % of R of black is a 0/1 label where its levels are 0 and 1
       (:func:`_lossy_01_label`: foreground from 1 up), else noise around black (empty). A JPEG of a label
       map whose values all lie that close to black (0/1/2) cannot be told from that noise.
