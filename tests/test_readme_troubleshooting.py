@@ -428,6 +428,8 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
         _command("predict_onnx", predict_rows.pred_field("format_version", 1)),
     "reads as an array of shape ..., expected a 2D grey, RGB or RGBA image":
         _command("predict_onnx", predict_rows.pred_grey_with_alpha),
+    "NaN and ... infinite pixel(s) of ...: the model cannot predict undefined values":
+        _command("predict_onnx", predict_rows.pred_float_tiff(float("nan"))),
     "-part_id must be from 0 to ... (-num_parts ...; parts count from 0), got ...":
         _command("predict_onnx", predict_rows.pred_parts("-num_parts", "3", "-part_id", "3")),
     "nnUNetv2_train: error: cannot read the checkpoint .../checkpoint_latest.pth (truncated or corrupt? ...): copy "

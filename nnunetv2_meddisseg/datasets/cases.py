@@ -14,10 +14,10 @@ BINARY_RGB_CHANNELS: Mapping[str, str] = {"0": "R", "1": "G", "2": "B"}
 
 
 #: what the rule made of a mask (:attr:`MaskFinding.kind`): a label as it is, faint background values read as
-#: background, anti-aliased edges, a JPEG mask, middle values thresholded at ``--mask-threshold``, and the
-#: refused kinds: a middle value over an area, a mask that would be written empty although it holds non-zero
-#: values, a label map of more classes than a binary dataset has
-MASK_KINDS = ("label", "faint", "edges", "lossy", "middle", "ambiguous", "empty", "classes")
+#: background, anti-aliased edges, a JPEG mask, a JPEG of a 0/1 label, middle values thresholded at
+#: ``--mask-threshold``, and the refused kinds: a middle value over an area, a mask that would be written empty
+#: although it holds non-zero values, a label map of more classes than a binary dataset has
+MASK_KINDS = ("label", "faint", "edges", "lossy", "lossy_label", "middle", "ambiguous", "empty", "classes")
 #: the kinds a conversion refuses (unless ``--skip-ambiguous``; ``--mask-threshold`` decides the middle values
 #: and may move where a mask is cut, never how many classes it holds)
 REFUSED_KINDS = ("ambiguous", "empty", "classes")

@@ -105,9 +105,12 @@ FOREGROUND_BAND = 0.75
 #: label of its own (a second class, 'uncertain'), not an anti-aliased edge; faint background values that
 #: together cover more than this fraction are reported as faint background
 AMBIGUOUS_FRACTION = 0.01
-#: JPEG masks: values up to this fraction of the range are the format's noise around black, so a JPEG mask whose
-#: values stay within it is an empty mask, not a foreground drawn too dark
+#: JPEG masks: the noise tolerance, as a fraction of the range: values up to it from a level of the histogram are
+#: that level's noise (:func:`_lossy_levels`), and a JPEG mask whose values stay within it of black is an empty
+#: mask (not a foreground drawn too dark) unless it is a 0/1 label (:func:`_lossy_01_label`)
 LOSSY_NOISE = 0.05
+#: JPEG masks: the steps around a level of the histogram within which JPEG keeps a flat region of that value
+_LOSSY_CORE = 2
 #: the classes of a binary dataset's masks: background and one foreground
 BINARY_CLASSES = 2
 #: colours whose channels, scaled by their brightest channel, agree to within this step are one hue (one class
@@ -179,6 +182,84 @@ def _several_classes(path: Path, values: np.ndarray, counts: np.ndarray, arr: np
     return None
 
 
+def _lossy_levels(values: np.ndarray, counts: np.ndarray, full: int) -> List[Tuple[float, float]]:
+    """The levels of a lossy mask's histogram: ``[(level, share of the pixels in its band)]`` by level.
+
+    JPEG keeps a flat region of one value at that value, give or take a step or two (:data:`_LOSSY_CORE`), and
+    spreads the pixels near edges thinly over the values in between. So a level is a value whose core, the values
+    within two steps of it, holds more than :data:`AMBIGUOUS_FRACTION` of the pixels, and that is the most
+    frequent value within the noise tolerance t (:data:`LOSSY_NOISE` of the range: 12.75 of 255) around it; its
+    band is the values within t of it. Levels are taken from the most frequent value down; a value within 2 t of
+    a level taken lies in that level's band or an edge beside it (JPEG can move a small region's values by more
+    than t), so levels closer than 2 t are not told apart. The core, not the value alone, is counted because JPEG
+    spreads a flat region of a middle value (128) over its neighbours (127, 129).
+    """
+    tol = LOSSY_NOISE * full
+    values = values.astype(np.float64)
+    cumulative = np.concatenate([[0], np.cumsum(counts)])
+
+    def share(radius: float) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        start = np.searchsorted(values, values - radius, side="left")
+        end = np.searchsorted(values, values + radius, side="right")
+        return (cumulative[end] - cumulative[start]) / cumulative[-1], start, end
+
+    core, _, _ = share(_LOSSY_CORE)
+    band, start, end = share(tol)
+    levels: List[Tuple[float, float]] = []
+    for i in np.argsort(-counts, kind="stable"):
+        if core[i] <= AMBIGUOUS_FRACTION or counts[i] < counts[start[i]:end[i]].max():
+            continue
+        if all(abs(values[i] - level) > 2 * tol for level, _ in levels):
+            levels.append((float(values[i]), float(band[i])))
+    return sorted(levels)
+
+
+def _lossy_01_label(values: np.ndarray, counts: np.ndarray) -> bool:
+    """Whether a lossy mask whose values all lie within the noise tolerance of black is a 0/1 label: its two most
+    frequent values are 0 and 1, each over :data:`AMBIGUOUS_FRACTION` of the pixels, and the values above 2 hold
+    at most that fraction together. The contrast of a 0/1 mask is one step, so JPEG leaves it at 0 and 1 with
+    edge pixels one step off (2, or 0 inside); the noise of a brighter drawing spreads further from black."""
+    n = counts.sum()
+    top = values[np.argsort(-counts, kind="stable")[:2]]
+    return (sorted(top.tolist()) == [0, 1] and counts[values <= 1].min() > AMBIGUOUS_FRACTION * n
+            and counts[values > 2].sum() <= AMBIGUOUS_FRACTION * n)
+
+
+def _shown_levels(levels: List[Tuple[float, float]]) -> str:
+    return ", ".join(f"{level:g} ({_percent(share)} %)" for level, share in levels)
+
+
+def _grey(colours: Optional[np.ndarray], tol: float) -> bool:
+    """Whether a mask is grey: no colours (grey, 16-bit, alpha), or colours whose channels differ by more than
+    ``tol`` in at most :data:`AMBIGUOUS_FRACTION` of the pixels (a grey RGB JPEG's colour noise). JPEG stores
+    colour at half the resolution, which smears a coloured mask's edges over every value of its brightest
+    channel; the levels of such a mask are not read (:func:`_lossy_levels`)."""
+    if colours is None:
+        return True
+    spread = colours.max(axis=-1).astype(np.int16) - colours.min(axis=-1)
+    return np.count_nonzero(spread > tol) <= AMBIGUOUS_FRACTION * spread.size
+
+
+def _lossy_ambiguous(path: Path, levels: List[Tuple[float, float]], full: int) -> Optional[MaskFinding]:
+    """The ambiguous finding of a lossy mask by its levels (:func:`_lossy_levels`), or None: a level of the middle
+    band beside another level beyond black's noise, as a lossless mask's middle value over 1 % of the pixels
+    (``{0, 128, 255}``, ``{0, 100, 200}``). Black and one level alone are cut at half the range (a JPEG of a faint
+    drawing is refused as empty). Levels all in the low band are not read as a label map: the half-range cut
+    leaves such a mask empty, which refuses it, and the edges of a faint drawing spread over so few values that
+    their band may pass for a level."""
+    tol, low, high = LOSSY_NOISE * full, BACKGROUND_BAND * full, FOREGROUND_BAND * full
+    beyond = [level for level, _ in levels if level > tol]
+    middle = [(level, share) for level, share in levels if low < level < high]
+    if not middle or len(beyond) < BINARY_CLASSES:
+        return None
+    level, share = max(middle, key=lambda ls: ls[1])
+    return MaskFinding(path, "ambiguous", (
+        f"mask {path} holds the levels {{{_shown_levels(levels)}}} (a lossy mask: each level with the values within "
+        f"{tol:g} of it, its noise): {level:g} covers {_percent(share)} % of the pixels, in the middle of its range "
+        f"(above {low:.10g}, below {high:.10g}), so it is neither faint background nor an anti-aliased edge "
+        f"(expected a binary mask: 0 and one foreground value)"))
+
+
 def _apply_rule(path: Path, lossy: Optional[bool], threshold: Optional[float]) -> Tuple[Optional[np.ndarray],
                                                                                           MaskFinding]:
     """The rule of :func:`read_binary_mask`: the ``(H, W)`` uint8 {0, 1} mask (None where refused) and the finding."""
@@ -206,6 +287,13 @@ def _apply_rule(path: Path, lossy: Optional[bool], threshold: Optional[float]) -
         if several:
             return None, MaskFinding(path, "classes", several)
     if lossy:
+        if values.max(initial=0) <= LOSSY_NOISE * full:
+            if values.min(initial=0) >= 0 and _lossy_01_label(values, counts):
+                return (arr >= 1).astype(np.uint8), MaskFinding(path, "lossy_label")
+        elif threshold is None and _grey(colours, LOSSY_NOISE * full):
+            ambiguous = _lossy_ambiguous(path, _lossy_levels(values, counts, full), full)
+            if ambiguous:
+                return None, ambiguous
         kind = "lossy"
     else:
         area = AMBIGUOUS_FRACTION * arr.size
@@ -255,13 +343,21 @@ def read_binary_mask(path: Path, lossy: Optional[bool] = None, threshold: Option
         two or more hues, not background, each over 1 % (red and green classes);
       - empty: a mask with non-zero values that would be written empty (JPEG masks: values above 5 %
         of R, the format's noise around black).
+    - Lossy (JPEG) masks, whose values JPEG spreads around each drawn value and over edges, are read by
+      the levels of their histogram instead of single values (:func:`_lossy_levels`: each level with the
+      values within 5 % of R of it, its noise; the values within two steps of a level hold over 1 % of
+      the pixels): in a grey mask, a middle-band level beside another level beyond black's noise is
+      ambiguous (``{0, 128, 255}``, ``{0, 100, 200}``); otherwise the mask is cut at half the range (black
+      and one faint level: refused as empty). A JPEG
+      whose values all lie within 5 % of R of black is a 0/1 label where its levels are 0 and 1
+      (:func:`_lossy_01_label`: foreground from 1 up), else noise around black (empty). A JPEG of a label
+      map whose values all lie that close to black (0/1/2) cannot be told from that noise.
     - ``threshold`` (``--mask-threshold T``, below 255 for every 8-bit mask and 65535 for every 16-bit
       one, labels included) replaces the bands for every mask that is not a label: foreground is every
       value above T, and middle values are no longer refused; masks of several classes, and masks it
       would leave empty, still are.
 
-    ``lossy`` (JPEG: noisy edges and background) is decided by the file suffix by default; it only
-    keeps a JPEG mask from being read as a label map.
+    ``lossy`` (JPEG: noisy edges and background) is decided by the file suffix by default.
     """
     binary, finding = _apply_rule(path, lossy, threshold)
     if finding.refused:

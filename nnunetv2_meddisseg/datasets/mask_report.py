@@ -27,7 +27,9 @@ MASK_RULE = ("masks holding 0 and one value (or 0/1) are that label; in any othe
              "its range are background, at or above 75 % foreground, and a value in between is foreground above "
              "half the range where it covers at most 1 % of the mask (anti-aliased edges), ambiguous where it covers "
              "more; a mask with non-zero values that would be written empty, or holding several classes (two "
-             "low-band values or two colour hues each over 1 % of the mask), is refused")
+             "low-band values or two colour hues each over 1 % of the mask), is refused; JPEG masks are read by "
+             "the levels of their histogram (each with the values within 5 % of the range of it, its noise) "
+             "instead of single values, and one whose levels are 0 and 1 is a 0/1 label")
 #: how to go on where masks are refused
 WAY_ON = ("pass --mask-threshold T (foreground: the mask values above T) or --skip-ambiguous (those cases are left "
           "out and named)")
@@ -42,6 +44,7 @@ _KIND_WORDS = {
     "faint": ("with faint background values (at most 25 % of the range, over 1 % of the mask)", "read as background"),
     "edges": ("with anti-aliased edges", "thresholded at half their range"),
     "lossy": ("JPEG masks", "thresholded at half their range"),
+    "lossy_label": ("JPEG masks of 0/1 labels (values near 0 and 1)", "read as 0/1 (foreground from 1 up)"),
     "middle": ("with middle values (over 1 % of the mask)", ""),
     "ambiguous": ("ambiguous (a middle value covers over 1 % of the mask)", ""),
     "empty": ("that would be written empty although they hold non-zero values", ""),

@@ -66,10 +66,25 @@ def read_image(path: Path) -> np.ndarray:
     return array
 
 
+def _check_finite(image: np.ndarray, path: Path) -> None:
+    """One line naming ``path`` where a float image (C, 1, X, Y) holds NaN or infinite values: nnU-Net's z-score
+    normalisation would make the whole channel NaN, and the network's argmax of NaN is background everywhere."""
+    if image.dtype.kind != "f":
+        return
+    finite = np.isfinite(image)
+    if finite.all():
+        return
+    nan, inf = np.isnan(image).any(axis=0), (~finite & ~np.isnan(image)).any(axis=0)
+    raise UserError(f"{path}: {int(nan.sum())} NaN and {int(inf.sum())} infinite pixel(s) of {nan.size}: the model "
+                    f"cannot predict undefined values (nnU-Net's normalisation would spread them over the whole "
+                    f"channel); replace them (e.g. numpy.nan_to_num)")
+
+
 def read_case(files: Sequence[Path]) -> np.ndarray:
     """One image per channel file -> (C, 1, X, Y) float32, exactly as nnU-Net's NaturalImage2DIO reads them
     (:func:`read_image`): a grey file gives one channel, an RGB(A) file 3 (4), a palette file its palette's 3 (4);
-    files nnU-Net's reader refuses (grey with alpha, more dimensions) are refused in one line."""
+    files nnU-Net's reader refuses (grey with alpha, more dimensions), and float files holding NaN or infinite
+    values, are refused in one line."""
     images = []
     for f in files:
         array = read_image(f)
@@ -81,6 +96,7 @@ def read_case(files: Sequence[Path]) -> np.ndarray:
             raise UserError(f"{f}: reads as an array of shape {array.shape}, expected a 2D grey, RGB or RGBA image "
                             f"as nnU-Net's NaturalImage2DIO takes them (grey with alpha? save it without the alpha "
                             f"channel)")
+        _check_finite(images[-1], f)
     shapes = {i.shape[1:] for i in images}
     if len(shapes) > 1:
         raise UserError(f"{files[0]}: the channel files of this case have different sizes "

@@ -214,6 +214,45 @@ def check_noisy_mask_thresholded(tmp, env):
     assert json.loads((raw / "dataset.json").read_text())["labels"] == {"background": 0, "polyp": 1}
 
 
+def conv_jpeg_0_1_masks(tmp, env):
+    """Every mask saved as a grey JPEG of a 0/1 label (the 0/1 masks kept beside, outside the source)."""
+    argv = _kvasir(tmp)
+    (tmp / "intended").mkdir()
+    for case in KVASIR_IDS:
+        path = tmp / "Kvasir-SEG" / "masks" / f"{case}.jpg"
+        mask = (np.asarray(Image.open(path).convert("L")) > 127).astype(np.uint8)
+        np.save(tmp / "intended" / f"{case}.npy", mask)
+        save(mask, path, quality=95)
+    return argv
+
+
+def check_jpeg_0_1_masks(tmp, env):
+    raw = env["nnUNet_raw"] / KVASIR_DATASET
+    for folder, ids in (("labelsTr", ["k0", "k1", "k2"]), ("labelsTs", ["k3"])):
+        for case in ids:
+            label, intended = read_png(raw / folder / f"{case}.png"), np.load(tmp / "intended" / f"{case}.npy")
+            assert intended.any() and set(np.unique(label).tolist()) <= {0, 1}
+            dice = 2 * np.sum(label & intended) / (label.sum() + intended.sum())
+            assert np.mean(label != intended) <= 0.05 and dice >= 0.9, case  # JPEG's edge noise, not an empty label
+
+
+def _jpeg_label_map(tmp: Path, values) -> List[str]:
+    """k1's mask a grey JPEG label map: background 0, a band of ``values[0]`` and a rectangle of ``values[1]``."""
+    argv = _kvasir(tmp)
+    mask = np.zeros((24, 20), np.uint8)
+    mask[1:6, 2:18], mask[10:20, 4:16] = values
+    save(mask, tmp / "Kvasir-SEG" / "masks" / "k1.jpg", quality=90)
+    return argv
+
+
+def conv_jpeg_label_map_0_100_200(tmp, env):
+    return _jpeg_label_map(tmp, (100, 200))
+
+
+def conv_jpeg_label_map_0_128_255(tmp, env):
+    return _jpeg_label_map(tmp, (128, 255))
+
+
 
 ROWS = [
     Row("convert/source_missing", "convert", conv_source_missing, 2, ["nowhere", "does not exist"]),
@@ -250,6 +289,13 @@ ROWS = [
         [f"{KVASIR_DATASET}/Kvasir-SEG is inside ", "the dataset this conversion writes (and --overwrite replaces)"]),
     Row("convert/overwrite_replaces", "convert", conv_overwrite_replaces, 0, check=check_overwrite_replaced),
     Row("convert/noisy_jpeg_mask_thresholded", "convert", conv_noisy_jpeg_mask, 0, check=check_noisy_mask_thresholded),
+    Row("convert/jpeg_0_1_masks", "convert", conv_jpeg_0_1_masks, 0, check=check_jpeg_0_1_masks),
+    Row("convert/jpeg_label_map_0_100_200", "convert", conv_jpeg_label_map_0_100_200, 2,
+        ["1 of 4 masks are refused", "masks/k1.jpg holds the levels {0 (", "in the middle of its range",
+         "--mask-threshold T"]),
+    Row("convert/jpeg_label_map_0_128_255", "convert", conv_jpeg_label_map_0_128_255, 2,
+        ["1 of 4 masks are refused", "masks/k1.jpg holds the levels {0 (", "in the middle of its range",
+         "--mask-threshold T"]),
 ]
 
 

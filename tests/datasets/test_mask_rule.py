@@ -6,6 +6,7 @@ docs/data.md on random masks.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -132,6 +133,62 @@ def test_jpeg_noise_is_thresholded_never_refused(tmp_path):
     assert inspect_mask(path).kind == "lossy"
     # the decoded foreground is the drawn one except near edges
     assert np.mean(read_binary_mask(path) != (array > 127)) < 0.02
+
+
+def _mixed_blocks(mask: np.ndarray) -> np.ndarray:
+    """The pixels of the 8x8 JPEG blocks of ``mask`` that hold both classes: JPEG's noise lies in them (a block of
+    one value keeps only its mean)."""
+    height, width = mask.shape
+    blocks = np.pad(mask > 0, ((0, -height % 8), (0, -width % 8)), mode="edge")
+    blocks = blocks.reshape(blocks.shape[0] // 8, 8, blocks.shape[1] // 8, 8)
+    mixed = blocks.any(axis=(1, 3)) & ~blocks.all(axis=(1, 3))
+    return np.repeat(np.repeat(mixed, 8, axis=0), 8, axis=1)[:height, :width]
+
+
+@pytest.mark.parametrize("quality, at_most", [(75, 0.07), (90, 0.02), (100, 0.005)])
+@pytest.mark.parametrize("shape", ["polyp", "disc", "rgb_disc"])
+def test_a_jpeg_of_a_0_1_mask_is_read_as_0_1(tmp_path, quality, at_most, shape):
+    intended = {"polyp": FOREGROUND, "disc": (_disc() > 127).astype(np.uint8)}[shape.replace("rgb_", "")]
+    array = np.repeat(intended[..., None], 3, axis=-1) if shape.startswith("rgb") else intended
+    path = _save(tmp_path, array, f"{shape}.jpg", quality=quality)
+    decoded = np.asarray(Image.open(path))
+    assert decoded.max() <= 2 and (decoded == 1).any()  # 0/1 with JPEG's noise: nothing reaches half the range
+    binary = read_binary_mask(path)
+    wrong = binary != intended
+    assert not (wrong & ~_mixed_blocks(intended)).any()  # off only in the blocks the drawn edge crosses
+    assert wrong.mean() <= at_most
+    assert inspect_mask(path).kind == "lossy_label" and not inspect_mask(path).refused
+    np.testing.assert_array_equal(read_binary_mask(path, threshold=127), binary)  # a label: the threshold is moot
+
+
+def _jpeg_label_map(values) -> np.ndarray:
+    """Background 0, a band of ``values[0]`` (13 % of the pixels) and a rectangle of ``values[1]`` (20 %)."""
+    array = np.zeros(SIZE, np.uint8)
+    array[2:10, 10:59] = values[0]
+    array[20:40, 15:45] = values[1]
+    return array
+
+
+@pytest.mark.parametrize("quality", [75, 95])
+@pytest.mark.parametrize("values", [(100, 200), (128, 255), (255, 128)])
+def test_a_jpeg_label_map_with_a_middle_level_is_refused_as_the_png_one(tmp_path, values, quality):
+    array = _jpeg_label_map(values)
+    png = inspect_mask(_save(tmp_path, array, "map.png"))
+    assert png.kind == "ambiguous"
+    path = _save(tmp_path, array, "map.jpg", quality=quality)
+    finding = inspect_mask(path)
+    assert finding.refused and finding.kind == "ambiguous"
+    assert finding.problem.startswith(f"mask {path} holds the levels {{0 (")
+    found = re.search(r": (\d+) covers ([\d.]+) % of the pixels, in the middle of its range \(above 63.75, below "
+                      r"191.25\), so it is neither faint background nor an anti-aliased edge", finding.problem)
+    middle = min(values)  # JPEG may move a level by a step or two: the message names the level it found
+    assert found and abs(int(found.group(1)) - middle) <= 2
+    assert float(found.group(2)) == pytest.approx(100 * np.mean(array == middle), abs=1.5)
+    with pytest.raises(ConversionError) as e:
+        read_binary_mask(path)
+    assert str(e.value) == finding.problem and "\n" not in finding.problem
+    decoded = np.asarray(Image.open(path))
+    np.testing.assert_array_equal(read_binary_mask(path, threshold=150), (decoded > 150).astype(np.uint8))
 
 
 # ------------------------------------------------------------------------------------------------

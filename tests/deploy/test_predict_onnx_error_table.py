@@ -2,7 +2,7 @@
 export and input folder (tests/deploy/tiny_export.py) broken one way per row, through
 ``nnUNetv2_meddisseg_predict_onnx``'s ``main``: outputs that would overwrite an input or a file the predictor did
 not write, model folders that disagree with themselves or with their graphs, parts out of range, an image
-nnU-Net's reader refuses, an output folder that cannot be made."""
+nnU-Net's reader refuses, a float image with a NaN or infinite pixel, an output folder that cannot be made."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from bad_input_table import Row, check_row
 from PIL import Image
-from tiny_export import export_tiny, tiny_graph, write_cases, write_description
+from tiny_export import CASE_SHAPES, export_tiny, tiny_graph, write_cases, write_description
 
 from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, fold_model_file, sha256_of
 from nnunetv2_meddisseg.deploy.prediction_output import RECORD_FOLDER
@@ -114,6 +114,34 @@ def pred_grey_with_alpha(tmp, env):
     return argv
 
 
+def pred_float_tiff(planted: float = None):
+    """Every case a float32 RGB TIFF (the description's file ending .tif); case0 with ``planted`` in one pixel of
+    its green channel, the first case predicted (so that the refusal comes before any output)."""
+    def setup(tmp, env):
+        import tifffile
+
+        argv = _model_and_cases(tmp)
+        description = json.loads((tmp / "model" / DESCRIPTION_FILE).read_text())
+        description["file_ending"] = ".tif"
+        write_description(tmp / "model", description)
+        for png in sorted((tmp / "in").glob("*.png")):
+            image = np.asarray(Image.open(png)).astype(np.float32) / 255
+            if png.name == "case0_0000.png" and planted is not None:
+                image[3, 5, 1] = planted
+            tifffile.imwrite(png.with_suffix(".tif"), image, photometric="rgb")
+            png.unlink()
+        return argv
+    return setup
+
+
+def pred_float_tiff_check(tmp, env):
+    import tifffile
+
+    for case, shape in zip(("case0", "case1", "case2"), CASE_SHAPES):
+        mask = tifffile.imread(tmp / "out" / f"{case}.tif")
+        assert mask.shape == shape and set(np.unique(mask)) <= {0, 1}
+
+
 def pred_output_under_a_file(tmp, env):
     argv = _model_and_cases(tmp)
     (tmp / "a_file").write_text("x")
@@ -181,6 +209,14 @@ ROWS = [
     Row("predict_onnx/output_under_a_file", "predict_onnx", pred_output_under_a_file, 2,
         ["cannot write ", "a_file/out"]),
     Row("predict_onnx/palette_image", "predict_onnx", pred_palette_image, 0, check=pred_palette_check),
+    Row("predict_onnx/nan_pixel", "predict_onnx", pred_float_tiff(float("nan")), 2,
+        ["in/case0_0000.tif: 1 NaN and 0 infinite pixel(s) of 256: the model cannot predict undefined values",
+         "numpy.nan_to_num"]),
+    Row("predict_onnx/inf_pixel", "predict_onnx", pred_float_tiff(float("inf")), 2,
+        ["in/case0_0000.tif: 0 NaN and 1 infinite pixel(s) of 256"]),
+    Row("predict_onnx/minus_inf_pixel", "predict_onnx", pred_float_tiff(float("-inf")), 2,
+        ["in/case0_0000.tif: 0 NaN and 1 infinite pixel(s) of 256"]),
+    Row("predict_onnx/float_tiff", "predict_onnx", pred_float_tiff(), 0, check=pred_float_tiff_check),
 ]
 
 
