@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from tiny_export import description_of, export_tiny, tiny_graph, write_cases, write_description
+from tiny_export import description_of, export_tiny, tiny_graph, traced_graph, write_cases, write_description
 
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.deploy.description import (
@@ -218,13 +218,16 @@ def _replace_graph(model: Path, graph: bytes, record: bool) -> None:
     (lambda: tiny_graph(7), False, "is not the"),  # another network of the same shapes
     (lambda: b"", False, "empty (0 bytes)"),
     (lambda: tiny_graph(0)[:200], False, "is not the"),  # truncated
-    (lambda: tiny_graph(0)[:200], True, "{runtime} cannot load it"),
-    (lambda: b"\x00" * 64, True, "{runtime} cannot load it"),
+    (lambda: tiny_graph(0)[:200], True, "model.onnx: not an ONNX graph (a field runs past the end)"),
+    (lambda: b"\x00" * 64, True, "model.onnx: not an ONNX graph (a field numbered 0)"),
+    (lambda: tiny_graph(0).replace(b"Tanh", b"Tanx"), True, "{runtime} cannot load it"),
+    (lambda: traced_graph(0), True, "model.onnx: carries no record of the fields it was exported and checked"),
     (lambda: tiny_graph(0, out_channels=3), True, "has 3 segmentation heads, onnx_model.json says 2"),
     (lambda: tiny_graph(0, out_channels=1), True, "has 1 segmentation heads, onnx_model.json says 2"),
     (lambda: tiny_graph(0, in_channels=1), True, "has 1 input channels, onnx_model.json says 3"),
 ], ids=["other network", "empty", "truncated", "truncated, sha256 recorded", "garbage, sha256 recorded",
-        "3 classes", "1 class", "1 input channel"])
+        "unknown operator, sha256 recorded", "without the description's fields, sha256 recorded", "3 classes",
+        "1 class", "1 input channel"])
 @pytest.mark.parametrize("runtime", ["openvino", "onnxruntime"])
 def test_graph_that_is_not_the_exported_one_is_refused_in_one_line(tmp_path, capsys, graph, record, message, runtime):
     export_tiny(tmp_path / "model", folds=(0,))
