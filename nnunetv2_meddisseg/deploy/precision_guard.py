@@ -362,8 +362,8 @@ def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optio
     """Guard ``precisions`` (of ``bf16``, ``int8``) for every fold of ``description`` (its fp32 ONNX graphs:
     ``graphs[fold]``, which hold the description's fields: ``deploy.description.bind_graph``): records each fold's
     outcome as its ``precisions`` entry and returns the files to write with it (``{path in the export folder:
-    bytes}``, their sha256 in the records; the IRs hold the fields as the graphs they were made from). A precision of ``required`` that is not
-    verified ends with one line (nothing is written)."""
+    bytes}``, their sha256 in the records; the IRs hold the fields as the graphs they were made from). A precision
+    of ``required`` that is not verified ends with one line (nothing is written)."""
     bf16 = "bf16" in precisions and cpu_supports_bf16()
     if "bf16" in precisions and not bf16:
         if "bf16" in required:

@@ -205,7 +205,8 @@ _EDITS = [
      "tile_step_size 0.25 is not what fold_0/model.onnx was exported and checked with (0.5)"),
 ]
 EDITED_FIELDS = [Row(f"predict_onnx/edited_{field}_{i}", "predict_onnx", pred_edited(edit, **fields), 2,
-                     [f"model/{DESCRIPTION_FILE}: {message}"]) for i, (field, edit, fields, message) in enumerate(_EDITS)]
+                     [f"model/{DESCRIPTION_FILE}: {message}"])
+                 for i, (field, edit, fields, message) in enumerate(_EDITS)]
 
 
 def test_every_field_the_graphs_hold_has_an_edited_row():

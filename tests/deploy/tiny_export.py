@@ -22,7 +22,8 @@ from nnunetv2_meddisseg.deploy.description import (
     sha256_of,
 )
 
-__all__ = ["traced_graph", "tiny_graph", "export_tiny", "description_of", "write_description", "write_cases", "CASE_SHAPES"]
+__all__ = ["traced_graph", "tiny_graph", "export_tiny", "description_of", "write_description", "write_cases",
+           "CASE_SHAPES"]
 
 #: (height, width) of the cases :func:`write_cases` writes: one patch, larger than it, smaller than it
 CASE_SHAPES = [(16, 16), (29, 21), (9, 12)]
