@@ -132,6 +132,11 @@ def pred_graph(graph, record: bool):
     return setup
 
 
+def unknown_operator() -> bytes:
+    """The tiny graph (its fields in its metadata) with an operator no runtime knows."""
+    return tiny_graph(0).replace(b"Tanh", b"Tanx")
+
+
 def pred_parts(*flags: str):
     def setup(tmp, env):
         return [*_model_and_cases(tmp), *flags]
@@ -242,8 +247,7 @@ ROWS = [
         ["model/fold_0/model.onnx: empty (0 bytes)"]),
     Row("predict_onnx/truncated_graph", "predict_onnx", pred_graph(lambda: tiny_graph(0)[:100], record=True), 2,
         ["model/fold_0/model.onnx: not an ONNX graph (a field runs past the end): copy the model folder again"]),
-    Row("predict_onnx/corrupt_graph", "predict_onnx",
-        pred_graph(lambda: tiny_graph(0).replace(b"Tanh", b"Tanx"), record=True), 2,  # an operator no runtime has
+    Row("predict_onnx/corrupt_graph", "predict_onnx", pred_graph(unknown_operator, record=True), 2,
         ["model/fold_0/model.onnx: ", "cannot load it ("]),
     Row("predict_onnx/graph_without_its_fields", "predict_onnx", pred_graph(lambda: traced_graph(0), record=True), 2,
         ["model/fold_0/model.onnx: carries no record of the fields it was exported and checked with "
