@@ -202,7 +202,7 @@ def _profile(predictor, model_dir: Path, threads: int, top: int = 12) -> dict:
     from nnunetv2_meddisseg.deploy.runtimes import openvino_core, read_openvino_model
 
     d, precision = predictor.description, predictor.precision
-    graph = fold_graph(model_dir, d["folds"][0], precision, "openvino")  # its sha256 checked
+    graph = fold_graph(model_dir, d["folds"][0], precision, "openvino", d)  # its sha256 checked
     model = read_openvino_model(graph.model, graph.weights)
     model.reshape({0: [1, d["num_input_channels"], *d["patch_size"]]})
     request = openvino_core().compile_model(model, "CPU", {"PERF_COUNT": True, "PERFORMANCE_HINT": "LATENCY",

@@ -413,10 +413,17 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "its sha256 ... is not the ... that onnx_model.json records":
         _command("predict_onnx", predict_rows.pred_graph(lambda: predict_rows.tiny_graph(5), record=False)),
     "model.onnx: empty (0 bytes)": _command("predict_onnx", predict_rows.pred_graph(lambda: b"", record=False)),
-    "OpenVINO cannot load it":
+    "model.onnx: not an ONNX graph (...)":
         _command("predict_onnx", predict_rows.pred_graph(lambda: predict_rows.tiny_graph(0)[:100], record=True)),
+    "OpenVINO cannot load it": _command("predict_onnx", predict_rows.pred_graph(predict_rows.unknown_operator,
+                                                                               record=True)),
     "ONNX Runtime cannot load it": _command("predict_onnx", _with_flags(
-        predict_rows.pred_graph(lambda: predict_rows.tiny_graph(0)[:100], record=True), "--runtime", "onnxruntime")),
+        predict_rows.pred_graph(predict_rows.unknown_operator, record=True), "--runtime", "onnxruntime")),
+    "onnx_model.json: patch_size ... is not what fold_.../model.onnx was exported and checked with (...): the "
+    "description was edited; export again":
+        _command("predict_onnx", predict_rows.pred_edited(predict_rows._set(patch_size=[32, 32]))),
+    "model.onnx: carries no record of the fields it was exported and checked with (...)":
+        _command("predict_onnx", predict_rows.pred_graph(lambda: predict_rows.traced_graph(0), record=True)),
     "the graph's output has ... segmentation heads, onnx_model.json says ...": _command(
         "predict_onnx", predict_rows.pred_graph(lambda: predict_rows.tiny_graph(0, out_channels=3), record=True)),
     "onnx_model.json: patch_size must be two integers from 1 to 4096 (a 2D patch), got ...":

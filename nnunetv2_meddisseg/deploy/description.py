@@ -11,9 +11,10 @@ nor nnU-Net.
 A model folder is not trusted because it is there: :func:`read_description` checks every field the predictor
 reads (type and range, and that they agree with each other) and that each fold's files lie inside the folder;
 :func:`read_fold_model` (:func:`read_model_file` for the further files) checks a graph against the sha256 the export
-recorded before any runtime loads it; and
-:func:`check_graph_io` checks the shapes a runtime reports for a loaded graph against the description. Each
-refusal is one line naming the file and the field.
+recorded before any runtime loads it, and the description's fields that change the prediction
+(:data:`GRAPH_FIELDS`) against the copy the export wrote into the graph itself (:func:`bind_graph`), so that an
+edit of the description alone is refused; and :func:`check_graph_io` checks the shapes a runtime reports for a
+loaded graph against the description. Each refusal is one line naming the file and the field.
 """
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ import hashlib
 import json
 import math
 import re
+import xml.etree.ElementTree as ET
 from pathlib import Path, PurePosixPath
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.files import find_set_aside
@@ -30,7 +32,8 @@ from nnunetv2_meddisseg.files import find_set_aside
 __all__ = ["DESCRIPTION_FILE", "MODEL_FILE", "FORMAT_VERSION", "WRITTEN_BY", "INPUT_NAME", "OUTPUT_NAME",
            "NATURAL_IMAGE_ENDINGS", "NORMALIZATION_SCHEMES", "MAX_PATCH_SIDE", "read_description",
            "validate_description", "written_by_export", "fold_model_file", "fold_file", "model_file", "read_fold_model",
-           "read_model_file", "check_graph_io", "check_step_size", "sha256_of", "REDUCED_PRECISIONS"]
+           "read_model_file", "check_graph_io", "check_step_size", "sha256_of", "REDUCED_PRECISIONS", "GRAPH_FIELDS",
+           "GRAPH_FIELDS_KEY", "graph_fields", "bind_graph", "recorded_graph_fields"]
 
 #: the description's file name in an export folder
 DESCRIPTION_FILE = "onnx_model.json"
@@ -52,6 +55,16 @@ MAX_PATCH_SIDE = 4096
 MAX_LABEL = 65535
 #: the precisions the export verifies and records per fold (``deploy.precision_guard``)
 REDUCED_PRECISIONS = ("bf16", "int8")
+#: the description's fields that change the prediction: the export writes them into every graph it writes
+#: (:func:`bind_graph`), and the predictor refuses a description whose fields are not those of its graphs. The
+#: others (trainer, plans, configuration, checkpoint, the folds' records, opset) say what was exported; the folds'
+#: files and their sha256 bind the graphs themselves.
+GRAPH_FIELDS = ("patch_size", "num_input_channels", "num_segmentation_heads", "normalization", "transpose_forward",
+                "transpose_backward", "spacing", "file_ending", "labels", "regions_class_order", "mirror_axes",
+                "tile_step_size")
+#: the graphs' metadata key of :data:`GRAPH_FIELDS`: an ONNX graph's ``metadata_props`` entry, which OpenVINO's ONNX
+#: reader keeps in the model's runtime information (``rt_info``, section ``framework``) and writes into an IR
+GRAPH_FIELDS_KEY = "nnunetv2_meddisseg.description"
 
 _REQUIRED = ("format_version", "written_by", "trainer", "plans", "configuration", "checkpoint", "folds",
              "patch_size", "num_input_channels", "num_segmentation_heads", "normalization", "transpose_forward",
@@ -359,15 +372,17 @@ def fold_file(folder: Path, fold: Dict[str, Any]) -> Path:
     return model_file(folder, fold["file"], f"fold {fold['fold']}")
 
 
-def read_fold_model(folder: Path, fold: Dict[str, Any]) -> bytes:
+def read_fold_model(folder: Path, fold: Dict[str, Any], description: Dict[str, Any]) -> bytes:
     """The bytes of ``fold``'s graph (:func:`fold_file`), checked against the sha256 the export recorded, so that
-    a runtime loads exactly what was exported and checked."""
-    return read_model_file(folder, fold["file"], fold["sha256"], f"fold {fold['fold']}")
+    a runtime loads exactly what was exported and checked, and against ``description`` (:func:`read_model_file`)."""
+    return read_model_file(folder, fold["file"], fold["sha256"], f"fold {fold['fold']}", description)
 
 
-def read_model_file(folder: Path, name: str, sha256: str, owner: str) -> bytes:
+def read_model_file(folder: Path, name: str, sha256: str, owner: str,
+                    description: Optional[Dict[str, Any]] = None) -> bytes:
     """The bytes of the file ``name`` in ``folder`` (:func:`model_file`), checked against ``sha256``, the digest the
-    export recorded for it."""
+    export recorded for it. With ``description``, the file is a graph (ONNX, or an OpenVINO IR's ``.xml``) and the
+    description's :data:`GRAPH_FIELDS` must be those the export wrote into it."""
     path = model_file(folder, name, owner)
     try:
         data = path.read_bytes()
@@ -380,7 +395,151 @@ def read_model_file(folder: Path, name: str, sha256: str, owner: str) -> bytes:
         raise UserError(f"{path}: its sha256 {digest[:16]}... is not the {sha256[:16]}... that "
                         f"{DESCRIPTION_FILE} records: the file was changed, damaged or replaced after the export; "
                         f"copy the model folder again or export again")
+    if description is not None:
+        _check_graph_fields(Path(folder), name, data, description)
     return data
+
+
+def graph_fields(description: Dict[str, Any]) -> str:
+    """The description's :data:`GRAPH_FIELDS` as canonical JSON (keys sorted, no spaces, ASCII): what the export
+    writes into each graph."""
+    return json.dumps({key: description[key] for key in GRAPH_FIELDS if key in description}, sort_keys=True,
+                      separators=(",", ":"))
+
+
+def bind_graph(model: bytes, description: Dict[str, Any]) -> bytes:
+    """The ONNX graph ``model`` with the description's :data:`GRAPH_FIELDS` (:func:`graph_fields`) in its metadata
+    (``metadata_props`` entry :data:`GRAPH_FIELDS_KEY`, replacing one there), as the export writes every graph;
+    the sha256 recorded for the graph covers them. Needs the ``onnx`` package (reading them does not)."""
+    import onnx
+
+    proto = onnx.load_from_string(model)
+    kept = [(entry.key, entry.value) for entry in proto.metadata_props if entry.key != GRAPH_FIELDS_KEY]
+    del proto.metadata_props[:]
+    for key, value in kept + [(GRAPH_FIELDS_KEY, graph_fields(description))]:
+        proto.metadata_props.add(key=key, value=value)
+    return proto.SerializeToString()
+
+
+def _varint(data: bytes, at: int) -> Tuple[int, int]:
+    """The protobuf varint at ``data[at:]`` -> (its value, the offset after it)."""
+    value = shift = 0
+    while True:
+        if at >= len(data) or shift > 63:
+            raise ValueError("a varint runs past the end")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+        shift += 7
+
+
+def _protobuf_fields(data: bytes, start: int = 0, end: Optional[int] = None) -> Iterator[Tuple[int, int, Any]]:
+    """The fields of the protobuf message ``data[start:end]``: (number, wire type, value); a length-delimited
+    field's value is its (start, end) in ``data``, skipped without being read (an ONNX graph's weights)."""
+    at, end = start, len(data) if end is None else end
+    while at < end:
+        tag, at = _varint(data, at)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            value, at = _varint(data, at)
+        elif wire == 2:
+            size, at = _varint(data, at)
+            value, at = (at, at + size), at + size
+        elif wire in (1, 5):
+            value, at = None, at + (8 if wire == 1 else 4)
+        else:
+            raise ValueError(f"wire type {wire}")
+        if number == 0:
+            raise ValueError("a field numbered 0")
+        if at > end:
+            raise ValueError("a field runs past the end")
+        yield number, wire, value
+
+
+def _onnx_metadata(data: bytes) -> List[Tuple[str, str]]:
+    """The ``metadata_props`` (key, value) of an ONNX ModelProto (its field 14, each a StringStringEntryProto of a
+    key 1 and a value 2), read from the top level of the message without the ``onnx`` package."""
+    entries = []
+    for number, wire, value in _protobuf_fields(data):
+        if number == 14 and wire == 2:
+            entry = {n: data[v[0]:v[1]].decode("utf-8") for n, w, v in _protobuf_fields(data, *value) if w == 2}
+            entries.append((entry.get(1, ""), entry.get(2, "")))
+    return entries
+
+
+def _ir_metadata(data: bytes) -> List[Tuple[str, str]]:
+    """The (name, value) entries of an OpenVINO IR's ``rt_info`` section ``framework``, where OpenVINO keeps an ONNX
+    graph's ``metadata_props``."""
+    root = ET.fromstring(data)
+    return [(entry.tag, entry.get("value", "")) for info in root.findall("rt_info")
+            for section in info if section.tag == "framework" for entry in section]
+
+
+def recorded_graph_fields(data: bytes, name: str) -> List[str]:
+    """The :data:`GRAPH_FIELDS` JSON texts the export wrote into the graph ``data`` (the file ``name``: an OpenVINO
+    IR where it ends in ``.xml``, else ONNX); ValueError where the file is not such a graph."""
+    try:
+        entries = _ir_metadata(data) if name.endswith(".xml") else _onnx_metadata(data)
+    except (ET.ParseError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"not {'an OpenVINO IR' if name.endswith('.xml') else 'an ONNX graph'} ({e})") from None
+    return [value for key, value in entries if key == GRAPH_FIELDS_KEY]
+
+
+#: a field one side lacks
+_MISSING = object()
+
+
+def _differences(field: str, recorded: Any, given: Any) -> List[Tuple[str, Any, Any]]:
+    """(path, recorded, given) at each path below ``field`` where ``given`` is not ``recorded``: into objects of the
+    same keys and lists of objects of the same length (the channels' normalisation), else ``field`` itself."""
+    if isinstance(recorded, dict) and isinstance(given, dict) and set(recorded) == set(given):
+        return [d for key in sorted(recorded) for d in _differences(
+            f"{field}.{key}" if key.isidentifier() else f"{field}[{json.dumps(key)}]", recorded[key], given[key])]
+    if (isinstance(recorded, list) and isinstance(given, list) and len(recorded) == len(given)
+            and all(isinstance(v, dict) for v in recorded + given)):
+        return [d for i, (r, g) in enumerate(zip(recorded, given)) for d in _differences(f"{field}[{i}]", r, g)]
+    same = (recorded is _MISSING) == (given is _MISSING) and (
+        recorded is _MISSING or json.dumps(recorded, sort_keys=True) == json.dumps(given, sort_keys=True))
+    return [] if same else [(field, recorded, given)]
+
+
+def _shown(value: Any) -> str:
+    return "(missing)" if value is _MISSING else _show(value)
+
+
+def _check_graph_fields(folder: Path, name: str, data: bytes, description: Dict[str, Any]) -> None:
+    """One line where the graph ``data`` (the file ``name`` in ``folder``) carries no record of the
+    :data:`GRAPH_FIELDS` it was exported with, or where the description's are not those."""
+    where = f"{folder / DESCRIPTION_FILE}"
+    try:
+        records = recorded_graph_fields(data, name)
+    except ValueError as e:
+        raise UserError(f"{folder / name}: {e}: copy the model folder again or export again") from None
+    if len(records) != 1:
+        raise UserError(f"{folder / name}: carries {len(records) or 'no'} record{'s' if records else ''} of the "
+                        f"fields it was exported and checked with ({GRAPH_FIELDS_KEY} in its metadata; one "
+                        f"expected), against which {DESCRIPTION_FILE} is checked: export the model again with "
+                        f"{WRITTEN_BY}")
+    try:
+        recorded = json.loads(records[0])
+    except json.JSONDecodeError:
+        recorded = None
+    if not isinstance(recorded, dict):
+        raise UserError(f"{folder / name}: its record of the fields it was exported with ({GRAPH_FIELDS_KEY}) is "
+                        f"not a JSON object: export the model again with {WRITTEN_BY}")
+    given = {key: description[key] for key in GRAPH_FIELDS if key in description}
+    keys = [k for k in GRAPH_FIELDS if k in recorded or k in given] + sorted(set(recorded) - set(GRAPH_FIELDS))
+    differences = [d for key in keys
+                   for d in _differences(key, recorded.get(key, _MISSING), given.get(key, _MISSING))]
+    if not differences:
+        return
+    listed = differences[:3]
+    more = f" (and {len(differences) - 3} more)" if len(differences) > 3 else ""
+    raise UserError(f"{where}: {', '.join(f'{path} {_shown(g)}' for path, _, g in listed)}{more} "
+                    f"{'is' if len(differences) == 1 else 'are'} not what {name} was exported and checked with "
+                    f"({', '.join(_shown(r) for _, r, _ in listed)}): the description was edited; export again")
 
 
 def _fixed(dim: Dim) -> bool:

@@ -9,8 +9,10 @@ of two patches, and one input twice the patch size) and on up to two preprocesse
 ``nnUNet_preprocessed`` holds the configuration's (optional: random inputs only otherwise, said in one line), against
 the PyTorch network as nnU-Net predicts with it; the largest difference must stay within ``--tolerance`` times the
 largest absolute logit, else the command ends with one line and writes nothing. ``onnx_model.json``
-(``deploy.description``) holds what the predictor needs, with each graph's sha256. ``--int8`` / ``--bf16`` (which
-need ``nnUNet_preprocessed``) add each fold in reduced precision where it passes the accuracy guard on the fold's
+(``deploy.description``) holds what the predictor needs, with each graph's sha256; each graph holds the
+description's fields that change the prediction in its metadata (``deploy.description.bind_graph``), which the
+predictor checks the description against. ``--int8`` / ``--bf16`` (which need ``nnUNet_preprocessed``) add each
+fold in reduced precision where it passes the accuracy guard on the fold's
 validation cases (``deploy.precision_guard``; the further files' sha256 recorded too), or end the command with one
 line and write nothing.
 
@@ -46,6 +48,7 @@ from nnunetv2_meddisseg.deploy.description import (
     NATURAL_IMAGE_ENDINGS,
     OUTPUT_NAME,
     WRITTEN_BY,
+    bind_graph,
     fold_model_file,
     sha256_of,
     validate_description,
@@ -299,11 +302,12 @@ def export_model(args) -> Tuple[Path, dict]:
         print(f"no preprocessed cases ({where}): ONNX Runtime is checked against PyTorch on random inputs only")
     example = torch.from_numpy(inputs["random patches"][:1])
     models, folds = {}, []
+    description = _description(predictor, args, folds)  # its folds filled in below
     with _fp32_prediction():
         for fold, parameters in zip(args.f, predictor.list_of_parameters):
             network.load_state_dict(parameters)
-            model = declare_channels(trace_to_onnx(network, example), example.shape[1],
-                                     predictor.label_manager.num_segmentation_heads)
+            model = bind_graph(declare_channels(trace_to_onnx(network, example), example.shape[1],
+                                                predictor.label_manager.num_segmentation_heads), description)
             checks = compare_with_onnxruntime(network, model, inputs)
             worst = max(checks, key=lambda c: c["relative_difference"])
             if not worst["relative_difference"] <= args.tolerance:
@@ -317,7 +321,6 @@ def export_model(args) -> Tuple[Path, dict]:
                           "checks": checks})
             print(f"fold {fold}: exported, ONNX Runtime vs PyTorch: largest relative difference "
                   f"{worst['relative_difference']:.1e} ({len(checks)} inputs)")
-    description = _description(predictor, args, folds)
     extra = {}
     if reduced:
         extra = guard_folds(description, models, preprocessed, ["bf16", "int8"] if args.int8 else ["bf16"],

@@ -15,7 +15,8 @@ the fold's validation cases (``deploy.precision_guard``) and recorded the outcom
 A precision the export did not verify (or refused: ``"verified": false`` and its ``reason``) is refused in one
 line. An int8 graph's float operations (the blocks kept out of INT8, and those around the quantized operations) run
 in bf16 where the export verified that too (``floats_in_bf16``) and this CPU has native bf16, in fp32 otherwise.
-Every file a session loads is read once, checked against the sha256 the description records, and handed to
+Every file a session loads is read once, checked against the sha256 the description records (a graph also
+against the description's fields the export wrote into it: ``deploy.description.GRAPH_FIELDS``), and handed to
 the runtime from memory; the loaded graph's input and output shapes are checked against the description. Reduced
 precisions run on OpenVINO only.
 """
@@ -59,14 +60,15 @@ class FoldGraph:
     where: str
 
 
-def fold_graph(folder: Path, fold: dict, precision: str, runtime: str) -> FoldGraph:
+def fold_graph(folder: Path, fold: dict, precision: str, runtime: str, description: dict) -> FoldGraph:
     """The graph of one fold's entry (``onnx_model.json``'s ``folds[i]``, validated) that runs in ``precision`` on
-    ``runtime``, read and checked against its recorded sha256; one line where it may not run."""
+    ``runtime``, read and checked against its recorded sha256 and the fields of ``description`` (the validated
+    ``onnx_model.json``) against those the export wrote into it; one line where it may not run."""
     if precision not in PRECISIONS:
         raise UserError(f"--precision {precision}: expected one of {', '.join(PRECISIONS)}")
     folder = Path(folder)
     if precision == "fp32":
-        return FoldGraph(read_fold_model(folder, fold), None, str(fold_file(folder, fold)))
+        return FoldGraph(read_fold_model(folder, fold, description), None, str(fold_file(folder, fold)))
     if runtime != "openvino":
         raise UserError(f"--precision {precision} runs on --runtime openvino only")
     if precision == "bf16":
@@ -79,10 +81,10 @@ def fold_graph(folder: Path, fold: dict, precision: str, runtime: str) -> FoldGr
         raise UserError(f"--precision {precision}: the export did not verify fold {fold['fold']} in {precision} "
                         f"({record['reason']})")
     if record["model"] == fold["file"]:
-        return FoldGraph(read_fold_model(folder, fold), None, str(fold_file(folder, fold)))
+        return FoldGraph(read_fold_model(folder, fold, description), None, str(fold_file(folder, fold)))
     owner = f"fold {fold['fold']}'s {precision} graph"
     weights = record["model"][:-len(".xml")] + ".bin"
-    return FoldGraph(read_model_file(folder, record["model"], record["files"][record["model"]], owner),
+    return FoldGraph(read_model_file(folder, record["model"], record["files"][record["model"]], owner, description),
                      read_model_file(folder, weights, record["files"][weights], owner),
                      str(model_file(folder, record["model"], owner)))
 
@@ -109,7 +111,7 @@ def fold_session(folder: Path, fold: dict, description: dict, runtime: str, prec
     """A session (``deploy.runtimes``) of one fold's graph (:func:`fold_graph`) in ``precision`` on ``runtime``
     (providers: ONNX Runtime's only; floats: an int8 graph's float operations, see :func:`int8_floats`), its input
     name and its input and output shapes checked against ``description``."""
-    graph = fold_graph(folder, fold, precision, runtime)
+    graph = fold_graph(folder, fold, precision, runtime, description)
     try:
         if runtime == "onnxruntime":
             session = OnnxRuntimeSession(graph.model, providers, threads)

@@ -56,7 +56,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from nnunetv2_meddisseg.cli import UserError, quiet_cuda_home_warning
-from nnunetv2_meddisseg.deploy.description import sha256_of
+from nnunetv2_meddisseg.deploy.description import GRAPH_FIELDS_KEY, graph_fields, recorded_graph_fields, sha256_of
 from nnunetv2_meddisseg.deploy.image_pipeline import probabilities_from_logits, segmentation_from_logits
 from nnunetv2_meddisseg.deploy.runtimes import OpenVinoSession, cpu_supports_bf16, openvino_core
 from nnunetv2_meddisseg.deploy.sliding_window import pad_to_patch, sliding_window_logits, tile_starts
@@ -448,9 +448,10 @@ def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optio
                 bounds: Bounds, calibration_tiles: int = DEFAULT_CALIBRATION_TILES, required: Sequence[str] = (),
                 threads: Optional[int] = None, say: Callable[[str], None] = print) -> Dict[str, bytes]:
     """Guard ``precisions`` (of ``bf16``, ``int8``) for every fold of ``description`` (its fp32 ONNX graphs:
-    ``graphs[fold]``): records each fold's outcome as its ``precisions`` entry and returns the files to write with
-    it (``{path in the export folder: bytes}``, their sha256 in the records). A precision of ``required`` that is not
-    verified ends with one line (nothing is written)."""
+    ``graphs[fold]``, which hold the description's fields: ``deploy.description.bind_graph``): records each fold's
+    outcome as its ``precisions`` entry and returns the files to write with it (``{path in the export folder:
+    bytes}``, their sha256 in the records; the IRs hold the fields as the graphs they were made from). A precision
+    of ``required`` that is not verified ends with one line (nothing is written)."""
     bf16 = "bf16" in precisions and cpu_supports_bf16()
     if "bf16" in precisions and not bf16:
         if "bf16" in required:
@@ -511,6 +512,10 @@ def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optio
                                 f"{bounds.min_dice_to_fp32:g}, pseudo Dice drop <= {bounds.max_pseudo_dice_drop:g} "
                                 f"points: nothing written")
         fold["precisions"] = records
+    for name, content in files.items():  # OpenVINO keeps the ONNX graph's metadata in the IRs it writes
+        if name.endswith(".xml") and recorded_graph_fields(content, name) != [graph_fields(description)]:
+            raise UserError(f"{name}: OpenVINO did not keep the fp32 graph's {GRAPH_FIELDS_KEY} in the IR, against "
+                            f"which the predictor checks the description: nothing written")
     return files
 
 

@@ -3,10 +3,11 @@ on OpenVINO or ONNX Runtime with numpy (PyTorch and nnU-Net are not imported).
 
 Input and output are as ``nnUNetv2_predict``'s: a folder of ``<case>_<XXXX><ending>`` files (one per channel)
 -> ``<case><ending>`` label images, with nnU-Net's conventions for large jobs (``-num_parts`` / ``-part_id``,
-``--continue_prediction``, a progress bar). The pipeline is nnU-Net's (``deploy.image_pipeline``,
-``deploy.sliding_window``); the folds of the export folder are ensembled, in fp32 or in a reduced precision the
-export verified (``deploy.precision``). The model folder is checked before it is used (``deploy.description``: the
-description field by field, each graph file against its recorded sha256, each loaded graph's input and output shapes
+``--continue_prediction``, a progress bar of the cases, and one of a large image's tiles). The pipeline is
+nnU-Net's (``deploy.image_pipeline``, ``deploy.sliding_window``); the folds of the export folder are ensembled, in
+fp32 or in a reduced precision the export verified (``deploy.precision``). The model folder is checked before it is
+used (``deploy.description``: the description field by field, each graph file against its recorded sha256 and the
+description's fields against those the export wrote into the graph, each loaded graph's input and output shapes
 against the description), the output folder before anything is written (``deploy.prediction_output``), and
 the next case is read and preprocessed in a background thread while this one is predicted.
 """
@@ -19,7 +20,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -41,6 +42,9 @@ from nnunetv2_meddisseg.deploy.sliding_window import sliding_window_logits
 __all__ = ["OnnxPredictor", "find_cases", "check_part", "cases_of_part", "main"]
 
 PROG = "nnUNetv2_meddisseg_predict_onnx"
+#: a case of at least this many tiles to predict (its tiles times the folds) shows a progress bar of them too, where
+#: the cases' bar is shown (a very large image takes minutes)
+TILE_PROGRESS_MIN = 100
 
 Prepared = Tuple[np.ndarray, dict]
 
@@ -117,22 +121,24 @@ class OnnxPredictor:
         self.providers_in_use = getattr(self.sessions[0], "providers_in_use", [])
         self.num_foreground = len([v for v in description["labels"].values() if isinstance(v, int) and v > 0])
 
-    def logits(self, data):
-        """A preprocessed case (C, 1, X, Y) -> the folds' mean logits (K, 1, X, Y)."""
+    def logits(self, data, progress: Optional[Callable[[int, int], None]] = None):
+        """A preprocessed case (C, 1, X, Y) -> the folds' mean logits (K, 1, X, Y); ``progress(tiles, total)``:
+        called as the tiles are predicted (``sliding_window.sliding_window_logits``)."""
         d = self.description
         return sliding_window_logits(data, self.sessions, d["patch_size"], self.step_size, self.mirror_axes,
-                                     d["num_segmentation_heads"])
+                                     d["num_segmentation_heads"], progress)
 
     def prepare(self, files: Sequence[Path]) -> Prepared:
         """One case's channel files read and preprocessed -> (the network's input (C, 1, X', Y'), the geometry
         that puts the prediction back)."""
         return preprocess(read_case(files), self.description, str(files[0]))
 
-    def predict_prepared(self, prepared: Prepared, with_probabilities: bool = False):
-        """:meth:`predict_files` of a case that :meth:`prepare` read."""
+    def predict_prepared(self, prepared: Prepared, with_probabilities: bool = False,
+                         progress: Optional[Callable[[int, int], None]] = None):
+        """:meth:`predict_files` of a case that :meth:`prepare` read (``progress``: see :meth:`logits`)."""
         d = self.description
         data, geometry = prepared
-        logits = self.logits(data)
+        logits = self.logits(data, progress)
         segmentation = restore_shape(segmentation_from_logits(logits, d["regions_class_order"]), geometry, d,
                                      self.num_foreground)
         if not with_probabilities:
@@ -176,7 +182,8 @@ class OnnxPredictor:
 
         Before anything is written, the output files are checked (``deploy.prediction_output``): none may be an
         input, an existing one must be an earlier output of ours unless ``overwrite``; with ``continue_prediction``
-        the cases already predicted are left out. ``progress``: a progress bar (tqdm) on stderr;
+        the cases already predicted are left out. ``progress``: a progress bar (tqdm) of the cases on stderr, and
+        one of a case's tiles where it has at least :data:`TILE_PROGRESS_MIN`;
         ``preprocess_ahead``: preprocess the next case in a background thread (the same results, in the same
         order)."""
         ending = self.description["file_ending"]
@@ -190,29 +197,50 @@ class OnnxPredictor:
             print(f"part {part_id} of {num_parts} (counting from 0): {len(part)} of {len(cases)} case(s)")
         if continue_prediction:
             print(f"--continue_prediction: {len(part) - len(todo)} case(s) already predicted, {len(todo)} to go")
-        bar = contextlib.nullcontext()
+        bar, tile_bar = contextlib.nullcontext(), None
         if progress:
             try:
                 from tqdm import tqdm
             except ImportError:  # tqdm is optional without PyTorch's stack: no bar then
                 progress = False
             else:
-                bar = tqdm(total=len(todo), unit="case", desc=PROG, file=sys.stderr)
+                bar, tile_bar = tqdm(total=len(todo), unit="case", desc=PROG, file=sys.stderr), tqdm
         written = []
         with bar, contextlib.closing(self._prepared_in_order([(c, cases[c]) for c in todo],
                                                              preprocess_ahead)) as prepared_cases:
             for case, prepared in prepared_cases:
                 start = time.perf_counter()
-                if save_probabilities:
-                    segmentation, probabilities = self.predict_prepared(prepared, with_probabilities=True)
-                else:
-                    segmentation, probabilities = self.predict_prepared(prepared), None
+                with contextlib.closing(_TileBar(tile_bar, case)) as tiles:
+                    if save_probabilities:
+                        segmentation, probabilities = self.predict_prepared(prepared, True, tiles)
+                    else:
+                        segmentation, probabilities = self.predict_prepared(prepared, progress=tiles), None
                 written.append(output.write(case, segmentation, probabilities))
                 if progress:
                     bar.update()
                 if verbose:
                     (bar.write if progress else print)(f"{case}: {time.perf_counter() - start:.2f} s")
         return written
+
+
+class _TileBar:
+    """``progress(tiles, total)`` of one case's tiles: a progress bar (``bar``: tqdm's class; None: none) from the
+    first call where the case has at least :data:`TILE_PROGRESS_MIN` tiles, removed when closed."""
+
+    def __init__(self, bar, case: str) -> None:
+        self.make, self.case, self.bar = bar, case, None
+
+    def __call__(self, tiles: int, total: int) -> None:
+        if self.bar is None:
+            if self.make is None or total < TILE_PROGRESS_MIN:
+                return
+            self.bar = self.make(total=total, unit="tile", desc=f"{self.case} (tiles x folds)", leave=False,
+                                 file=sys.stderr, position=1)
+        self.bar.update(tiles)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 from scipy.ndimage import gaussian_filter
@@ -77,10 +77,12 @@ def mirror_combinations(mirror_axes: Optional[Sequence[int]]) -> List[Tuple[int,
 
 
 def sliding_window_logits(data: np.ndarray, sessions: Sequence, patch_size: Sequence[int], step: float,
-                          mirror_axes: Optional[Sequence[int]], num_heads: int) -> np.ndarray:
+                          mirror_axes: Optional[Sequence[int]], num_heads: int,
+                          progress: Optional[Callable[[int, int], None]] = None) -> np.ndarray:
     """data (C, 1, X, Y) float32 -> logits (num_heads, 1, X, Y) float16, the mean over ``sessions`` (one per fold,
     each with ``run(batch (N, C, px, py)) -> (N, num_heads, px, py)``) of the Gaussian-weighted sliding-window
-    prediction."""
+    prediction. ``progress(tiles, total)``, where given, is called after each call of a session with the tiles it
+    predicted (with their mirrored copies) and the case's total (its tiles times the sessions)."""
     padded, undo = pad_to_patch(data, patch_size)
     starts = tile_starts(padded.shape[2:], patch_size, step)
     gaussian = gaussian_importance(tuple(patch_size))
@@ -97,6 +99,8 @@ def sliding_window_logits(data: np.ndarray, sessions: Sequence, patch_size: Sequ
             batch = np.ascontiguousarray(np.concatenate(
                 [np.flip(padded[(slice(None), d, *window)][None], f) for d, window in chunk for f in flips]))
             out = session.run(batch)  # (len(chunk) * len(flips), heads, px, py) float32
+            if progress is not None:
+                progress(len(chunk), len(windows) * len(sessions))
             if out.shape != (len(batch), num_heads, *patch_size):
                 raise UserError(f"the graph returned logits of shape {out.shape} for tiles of shape {batch.shape}, "
                                 f"expected {(len(batch), num_heads, *patch_size)}: graph and description do not "

@@ -8,14 +8,20 @@ import re
 from pathlib import Path
 
 import pytest
-from tiny_export import description_of, export_tiny, tiny_graph, write_cases, write_description
+from tiny_export import description_of, export_tiny, tiny_graph, traced_graph, write_cases, write_description
 
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.deploy.description import (
     DESCRIPTION_FILE,
+    GRAPH_FIELDS,
+    GRAPH_FIELDS_KEY,
+    bind_graph,
     check_graph_io,
     fold_model_file,
+    graph_fields,
     read_description,
+    read_fold_model,
+    recorded_graph_fields,
     sha256_of,
     validate_description,
 )
@@ -218,13 +224,16 @@ def _replace_graph(model: Path, graph: bytes, record: bool) -> None:
     (lambda: tiny_graph(7), False, "is not the"),  # another network of the same shapes
     (lambda: b"", False, "empty (0 bytes)"),
     (lambda: tiny_graph(0)[:200], False, "is not the"),  # truncated
-    (lambda: tiny_graph(0)[:200], True, "{runtime} cannot load it"),
-    (lambda: b"\x00" * 64, True, "{runtime} cannot load it"),
+    (lambda: tiny_graph(0)[:200], True, "model.onnx: not an ONNX graph (a field runs past the end)"),
+    (lambda: b"\x00" * 64, True, "model.onnx: not an ONNX graph (a field numbered 0)"),
+    (lambda: tiny_graph(0).replace(b"Tanh", b"Tanx"), True, "{runtime} cannot load it"),
+    (lambda: traced_graph(0), True, "model.onnx: carries no record of the fields it was exported and checked"),
     (lambda: tiny_graph(0, out_channels=3), True, "has 3 segmentation heads, onnx_model.json says 2"),
     (lambda: tiny_graph(0, out_channels=1), True, "has 1 segmentation heads, onnx_model.json says 2"),
     (lambda: tiny_graph(0, in_channels=1), True, "has 1 input channels, onnx_model.json says 3"),
 ], ids=["other network", "empty", "truncated", "truncated, sha256 recorded", "garbage, sha256 recorded",
-        "3 classes", "1 class", "1 input channel"])
+        "unknown operator, sha256 recorded", "without the description's fields, sha256 recorded", "3 classes",
+        "1 class", "1 input channel"])
 @pytest.mark.parametrize("runtime", ["openvino", "onnxruntime"])
 def test_graph_that_is_not_the_exported_one_is_refused_in_one_line(tmp_path, capsys, graph, record, message, runtime):
     export_tiny(tmp_path / "model", folds=(0,))
@@ -237,6 +246,51 @@ def test_graph_that_is_not_the_exported_one_is_refused_in_one_line(tmp_path, cap
     assert err.count("\n") == 1 and err.startswith(f"{PROG}: error: ") and message in err, err
     assert str(tmp_path / "model" / fold_model_file(0)) in err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_graph_fields_are_read_as_the_export_writes_them(tmp_path):
+    """bind_graph writes the description's GRAPH_FIELDS into the graph's metadata as onnx and ONNX Runtime read it,
+    keeping other entries and replacing its own; the predictor's reader (neither onnx nor a runtime) reads them back,
+    also from the IR OpenVINO saves from the graph, and refuses what is no graph in one line."""
+    import onnx
+    import onnxruntime
+    import openvino as ov
+
+    d = description_of({})
+    fields = graph_fields(d)
+    assert json.loads(fields) == {key: d[key] for key in GRAPH_FIELDS}
+    graph = tiny_graph(0)
+    assert recorded_graph_fields(graph, "model.onnx") == [fields]
+    session = onnxruntime.InferenceSession(graph, providers=["CPUExecutionProvider"])
+    assert session.get_modelmeta().custom_metadata_map == {GRAPH_FIELDS_KEY: fields}
+    proto = onnx.load_from_string(graph)
+    onnx.helper.set_model_props(proto, {"author": "someone", GRAPH_FIELDS_KEY: "an older record"})
+    other = {**d, "patch_size": [32, 32]}
+    rebound = bind_graph(proto.SerializeToString(), other)
+    assert {(e.key, e.value) for e in onnx.load_from_string(rebound).metadata_props} == {
+        ("author", "someone"), (GRAPH_FIELDS_KEY, graph_fields(other))}
+    assert recorded_graph_fields(rebound, "model.onnx") == [graph_fields(other)]
+    assert recorded_graph_fields(traced_graph(0), "model.onnx") == []
+    ov.save_model(ov.Core().read_model(graph), str(tmp_path / "model.xml"), compress_to_fp16=False)
+    assert recorded_graph_fields((tmp_path / "model.xml").read_bytes(), "model.xml") == [fields]
+    for data, name, message in [(b"<net><layers>", "m.xml", "not an OpenVINO IR (no element found"),
+                                (graph[:-3], "m.onnx", "not an ONNX graph (a field runs past the end)")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            recorded_graph_fields(data, name)
+
+
+def test_many_edited_fields_are_one_line(tmp_path):
+    description = export_tiny(tmp_path / "model", folds=(0,))
+    edited = {**description, "patch_size": [32, 32], "file_ending": ".bmp", "mirror_axes": None,
+              "tile_step_size": 1, "labels": {"background": 0, "tumour": 1}}
+    with pytest.raises(UserError) as e:
+        read_fold_model(tmp_path / "model", description["folds"][0], edited)
+    assert str(e.value) == (
+        f"{tmp_path / 'model' / DESCRIPTION_FILE}: patch_size [32, 32], file_ending \".bmp\", labels "
+        f"{{\"background\": 0, \"tumour\": 1}} (and 2 more) are not what fold_0/model.onnx was exported and "
+        f"checked with ([16, 16], \".png\", {{\"background\": 0, \"polyp\": 1}}): the description was edited; "
+        f"export again")
+    assert read_fold_model(tmp_path / "model", description["folds"][0], description)  # as exported
 
 
 def test_graph_shapes_against_the_description():

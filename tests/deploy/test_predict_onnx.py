@@ -1,7 +1,8 @@
 """nnUNetv2_meddisseg_predict_onnx on a tiny exported network: on both runtimes it runs in a process where
-importing PyTorch (and nnU-Net) fails and writes what the in-process predictor computes; it reports bad input, a
-precision the export did not verify and bf16 on a CPU without it (simulated) in one line, and reads a reduced
-precision's OpenVINO IR only through the sha256 and shapes its description records. Its equality with
+importing PyTorch, nnU-Net and onnx fails and writes what the in-process predictor computes; it reports bad input, a
+precision the export did not verify and bf16 on a CPU without it (simulated) in one line, reads a reduced
+precision's OpenVINO IR only through the sha256, shapes and fields its description records, and shows a large
+case's tiles in a progress bar of their own. Its equality with
 nnUNetv2_predict on trained models is in tests/e2e/test_onnx_deploy.py."""
 import json
 import os
@@ -12,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from tiny_export import export_tiny, tiny_graph, write_cases
+from tiny_export import export_tiny, tiny_graph, traced_graph, write_cases
 
 from nnunetv2_meddisseg.cli import UserError
-from nnunetv2_meddisseg.deploy import runtimes
+from nnunetv2_meddisseg.deploy import predict_onnx, runtimes
 from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, fold_model_file, sha256_of
 from nnunetv2_meddisseg.deploy.predict_onnx import PROG, OnnxPredictor, main
 
@@ -23,10 +24,10 @@ BLOCKER = '''import sys
 
 
 class _Blocked:
-    """Refuses to import PyTorch and nnU-Net in this process."""
+    """Refuses to import PyTorch, nnU-Net and onnx in this process."""
 
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("torch", "nnunetv2"):
+        if name.split(".")[0] in ("torch", "nnunetv2", "onnx"):
             raise ImportError(f"{name} is blocked in this process")
         return None
 
@@ -54,8 +55,9 @@ def _without_torch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("tta", [True, False], ids=["mirroring", "no_mirroring"])
 def test_runs_where_torch_cannot_be_imported(exported, tta, runtime):
     tmp = exported
-    blocked = _without_torch(tmp, "-c", "import torch")
-    assert blocked.returncode != 0 and "torch is blocked" in blocked.stderr  # the blocker works
+    for module in ("torch", "onnx"):
+        blocked = _without_torch(tmp, "-c", f"import {module}")
+        assert blocked.returncode != 0 and f"{module} is blocked" in blocked.stderr  # the blocker works
     args = ["-m", "nnunetv2_meddisseg.deploy.predict_onnx", "-i", str(tmp / "in"), "-o", str(tmp / "out"),
             "-m", str(tmp / "model"), "--threads", "1", "--runtime", runtime] + ([] if tta else ["--disable_tta"])
     proc = _without_torch(tmp, *args)
@@ -227,6 +229,50 @@ def test_an_openvino_ir_runs_as_recorded(exported, capsys):
     _refused(argv + ["-o", str(tmp / "out")], capsys,
              "fold_0/model_int8.xml: the graph's output has 3 segmentation heads, onnx_model.json says 2")
     assert not (tmp / "out").exists()
+
+
+def test_an_openvino_ir_is_checked_against_the_description(exported, capsys):
+    """An IR holds the description's fields of the ONNX graph it was saved from (OpenVINO keeps them): one of other
+    fields, or of none, is refused naming the IR though its sha256 is recorded, and so is a description edited
+    after a valid IR was recorded; nothing is written."""
+    tmp = exported
+    model = tmp / "model"
+    argv = ["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(model), "--threads", "1", "--precision", "int8"]
+    description = _record_precisions(model, _ir_as_int8(model))
+    _record_precisions(model, _ir_as_int8(model, tiny_graph(0, description={**description, "patch_size": [32, 32]})))
+    _refused(argv, capsys, f"model/{DESCRIPTION_FILE}: patch_size [16, 16] is not what fold_0/model_int8.xml was "
+                           f"exported and checked with ([32, 32]): the description was edited; export again")
+    _record_precisions(model, _ir_as_int8(model, traced_graph(0)))
+    _refused(argv, capsys, "model/fold_0/model_int8.xml: carries no record of the fields it was exported and "
+                           "checked with")
+    description = _record_precisions(model, _ir_as_int8(model))
+    assert main(argv[:3] + [str(tmp / "int8")] + argv[4:]) == 0  # as exported: it runs
+    description["tile_step_size"] = 0.25
+    (model / DESCRIPTION_FILE).write_text(json.dumps(description))
+    _refused(argv, capsys, "tile_step_size 0.25 is not what fold_0/model_int8.xml was exported and checked with (0.5)")
+    assert not (tmp / "out").exists()
+
+
+def test_a_large_case_shows_its_tiles(exported, capsys, monkeypatch):
+    """With the progress bar on, a case of at least TILE_PROGRESS_MIN tiles (times the folds) shows a bar of its
+    tiles; the tiny cases (at most 6 tiles, 2 folds) show none by default, and nothing without the progress bar."""
+    tmp = exported
+    predictor = OnnxPredictor(tmp / "model", threads=1)
+    predictor.predict_folder(tmp / "in", tmp / "out", progress=True)
+    err = capsys.readouterr().err
+    assert "case" in err and "tiles x folds" not in err  # the cases' bar only
+    monkeypatch.setattr(predict_onnx, "TILE_PROGRESS_MIN", 12)  # case1 (29 x 21): 3 x 2 tiles, 2 folds
+    predictor.predict_folder(tmp / "in", tmp / "out2", progress=True)
+    err = capsys.readouterr().err
+    assert "case1 (tiles x folds)" in err and "case0 (tiles x folds)" not in err, err
+    calls = []  # what the bar counts: every tile of every fold once
+    predictor.logits(predictor.prepare([tmp / "in" / "case1_0000.png"])[0], lambda *call: calls.append(call))
+    assert sum(tiles for tiles, _ in calls) == 12 and {total for _, total in calls} == {12}
+    predictor.predict_folder(tmp / "in", tmp / "out3")
+    assert "tiles x folds" not in capsys.readouterr().err
+    for i in range(3):  # the same masks with the bars
+        assert np.array_equal(np.asarray(Image.open(tmp / "out2" / f"case{i}.png")),
+                              np.asarray(Image.open(tmp / "out3" / f"case{i}.png")))
 
 
 @pytest.mark.parametrize("recorded,capabilities,floats", [

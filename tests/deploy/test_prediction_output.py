@@ -205,12 +205,12 @@ def test_preprocessing_ahead_overlaps_and_gives_the_sequential_results_in_order(
         log.append(("prepare", i, threading.current_thread() is threading.main_thread()))
         return real_prepare(files)
 
-    def logits(data):
+    def logits(data, progress=None):
         i = next(calls)
         # case i's prediction waits (up to 30 s) for case i + 1's preprocessing to start, where it runs ahead
         overlapped.append(i + 1 < len(cases) and started[i + 1].wait(30 if ahead else 0))
         log.append(("logits", i))
-        return real_logits(data)
+        return real_logits(data, progress)
 
     predictor.prepare, predictor.logits = prepare, logits
     written = predictor.predict_folder(work / "in", work / "out", save_probabilities=True, preprocess_ahead=ahead)
