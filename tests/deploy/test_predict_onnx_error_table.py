@@ -180,10 +180,7 @@ def pred_float_tiff(planted: float = None):
     def setup(tmp, env):
         import tifffile
 
-        argv = _model_and_cases(tmp)
-        description = json.loads((tmp / "model" / DESCRIPTION_FILE).read_text())
-        description["file_ending"] = ".tif"
-        write_description(tmp / "model", description)
+        argv = _model_and_cases(tmp, file_ending=".tif")
         for png in sorted((tmp / "in").glob("*.png")):
             image = np.asarray(Image.open(png)).astype(np.float32) / 255
             if png.name == "case0_0000.png" and planted is not None:
