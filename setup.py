@@ -35,6 +35,7 @@ setup(
             "nnUNetv2_meddisseg_weights_only=nnunetv2_meddisseg.sharing:main",
             "nnUNetv2_meddisseg_export=nnunetv2_meddisseg.deploy.export:main",
             "nnUNetv2_meddisseg_predict_onnx=nnunetv2_meddisseg.deploy.predict_onnx:main",
+            "nnUNetv2_meddisseg_pretrain=nnunetv2_meddisseg.pretraining.pretrain:main",
         ]
     },
 )

@@ -1,8 +1,8 @@
 """The bad-input table's harness: one row per case, each through the real command's entry point.
 
-Every row names a command (``convert``, ``plan``, ``evaluate``, ``compare``, ``export``, ``predict_onnx``), a
-setup that builds the input under ``tmp_path`` and returns the command's argv, the expected exit code and the
-substrings the error must contain. A failing row (exit code != 0) must print exactly one line
+Every row names a command (``convert``, ``plan``, ``evaluate``, ``compare``, ``export``, ``predict_onnx``,
+``pretrain``), a setup that builds the input under ``tmp_path`` and returns the command's argv, the expected exit
+code and the substrings the error must contain. A failing row (exit code != 0) must print exactly one line
 ``<prog>: error: ...`` on stderr, naming the file or option, with no traceback, and must leave
 nothing behind: the set of paths under ``tmp_path`` is the same before and after the command (no
 dataset folder, no plans JSON, no summary, no comparison folder). Rows with exit code 0 are the
@@ -15,7 +15,8 @@ unpickling would create a file under ``tmp_path``) are refused without running i
 The rows live next to the tests of their command: tests/datasets/test_convert_error_table.py,
 tests/planning/test_plan_error_table.py, tests/evaluation/test_evaluate_error_table.py,
 tests/evaluation/test_compare_error_table.py, tests/deploy/test_export_error_table.py and
-tests/deploy/test_predict_onnx_error_table.py; tests/test_bad_input_table.py checks that together they cover
+tests/deploy/test_predict_onnx_error_table.py and tests/pretraining/test_pretrain_error_table.py;
+tests/test_bad_input_table.py checks that together they cover
 every command, and names where the train rows are tested (tests/training/test_train_input_errors.py,
 tests/training/test_trainer_meddisseg.py, tests/e2e/test_train_inputs.py). Nothing in the table runs nnU-Net's
 planning, preprocessing or training.
@@ -38,6 +39,7 @@ from nnunetv2_meddisseg.deploy.predict_onnx import main as predict_onnx_main
 from nnunetv2_meddisseg.evaluation.compare_models import main as compare_main
 from nnunetv2_meddisseg.evaluation.evaluate import main as evaluate_main
 from nnunetv2_meddisseg.planning.plan_meddisseg import main as plan_main
+from nnunetv2_meddisseg.pretraining.pretrain import main as pretrain_main
 
 __all__ = ["COMMANDS", "Env", "ROW_MODULES", "Row", "check_row", "encoder_state_dict", "row_module", "run_entry_point",
            "tree", "write_png"]
@@ -52,6 +54,7 @@ COMMANDS: Dict[str, tuple] = {
     "compare": (compare_main, "nnUNetv2_meddisseg_compare"),
     "export": (export_main, "nnUNetv2_meddisseg_export"),
     "predict_onnx": (predict_onnx_main, "nnUNetv2_meddisseg_predict_onnx"),
+    "pretrain": (pretrain_main, "nnUNetv2_meddisseg_pretrain"),
 }
 
 #: command -> (folder under tests/, module) of its rows
@@ -62,6 +65,7 @@ ROW_MODULES: Dict[str, tuple] = {
     "compare": ("evaluation", "test_compare_error_table"),
     "export": ("deploy", "test_export_error_table"),
     "predict_onnx": ("deploy", "test_predict_onnx_error_table"),
+    "pretrain": ("pretraining", "test_pretrain_error_table"),
 }
 
 

@@ -59,7 +59,7 @@ def test_device_options_follow_one_rule(command):
 def test_device_commands_are_the_ones_running_networks():
     with_device = {c for c, m in COMMANDS.items() if any("--device" in a.option_strings for a in _parser(m)._actions)}
     assert with_device == {"nnUNetv2_meddisseg_compare", "nnUNetv2_meddisseg_demo", "nnUNetv2_meddisseg_ablate",
-                           "nnUNetv2_meddisseg_features"}
+                           "nnUNetv2_meddisseg_features", "nnUNetv2_meddisseg_pretrain"}
 
 
 def test_resolve_device(monkeypatch):

@@ -19,7 +19,7 @@ LAYERS: List[Set[str]] = [
     {"architectures"},
     {"training", "datasets"},
     {"evaluation", "planning", "sharing", "deploy"},
-    {"ablation"},
+    {"ablation", "pretraining"},
     {"nnunet_trainers"},                              # the trainer catalogue nnU-Net imports
     {"trainer_path", "demo", "__init__"},             # commands on top
 ]

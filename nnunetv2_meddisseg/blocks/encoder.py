@@ -11,7 +11,8 @@ Encoder weights are a local torchvision ResNet-50 state-dict file, or :data:`IMA
 reads the cached file and fails with a one-line message naming it when it is missing.
 """
 import os
-from typing import List, Optional, Type
+import re
+from typing import Dict, List, Optional, Tuple, Type
 from urllib.parse import urlparse
 
 import torch
@@ -19,7 +20,8 @@ from torch import Tensor, nn
 
 from nnunetv2_meddisseg.torch_files import UnsafeTorchFile, load_weights_only
 
-__all__ = ["Bottleneck", "ResNet50Encoder", "load_resnet50_weights", "RESNET50_BLOCKS", "ENCODER_CHANNELS",
+__all__ = ["Bottleneck", "ResNet50Encoder", "load_resnet50_weights", "resnet50_state", "SECONDARY_COPIES",
+           "SECONDARY_STARTS", "RESNET50_BLOCKS", "ENCODER_CHANNELS",
            "IMAGENET", "imagenet_weights_url", "imagenet_weights_file", "resolve_encoder_weights",
            "download_imagenet_weights"]
 
@@ -130,11 +132,105 @@ def _is_ignored(key: str) -> bool:
     return key.startswith("fc.") or key.startswith("layer4.")
 
 
-def load_resnet50_weights(encoder: ResNet50Encoder, path: str) -> None:
-    """Load a torchvision ResNet-50 state dict from the local file ``path`` into ``encoder``.
+#: components of a key prefix that name the second copy of an encoder in a self-supervised checkpoint (MoCo's key
+#: encoder, DINO's student next to its teacher, an EMA copy), besides those starting with :data:`SECONDARY_STARTS`
+#: (``momentum_encoder``, ``target_network``, ...); where a file holds several encoders, such copies are passed over
+SECONDARY_COPIES = frozenset({"encoder_k", "student", "state_dict_ema", "model_ema"})
+SECONDARY_STARTS = ("momentum", "target", "ema")
 
-    ``fc.*`` and ``layer4.*`` are ignored; a missing ``num_batches_tracked`` buffer keeps the
-    encoder's value (older torchvision files lack it). If the encoder has ``input_channels != 3``
+#: where the stages of ``torchvision.models.resnet50`` sit in ``nn.Sequential(*resnet.children())`` (BYOL-style
+#: ``encoder.0.weight``, ``encoder.4.0.conv1.weight``, ...)
+_CHILDREN = {"0": "conv1", "1": "bn1", "4": "layer1", "5": "layer2", "6": "layer3", "7": "layer4"}
+
+#: a ``conv1.weight`` inside a bottleneck (``layer1.0.conv1.weight``, ``4.0.conv1.weight``), not the stem
+_BLOCK_PREFIX = re.compile(r"(^|\.)(layer)?\d+\.\d+\.$")
+
+
+def _flatten(state: dict, prefix: str = "") -> Dict[str, object]:
+    """``state`` with nested dicts of string keys joined into dotted keys (``{'state_dict': {'a': t}}`` ->
+    ``{'state_dict.a': t}``); dicts with other keys (an optimizer's state) are left out."""
+    flat: Dict[str, object] = {}
+    for key, value in state.items():
+        if not isinstance(key, str):
+            continue
+        if isinstance(value, dict):
+            if value and all(isinstance(k, str) for k in value):
+                flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _candidates(flat: Dict[str, object]) -> Dict[str, Dict[str, object]]:
+    """``{prefix: its keys in torchvision's names}`` for every ResNet stem in ``flat``: a ``<prefix>conv1.weight``
+    (torchvision and timm names) or a ``<prefix>0.weight`` next to ``<prefix>4.0.conv1.weight`` (the children of
+    a torchvision ResNet in an ``nn.Sequential``)."""
+    found: Dict[str, Dict[str, object]] = {}
+    for key in flat:
+        if key.endswith("conv1.weight"):
+            prefix = key[:-len("conv1.weight")]
+            if (prefix == "" or prefix.endswith(".")) and not _BLOCK_PREFIX.search(prefix):
+                found[prefix] = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
+        elif key.endswith("0.weight") and key[:-len("0.weight")] + "4.0.conv1.weight" in flat:
+            prefix = key[:-len("0.weight")]
+            if prefix == "" or prefix.endswith("."):
+                renamed = {}
+                for k, v in flat.items():
+                    if k.startswith(prefix):
+                        head, _, tail = k[len(prefix):].partition(".")
+                        renamed[f"{_CHILDREN[head]}.{tail}" if head in _CHILDREN else k[len(prefix):]] = v
+                found[prefix] = renamed
+    return found
+
+
+def _is_secondary(prefix: str) -> bool:
+    return any(part in SECONDARY_COPIES or part.startswith(SECONDARY_STARTS) for part in prefix.split("."))
+
+
+def resnet50_state(state: object, path: str) -> Tuple[str, Dict[str, object]]:
+    """The ResNet-50 encoder in a loaded weights file ``state``: ``(prefix, its keys in torchvision's names)``.
+
+    Reads torchvision's and timm's ResNet-50 names, alone or under a prefix (``module.``, ``backbone.``,
+    ``module.encoder_q.``, ``base_encoder.``, ``encoder.``, ...), in dicts nested under any string keys
+    (``state_dict``, ``model``, ``teacher``, ``network_weights``, ...), and the children of a torchvision ResNet in
+    an ``nn.Sequential`` (``encoder.0.weight``, ``encoder.4.0.conv1.weight``). Where the file holds several encoders,
+    the second copies (:data:`SECONDARY_COPIES`) are passed over. ``path`` only names the file in messages.
+
+    Raises:
+        ValueError: ``state`` holds no tensors, no ResNet stem (``missing key 'conv1.weight'``, naming the file's
+            first key) or several encoders none of which is the primary one.
+    """
+    if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
+        raise ValueError(
+            f"encoder weights {path} are not a state dict (expected a dict of tensors, got {type(state).__name__})"
+        )
+    flat = _flatten(state)
+    if not any(isinstance(v, torch.Tensor) for v in flat.values()):
+        first = next(iter(flat), None)
+        raise ValueError(f"encoder weights {path}: value of key {first!r} is not a tensor (not a state dict)"
+                         if first is not None else f"encoder weights {path} are not a state dict (no tensors)")
+    found = _candidates(flat)
+    if len(found) > 1:
+        found = {p: s for p, s in found.items() if not _is_secondary(p)} or found
+    if not found:
+        first = next(iter(flat))
+        raise ValueError(f"encoder weights {path}: missing key 'conv1.weight': no ResNet-50 in the file (its first "
+                         f"key is {first!r}; expected torchvision's resnet50 layout, alone or under a prefix such as "
+                         f"'module.encoder_q.' or 'backbone.')")
+    if len(found) > 1:
+        raise ValueError(f"encoder weights {path}: holds {len(found)} ResNet encoders (under "
+                         f"{', '.join(repr(p) for p in sorted(found))}); save the one to load alone")
+    return next(iter(found.items()))
+
+
+def load_resnet50_weights(encoder: ResNet50Encoder, path: str) -> None:
+    """Load the ResNet-50 of the local file ``path`` into ``encoder``.
+
+    The file is a torchvision or timm ResNet-50 state dict, or a checkpoint holding one under a prefix or nested
+    key (MoCo v2 / v3, DINO, BYOL, nnU-Net checkpoints of Med-DisSeg, ``nnUNetv2_meddisseg_pretrain``'s output:
+    :func:`resnet50_state`). ``fc.*`` and ``layer4.*`` are ignored, and so is everything outside the encoder's
+    prefix (projection and prediction heads, queues, momentum copies); a missing ``num_batches_tracked`` buffer
+    keeps the encoder's value (older torchvision files lack it). If the encoder has ``input_channels != 3``
     and the file's ``conv1.weight`` has 3, the stem is adapted: mean over the RGB filters, repeated
     ``input_channels`` times. Never downloads anything.
 
@@ -142,25 +238,20 @@ def load_resnet50_weights(encoder: ResNet50Encoder, path: str) -> None:
         FileNotFoundError: ``path`` does not exist.
         ValueError: the file cannot be read as a state dict (``UnsafeTorchFile``: it holds other objects;
             it is read with ``weights_only=True``), or a key is missing / unexpected / has the wrong shape
-            or NaN / inf values (the message names the file and the first bad key).
+            or NaN / inf values (the message names the file and the first bad key as the file spells it).
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"encoder weights file not found: {path}")
     try:
-        state = load_weights_only(path, "encoder weights")
+        loaded = load_weights_only(path, "encoder weights")
     except UnsafeTorchFile:
         raise
     except Exception as e:  # pickle errors, zip errors, ...
         raise ValueError(f"cannot read encoder weights {path} as a torch state dict: "
                          f"{' '.join(str(e).split()) or type(e).__name__}") from e
-    if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
-        raise ValueError(
-            f"encoder weights {path} are not a state dict (expected a dict of tensors, got {type(state).__name__})"
-        )
-    for key, value in state.items():
-        if not isinstance(value, torch.Tensor):
-            raise ValueError(f"encoder weights {path}: value of key {key!r} is not a tensor (not a state dict)")
+    prefix, state = resnet50_state(loaded, path)
+    layout = "expected torchvision resnet50 layout" + (f" under {prefix!r}" if prefix else "")
 
     own = encoder.state_dict()
     new_state = {}
@@ -169,21 +260,25 @@ def load_resnet50_weights(encoder: ResNet50Encoder, path: str) -> None:
             if key.endswith("num_batches_tracked"):
                 new_state[key] = target
                 continue
-            raise ValueError(f"encoder weights {path}: missing key {key!r} (expected torchvision resnet50 layout)")
+            raise ValueError(f"encoder weights {path}: missing key {prefix + key!r} ({layout})")
         value = state[key]
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"encoder weights {path}: value of key {prefix + key!r} is not a tensor (not a state "
+                             f"dict)")
         if key == "conv1.weight" and value.ndim == 4 and value.shape[1] == 3 and target.shape[1] != 3:
             value = value.mean(dim=1, keepdim=True).repeat(1, target.shape[1], 1, 1)
         if value.shape != target.shape:
             raise ValueError(
-                f"encoder weights {path}: shape mismatch for key {key!r}: "
+                f"encoder weights {path}: shape mismatch for key {prefix + key!r}: "
                 f"file {tuple(value.shape)} vs encoder {tuple(target.shape)}"
             )
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            raise ValueError(f"encoder weights {path}: key {key!r} holds NaN or inf values (expected finite weights)")
+            raise ValueError(f"encoder weights {path}: key {prefix + key!r} holds NaN or inf values (expected finite "
+                             f"weights)")
         new_state[key] = value
     for key in state:
         if key not in own and not _is_ignored(key):
-            raise ValueError(f"encoder weights {path}: unexpected key {key!r} (expected torchvision resnet50 layout)")
+            raise ValueError(f"encoder weights {path}: unexpected key {prefix + key!r} ({layout})")
     encoder.load_state_dict(new_state, strict=True)
 
 

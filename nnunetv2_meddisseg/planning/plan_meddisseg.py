@@ -113,24 +113,25 @@ def _memory_measurement(memory_from: str) -> Optional[Callable]:
     return lambda patch_size, architecture: measure_training_memory(patch_size, architecture)
 
 
-def _check_encoder_weights(weights: str) -> str:
+def _check_encoder_weights(weights: str, input_channels: int = 3) -> str:
     """The ``encoder_weights`` value to record: ``imagenet`` (downloaded into torch.hub's cache now if
     absent, so that training only reads the cache) or the file's absolute path; either way the file is
-    loaded into a fresh encoder, so that a bad file fails at planning, not after hours."""
+    loaded into a fresh encoder of the dataset's ``input_channels``, so that a bad file fails at planning, not
+    after hours."""
     from nnunetv2_meddisseg.blocks.encoder import IMAGENET, download_imagenet_weights
 
     if weights != IMAGENET:
-        return _check_weights_file(weights)
+        return _check_weights_file(weights, input_channels)
     try:
         cached = download_imagenet_weights()
     except FileNotFoundError as e:
         raise UserError(f"--encoder-weights imagenet: {e}") from None
-    _check_weights_file(cached)
+    _check_weights_file(cached, input_channels)
     return IMAGENET
 
 
-def _check_weights_file(path: str) -> str:
-    """Load the file into a fresh encoder now; return its absolute path."""
+def _check_weights_file(path: str, input_channels: int = 3) -> str:
+    """Load the file into a fresh encoder of ``input_channels`` now; return its absolute path."""
     from nnunetv2_meddisseg.blocks.encoder import ResNet50Encoder, load_resnet50_weights
     from nnunetv2_meddisseg.torch_files import UnsafeTorchFile, is_torch_file, refusal_reason
 
@@ -142,7 +143,7 @@ def _check_weights_file(path: str) -> str:
         raise UserError(f"--encoder-weights: {path} is not a file written by torch.save (expected a torchvision "
                         f"ResNet-50 state dict)")
     try:
-        load_resnet50_weights(ResNet50Encoder(3), path)
+        load_resnet50_weights(ResNet50Encoder(input_channels), path)
     except UnsafeTorchFile as e:
         raise UserError(f"--encoder-weights: {path} holds pickled objects, not a plain state dict "
                         f"({refusal_reason(e)}; not loaded, since loading them can run code; a whole model? save "
@@ -239,10 +240,13 @@ def plan_meddisseg(dataset: str, plans_name: str = DEFAULT_PLANS_NAME, source_pl
     if plans_name == source_plans_name:
         raise UserError(f"--plans-name must differ from the source plans '{source_plans_name}'")
     source = _read_json(source_file, dataset)
-    if encoder_weights is not None:
-        encoder_weights = _check_encoder_weights(encoder_weights)
     dataset_json_file = folder / "dataset.json"
-    num_training = _read_json(dataset_json_file, dataset).get("numTraining") if dataset_json_file.is_file() else None
+    dataset_json = _read_json(dataset_json_file, dataset) if dataset_json_file.is_file() else {}
+    num_training = dataset_json.get("numTraining")
+    if encoder_weights is not None:
+        channels = dataset_json.get("channel_names", dataset_json.get("modality"))
+        encoder_weights = _check_encoder_weights(encoder_weights, len(channels) if isinstance(channels, dict) and
+                                                 channels else 3)
     plans = build_meddisseg_plans(source, plans_name, encoder_weights=encoder_weights,
                                   num_training_cases=num_training, memory_line=_memory_measurement(memory_from),
                                   **kwargs)
@@ -263,8 +267,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--encoder-weights", default=None, metavar="{imagenet,PATH}",
                    help="initialise the encoder from torchvision's ResNet-50 IMAGENET1K_V1 weights ('imagenet': "
                         "downloaded now into torch.hub's cache, $TORCH_HOME, unless already there; training only "
-                        "reads the cache) or from a local torchvision ResNet-50 state dict (.pth) (default: random "
-                        "initialisation)")
+                        "reads the cache) or from a local ResNet-50 file (.pth): a torchvision or timm state dict, "
+                        "a MoCo v2/v3, DINO or BYOL checkpoint, or nnUNetv2_meddisseg_pretrain's output (default: "
+                        "random initialisation)")
     p.add_argument("--patch-size", nargs=2, type=int, metavar=("H", "W"), default=None,
                    help="patch size, multiples of 16 (default: nnU-Net's 2d patch size rounded up to a multiple of 16; "
                         "use 256 256 for the paper protocol on images resized to 256)")

@@ -1,0 +1,537 @@
+"""``nnUNetv2_meddisseg_pretrain``: self-supervised pretraining on a dataset's own preprocessed training images.
+
+**Method.** Models Genesis restoration (Zhou et al., MedIA 2021) in 2D (``pretraining.restoration``): the network
+restores each image from a corrupted view of it (local pixel shuffling, a non-linear intensity transform, in- or
+out-painting), trained with the mean squared error against the uncorrupted image. It is the one method implemented
+here; whether it, masked image modelling (SparK) or a contrastive method serves the fine-tuning best is for the
+validation data of a study to say, not assumed here.
+
+**Data.** The fold's training cases of nnU-Net's preprocessed data (``splits_final.json``; where the dataset has
+none yet, the split nnU-Net's trainer will write: five folds of the sorted cases, seed 12345; fold ``all``: every
+case), read without their properties files (pickles); the fold's validation cases only with
+``--use_validation_cases``; optionally the images of ``--unlabelled_folder`` (in the dataset's raw format,
+preprocessed as nnU-Net preprocesses them, held in memory). Nothing in ``nnUNet_raw`` is read (the test images in
+``imagesTs`` never). Each sample is a random crop augmented by nnU-Net's training transforms
+(``nnUNetTrainer.get_training_transforms``: rotation, scaling, noise, blur, brightness, contrast, low resolution,
+gamma, mirroring), then corrupted.
+
+**Networks and the file written** (``-o``, ``{"network_weights": ..., "pretraining": {...}}``, plain tensors and
+JSON-like values):
+
+- plans whose network is nnU-Net's (``nnUNetPlans``): that network, built from the plans as nnU-Net's trainer builds
+  it, with as many outputs as input channels: its ``seg_layers`` are the reconstruction head. ``network_weights``
+  holds the whole network, as ``nnUNetv2_train ... -pretrained_weights FILE`` (nnU-Net's
+  ``load_pretrained_weights``) reads it: every key but ``.seg_layers.`` with the shapes of the segmentation network.
+- plans whose network is Med-DisSeg (``nnUNetMedDisSegPlans``): its ResNet-50 encoder (stem, layer1..layer3, the
+  plans' normalisation) with a light feature-pyramid head (``RestorationHead``, not kept). ``network_weights`` holds
+  the encoder as ``encoder.*``, which ``nnUNetv2_meddisseg_plan --encoder-weights FILE`` reads. ELAT and the rest of
+  Med-DisSeg are not pretrained.
+
+**Training.** nnU-Net's optimiser and schedule: SGD (learning rate 1e-2, Nesterov momentum 0.99, weight decay 3e-5),
+polynomial decay per epoch, gradients clipped at 12, fp16 autocast with a gradient scaler on CUDA (as nnU-Net's
+trainer; fp32 on the CPU). Seeded (``--seed``): the network's initialisation, the sampling, the augmentation and the
+corruptions. After every epoch a checkpoint ``<FILE>.checkpoint`` is written atomically (network, optimiser, scaler,
+the random generators' states, the losses); a run started again with the same settings resumes from it and ends
+with the weights an uninterrupted run ends with. The checkpoint is removed once ``-o`` is written.
+
+The command writes ``-o`` and its checkpoint only: ``-o`` inside ``nnUNet_raw``, ``nnUNet_preprocessed`` or the
+unlabelled folder is refused, and so is an existing ``-o`` without a checkpoint of this run beside it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, add_device_argument, resolve_device, run_command
+from nnunetv2_meddisseg.files import is_inside, write_atomically
+
+__all__ = ["METHOD", "CHECKPOINT_SUFFIX", "PretrainSettings", "checkpoint_path", "read_preprocessed_case",
+           "fold_cases", "build_pretraining_model", "pretrained_weights", "BatchSampler", "pretrain",
+           "run_pretraining", "main"]
+
+PROG = "nnUNetv2_meddisseg_pretrain"
+#: the ``pretraining.method`` of the files written
+METHOD = "models_genesis_restoration"
+#: the checkpoint beside ``-o``: ``<FILE>.checkpoint``
+CHECKPOINT_SUFFIX = ".checkpoint"
+#: nnU-Net's default five-fold split (``nnUNetTrainer.do_split``)
+NNUNET_SPLIT_SEED, NNUNET_FOLDS = 12345, 5
+#: the endings of nnU-Net's preprocessed case files
+CASE_ENDINGS = (".b2nd", ".npy", ".npz")
+
+
+@dataclass
+class PretrainSettings:
+    """What a pretraining run does; a checkpoint resumes only a run of equal settings."""
+    epochs: int = 100
+    iterations_per_epoch: int = 250
+    seed: int = 0
+    batch_size: int = 2
+    patch_size: Tuple[int, int] = (64, 64)
+    initial_lr: float = 1e-2
+    weight_decay: float = 3e-5
+    #: what the run reads and builds (dataset, plans, fold, cases, network), compared on resumption too
+    identity: Dict[str, object] = field(default_factory=dict)
+
+
+def checkpoint_path(output: Path) -> Path:
+    """The checkpoint beside ``output``."""
+    return Path(str(output) + CHECKPOINT_SUFFIX)
+
+
+def read_preprocessed_case(folder: Path, identifier: str) -> np.ndarray:
+    """The image of a preprocessed 2D case, (C, X, Y) float32, from ``<id>.b2nd``, ``.npy`` or ``.npz`` (never its
+    properties pickle); one line naming the file where it is missing, unreadable or not 2D."""
+    folder = Path(folder)
+    file = next((folder / f"{identifier}{e}" for e in CASE_ENDINGS if (folder / f"{identifier}{e}").is_file()), None)
+    if file is None:
+        raise UserError(f"{folder}: no preprocessed case {identifier} (.b2nd, .npy or .npz): run nnUNetv2_preprocess "
+                        f"for this configuration")
+    try:
+        if file.suffix == ".b2nd":
+            import blosc2
+
+            data = np.asarray(blosc2.open(urlpath=str(file), mode="r")[:])
+        elif file.suffix == ".npy":
+            data = np.load(file, allow_pickle=False)
+        else:
+            with np.load(file, allow_pickle=False) as archive:
+                data = archive["data"]
+    except Exception as e:  # noqa: BLE001 (blosc2 and NumPy report a damaged file in several types)
+        reason = " ".join(str(e).split())[:200] or type(e).__name__
+        raise UserError(f"{file}: cannot be read as a preprocessed case (truncated or damaged? {reason}): run "
+                        f"nnUNetv2_preprocess for this configuration again") from None
+    if not (data.ndim == 4 and data.shape[1] == 1 and np.issubdtype(data.dtype, np.number)):
+        raise UserError(f"{file}: holds an array of shape {data.shape}, expected a 2D preprocessed case "
+                        f"(channels, 1, height, width)")
+    return np.ascontiguousarray(data[:, 0], dtype=np.float32)
+
+
+def _identifiers(folder: Path) -> List[str]:
+    found = set()
+    for path in folder.iterdir():
+        for ending in CASE_ENDINGS:
+            if path.name.endswith(ending) and not path.name.endswith(f"_seg{ending}"):
+                found.add(path.name[:-len(ending)])
+    return sorted(found)
+
+
+def fold_cases(preprocessed_folder: Path, fold: str, use_validation: bool = False) -> Tuple[List[str], str]:
+    """The case identifiers to pretrain on (the fold's training cases, plus its validation cases where
+    ``use_validation``) and where the split comes from. ``preprocessed_folder``: the configuration's folder;
+    ``splits_final.json`` is read beside it where present, else nnU-Net's default split is computed (not written)."""
+    folder = Path(preprocessed_folder)
+    available = _identifiers(folder)
+    if not available:
+        raise UserError(f"{folder}: no preprocessed cases: run nnUNetv2_plan_and_preprocess for this configuration")
+    if fold == "all":
+        return available, "fold all: every preprocessed case"
+    if not fold.isdigit():
+        raise UserError(f"-f {fold}: expected a fold number or 'all'")
+    splits_file = folder.parent / "splits_final.json"
+    if splits_file.is_file():
+        try:
+            splits = json.loads(splits_file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise UserError(f"{splits_file}: cannot be read as nnU-Net's list of splits ({e})") from None
+        source = str(splits_file)
+        valid = isinstance(splits, list) and all(
+            isinstance(s, dict) and all(isinstance(s.get(k), list) and all(isinstance(n, str) for n in s[k])
+                                        for k in ("train", "val")) for s in splits)
+        if not valid:
+            raise UserError(f"{splits_file}: expected nnU-Net's list of splits, one object per fold with lists of "
+                            f"case names 'train' and 'val'")
+    else:
+        from nnunetv2.utilities.crossval_split import generate_crossval_split
+
+        splits = generate_crossval_split(available, seed=NNUNET_SPLIT_SEED, n_splits=NNUNET_FOLDS)
+        source = f"nnU-Net's default split (no {splits_file} yet; nnUNetv2_train writes the same)"
+    if int(fold) >= len(splits):
+        raise UserError(f"-f {fold}: {source} has {len(splits)} folds (0 to {len(splits) - 1})")
+    split = splits[int(fold)]
+    cases = [str(c) for c in list(split["train"]) + (list(split["val"]) if use_validation else [])]
+    missing = [c for c in cases if c not in available]
+    if missing:
+        raise UserError(f"{folder}: no preprocessed case {missing[0]} of fold {fold} ({source}): run "
+                        f"nnUNetv2_preprocess for this configuration")
+    if not cases:
+        raise UserError(f"-f {fold}: the fold has no training cases ({source})")
+    return cases, source
+
+
+def build_pretraining_model(configuration_manager, channels: int):
+    """``(model, kind)``: for Med-DisSeg plans an :class:`~.restoration.EncoderRestorationNet` on the plans' encoder
+    (``kind`` ``meddisseg_encoder``), else the plans' network with ``channels`` outputs and deep supervision off
+    (``nnunet_network``). The caller seeds torch first."""
+    from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
+
+    from nnunetv2_meddisseg.pretraining.restoration import EncoderRestorationNet
+    from nnunetv2_meddisseg.training.network_from_plans import build_meddisseg_network, network_class_is_meddisseg
+
+    if network_class_is_meddisseg(configuration_manager):
+        network = build_meddisseg_network(configuration_manager, channels, 2, enable_deep_supervision=False)
+        return EncoderRestorationNet(network.encoder, channels), "meddisseg_encoder"
+    cm = configuration_manager
+    network = get_network_from_plans(cm.network_arch_class_name, cm.network_arch_init_kwargs,
+                                     cm.network_arch_init_kwargs_req_import, channels, channels, allow_init=True,
+                                     deep_supervision=False)
+    return network, "nnunet_network"
+
+
+def pretrained_weights(model, kind: str) -> dict:
+    """What ``-o`` holds as ``network_weights`` (module docstring), on the CPU."""
+    state = model.encoder.state_dict() if kind == "meddisseg_encoder" else model.state_dict()
+    prefix = "encoder." if kind == "meddisseg_encoder" else ""
+    return {prefix + k: v.detach().cpu().clone() for k, v in state.items()}
+
+
+class BatchSampler:
+    """Batches of augmented crops: each of ``batch_size`` samples is a random image of ``images`` (callables
+    returning (C, X, Y) float32), cropped at a random position to nnU-Net's initial patch size (zero-padded where
+    smaller) and augmented by nnU-Net's training transforms to ``patch_size``. Draws from NumPy's and torch's
+    global generators, as nnU-Net's data loaders do."""
+
+    def __init__(self, images: Sequence[Callable[[], np.ndarray]], patch_size: Sequence[int], batch_size: int):
+        from nnunetv2.training.data_augmentation.compute_initial_patch_size import get_patch_size
+        from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
+
+        self.images, self.patch_size, self.batch_size = list(images), tuple(int(p) for p in patch_size), batch_size
+        degrees = 15. if max(self.patch_size) / min(self.patch_size) > 1.5 else 180.
+        rotation = (-degrees / 360 * 2. * np.pi, degrees / 360 * 2. * np.pi)
+        self.initial = tuple(int(s) for s in get_patch_size(self.patch_size, rotation, rotation, rotation,
+                                                             (0.85, 1.25)))
+        self.transforms = nnUNetTrainer.get_training_transforms(self.patch_size, rotation, None, (0, 1), False)
+
+    def _crop(self, image: np.ndarray) -> np.ndarray:
+        pad = [(0, 0)] + [((max(0, p - s) + 1) // 2, max(0, p - s) // 2) for s, p in zip(image.shape[1:],
+                                                                                       self.initial)]
+        image = np.pad(image, pad)
+        starts = [np.random.randint(0, s - p + 1) for s, p in zip(image.shape[1:], self.initial)]
+        return image[:, starts[0]:starts[0] + self.initial[0], starts[1]:starts[1] + self.initial[1]]
+
+    def __call__(self):
+        import torch
+
+        samples = []
+        with torch.no_grad():
+            for _ in range(self.batch_size):
+                image = torch.from_numpy(np.ascontiguousarray(self._crop(self.images[np.random.randint(
+                    len(self.images))]())))
+                seg = torch.zeros((1, *image.shape[1:]), dtype=torch.int16)
+                samples.append(self.transforms(image=image, segmentation=seg)["image"].float())
+        return torch.stack(samples)
+
+
+def _rng_states() -> dict:
+    import torch
+
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    states = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
+              "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                        "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _set_rng_states(states: dict) -> None:
+    import torch
+
+    torch.set_rng_state(states["torch"])
+    random.setstate((3, tuple(states["python"]), None))
+    n = states["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators (before the network is built)."""
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _read_checkpoint(path: Path, settings: PretrainSettings) -> dict:
+    from nnunetv2_meddisseg.torch_files import read_checkpoint
+
+    checkpoint = read_checkpoint(path)
+    recorded = checkpoint.get("settings")
+    current = json.loads(json.dumps(asdict(settings)))
+    if not isinstance(recorded, dict) or "epoch" not in checkpoint:
+        raise UserError(f"{path} is not a checkpoint of {PROG}: remove it or choose another -o")
+    for key in current:
+        if recorded.get(key) != current[key]:
+            what = key if key != "identity" else next(
+                (k for k in current["identity"] if recorded.get("identity", {}).get(k) != current["identity"][k]),
+                "identity")
+            raise UserError(f"{path} is the checkpoint of a run with other settings ({what} differs): run with the "
+                            f"same settings to resume it, or remove it to start again")
+    return checkpoint
+
+
+def pretrain(model, next_batch: Callable[[], "object"], settings: PretrainSettings, device: str,
+             checkpoint: Path, progress: bool = True,
+             log: Optional[Callable[[str], None]] = None) -> Tuple[List[float], float]:
+    """Train ``model`` to restore the corrupted batches of ``next_batch()`` (:mod:`.restoration`) for
+    ``settings.epochs`` epochs, writing ``checkpoint`` after each; resumes from ``checkpoint`` where it exists.
+    Returns the mean loss of each epoch and the seconds spent (over all resumptions). The caller seeds the global
+    generators (:func:`seed_everything`) before building ``model``. ``log``: where the epoch lines go (default
+    ``tqdm.write``, which keeps the progress bar intact)."""
+    import torch
+    from tqdm import tqdm
+
+    from nnunetv2_meddisseg.pretraining.restoration import corrupt
+
+    log = log or tqdm.write
+    device_t = torch.device(device)
+    model.to(device_t)
+    optimizer = torch.optim.SGD(model.parameters(), settings.initial_lr, momentum=0.99, nesterov=True,
+                                weight_decay=settings.weight_decay)
+    scaler = torch.amp.GradScaler("cuda") if device_t.type == "cuda" else None
+    generator = torch.Generator().manual_seed(settings.seed)
+    losses: List[float] = []
+    seconds = 0.0
+    start = 0
+    if checkpoint.is_file():
+        saved = _read_checkpoint(checkpoint, settings)
+        model.load_state_dict(saved["network"])
+        optimizer.load_state_dict(saved["optimizer"])
+        if scaler is not None and saved.get("scaler"):
+            scaler.load_state_dict(saved["scaler"])
+        generator.set_state(saved["generator"])
+        _set_rng_states(saved["rng"])
+        losses, seconds, start = list(saved["losses"]), float(saved["seconds"]), int(saved["epoch"])
+        log(f"resuming from {checkpoint} after epoch {start}")
+    for epoch in range(start, settings.epochs):
+        began = time.monotonic()
+        lr = settings.initial_lr * (1 - epoch / settings.epochs) ** 0.9
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        model.train()
+        total = 0.0
+        bar = tqdm(range(settings.iterations_per_epoch), desc=f"epoch {epoch + 1}/{settings.epochs}",
+                   disable=not progress, leave=False)
+        for _ in bar:
+            target = next_batch()
+            corrupted = corrupt(target, generator).to(device_t, non_blocking=True)
+            target = target.to(device_t, non_blocking=True)
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device_t.type, dtype=torch.float16, enabled=scaler is not None):
+                restored = model(corrupted)
+            loss = torch.nn.functional.mse_loss(restored.float(), target)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 12)
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 12)
+                optimizer.step()
+            value = float(loss.detach())
+            total += value
+            bar.set_postfix(loss=f"{value:.4f}")
+        losses.append(total / settings.iterations_per_epoch)
+        seconds += time.monotonic() - began
+        state = {"settings": json.loads(json.dumps(asdict(settings))), "epoch": epoch + 1, "losses": losses,
+                 "seconds": seconds, "network": model.state_dict(), "optimizer": optimizer.state_dict(),
+                 "scaler": scaler.state_dict() if scaler is not None else {}, "generator": generator.get_state(),
+                 "rng": _rng_states()}
+        write_atomically(checkpoint, lambda tmp: torch.save(state, tmp))
+        log(f"epoch {epoch + 1}/{settings.epochs}: restoration loss {losses[-1]:.4f}, lr {lr:.2e}, "
+            f"{time.monotonic() - began:.1f} s")
+    return losses, seconds
+
+
+def _unlabelled_images(folder: Path, plans_manager, configuration_manager, dataset_json: dict) -> List[np.ndarray]:
+    """The images of ``folder`` (nnU-Net's raw format: ``<case>_0000<file_ending>``, as the dataset's reader reads
+    them),
+    preprocessed as nnU-Net preprocesses the dataset, (C, X, Y) float32 each."""
+    from nnunetv2.utilities.utils import create_lists_from_splitted_dataset_folder
+
+    ending = dataset_json["file_ending"]
+    channels = len(dataset_json["channel_names"])
+    cases = create_lists_from_splitted_dataset_folder(str(folder), ending, num_processes=1)
+    if not cases:
+        raise UserError(f"--unlabelled_folder {folder}: no images <case>_0000{ending} (the dataset's format)")
+    preprocessor = configuration_manager.preprocessor_class(verbose=False)
+    images = []
+    for files in cases:
+        try:
+            data, _, _ = preprocessor.run_case(files, None, plans_manager, configuration_manager, dataset_json)
+        except Exception as e:  # noqa: BLE001 (the readers report unreadable images in many types)
+            raise UserError(f"--unlabelled_folder: {files[0]} cannot be read and preprocessed as the dataset's "
+                            f"images ({' '.join(str(e).split())[:200] or type(e).__name__})") from None
+        if data.ndim != 4 or data.shape[1] != 1 or data.shape[0] != channels:
+            raise UserError(f"--unlabelled_folder: {files[0]} is not a 2D image of the dataset's {channels} channel(s) "
+                            f"(preprocessed shape {data.shape}, expected ({channels}, 1, X, Y))")
+        images.append(np.ascontiguousarray(data[:, 0], dtype=np.float32))
+    return images
+
+
+def _check_output(output: Path, forbidden: Dict[str, Path]) -> Path:
+    output = Path(os.path.abspath(output))
+    for what, folder in forbidden.items():
+        if folder is not None and (output == Path(os.path.abspath(folder)) or is_inside(output, folder)):
+            raise UserError(f"-o {output} is inside {what} ({folder}): this command never writes into its inputs; "
+                            f"choose a file elsewhere")
+    if output.is_dir():
+        raise UserError(f"-o {output} is a folder, expected the weights file to write")
+    if output.exists() and not checkpoint_path(output).is_file():
+        raise UserError(f"-o {output} exists: remove it or choose another file (a run resumes only from its "
+                        f"checkpoint {checkpoint_path(output).name} beside it)")
+    if not output.parent.is_dir():
+        raise UserError(f"-o {output}: its folder {output.parent} does not exist")
+    return output
+
+
+def run_pretraining(dataset: str, configuration: str, plans_name: str, fold: str, output: Path, epochs: int = 100,
+                    iterations_per_epoch: int = 250, seed: int = 0, device: Optional[str] = None,
+                    unlabelled_folder: Optional[Path] = None, use_validation_cases: bool = False,
+                    progress: bool = True) -> dict:
+    """Pretrain (module docstring) and write ``output``; returns its ``pretraining`` record."""
+    if epochs < 1 or iterations_per_epoch < 1:
+        raise UserError(f"--epochs and --iterations_per_epoch must be at least 1, got {epochs} and "
+                        f"{iterations_per_epoch}")
+    preprocessed = os.environ.get("nnUNet_preprocessed")
+    if not preprocessed:
+        raise UserError("the environment variable nnUNet_preprocessed is not set (see the README's "
+                        "'nnU-Net environment variables')")
+    raw = os.environ.get("nnUNet_raw")
+    from nnunetv2.utilities.dataset_name_id_conversion import maybe_convert_to_dataset_name
+
+    try:
+        dataset_name = str(maybe_convert_to_dataset_name(dataset))
+    except (RuntimeError, ValueError):
+        raise UserError(f"-d {dataset}: no such dataset in nnUNet_preprocessed ({preprocessed}) or nnUNet_raw "
+                        f"({raw or 'not set'}); run nnUNetv2_plan_and_preprocess -d {dataset} -c 2d first") from None
+    folder = Path(preprocessed) / dataset_name
+    plans_file = folder / f"{plans_name}.json"
+    if not plans_file.is_file():
+        raise UserError(f"-p {plans_name}: {plans_file} not found (nnUNetv2_plan_and_preprocess writes nnUNetPlans, "
+                        f"nnUNetv2_meddisseg_plan nnUNetMedDisSegPlans)")
+    try:
+        plans = json.loads(plans_file.read_text(encoding="utf-8"))
+        dataset_json = json.loads((folder / "dataset.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{folder}: its plans or dataset.json cannot be read ({e})") from None
+    from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
+
+    if configuration not in plans.get("configurations", {}):
+        raise UserError(f"-c {configuration}: not a configuration of {plans_file} (it has "
+                        f"{', '.join(plans.get('configurations', {})) or 'none'})")
+    plans_manager = PlansManager(plans)
+    cm = plans_manager.get_configuration(configuration)
+    if len(cm.patch_size) != 2:
+        raise UserError(f"-c {configuration}: a {len(cm.patch_size)}D configuration; pretraining is 2D only "
+                        f"(use -c 2d)")
+    if unlabelled_folder is not None:
+        unlabelled_folder = Path(os.path.abspath(unlabelled_folder))
+        if not unlabelled_folder.is_dir():
+            raise UserError(f"--unlabelled_folder {unlabelled_folder}: not a folder")
+        if raw:
+            for name in ("imagesTs", "labelsTs"):
+                test = Path(raw) / dataset_name / name
+                if unlabelled_folder == Path(os.path.abspath(test)) or is_inside(unlabelled_folder, test) \
+                        or is_inside(test, unlabelled_folder):
+                    raise UserError(f"--unlabelled_folder {unlabelled_folder}: holds or is the dataset's test "
+                                    f"images ({test}); pretraining never reads them")
+    output = _check_output(output, {"nnUNet_raw": Path(raw) if raw else None, "nnUNet_preprocessed": Path(preprocessed),
+                                    "--unlabelled_folder": unlabelled_folder})
+    data_folder = folder / cm.data_identifier
+    if not data_folder.is_dir():
+        raise UserError(f"{data_folder} not found: the {configuration} data is not preprocessed; run "
+                        f"nnUNetv2_plan_and_preprocess -d {dataset} -c {configuration}")
+    cases, split_source = fold_cases(data_folder, str(fold), use_validation_cases)
+    device = resolve_device(device)
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA GPU is available here (torch.cuda.is_available() is False)")
+    channels = len(dataset_json.get("channel_names", dataset_json.get("modality", {})))
+    unlabelled = (_unlabelled_images(unlabelled_folder, plans_manager, cm, dataset_json)
+                  if unlabelled_folder is not None else [])
+    images = [lambda c=c: read_preprocessed_case(data_folder, c) for c in cases]
+    images += [lambda a=a: a for a in unlabelled]
+
+    identity = {"method": METHOD, "dataset": dataset_name, "plans": plans_name, "configuration": configuration,
+                "fold": str(fold), "cases": sorted(cases), "unlabelled_cases": len(unlabelled),
+                "validation_cases_used": bool(use_validation_cases), "network_class": cm.network_arch_class_name,
+                "iterations_per_epoch": iterations_per_epoch}
+    settings = PretrainSettings(epochs=epochs, iterations_per_epoch=iterations_per_epoch, seed=seed,
+                                batch_size=int(cm.batch_size), patch_size=tuple(int(p) for p in cm.patch_size),
+                                identity=identity)
+    seed_everything(seed)
+    model, kind = build_pretraining_model(cm, channels)
+    sampler = BatchSampler(images, settings.patch_size, settings.batch_size)
+    print(f"pretraining {kind} of {plans_name} ({cm.network_arch_class_name}) on {len(cases)} cases of "
+          f"{dataset_name} fold {fold} ({split_source})" + (f" and {len(unlabelled)} unlabelled images"
+                                                             if unlabelled else "") + f", on {device}")
+    checkpoint = checkpoint_path(output)
+    losses, seconds = pretrain(model, sampler, settings, device, checkpoint, progress=progress)
+    record = {**identity, "network": kind, "cases": len(cases), "epochs": epochs, "seed": seed,
+              "batch_size": settings.batch_size, "patch_size": list(settings.patch_size), "losses": losses,
+              "minutes": seconds / 60, "split": split_source}
+    weights = {"network_weights": pretrained_weights(model, kind), "pretraining": record}
+    write_atomically(output, lambda tmp: torch.save(weights, tmp))
+    checkpoint.unlink(missing_ok=True)
+    use = (f"nnUNetv2_meddisseg_plan -d {dataset} --encoder-weights {output}" if kind == "meddisseg_encoder"
+           else f"nnUNetv2_train {dataset} {configuration} {fold} -p {plans_name} -pretrained_weights {output}")
+    print(f"wrote {output} ({seconds / 60:.1f} min); use it with: {use}")
+    return record
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, formatter_class=DefaultsHelpFormatter, description=(
+        "Self-supervised pretraining (Models Genesis restoration) on a dataset's own preprocessed training cases. "
+        "With nnU-Net's plans (-p nnUNetPlans) it writes the whole network for nnUNetv2_train ... -pretrained_weights "
+        "FILE; with Med-DisSeg's (-p nnUNetMedDisSegPlans) the ResNet-50 encoder for nnUNetv2_meddisseg_plan "
+        "--encoder-weights FILE. Run again with the same settings to resume after an interruption."))
+    p.add_argument("-d", "--dataset", required=True, help="dataset ID or name, e.g. 501 or Dataset501_Kvasir")
+    p.add_argument("-c", "--configuration", default="2d", help="nnU-Net configuration (2D only)")
+    p.add_argument("-p", "--plans", default="nnUNetPlans", dest="plans_name",
+                   help="plans whose network is pretrained: nnUNetPlans (nnU-Net's default network) or "
+                        "nnUNetMedDisSegPlans (Med-DisSeg's encoder)")
+    p.add_argument("-f", "--fold", required=True, help="fold whose training cases are used (0-4 or all)")
+    p.add_argument("-o", "--output", required=True, type=Path,
+                   help="weights file to write (its checkpoint <FILE>.checkpoint is kept beside it while running)")
+    p.add_argument("--epochs", type=int, default=100, help="epochs")
+    p.add_argument("--iterations_per_epoch", type=int, default=250, help="batches per epoch")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initialisation, sampling, augmentation and "
+                                                       "corruptions")
+    add_device_argument(p)
+    p.add_argument("--unlabelled_folder", type=Path, default=None,
+                   help="also pretrain on the images of this folder, in the dataset's raw format "
+                        "(<case>_0000<file_ending>; default: none)")
+    p.add_argument("--use_validation_cases", action="store_true",
+                   help="also pretrain on the fold's validation cases (then they no longer measure the fine-tuned "
+                        "model without bias)")
+    p.add_argument("--no_progress", dest="progress", action="store_false", help="no progress bar")
+    return p
+
+
+def _command(argv: Optional[Sequence[str]]) -> None:
+    args = vars(_parser().parse_args(argv))
+    run_pretraining(**args)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return run_command(PROG, _command, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
