@@ -419,7 +419,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="a request not answered within this many seconds gets 504")
     p.add_argument("--max_queue", type=int, default=64,
                    help="most requests in progress at once (queued or predicted); more get 503")
-    p.add_argument("--log_level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--log_level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="the least level of the log lines (one JSON object each, on stderr)")
     return p
 
 
