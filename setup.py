@@ -21,8 +21,10 @@ setup(
         "pillow",
         "tqdm",
     ],
-    extras_require={"test": ["pytest", "h5py", "onnx", "onnxruntime", "openvino", "nncf"], "synapse": ["h5py"],
-                    "onnx": ["onnx", "onnxruntime"], "openvino": ["openvino", "nncf"]},
+    extras_require={"test": ["pytest", "h5py", "onnx", "onnxruntime", "openvino", "nncf", "litserve>=0.2.19,<0.3"],
+                    "synapse": ["h5py"], "onnx": ["onnx", "onnxruntime"], "openvino": ["openvino", "nncf"],
+                    # the server's engine (FastAPI / uvicorn underneath); without PyTorch
+                    "serve": ["litserve>=0.2.19,<0.3"]},
     entry_points={
         "console_scripts": [
             "nnUNetv2_meddisseg_plan=nnunetv2_meddisseg.planning.plan_meddisseg:main",
@@ -36,6 +38,7 @@ setup(
             "nnUNetv2_meddisseg_export=nnunetv2_meddisseg.deploy.export:main",
             "nnUNetv2_meddisseg_predict_onnx=nnunetv2_meddisseg.deploy.predict_onnx:main",
             "nnUNetv2_meddisseg_pretrain=nnunetv2_meddisseg.pretraining.pretrain:main",
+            "nnUNetv2_meddisseg_serve=nnunetv2_meddisseg.deploy.serve:main",
         ]
     },
 )

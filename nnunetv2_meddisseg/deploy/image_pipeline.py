@@ -9,8 +9,9 @@ and the exporter accepts only plans whose 2D spacing is (1, 1), where nnU-Net's 
 """
 from __future__ import annotations
 
+import io
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from PIL import Image, ImageSequence
@@ -19,8 +20,10 @@ from scipy.ndimage import binary_fill_holes
 from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.files import write_atomically
 
-__all__ = ["read_image", "read_case", "preprocess", "segmentation_from_logits", "probabilities_from_logits",
-           "restore_shape", "restore_probabilities", "write_segmentation", "normalise_channel"]
+__all__ = ["read_image", "read_case", "case_of_images", "check_finite", "preprocess", "segmentation_from_logits",
+           "probabilities_from_logits",
+           "restore_shape", "restore_probabilities", "write_segmentation", "encode_segmentation",
+           "normalise_channel"]
 
 BoundingBox = List[List[int]]
 
@@ -43,16 +46,18 @@ def _pillow_array(image: Image.Image) -> np.ndarray:
     return np.asarray(image)
 
 
-def read_image(path: Path) -> np.ndarray:
+def read_image(path: Path, content: Optional[bytes] = None) -> np.ndarray:
     """One image file as ``skimage.io.imread`` (what nnU-Net's NaturalImage2DIO calls) returns it: a .tif through
     tifffile, other files through Pillow as imageio reads them (:func:`_pillow_array`; every frame of an animated
-    PNG), then a leading axis of 3 or 4 (planes) moved last where the last axis is not 3 or 4 already."""
+    PNG), then a leading axis of 3 or 4 (planes) moved last where the last axis is not 3 or 4 already.
+    ``content``: the file's bytes (a request's body), read as the file ``path`` (its ending, and in messages)."""
     path = Path(path)
+    source = path if content is None else io.BytesIO(content)
     try:
         if path.suffix.lower() in (".tif", ".tiff"):
-            array = np.asarray(_tifffile().imread(path))
+            array = np.asarray(_tifffile().imread(source))
         else:
-            with Image.open(path) as image:
+            with Image.open(source) as image:
                 if image.custom_mimetype == "image/apng":
                     array = np.stack([_pillow_array(frame) for frame in ImageSequence.Iterator(image)])
                 else:
@@ -66,7 +71,7 @@ def read_image(path: Path) -> np.ndarray:
     return array
 
 
-def _check_finite(image: np.ndarray, path: Path) -> None:
+def check_finite(image: np.ndarray, path: Path) -> None:
     """One line naming ``path`` where a float image (C, 1, X, Y) holds NaN or infinite values: nnU-Net's z-score
     normalisation would make the whole channel NaN, and the network's argmax of NaN is background everywhere."""
     if image.dtype.kind != "f":
@@ -85,9 +90,13 @@ def read_case(files: Sequence[Path]) -> np.ndarray:
     (:func:`read_image`): a grey file gives one channel, an RGB(A) file 3 (4), a palette file its palette's 3 (4);
     files nnU-Net's reader refuses (grey with alpha, more dimensions), and float files holding NaN or infinite
     values, are refused in one line."""
+    return case_of_images([(read_image(f), f) for f in files])
+
+
+def case_of_images(images_read: Sequence[Tuple[np.ndarray, Union[Path, str]]]) -> np.ndarray:
+    """:func:`read_case` of images already read (:func:`read_image`), each with its file (for messages)."""
     images = []
-    for f in files:
-        array = read_image(f)
+    for array, f in images_read:
         if array.ndim == 3 and array.shape[-1] in (3, 4):
             images.append(array.transpose(2, 0, 1)[:, None])
         elif array.ndim == 2:
@@ -96,10 +105,10 @@ def read_case(files: Sequence[Path]) -> np.ndarray:
             raise UserError(f"{f}: reads as an array of shape {array.shape}, expected a 2D grey, RGB or RGBA image "
                             f"as nnU-Net's NaturalImage2DIO takes them (grey with alpha? save it without the alpha "
                             f"channel)")
-        _check_finite(images[-1], f)
+        check_finite(images[-1], f)
     shapes = {i.shape[1:] for i in images}
     if len(shapes) > 1:
-        raise UserError(f"{files[0]}: the channel files of this case have different sizes "
+        raise UserError(f"{images_read[0][1]}: the channel files of this case have different sizes "
                         f"({', '.join(str(s[1:]) for s in shapes)})")
     return np.vstack(images, dtype=np.float32, casting="unsafe")
 
@@ -197,9 +206,20 @@ def restore_probabilities(probabilities: np.ndarray, geometry: dict, description
     return full.transpose([0, *[a + 1 for a in description["transpose_backward"]]])
 
 
+def _segmentation_image(segmentation: np.ndarray) -> Image.Image:
+    """(1, X, Y) labels -> an 8-bit (16-bit from label 255) grey image, as nnU-Net's NaturalImage2DIO writes it."""
+    return Image.fromarray(segmentation[0].astype(np.uint8 if segmentation.max() < 255 else np.uint16, copy=False))
+
+
 def write_segmentation(segmentation: np.ndarray, path: Path) -> None:
     """(1, X, Y) labels -> an 8-bit (16-bit from label 255) grey image, as nnU-Net's NaturalImage2DIO writes it;
     written beside and renamed, so that an interrupted write leaves no partial file."""
-    image = segmentation[0].astype(np.uint8 if segmentation.max() < 255 else np.uint16, copy=False)
     file_format = Image.registered_extensions()[path.suffix.lower()]
-    write_atomically(path, lambda tmp: Image.fromarray(image).save(tmp, format=file_format))
+    write_atomically(path, lambda tmp: _segmentation_image(segmentation).save(tmp, format=file_format))
+
+
+def encode_segmentation(segmentation: np.ndarray, file_ending: str) -> bytes:
+    """The bytes :func:`write_segmentation` writes into a file with ``file_ending``."""
+    buffer = io.BytesIO()
+    _segmentation_image(segmentation).save(buffer, format=Image.registered_extensions()[file_ending.lower()])
+    return buffer.getvalue()

@@ -37,7 +37,7 @@ from nnunetv2_meddisseg.deploy.image_pipeline import (
 from nnunetv2_meddisseg.deploy.precision import PRECISIONS, fold_session
 from nnunetv2_meddisseg.deploy.prediction_output import PredictionOutput, check_folders
 from nnunetv2_meddisseg.deploy.runtimes import RUNTIMES, default_runtime
-from nnunetv2_meddisseg.deploy.sliding_window import sliding_window_logits
+from nnunetv2_meddisseg.deploy.sliding_window import sliding_window_logits, sliding_window_logits_of_cases
 
 __all__ = ["OnnxPredictor", "find_cases", "check_part", "cases_of_part", "main"]
 
@@ -136,15 +136,27 @@ class OnnxPredictor:
     def predict_prepared(self, prepared: Prepared, with_probabilities: bool = False,
                          progress: Optional[Callable[[int, int], None]] = None):
         """:meth:`predict_files` of a case that :meth:`prepare` read (``progress``: see :meth:`logits`)."""
+        return self.predict_prepared_cases([prepared], with_probabilities, progress)[0]
+
+    def predict_prepared_cases(self, cases: Sequence[Prepared], with_probabilities: bool = False,
+                               progress: Optional[Callable[[int, int], None]] = None) -> list:
+        """:meth:`predict_prepared` of several cases at once, their tiles in the runtime's stacks together
+        (``sliding_window.sliding_window_logits_of_cases``: each case's logits summed as for the case alone); one
+        result per case, in order (``progress``: over all cases' tiles)."""
         d = self.description
-        data, geometry = prepared
-        logits = self.logits(data, progress)
-        segmentation = restore_shape(segmentation_from_logits(logits, d["regions_class_order"]), geometry, d,
-                                     self.num_foreground)
-        if not with_probabilities:
-            return segmentation
-        probabilities = probabilities_from_logits(logits, d["regions_class_order"])
-        return segmentation, restore_probabilities(probabilities, geometry, d)
+        all_logits = sliding_window_logits_of_cases([data for data, _ in cases], self.sessions, d["patch_size"],
+                                                    self.step_size, self.mirror_axes, d["num_segmentation_heads"],
+                                                    progress)
+        results = []
+        for logits, (_, geometry) in zip(all_logits, cases):
+            segmentation = restore_shape(segmentation_from_logits(logits, d["regions_class_order"]), geometry, d,
+                                         self.num_foreground)
+            if not with_probabilities:
+                results.append(segmentation)
+                continue
+            probabilities = probabilities_from_logits(logits, d["regions_class_order"])
+            results.append((segmentation, restore_probabilities(probabilities, geometry, d)))
+        return results
 
     def predict_files(self, files: Sequence[Path], with_probabilities: bool = False):
         """One case's channel files -> its segmentation (1, X, Y) in the read image's shape; with

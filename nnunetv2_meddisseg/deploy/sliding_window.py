@@ -21,7 +21,7 @@ from scipy.ndimage import gaussian_filter
 from nnunetv2_meddisseg.cli import UserError
 
 __all__ = ["MAX_BATCH", "tile_starts", "gaussian_importance", "pad_to_patch", "mirror_combinations",
-           "sliding_window_logits"]
+           "sliding_window_logits", "sliding_window_logits_of_cases"]
 
 #: most network inputs (tiles times their mirrored copies) handed to a session in one call
 MAX_BATCH = 32
@@ -83,21 +83,36 @@ def sliding_window_logits(data: np.ndarray, sessions: Sequence, patch_size: Sequ
     each with ``run(batch (N, C, px, py)) -> (N, num_heads, px, py)``) of the Gaussian-weighted sliding-window
     prediction. ``progress(tiles, total)``, where given, is called after each call of a session with the tiles it
     predicted (with their mirrored copies) and the case's total (its tiles times the sessions)."""
-    padded, undo = pad_to_patch(data, patch_size)
-    starts = tile_starts(padded.shape[2:], patch_size, step)
+    return sliding_window_logits_of_cases([data], sessions, patch_size, step, mirror_axes, num_heads, progress)[0]
+
+
+def sliding_window_logits_of_cases(cases: Sequence[np.ndarray], sessions: Sequence, patch_size: Sequence[int],
+                                   step: float, mirror_axes: Optional[Sequence[int]], num_heads: int,
+                                   progress: Optional[Callable[[int, int], None]] = None) -> List[np.ndarray]:
+    """:func:`sliding_window_logits` of several cases at once: their tiles go to each session together, in the
+    same stacks of up to :data:`MAX_BATCH` network inputs (the cases' tiles one after another, in tile order), so
+    that a server batches concurrent requests. Each case's logits are summed in its own tile order, as for the
+    case alone: the same float16 roundings. ``progress``: as :func:`sliding_window_logits`, over all cases."""
+    padded_cases, undos, windows = [], [], []
     gaussian = gaussian_importance(tuple(patch_size))
     flips = mirror_combinations(mirror_axes)
-    windows = [(d, (slice(sx, sx + patch_size[0]), slice(sy, sy + patch_size[1])))
-               for d in range(padded.shape[1]) for sx, sy in itertools.product(*starts)]
+    for c, data in enumerate(cases):
+        padded, undo = pad_to_patch(data, patch_size)
+        padded_cases.append(padded)
+        undos.append(undo)
+        starts = tile_starts(padded.shape[2:], patch_size, step)
+        windows += [(c, d, (slice(sx, sx + patch_size[0]), slice(sy, sy + patch_size[1])))
+                    for d in range(padded.shape[1]) for sx, sy in itertools.product(*starts)]
     per_call = max(1, MAX_BATCH // len(flips))
-    total = None
+    totals: List[Optional[np.ndarray]] = [None] * len(cases)
     for session in sessions:
-        logits = np.zeros((num_heads, *padded.shape[1:]), dtype=np.float16)
-        weight = np.zeros(padded.shape[1:], dtype=np.float16)
+        logits = [np.zeros((num_heads, *p.shape[1:]), dtype=np.float16) for p in padded_cases]
+        weights = [np.zeros(p.shape[1:], dtype=np.float16) for p in padded_cases]
         for first in range(0, len(windows), per_call):
             chunk = windows[first:first + per_call]
             batch = np.ascontiguousarray(np.concatenate(
-                [np.flip(padded[(slice(None), d, *window)][None], f) for d, window in chunk for f in flips]))
+                [np.flip(padded_cases[c][(slice(None), d, *window)][None], f) for c, d, window in chunk
+                 for f in flips]))
             out = session.run(batch)  # (len(chunk) * len(flips), heads, px, py) float32
             if progress is not None:
                 progress(len(chunk), len(windows) * len(sessions))
@@ -105,15 +120,17 @@ def sliding_window_logits(data: np.ndarray, sessions: Sequence, patch_size: Sequ
                 raise UserError(f"the graph returned logits of shape {out.shape} for tiles of shape {batch.shape}, "
                                 f"expected {(len(batch), num_heads, *patch_size)}: graph and description do not "
                                 f"belong together")
-            for i, (d, window) in enumerate(chunk):
+            for i, (c, d, window) in enumerate(chunk):
                 copies = out[i * len(flips):(i + 1) * len(flips)]
                 prediction = sum(np.flip(copies[j:j + 1], f) for j, f in enumerate(flips))[0] / len(flips)
                 region = (slice(None), d, *window)
                 # float32 sums rounded to float16, as nnU-Net's in-place addition into its float16 arrays
-                logits[region] = logits[region].astype(np.float32) + prediction * gaussian.astype(np.float32)
-                weight[(d, *window)] += gaussian
-        logits /= weight
-        total = logits if total is None else total + logits
+                logits[c][region] = logits[c][region].astype(np.float32) + prediction * gaussian.astype(np.float32)
+                weights[c][(d, *window)] += gaussian
+        for c in range(len(cases)):
+            logits[c] /= weights[c]
+            totals[c] = logits[c] if totals[c] is None else totals[c] + logits[c]
     if len(sessions) > 1:
-        total /= np.float16(len(sessions))
-    return total[(slice(None), slice(None), *undo)]
+        for total in totals:
+            total /= np.float16(len(sessions))
+    return [total[(slice(None), slice(None), *undo)] for total, undo in zip(totals, undos)]
