@@ -27,7 +27,6 @@ import io
 import json
 import logging
 import os
-import pickle
 import signal
 import socket
 import sys
@@ -298,15 +297,11 @@ def _predict_endpoint(server, lit_api):
             if response is None:  # LitServe's monitor: the worker process died with this request
                 raise RequestError(503, "the inference worker stopped during this request and is being restarted; "
                                         "retry")
-            error = response
-            if isinstance(error, bytes):
-                try:
-                    error = pickle.loads(error)
-                except Exception:  # noqa: BLE001
-                    error = RuntimeError("unreadable error")
+            # LitServe sends the worker's exception pickled; it is not unpickled here: the worker logs it
+            error = response if isinstance(response, BaseException) else None
             code = getattr(error, "status_code", 500)
-            raise RequestError(code, getattr(error, "detail", None) or f"prediction failed ({type(error).__name__}: "
-                                                                        f"{error})")
+            raise RequestError(code, getattr(error, "detail", None) or "prediction failed in the inference worker "
+                                                                        "(its log line says why)")
         return response
 
     async def endpoint(request: Request) -> Response:
