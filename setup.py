@@ -6,7 +6,7 @@ setup(
     description="Med-DisSeg (dispersion-regularised, attention-guided segmentation) as an nnU-Net v2 plugin",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     packages=find_packages(include=["nnunetv2_meddisseg", "nnunetv2_meddisseg.*"]),
     package_data={"nnunetv2_meddisseg": ["datasets/splits/*.json", "evaluation/paper_results.json"]},
     install_requires=[

@@ -27,7 +27,6 @@ from common import (
     summarize,
 )
 
-from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.environment import (
     CPU_BF16_ENVIRONMENT_VARIABLE,
     nnunet_environment,
@@ -35,6 +34,7 @@ from nnunetv2_meddisseg.environment import (
     set_nnunet_environment,
     trainer_output_folder,
 )
+from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.logged_command import CommandFailed, run_logged
 from nnunetv2_meddisseg.torch_files import check_model_folder_checkpoints
 

@@ -46,12 +46,12 @@ from quality_budgets import Budget, iterations_per_epoch, parse_budget
 from quality_study import BASELINE, MEDDISSEG_PLANS, METHODS, Study, aggregate, markdown
 
 from nnunetv2_meddisseg.ablation.runs import AblationRun, Variant, write_budget
-from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.environment import (
     DATA_AUGMENTATION_PROCESSES_VARIABLE,
     planning_environment,
     set_nnunet_environment,
 )
+from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.files import write_atomically
 from nnunetv2_meddisseg.logged_command import run_logged
 from nnunetv2_meddisseg.training.recipe import ScheduleRecipe

@@ -6,7 +6,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.errors import UserError
 
 
 class Budget(NamedTuple):

@@ -16,7 +16,7 @@ from quality_budgets import Budget
 from nnunetv2_meddisseg.ablation.runs import AblationRun
 from nnunetv2_meddisseg.ablation.table import BINARY_METRICS as METRICS
 from nnunetv2_meddisseg.ablation.table import METRIC_TITLES
-from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.evaluation.paired_statistics import wilcoxon_p_value
 from nnunetv2_meddisseg.logged_command import CommandStopped
 from nnunetv2_meddisseg.training.curves import SUMMARY_SECTIONS

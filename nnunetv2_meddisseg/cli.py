@@ -25,15 +25,13 @@ import sys
 from types import TracebackType
 from typing import Callable, Optional, Sequence, Tuple, Type
 
-__all__ = ["EXIT_USER_ERROR", "UserError", "print_error", "run_command", "program_name", "user_error_excepthook",
+from nnunetv2_meddisseg.errors import UserError
+
+__all__ = ["EXIT_USER_ERROR", "print_error", "run_command", "program_name", "user_error_excepthook",
            "install_excepthook", "quiet_cuda_home_warning", "DefaultsHelpFormatter",
            "add_device_argument", "resolve_device", "DEVICE_DEFAULT_TEXT", "STATES_DEFAULT", "plain_text"]
 
 EXIT_USER_ERROR = 2
-
-
-class UserError(Exception):
-    """A mistake in the user's input (a file, folder or option), reported without a traceback."""
 
 
 def print_error(prog: str, error: BaseException | str) -> None:

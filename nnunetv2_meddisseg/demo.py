@@ -16,7 +16,6 @@ from typing import List, Optional, Sequence
 
 from nnunetv2_meddisseg.cli import (
     DefaultsHelpFormatter,
-    UserError,
     add_device_argument,
     plain_text,
     resolve_device,
@@ -28,6 +27,7 @@ from nnunetv2_meddisseg.environment import (
     nnunet_environment,
     planning_environment,
 )
+from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.logged_command import run_logged
 
 __all__ = ["main"]

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Tuple
 
-from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.errors import UserError
 
 __all__ = ["CommandFailed", "CommandStopped", "console_command", "run_logged", "run_logged_status"]
 

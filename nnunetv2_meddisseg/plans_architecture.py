@@ -4,7 +4,7 @@ writes, the trainer builds on nnU-Net's own plans and the ablations' plans copie
 """
 from typing import Optional
 
-from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.errors import UserError
 
 __all__ = ["NETWORK_CLASS_NAME", "ADDED_NORMS", "DEFAULT_ADDED_NORM", "default_arch_kwargs", "architecture_entry"]
 

@@ -30,7 +30,8 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 import torch
 
-from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
+from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, run_command
+from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.files import is_inside, replace_folder, temporary_sibling
 from nnunetv2_meddisseg.torch_files import PREDICTOR_KEYS, read_checkpoint
 

@@ -27,8 +27,8 @@ from typing import Any, Iterable, Iterator, List, Mapping, Optional, Sequence, T
 import numpy as np
 import torch
 
-from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.environment import use_our_trainers
+from nnunetv2_meddisseg.errors import UserError
 
 __all__ = ["NUMPY_SCALAR_GLOBALS", "PREDICTOR_KEYS", "UnsafeTorchFile", "is_torch_file", "load_weights_only",
            "refusal_reason", "read_checkpoint", "check_model_folder_checkpoints", "weights_only_loads",
@@ -48,7 +48,7 @@ NUMPY_SCALAR_GLOBALS = _numpy_scalar_globals()
 
 class UnsafeTorchFile(UserError, ValueError):
     """A ``torch.save`` file that holds objects other than tensors, containers, numbers and NumPy scalars (the
-    user's file: a :class:`~nnunetv2_meddisseg.cli.UserError`, reported without a traceback)."""
+    user's file: a :class:`~nnunetv2_meddisseg.errors.UserError`, reported without a traceback)."""
 
 
 def is_torch_file(path: str) -> bool:
@@ -104,7 +104,7 @@ def read_checkpoint(path: Union[str, os.PathLike], mmap: Optional[bool] = None) 
     """A checkpoint read by :func:`load_weights_only` (``mmap``: memory-mapped, tensors read when used; by default
     for files in torch.save's zip format).
 
-    Raises a one-line :class:`~nnunetv2_meddisseg.cli.UserError` naming the file where it does not exist, cannot
+    Raises a one-line :class:`~nnunetv2_meddisseg.errors.UserError` naming the file where it does not exist, cannot
     be read (no permission), is empty, is no complete file written by ``torch.save`` (truncated or corrupt) or
     holds no dict, and
     :class:`UnsafeTorchFile` where it holds objects other than tensors, containers, numbers and NumPy scalars."""
@@ -145,7 +145,7 @@ def check_model_folder_checkpoints(model_folder: Union[str, os.PathLike], folds:
     """Read ``model_folder/fold_<f>/<checkpoint_name>`` of every fold in ``folds`` (``int`` or ``'all'``) as
     nnU-Net's predictor will load it, with :func:`read_checkpoint`, and check that it holds what the predictor
     reads (:data:`PREDICTOR_KEYS`); returns the files. Raises :class:`UnsafeTorchFile` or a one-line
-    :class:`~nnunetv2_meddisseg.cli.UserError` naming the first file that fails, before anything loads it unsafely.
+    :class:`~nnunetv2_meddisseg.errors.UserError` naming the first file that fails, before anything loads it unsafely.
     """
     files = [Path(model_folder) / f"fold_{fold}" / checkpoint_name for fold in _folds(folds)]
     for path in files:
@@ -191,7 +191,7 @@ def initialize_predictor(predictor: Any, model_folder: Union[str, os.PathLike], 
     (:func:`check_model_folder_checkpoints`), and the predictor's own loads run inside :func:`weights_only_loads`,
     so that what it loads is read weights-only too, even where a file changed after the check. nnU-Net finds this
     package's trainers by name (:func:`~nnunetv2_meddisseg.environment.use_our_trainers`); a trainer class it finds
-    nowhere is a one-line :class:`~nnunetv2_meddisseg.cli.UserError` naming the checkpoint."""
+    nowhere is a one-line :class:`~nnunetv2_meddisseg.errors.UserError` naming the checkpoint."""
     folds = _folds(folds)
     files = check_model_folder_checkpoints(model_folder, folds, checkpoint_name)
     use_our_trainers()

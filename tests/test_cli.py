@@ -11,7 +11,8 @@ import torch
 SCRIPT = """
 import sys
 import torch
-from nnunetv2_meddisseg.cli import UserError, run_command, _NoCudaHomeWarning
+from nnunetv2_meddisseg.cli import run_command, _NoCudaHomeWarning
+from nnunetv2_meddisseg.errors import UserError
 
 
 def command(argv):

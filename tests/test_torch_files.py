@@ -18,7 +18,7 @@ import torch
 from payload import Payload
 
 from nnunetv2_meddisseg import torch_files
-from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.torch_files import (
     UnsafeTorchFile,
     check_model_folder_checkpoints,

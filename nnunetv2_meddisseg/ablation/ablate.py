@@ -34,13 +34,13 @@ from nnunetv2_meddisseg.ablation.runs import (
 from nnunetv2_meddisseg.ablation.table import ablation_rows, markdown_table, write_csv
 from nnunetv2_meddisseg.cli import (
     DefaultsHelpFormatter,
-    UserError,
     add_device_argument,
     plain_text,
     resolve_device,
     run_command,
 )
 from nnunetv2_meddisseg.environment import use_our_trainers
+from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.training.recipe import ScheduleRecipe
 
 __all__ = ["FULL_METHOD", "resolve_variants", "main"]

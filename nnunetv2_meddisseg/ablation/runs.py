@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.environment import (
     RECIPE_ENVIRONMENT_VARIABLE,
     SEED_ENVIRONMENT_VARIABLE,
     set_nnunet_environment,
 )
+from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.evaluation.evaluate import evaluate_folders
 from nnunetv2_meddisseg.files import write_atomically
 from nnunetv2_meddisseg.logged_command import run_logged

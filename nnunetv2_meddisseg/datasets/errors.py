@@ -1,6 +1,6 @@
 """The errors of the dataset converters: every user mistake is a :class:`ConversionError` whose message
 is one line naming the file or option and what was expected."""
-from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.errors import UserError
 
 __all__ = ["ConversionError", "OptionError", "MissingSourceError"]
 

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from nnunetv2_meddisseg.blocks.device_forms import forced_form
-from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
+from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, run_command
 from nnunetv2_meddisseg.deploy.description import (
     DESCRIPTION_FILE,
     FORMAT_VERSION,
@@ -62,6 +62,7 @@ from nnunetv2_meddisseg.deploy.precision_guard import (
     read_case,
 )
 from nnunetv2_meddisseg.environment import CPU_BF16_ENVIRONMENT_VARIABLE
+from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.module_wrappers import unwrap_module
 
 __all__ = ["EXPORT_FORM", "DEFAULT_TOLERANCE", "export_model", "trace_to_onnx", "declare_channels",

@@ -24,9 +24,9 @@ import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Dict, Optional, Set
 
-from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, WRITTEN_BY, fold_model_file, written_by_export
 from nnunetv2_meddisseg.environment import NNUNET_FOLDERS
+from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.files import is_inside, replace_folder, restore_set_aside, temporary_sibling
 
 __all__ = ["DEFAULT_NAME", "check_output", "write_export"]

@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image, ImageSequence
 from scipy.ndimage import binary_fill_holes
 
-from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.files import write_atomically
 
 __all__ = ["read_image", "read_case", "case_of_images", "check_finite", "preprocess", "segmentation_from_logits",

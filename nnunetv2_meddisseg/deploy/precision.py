@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Tuple, Union
 
-from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.deploy.description import (
     INPUT_NAME,
     REDUCED_PRECISIONS,
@@ -45,6 +44,7 @@ from nnunetv2_meddisseg.deploy.runtimes import (
     read_openvino_model,
     require_bf16,
 )
+from nnunetv2_meddisseg.errors import UserError
 
 __all__ = ["PRECISIONS", "REDUCED_PRECISIONS", "FoldGraph", "fold_graph", "int8_floats", "fold_session"]
 

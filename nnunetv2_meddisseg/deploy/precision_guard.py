@@ -55,11 +55,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from nnunetv2_meddisseg.cli import UserError, quiet_cuda_home_warning
+from nnunetv2_meddisseg.cli import quiet_cuda_home_warning
 from nnunetv2_meddisseg.deploy.description import GRAPH_FIELDS_KEY, graph_fields, recorded_graph_fields, sha256_of
 from nnunetv2_meddisseg.deploy.image_pipeline import probabilities_from_logits, segmentation_from_logits
 from nnunetv2_meddisseg.deploy.runtimes import OpenVinoSession, cpu_supports_bf16, openvino_core
 from nnunetv2_meddisseg.deploy.sliding_window import pad_to_patch, sliding_window_logits, tile_starts
+from nnunetv2_meddisseg.errors import UserError
 
 __all__ = ["Bounds", "GuardCases", "MAX_BLOCK_OPS", "RANKING_CASES", "BETWEEN_BLOCKS", "DEFAULT_CALIBRATION_TILES",
            "FEW_VALIDATION_CASES", "CASE_ENDINGS", "case_identifiers", "read_case", "fold_split", "load_cases",

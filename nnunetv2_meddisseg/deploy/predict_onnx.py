@@ -24,7 +24,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Un
 
 import numpy as np
 
-from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
+from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, run_command
 from nnunetv2_meddisseg.deploy.description import check_step_size, read_description
 from nnunetv2_meddisseg.deploy.image_pipeline import (
     preprocess,
@@ -38,6 +38,7 @@ from nnunetv2_meddisseg.deploy.precision import PRECISIONS, fold_session
 from nnunetv2_meddisseg.deploy.prediction_output import PredictionOutput, check_folders
 from nnunetv2_meddisseg.deploy.runtimes import RUNTIMES, default_runtime
 from nnunetv2_meddisseg.deploy.sliding_window import sliding_window_logits, sliding_window_logits_of_cases
+from nnunetv2_meddisseg.errors import UserError
 
 __all__ = ["OnnxPredictor", "find_cases", "check_part", "cases_of_part", "main"]
 

@@ -27,8 +27,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.deploy.image_pipeline import write_segmentation
+from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.files import is_inside, write_atomically
 
 __all__ = ["RECORD_FOLDER", "check_folders", "PredictionOutput"]

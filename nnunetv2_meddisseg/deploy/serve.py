@@ -37,7 +37,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
+from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, run_command
 from nnunetv2_meddisseg.deploy.description import check_step_size, read_description
 from nnunetv2_meddisseg.deploy.image_pipeline import (
     case_of_images,
@@ -48,6 +48,7 @@ from nnunetv2_meddisseg.deploy.image_pipeline import (
 )
 from nnunetv2_meddisseg.deploy.precision import PRECISIONS, fold_graph
 from nnunetv2_meddisseg.deploy.runtimes import RUNTIMES, default_runtime, installed_runtimes
+from nnunetv2_meddisseg.errors import UserError
 
 __all__ = ["PROG", "SegmentationAPI", "read_request", "main"]
 

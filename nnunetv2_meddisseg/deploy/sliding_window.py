@@ -18,7 +18,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import numpy as np
 from scipy.ndimage import gaussian_filter
 
-from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.errors import UserError
 
 __all__ = ["MAX_BATCH", "tile_starts", "gaussian_importance", "pad_to_patch", "mirror_combinations",
            "sliding_window_logits", "sliding_window_logits_of_cases"]

@@ -27,7 +27,8 @@ import os
 import sys
 from typing import Optional, Sequence, Tuple
 
-from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, add_device_argument, resolve_device, run_command
+from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, add_device_argument, resolve_device, run_command
+from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.evaluation.compare_predictions import compare_prediction_folders, terminal_text
 from nnunetv2_meddisseg.evaluation.evaluate import load_dataset_json_labels
 from nnunetv2_meddisseg.evaluation.nnunet_prediction import find_trained_model, predict_missing_cases

@@ -20,7 +20,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 import numpy as np
 from tqdm import tqdm
 
-from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
+from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, run_command
+from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.evaluation.metrics import BINARY_METRICS, binary_metrics, mean_and_std, multiclass_dice_hd95
 from nnunetv2_meddisseg.files import is_inside, write_atomically
 

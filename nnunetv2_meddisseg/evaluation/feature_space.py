@@ -34,12 +34,12 @@ import numpy as np
 
 from nnunetv2_meddisseg.cli import (
     DefaultsHelpFormatter,
-    UserError,
     add_device_argument,
     plain_text,
     resolve_device,
     run_command,
 )
+from nnunetv2_meddisseg.errors import UserError
 
 __all__ = ["LAYERS", "pca_2d", "tsne_2d", "sample_pixels", "ModelFeatures", "model_features", "draw_features",
            "main"]

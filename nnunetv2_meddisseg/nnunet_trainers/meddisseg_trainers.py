@@ -7,7 +7,7 @@ that model folders may store for one of these trainers (``stored_names.TRAINER_C
 a model still predicts.
 
 Importing it also installs (once per process) the ``sys.excepthook`` that prints a mistake in the user's input
-(``nnunetv2_meddisseg.cli.UserError``, e.g. ``training.errors.TrainingInputError``) that ends nnU-Net's
+(``nnunetv2_meddisseg.errors.UserError``, e.g. ``training.errors.TrainingInputError``) that ends nnU-Net's
 ``nnUNetv2_train`` / ``nnUNetv2_predict`` as one line, ``nnUNetv2_train: error: <message>``, instead of a traceback
 (``nnunetv2_meddisseg.cli.install_excepthook``): nnU-Net's entry points are not ours to wrap.
 """

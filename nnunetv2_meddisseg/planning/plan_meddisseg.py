@@ -15,7 +15,8 @@ from copy import deepcopy
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
-from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, run_command
+from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, run_command
+from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.files import write_atomically
 from nnunetv2_meddisseg.planning.memory import TRAINING_BYTES_PER_PIXEL, batch_size_for_memory, estimated_memory_line
 from nnunetv2_meddisseg.plans_architecture import ADDED_NORMS, DEFAULT_ADDED_NORM, architecture_entry

@@ -51,7 +51,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, UserError, add_device_argument, resolve_device, run_command
+from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, add_device_argument, resolve_device, run_command
+from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.files import is_inside, write_atomically
 
 __all__ = ["METHOD", "CHECKPOINT_SUFFIX", "PretrainSettings", "checkpoint_path", "read_preprocessed_case",

@@ -7,7 +7,7 @@ exceptions. Each class is also the built-in exception these errors were before, 
 keeps working: :class:`TrainingInputError` a ``ValueError``, :class:`TrainingInputRuntimeError` also a
 ``RuntimeError``, :class:`TrainingInputFileNotFoundError` also a ``FileNotFoundError``.
 """
-from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.errors import UserError
 
 __all__ = ["TrainingInputError", "TrainingInputRuntimeError", "TrainingInputFileNotFoundError"]
 

@@ -6,7 +6,7 @@ import pytest
 
 from nnunetv2_meddisseg.ablation import ablate
 from nnunetv2_meddisseg.ablation.runs import AblationRun, Variant, write_budget, write_network_ablation_plans
-from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.training.recipe import RECIPE_ENVIRONMENT_VARIABLE, ScheduleRecipe, apply_overrides
 from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg_noStage1
 

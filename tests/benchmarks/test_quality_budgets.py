@@ -21,7 +21,7 @@ import quality_study  # noqa: E402
 from quality_budgets import Budget, iterations_per_epoch, parse_budget  # noqa: E402
 
 from nnunetv2_meddisseg.ablation.runs import Variant  # noqa: E402
-from nnunetv2_meddisseg.cli import UserError  # noqa: E402
+from nnunetv2_meddisseg.errors import UserError  # noqa: E402
 from nnunetv2_meddisseg.logged_command import CommandStopped  # noqa: E402
 
 pytestmark = pytest.mark.e2e

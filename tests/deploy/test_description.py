@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from tiny_export import description_of, export_tiny, tiny_graph, traced_graph, write_cases, write_description
 
-from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.deploy.description import (
     DESCRIPTION_FILE,
     GRAPH_FIELDS,
@@ -26,6 +25,7 @@ from nnunetv2_meddisseg.deploy.description import (
     validate_description,
 )
 from nnunetv2_meddisseg.deploy.predict_onnx import PROG, OnnxPredictor, main
+from nnunetv2_meddisseg.errors import UserError
 
 GOOD = description_of({0: b"graph"})
 

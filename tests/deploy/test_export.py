@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.deploy import export
+from nnunetv2_meddisseg.errors import UserError
 
 
 def _net(seed: int) -> nn.Module:

@@ -12,9 +12,9 @@ from bad_input_table import tree
 from planted import KINDS, plant, snapshot
 from tiny_export import description_of
 
-from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.deploy import export, export_folder
 from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, fold_model_file, sha256_of
+from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.files import find_set_aside, set_aside, temporary_sibling
 
 DATASET = "Dataset987_Tiny"

@@ -11,7 +11,6 @@ from nnunetv2.preprocessing.preprocessors.default_preprocessor import DefaultPre
 from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
 from PIL import Image
 
-from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.deploy.image_pipeline import (
     preprocess,
     probabilities_from_logits,
@@ -21,6 +20,7 @@ from nnunetv2_meddisseg.deploy.image_pipeline import (
     segmentation_from_logits,
     write_segmentation,
 )
+from nnunetv2_meddisseg.errors import UserError
 
 SCHEMES = ["ZScoreNormalization", "CTNormalization", "NoNormalization", "RescaleTo01Normalization",
            "RGBTo01Normalization"]

@@ -15,10 +15,10 @@ import pytest
 from PIL import Image
 from tiny_export import export_tiny, tiny_graph, traced_graph, write_cases
 
-from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.deploy import predict_onnx, runtimes
 from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, fold_model_file, sha256_of
 from nnunetv2_meddisseg.deploy.predict_onnx import PROG, OnnxPredictor, main
+from nnunetv2_meddisseg.errors import UserError
 
 BLOCKER = '''import sys
 

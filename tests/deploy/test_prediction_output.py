@@ -15,10 +15,10 @@ from PIL import Image
 from planted import KINDS, plant, snapshot
 from tiny_export import export_tiny, write_cases
 
-from nnunetv2_meddisseg.cli import UserError
 from nnunetv2_meddisseg.deploy import prediction_output
 from nnunetv2_meddisseg.deploy.predict_onnx import PROG, OnnxPredictor, cases_of_part, find_cases, main
 from nnunetv2_meddisseg.deploy.prediction_output import RECORD_FOLDER
+from nnunetv2_meddisseg.errors import UserError
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 import torch
 from nnunet_cli import run_cli
 
-from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.planning.memory import batch_size_for_memory, estimated_memory_line
 from nnunetv2_meddisseg.planning.plan_meddisseg import build_meddisseg_plans, main
 from nnunetv2_meddisseg.plans_architecture import NETWORK_CLASS_NAME

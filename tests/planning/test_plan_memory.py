@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_plan_meddisseg import _source_plans
 
-from nnunetv2_meddisseg.cli import UserError
+from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.planning import plan_meddisseg as plan_module
 from nnunetv2_meddisseg.planning.memory import GIB, MemoryLine, batch_size_for_memory
 from nnunetv2_meddisseg.planning.plan_meddisseg import build_meddisseg_plans

@@ -171,7 +171,7 @@ def test_nnunet_trainer_search_installs_the_excepthook_once(monkeypatch, capsys)
 
 
 def test_training_input_errors_keep_their_former_types():
-    from nnunetv2_meddisseg.cli import UserError
+    from nnunetv2_meddisseg.errors import UserError
     from nnunetv2_meddisseg.torch_files import UnsafeTorchFile
     from nnunetv2_meddisseg.training.errors import (
         TrainingInputError,
