@@ -65,6 +65,7 @@ from nnunetv2_meddisseg.environment import (
 )
 from nnunetv2_meddisseg.files import write_atomically
 from nnunetv2_meddisseg.logged_command import CommandStopped, run_logged
+from nnunetv2_meddisseg.pretraining.pretrain import checkpoint_path
 from nnunetv2_meddisseg.training.recipe import ScheduleRecipe
 
 DATASET_ID = 502
@@ -329,9 +330,9 @@ class Pretraining:
         return (self.work / "pretraining" / f"{key}_e{a.pretrain_epochs}x{a.pretrain_iterations_per_epoch}_bs{a.batch}"
                 / f"seed_{seed}.pth")
 
-    def weights(self, key: str, seed: int, time_limit_s: Optional[float]) -> Tuple[Path, dict]:
+    def weights(self, key: str, seed: int, time_limit_s: Optional[float], say=print) -> Tuple[Path, dict]:
         """The weights file of ``(key, seed)`` and its ``pretraining`` record, pretrained first where missing
-        (``CommandStopped`` after ``time_limit_s`` seconds)."""
+        (``CommandStopped`` after ``time_limit_s`` seconds); ``say`` reports the start and the end."""
         import torch
 
         with self.lock:
@@ -344,13 +345,19 @@ class Pretraining:
                 env = dict(self.env)
                 if self.args.threads is not None:  # torch's intra-op threads, as --threads sets them for training
                     env["OMP_NUM_THREADS"] = str(self.args.threads)
+                log = self.work / "logs" / f"pretrain_{key}_seed{seed}.log"
+                a = self.args
+                resuming = " (resuming from its checkpoint)" if checkpoint_path(target).is_file() else ""
+                say(f"pretrain {key}_seed{seed}: {a.pretrain_epochs} x {a.pretrain_iterations_per_epoch} batches of "
+                    f"{plans_name}{resuming}, log {log}")
                 command = ["nnUNetv2_meddisseg_pretrain", "-d", str(self.args.dataset_id), "-c", CONFIGURATION,
                            "-p", plans_name, "-f", FOLD, "-o", str(target), "--epochs", str(self.args.pretrain_epochs),
                            "--iterations_per_epoch", str(self.args.pretrain_iterations_per_epoch), "--seed", str(seed),
                            "--device", self.args.device, "--no_progress"]
-                run_logged(command, env, self.work / "logs" / f"pretrain_{key}_seed{seed}.log", echo=False,
-                           append=True, timeout_s=time_limit_s)
+                run_logged(command, env, log, echo=False, append=True, timeout_s=time_limit_s)
             record = torch.load(target, map_location="cpu", weights_only=True)["pretraining"]
+            say(f"pretrained {key}_seed{seed}: {record['minutes']:.1f} min, restoration loss "
+                f"{record['losses'][0]:.4f} -> {record['losses'][-1]:.4f}")
         return target, record
 
     def fine_tuning_plans(self, key: str, seed: int, budget: Budget, weights: Path) -> Tuple[str, int]:
@@ -440,7 +447,7 @@ def _run(args, kvasir: Path, work: Path, study: Study, start: float) -> dict:
                 return
             began = time.monotonic()
             try:
-                weights, record = pretraining.weights(key, seed, study.remaining())
+                weights, record = pretraining.weights(key, seed, study.remaining(), study._say)
                 with lock:
                     plans_name, batch = pretraining.fine_tuning_plans(key, seed, budget, weights)
             except CommandStopped:

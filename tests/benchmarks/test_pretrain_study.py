@@ -32,7 +32,7 @@ FIELDS = {"method", "pretrained", "seeds", "test_mdsc_mean", "test_mdsc_sd", "de
 
 @pytest.fixture(scope="module")
 def study(request, tmp_path_factory):
-    """(work folder, results, stdout)."""
+    """(work folder, results, markdown, stdout)."""
     tmp = scratch_folder(request, tmp_path_factory, "pretrain_study")
     kvasir, work, out = fake_kvasir(tmp / "Kvasir-SEG", (6, 2, 2)), tmp / "work", tmp / "results"
     command = [sys.executable, str(QUALITY), "--kvasir", str(kvasir), "--size", "32", "--iterations", "4",
@@ -43,14 +43,15 @@ def study(request, tmp_path_factory):
                "--work", str(work), "--out", str(out), "--name", "pretrain_study"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=dict(os.environ))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return work, json.loads((out / "pretrain_study.json").read_text()), (out / "pretrain_study.md").read_text()
+    return (work, json.loads((out / "pretrain_study.json").read_text()), (out / "pretrain_study.md").read_text(),
+            proc.stdout)
 
 
 @pytest.mark.e2e
 def test_each_pretrained_arm_is_pretrained_with_its_seed_on_training_cases_before_fine_tuning(study):
     from nnunetv2_meddisseg.torch_files import read_checkpoint
 
-    work, results, _ = study
+    work, results, _, stdout = study
     assert results["complete"] is True and results["pending"] == []
     splits = json.loads(next((work / "nnUNet_preprocessed").glob("Dataset*/splits_final.json")).read_text())[0]
     runs = {r["method"]: r for r in results["runs"]}
@@ -67,6 +68,8 @@ def test_each_pretrained_arm_is_pretrained_with_its_seed_on_training_cases_befor
         log = (work / "logs" / f"pretrain_{key}_seed{SEED}.log").read_text()
         assert f"--seed {SEED} " in log and "-f 0 " in log and "--use_validation_cases" not in log
         assert run["pretrain_minutes"] == pytest.approx(record["minutes"]) and run["pretrain_minutes"] > 0
+        said = stdout.index(f"pretrain {key}_seed{SEED}: 2 x 1 batches of {record['plans']}")
+        assert said < stdout.index(f"pretrained {key}_seed{SEED}: ") < stdout.index(f"start {key}_seed{SEED}")
         assert run["finetune_minutes"] == pytest.approx(run["train_wall_s"] / 60)
         # the fine-tuning started after the weights file was written
         fold = next((work / f"runs_{LABEL}_e4" / key / f"seed_{SEED}" / "nnUNet_results").glob("*/*/fold_0"))
@@ -86,7 +89,7 @@ def test_each_pretrained_arm_is_pretrained_with_its_seed_on_training_cases_befor
 
 @pytest.mark.e2e
 def test_the_results_file_holds_the_arms(study):
-    _, results, markdown = study
+    _, results, markdown, _ = study
     assert results["settings"]["pretraining"] == {"epochs": 2, "iterations_per_epoch": 1, "batch": 2, "fold": "0"}
     arms = {a["method"]: a for a in results["arms"][LABEL]}
     assert sorted(arms) == sorted(ARMS)
