@@ -25,6 +25,16 @@ same settings) and rewrites the tables, which state the seeds and images per met
 budget that the results file does not hold yet: with an images budget sized to the device's epoch times, each
 command finishes one seed of every method, also on machines that keep nothing between commands.
 
+**Pretrained arms** (``meddisseg_pretrained``, ``default_pretrained``): once per (arm, seed), before the arm's first
+run of that seed, ``nnUNetv2_meddisseg_pretrain`` pretrains the network of the arm's plans at ``--batch`` on the
+fold's training cases, seeded with the run's seed (``--pretrain-epochs`` x ``--pretrain-iterations-per-epoch``
+batches; ``WORK/pretraining/``, resumed from its checkpoint after an interruption). Med-DisSeg then trains on plans
+written by ``nnUNetv2_meddisseg_plan --encoder-weights FILE`` (one per seed), nnU-Net's default network with
+``nnUNetv2_train ... -pretrained_weights FILE``; everything else as the arm from scratch. Each run records the
+pretraining's minutes (``pretrain_minutes``, its epoch durations) beside the fine-tuning's; under a ``minutes:M``
+budget a pretrained arm fine-tunes for M less the pretraining minutes of its calibration run (equal total minutes).
+The results file then holds ``arms`` (``quality_study.pretraining_arms``) per budget.
+
 No ImageNet weights unless ``--encoder-weights`` (passed to ``nnUNetv2_meddisseg_plan``). torch.compile as
 nnU-Net decides (on by default on CUDA) unless ``--no-compile``. The study's arms, one run and the tables:
 ``quality_study``; the budgets: ``quality_budgets``.
@@ -38,12 +48,13 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Container, Dict, List, Optional, Sequence, Tuple
 
 from common import DEFAULT_OUT, command_line, dataset_folder, machine_info, write_kvasir_split, write_results
 from quality_budgets import Budget, iterations_per_epoch, parse_budget
-from quality_study import BASELINE, MEDDISSEG_PLANS, METHODS, Study, aggregate, markdown
+from quality_study import BASELINE, MEDDISSEG_PLANS, METHODS, Study, aggregate, markdown, pretraining_arms
 
 from nnunetv2_meddisseg.ablation.runs import AblationRun, Variant, write_budget
 from nnunetv2_meddisseg.environment import (
@@ -53,7 +64,8 @@ from nnunetv2_meddisseg.environment import (
 )
 from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.files import write_atomically
-from nnunetv2_meddisseg.logged_command import run_logged
+from nnunetv2_meddisseg.logged_command import CommandStopped, run_logged
+from nnunetv2_meddisseg.pretraining.pretrain import checkpoint_path
 from nnunetv2_meddisseg.training.recipe import ScheduleRecipe
 
 DATASET_ID = 502
@@ -89,7 +101,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="methods to train")
     p.add_argument("--baseline", default=BASELINE, choices=list(METHODS),
                    help="the method every other one is compared to (paired test)")
-    p.add_argument("--seeds", type=int, default=1, help="runs per method and budget (seeds 0 .. N-1)")
+    p.add_argument("--seeds", type=int, default=1, help="runs per method and budget (seeds S .. S+N-1)")
+    p.add_argument("--first-seed", type=int, default=0, help="S, the first seed")
     p.add_argument("--next-seed", action="store_true",
                    help="run only the lowest seed of each method and budget that the results file does not hold yet "
                         "(one seed per command; repeat the command until the table is complete)")
@@ -106,6 +119,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="nnUNet_compile=f (default: as nnU-Net decides, compiled on CUDA)")
     p.add_argument("--encoder-weights", default=None,
                    help="passed to nnUNetv2_meddisseg_plan --encoder-weights (default: random initialisation)")
+    p.add_argument("--pretrain-epochs", type=int, default=4,
+                   help="pretrained arms: epochs of nnUNetv2_meddisseg_pretrain (default: half the CPU budget's 160 "
+                        "fine-tuning iterations, see benchmarks/README.md)")
+    p.add_argument("--pretrain-iterations-per-epoch", type=int, default=20,
+                   help="pretrained arms: batches (at --batch) per pretraining epoch")
     p.add_argument("--work", default=None,
                    help="folder for the nnU-Net folders, models, predictions and logs (default: a new temporary "
                         "folder, kept); a rerun with the same folder reuses data and finished runs")
@@ -155,6 +173,15 @@ def _check_args(args) -> Path:
         value = getattr(args, name)
         if value is not None and not (math.isfinite(value) and value > 0):
             fail(f"--{name.replace('_', '-')} must be a number of minutes above 0, got {value}")
+    if any(METHODS[k].pretrained for k in args.methods):
+        if args.encoder_weights:
+            fail("--encoder-weights: the pretrained arms (" + " ".join(k for k in args.methods if METHODS[k].pretrained)
+                 + ") take their encoder from the pretraining; run them without --encoder-weights")
+        if args.pretrain_epochs < 1 or args.pretrain_iterations_per_epoch < 1:
+            fail(f"--pretrain-epochs and --pretrain-iterations-per-epoch must be at least 1, got "
+                 f"{args.pretrain_epochs} and {args.pretrain_iterations_per_epoch}")
+    if args.first_seed < 0:
+        fail(f"--first-seed must be at least 0, got {args.first_seed}")
     for name in ("seeds", "parallel", "threads", "max_train_cases", "max_test_cases"):
         value = getattr(args, name)
         if value is not None and value < (2 if name.startswith("max") else 1):
@@ -273,6 +300,83 @@ class Plans:
         return name, int(plans["configurations"][CONFIGURATION]["batch_size"])
 
 
+@dataclass
+class PretrainedRun(AblationRun):
+    """An ``AblationRun`` whose first training starts from ``pretrained_weights`` (``nnUNetv2_train
+    -pretrained_weights FILE``; nnU-Net refuses the option with ``--c``, and a resumed run has the weights already)."""
+
+    pretrained_weights: Optional[Path] = None
+
+    def train(self, variant: str, seed: int, time_limit_s: Optional[float] = None) -> None:
+        if self.pretrained_weights is None or self.state(variant, seed) != "new":
+            return super().train(variant, seed, time_limit_s)
+        spec = self.variants[variant]
+        command = ["nnUNetv2_train", self.dataset_name, "2d", self.fold, "-tr", spec.trainer, "-p", spec.plans,
+                   "-device", self.device, "-pretrained_weights", str(self.pretrained_weights)]
+        self._command(command, seed, self.out / "logs" / f"{variant}_seed{seed}_train.log", time_limit_s)
+
+
+class Pretraining:
+    """The pretraining of each (pretrained arm, seed): ``nnUNetv2_meddisseg_pretrain`` on fold 0's training cases with
+    the run's seed, written once to ``WORK/pretraining/<arm>_e<E>x<I>_bs<B>/seed_<s>.pth`` and shared by the arm's
+    budgets; a stopped one resumes from its checkpoint."""
+
+    def __init__(self, args, env: Dict[str, str], work: Path, plans: "Plans", lock: threading.Lock):
+        self.args, self.env, self.work, self.plans, self.lock = args, env, work, plans, lock  # lock: the plans'
+        self.locks: Dict[Tuple[str, int], threading.Lock] = {}
+
+    def file(self, key: str, seed: int) -> Path:
+        a = self.args
+        return (self.work / "pretraining" / f"{key}_e{a.pretrain_epochs}x{a.pretrain_iterations_per_epoch}_bs{a.batch}"
+                / f"seed_{seed}.pth")
+
+    def weights(self, key: str, seed: int, time_limit_s: Optional[float], say=print) -> Tuple[Path, dict]:
+        """The weights file of ``(key, seed)`` and its ``pretraining`` record, pretrained first where missing
+        (``CommandStopped`` after ``time_limit_s`` seconds); ``say`` reports the start and the end."""
+        import torch
+
+        with self.lock:
+            lock = self.locks.setdefault((key, seed), threading.Lock())
+            plans_name, _ = self.plans.of(key, Budget("iterations", 1, self.args.batch))
+        with lock:
+            target = self.file(key, seed)
+            if not target.is_file():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                env = dict(self.env)
+                if self.args.threads is not None:  # torch's intra-op threads, as --threads sets them for training
+                    env["OMP_NUM_THREADS"] = str(self.args.threads)
+                log = self.work / "logs" / f"pretrain_{key}_seed{seed}.log"
+                a = self.args
+                resuming = " (resuming from its checkpoint)" if checkpoint_path(target).is_file() else ""
+                say(f"pretrain {key}_seed{seed}: {a.pretrain_epochs} x {a.pretrain_iterations_per_epoch} batches of "
+                    f"{plans_name}{resuming}, log {log}")
+                command = ["nnUNetv2_meddisseg_pretrain", "-d", str(self.args.dataset_id), "-c", CONFIGURATION,
+                           "-p", plans_name, "-f", FOLD, "-o", str(target), "--epochs", str(self.args.pretrain_epochs),
+                           "--iterations_per_epoch", str(self.args.pretrain_iterations_per_epoch), "--seed", str(seed),
+                           "--device", self.args.device, "--no_progress"]
+                run_logged(command, env, log, echo=False, append=True, timeout_s=time_limit_s)
+            record = torch.load(target, map_location="cpu", weights_only=True)["pretraining"]
+            say(f"pretrained {key}_seed{seed}: {record['minutes']:.1f} min, restoration loss "
+                f"{record['losses'][0]:.4f} -> {record['losses'][-1]:.4f}")
+        return target, record
+
+    def fine_tuning_plans(self, key: str, seed: int, budget: Budget, weights: Path) -> Tuple[str, int]:
+        """Med-DisSeg arms: plans ``<the arm's plans>_pretrained_seed<s>`` with the pretrained encoder (written on first
+        use); nnU-Net's arms: the arm's plans (the weights go to ``nnUNetv2_train``). The caller holds the lock."""
+        name, batch = self.plans.of(key, budget)
+        family = METHODS[key].family
+        if family == "nnunet":
+            return name, batch
+        name += f"_pretrained_seed{seed}"
+        if (self.plans.preprocessed / f"{name}.json").is_file():
+            return name, batch
+        command = ["nnUNetv2_meddisseg_plan", "-d", str(self.args.dataset_id), "--plans-name", name,
+                   *MEDDISSEG_PLANS[family][1], "--encoder-weights", str(weights)]
+        command += ["--batch-size", str(budget.batch)] if budget.batch else []
+        run_logged(command, planning_environment(self.env), self.work / "logs" / f"{name}_plan.log")
+        return name, batch
+
+
 def _run(args, kvasir: Path, work: Path, study: Study, start: float) -> dict:
     env = _environment(args, work)
     _prepare_data(args, kvasir, env, work)
@@ -286,13 +390,18 @@ def _run(args, kvasir: Path, work: Path, study: Study, start: float) -> dict:
                 "val_iterations_per_epoch": args.val_iterations, "final_validation": not args.no_final_validation,
                 "test_time_augmentation": not args.disable_tta,
                 "encoder_weights": args.encoder_weights or "random initialisation (no ImageNet weights)"}
+    if any(METHODS[k].pretrained for k in args.methods):
+        settings["pretraining"] = {"epochs": args.pretrain_epochs, "batch": args.batch, "fold": FOLD,
+                                   "iterations_per_epoch": args.pretrain_iterations_per_epoch}
     previous = _previous_results(Path(args.out) / f"{args.name}.json", settings)
     runs = {(r["budget"], r["method"], r["seed"]): r for r in previous.get("runs", [])}
     machine = machine_info(args.device)
     device_name = machine.get("gpu", machine["cpu"])
     budgets = {**previous.get("budgets", {}), **{b.label: b._asdict() for b in args.budget}}
     plans, pending, lock = Plans(args, env, work, preprocessed), [], threading.Lock()
-    order = [(b, k, seed) for seed in range(args.seeds) for b in args.budget for k in args.methods]
+    pretraining = Pretraining(args, env, work, plans, lock)
+    order = [(b, k, seed) for seed in range(args.first_seed, args.first_seed + args.seeds) for b in args.budget
+             for k in args.methods]
     chosen = selected_runs(order, runs, args.next_seed)
     pending += [f"{b.label} {k} seed {seed} (a later command: --next-seed runs one seed per command)"
                 for b, k, seed in order if (b.label, k, seed) not in runs and (b, k, seed) not in chosen]
@@ -301,12 +410,15 @@ def _run(args, kvasir: Path, work: Path, study: Study, start: float) -> dict:
 
     def payload() -> dict:
         done = list(runs.values())
+        tables = {label: aggregate([r for r in done if r["budget"] == label],
+                                   [k for k in METHODS if any(r["budget"] == label and r["method"] == k for r in done)],
+                                   args.baseline) for label in budgets}
         return {"machine": machine, "command": command_line(), "settings": settings, "budgets": budgets,
                 "baseline": args.baseline,
-                "tables": {label: aggregate([r for r in done if r["budget"] == label],
-                                            [k for k in METHODS if any(r["budget"] == label and r["method"] == k
-                                                                       for r in done)], args.baseline)
-                           for label in budgets},
+                "tables": tables,
+                **({"arms": {label: pretraining_arms([r for r in done if r["budget"] == label], tables[label],
+                                                     args.baseline) for label in budgets}}
+                   if any(METHODS[r["method"]].pretrained for r in done) else {}),
                 "pieces": [*previous.get("pieces", []), {"date": machine["date"], "device_name": device_name,
                                                          "wall_s": time.time() - start,
                                                          "compile": env.get("nnUNet_compile", "nnU-Net's default")}],
@@ -328,8 +440,26 @@ def _run(args, kvasir: Path, work: Path, study: Study, start: float) -> dict:
         if iterations is None:
             pending.append(f"{what} (waits for {key}'s equal-images run on {device_name})")
             return
-        runner = AblationRun(out, raw.name, FOLD, {key: Variant(METHODS[key].trainer, plans_name)}, args.device,
-                             raw / "imagesTs", raw / "labelsTs", labels, args.disable_tta, predict_processes=1)
+        weights, record = None, None
+        if METHODS[key].pretrained:
+            if not study.may_start():
+                pending.append(f"{what} (not started (deadline))")
+                return
+            began = time.monotonic()
+            try:
+                weights, record = pretraining.weights(key, seed, study.remaining(), study._say)
+                with lock:
+                    plans_name, batch = pretraining.fine_tuning_plans(key, seed, budget, weights)
+            except CommandStopped:
+                pending.append(f"{what} (pretraining stopped at the end of the piece: the same command continues it)")
+                return
+            except UserError as e:
+                pending.append(f"{what} (pretraining failed: {e})")
+                return
+            pretrain_wall_s = time.monotonic() - began
+        runner = PretrainedRun(out, raw.name, FOLD, {key: Variant(METHODS[key].trainer, plans_name)}, args.device,
+                               raw / "imagesTs", raw / "labelsTs", labels, args.disable_tta, predict_processes=1,
+                               pretrained_weights=weights if METHODS[key].family == "nnunet" else None)
         result = study.run(runner, key, seed)
         if result["status"] != "done":
             pending.append(f"{what} ({result['status']})")
@@ -337,6 +467,13 @@ def _run(args, kvasir: Path, work: Path, study: Study, start: float) -> dict:
         result.update(budget=budget.label, batch=batch, iterations_per_epoch=iterations,
                       iterations=args.epochs * iterations, images_seen=args.epochs * iterations * batch,
                       device_name=device_name)
+        if record is not None:
+            result.update(pretrain_minutes=record["minutes"], finetune_minutes=result["train_wall_s"] / 60,
+                          pretraining={"file": str(weights), "wall_s_this_command": pretrain_wall_s,
+                                       **{k: record[k] for k in ("seed", "cases", "fold", "validation_cases_used",
+                                                                 "split", "epochs", "iterations_per_epoch",
+                                                                 "batch_size", "patch_size", "losses", "minutes",
+                                                                 "plans", "network")}})
         with lock:
             runs[(budget.label, key, seed)] = result
             current = payload()
@@ -375,6 +512,13 @@ def _iterations(args, budget: Budget, key: str, batch: int, out: Path, runs: Lis
                             and r["device_name"] == device_name and r.get("epoch_seconds")), None)
         if calibration is None:
             return None
+    if budget.kind == "minutes" and METHODS[key].pretrained:
+        # equal total minutes: the pretraining's minutes (of the calibration run's seed) come off the fine-tuning's
+        left = budget.amount - calibration["pretrain_minutes"]
+        if left <= 0:
+            raise UserError(f"--budget minutes:{budget.amount:g} is too small for {key}: its pretraining took "
+                            f"{calibration['pretrain_minutes']:.1f} min")
+        budget = budget._replace(amount=left)
     iterations = iterations_per_epoch(budget, args.epochs, batch, calibration)
     write_budget(out, ScheduleRecipe(num_epochs=args.epochs, iterations_per_epoch=iterations,
                                      val_iterations_per_epoch=args.val_iterations, save_every=1,

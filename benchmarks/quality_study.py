@@ -26,6 +26,13 @@ class Method(NamedTuple):
     name: str
     trainer: str
     family: str  # "nnunet" (nnU-Net's plans and network) or a key of MEDDISSEG_PLANS
+    #: pretrained arms: the arm trained from scratch that they are compared to (``p_vs_scratch``); its network is
+    #: pretrained by ``nnUNetv2_meddisseg_pretrain`` on the fold's training cases, seeded with the run's seed
+    scratch: Optional[str] = None
+
+    @property
+    def pretrained(self) -> bool:
+        return self.scratch is not None
 
 
 #: Med-DisSeg plans families: plans name stem -> extra ``nnUNetv2_meddisseg_plan`` arguments
@@ -56,6 +63,10 @@ METHODS: Dict[str, Method] = {
                           "nnUNetTrainerMedDisSeg_plainPaper", "meddisseg"),
     "plain_sgd": Method("Med-DisSeg network, plain, SGD 1e-2", "nnUNetTrainerMedDisSeg_plainSGD", "meddisseg"),
     "plain_adam": Method("Med-DisSeg network, plain, Adam 1e-3", "nnUNetTrainerMedDisSeg_plainAdam", "meddisseg"),
+    # the encoder pretrained, then nnUNetv2_meddisseg_plan --encoder-weights FILE
+    "meddisseg_pretrained": Method("Med-DisSeg + pretraining", "nnUNetTrainerMedDisSeg", "meddisseg", "meddisseg"),
+    # the whole network pretrained on nnUNetPlans, then nnUNetv2_train ... -pretrained_weights FILE
+    "default_pretrained": Method("nnU-Net (default) + pretraining", "nnUNetTrainerBaseline", "nnunet", "default"),
 }
 #: the default comparison reference of every p-value (``--baseline``)
 BASELINE = "default"
@@ -206,6 +217,35 @@ def aggregate(runs: Sequence[dict], methods: Sequence[str], baseline: str = BASE
     return table
 
 
+def pretraining_arms(runs: Sequence[dict], table: Dict[str, dict], baseline: str = BASELINE) -> List[dict]:
+    """The arms of the pretraining study under one budget: ``table`` (:func:`aggregate` of ``runs``) summarised per
+    method, with each pretrained arm's paired comparison to its arm from scratch (:func:`aggregate` with that arm
+    as the baseline). Minutes: the means over seeds of the pretraining's and the fine-tuning's epoch durations."""
+    arms = []
+    for key, row in table.items():
+        method = METHODS[key]
+        mine = [r for r in runs if r["method"] == key and r["status"] == "done"]
+        to_scratch = None
+        if method.pretrained and method.scratch in table:
+            to_scratch = aggregate(runs, [method.scratch, key], method.scratch)[key].get("vs_baseline")
+        to_default = row.get("vs_baseline")
+        pretrain = _mean_sd([r.get("pretrain_minutes") for r in mine])["mean"] if method.pretrained else 0.0
+        finetune = _mean_sd([r.get("train_wall_s") for r in mine])["mean"]
+        finetune = finetune / 60 if finetune is not None else None
+        arms.append({"method": key, "name": method.name, "pretrained": method.pretrained, "seeds": row["seeds"],
+                     "test_mdsc_mean": row["test"]["dice"]["mean"], "test_mdsc_sd": row["test"]["dice"]["sd"],
+                     "test_miou_mean": row["test"]["iou"]["mean"], "test_miou_sd": row["test"]["iou"]["sd"],
+                     "val_mdsc_mean": row["val_dice"]["mean"],
+                     "delta_vs_default": 0.0 if key == baseline else
+                     (to_default["mean_dice_difference"] if to_default else None),
+                     "p_vs_default": to_default["p_value"] if to_default else None,
+                     "delta_vs_scratch": to_scratch["mean_dice_difference"] if to_scratch else None,
+                     "p_vs_scratch": to_scratch["p_value"] if to_scratch else None,
+                     "pretrain_minutes": pretrain, "finetune_minutes": finetune,
+                     "total_minutes": None if pretrain is None or finetune is None else pretrain + finetune})
+    return arms
+
+
 def _fmt_ms(s: Dict[str, Optional[float]], scale: float = 100.0, digits: int = 1) -> str:
     if s["mean"] is None:
         return "–"
@@ -217,6 +257,46 @@ def _p_value(v: Optional[dict]) -> str:
     if not v:
         return "–"
     return f"{v['p_value']:.1e}" if v["p_value"] < 1e-3 else f"{v['p_value']:.3f}"
+
+
+def _number(v: Optional[float], scale: float = 100.0, sign: bool = False) -> str:
+    return "–" if v is None else f"{scale * v:{'+' if sign else ''}.1f}"
+
+
+def _p(v: Optional[float]) -> str:
+    return "–" if v is None else (f"{v:.1e}" if v < 1e-3 else f"{v:.3f}")
+
+
+def _arms_markdown(payload: dict) -> List[str]:
+    """The pretraining study's table of each budget (``payload["arms"]``, where it has pretrained arms); the column
+    at equal total minutes comes from a ``minutes`` budget, under which pretrained arms fine-tune for the budget
+    less their pretraining."""
+    arms = payload.get("arms") or {}
+    minutes = next((label for label in arms if payload["budgets"][label]["kind"] == "minutes"), None)
+    at_minutes = {a["method"]: a for a in arms.get(minutes, [])}
+    out = []
+    for label, rows in arms.items():
+        if label == minutes and len(arms) > 1:
+            continue
+        title = Budget(**payload["budgets"][label]).describe()
+        extra = [f"test mDSC at {payload['budgets'][minutes]['amount']:g} total min"] if minutes else []
+        cells = []
+        for a in rows:
+            same_minutes = at_minutes.get(a["method"])
+            cells.append([a["name"], "yes" if a["pretrained"] else "no", len(a["seeds"]),
+                          _fmt_ms({"mean": a["test_miou_mean"], "sd": a["test_miou_sd"]}),
+                          _fmt_ms({"mean": a["test_mdsc_mean"], "sd": a["test_mdsc_sd"]}),
+                          _number(a["delta_vs_default"], sign=True), _p(a["p_vs_default"]),
+                          _number(a["delta_vs_scratch"], sign=True), _p(a["p_vs_scratch"]),
+                          _number(a["pretrain_minutes"], 1), _number(a["finetune_minutes"], 1),
+                          *([_fmt_ms({"mean": same_minutes["test_mdsc_mean"], "sd": same_minutes["test_mdsc_sd"]})
+                             if same_minutes else "–"] if minutes else [])])
+        out += [f"### Pretraining study: {title}", "",
+                "Δ, p: test mDSC difference and Wilcoxon p-value to default nnU-Net and to the same arm from "
+                "scratch. Minutes: the pretraining's and the fine-tuning's epoch durations (mean over seeds).", "",
+                markdown_table(["arm", "pretrained", "seeds", "test mIoU", "test mDSC", "Δ vs default", "p",
+                                "Δ vs scratch", "p", "pretrain min", "fine-tune min", *extra], cells), ""]
+    return out
 
 
 def markdown(payload: dict) -> str:
@@ -251,6 +331,7 @@ def markdown(payload: dict) -> str:
                             if name.startswith(("grad_norm", "dispersion", "loss_dispersive", "loss_seg"))]
         out += [markdown_table(["method", "trainer", "seeds", "batch", "images seen", "train min", "val mDSC",
                                 *[f"test {METRIC_TITLES[k]}" for k in METRICS], "Δ mDSC", "p"], rows), ""]
+    out += _arms_markdown(payload)
     if diagnostics:
         out += ["Training diagnostics (mean over seeds; first → last epoch):", "",
                 markdown_table(["budget", "method", "figure", "first → last epoch"], diagnostics), ""]

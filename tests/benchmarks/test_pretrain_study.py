@@ -1,0 +1,169 @@
+"""benchmarks/quality.py's pretrained arms through the real commands, on the CPU, at 32x32: default nnU-Net,
+nnU-Net's default network + pretraining and Med-DisSeg + pretraining, 4 iterations each, one seed (3, so that the
+pretraining's seed is not its default). Checks that each pretrained arm was pretrained by
+``nnUNetv2_meddisseg_pretrain`` with the run's seed on the fold's training cases only, before its fine-tuning,
+that the weights reached the fine-tuning (``-pretrained_weights``, ``--encoder-weights``), and the results file's
+arms. Without training: the arms' summary on hand-made runs and the equal-total-minutes budget."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from nnunet_cli import fake_kvasir
+from scipy import stats
+from scratch import scratch_folder
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import quality  # noqa: E402
+import quality_study  # noqa: E402
+from quality_budgets import Budget  # noqa: E402
+
+from nnunetv2_meddisseg.cli import UserError  # noqa: E402
+
+QUALITY = Path(__file__).resolve().parents[2] / "benchmarks" / "quality.py"
+SEED, LABEL = 3, "iterations4_bs2"
+ARMS = ("default", "default_pretrained", "meddisseg_pretrained")
+FIELDS = {"method", "pretrained", "seeds", "test_mdsc_mean", "test_mdsc_sd", "delta_vs_default", "p_vs_default",
+          "p_vs_scratch", "pretrain_minutes", "finetune_minutes"}
+
+
+@pytest.fixture(scope="module")
+def study(request, tmp_path_factory):
+    """(work folder, results, markdown, stdout)."""
+    tmp = scratch_folder(request, tmp_path_factory, "pretrain_study")
+    kvasir, work, out = fake_kvasir(tmp / "Kvasir-SEG", (6, 2, 2)), tmp / "work", tmp / "results"
+    command = [sys.executable, str(QUALITY), "--kvasir", str(kvasir), "--size", "32", "--iterations", "4",
+               "--iterations-per-epoch", "1", "--batch", "2", "--methods", *ARMS, "--seeds", "1",
+               "--first-seed", str(SEED), "--pretrain-epochs", "2", "--pretrain-iterations-per-epoch", "1",
+               "--val-iterations", "1", "--no-final-validation", "--disable-tta", "--max-train-cases", "6",
+               "--max-test-cases", "2", "--num-processes", "1", "--da-processes", "0", "--threads", "1",
+               "--work", str(work), "--out", str(out), "--name", "pretrain_study"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return (work, json.loads((out / "pretrain_study.json").read_text()), (out / "pretrain_study.md").read_text(),
+            proc.stdout)
+
+
+@pytest.mark.e2e
+def test_each_pretrained_arm_is_pretrained_with_its_seed_on_training_cases_before_fine_tuning(study):
+    from nnunetv2_meddisseg.torch_files import read_checkpoint
+
+    work, results, _, stdout = study
+    assert results["complete"] is True and results["pending"] == []
+    splits = json.loads(next((work / "nnUNet_preprocessed").glob("Dataset*/splits_final.json")).read_text())[0]
+    runs = {r["method"]: r for r in results["runs"]}
+    assert sorted(runs) == sorted(ARMS) and {r["seed"] for r in runs.values()} == {SEED}
+    assert "pretraining" not in runs["default"] and "pretrain_minutes" not in runs["default"]
+    for key, network in (("default_pretrained", "nnunet_network"), ("meddisseg_pretrained", "meddisseg_encoder")):
+        run, record = runs[key], runs[key]["pretraining"]
+        weights = Path(record["file"])
+        assert weights.is_file() and weights.parent.parent == work / "pretraining"
+        assert record["seed"] == SEED and record["network"] == network and record["fold"] == "0"
+        assert record["cases"] == len(splits["train"]) == 6 and record["validation_cases_used"] is False
+        assert record["split"].endswith("splits_final.json") and record["epochs"] == 2
+        assert len(record["losses"]) == 2 and record["batch_size"] == 2
+        log = (work / "logs" / f"pretrain_{key}_seed{SEED}.log").read_text()
+        assert f"--seed {SEED} " in log and "-f 0 " in log and "--use_validation_cases" not in log
+        assert run["pretrain_minutes"] == pytest.approx(record["minutes"]) and run["pretrain_minutes"] > 0
+        said = stdout.index(f"pretrain {key}_seed{SEED}: 2 x 1 batches of {record['plans']}")
+        assert said < stdout.index(f"pretrained {key}_seed{SEED}: ") < stdout.index(f"start {key}_seed{SEED}")
+        assert run["finetune_minutes"] == pytest.approx(run["train_wall_s"] / 60)
+        # the fine-tuning started after the weights file was written
+        fold = next((work / f"runs_{LABEL}_e4" / key / f"seed_{SEED}" / "nnUNet_results").glob("*/*/fold_0"))
+        started = read_checkpoint(fold / "checkpoint_final.pth")["logging"]["epoch_start_timestamps"][0]
+        assert started > weights.stat().st_mtime
+    train_log = (work / f"runs_{LABEL}_e4" / "default_pretrained" / "logs"
+                 / f"default_pretrained_seed{SEED}_train.log").read_text()
+    weights = runs["default_pretrained"]["pretraining"]["file"]
+    assert f"-pretrained_weights {weights}" in train_log and "Loading pretrained weights" in train_log
+    plans = runs["meddisseg_pretrained"]["plans"]
+    assert plans == f"nnUNetMedDisSegPlans_bs2_pretrained_seed{SEED}"
+    content = json.loads(next((work / "nnUNet_preprocessed").glob(f"Dataset*/{plans}.json")).read_text())
+    assert (content["configurations"]["2d"]["architecture"]["arch_kwargs"]["encoder_weights"]
+            == runs["meddisseg_pretrained"]["pretraining"]["file"])
+    assert runs["meddisseg_pretrained"]["pretraining"]["plans"] == "nnUNetMedDisSegPlans_bs2"
+
+
+@pytest.mark.e2e
+def test_the_results_file_holds_the_arms(study):
+    _, results, markdown, _ = study
+    assert results["settings"]["pretraining"] == {"epochs": 2, "iterations_per_epoch": 1, "batch": 2, "fold": "0"}
+    arms = {a["method"]: a for a in results["arms"][LABEL]}
+    assert sorted(arms) == sorted(ARMS)
+    runs = {r["method"]: r for r in results["runs"]}
+    for key, arm in arms.items():
+        assert FIELDS <= set(arm) and arm["seeds"] == [SEED]
+        assert arm["pretrained"] is (key != "default")
+        assert arm["test_mdsc_mean"] == pytest.approx(runs[key]["test_mean"]["dice"]) and arm["test_mdsc_sd"] is None
+        assert arm["finetune_minutes"] == pytest.approx(runs[key]["train_wall_s"] / 60)
+    assert arms["default"]["pretrain_minutes"] == 0 and arms["default"]["p_vs_scratch"] is None
+    pretrained, scratch = runs["default_pretrained"], runs["default"]
+    assert arms["default_pretrained"]["pretrain_minutes"] == pytest.approx(pretrained["pretrain_minutes"])
+    difference = np.mean([pretrained["test_per_case"][c]["dice"] - scratch["test_per_case"][c]["dice"]
+                          for c in scratch["test_per_case"]])
+    assert arms["default_pretrained"]["delta_vs_scratch"] == pytest.approx(difference)
+    assert arms["default_pretrained"]["delta_vs_default"] == pytest.approx(difference)
+    assert arms["meddisseg_pretrained"]["p_vs_scratch"] is None  # its arm from scratch did not run
+    assert "### Pretraining study: 4 training iterations per run at batch 2" in markdown
+    assert "| Med-DisSeg + pretraining | yes | 1 |" in markdown
+
+
+def _run(method, seed, dice, pretrain_minutes=None):
+    cases = {f"case{i}": {"iou": d / (2 - d), "dice": d, "recall": d, "precision": d} for i, d in enumerate(dice)}
+    run = {"method": method, "seed": seed, "status": "done", "val_dice": 0.5, "test_per_case": cases,
+           "test_mean": {k: float(np.mean([c[k] for c in cases.values()])) for k in quality_study.METRICS},
+           "train_wall_s": 120.0, "epoch_times_s": [60.0, 60.0], "iterations": 20, "curves": {}}
+    if pretrain_minutes is not None:
+        run["pretrain_minutes"] = pretrain_minutes
+    return run
+
+
+def test_arms_compare_to_default_and_to_their_arm_from_scratch():
+    rng = np.random.default_rng(1)
+    default = [rng.uniform(0.3, 0.9, 12) for _ in range(2)]
+    scratch = [d - rng.uniform(0.0, 0.2, 12) for d in default]
+    pretrained = [s + rng.uniform(-0.05, 0.15, 12) for s in scratch]
+    runs = [_run("default", s, default[s]) for s in range(2)] + [_run("meddisseg", s, scratch[s]) for s in range(2)]
+    runs += [_run("meddisseg_pretrained", s, pretrained[s], pretrain_minutes=1.0 + s) for s in range(2)]
+    methods = ["default", "meddisseg", "meddisseg_pretrained"]
+    arms = {a["method"]: a for a in quality_study.pretraining_arms(runs, quality_study.aggregate(runs, methods))}
+    a = arms["meddisseg_pretrained"]
+    to_scratch = (pretrained[0] + pretrained[1]) / 2 - (scratch[0] + scratch[1]) / 2
+    to_default = (pretrained[0] + pretrained[1]) / 2 - (default[0] + default[1]) / 2
+    assert a["pretrained"] is True and a["seeds"] == [0, 1]
+    assert a["delta_vs_scratch"] == pytest.approx(to_scratch.mean())
+    assert a["p_vs_scratch"] == pytest.approx(stats.wilcoxon(to_scratch).pvalue)
+    assert a["delta_vs_default"] == pytest.approx(to_default.mean())
+    assert a["p_vs_default"] == pytest.approx(stats.wilcoxon(to_default).pvalue)
+    assert a["test_mdsc_sd"] == pytest.approx(np.std([p.mean() for p in pretrained], ddof=1))
+    assert (a["pretrain_minutes"], a["finetune_minutes"], a["total_minutes"]) == (1.5, 2.0, 3.5)
+    assert arms["meddisseg"]["pretrained"] is False and arms["meddisseg"]["p_vs_scratch"] is None
+    assert arms["default"]["delta_vs_default"] == 0.0 and arms["default"]["p_vs_default"] is None
+
+
+def test_equal_total_minutes_take_the_pretraining_off_the_fine_tuning(tmp_path):
+    args = quality._parser().parse_args(["--kvasir", "x", "--epochs", "4"])
+    calibration = {"budget": "images16", "device_name": "cpu", "epoch_seconds": [5.0] * 4, "iterations_per_epoch": 2}
+    runs = [{**calibration, "method": "default"},
+            {**calibration, "method": "default_pretrained", "pretrain_minutes": 0.25}]
+    minutes = Budget("minutes", 0.5)
+    # 20 s for 4 epochs of 2 iterations: 30 s of fine-tuning give 3 per epoch, 30 s less 15 s of pretraining 1
+    assert quality._iterations(args, minutes, "default", 2, tmp_path / "a", runs, "cpu") == 3
+    assert quality._iterations(args, minutes, "default_pretrained", 2, tmp_path / "b", runs, "cpu") == 1
+    with pytest.raises(UserError, match="minutes:0.2 is too small for default_pretrained: its pretraining took 0.2"):
+        quality._iterations(args, Budget("minutes", 0.2), "default_pretrained", 2, tmp_path / "c", runs, "cpu")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--methods", "default", "meddisseg_pretrained", "--encoder-weights", "w.pth"],
+     "--encoder-weights: the pretrained arms .meddisseg_pretrained. take their encoder from the pretraining"),
+    (["--methods", "default", "default_pretrained", "--pretrain-epochs", "0"],
+     "--pretrain-epochs and --pretrain-iterations-per-epoch must be at least 1, got 0 and 20"),
+    (["--first-seed", "-1"], "--first-seed must be at least 0"),
+])
+def test_pretraining_command_line_errors(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        quality.main(["--kvasir", "/nonexistent", *argv])
