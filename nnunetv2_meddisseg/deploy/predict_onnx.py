@@ -137,7 +137,7 @@ class OnnxPredictor:
     def predict_prepared(self, prepared: Prepared, with_probabilities: bool = False,
                          progress: Optional[Callable[[int, int], None]] = None):
         """:meth:`predict_files` of a case that :meth:`prepare` read (``progress``: see :meth:`logits`)."""
-        return self.predict_prepared_cases([prepared], with_probabilities, progress)[0]
+        return self._results([self.logits(prepared[0], progress)], [prepared], with_probabilities)[0]
 
     def predict_prepared_cases(self, cases: Sequence[Prepared], with_probabilities: bool = False,
                                progress: Optional[Callable[[int, int], None]] = None) -> list:
@@ -148,6 +148,11 @@ class OnnxPredictor:
         all_logits = sliding_window_logits_of_cases([data for data, _ in cases], self.sessions, d["patch_size"],
                                                     self.step_size, self.mirror_axes, d["num_segmentation_heads"],
                                                     progress)
+        return self._results(all_logits, cases, with_probabilities)
+
+    def _results(self, all_logits, cases: Sequence[Prepared], with_probabilities: bool) -> list:
+        """Each case's logits -> its segmentation in the read image's shape (and its probabilities)."""
+        d = self.description
         results = []
         for logits, (_, geometry) in zip(all_logits, cases):
             segmentation = restore_shape(segmentation_from_logits(logits, d["regions_class_order"]), geometry, d,
