@@ -105,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-compile", action="store_true",
                    help="nnUNet_compile=f (default: as nnU-Net decides, compiled on CUDA)")
     p.add_argument("--encoder-weights", default=None,
-                   help="passed to nnUNetv2_meddisseg_plan --encoder-weights (default: random initialisation)")
+                   help="passed to nnUNetv2_meddisseg_plan --encoder_weights (default: random initialisation)")
     p.add_argument("--work", default=None,
                    help="folder for the nnU-Net folders, models, predictions and logs (default: a new temporary "
                         "folder, kept); a rerun with the same folder reuses data and finished runs")
@@ -207,7 +207,7 @@ def _prepare_data(args, kvasir: Path, env: Dict[str, str], work: Path) -> None:
         split = write_kvasir_split(work / "subset_split.json", (train, val, args.max_test_cases),
                                    "subset of the shipped Kvasir-SEG split (benchmarks/quality.py --max-*-cases)")
         print(f"  debugging subset: {len(split['train'])} train / {len(split['val'])} val / {len(split['test'])} test")
-        command += ["--split-file", str(work / "subset_split.json")]
+        command += ["--split_file", str(work / "subset_split.json")]
     for old in Path(env["nnUNet_preprocessed"]).glob(f"Dataset{args.dataset_id:03d}_*"):
         shutil.rmtree(old)
     run_logged(command, env, logs / "convert.log")
@@ -264,10 +264,10 @@ class Plans:
                 write_atomically(self.preprocessed / f"{name}.json",
                                  lambda f: f.write_text(json.dumps(plans, indent=4) + "\n"))
             else:
-                command = ["nnUNetv2_meddisseg_plan", "-d", str(self.args.dataset_id), "--plans-name", name,
+                command = ["nnUNetv2_meddisseg_plan", "-d", str(self.args.dataset_id), "--plans_name", name,
                            *MEDDISSEG_PLANS[family][1]]
-                command += ["--batch-size", str(budget.batch)] if budget.batch else []
-                command += ["--encoder-weights", self.args.encoder_weights] if self.args.encoder_weights else []
+                command += ["--batch_size", str(budget.batch)] if budget.batch else []
+                command += ["--encoder_weights", self.args.encoder_weights] if self.args.encoder_weights else []
                 run_logged(command, planning_environment(self.env), self.work / "logs" / f"{name}_plan.log")
         plans = json.loads((self.preprocessed / f"{name}.json").read_text())
         return name, int(plans["configurations"][CONFIGURATION]["batch_size"])
