@@ -287,7 +287,7 @@ def dataset_folder(root: str, dataset: str) -> Path:
 
 
 def write_kvasir_split(target: Path, counts: Sequence[Optional[int]], description: str) -> dict:
-    """A ``--split-file`` (JSON) with the first ``counts`` (train, val, test; None: all) cases of each part of the
+    """A ``--split_file`` (JSON) with the first ``counts`` (train, val, test; None: all) cases of each part of the
     shipped Kvasir-SEG split."""
     shipped = json.loads((Path(__file__).resolve().parents[1] / "nnunetv2_meddisseg" / "datasets" / "splits"
                           / "kvasir_seg.json").read_text())

@@ -90,7 +90,7 @@ def prepare_data(session: "Session", env: Dict[str, str]) -> Optional[Path]:
     session.cli.update(cases={k: len(v) for k, v in split.items() if isinstance(v, list)}, size=args.size,
                        iterations_per_epoch=args.iterations)
     commands = [("convert", "nnUNetv2_meddisseg_convert", ["kvasir-seg", args.kvasir, "-d", d, "--resize", args.size,
-                                                           "--split-file", work / "split.json", "--overwrite", "-np",
+                                                           "--split_file", work / "split.json", "--overwrite", "-np",
                                                            processes], env),
                 ("plan_and_preprocess", "nnUNetv2_plan_and_preprocess",
                  ["-d", d, "-c", "2d", "-np", processes, "-npfp", processes], planning_environment(env)),

@@ -147,7 +147,7 @@ def _prepare_generated(args, work: Path, logs: Path) -> Tuple[Dict[str, str], st
     print("[2/4] nnU-Net planning and preprocessing, Med-DisSeg plan")
     run_logged(["nnUNetv2_plan_and_preprocess", "-d", dataset, "-c", CONFIGURATION, "-np", "2"],
                planning_environment(env), logs / "plan_and_preprocess.log")
-    run_logged(["nnUNetv2_meddisseg_plan", "-d", dataset, "--plans-name", args.plans], env,
+    run_logged(["nnUNetv2_meddisseg_plan", "-d", dataset, "--plans_name", args.plans], env,
                logs / "meddisseg_plan.log")
     print("[3/4] model folders with untrained networks (prediction time does not depend on the weights)")
     for trainer, plans in ((args.baseline_trainer, args.baseline_plans), (args.trainer, args.plans)):

@@ -29,7 +29,7 @@ command finishes one seed of every method, also on machines that keep nothing be
 run of that seed, ``nnUNetv2_meddisseg_pretrain`` pretrains the network of the arm's plans at ``--batch`` on the
 fold's training cases, seeded with the run's seed (``--pretrain-epochs`` x ``--pretrain-iterations-per-epoch``
 batches; ``WORK/pretraining/``, resumed from its checkpoint after an interruption). Med-DisSeg then trains on plans
-written by ``nnUNetv2_meddisseg_plan --encoder-weights FILE`` (one per seed), nnU-Net's default network with
+written by ``nnUNetv2_meddisseg_plan --encoder_weights FILE`` (one per seed), nnU-Net's default network with
 ``nnUNetv2_train ... -pretrained_weights FILE``; everything else as the arm from scratch. Each run records the
 pretraining's minutes (``pretrain_minutes``, its epoch durations) beside the fine-tuning's; under a ``minutes:M``
 budget a pretrained arm fine-tunes for M less the pretraining minutes of its calibration run (equal total minutes).
@@ -118,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-compile", action="store_true",
                    help="nnUNet_compile=f (default: as nnU-Net decides, compiled on CUDA)")
     p.add_argument("--encoder-weights", default=None,
-                   help="passed to nnUNetv2_meddisseg_plan --encoder-weights (default: random initialisation)")
+                   help="passed to nnUNetv2_meddisseg_plan --encoder_weights (default: random initialisation)")
     p.add_argument("--pretrain-epochs", type=int, default=4,
                    help="pretrained arms: epochs of nnUNetv2_meddisseg_pretrain (default: half the CPU budget's 160 "
                         "fine-tuning iterations, see benchmarks/README.md)")
@@ -234,7 +234,7 @@ def _prepare_data(args, kvasir: Path, env: Dict[str, str], work: Path) -> None:
         split = write_kvasir_split(work / "subset_split.json", (train, val, args.max_test_cases),
                                    "subset of the shipped Kvasir-SEG split (benchmarks/quality.py --max-*-cases)")
         print(f"  debugging subset: {len(split['train'])} train / {len(split['val'])} val / {len(split['test'])} test")
-        command += ["--split-file", str(work / "subset_split.json")]
+        command += ["--split_file", str(work / "subset_split.json")]
     for old in Path(env["nnUNet_preprocessed"]).glob(f"Dataset{args.dataset_id:03d}_*"):
         shutil.rmtree(old)
     run_logged(command, env, logs / "convert.log")
@@ -291,10 +291,10 @@ class Plans:
                 write_atomically(self.preprocessed / f"{name}.json",
                                  lambda f: f.write_text(json.dumps(plans, indent=4) + "\n"))
             else:
-                command = ["nnUNetv2_meddisseg_plan", "-d", str(self.args.dataset_id), "--plans-name", name,
+                command = ["nnUNetv2_meddisseg_plan", "-d", str(self.args.dataset_id), "--plans_name", name,
                            *MEDDISSEG_PLANS[family][1]]
-                command += ["--batch-size", str(budget.batch)] if budget.batch else []
-                command += ["--encoder-weights", self.args.encoder_weights] if self.args.encoder_weights else []
+                command += ["--batch_size", str(budget.batch)] if budget.batch else []
+                command += ["--encoder_weights", self.args.encoder_weights] if self.args.encoder_weights else []
                 run_logged(command, planning_environment(self.env), self.work / "logs" / f"{name}_plan.log")
         plans = json.loads((self.preprocessed / f"{name}.json").read_text())
         return name, int(plans["configurations"][CONFIGURATION]["batch_size"])
@@ -370,9 +370,9 @@ class Pretraining:
         name += f"_pretrained_seed{seed}"
         if (self.plans.preprocessed / f"{name}.json").is_file():
             return name, batch
-        command = ["nnUNetv2_meddisseg_plan", "-d", str(self.args.dataset_id), "--plans-name", name,
-                   *MEDDISSEG_PLANS[family][1], "--encoder-weights", str(weights)]
-        command += ["--batch-size", str(budget.batch)] if budget.batch else []
+        command = ["nnUNetv2_meddisseg_plan", "-d", str(self.args.dataset_id), "--plans_name", name,
+                   *MEDDISSEG_PLANS[family][1], "--encoder_weights", str(weights)]
+        command += ["--batch_size", str(budget.batch)] if budget.batch else []
         run_logged(command, planning_environment(self.env), self.work / "logs" / f"{name}_plan.log")
         return name, batch
 

@@ -63,7 +63,7 @@ METHODS: Dict[str, Method] = {
                           "nnUNetTrainerMedDisSeg_plainPaper", "meddisseg"),
     "plain_sgd": Method("Med-DisSeg network, plain, SGD 1e-2", "nnUNetTrainerMedDisSeg_plainSGD", "meddisseg"),
     "plain_adam": Method("Med-DisSeg network, plain, Adam 1e-3", "nnUNetTrainerMedDisSeg_plainAdam", "meddisseg"),
-    # the encoder pretrained, then nnUNetv2_meddisseg_plan --encoder-weights FILE
+    # the encoder pretrained, then nnUNetv2_meddisseg_plan --encoder_weights FILE
     "meddisseg_pretrained": Method("Med-DisSeg + pretraining", "nnUNetTrainerMedDisSeg", "meddisseg", "meddisseg"),
     # the whole network pretrained on nnUNetPlans, then nnUNetv2_train ... -pretrained_weights FILE
     "default_pretrained": Method("nnU-Net (default) + pretraining", "nnUNetTrainerBaseline", "nnunet", "default"),

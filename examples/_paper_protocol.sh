@@ -14,7 +14,7 @@ for var in nnUNet_raw nnUNet_preprocessed nnUNet_results; do
     if [ -z "${!var:-}" ]; then echo "$0: error: environment variable $var is not set (see the README)" >&2; exit 2; fi
 done
 if [ ! -d "$source" ]; then echo "$0: error: source folder '$source' does not exist" >&2; exit 2; fi
-export nnUNet_extTrainer=$(python -m nnunetv2_meddisseg.trainer_path --search-path)
+export nnUNet_extTrainer=$(python -m nnunetv2_meddisseg.trainer_path --search_path)
 case $epochs in
     1000) baseline=nnUNetTrainer; ours=nnUNetTrainerMedDisSeg ;;
     *) baseline=nnUNetTrainer_${epochs}epochs; ours=nnUNetTrainerMedDisSeg_${epochs}epochs ;;
@@ -44,9 +44,9 @@ sleep "${CONFIRM_DELAY:-10}"
 resize_args=(); [ "$resize" = none ] || resize_args=(--resize "$resize")
 nnUNetv2_meddisseg_convert "$converter" "$source" -d "$dataset_id" "${resize_args[@]}" "$@"
 nnUNetv2_plan_and_preprocess -d "$dataset_id" -c 2d
-nnUNetv2_meddisseg_plan -d "$dataset_id" --patch-size "$patch" "$patch" --batch-size "$batch_size" \
-    ${ENCODER_WEIGHTS:+--encoder-weights "$ENCODER_WEIGHTS"}
+nnUNetv2_meddisseg_plan -d "$dataset_id" --patch_size "$patch" "$patch" --batch_size "$batch_size" \
+    ${ENCODER_WEIGHTS:+--encoder_weights "$ENCODER_WEIGHTS"}
 nnUNetv2_train "$dataset_id" 2d "$fold" -tr "$baseline"
 nnUNetv2_train "$dataset_id" 2d "$fold" -tr "$ours" -p nnUNetMedDisSegPlans
-nnUNetv2_meddisseg_compare -d "$dataset_id" -f "$fold" --baseline-trainer "$baseline" --trainer "$ours" \
+nnUNetv2_meddisseg_compare -d "$dataset_id" -f "$fold" --baseline_trainer "$baseline" --trainer "$ours" \
     --plans nnUNetMedDisSegPlans

@@ -130,7 +130,7 @@ def _demo(argv: Optional[Sequence[str]]) -> None:
          env, logs)
     print("[5/5] predicting the test set with both and comparing")
     comparison = out / "comparison"
-    _run(["nnUNetv2_meddisseg_compare", "-d", dataset_id, "-f", "0", "--baseline-trainer", baseline_trainer,
+    _run(["nnUNetv2_meddisseg_compare", "-d", dataset_id, "-f", "0", "--baseline_trainer", baseline_trainer,
           "--trainer", meddisseg_trainer, "--plans", PLANS, "-o", str(comparison), "--device", args.device,
           "--names", "nnU-Net", "Med-DisSeg"], env, logs)
     table = comparison / "comparison.md"

@@ -11,14 +11,14 @@ __all__ = ["NETWORK_CLASS_NAME", "ADDED_NORMS", "DEFAULT_ADDED_NORM", "default_a
 #: the ``network_class_name`` nnU-Net imports
 NETWORK_CLASS_NAME = "nnunetv2_meddisseg.architectures.MedDisSegNet"
 
-#: ``--added-norm`` choices: the normalisation of the blocks Med-DisSeg adds to the encoder
+#: ``--added_norm`` choices: the normalisation of the blocks Med-DisSeg adds to the encoder
 #: (``MedDisSegNet``'s ``added_norm_op`` / ``added_norm_op_kwargs``); "batch" keeps the plans' ``norm_op``
 #: (the paper's BatchNorm everywhere), "instance" normalises each image by its own statistics
 ADDED_NORMS = {
     "batch": (None, None),
     "instance": ("nnunetv2_meddisseg.blocks.norm.SingleKernelInstanceNorm2d", {"eps": 1e-5, "affine": True}),
 }
-#: what ``nnUNetv2_meddisseg_plan`` writes without ``--added-norm`` (it scores higher on validation data:
+#: what ``nnUNetv2_meddisseg_plan`` writes without ``--added_norm`` (it scores higher on validation data:
 #: benchmarks/RESULTS.md)
 DEFAULT_ADDED_NORM = "instance"
 
@@ -30,7 +30,7 @@ def default_arch_kwargs(encoder_weights: Optional[str] = None, elat: bool = True
     ``added_norm``: a key of :data:`ADDED_NORMS`; "batch" (the paper's BatchNorm everywhere) writes no
     ``added_norm_op`` entry."""
     if added_norm not in ADDED_NORMS:
-        raise UserError(f"--added-norm must be one of {', '.join(ADDED_NORMS)}, got {added_norm!r}")
+        raise UserError(f"--added_norm must be one of {', '.join(ADDED_NORMS)}, got {added_norm!r}")
     kwargs = {
         "encoder_weights": encoder_weights,
         "elat": elat,

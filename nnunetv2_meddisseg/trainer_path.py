@@ -2,7 +2,7 @@
 
 nnU-Net (>= 2.8.0) searches the folders listed in the environment variable ``nnUNet_extTrainer``
 for trainer classes it does not ship itself; this prints the one folder of this package meant for
-that (``nnunetv2_meddisseg/nnunet_trainers``). ``--search-path`` prints that folder followed by the
+that (``nnunetv2_meddisseg/nnunet_trainers``). ``--search_path`` prints that folder followed by the
 folders already in ``nnUNet_extTrainer`` (the order :func:`nnunetv2_meddisseg.environment.trainer_search_path`
 uses everywhere); ``--list`` prints every trainer of the package, one line each (name: what it is).
 """
@@ -34,7 +34,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(prog="python -m nnunetv2_meddisseg.trainer_path", description=__doc__.split("\n")[0])
     group = p.add_mutually_exclusive_group()
     group.add_argument("--list", action="store_true", help="print every trainer, one line each (name: what it is)")
-    group.add_argument("--search-path", action="store_true",
+    group.add_argument("--search_path", action="store_true",
                        help="print this folder followed by the folders already in nnUNet_extTrainer")
     args = p.parse_args(argv)
     if args.list:

@@ -119,7 +119,7 @@ def plan_weights_missing_key(tmp, env):
     state = encoder_state_dict()
     del state["layer2.0.conv1.weight"]
     torch.save(state, tmp / "partial.pth")
-    return ["-d", "801", "--encoder-weights", str(tmp / "partial.pth")]
+    return ["-d", "801", "--encoder_weights", str(tmp / "partial.pth")]
 
 
 def _smoke_trainer(env):
@@ -213,11 +213,11 @@ def ambiguous_masks(tmp, env) -> List[str]:
 
 
 def mask_threshold_out_of_range(tmp, env) -> List[str]:
-    return ["cvc-clinicdb", str(_cvc_tree(tmp, 128)), "-d", "32", "-np", "1", "--mask-threshold", "255"]
+    return ["cvc-clinicdb", str(_cvc_tree(tmp, 128)), "-d", "32", "-np", "1", "--mask_threshold", "255"]
 
 
 def mask_threshold_negative(tmp, env) -> List[str]:
-    return ["cvc-clinicdb", str(_cvc_tree(tmp, 128)), "-d", "32", "-np", "1", "--mask-threshold", "-3"]
+    return ["cvc-clinicdb", str(_cvc_tree(tmp, 128)), "-d", "32", "-np", "1", "--mask_threshold", "-3"]
 
 
 def nan_image(tmp, env) -> str:
@@ -327,7 +327,7 @@ def memory_from_gpu_without_cuda(tmp: Path, env) -> str:
 
 
 TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
-    "--memory-from gpu: no CUDA GPU is available here": memory_from_gpu_without_cuda,
+    "--memory_from gpu: no CUDA GPU is available here": memory_from_gpu_without_cuda,
     "RuntimeError: Could not find requested nnunet trainer nnUNetTrainerMedDisSeg in nnunetv2.training.nnUNetTrainer":
         trainer_not_found,
     "nnUNetv2_meddisseg_plan: error: -d ...: the dataset is missing from nnUNet_raw":
@@ -335,9 +335,9 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "nnUNetv2_meddisseg_plan: error: .../nnUNetPlans.json not found": _command("plan", plan_rows.plan_not_preprocessed),
     "have no '2d' configuration": _command("plan", plan_rows.plan_3d_only),
     "trains 2D networks only": trainer_3d,
-    "--patch-size must be two positive multiples of 16": _command("plan", plan_rows.plan_patch_not_multiple_of_16),
+    "--patch_size must be two positive multiples of 16": _command("plan", plan_rows.plan_patch_not_multiple_of_16),
     "encoder weights 'imagenet': ... is not in the cache": imagenet_not_cached,
-    "--encoder-weights: encoder weights ...: missing key '...' (expected torchvision resnet50 layout)":
+    "--encoder_weights: encoder weights ...: missing key '...' (expected torchvision resnet50 layout)":
         _command("plan", plan_weights_missing_key),
     "shape mismatch for key '...'": _command("plan", plan_rows.plan_weights_wrong_shapes),
     "nnUNetv2_meddisseg_convert: error: ... already exists: pass --overwrite to replace it or choose another -d":
@@ -358,8 +358,8 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
         _command("compare", compare_rows.cmp_baseline_model_missing),
     "nnUNetv2_meddisseg_plan: error: .../nnUNetMedDisSegPlans.json exists with other settings (...): pass "
     "--overwrite to replace it": _command("plan", plan_rows.plan_rerun_other_settings),
-    "--plans-name must be a name of letters, digits, '_', '.' and '-'": _command("plan", plan_rows.plan_name_is_a_path),
-    "--gpu-memory-target must be a finite number of GB above 0": _command("plan", plan_rows.plan_memory_target("nan")),
+    "--plans_name must be a name of letters, digits, '_', '.' and '-'": _command("plan", plan_rows.plan_name_is_a_path),
+    "--gpu_memory_target must be a finite number of GB above 0": _command("plan", plan_rows.plan_memory_target("nan")),
     "nnUNetv2_meddisseg_plan: error: .../nnUNetPlans.json is not valid JSON":
         _command("plan", plan_rows.plan_truncated_json("nnUNetPlans.json")),
     "holds pickled objects other than tensors, numbers and containers (needs GLOBAL ...); it was not loaded, since "
@@ -377,8 +377,8 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     "holds the values {...}: ... a label map of ... classes": _command("convert", convert_rows.conv_label_map_mask),
     "holds ... colours of different hues that each cover more than 1 % of the pixels":
         _command("convert", convert_rows.conv_colour_label_map_mask),
-    "--mask-threshold must be a number from 0 to below 65535": _command("convert", mask_threshold_negative),
-    "--mask-threshold ... is not below the range of mask": _command("convert", mask_threshold_out_of_range),
+    "--mask_threshold must be a number from 0 to below 65535": _command("convert", mask_threshold_negative),
+    "--mask_threshold ... is not below the range of mask": _command("convert", mask_threshold_out_of_range),
     "holds NaN or inf values: replace them (e.g. numpy.nan_to_num)": nan_image,
     "--resize must be at least 16 pixels": _command("convert", convert_rows.conv_resize_one),
     "vanishes at ...: choose a larger --resize": foreground_vanishes,
@@ -470,7 +470,7 @@ NOT_TRIGGERED: Dict[str, str] = {
     "the TeLU Triton kernel failed on this GPU (...)":
         "as the fused CDFA kernels: tests/blocks/test_kernel_fallbacks.py",
     "operator torchvision::nms does not exist": "needs a torch / torchvision pair that do not match (a broken install)",
-    "--encoder-weights imagenet: cannot download torchvision's ResNet-50 IMAGENET1K_V1 weights":
+    "--encoder_weights imagenet: cannot download torchvision's ResNet-50 IMAGENET1K_V1 weights":
         "needs a failed download, and tests never touch the network",
     "ProcessGroupNCCL is only supported with GPUs, no GPUs found!":
         "torch's NCCL process group on a machine without a CUDA GPU (nnU-Net's -num_gpus start, in processes it "

@@ -92,7 +92,7 @@ def _export(env, folder, tmp) -> int:
 def _features(env, folder, tmp) -> int:
     from nnunetv2_meddisseg.evaluation.feature_space import main
 
-    return main(["-d", "999", "-tr", "nnUNetTrainer", "--device", "cpu", "--no-tsne", "-o", str(tmp / "f.png")])
+    return main(["-d", "999", "-tr", "nnUNetTrainer", "--device", "cpu", "--no_tsne", "-o", str(tmp / "f.png")])
 
 
 def _weights_only(env, folder, tmp) -> int:

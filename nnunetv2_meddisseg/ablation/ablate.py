@@ -1,7 +1,7 @@
 """``nnUNetv2_meddisseg_ablate``: train Med-DisSeg ablation variants with one budget, plans and seeds,
 predict the test set, and tabulate the paper's metrics against the full method.
 
-    nnUNetv2_meddisseg_ablate -d ID [-f FOLD] --variants NAME ... [--epochs N] [--iterations-per-epoch N]
+    nnUNetv2_meddisseg_ablate -d ID [-f FOLD] --variants NAME ... [--epochs N] [--iterations_per_epoch N]
                               [--seeds 3] [-p PLANS] [-o OUT] [--device cpu|cuda]
 
 Each variant and the full method (``nnUNetTrainerMedDisSeg``, always added) is trained once per seed
@@ -59,11 +59,11 @@ def _parser() -> argparse.ArgumentParser:
                         "trainer names, and network ablations noELAT ReLU noCBAT (the full method on plans with that "
                         "option); the full method nnUNetTrainerMedDisSeg is always added")
     p.add_argument("--epochs", type=int, default=None, help="epochs of every run (default: each trainer's own)")
-    p.add_argument("--iterations-per-epoch", type=int, default=None,
+    p.add_argument("--iterations_per_epoch", type=int, default=None,
                    help="training iterations per epoch (default: nnU-Net's 250)")
-    p.add_argument("--val-iterations", type=int, default=None,
+    p.add_argument("--val_iterations", type=int, default=None,
                    help="validation iterations per epoch (default: nnU-Net's 50)")
-    p.add_argument("--final-validation", action="store_true",
+    p.add_argument("--final_validation", action="store_true",
                    help="run nnU-Net's validation of the fold after training (skipped by default: the test set is "
                         "what is compared)")
     p.add_argument("--seeds", type=int, default=3, help="runs per variant, with run seeds 0 .. N-1")
@@ -72,8 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default=None,
                    help="output folder (default: $nnUNet_results/<dataset>/meddisseg_ablation__<plans>__fold<F>)")
     add_device_argument(p, ("cpu", "cuda", "mps"), "device of every run")
-    p.add_argument("--disable-tta", action="store_true", help="predict without test-time mirroring")
-    p.add_argument("--predict-processes", type=int, default=2,
+    p.add_argument("--disable_tta", action="store_true", help="predict without test-time mirroring")
+    p.add_argument("--predict_processes", type=int, default=2,
                    help="nnUNetv2_predict's -npp and -nps (0 predicts in its main process)")
     return p
 
@@ -142,9 +142,9 @@ def _validate(args: argparse.Namespace) -> None:
     for option in ("epochs", "iterations_per_epoch", "val_iterations", "seeds"):
         value = getattr(args, option)
         if value is not None and value < 1:
-            raise UserError(f"--{option.replace('_', '-')} must be at least 1, got {value}")
+            raise UserError(f"--{option} must be at least 1, got {value}")
     if args.predict_processes < 0:
-        raise UserError(f"--predict-processes must be at least 0, got {args.predict_processes}")
+        raise UserError(f"--predict_processes must be at least 0, got {args.predict_processes}")
 
 
 def _progress(done: int, total: int, variant: str, seed: int, state: str, durations: List[float]) -> None:

@@ -39,8 +39,8 @@ from nnunetv2_meddisseg.training.recipe import ScheduleRecipe
 __all__ = ["NETWORK_ABLATIONS", "Variant", "write_budget", "write_network_ablation_plans", "epoch_seconds",
            "AblationRun"]
 
-#: the paper's network ablations, as MedDisSegNet plans options (``nnUNetv2_meddisseg_plan --no-elat /
-#: --activation relu / --no-cbat``): name -> the ``arch_kwargs`` it changes
+#: the paper's network ablations, as MedDisSegNet plans options (``nnUNetv2_meddisseg_plan --no_elat /
+#: --activation relu / --no_cbat``): name -> the ``arch_kwargs`` it changes
 NETWORK_ABLATIONS: Dict[str, dict] = {"noELAT": {"elat": False}, "ReLU": {"activation": "relu"},
                                       "noCBAT": {"cbat": False}}
 

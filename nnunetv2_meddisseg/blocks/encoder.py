@@ -302,7 +302,7 @@ def imagenet_weights_file() -> str:
 
 def _offline_hint(cached: str) -> str:
     return (f"put the file from {imagenet_weights_url()} at {cached} (TORCH_HOME sets the folder), or pass "
-            f"--encoder-weights PATH with a local torchvision ResNet-50 state dict")
+            f"--encoder_weights PATH with a local torchvision ResNet-50 state dict")
 
 
 def resolve_encoder_weights(weights: str) -> str:
@@ -310,7 +310,7 @@ def resolve_encoder_weights(weights: str) -> str:
 
     Raises:
         FileNotFoundError: :data:`IMAGENET` is not in torch.hub's cache (the one-line message names
-            the expected file, the URL and the ``--encoder-weights PATH`` alternative).
+            the expected file, the URL and the ``--encoder_weights PATH`` alternative).
     """
     weights = os.fspath(weights)
     if weights != IMAGENET:
@@ -319,7 +319,7 @@ def resolve_encoder_weights(weights: str) -> str:
     if not os.path.isfile(cached):
         raise FileNotFoundError(f"encoder weights 'imagenet': torchvision's ResNet-50 IMAGENET1K_V1 file {cached} "
                                 f"is not in the cache and training never downloads; run nnUNetv2_meddisseg_plan "
-                                f"with --encoder-weights imagenet to download it, or {_offline_hint(cached)}")
+                                f"with --encoder_weights imagenet to download it, or {_offline_hint(cached)}")
     return cached
 
 
@@ -329,7 +329,7 @@ def download_imagenet_weights() -> str:
 
     Raises:
         FileNotFoundError: the download failed (offline, ...); one line naming the expected file, the
-            URL and the ``--encoder-weights PATH`` alternative.
+            URL and the ``--encoder_weights PATH`` alternative.
     """
     cached = imagenet_weights_file()
     if os.path.isfile(cached):

@@ -275,7 +275,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--small", action="store_true", help="small sizes (for Triton's interpreter on the CPU)")
-    p.add_argument("--no-compile", action="store_true", help="leave out the block under torch.compile")
+    p.add_argument("--no_compile", action="store_true", help="leave out the block under torch.compile")
     args = p.parse_args(argv)
     results = run_checks(torch.device(args.device), args.small, not args.no_compile, _print)
     failed = [f"{k}/{n}" for k, checks in results.items() for n, r in checks.items() if r.get("passed") is False]

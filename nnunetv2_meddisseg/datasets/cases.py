@@ -15,10 +15,10 @@ BINARY_RGB_CHANNELS: Mapping[str, str] = {"0": "R", "1": "G", "2": "B"}
 
 #: what the rule made of a mask (:attr:`MaskFinding.kind`): a label as it is, faint background values read as
 #: background, anti-aliased edges, a JPEG mask, a JPEG of a 0/1 label, middle values thresholded at
-#: ``--mask-threshold``, and the refused kinds: a middle value over an area, a mask that would be written empty
+#: ``--mask_threshold``, and the refused kinds: a middle value over an area, a mask that would be written empty
 #: although it holds non-zero values, a label map of more classes than a binary dataset has
 MASK_KINDS = ("label", "faint", "edges", "lossy", "lossy_label", "middle", "ambiguous", "empty", "classes")
-#: the kinds a conversion refuses (unless ``--skip-ambiguous``; ``--mask-threshold`` decides the middle values
+#: the kinds a conversion refuses (unless ``--skip_ambiguous``; ``--mask_threshold`` decides the middle values
 #: and may move where a mask is cut, never how many classes it holds)
 REFUSED_KINDS = ("ambiguous", "empty", "classes")
 
@@ -62,7 +62,7 @@ class DatasetSpec:
     processes. ``inspect_mask(case, threshold)`` (binary 2D datasets; None where the labels are
     instance or organ labels) reads a case's mask by the mask rule and returns its
     :class:`MaskFinding`; where it is set, ``write_case``
-    takes the keyword ``mask_threshold`` (``--mask-threshold``).
+    takes the keyword ``mask_threshold`` (``--mask_threshold``).
     """
 
     name: str
@@ -89,7 +89,7 @@ class ConversionPlan:
     test: List[str]
     split_origin: str
     notes: List[str] = field(default_factory=list)
-    split_problem: Optional[str] = None  # why the default split cannot be used (fine with --split-file)
+    split_problem: Optional[str] = None  # why the default split cannot be used (fine with --split_file)
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""``nnUNetv2_meddisseg_convert DATASET SRC -d ID [--resize N] [--split-file F] [--overwrite]
-[--mask-threshold T] [--skip-ambiguous]``
+"""``nnUNetv2_meddisseg_convert DATASET SRC -d ID [--resize N] [--split_file F] [--overwrite]
+[--mask_threshold T] [--skip_ambiguous]``
 
 Converts one of the paper's datasets from its publisher's folder layout into an nnU-Net v2 raw
 dataset ``$nnUNet_raw/DatasetID_Name`` with the paper's split: train + val in imagesTr/labelsTr,
@@ -11,7 +11,7 @@ each layout and split.
 
 Before anything is written, every mask is read by the mask rule (see ``image_io.read_binary_mask``)
 and a report says what the rule made of them (``mask_report``); masks the rule refuses stop the
-conversion, listed together, unless ``--mask-threshold T`` or ``--skip-ambiguous``.
+conversion, listed together, unless ``--mask_threshold T`` or ``--skip_ambiguous``.
 """
 from __future__ import annotations
 
@@ -85,15 +85,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--resize", type=int, default=None, metavar="N",
                         help="resize every image and mask to NxN (paper: 256; images bilinear, masks nearest; "
                              "Synapse: each axial slice; default: keep the original size)")
-    parser.add_argument("--split-file", default=None, metavar="F",
+    parser.add_argument("--split_file", default=None, metavar="F",
                         help="JSON with lists of case IDs under 'train', 'val', 'test' (default: the paper's split, "
                              "or the package's seeded lists where the publisher ships none)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset with this ID")
-    parser.add_argument("--mask-threshold", type=float, default=None, metavar="T",
+    parser.add_argument("--mask_threshold", type=float, default=None, metavar="T",
                         help="foreground: the mask values above T (e.g. 127 for 8-bit masks), for every mask that is "
                              "not a plain label; recorded in dataset.json (default: the mask rule's bands, see "
                              "docs/data.md)")
-    parser.add_argument("--skip-ambiguous", action="store_true",
+    parser.add_argument("--skip_ambiguous", action="store_true",
                         help="leave out (and name) the cases whose masks the mask rule refuses instead of stopping")
     parser.add_argument("-np", dest="num_processes", type=int, default=min(4, os.cpu_count() or 1),
                         help="worker processes (default: min(4, CPU count))")

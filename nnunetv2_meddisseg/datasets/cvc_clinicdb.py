@@ -8,7 +8,7 @@ background some masks of the PNG re-release carry (values around 11 of 255) is b
 
 All cases are test cases by default (``imagesTs``/``labelsTs``, ``numTraining`` 0): the usual
 Kvasir -> CVC-ClinicDB generalisation protocol predicts them with a model trained on Kvasir-SEG.
-``--split-file`` turns it into a training dataset.
+``--split_file`` turns it into a training dataset.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ class ConversionError(UserError, ValueError):
 
 
 class OptionError(ConversionError):
-    """A bad command-line option (``--resize 0``, a bad ``-d``, a bad ``--split-file``)."""
+    """A bad command-line option (``--resize 0``, a bad ``-d``, a bad ``--split_file``)."""
 
 
 class MissingSourceError(ConversionError, FileNotFoundError):

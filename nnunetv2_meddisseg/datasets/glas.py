@@ -8,7 +8,7 @@ annotations are instance labels (0 background, 1..K glands): every gland becomes
 Split: the paper's 85 / 80 (train / testA + testB). GlaS has no validation set: a seeded 10 %
 of the training images (8 of 85, :func:`~nnunetv2_meddisseg.datasets.split_lists.make_seeded_split`,
 seed 12345, drawn from the sorted case IDs at conversion time) is nnU-Net's fold-0 validation
-set, so fold 0 trains on 77; ``--split-file`` sets other lists (e.g. validation on a copy of the
+set, so fold 0 trains on 77; ``--split_file`` sets other lists (e.g. validation on a copy of the
 training set). testA and testB go to ``imagesTs``/``labelsTs`` with their own prefixes.
 """
 from __future__ import annotations

@@ -269,7 +269,7 @@ def _apply_rule(path: Path, lossy: Optional[bool], threshold: Optional[float]) -
     img = _load(_open(path), path)
     file_range = 65535 if img.mode in WIDE_MODES else 255
     if threshold is not None and threshold >= file_range:  # every mask, labels included: T is a value of each
-        raise OptionError(f"--mask-threshold {threshold:g} is not below the range of mask {path} (0..{file_range}): "
+        raise OptionError(f"--mask_threshold {threshold:g} is not below the range of mask {path} (0..{file_range}): "
                           f"expected a value between 0 and {file_range}")
     if img.mode == "P":
         indices = np.asarray(img)
@@ -309,7 +309,7 @@ def _apply_rule(path: Path, lossy: Optional[bool], threshold: Optional[float]) -
     cut = full / 2 if threshold is None else threshold
     binary = (arr > cut).astype(np.uint8)
     if not binary.any() and arr.max(initial=0) > (LOSSY_NOISE * full if lossy else 0):
-        limit = f"half its range ({cut:g})" if threshold is None else f"--mask-threshold {cut:g}"
+        limit = f"half its range ({cut:g})" if threshold is None else f"--mask_threshold {cut:g}"
         return None, MaskFinding(path, "empty", (
             f"mask {path} would be written empty: its values reach {arr.max():g} ({{{_shown_values(values)}}}) but "
             f"none exceeds {limit}; expected a binary mask with foreground above that"))
@@ -352,7 +352,7 @@ def read_binary_mask(path: Path, lossy: Optional[bool] = None, threshold: Option
       whose values all lie within 5 % of R of black is a 0/1 label where its levels are 0 and 1
       (:func:`_lossy_01_label`: foreground from 1 up), else noise around black (empty). A JPEG of a label
       map whose values all lie that close to black (0/1/2) cannot be told from that noise.
-    - ``threshold`` (``--mask-threshold T``, below 255 for every 8-bit mask and 65535 for every 16-bit
+    - ``threshold`` (``--mask_threshold T``, below 255 for every 8-bit mask and 65535 for every 16-bit
       one, labels included) replaces the bands for every mask that is not a label: foreground is every
       value above T, and middle values are no longer refused; masks of several classes, and masks it
       would leave empty, still are.

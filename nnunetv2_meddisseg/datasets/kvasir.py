@@ -16,7 +16,7 @@ file names with :func:`~nnunetv2_meddisseg.datasets.split_lists.make_seeded_spli
 are shipped so that everyone gets the same split. Kvasir-SEG has no validation set: 88 of its
 880 training images (10 %) are held out as nnU-Net's fold-0 validation set, so fold 0 trains on
 792 images. The 120 (Kvasir-SEG) and 20 (Sessile) test images go to ``imagesTs``/``labelsTs``.
-``--split-file`` replaces the shipped lists (e.g. with the MediaEval-2020 ``train.txt`` /
+``--split_file`` replaces the shipped lists (e.g. with the MediaEval-2020 ``train.txt`` /
 ``val.txt`` lists turned into JSON). Kvasir-Sessile's 196 images are all also in Kvasir-SEG.
 """
 from __future__ import annotations

@@ -2,10 +2,10 @@
 (:func:`~nnunetv2_meddisseg.datasets.image_io.read_binary_mask`) and reports what it made of them.
 
 The report counts the masks with faint background values read as background, with anti-aliased edges, the
-JPEG masks and (with ``--mask-threshold``) those with middle values, naming up to three files of each, and
+JPEG masks and (with ``--mask_threshold``) those with middle values, naming up to three files of each, and
 lists every mask the rule refuses (ambiguous, empty although it holds non-zero values, or a label map of more
-classes than the dataset's two) with the rule and the way on: ``--mask-threshold T`` (foreground: the values
-above T; not for label maps) or ``--skip-ambiguous`` (those cases left out and named). Otherwise the conversion
+classes than the dataset's two) with the rule and the way on: ``--mask_threshold T`` (foreground: the values
+above T; not for label maps) or ``--skip_ambiguous`` (those cases left out and named). Otherwise the conversion
 refuses (:class:`MaskRuleError`) having written nothing.
 """
 from __future__ import annotations
@@ -31,14 +31,14 @@ MASK_RULE = ("masks holding 0 and one value (or 0/1) are that label; in any othe
              "the levels of their histogram (each with the values within 5 % of the range of it, its noise) "
              "instead of single values, and one whose levels are 0 and 1 is a 0/1 label")
 #: how to go on where masks are refused
-WAY_ON = ("pass --mask-threshold T (foreground: the mask values above T) or --skip-ambiguous (those cases are left "
+WAY_ON = ("pass --mask_threshold T (foreground: the mask values above T) or --skip_ambiguous (those cases are left "
           "out and named)")
 #: how to go on where every refused mask holds several classes (a threshold cannot make a label map binary)
-WAY_ON_CLASSES = ("save them as binary masks (0 and one foreground value), or pass --skip-ambiguous (those cases are "
+WAY_ON_CLASSES = ("save them as binary masks (0 and one foreground value), or pass --skip_ambiguous (those cases are "
                   "left out and named)")
 
 #: the report's words for each kind of :data:`~nnunetv2_meddisseg.datasets.cases.MASK_KINDS`, and what the rule
-#: (without ``--mask-threshold``) did with them
+#: (without ``--mask_threshold``) did with them
 _KIND_WORDS = {
     "label": ("binary (0 and one value, or 0/1)", "kept as they are"),
     "faint": ("with faint background values (at most 25 % of the range, over 1 % of the mask)", "read as background"),
@@ -54,7 +54,7 @@ _SHOWN = 3
 
 
 class MaskRuleError(ConversionError):
-    """Masks the rule refuses, without ``--mask-threshold`` or ``--skip-ambiguous``; ``report`` lists them all."""
+    """Masks the rule refuses, without ``--mask_threshold`` or ``--skip_ambiguous``; ``report`` lists them all."""
 
     def __init__(self, message: str, report: "MaskReport"):
         super().__init__(message)
@@ -65,7 +65,7 @@ class MaskRuleError(ConversionError):
 class MaskReport:
     """What the mask rule made of a conversion's masks: ``findings`` maps case IDs to
     :class:`~nnunetv2_meddisseg.datasets.cases.MaskFinding`; ``left_out`` holds the refused cases that
-    ``--skip-ambiguous`` left out."""
+    ``--skip_ambiguous`` left out."""
 
     source: Path
     findings: Dict[str, MaskFinding]
@@ -88,11 +88,11 @@ class MaskReport:
 
     def summary_lines(self) -> List[str]:
         """The report: one line per kind found, up to three file names each; then every refused mask, the rule
-        and the way on (or, with ``--skip-ambiguous``, the cases left out)."""
+        and the way on (or, with ``--skip_ambiguous``, the cases left out)."""
         if self.threshold is None:
             lines = [f"masks: {len(self.findings)} read by the mask rule"]
         else:
-            lines = [f"masks: {len(self.findings)} read; all but the binary ones thresholded at --mask-threshold "
+            lines = [f"masks: {len(self.findings)} read; all but the binary ones thresholded at --mask_threshold "
                      f"{self.threshold:g}"]
         for kind, n in self.counts().items():
             if not n or kind in REFUSED_KINDS:
@@ -108,7 +108,7 @@ class MaskReport:
         if refused:
             counts = self.counts()
             kinds = " and ".join(f"{counts[k]} {_KIND_WORDS[k][0]}" for k in REFUSED_KINDS if counts[k])
-            verb = "left out (--skip-ambiguous)" if self.left_out else "refused"
+            verb = "left out (--skip_ambiguous)" if self.left_out else "refused"
             lines.append(f"  {kinds}, {verb}:")
             lines += [f"    {self.findings[c].problem}" for c in refused]
             lines.append(f"  rule: {MASK_RULE}")
@@ -131,7 +131,7 @@ class MaskReport:
         """The report for dataset.json's conversion record."""
         rule = MASK_RULE if self.threshold is None else (
             f"masks holding 0 and one value (or 0/1) are that label; in any other mask the values above "
-            f"{self.threshold:g} (--mask-threshold) are foreground; a mask with non-zero values that would be "
+            f"{self.threshold:g} (--mask_threshold) are foreground; a mask with non-zero values that would be "
             f"written empty, or holding several classes, is refused")
         return {"rule": rule,
                 "mask_threshold": self.threshold,

@@ -62,5 +62,5 @@ def validate_mask_threshold(threshold: Optional[float]) -> None:
         return
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer, np.floating)) \
             or not np.isfinite(threshold) or not 0 <= threshold < 65535:
-        raise OptionError(f"--mask-threshold must be a number from 0 to below 65535 (foreground: the mask values "
+        raise OptionError(f"--mask_threshold must be a number from 0 to below 65535 (foreground: the mask values "
                           f"above it, e.g. 127 for 8-bit masks), got {threshold!r}")

@@ -1,4 +1,4 @@
-"""Train / val / test lists: seeded draws, the lists shipped in ``splits/``, ``--split-file``."""
+"""Train / val / test lists: seeded draws, the lists shipped in ``splits/``, ``--split_file``."""
 from __future__ import annotations
 
 import json
@@ -50,7 +50,7 @@ def load_shipped_split(filename: str) -> dict:
 def plan_from_shipped_split(spec: DatasetSpec, source: Path, cases: Dict[str, SourceCase], filename: str,
                             dataset: str) -> ConversionPlan:
     """A plan using a shipped split; unless the source holds exactly the shipped case IDs, the plan
-    carries a ``split_problem`` (an error unless ``--split-file`` replaces the split)."""
+    carries a ``split_problem`` (an error unless ``--split_file`` replaces the split)."""
     shipped = load_shipped_split(filename)
     listed = set(shipped["train"]) | set(shipped["val"]) | set(shipped["test"])
     found = set(cases)
@@ -62,73 +62,73 @@ def plan_from_shipped_split(spec: DatasetSpec, source: Path, cases: Dict[str, So
         if extra:
             parts.append(f"{len(extra)} cases are not in the list (e.g. {extra[0]})")
         problem = (f"{dataset}: the cases in {source} do not match the shipped split splits/{filename}: "
-                   f"{'; '.join(parts)}; pass your own lists with --split-file")
+                   f"{'; '.join(parts)}; pass your own lists with --split_file")
         return ConversionPlan(spec, source, cases, [], [], [], split_origin="", split_problem=problem)
     return ConversionPlan(spec, source, cases, list(shipped["train"]), list(shipped["val"]), list(shipped["test"]),
                           split_origin=f"shipped splits/{filename}: {shipped.get('description', '')}".strip())
 
 
 def read_split_file(path: Path) -> Tuple[List[str], List[str], List[str]]:
-    """``--split-file``: a JSON object with lists of case IDs under ``train``, ``val``, ``test``
+    """``--split_file``: a JSON object with lists of case IDs under ``train``, ``val``, ``test``
     (``val`` and ``test`` may be left out)."""
     path = Path(path)
     if not path.is_file():
-        raise OptionError(f"--split-file {path} does not exist")
+        raise OptionError(f"--split_file {path} does not exist")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise OptionError(f"--split-file {path} is not valid JSON: {short_error(err)}") from None
+        raise OptionError(f"--split_file {path} is not valid JSON: {short_error(err)}") from None
     if not isinstance(data, dict):
-        raise OptionError(f"--split-file {path} must hold a JSON object with lists 'train', 'val', 'test'")
+        raise OptionError(f"--split_file {path} must hold a JSON object with lists 'train', 'val', 'test'")
     unknown = sorted(set(data) - {"train", "val", "test", "description"})
     if unknown:
-        raise OptionError(f"--split-file {path} has unknown key {unknown[0]!r} (expected train, val, test)")
+        raise OptionError(f"--split_file {path} has unknown key {unknown[0]!r} (expected train, val, test)")
     lists = []
     for key in ("train", "val", "test"):
         value = data.get(key, [])
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise OptionError(f"--split-file {path}: {key!r} must be a list of case IDs (strings)")
+            raise OptionError(f"--split_file {path}: {key!r} must be a list of case IDs (strings)")
         if len(set(value)) != len(value):
             dup = next(v for v in value if value.count(v) > 1)
-            raise OptionError(f"--split-file {path}: case {dup} appears twice in {key!r}")
+            raise OptionError(f"--split_file {path}: case {dup} appears twice in {key!r}")
         lists.append(list(value))
     train, val, test = lists
     named = {"train": train, "val": val, "test": test}
     for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
         both = sorted(set(named[a]) & set(named[b]))
         if both:
-            raise OptionError(f"--split-file {path}: case {both[0]} is in both {a!r} and {b!r}")
+            raise OptionError(f"--split_file {path}: case {both[0]} is in both {a!r} and {b!r}")
     if not (train or val or test):
-        raise OptionError(f"--split-file {path} lists no cases")
+        raise OptionError(f"--split_file {path} lists no cases")
     return train, val, test
 
 
 def apply_split(plan: ConversionPlan, split_file: Path) -> ConversionPlan:
-    """The plan with the lists of ``--split-file``; source cases listed nowhere are left out."""
+    """The plan with the lists of ``--split_file``; source cases listed nowhere are left out."""
     train, val, test = read_split_file(split_file)
     unknown = [c for c in train + val + test if c not in plan.cases]
     if unknown:
-        raise OptionError(f"--split-file {split_file}: case {unknown[0]} is not in the source {plan.source}"
+        raise OptionError(f"--split_file {split_file}: case {unknown[0]} is not in the source {plan.source}"
                           + describe_more(len(unknown) - 1, "unknown cases"))
     notes = [n for n in plan.notes]
     left_out = len(plan.cases) - len(train) - len(val) - len(test)
     if left_out:
-        notes.append(f"{left_out} source cases are in none of the --split-file lists and were left out")
+        notes.append(f"{left_out} source cases are in none of the --split_file lists and were left out")
     listed = set(train + val + test)
     cases = {c: v for c, v in plan.cases.items() if c in listed}
     return ConversionPlan(plan.spec, plan.source, cases, train, val, test,
-                          split_origin=f"--split-file {Path(split_file).resolve()}", notes=notes)
+                          split_origin=f"--split_file {Path(split_file).resolve()}", notes=notes)
 
 
 def leave_out_cases(plan: ConversionPlan, case_ids: Iterable[str]) -> ConversionPlan:
     """The plan without ``case_ids``: they leave the cases and the train / val / test lists (shipped, seeded
-    or ``--split-file``), every other case keeps its list."""
+    or ``--split_file``), every other case keeps its list."""
     gone = set(case_ids)
     if not gone:
         return plan
     cases = {c: v for c, v in plan.cases.items() if c not in gone}
     return ConversionPlan(plan.spec, plan.source, cases, [c for c in plan.train if c not in gone],
                           [c for c in plan.val if c not in gone], [c for c in plan.test if c not in gone],
-                          split_origin=f"{plan.split_origin}; left out for their masks (--skip-ambiguous): "
+                          split_origin=f"{plan.split_origin}; left out for their masks (--skip_ambiguous): "
                                        f"{len(gone)} cases",
                           notes=list(plan.notes), split_problem=plan.split_problem)

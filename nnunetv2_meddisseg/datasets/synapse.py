@@ -23,7 +23,7 @@ TransUNet's ``lists/lists_Synapse``: 18 training volumes (``train.txt``) and 12 
 (``test_vol.txt``: cases 8, 22, 38, 36, 32, 2, 29, 3, 1, 4, 25, 35), from the BTCV training
 cases 1-10 and 21-40. TransUNet has no validation set: 2 of the 18 training volumes (a seeded
 10 %, :func:`~nnunetv2_meddisseg.datasets.split_lists.make_seeded_split`, seed 12345) are fold-0
-validation, so fold 0 trains on 16; ``--split-file`` sets other lists.
+validation, so fold 0 trains on 16; ``--split_file`` sets other lists.
 """
 from __future__ import annotations
 
@@ -267,7 +267,7 @@ def _plan_btcv(root: Path) -> ConversionPlan:
     missing = [c for c in TRANSUNET_TRAIN_CASES + TRANSUNET_TEST_CASES if c not in cases]
     if missing:
         problem = (f"synapse: {root / 'img' / ('img' + missing[0][4:] + '.nii.gz')} is missing (TransUNet case "
-                   f"{missing[0]}); pass --split-file to use other cases")
+                   f"{missing[0]}); pass --split_file to use other cases")
         return ConversionPlan(SYNAPSE_SPEC, root, cases, [], [], [], split_origin="", split_problem=problem)
     notes = []
     extra = sorted(set(cases) - set(TRANSUNET_TRAIN_CASES + TRANSUNET_TEST_CASES))

@@ -82,7 +82,7 @@ def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional
     validate_mask_threshold(mask_threshold)
     spec = plan.spec
     if mask_threshold is not None and spec.inspect_mask is None:
-        raise OptionError(f"--mask-threshold applies to binary masks only: {spec.name}'s labels are read as they are "
+        raise OptionError(f"--mask_threshold applies to binary masks only: {spec.name}'s labels are read as they are "
                           f"(instance or organ labels)")
     raw_root = require_env_folder("nnUNet_raw")
     prep_root = optional_env_folder("nnUNet_preprocessed")
@@ -104,7 +104,7 @@ def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional
         report.left_out = report.refused
         plan = leave_out_cases(plan, report.left_out)
         if not plan.train and not plan.val and not plan.test:
-            raise ConversionError(f"{spec.name}: --skip-ambiguous left out every case of {plan.source}")
+            raise ConversionError(f"{spec.name}: --skip_ambiguous left out every case of {plan.source}")
     splits = _splits_final(plan.train, plan.val) if plan.train and plan.val else None
     prep_splits = prep_root / name / "splits_final.json" if prep_root is not None else None
     stale_splits = _check_preprocessed_splits(splits, prep_splits, overwrite)
@@ -203,9 +203,9 @@ def _write_cases(plan: ConversionPlan, write_case: Callable, subsets: Sequence[t
     if masks_record is not None:
         record["masks"] = masks_record
         if masks_record["mask_threshold"] is not None:
-            description += f"; masks binarised at values above {masks_record['mask_threshold']:g} (--mask-threshold)"
+            description += f"; masks binarised at values above {masks_record['mask_threshold']:g} (--mask_threshold)"
         if masks_record["left_out"]:
-            description += f"; left out for their masks (--skip-ambiguous): {len(masks_record['left_out'])} cases"
+            description += f"; left out for their masks (--skip_ambiguous): {len(masks_record['left_out'])} cases"
     generate_dataset_json(
         str(partial_dir), dict(spec.channel_names), dict(spec.labels),
         num_training_cases=len(plan.train) + len(plan.val), file_ending=spec.file_ending,

@@ -1,9 +1,9 @@
 """``nnUNetv2_meddisseg_compare``: default nnU-Net vs Med-DisSeg on a dataset's test set.
 
-    nnUNetv2_meddisseg_compare -d ID [-f FOLD] [-c 2d] [--baseline-trainer nnUNetTrainer]
-        [--baseline-plans nnUNetPlans] [--trainer nnUNetTrainerMedDisSeg] [--plans PLANS]
+    nnUNetv2_meddisseg_compare -d ID [-f FOLD] [-c 2d] [--baseline_trainer nnUNetTrainer]
+        [--baseline_plans nnUNetPlans] [--trainer nnUNetTrainerMedDisSeg] [--plans PLANS]
         [--checkpoint checkpoint_final.pth] [--device cpu|cuda] [-npp N] [--overwrite]
-        [--names BASELINE MODEL] [--num-overlays K] [-o OUT]
+        [--names BASELINE MODEL] [--num_overlays K] [-o OUT]
 
 Both models are read from ``$nnUNet_results/DatasetXXX_Name/TRAINER__PLANS__CONFIG/fold_F/``; the
 test images ``$nnUNet_raw/DatasetXXX_Name/imagesTs`` are predicted with each (only cases without a
@@ -54,8 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-d", required=True, help="dataset ID or name (DatasetXXX_Name)")
     p.add_argument("-f", default="0", help="fold of both models ('all' allowed)")
     p.add_argument("-c", default="2d", help="configuration of both models")
-    p.add_argument("--baseline-trainer", default="nnUNetTrainer", help="trainer of the default nnU-Net model")
-    p.add_argument("--baseline-plans", default="nnUNetPlans", help="plans of the default nnU-Net model")
+    p.add_argument("--baseline_trainer", default="nnUNetTrainer", help="trainer of the default nnU-Net model")
+    p.add_argument("--baseline_plans", default="nnUNetPlans", help="plans of the default nnU-Net model")
     p.add_argument("--trainer", default="nnUNetTrainerMedDisSeg", help="trainer of the Med-DisSeg model")
     p.add_argument("--plans", default=None,
                    help="plans of the Med-DisSeg model (default: nnUNetMedDisSegPlans if trained, else nnUNetPlans)")
@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-npp", type=int, default=0,
                    help="processes for nnU-Net's pre-processing/export (0: sequential, in this process)")
     p.add_argument("--overwrite", action="store_true", help="predict again even where predictions exist")
-    p.add_argument("--num-overlays", type=int, default=4,
+    p.add_argument("--num_overlays", type=int, default=4,
                    help="overlay pictures of the cases where the two models differ most")
     p.add_argument("--names", nargs=2, default=None, metavar=("BASELINE", "MODEL"),
                    help="row names (default: nnU-Net and Med-DisSeg for the default trainers, else the trainer names)")
@@ -104,7 +104,7 @@ def _compare_command(argv: Optional[Sequence[str]]) -> None:
     from nnunetv2_meddisseg.torch_files import check_model_folder_checkpoints
 
     args = _parser().parse_args(argv)
-    for option, value in (("-npp", args.npp), ("--num-overlays", args.num_overlays)):
+    for option, value in (("-npp", args.npp), ("--num_overlays", args.num_overlays)):
         if value < 0:
             raise UserError(f"{option} must be 0 or more, got {value}")
     dataset_name = _dataset_name(args.d)

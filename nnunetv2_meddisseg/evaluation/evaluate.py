@@ -1,14 +1,14 @@
 """``nnUNetv2_meddisseg_evaluate``: the paper's metrics on a folder of predictions.
 
     nnUNetv2_meddisseg_evaluate -ref LABELS_DIR -pred PRED_DIR [-o summary.json]
-                                [-djfile dataset.json | --labels 0 1 ...] [--hd95-physical]
+                                [-djfile dataset.json | --labels 0 1 ...] [--hd95_physical]
 
 Label images are read with nnU-Net's readers, chosen by file ending (PNG/BMP/TIF: NaturalImage2DIO,
 .nii.gz/.nrrd/.mha/.gipl: SimpleITKIO). With one foreground label (default: the binary set {0, 1})
 the binary metrics of :mod:`nnunetv2_meddisseg.evaluation.metrics` are reported per image and as
 means (mIoU, mDSC, Recall, Precision); with several foreground labels (Synapse) per-label Dice and
 HD95 in the TransUNet protocol. The JSON holds fractions in [0, 1] (HD95 in voxels, or in the
-images' physical units with ``--hd95-physical``).
+images' physical units with ``--hd95_physical``).
 """
 import argparse
 import json
@@ -327,7 +327,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--labels", type=int, nargs="+", default=None,
                    help="declared label values incl. background (default: 0 1); more than one foreground "
                         "label switches to per-label Dice/HD95")
-    p.add_argument("--hd95-physical", action="store_true",
+    p.add_argument("--hd95_physical", action="store_true",
                    help="HD95 in the images' physical spacing instead of voxels (TransUNet reports voxels)")
     return p
 

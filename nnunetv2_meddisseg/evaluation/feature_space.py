@@ -252,10 +252,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--layer", choices=LAYERS, default="early",
                    help="which features: early (the paper's regularised layer), middle or late")
     p.add_argument("-o", "--output", default=None, help="PNG file (default: ./meddisseg_features_<layer>.png)")
-    p.add_argument("--max-images", type=int, default=32, help="test images to use, in name order")
-    p.add_argument("--pixels-per-image", type=int, default=64, help="pixel features sampled per image")
+    p.add_argument("--max_images", type=int, default=32, help="test images to use, in name order")
+    p.add_argument("--pixels_per_image", type=int, default=64, help="pixel features sampled per image")
     add_device_argument(p, ("cpu", "cuda", "mps"), "device to run the models on")
-    p.add_argument("--no-tsne", action="store_true", help="PCA panels only")
+    p.add_argument("--no_tsne", action="store_true", help="PCA panels only")
     return p
 
 
@@ -268,7 +268,7 @@ def _features(argv: Optional[Sequence[str]]) -> None:
     if len(args.trainer) > 2:
         raise UserError(f"-tr: at most two trainers, got {len(args.trainer)}")
     if args.max_images < 2 or args.pixels_per_image < 2:
-        raise UserError("--max-images and --pixels-per-image must be at least 2")
+        raise UserError("--max_images and --pixels_per_image must be at least 2")
     try:
         dataset = maybe_convert_to_dataset_name(args.dataset)
     except RuntimeError as e:

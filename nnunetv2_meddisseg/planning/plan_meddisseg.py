@@ -60,7 +60,7 @@ def build_meddisseg_plans(source_plans: dict, plans_name: str = DEFAULT_PLANS_NA
     else:
         patch_size = tuple(int(s) for s in patch_size)
         if len(patch_size) != 2 or any(s <= 0 or s % SIZE_MULTIPLE for s in patch_size):
-            raise UserError(f"--patch-size must be two positive multiples of {SIZE_MULTIPLE} (H W), got "
+            raise UserError(f"--patch_size must be two positive multiples of {SIZE_MULTIPLE} (H W), got "
                             f"{' '.join(map(str, patch_size))}")
     if batch_size is None:
         max_bs = None
@@ -81,9 +81,9 @@ def build_meddisseg_plans(source_plans: dict, plans_name: str = DEFAULT_PLANS_NA
         if max_bs is not None and batch_size == max(max_bs, 2):
             source += f"; capped at 5 % of the {num_training_cases} training cases"
     elif batch_size < 1:
-        raise UserError(f"--batch-size must be at least 1, got {batch_size}")
+        raise UserError(f"--batch_size must be at least 1, got {batch_size}")
     else:
-        source = "--batch-size"
+        source = "--batch_size"
 
     plans = deepcopy(source_plans)
     plans["plans_name"] = plans_name
@@ -97,17 +97,17 @@ def build_meddisseg_plans(source_plans: dict, plans_name: str = DEFAULT_PLANS_NA
 
 
 def _memory_measurement(memory_from: str) -> Optional[Callable]:
-    """The ``memory_line`` of :func:`build_meddisseg_plans` for ``--memory-from`` (None: the estimate)."""
+    """The ``memory_line`` of :func:`build_meddisseg_plans` for ``--memory_from`` (None: the estimate)."""
     if memory_from not in ("auto", "gpu", "estimate"):
-        raise UserError(f"--memory-from must be auto, gpu or estimate, got {memory_from!r}")
+        raise UserError(f"--memory_from must be auto, gpu or estimate, got {memory_from!r}")
     if memory_from == "estimate":
         return None
     import torch
 
     if not torch.cuda.is_available():
         if memory_from == "gpu":
-            raise UserError("--memory-from gpu: no CUDA GPU is available here (torch.cuda.is_available() is False); "
-                            "use --memory-from estimate")
+            raise UserError("--memory_from gpu: no CUDA GPU is available here (torch.cuda.is_available() is False); "
+                            "use --memory_from estimate")
         return None
     from nnunetv2_meddisseg.planning.memory import measure_training_memory
 
@@ -126,7 +126,7 @@ def _check_encoder_weights(weights: str, input_channels: int = 3) -> str:
     try:
         cached = download_imagenet_weights()
     except FileNotFoundError as e:
-        raise UserError(f"--encoder-weights imagenet: {e}") from None
+        raise UserError(f"--encoder_weights imagenet: {e}") from None
     _check_weights_file(cached, input_channels)
     return IMAGENET
 
@@ -138,23 +138,23 @@ def _check_weights_file(path: str, input_channels: int = 3) -> str:
 
     path = os.path.abspath(path)
     if not os.path.isfile(path):
-        raise UserError(f"--encoder-weights: file {path} does not exist (expected a torchvision ResNet-50 "
+        raise UserError(f"--encoder_weights: file {path} does not exist (expected a torchvision ResNet-50 "
                         f"state dict saved with torch.save)")
     if not is_torch_file(path):
-        raise UserError(f"--encoder-weights: {path} is not a file written by torch.save (expected a torchvision "
+        raise UserError(f"--encoder_weights: {path} is not a file written by torch.save (expected a torchvision "
                         f"ResNet-50 state dict)")
     try:
         load_resnet50_weights(ResNet50Encoder(input_channels), path)
     except UnsafeTorchFile as e:
-        raise UserError(f"--encoder-weights: {path} holds pickled objects, not a plain state dict "
+        raise UserError(f"--encoder_weights: {path} holds pickled objects, not a plain state dict "
                         f"({refusal_reason(e)}; not loaded, since loading them can run code; a whole model? save "
                         f"model.state_dict() instead)") from None
     except ValueError as e:
-        raise UserError(f"--encoder-weights: {e}") from None
+        raise UserError(f"--encoder_weights: {e}") from None
     return path
 
 
-def check_plans_name(name: str, option: str = "--plans-name") -> None:
+def check_plans_name(name: str, option: str = "--plans_name") -> None:
     """A plans name is a file name stem (letters, digits, ``_ . -``), never a path."""
     if not PLANS_NAME.fullmatch(name) or name.startswith("."):
         raise UserError(f"{option} must be a name of letters, digits, '_', '.' and '-' (the plans file "
@@ -162,9 +162,9 @@ def check_plans_name(name: str, option: str = "--plans-name") -> None:
 
 
 def check_memory_target(memory_target_gb: float) -> None:
-    """``--gpu-memory-target``: a finite number of GB above 0."""
+    """``--gpu_memory_target``: a finite number of GB above 0."""
     if not math.isfinite(memory_target_gb) or memory_target_gb <= 0:
-        raise UserError(f"--gpu-memory-target must be a finite number of GB above 0, got {memory_target_gb}")
+        raise UserError(f"--gpu_memory_target must be a finite number of GB above 0, got {memory_target_gb}")
 
 
 def _read_json(file: Path, dataset: str) -> dict:
@@ -200,7 +200,7 @@ def _write_plans(plans: dict, target: Path, overwrite: bool) -> None:
             shown = "; ".join(changed[:3]) + (f"; and {len(changed) - 3} more" if len(changed) > 3 else "")
             raise UserError(f"{target} exists with other settings ({shown}): pass --overwrite to replace it (a "
                             f"training run resumed with --c would then continue on the new plans) or choose "
-                            f"another --plans-name")
+                            f"another --plans_name")
     try:
         write_atomically(target, lambda tmp: tmp.write_text(json.dumps(plans, indent=4)))
     except OSError as e:
@@ -217,7 +217,7 @@ def plan_meddisseg(dataset: str, plans_name: str = DEFAULT_PLANS_NAME, source_pl
     this machine's CUDA GPU, ``planning.memory``), ``estimate`` (:data:`TRAINING_BYTES_PER_PIXEL`), ``auto``
     (``gpu`` where CUDA is available)."""
     check_plans_name(plans_name)
-    check_plans_name(source_plans_name, "--source-plans")
+    check_plans_name(source_plans_name, "--source_plans")
     if "memory_target_gb" in kwargs:
         check_memory_target(kwargs["memory_target_gb"])
     preprocessed = os.environ.get("nnUNet_preprocessed")
@@ -239,7 +239,7 @@ def plan_meddisseg(dataset: str, plans_name: str = DEFAULT_PLANS_NAME, source_pl
         raise UserError(f"{source_file} not found: the dataset is not planned and preprocessed yet; run "
                         f"nnUNetv2_plan_and_preprocess -d {dataset} -c 2d first")
     if plans_name == source_plans_name:
-        raise UserError(f"--plans-name must differ from the source plans '{source_plans_name}'")
+        raise UserError(f"--plans_name must differ from the source plans '{source_plans_name}'")
     source = _read_json(source_file, dataset)
     dataset_json_file = folder / "dataset.json"
     dataset_json = _read_json(dataset_json_file, dataset) if dataset_json_file.is_file() else {}
@@ -265,37 +265,37 @@ def _parser() -> argparse.ArgumentParser:
         "preprocessed 2d data. Train with: nnUNetv2_train ID 2d FOLD -tr nnUNetTrainerMedDisSeg -p "
         "nnUNetMedDisSegPlans"))
     p.add_argument("-d", "--dataset", required=True, help="dataset ID or name, e.g. 501 or Dataset501_Kvasir")
-    p.add_argument("--encoder-weights", default=None, metavar="{imagenet,PATH}",
+    p.add_argument("--encoder_weights", default=None, metavar="{imagenet,PATH}",
                    help="initialise the encoder from torchvision's ResNet-50 IMAGENET1K_V1 weights ('imagenet': "
                         "downloaded now into torch.hub's cache, $TORCH_HOME, unless already there; training only "
                         "reads the cache) or from a local ResNet-50 file (.pth): a torchvision or timm state dict, "
                         "a MoCo v2/v3, DINO or BYOL checkpoint, or nnUNetv2_meddisseg_pretrain's output (default: "
                         "random initialisation)")
-    p.add_argument("--patch-size", nargs=2, type=int, metavar=("H", "W"), default=None,
+    p.add_argument("--patch_size", nargs=2, type=int, metavar=("H", "W"), default=None,
                    help="patch size, multiples of 16 (default: nnU-Net's 2d patch size rounded up to a multiple of 16; "
                         "use 256 256 for the paper protocol on images resized to 256)")
-    p.add_argument("--batch-size", type=int, default=None, help="samples per batch (default: from --gpu-memory-target)")
-    p.add_argument("--gpu-memory-target", type=float, default=8.0, dest="memory_target_gb",
+    p.add_argument("--batch_size", type=int, default=None, help="samples per batch (default: from --gpu_memory_target)")
+    p.add_argument("--gpu_memory_target", type=float, default=8.0, dest="memory_target_gb",
                    help="GiB of GPU memory the batch size is planned for (default 8, as nnU-Net)")
-    p.add_argument("--memory-from", choices=("auto", "gpu", "estimate"), default="auto",
+    p.add_argument("--memory_from", choices=("auto", "gpu", "estimate"), default="auto",
                    help="how the batch size's training memory is known: gpu = measured by two training steps on "
                         "this machine's CUDA GPU in the precision training uses; estimate = a per-pixel constant "
                         "measured on a CPU; auto (default) = gpu where CUDA is available")
-    p.add_argument("--no-elat", dest="elat", action="store_false", help="ablation: no ELAT attention")
+    p.add_argument("--no_elat", dest="elat", action="store_false", help="ablation: no ELAT attention")
     p.add_argument("--activation", choices=("telu", "relu"), default="telu", help="activation of the network")
-    p.add_argument("--no-cbat", dest="cbat", action="store_false",
+    p.add_argument("--no_cbat", dest="cbat", action="store_false",
                    help="ablation: each decoding path ends in a plain 3x3 conv-norm-activation block instead of CBAT")
-    p.add_argument("--decoder-fusion", choices=("sum", "concat"), default="sum",
+    p.add_argument("--decoder_fusion", choices=("sum", "concat"), default="sum",
                    help="sum = paper Eq. 9; concat = released code / ConDSeg")
-    p.add_argument("--added-norm", choices=tuple(ADDED_NORMS), default=DEFAULT_ADDED_NORM,
+    p.add_argument("--added_norm", choices=tuple(ADDED_NORMS), default=DEFAULT_ADDED_NORM,
                    help="normalisation of the blocks Med-DisSeg adds to the ResNet-50 encoder (the encoder keeps "
                         "BatchNorm): instance (default) = per-image statistics, as nnU-Net's own networks; "
                         "batch = BatchNorm, the paper")
-    p.add_argument("--plans-name", default=DEFAULT_PLANS_NAME,
+    p.add_argument("--plans_name", default=DEFAULT_PLANS_NAME,
                    help="name of the plans file to write (<name>.json in the dataset's preprocessed folder)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing plans file of this name that holds other settings")
-    p.add_argument("--source-plans", default="nnUNetPlans", dest="source_plans_name",
+    p.add_argument("--source_plans", default="nnUNetPlans", dest="source_plans_name",
                    help="nnU-Net plans to derive from (their preprocessed 2d data is reused)")
     return p
 

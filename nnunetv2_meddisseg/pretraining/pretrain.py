@@ -24,7 +24,7 @@ JSON-like values):
   ``load_pretrained_weights``) reads it: every key but ``.seg_layers.`` with the shapes of the segmentation network.
 - plans whose network is Med-DisSeg (``nnUNetMedDisSegPlans``): its ResNet-50 encoder (stem, layer1..layer3, the
   plans' normalisation) with a light feature-pyramid head (``RestorationHead``, not kept). ``network_weights`` holds
-  the encoder as ``encoder.*``, which ``nnUNetv2_meddisseg_plan --encoder-weights FILE`` reads. ELAT and the rest of
+  the encoder as ``encoder.*``, which ``nnUNetv2_meddisseg_plan --encoder_weights FILE`` reads. ELAT and the rest of
   Med-DisSeg are not pretrained.
 
 **Training.** nnU-Net's optimiser and schedule: SGD (learning rate 1e-2, Nesterov momentum 0.99, weight decay 3e-5),
@@ -490,7 +490,7 @@ def run_pretraining(dataset: str, configuration: str, plans_name: str, fold: str
     weights = {"network_weights": pretrained_weights(model, kind), "pretraining": record}
     write_atomically(output, lambda tmp: torch.save(weights, tmp))
     checkpoint.unlink(missing_ok=True)
-    use = (f"nnUNetv2_meddisseg_plan -d {dataset} --encoder-weights {output}" if kind == "meddisseg_encoder"
+    use = (f"nnUNetv2_meddisseg_plan -d {dataset} --encoder_weights {output}" if kind == "meddisseg_encoder"
            else f"nnUNetv2_train {dataset} {configuration} {fold} -p {plans_name} -pretrained_weights {output}")
     print(f"wrote {output} ({seconds / 60:.1f} min); use it with: {use}")
     return record
@@ -501,7 +501,7 @@ def _parser() -> argparse.ArgumentParser:
         "Self-supervised pretraining (Models Genesis restoration) on a dataset's own preprocessed training cases. "
         "With nnU-Net's plans (-p nnUNetPlans) it writes the whole network for nnUNetv2_train ... -pretrained_weights "
         "FILE; with Med-DisSeg's (-p nnUNetMedDisSegPlans) the ResNet-50 encoder for nnUNetv2_meddisseg_plan "
-        "--encoder-weights FILE. Run again with the same settings to resume after an interruption."))
+        "--encoder_weights FILE. Run again with the same settings to resume after an interruption."))
     p.add_argument("-d", "--dataset", required=True, help="dataset ID or name, e.g. 501 or Dataset501_Kvasir")
     p.add_argument("-c", "--configuration", default="2d", help="nnU-Net configuration (2D only)")
     p.add_argument("-p", "--plans", default="nnUNetPlans", dest="plans_name",

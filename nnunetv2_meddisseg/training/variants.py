@@ -9,8 +9,8 @@ A variant of your own takes three lines (a module on ``nnUNet_extTrainer``)::
     class nnUNetTrainerMedDisSeg_tau0p3(nnUNetTrainerMedDisSeg):
         recipe = replace(nnUNetTrainerMedDisSeg.recipe, dispersive_tau=0.3)
 
-Architecture options are no recipes: they are plans (``nnUNetv2_meddisseg_plan --no-elat / --activation relu /
---no-cbat / --added-norm``), used with the default trainer.
+Architecture options are no recipes: they are plans (``nnUNetv2_meddisseg_plan --no_elat / --activation relu /
+--no_cbat / --added_norm``), used with the default trainer.
 
 nnU-Net finds them by class name (``-tr nnUNetTrainerMedDisSeg_tau0p5``) through ``nnUNet_extTrainer``
 (``nnunet_trainers/meddisseg_trainers.py``); ``python -m nnunetv2_meddisseg.trainer_path --list`` prints them.

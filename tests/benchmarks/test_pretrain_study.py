@@ -2,7 +2,7 @@
 nnU-Net's default network + pretraining and Med-DisSeg + pretraining, 4 iterations each, one seed (3, so that the
 pretraining's seed is not its default). Checks that each pretrained arm was pretrained by
 ``nnUNetv2_meddisseg_pretrain`` with the run's seed on the fold's training cases only, before its fine-tuning,
-that the weights reached the fine-tuning (``-pretrained_weights``, ``--encoder-weights``), and the results file's
+that the weights reached the fine-tuning (``-pretrained_weights``, ``--encoder_weights``), and the results file's
 arms. Without training: the arms' summary on hand-made runs and the equal-total-minutes budget."""
 import json
 import os

@@ -208,7 +208,7 @@ def test_imagenet_is_read_from_a_seeded_cache_without_network(torchvision_resnet
 
 def _assert_offline_message(message: str, cached: str) -> None:
     assert "\n" not in message
-    assert cached in message and IMAGENET_URL in message and "--encoder-weights PATH" in message
+    assert cached in message and IMAGENET_URL in message and "--encoder_weights PATH" in message
 
 
 def test_imagenet_missing_from_cache_is_never_downloaded_at_resolution(torch_home, monkeypatch):

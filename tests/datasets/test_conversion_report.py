@@ -1,6 +1,6 @@
 """The dataset-level mask report through the real command (``main``): every mask is read before anything is
-written; masks the rule refuses are listed together and stop the conversion unless ``--mask-threshold T`` or
-``--skip-ambiguous``, and the report of a conversion that goes through names what the rule made of the masks.
+written; masks the rule refuses are listed together and stop the conversion unless ``--mask_threshold T`` or
+``--skip_ambiguous``, and the report of a conversion that goes through names what the rule made of the masks.
 
 Source trees are generated like the published ones: CVC-ClinicDB's PNG re-release (``Original/N.png``,
 ``Ground Truth/N.png``: 0 / 255 masks, some with a faint background of 11), Kvasir-Sessile's JPEG masks.
@@ -82,7 +82,7 @@ def test_one_ambiguous_mask_of_fifty_is_named_and_nothing_is_written(tmp_path, n
     make_cvc_png_tree(tmp_path / "cvc")
     split = _split(tmp_path)
     before = _tree(tmp_path)
-    assert main(["cvc-clinicdb", str(tmp_path / "cvc"), "-d", "32", "--split-file", str(split), "-np", "1"]) == 2
+    assert main(["cvc-clinicdb", str(tmp_path / "cvc"), "-d", "32", "--split_file", str(split), "-np", "1"]) == 2
     out, err = capsys.readouterr()
     assert _tree(tmp_path) == before  # nothing written: no dataset, no .partial folder, no splits_final.json
     mask = tmp_path / "cvc" / "Ground Truth" / f"{AMBIGUOUS}.png"
@@ -91,15 +91,15 @@ def test_one_ambiguous_mask_of_fifty_is_named_and_nothing_is_written(tmp_path, n
                f"(expected a binary mask: 0 and one foreground value)")
     assert err.strip().splitlines() == [
         f"{PREFIX}1 of {N_CASES} masks are refused by the mask rule (all listed in the report above), the first: "
-        f"{problem}; pass --mask-threshold T (foreground: the mask values above T) or --skip-ambiguous (those "
+        f"{problem}; pass --mask_threshold T (foreground: the mask values above T) or --skip_ambiguous (those "
         f"cases are left out and named); nothing was written"]
     lines = out.splitlines()
     assert "  1 ambiguous (a middle value covers over 1 % of the mask), refused:" in lines
     assert f"    {problem}" in lines
     assert lines[-2].startswith("  rule: masks holding 0 and one value (or 0/1) are that label; in any other mask, "
                                 "values at or below 25 % of its range are background, at or above 75 % foreground")
-    assert lines[-1] == ("  to go on: pass --mask-threshold T (foreground: the mask values above T) or "
-                         "--skip-ambiguous (those cases are left out and named)")
+    assert lines[-1] == ("  to go on: pass --mask_threshold T (foreground: the mask values above T) or "
+                         "--skip_ambiguous (those cases are left out and named)")
 
 
 def test_every_refused_mask_is_listed_together(tmp_path, nnunet_dirs, capsys):
@@ -122,8 +122,8 @@ def test_every_refused_mask_is_listed_together(tmp_path, nnunet_dirs, capsys):
 def test_mask_threshold_converts_every_case_and_is_recorded(tmp_path, nnunet_dirs, capsys):
     masks = make_cvc_png_tree(tmp_path / "cvc")
     split = _split(tmp_path)
-    assert main(["cvc-clinicdb", str(tmp_path / "cvc"), "-d", "32", "--split-file", str(split),
-                 "--mask-threshold", "127", "-np", "1"]) == 0
+    assert main(["cvc-clinicdb", str(tmp_path / "cvc"), "-d", "32", "--split_file", str(split),
+                 "--mask_threshold", "127", "-np", "1"]) == 0
     raw = nnunet_dirs["nnUNet_raw"] / "Dataset032_CVCClinicDB"
     assert len(case_ids(raw / "imagesTr")) == 40 and len(case_ids(raw / "imagesTs")) == 10
     label = read_png(raw / "labelsTr" / f"{AMBIGUOUS}.png")
@@ -132,17 +132,17 @@ def test_mask_threshold_converts_every_case_and_is_recorded(tmp_path, nnunet_dir
     dataset = json.loads((raw / "dataset.json").read_text())
     assert dataset["meddisseg_conversion"]["masks"]["mask_threshold"] == 127
     assert dataset["meddisseg_conversion"]["masks"]["counts"]["middle"] == 1
-    assert "masks binarised at values above 127 (--mask-threshold)" in dataset["description"]
+    assert "masks binarised at values above 127 (--mask_threshold)" in dataset["description"]
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == f"masks: {N_CASES} read; all but the binary ones thresholded at --mask-threshold 127"
+    assert out[0] == f"masks: {N_CASES} read; all but the binary ones thresholded at --mask_threshold 127"
     assert "  1 with middle values (over 1 % of the mask): Ground Truth/7.png" in out
 
 
 def test_skip_ambiguous_leaves_the_case_out_of_the_dataset_and_the_split(tmp_path, nnunet_dirs, capsys):
     masks = make_cvc_png_tree(tmp_path / "cvc")
     split = _split(tmp_path)
-    assert main(["cvc-clinicdb", str(tmp_path / "cvc"), "-d", "32", "--split-file", str(split),
-                 "--skip-ambiguous", "-np", "1"]) == 0
+    assert main(["cvc-clinicdb", str(tmp_path / "cvc"), "-d", "32", "--split_file", str(split),
+                 "--skip_ambiguous", "-np", "1"]) == 0
     raw = nnunet_dirs["nnUNet_raw"] / "Dataset032_CVCClinicDB"
     ids = [str(i) for i in range(1, N_CASES + 1)]
     train = sorted(c for c in ids[:35] if c != AMBIGUOUS)
@@ -157,9 +157,9 @@ def test_skip_ambiguous_leaves_the_case_out_of_the_dataset_and_the_split(tmp_pat
     assert dataset["numTraining"] == 39
     record = dataset["meddisseg_conversion"]
     assert list(record["masks"]["left_out"]) == [AMBIGUOUS] and record["num_train"] == 34
-    assert "left out for their masks (--skip-ambiguous): 1 cases" in record["split"]
+    assert "left out for their masks (--skip_ambiguous): 1 cases" in record["split"]
     out = capsys.readouterr().out
-    assert "  1 ambiguous (a middle value covers over 1 % of the mask), left out (--skip-ambiguous):" in out
+    assert "  1 ambiguous (a middle value covers over 1 % of the mask), left out (--skip_ambiguous):" in out
     assert f"Ground Truth/{AMBIGUOUS}.png holds the values" in out
     for case in FAINT:  # the faint-background cases are in, their faint pixels background
         folder = "labelsTr" if case in ids[:40] else "labelsTs"
@@ -181,7 +181,7 @@ def test_skip_ambiguous_adjusts_a_shipped_split(tmp_path, nnunet_dirs, capsys):
     assert main(argv) == 2
     assert f"masks/{dark}.jpg would be written empty" in capsys.readouterr().err
     assert _tree(nnunet_dirs["nnUNet_raw"]) == set()
-    assert main([*argv, "--skip-ambiguous"]) == 0
+    assert main([*argv, "--skip_ambiguous"]) == 0
     raw = nnunet_dirs["nnUNet_raw"] / "Dataset033_KvasirSessile"
     splits = json.loads((raw / "splits_final.json").read_text())
     assert splits == [{"train": sorted(shipped["train"]), "val": sorted(c for c in shipped["val"] if c != dark)}]
@@ -191,7 +191,7 @@ def test_skip_ambiguous_adjusts_a_shipped_split(tmp_path, nnunet_dirs, capsys):
 
 def test_label_maps_and_faint_only_masks_are_listed_and_skip_ambiguous_leaves_them_out(tmp_path, nnunet_dirs, capsys):
     """A 0/1/2 label map and a foreground drawn at 40 with a soft edge: both would have been written as background;
-    both are listed (a threshold cannot make the label map binary), and --skip-ambiguous leaves both cases out."""
+    both are listed (a threshold cannot make the label map binary), and --skip_ambiguous leaves both cases out."""
     masks = make_cvc_png_tree(tmp_path / "cvc", ids=[str(i) for i in range(1, 9)], faint=(), ambiguous=())
     label_map = np.zeros(SIZE, np.uint8)
     label_map[2:12, 5:45], label_map[20:30, 5:45] = 1, 2
@@ -201,7 +201,7 @@ def test_label_maps_and_faint_only_masks_are_listed_and_skip_ambiguous_leaves_th
     faint.reshape(-1)[edge[:12]] = 20  # a soft edge (under 1 % of the pixels): three values
     save(faint, tmp_path / "cvc" / "Ground Truth" / "6.png")
     argv = ["cvc-clinicdb", str(tmp_path / "cvc"), "-d", "32", "-np", "1"]
-    for extra, refused in (([], 2), (["--mask-threshold", "1"], 1)):  # T = 1 makes the faint mask's 20 and 40 count
+    for extra, refused in (([], 2), (["--mask_threshold", "1"], 1)):  # T = 1 makes the faint mask's 20 and 40 count
         assert main([*argv, *extra]) == 2
         out, err = capsys.readouterr()
         assert err.startswith(f"{PREFIX}{refused} of 8 masks are refused by the mask rule")
@@ -209,7 +209,7 @@ def test_label_maps_and_faint_only_masks_are_listed_and_skip_ambiguous_leaves_th
         assert "1 holding more classes than the dataset's two (label maps)" in out
         assert ("Ground Truth/6.png would be written empty" in out) == (refused == 2)
         assert _tree(nnunet_dirs["nnUNet_raw"]) == set()
-    assert main([*argv, "--skip-ambiguous"]) == 0
+    assert main([*argv, "--skip_ambiguous"]) == 0
     raw = nnunet_dirs["nnUNet_raw"] / "Dataset032_CVCClinicDB"
     assert case_ids(raw / "imagesTs") == {"1", "2", "4", "5", "7", "8"}
     record = json.loads((raw / "dataset.json").read_text())["meddisseg_conversion"]["masks"]
@@ -228,15 +228,15 @@ def test_the_python_api_raises_with_the_whole_report(tmp_path, nnunet_dirs):
 
 
 @pytest.mark.parametrize("value, expected", [
-    ("-1", "--mask-threshold must be a number from 0 to below 65535 (foreground: the mask values above it, e.g. 127 "
+    ("-1", "--mask_threshold must be a number from 0 to below 65535 (foreground: the mask values above it, e.g. 127 "
            "for 8-bit masks), got -1.0"),
     ("nan", "got nan"),
-    ("255", "--mask-threshold 255 is not below the range of mask "),
+    ("255", "--mask_threshold 255 is not below the range of mask "),
 ])
 def test_bad_mask_threshold_is_one_line_and_writes_nothing(tmp_path, nnunet_dirs, capsys, value, expected):
     make_cvc_png_tree(tmp_path / "cvc", ids=["1", "2", "3"], faint=("2",), ambiguous=())
     before = _tree(tmp_path)
-    assert main(["cvc-clinicdb", str(tmp_path / "cvc"), "-d", "32", "--mask-threshold", value, "-np", "1"]) == 2
+    assert main(["cvc-clinicdb", str(tmp_path / "cvc"), "-d", "32", "--mask_threshold", value, "-np", "1"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(PREFIX) and expected in lines[0], lines
     assert _tree(tmp_path) == before
@@ -247,8 +247,8 @@ def test_mask_threshold_is_refused_for_instance_labels(tmp_path, nnunet_dirs, ca
 
     folder = tmp_path / "Warwick QU Dataset (Released 2016_07_08)"
     make_pairs(folder, folder, ["train_1", "train_2", "testA_1"], ".bmp", ".bmp", mask_tag="_anno", instance=True)
-    assert main(["glas", str(tmp_path), "-d", "34", "--mask-threshold", "127", "-np", "1"]) == 2
+    assert main(["glas", str(tmp_path), "-d", "34", "--mask_threshold", "127", "-np", "1"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"{PREFIX}--mask-threshold applies to binary masks only: GlaS's labels are read as they are "
+    assert err == (f"{PREFIX}--mask_threshold applies to binary masks only: GlaS's labels are read as they are "
                    f"(instance or organ labels)")
     assert _tree(nnunet_dirs["nnUNet_raw"]) == set()

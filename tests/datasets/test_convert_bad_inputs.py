@@ -30,7 +30,7 @@ IDS = ["k0", "k1", "k2", "k3"]
 def _kvasir(tmp: Path, **kwargs) -> tuple:
     src = make_kvasir_tree(tmp / "Kvasir-SEG", IDS, **kwargs)
     split = write_split(tmp / "split.json", ["k0", "k1"], ["k2"], ["k3"])
-    return src, ["--split-file", str(split)]
+    return src, ["--split_file", str(split)]
 
 
 def _btcv(tmp: Path, label_value: int = 3, cases=("case0005", "case0006", "case0001")) -> tuple:
@@ -44,7 +44,7 @@ def _btcv(tmp: Path, label_value: int = 3, cases=("case0005", "case0006", "case0
         label[0, 0, 0] = label_value if case_id == "case0006" else 1
         sitk.WriteImage(sitk.GetImageFromArray(label), str(base / "label" / f"label{n}.nii.gz"))
     split = write_split(tmp / "split.json", ["case0005"], ["case0006"], ["case0001"])
-    return tmp, ["--split-file", str(split)]
+    return tmp, ["--split_file", str(split)]
 
 
 # each builder returns (argv, substrings the message must contain, exit code)
@@ -133,25 +133,25 @@ def row_dataset_id_out_of_range(tmp):
 def row_split_file_unknown_case(tmp):
     src, _ = _kvasir(tmp)
     split = write_split(tmp / "mine.json", ["k0", "zz9"], ["k1"], [])
-    args = ["kvasir-seg", str(src), "-d", "31", "--split-file", str(split)]
+    args = ["kvasir-seg", str(src), "-d", "31", "--split_file", str(split)]
     return args, ["mine.json", "zz9", "not in the source"], 2
 
 
 def row_split_file_not_json(tmp):
     src, _ = _kvasir(tmp)
     (tmp / "mine.json").write_text("train: [k0]")
-    return ["kvasir-seg", str(src), "-d", "31", "--split-file", str(tmp / "mine.json")], ["mine.json", "JSON"], 2
+    return ["kvasir-seg", str(src), "-d", "31", "--split_file", str(tmp / "mine.json")], ["mine.json", "JSON"], 2
 
 
 def row_split_file_overlap(tmp):
     src, _ = _kvasir(tmp)
     split = write_split(tmp / "mine.json", ["k0", "k1"], ["k1"], [])
-    return ["kvasir-seg", str(src), "-d", "31", "--split-file", str(split)], ["mine.json", "k1", "'train' and 'val'"], 2
+    return ["kvasir-seg", str(src), "-d", "31", "--split_file", str(split)], ["mine.json", "k1", "'train' and 'val'"], 2
 
 
 def row_shipped_split_mismatch(tmp):
     src, _ = _kvasir(tmp)
-    return ["kvasir-seg", str(src), "-d", "31"], ["splits/kvasir_seg.json", "--split-file", "k0"], 2
+    return ["kvasir-seg", str(src), "-d", "31"], ["splits/kvasir_seg.json", "--split_file", "k0"], 2
 
 
 def row_isic2017_truth_folder_missing(tmp):
@@ -169,7 +169,7 @@ def row_isic2016_required_folder_missing(tmp):
 
 def row_synapse_missing_transunet_case(tmp):
     src, _ = _btcv(tmp)
-    return ["synapse", str(src), "-d", "31"], ["img0007.nii.gz", "case0007", "--split-file"], 2
+    return ["synapse", str(src), "-d", "31"], ["img0007.nii.gz", "case0007", "--split_file"], 2
 
 
 def row_synapse_unknown_layout(tmp):
@@ -281,7 +281,7 @@ def test_overwrite_replaces_a_changed_split_in_preprocessed(tmp_path, nnunet_dir
     assert main(["kvasir-seg", str(src), "-d", "31", *split, "-np", "1"]) == 0
     prep = nnunet_dirs["nnUNet_preprocessed"] / "Dataset031_KvasirSEG" / "splits_final.json"
     other = write_split(tmp_path / "other.json", ["k0", "k2"], ["k1"], ["k3"])
-    assert main(["kvasir-seg", str(src), "-d", "31", "--split-file", str(other), "-np", "1", "--overwrite"]) == 0
+    assert main(["kvasir-seg", str(src), "-d", "31", "--split_file", str(other), "-np", "1", "--overwrite"]) == 0
     assert json.loads(prep.read_text()) == [{"train": ["k0", "k2"], "val": ["k1"]}]
 
 

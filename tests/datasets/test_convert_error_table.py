@@ -24,7 +24,7 @@ KVASIR_DATASET = "Dataset031_KvasirSEG"
 def _kvasir(tmp: Path) -> List[str]:
     src = make_kvasir_tree(tmp / "Kvasir-SEG", KVASIR_IDS)
     split = write_split(tmp / "split.json", ["k0", "k1"], ["k2"], ["k3"])
-    return ["kvasir-seg", str(src), "-d", "31", "--split-file", str(split), "-np", "1"]
+    return ["kvasir-seg", str(src), "-d", "31", "--split_file", str(split), "-np", "1"]
 
 
 def conv_source_missing(tmp, env):
@@ -72,7 +72,7 @@ def conv_undeclared_label(tmp, env):
         label[0, 0, 0] = value
         sitk.WriteImage(sitk.GetImageFromArray(label), str(base / "label" / f"label{n}.nii.gz"))
     split = write_split(tmp / "split.json", ["case0005"], ["case0006"], ["case0001"])
-    return ["synapse", str(tmp), "-d", "31", "--split-file", str(split), "-np", "1"]
+    return ["synapse", str(tmp), "-d", "31", "--split_file", str(split), "-np", "1"]
 
 
 def conv_dataset_exists(tmp, env):
@@ -148,7 +148,7 @@ def conv_label_map_mask(tmp, env):
 
 
 def conv_label_map_mask_with_threshold(tmp, env):
-    return [*_cvc(tmp, {"2": _label_map_012()}), "--mask-threshold", "0"]
+    return [*_cvc(tmp, {"2": _label_map_012()}), "--mask_threshold", "0"]
 
 
 def conv_colour_label_map_mask(tmp, env):
@@ -158,7 +158,7 @@ def conv_colour_label_map_mask(tmp, env):
 
 def conv_mask_threshold_above_label_range(tmp, env):
     """Every mask a plain 0 / 255 label: 300 is beyond their range all the same."""
-    return [*_cvc(tmp, {}), "--mask-threshold", "300"]
+    return [*_cvc(tmp, {}), "--mask_threshold", "300"]
 
 
 def conv_png_image_without_mask(tmp, env):
@@ -182,7 +182,7 @@ def conv_source_is_the_dataset(tmp, env):
     (target / "Kvasir-SEG").mkdir()
     for sub in ("images", "masks"):
         (tmp / "Kvasir-SEG" / sub).rename(target / "Kvasir-SEG" / sub)
-    return ["kvasir-seg", str(target / "Kvasir-SEG"), "-d", "31", "--split-file", argv[5], "-np", "1", "--overwrite"]
+    return ["kvasir-seg", str(target / "Kvasir-SEG"), "-d", "31", "--split_file", argv[5], "-np", "1", "--overwrite"]
 
 
 def conv_overwrite_replaces(tmp, env):
@@ -277,14 +277,14 @@ ROWS = [
         ["masks/k1.jpg would be written empty: its values reach ", "but none exceeds half its range (127.5)"]),
     Row("convert/label_map_mask", "convert", conv_label_map_mask, 2,
         ["Ground Truth/2.png holds the values {0, 1, 2}: ", "a label map of 3 classes (a binary dataset has 2",
-         "save them as binary masks (0 and one foreground value), or pass --skip-ambiguous"]),
+         "save them as binary masks (0 and one foreground value), or pass --skip_ambiguous"]),
     Row("convert/label_map_mask_with_threshold", "convert", conv_label_map_mask_with_threshold, 2,
         ["Ground Truth/2.png holds the values {0, 1, 2}: ", "a label map of 3 classes"]),
     Row("convert/colour_label_map_mask", "convert", conv_colour_label_map_mask, 2,
         ["Ground Truth/3.png holds 2 colours of different hues", "(255, 0, 0)", "(0, 255, 0)",
          "a label map of 3 classes"]),
     Row("convert/mask_threshold_above_label_range", "convert", conv_mask_threshold_above_label_range, 2,
-        ["--mask-threshold 300 is not below the range of mask ", "Ground Truth/1.png (0..255)"]),
+        ["--mask_threshold 300 is not below the range of mask ", "Ground Truth/1.png (0..255)"]),
     Row("convert/source_inside_the_dataset", "convert", conv_source_is_the_dataset, 2,
         [f"{KVASIR_DATASET}/Kvasir-SEG is inside ", "the dataset this conversion writes (and --overwrite replaces)"]),
     Row("convert/overwrite_replaces", "convert", conv_overwrite_replaces, 0, check=check_overwrite_replaced),
@@ -292,10 +292,10 @@ ROWS = [
     Row("convert/jpeg_0_1_masks", "convert", conv_jpeg_0_1_masks, 0, check=check_jpeg_0_1_masks),
     Row("convert/jpeg_label_map_0_100_200", "convert", conv_jpeg_label_map_0_100_200, 2,
         ["1 of 4 masks are refused", "masks/k1.jpg holds the levels {0 (", "in the middle of its range",
-         "--mask-threshold T"]),
+         "--mask_threshold T"]),
     Row("convert/jpeg_label_map_0_128_255", "convert", conv_jpeg_label_map_0_128_255, 2,
         ["1 of 4 masks are refused", "masks/k1.jpg holds the levels {0 (", "in the middle of its range",
-         "--mask-threshold T"]),
+         "--mask_threshold T"]),
 ]
 
 

@@ -130,7 +130,7 @@ def test_nnunet_accepts_the_converted_dataset(which, request):
 
 
 def test_full_resolution_masks_match_an_independent_threshold(tmp_path):
-    """A few real cases without --resize (chosen with --split-file): labels equal the source mask's
+    """A few real cases without --resize (chosen with --split_file): labels equal the source mask's
     ITU-R 601 grey value > 127 and the images are the decoded JPEG pixels."""
     source = real_dataset(KVASIR_SEG)
     lists = load_shipped_split("kvasir_seg.json")
@@ -139,7 +139,7 @@ def test_full_resolution_masks_match_an_independent_threshold(tmp_path):
     with pytest.MonkeyPatch.context() as mp:
         for name in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results"):
             mp.setenv(name, str(tmp_path / name))
-        assert main(["kvasir-seg", str(source), "-d", "603", "--split-file", str(split), "-np", "1"]) == 0
+        assert main(["kvasir-seg", str(source), "-d", "603", "--split_file", str(split), "-np", "1"]) == 0
     raw = tmp_path / "nnUNet_raw" / "Dataset603_KvasirSEG"
     for case_id, sub in [(c, "Tr") for c in train + val] + [(c, "Ts") for c in test]:
         label = read_png(raw / f"labels{sub}" / f"{case_id}.png")

@@ -48,9 +48,9 @@ def test_kvasir_layout_with_split_file_and_resize(nnunet_dirs, tmp_path, capsys)
     """Rectangular RGB-JPEG masks are thresholded (not rejected) and resized nearest to 16x16."""
     src = make_kvasir_tree(tmp_path / "Kvasir-SEG", [f"k{i}" for i in range(5)], size=(30, 40))
     split = write_split(tmp_path / "s.json", ["k0", "k1"], ["k2"], ["k3"])
-    assert main(["kvasir-seg", str(tmp_path), "-d", "11", "--resize", "16", "--split-file", str(split)]) == 0
+    assert main(["kvasir-seg", str(tmp_path), "-d", "11", "--resize", "16", "--split_file", str(split)]) == 0
     out = capsys.readouterr()
-    assert "1 source cases are in none of the --split-file lists" in out.err
+    assert "1 source cases are in none of the --split_file lists" in out.err
     raw = _raw(nnunet_dirs, "Dataset011_KvasirSEG")
     assert case_ids(raw / "imagesTr") == {"k0", "k1", "k2"} and case_ids(raw / "imagesTs") == {"k3"}
     assert _splits(nnunet_dirs, raw.name) == [{"train": ["k0", "k1"], "val": ["k2"]}]
@@ -159,7 +159,7 @@ def test_cvc_clinicdb_layout_is_all_test(nnunet_dirs, tmp_path, suffix):
 def test_cvc_clinicdb_split_file_makes_a_training_set(nnunet_dirs, tmp_path):
     make_pairs(tmp_path / "Original", tmp_path / "Ground Truth", ["1", "2", "3", "4"], ".tif", ".tif")
     split = write_split(tmp_path / "s.json", ["1", "2"], ["3"], ["4"])
-    assert main(["cvc-clinicdb", str(tmp_path), "-d", "17", "--split-file", str(split)]) == 0
+    assert main(["cvc-clinicdb", str(tmp_path), "-d", "17", "--split_file", str(split)]) == 0
     raw = _raw(nnunet_dirs, "Dataset017_CVCClinicDB")
     assert _splits(nnunet_dirs, raw.name) == [{"train": ["1", "2"], "val": ["3"]}]
 

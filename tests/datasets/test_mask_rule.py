@@ -227,7 +227,7 @@ def test_palette_indices_and_plain_labels_stay_labels(tmp_path):
     img.putpalette([0, 0, 0, 11, 0, 0] + [0] * 762)  # index 1 is a faint red: still the label 1
     img.save(tmp_path / "p.png")
     np.testing.assert_array_equal(read_binary_mask(tmp_path / "p.png", threshold=127), FOREGROUND)
-    # 0 and one value: that label, whatever the value and whatever --mask-threshold says
+    # 0 and one value: that label, whatever the value and whatever --mask_threshold says
     path = _save(tmp_path, _polyp(value=11), "eleven.png")
     np.testing.assert_array_equal(read_binary_mask(path), FOREGROUND)
     np.testing.assert_array_equal(read_binary_mask(path, threshold=127), FOREGROUND)
@@ -242,21 +242,21 @@ def test_a_mask_that_would_come_out_empty_is_refused_naming_its_values(tmp_path)
         f"mask {path} would be written empty: its values reach 100 ({{0, 11, 100}}) but none exceeds half its range "
         f"(127.5); expected a binary mask with foreground above that")
     np.testing.assert_array_equal(read_binary_mask(path, threshold=50), (dim > 50).astype(np.uint8))
-    with pytest.raises(ConversionError, match="none exceeds --mask-threshold 120;"):
+    with pytest.raises(ConversionError, match="none exceeds --mask_threshold 120;"):
         read_binary_mask(path, threshold=120)
     jpeg = _save(tmp_path, _polyp(value=100), "dark.jpg", quality=100)
     assert inspect_mask(jpeg).kind == "empty"
 
 
 # ------------------------------------------------------------------------------------------------
-# --mask-threshold values
+# --mask_threshold values
 
 
 @pytest.mark.parametrize("value", [-1, float("nan"), float("inf"), 65535, True, "127"])
 def test_bad_mask_thresholds_are_one_line_errors(value):
     with pytest.raises(OptionError) as e:
         validate_mask_threshold(value)
-    assert str(e.value) == (f"--mask-threshold must be a number from 0 to below 65535 (foreground: the mask values "
+    assert str(e.value) == (f"--mask_threshold must be a number from 0 to below 65535 (foreground: the mask values "
                             f"above it, e.g. 127 for 8-bit masks), got {value!r}")
 
 
@@ -269,7 +269,7 @@ def test_a_threshold_at_or_above_the_range_of_a_mask_names_both(tmp_path):
     path = _save(tmp_path, _with_region(_polyp(), 128, 0.06), "m.png")
     with pytest.raises(OptionError) as e:
         read_binary_mask(path, threshold=255)
-    assert str(e.value) == (f"--mask-threshold 255 is not below the range of mask {path} (0..255): expected a value "
+    assert str(e.value) == (f"--mask_threshold 255 is not below the range of mask {path} (0..255): expected a value "
                             f"between 0 and 255")
 
 
@@ -377,7 +377,7 @@ def _palette_label(tmp_path) -> Path:
     return tmp_path / "palette01.png"
 
 
-#: masks of every kind -> the range of their file's values (``--mask-threshold`` must lie below it)
+#: masks of every kind -> the range of their file's values (``--mask_threshold`` must lie below it)
 MASK_KINDS_AND_RANGES = {
     "label_0_255.png": (lambda tmp: _save(tmp, _polyp(), "label_0_255.png"), 255),
     "label_0_1.png": (lambda tmp: _save(tmp, _polyp(value=1), "label_0_1.png"), 255),
@@ -398,7 +398,7 @@ def test_mask_threshold_must_lie_below_the_range_of_every_mask_kind(tmp_path, ki
     for threshold in (full, full + 45, 300) if full == 255 else (full,):
         with pytest.raises(OptionError) as e:
             inspect_mask(path, threshold=threshold)
-        assert str(e.value) == (f"--mask-threshold {threshold:g} is not below the range of mask {path} (0..{full}): "
+        assert str(e.value) == (f"--mask_threshold {threshold:g} is not below the range of mask {path} (0..{full}): "
                                 f"expected a value between 0 and {full}")
     assert inspect_mask(path, threshold=full - 1.5).kind in ("label", "edges", "lossy")  # just below: accepted
     if full == 65535:  # a 16-bit label takes any T of the 16-bit range
@@ -408,7 +408,7 @@ def test_mask_threshold_must_lie_below_the_range_of_every_mask_kind(tmp_path, ki
 def test_a_threshold_within_the_16_bit_range_still_refuses_what_it_would_leave_empty(tmp_path):
     faint = _save(tmp_path, _with_region(_polyp(value=200, dtype=np.uint16), 90, 0.05), "low16.png")  # {0, 90, 200}
     with pytest.raises(ConversionError, match=r"would be written empty: its values reach 200 \(\{0, 90, 200\}\) but "
-                                              r"none exceeds --mask-threshold 300"):
+                                              r"none exceeds --mask_threshold 300"):
         read_binary_mask(faint, threshold=300)
     empty = _save(tmp_path, np.zeros(SIZE, np.uint16), "empty16.png")
     assert not read_binary_mask(empty, threshold=30000).any()

@@ -26,8 +26,8 @@ def model_folder(out: Path, seed: int, trainer: str) -> Path:
 
 def ablate_command(out: Path) -> list:
     return [str(BIN / "nnUNetv2_meddisseg_ablate"), "-d", "501", "--variants", "noDispersive", "--seeds", "1",
-            "--epochs", "4", "--iterations-per-epoch", "1", "--val-iterations", "1", "-o", str(out),
-            "--device", "cpu", "--disable-tta", "--predict-processes", "0"]
+            "--epochs", "4", "--iterations_per_epoch", "1", "--val_iterations", "1", "-o", str(out),
+            "--device", "cpu", "--disable_tta", "--predict_processes", "0"]
 
 
 @pytest.fixture(scope="module")

@@ -224,8 +224,8 @@ def test_compare_predicts_both_models_like_nnunet_predict(cli_env, tmp_path):
     baseline, model = "nnUNetTrainerDispersive_smoke", SMOKE  # nnU-Net's PlainConvUNet stands in for default
     folders = [ensure_trained(cli_env, baseline), ensure_trained(cli_env, model)]
     out = tmp_path / "comparison"
-    command = ["nnUNetv2_meddisseg_compare", "-d", "501", "-f", "0", "--baseline-trainer", baseline,
-               "--trainer", model, "--plans", "nnUNetPlans", "-o", out, "--device", "cpu", "--num-overlays", "2"]
+    command = ["nnUNetv2_meddisseg_compare", "-d", "501", "-f", "0", "--baseline_trainer", baseline,
+               "--trainer", model, "--plans", "nnUNetPlans", "-o", out, "--device", "cpu", "--num_overlays", "2"]
     proc = run_cli(command, cli_env)
     images = Path(cli_env["nnUNet_raw"]) / DATASET / "imagesTs"
     cases = sorted(p.name[:-len("_0000.png")] for p in images.glob("*_0000.png"))

@@ -301,7 +301,7 @@ def test_main_with_existing_predictions(nnunet_env, tmp_path, capsys):
     (out / "predictions").mkdir(parents=True)
     os.rename(a, out / "predictions" / model_a.name)
     os.rename(b, out / "predictions" / model_b.name)
-    assert main(["-d", "987", "-o", str(out), "--device", "cpu", "--num-overlays", "1"]) == 0
+    assert main(["-d", "987", "-o", str(out), "--device", "cpu", "--num_overlays", "1"]) == 0
     printed = capsys.readouterr().out
     assert "![" not in printed and f"report (tables and overlays): {out / 'comparison.md'}" in printed
     assert "predicted 0 case(s)" in printed and "| Med-DisSeg (paper, KvasirSEG) |" in printed

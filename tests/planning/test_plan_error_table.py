@@ -1,6 +1,6 @@
 """The plan command's rows of the bad-input table (harness and contract in tests/bad_input_table.py), through
 ``nnUNetv2_meddisseg_plan``'s ``main`` on a hand-written ``nnUNetPlans.json`` with an empty ``nnUNetPlans_2d``
-folder (no nnUNetv2_plan_and_preprocess). The encoder file ``--encoder-weights`` names is refused, without
+folder (no nnUNetv2_plan_and_preprocess). The encoder file ``--encoder_weights`` names is refused, without
 running it, when it carries a pickle payload."""
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def fake_preprocessed(env: Env, configurations=("2d",), data_folder: bool = True
 
 def plan_ok(tmp, env):
     fake_preprocessed(env)
-    return ["-d", "801", "--batch-size", "2"]
+    return ["-d", "801", "--batch_size", "2"]
 
 
 def check_plan_written(tmp, env):
@@ -80,30 +80,30 @@ def plan_3d_only(tmp, env):
 
 def plan_patch_not_multiple_of_16(tmp, env):
     fake_preprocessed(env)
-    return ["-d", "801", "--patch-size", "50", "64"]
+    return ["-d", "801", "--patch_size", "50", "64"]
 
 
 def plan_batch_size_zero(tmp, env):
     fake_preprocessed(env)
-    return ["-d", "801", "--batch-size", "0"]
+    return ["-d", "801", "--batch_size", "0"]
 
 
 def plan_name_is_a_path(tmp, env):
     fake_preprocessed(env)
-    return ["-d", "801", "--plans-name", "../../x"]
+    return ["-d", "801", "--plans_name", "../../x"]
 
 
 def plan_memory_target(value: str):
     def setup(tmp, env):
         fake_preprocessed(env)
-        return ["-d", "801", "--gpu-memory-target", value]
+        return ["-d", "801", "--gpu_memory_target", value]
     return setup
 
 
 def plan_rerun_other_settings(tmp, env):
     argv = plan_ok(tmp, env)
     assert plan_main(argv) == 0
-    return ["-d", "801", "--batch-size", "4"]
+    return ["-d", "801", "--batch_size", "4"]
 
 
 def plan_rerun_same_settings(tmp, env):
@@ -115,7 +115,7 @@ def plan_rerun_same_settings(tmp, env):
 def plan_rerun_overwrite(tmp, env):
     argv = plan_ok(tmp, env)
     assert plan_main(argv) == 0
-    return ["-d", "801", "--batch-size", "4", "--overwrite"]
+    return ["-d", "801", "--batch_size", "4", "--overwrite"]
 
 
 def check_plan_batch_4(tmp, env):
@@ -133,25 +133,25 @@ def plan_truncated_json(name: str):
 
 def plan_weights_missing(tmp, env):
     fake_preprocessed(env)
-    return ["-d", "801", "--encoder-weights", str(tmp / "nope.pth")]
+    return ["-d", "801", "--encoder_weights", str(tmp / "nope.pth")]
 
 
 def plan_weights_not_a_state_dict(tmp, env):
     fake_preprocessed(env)
     torch.save([1, 2, 3], tmp / "list.pth")
-    return ["-d", "801", "--encoder-weights", str(tmp / "list.pth")]
+    return ["-d", "801", "--encoder_weights", str(tmp / "list.pth")]
 
 
 def plan_weights_not_a_torch_file(tmp, env):
     fake_preprocessed(env)
     (tmp / "weights.pth").write_text("<html>404 Not Found</html>")
-    return ["-d", "801", "--encoder-weights", str(tmp / "weights.pth")]
+    return ["-d", "801", "--encoder_weights", str(tmp / "weights.pth")]
 
 
 def plan_weights_pickled_model(tmp, env):
     fake_preprocessed(env)
     torch.save(torch.nn.Conv2d(3, 4, 1), tmp / "model.pth")  # the module, not its state_dict()
-    return ["-d", "801", "--encoder-weights", str(tmp / "model.pth")]
+    return ["-d", "801", "--encoder_weights", str(tmp / "model.pth")]
 
 
 def plan_weights_payload(tmp, env):
@@ -162,7 +162,7 @@ def plan_weights_payload(tmp, env):
     state = encoder_state_dict()
     state["layer2.0.conv1.weight"] = Payload(tmp / "payload_ran")
     torch.save(state, tmp / "payload.pth")
-    return ["-d", "801", "--encoder-weights", str(tmp / "payload.pth")]
+    return ["-d", "801", "--encoder_weights", str(tmp / "payload.pth")]
 
 
 def plan_weights_nan(tmp, env):
@@ -170,7 +170,7 @@ def plan_weights_nan(tmp, env):
     state = encoder_state_dict()
     state["layer1.0.conv1.weight"][0, 0, 0, 0] = float("nan")
     torch.save(state, tmp / "nan.pth")
-    return ["-d", "801", "--encoder-weights", str(tmp / "nan.pth")]
+    return ["-d", "801", "--encoder_weights", str(tmp / "nan.pth")]
 
 
 def plan_weights_wrong_shapes(tmp, env):
@@ -179,13 +179,13 @@ def plan_weights_wrong_shapes(tmp, env):
     state["layer2.0.conv1.weight"] = torch.zeros(3, 3, 1, 1)  # the first bad key in the encoder's order
     state["layer3.0.conv1.weight"] = torch.zeros(3, 3, 1, 1)
     torch.save(state, tmp / "wrong.pth")
-    return ["-d", "801", "--encoder-weights", str(tmp / "wrong.pth")]
+    return ["-d", "801", "--encoder_weights", str(tmp / "wrong.pth")]
 
 
 def plan_weights_ok(tmp, env):
     fake_preprocessed(env)
     torch.save(encoder_state_dict(), tmp / "good.pth")
-    return ["-d", "801", "--batch-size", "2", "--encoder-weights", str(tmp / "good.pth")]
+    return ["-d", "801", "--batch_size", "2", "--encoder_weights", str(tmp / "good.pth")]
 
 
 def check_plan_names_weights(tmp, env):
@@ -203,16 +203,16 @@ ROWS = [
     Row("plan/2d_data_missing", "plan", plan_2d_data_missing, 2, ["nnUNetPlans_2d", "not preprocessed"]),
     Row("plan/3d_only", "plan", plan_3d_only, 2, ["no '2d' configuration", "3d_fullres", "-c 2d"]),
     Row("plan/patch_not_multiple_of_16", "plan", plan_patch_not_multiple_of_16, 2,
-        ["--patch-size", "multiples of 16", "50 64"]),
-    Row("plan/batch_size_zero", "plan", plan_batch_size_zero, 2, ["--batch-size", "at least 1", "0"]),
+        ["--patch_size", "multiples of 16", "50 64"]),
+    Row("plan/batch_size_zero", "plan", plan_batch_size_zero, 2, ["--batch_size", "at least 1", "0"]),
     Row("plan/plans_name_is_a_path", "plan", plan_name_is_a_path, 2,
-        ["--plans-name must be a name of letters, digits", "not a path: got '../../x'"]),
+        ["--plans_name must be a name of letters, digits", "not a path: got '../../x'"]),
     Row("plan/gpu_memory_target_nan", "plan", plan_memory_target("nan"), 2,
-        ["--gpu-memory-target must be a finite number of GB above 0, got nan"]),
+        ["--gpu_memory_target must be a finite number of GB above 0, got nan"]),
     Row("plan/gpu_memory_target_inf", "plan", plan_memory_target("inf"), 2,
-        ["--gpu-memory-target must be a finite number of GB above 0, got inf"]),
+        ["--gpu_memory_target must be a finite number of GB above 0, got inf"]),
     Row("plan/gpu_memory_target_negative", "plan", plan_memory_target("-3"), 2,
-        ["--gpu-memory-target must be a finite number of GB above 0, got -3.0"]),
+        ["--gpu_memory_target must be a finite number of GB above 0, got -3.0"]),
     Row("plan/rerun_other_settings", "plan", plan_rerun_other_settings, 2,
         [f"{PLAN_DATASET}/nnUNetMedDisSegPlans.json exists with other settings (configurations.2d.batch_size: 2 -> 4)",
          "pass --overwrite to replace it"]),
@@ -222,20 +222,20 @@ ROWS = [
         [f"{PLAN_DATASET}/nnUNetPlans.json is not valid JSON", "rerun nnUNetv2_plan_and_preprocess -d 801"]),
     Row("plan/truncated_dataset_json", "plan", plan_truncated_json("dataset.json"), 2,
         [f"{PLAN_DATASET}/dataset.json is not valid JSON"]),
-    Row("plan/weights_missing", "plan", plan_weights_missing, 2, ["--encoder-weights", "nope.pth", "does not exist"]),
+    Row("plan/weights_missing", "plan", plan_weights_missing, 2, ["--encoder_weights", "nope.pth", "does not exist"]),
     Row("plan/weights_not_a_state_dict", "plan", plan_weights_not_a_state_dict, 2,
-        ["--encoder-weights", "list.pth", "not a state dict", "list"]),
+        ["--encoder_weights", "list.pth", "not a state dict", "list"]),
     Row("plan/weights_not_a_torch_file", "plan", plan_weights_not_a_torch_file, 2,
-        ["--encoder-weights", "weights.pth", "not a file written by torch.save"]),
+        ["--encoder_weights", "weights.pth", "not a file written by torch.save"]),
     Row("plan/weights_pickled_model", "plan", plan_weights_pickled_model, 2,
-        ["--encoder-weights", "model.pth", "not a plain state dict", "state_dict()"]),
+        ["--encoder_weights", "model.pth", "not a plain state dict", "state_dict()"]),
     Row("plan/weights_payload_not_run", "plan", plan_weights_payload, 2,
-        ["--encoder-weights", "payload.pth", f"not a plain state dict (needs GLOBAL {open.__module__}.open;",
+        ["--encoder_weights", "payload.pth", f"not a plain state dict (needs GLOBAL {open.__module__}.open;",
          "not loaded, since loading them can run code"]),
     Row("plan/weights_nan", "plan", plan_weights_nan, 2,
-        ["--encoder-weights", "nan.pth", "key 'layer1.0.conv1.weight' holds NaN or inf values"]),
+        ["--encoder_weights", "nan.pth", "key 'layer1.0.conv1.weight' holds NaN or inf values"]),
     Row("plan/weights_wrong_shapes", "plan", plan_weights_wrong_shapes, 2,
-        ["--encoder-weights", "wrong.pth", "'layer2.0.conv1.weight'", "(3, 3, 1, 1)"]),
+        ["--encoder_weights", "wrong.pth", "'layer2.0.conv1.weight'", "(3, 3, 1, 1)"]),
     Row("plan/weights_ok", "plan", plan_weights_ok, 0, check=check_plan_names_weights),
 ]
 

@@ -44,7 +44,7 @@ def test_3d_only_dataset_is_refused():
 
 @pytest.mark.parametrize("patch", [(50, 64), (64, 0), (64,)])
 def test_patch_size_must_be_two_multiples_of_16(patch):
-    with pytest.raises(UserError, match="--patch-size"):
+    with pytest.raises(UserError, match="--patch_size"):
         build_meddisseg_plans(_source_plans(), patch_size=patch, batch_size=2)
 
 
@@ -61,7 +61,7 @@ def test_batch_size_follows_memory_budget():
 def test_plan_command_writes_plans_that_nnunet_builds(preprocessed_synthetic):
     env = preprocessed_synthetic
     # a plans name of its own: the session's other tests plan nnUNetMedDisSegPlans with the defaults
-    proc = run_cli(["nnUNetv2_meddisseg_plan", "-d", "501", "--activation", "relu", "--plans-name", "PlansReLU"], env)
+    proc = run_cli(["nnUNetv2_meddisseg_plan", "-d", "501", "--activation", "relu", "--plans_name", "PlansReLU"], env)
     assert "PlansReLU.json" in proc.stdout
     plans_file = Path(env["nnUNet_preprocessed"]) / "Dataset501_SyntheticPolyps" / "PlansReLU.json"
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
@@ -102,7 +102,7 @@ def test_default_plans_keep_no_running_statistics_outside_the_encoder(preprocess
     from nnunetv2_meddisseg.blocks.norm import SingleKernelInstanceNorm2d as InstanceNorm2d
 
     env = preprocessed_synthetic
-    run_cli(["nnUNetv2_meddisseg_plan", "-d", "501", "--plans-name", "PlansDefault"], env)
+    run_cli(["nnUNetv2_meddisseg_plan", "-d", "501", "--plans_name", "PlansDefault"], env)
     architecture, network = _network_of(env, "PlansDefault")
     assert architecture["arch_kwargs"]["added_norm_op"] == "nnunetv2_meddisseg.blocks.norm.SingleKernelInstanceNorm2d"
     assert "added_norm_op" in architecture["_kw_requires_import"]
@@ -117,7 +117,7 @@ def test_default_plans_keep_no_running_statistics_outside_the_encoder(preprocess
 
 def test_added_norm_batch_is_the_papers_batchnorm_everywhere(preprocessed_synthetic):
     env = preprocessed_synthetic
-    run_cli(["nnUNetv2_meddisseg_plan", "-d", "501", "--added-norm", "batch", "--plans-name", "PlansBN"], env)
+    run_cli(["nnUNetv2_meddisseg_plan", "-d", "501", "--added_norm", "batch", "--plans_name", "PlansBN"], env)
     architecture, network = _network_of(env, "PlansBN")
     assert "added_norm_op" not in architecture["arch_kwargs"]
     assert "added_norm_op" not in architecture["_kw_requires_import"]
@@ -132,14 +132,14 @@ def test_plan_command_errors_are_one_line(preprocessed_synthetic, tmp_path):
     assert proc.stderr.count("\n") == 1 and "-d 777" in proc.stderr and "Traceback" not in proc.stderr
 
     missing = tmp_path / "nope.pth"
-    proc = run_cli(["nnUNetv2_meddisseg_plan", "-d", "501", "--encoder-weights", missing, "--plans-name", "X"],
+    proc = run_cli(["nnUNetv2_meddisseg_plan", "-d", "501", "--encoder_weights", missing, "--plans_name", "X"],
                    env, check=False)
     assert proc.returncode == 2 and str(missing) in proc.stderr and proc.stderr.count("\n") == 1
 
     not_a_state_dict = tmp_path / "list.pth"
     torch.save([1, 2, 3], not_a_state_dict)
-    proc = run_cli(["nnUNetv2_meddisseg_plan", "-d", "501", "--encoder-weights", not_a_state_dict,
-                    "--plans-name", "X"], env, check=False)
+    proc = run_cli(["nnUNetv2_meddisseg_plan", "-d", "501", "--encoder_weights", not_a_state_dict,
+                    "--plans_name", "X"], env, check=False)
     assert proc.returncode == 2 and "list.pth" in proc.stderr and proc.stderr.count("\n") == 1
 
     import torchvision
@@ -147,8 +147,8 @@ def test_plan_command_errors_are_one_line(preprocessed_synthetic, tmp_path):
     state["layer2.0.conv1.weight"] = torch.zeros(3, 3, 1, 1)
     wrong_shape = tmp_path / "wrong.pth"
     torch.save(state, wrong_shape)
-    proc = run_cli(["nnUNetv2_meddisseg_plan", "-d", "501", "--encoder-weights", wrong_shape,
-                    "--plans-name", "X"], env, check=False)
+    proc = run_cli(["nnUNetv2_meddisseg_plan", "-d", "501", "--encoder_weights", wrong_shape,
+                    "--plans_name", "X"], env, check=False)
     assert proc.returncode == 2 and "layer2.0.conv1.weight" in proc.stderr
     assert not (Path(env["nnUNet_preprocessed"]) / "Dataset501_SyntheticPolyps" / "X.json").exists()
 
@@ -218,7 +218,7 @@ def _trainer(folder: Path, plans_name: str):
 def test_imagenet_weights_from_seeded_cache_reach_planning_and_training(in_process_env, tmp_path, capsys):
     folder = in_process_env
     state = _seed_imagenet_cache(tmp_path / "torch_home")
-    main(["-d", "501", "--encoder-weights", "imagenet", "--plans-name", "ImageNetPlans", "--batch-size", "2"])
+    main(["-d", "501", "--encoder_weights", "imagenet", "--plans_name", "ImageNetPlans", "--batch_size", "2"])
     assert str(tmp_path.joinpath("torch_home", *IMAGENET_FILE)) in capsys.readouterr().out
     plans = json.loads((folder / "ImageNetPlans.json").read_text())
     assert plans["configurations"]["2d"]["architecture"]["arch_kwargs"]["encoder_weights"] == "imagenet"
@@ -231,22 +231,22 @@ def test_imagenet_weights_from_seeded_cache_reach_planning_and_training(in_proce
 
 
 def test_imagenet_offline_without_cache_is_one_line_error(in_process_env, tmp_path, capsys):
-    assert main(["-d", "501", "--encoder-weights", "imagenet", "--plans-name", "ImageNetOffline"]) == 2
+    assert main(["-d", "501", "--encoder_weights", "imagenet", "--plans_name", "ImageNetOffline"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("nnUNetv2_meddisseg_plan: error: --encoder-weights imagenet")
+    assert err.count("\n") == 1 and err.startswith("nnUNetv2_meddisseg_plan: error: --encoder_weights imagenet")
     assert str(tmp_path.joinpath("torch_home", *IMAGENET_FILE)) in err and IMAGENET_URL in err
-    assert "--encoder-weights PATH" in err
+    assert "--encoder_weights PATH" in err
     assert not (in_process_env / "ImageNetOffline.json").exists()
 
 
 def test_training_never_downloads_imagenet_weights(in_process_env, tmp_path, monkeypatch):
     folder = in_process_env
     _seed_imagenet_cache(tmp_path / "torch_home")
-    main(["-d", "501", "--encoder-weights", "imagenet", "--plans-name", "ImageNetMoved", "--batch-size", "2"])
+    main(["-d", "501", "--encoder_weights", "imagenet", "--plans_name", "ImageNetMoved", "--batch_size", "2"])
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "another_torch_home"))  # e.g. another machine
     trainer = _trainer(folder, "ImageNetMoved")
     with pytest.raises(FileNotFoundError) as info:
         trainer.initialize()
     message = str(info.value)
-    assert "\n" not in message and IMAGENET_URL in message and "--encoder-weights PATH" in message
+    assert "\n" not in message and IMAGENET_URL in message and "--encoder_weights PATH" in message
     assert str(tmp_path.joinpath("another_torch_home", *IMAGENET_FILE)) in message

@@ -49,12 +49,12 @@ def test_plans_record_the_estimate_and_an_explicit_batch():
     estimated = build_meddisseg_plans(_source_plans((256, 256)))["configurations"]["2d"]
     assert "estimated from a CPU measurement" in estimated["batch_size_source"]
     explicit = build_meddisseg_plans(_source_plans((256, 256)), batch_size=3)["configurations"]["2d"]
-    assert explicit["batch_size"] == 3 and explicit["batch_size_source"] == "--batch-size"
+    assert explicit["batch_size"] == 3 and explicit["batch_size_source"] == "--batch_size"
 
 
 def test_memory_from_gpu_without_cuda_is_one_line(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(UserError, match=r"--memory-from gpu: no CUDA GPU is available here.*--memory-from estimate"):
+    with pytest.raises(UserError, match=r"--memory_from gpu: no CUDA GPU is available here.*--memory_from estimate"):
         plan_module._memory_measurement("gpu")
     assert plan_module._memory_measurement("auto") is None  # auto falls back to the estimate
     assert plan_module._memory_measurement("estimate") is None

@@ -1,6 +1,6 @@
 """``nnUNetv2_meddisseg_pretrain`` on a hand-written tiny dataset (tests/pretraining/tiny_dataset.py): the loss
 decreases; the file loads through nnU-Net's ``load_pretrained_weights`` (nnU-Net's network) and through
-``nnUNetv2_meddisseg_plan --encoder-weights`` (Med-DisSeg's encoder) with exactly the pretrained tensors; the test
+``nnUNetv2_meddisseg_plan --encoder_weights`` (Med-DisSeg's encoder) with exactly the pretrained tensors; the test
 images and the fold's validation cases are never read; a run killed with SIGKILL and started again ends with the
 weights of an uninterrupted run."""
 from __future__ import annotations
