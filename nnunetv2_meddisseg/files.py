@@ -122,13 +122,15 @@ def _remove_marked(folder: Path) -> None:
 
 
 def temporary_sibling(target: Path, folder: bool = False) -> Path:
-    """A new, empty file (or, with ``folder``, a folder holding only :data:`MARKER`) beside ``target``:
-    ``.<name>.<random>.partial``, made exclusively, with the mode a plain ``open`` / ``mkdir`` would give. The
-    caller writes it and renames it over ``target`` (:func:`write_atomically`, :func:`replace_folder`) or removes
-    it. Temporary folders of ``target`` that a process which has ended left behind are removed first."""
+    """A new, empty file (or, with ``folder``, a folder holding only :data:`MARKER`, the folders above it made
+    where missing) beside ``target``: ``.<name>.<random>.partial``, made exclusively, with the mode a plain
+    ``open`` / ``mkdir`` would give. The caller writes it and renames it over ``target`` (:func:`write_atomically`,
+    :func:`replace_folder`) or removes it. Temporary folders of ``target`` that a process which has ended left
+    behind are removed first."""
     target = Path(target)
     prefix, suffix = f".{target.name}.", ".partial"
     if folder:
+        target.parent.mkdir(parents=True, exist_ok=True)  # a folder's writers make the folders above it
         for leftover in _abandoned_siblings(target, suffix):
             try:
                 _remove_marked(leftover)

@@ -234,3 +234,11 @@ def test_a_folder_or_link_of_a_fixed_temporary_name_is_left_alone(model, tmp_pat
         assert json.loads((target / DESCRIPTION_FILE).read_text()) == description_of({0: graph})
         assert snapshot(tmp_path, leave_out=[target]) == before  # untouched, and no temporary left
     assert "put back" not in capsys.readouterr().out
+
+
+def test_an_output_whose_parent_folders_do_not_exist_yet_is_written(model, tmp_path):
+    """``-o`` two folders below any existing one: the export makes them, as ``mkdir -p`` would."""
+    output = export_folder.check_output(tmp_path / "exports" / "new" / "model", model)
+    export_folder.write_export(output, {"0": b"graph"}, description_of({0: b"graph"}))
+    assert (output / "fold_0" / "model.onnx").read_bytes() == b"graph"
+    assert sorted(p.name for p in output.parent.iterdir()) == ["model"]  # no temporary left beside it
