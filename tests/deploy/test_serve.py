@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from scratch import scratch_folder
 from test_predict_onnx import BLOCKER
 from tiny_export import export_tiny, write_cases
 
@@ -102,8 +103,8 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("serve")
+def exported(request, tmp_path_factory) -> Path:
+    tmp = scratch_folder(request, tmp_path_factory, "serve")
     export_tiny(tmp / "model")
     write_cases(tmp / "in", CASES)
     rng = np.random.default_rng(1)
