@@ -21,7 +21,8 @@ setup(
         "pillow",
         "tqdm",
     ],
-    extras_require={"test": ["pytest", "h5py", "onnx", "onnxruntime", "openvino", "nncf", "litserve>=0.2.19,<0.3"],
+    extras_require={"test": ["pytest", "pytest-xdist", "h5py", "onnx", "onnxruntime", "openvino", "nncf",
+                             "litserve>=0.2.19,<0.3"],
                     "synapse": ["h5py"], "onnx": ["onnx", "onnxruntime"], "openvino": ["openvino", "nncf"],
                     # the server's engine (FastAPI / uvicorn underneath); without PyTorch
                     "serve": ["litserve>=0.2.19,<0.3"]},
