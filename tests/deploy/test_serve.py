@@ -2,8 +2,9 @@
 loopback port in a process where importing PyTorch, nnU-Net and onnx fails: readiness before and after the model
 is loaded, the masks (and probabilities) nnUNetv2_meddisseg_predict_onnx writes for the same images, concurrent
 clients, every bad request with its status and one line (and a good request answered after it), a full queue, a
-killed inference worker (not ready, restarted, right masks again) and SIGTERM with a request in flight (it is
-answered). Each server is stopped by the test, also where it fails."""
+request over its timeout (504; its late mask reaches no other request), a killed inference worker (not ready,
+restarted, right masks again) and SIGTERM with a request in flight (it is answered). Each server is stopped by
+the test, also where it fails."""
 import http.client
 import io
 import json
@@ -294,6 +295,25 @@ def test_full_queue_killed_worker_and_sigterm_with_a_request_in_flight(exported)
         assert result["answer"][0] == 200
         assert server.proc.wait(60) == 0
         assert '"event": "stopping"' in server.log()
+    finally:
+        server.stop()
+
+
+@pytest.mark.e2e
+def test_a_request_over_its_timeout_gets_504_and_its_late_mask_reaches_nobody(exported):
+    server = Server(exported, "--request_timeout_s", "0.3", "--max_batch_size", "1")
+    try:
+        server.wait_ready()
+        status, body = server.predict((exported / "slow.png").read_bytes())
+        assert status == 504 and "no answer within --request_timeout_s 0.3 s" in _one_line(body)
+        # the slow case is still being predicted; the next request waits for it, then gets its own mask
+        end = time.monotonic() + 60
+        while (answer := server.predict(_image(exported, "case1")))[0] == 504 and time.monotonic() < end:
+            pass
+        assert answer[0] == 200 and np.array_equal(_mask(answer[1]), _expected(exported, "case1"))
+        assert server.request("GET", "/health")[0] == 200
+        log = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
+        assert [r["status"] for r in log if r.get("event") == "request"][0] == 504
     finally:
         server.stop()
 
