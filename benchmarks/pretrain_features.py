@@ -91,7 +91,7 @@ def markdown(runs: List[dict]) -> str:
     epochs = max(len(r["pseudo_dice"]) for r in runs)
     curve_rows = [[method, len(rs)] + [f"{100 * np.mean([r['pseudo_dice'][e] for r in rs]):.1f}"
                                        for e in range(epochs)] for method, rs in arms.items()]
-    parts = sorted({part for r in runs for part in r["finetune_travel"]})
+    parts = ("encoder", "decoder")  # the results file holds every top-level module
     travel_rows = []
     for method, rs in arms.items():
         row = [method] + [_mean_sd([r["finetune_travel"].get(p) for r in rs]) for p in parts]
