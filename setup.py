@@ -19,6 +19,7 @@ setup(
         "scipy",
         "matplotlib",
         "pillow",
+        "pydantic>=2",
         "tqdm",
     ],
     extras_require={"test": ["pytest", "h5py", "onnx", "onnxruntime", "openvino", "nncf", "litserve>=0.2.19,<0.3"],
