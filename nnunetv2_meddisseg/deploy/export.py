@@ -326,8 +326,8 @@ def export_model(args) -> Tuple[Path, dict]:
                   f"{worst['relative_difference']:.1e} ({len(checks)} inputs)")
     extra = {}
     if reduced:
-        extra = guard_folds(description, models, preprocessed, ["bf16", "int8"] if args.int8 else ["bf16"],
-                            Bounds(args.min_dice_to_fp32, args.max_pseudo_dice_drop), args.calibration_tiles, reduced)
+        extra = guard_folds(description, models, preprocessed, reduced, Bounds(args.min_dice_to_fp32,
+                            args.max_pseudo_dice_drop), args.calibration_tiles)
     write_export(output, models, description, extra)
     return output, description
 
@@ -351,8 +351,7 @@ def _parser() -> argparse.ArgumentParser:
     guard = p.add_argument_group("reduced precision (OpenVINO; verified on each fold's validation cases against fp32)")
     guard.add_argument("--int8", action="store_true",
                        help="also write each fold as an INT8 OpenVINO model (NNCF, calibrated on the fold's training "
-                            "cases) within the bounds below, blocks kept in fp32 where needed, or write nothing; "
-                            "bf16 is verified and recorded too where the CPU has native bf16")
+                            "cases) within the bounds below, blocks kept in fp32 where needed, or write nothing")
     guard.add_argument("--bf16", action="store_true",
                        help="verify bf16 within the bounds below (blocks kept in fp32 where needed), or write nothing")
     guard.add_argument("--min_dice_to_fp32", type=float, default=Bounds.min_dice_to_fp32,

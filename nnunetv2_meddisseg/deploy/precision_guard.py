@@ -446,18 +446,16 @@ def _quantize(model, tiles: List[np.ndarray]):
 
 
 def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optional[Path], precisions: Sequence[str],
-                bounds: Bounds, calibration_tiles: int = DEFAULT_CALIBRATION_TILES, required: Sequence[str] = (),
+                bounds: Bounds, calibration_tiles: int = DEFAULT_CALIBRATION_TILES,
                 threads: Optional[int] = None, say: Callable[[str], None] = print) -> Dict[str, bytes]:
     """Guard ``precisions`` (of ``bf16``, ``int8``) for every fold of ``description`` (its fp32 ONNX graphs:
     ``graphs[fold]``, which hold the description's fields: ``deploy.description.bind_graph``): records each fold's
     outcome as its ``precisions`` entry and returns the files to write with it (``{path in the export folder:
     bytes}``, their sha256 in the records; the IRs hold the fields as the graphs they were made from). A precision
-    of ``required`` that is not verified ends with one line (nothing is written)."""
-    bf16 = "bf16" in precisions and cpu_supports_bf16()
-    if "bf16" in precisions and not bf16:
-        if "bf16" in required:
-            raise UserError("--bf16: this CPU has no native bf16, so bf16 cannot be verified here: nothing written")
-        say("bf16: not verified (this CPU has no native bf16)")
+    that is not verified ends with one line (nothing is written)."""
+    bf16 = "bf16" in precisions
+    if bf16 and not cpu_supports_bf16():
+        raise UserError("--bf16: this CPU has no native bf16, so bf16 cannot be verified here: nothing written")
     core = openvino_core()
     files: Dict[str, bytes] = {}
     description["precision_guard"] = {"bounds": asdict(bounds), "calibration_tiles": calibration_tiles,
@@ -482,8 +480,7 @@ def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optio
                     f"{FEW_VALIDATION_CASES}): the guard's figures rest on few cases")
             verifier = Verifier(cases, OpenVinoSession(model, "fp32", threads), description)
             groups = blocks(model)
-            records = {} if bf16 or "bf16" not in precisions else {
-                "bf16": {"verified": False, "reason": "the CPU of the export has no native bf16"}}
+            records = {}
             if bf16:
                 xml, weights = _serialized(model, scratch)
                 records["bf16"] = guard("bf16", lambda kept: core.read_model(_mark_fp32(xml, kept),
@@ -507,7 +504,7 @@ def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optio
                     record = _written_int8(fold, candidate, groups, record, verifier, bounds, scratch, files, threads,
                                            say)
                 records["int8"] = {**record, "calibration_tiles": tiles}
-        for precision in required:
+        for precision in precisions:
             if not records[precision]["verified"]:
                 raise UserError(f"fold {name}: {records[precision]['reason']}; bounds: mean Dice to fp32 >= "
                                 f"{bounds.min_dice_to_fp32:g}, pseudo Dice drop <= {bounds.max_pseudo_dice_drop:g} "

@@ -324,3 +324,16 @@ def test_fp32_export_checks_on_two_preprocessed_cases_where_there(tmp_path, nnun
     checks = json.loads((tmp_path / "kvasir_onnx" / DESCRIPTION_FILE).read_text())["folds"][0]["checks"]
     assert [c["input"] for c in checks][2:] == ["case case_000", "case case_001"]
 
+
+def test_an_int8_export_guards_int8_alone(tmp_path, nnunet_dirs, monkeypatch):
+    """--int8 runs the INT8 guard only; bf16 is guarded where --bf16 asks for it too."""
+    from nnunetv2_meddisseg.deploy import export
+
+    asked = []
+    monkeypatch.setattr(export, "guard_folds", lambda description, models, preprocessed, precisions, *args:
+                        asked.append(sorted(precisions)) or {})
+    tiny_model(nnunet_dirs)
+    preprocessed_cases(nnunet_dirs)
+    assert export.main(_export_argv(tmp_path / "int8", "--int8")) == 0
+    assert export.main(_export_argv(tmp_path / "both", "--int8", "--bf16")) == 0
+    assert asked == [["int8"], ["bf16", "int8"]]
