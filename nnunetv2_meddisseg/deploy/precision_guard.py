@@ -335,11 +335,11 @@ def guard(precision: str, candidate: Candidate, groups: Dict[str, List[str]], ve
     """The guard of one precision: ``candidate(names of the operations kept in fp32) -> openvino.Model``, the
     blocks' operations ``groups``; returns its record: ``verified``, the blocks ``kept_in_fp32``, the chosen
     candidate's ``figures`` (the whole network's where not verified, with the ``reason``) and every candidate
-    ``tried``."""
+    ``tried`` (its figures and the blocks it kept in fp32, ``kept_in_fp32``)."""
     def check(kept: Sequence[str], what: str) -> dict:
         figures = _checked(verifier, OpenVinoSession(candidate([n for g in kept for n in groups[g]]), precision,
-                                                     threads), bounds, len(kept))
-        tried.append({"kept_in_fp32": list(kept), **figures})
+                                                     threads), bounds)
+        tried.append({**figures, "kept_in_fp32": list(kept)})
         say(f"  {precision}, {what}: {_summary(figures)}")
         return figures
 
@@ -367,11 +367,10 @@ def guard(precision: str, candidate: Candidate, groups: Dict[str, List[str]], ve
     return _record(True, order[:high], best, tried)
 
 
-def _checked(verifier: Verifier, session: OpenVinoSession, bounds: Bounds, kept: int) -> dict:
-    """The verifier's figures of one session, with the number of blocks kept out of the reduced precision and the
-    bounds it misses."""
+def _checked(verifier: Verifier, session: OpenVinoSession, bounds: Bounds) -> dict:
+    """The verifier's figures of one session, with the bounds it misses."""
     figures = verifier.figures(session)
-    figures.update(kept_in_fp32=kept, missed=bounds.missed(figures))
+    figures["missed"] = bounds.missed(figures)
     return figures
 
 
@@ -526,16 +525,15 @@ def _written_int8(fold: dict, candidate: Candidate, groups: Dict[str, List[str]]
     ``floats_in_bf16`` (``verified``, and its ``figures`` or the ``reason``)."""
     folder = scratch / "int8"
     folder.mkdir()
-    kept = len(record["kept_in_fp32"])
     xml, weights = _serialized(candidate([n for g in record["kept_in_fp32"] for n in groups[g]]), folder)
-    figures = _checked(verifier, OpenVinoSession(folder / "model.xml", "int8", threads), bounds, kept)
+    figures = _checked(verifier, OpenVinoSession(folder / "model.xml", "int8", threads), bounds)
     if figures["missed"]:
         return {**record, "verified": False, "figures": figures,
                 "reason": f"the written INT8 graph misses the bounds ({'; '.join(figures['missed'])})"}
     if not cpu_supports_bf16():
         floats = {"verified": False, "reason": "the CPU of the export has no native bf16"}
     else:
-        bf16 = _checked(verifier, OpenVinoSession(folder / "model.xml", "int8", threads, floats="bf16"), bounds, kept)
+        bf16 = _checked(verifier, OpenVinoSession(folder / "model.xml", "int8", threads, floats="bf16"), bounds)
         say(f"  int8, float operations in bf16: {_summary(bf16)}")
         floats = {"verified": not bf16["missed"], "figures": bf16}
         if bf16["missed"]:
