@@ -19,6 +19,7 @@ setup(
         "scipy",
         "matplotlib",
         "pillow",
+        "pydantic>=2",
         "tqdm",
     ],
     extras_require={"test": ["pytest", "pytest-xdist", "h5py", "onnx", "onnxruntime", "openvino", "nncf",

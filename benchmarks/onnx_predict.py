@@ -255,29 +255,31 @@ def _models(args, work: Path, logs: Path) -> Tuple[dict, Dict[str, dict], Path, 
 
 def _export(models: Dict[str, dict], env: dict, work: Path, logs: Path, precisions: Sequence[str],
             extra: Sequence[str], checkpoint: str) -> Dict[str, dict]:
-    """Each model exported to ``work/onnx/<name>`` with ``--int8`` (int8 and bf16 verified) or ``--bf16`` where these
-    arms are asked; where the export refuses one, its refusal is kept and it runs with the next flag:
-    ``{name: {"export_s", "refused": {flag: error}}}``."""
+    """Each model exported to ``work/onnx/<name>`` with ``--int8`` and ``--bf16`` where these arms are asked; where
+    the export refuses them, its refusal is kept and it runs with each flag alone, then with none:
+    ``{name: {"export_s", "flags": the flags it was exported with, "refused": {flags: error}}}``."""
     from nnunetv2_meddisseg.logged_command import run_logged
 
     records = {}
-    flags = [f for f in ("--int8", "--bf16") if f[2:] in {OPENVINO_ARMS[p][0] for p in precisions}] + [None]
+    asked = [f for f in ("--int8", "--bf16") if f[2:] in {OPENVINO_ARMS[p][0] for p in precisions}]
+    attempts = [asked] + ([[f] for f in asked] if len(asked) > 1 else []) + ([[]] if asked else [])
     for name, model in models.items():
         folder, record = model["folder"], {"refused": {}}
         trainer, plans, configuration = folder.name.split("__")
         model["export"] = work / "onnx" / name.replace(" ", "_")
         command = ["nnUNetv2_meddisseg_export", "-d", folder.parent.name, "-tr", trainer, "-p", plans, "-c",
                    configuration, "-f", "0", "-chk", checkpoint, "-o", str(model["export"]), *extra]
-        for flag in flags:
+        for flags in attempts:
             try:
-                record["export_s"] = run_logged(command + ([flag] if flag else []), {
+                record["export_s"] = run_logged(command + flags, {
                     **env, "nnUNet_results": str(folder.parents[1])}, logs / f"export_{name.replace(' ', '_')}.log")
+                record["flags"] = flags
                 break
             except Exception as e:  # the export's refusal (a bound missed) is the arm's result
-                if flag is None:
+                if not flags:
                     raise
                 text = " ".join(str(e).split())
-                record["refused"][flag] = f"{type(e).__name__}: {text[max(text.find('exit code'), 0):]}"
+                record["refused"][" ".join(flags)] = f"{type(e).__name__}: {text[max(text.find('exit code'), 0):]}"
         records[name] = record
     return records
 
@@ -335,7 +337,8 @@ def _run(args, work: Path) -> dict:
                                                           save_probabilities=True, overwrite=True)
             outputs[f"{name} / nnUNetv2_predict"] = (out_t, out_t)
             for arm, kwargs in runs:
-                if f"--{kwargs.get('precision')}" in payload["export"][name]["refused"]:
+                precision = kwargs.get("precision", "fp32")
+                if precision != "fp32" and f"--{precision}" not in payload["export"][name]["flags"]:
                     continue  # the export's guard refused this precision: reported with the export
                 out_o = work / "predictions" / f"{name}_{mode[4:]}_{arm}".replace(" ", "_")
                 onnx_predictor, record = start_arm(model["export"], kwargs.get("providers", ()), tta, args.threads,

@@ -8,32 +8,49 @@ verified reduced precisions (``--int8`` / ``--bf16``), each fold's ``precisions`
 with every further file's sha256, and the guard's settings (``precision_guard``). Reading it needs neither PyTorch
 nor nnU-Net.
 
-A model folder is not trusted because it is there: :func:`read_description` checks every field the predictor
-reads (type and range, and that they agree with each other) and that each fold's files lie inside the folder;
-:func:`read_fold_model` (:func:`read_model_file` for the further files) checks a graph against the sha256 the export
-recorded before any runtime loads it, and the description's fields that change the prediction
-(:data:`GRAPH_FIELDS`) against the copy the export wrote into the graph itself (:func:`bind_graph`), so that an
-edit of the description alone is refused; and :func:`check_graph_io` checks the shapes a runtime reports for a
-loaded graph against the description. Each refusal is one line naming the file and the field.
+A model folder is not trusted because it is there: :func:`read_description` checks the file against its schema
+(:class:`Description`, pydantic) and that each fold's files lie inside the folder; :func:`read_fold_model`
+(:func:`read_model_file` for the further files) checks a graph against the sha256 the export recorded before any
+runtime loads it, and the description's fields that change the prediction (:data:`GRAPH_FIELDS`) against the copy
+the export wrote into the graph itself (:func:`bind_graph`), so that an edit of the description alone is refused;
+and :func:`check_graph_io` checks the shapes a runtime reports for a loaded graph against the description. Each
+refusal is one line naming the file and the field.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import math
-import re
 import xml.etree.ElementTree as ET
 from pathlib import Path, PurePosixPath
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (
+    Annotated,
+    Any,
+    Callable,
+    ClassVar,
+    Dict,
+    Iterator,
+    List,
+    Literal,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+)
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WrapValidator, model_validator
+from pydantic_core import PydanticCustomError
 
 from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.files import find_set_aside
 
 __all__ = ["DESCRIPTION_FILE", "MODEL_FILE", "FORMAT_VERSION", "WRITTEN_BY", "INPUT_NAME", "OUTPUT_NAME",
-           "NATURAL_IMAGE_ENDINGS", "NORMALIZATION_SCHEMES", "MAX_PATCH_SIDE", "read_description",
-           "validate_description", "written_by_export", "fold_model_file", "fold_file", "model_file", "read_fold_model",
-           "read_model_file", "check_graph_io", "check_step_size", "sha256_of", "REDUCED_PRECISIONS", "GRAPH_FIELDS",
-           "GRAPH_FIELDS_KEY", "graph_fields", "bind_graph", "recorded_graph_fields"]
+           "NATURAL_IMAGE_ENDINGS", "NORMALIZATION_SCHEMES", "MAX_PATCH_SIDE", "GraphFields", "Description",
+           "read_description", "validate_description", "fold_model_file", "fold_file",
+           "model_file", "read_fold_model", "read_model_file", "check_graph_io", "check_step_size", "sha256_of",
+           "REDUCED_PRECISIONS", "GRAPH_FIELDS", "GRAPH_FIELDS_KEY", "graph_fields", "bind_graph",
+           "recorded_graph_fields"]
 
 #: the description's file name in an export folder
 DESCRIPTION_FILE = "onnx_model.json"
@@ -55,24 +72,13 @@ MAX_PATCH_SIDE = 4096
 MAX_LABEL = 65535
 #: the precisions the export verifies and records per fold (``deploy.precision_guard``)
 REDUCED_PRECISIONS = ("bf16", "int8")
-#: the description's fields that change the prediction: the export writes them into every graph it writes
-#: (:func:`bind_graph`), and the predictor refuses a description whose fields are not those of its graphs. The
-#: others (trainer, plans, configuration, checkpoint, the folds' records, opset) say what was exported; the folds'
-#: files and their sha256 bind the graphs themselves.
-GRAPH_FIELDS = ("patch_size", "num_input_channels", "num_segmentation_heads", "normalization", "transpose_forward",
-                "transpose_backward", "spacing", "file_ending", "labels", "regions_class_order", "mirror_axes",
-                "tile_step_size")
 #: the graphs' metadata key of :data:`GRAPH_FIELDS`: an ONNX graph's ``metadata_props`` entry, which OpenVINO's ONNX
 #: reader keeps in the model's runtime information (``rt_info``, section ``framework``) and writes into an IR
 GRAPH_FIELDS_KEY = "nnunetv2_meddisseg.description"
 
-_REQUIRED = ("format_version", "written_by", "trainer", "plans", "configuration", "checkpoint", "folds",
-             "patch_size", "num_input_channels", "num_segmentation_heads", "normalization", "transpose_forward",
-             "transpose_backward", "file_ending", "labels", "regions_class_order", "mirror_axes", "tile_step_size")
-#: the keys of format 1, written before the ``written_by`` field and the graphs' sha256 were recorded
-_REQUIRED_FORMAT_1 = tuple(k for k in _REQUIRED if k != "written_by")
 _CT_PROPERTIES = ("mean", "std", "percentile_00_5", "percentile_99_5")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+#: the error types of the schema's one-line refusals (pydantic's "missing" among them)
+_OURS = ("expected", "message", "missing")
 
 Dim = Union[int, str, None]
 
@@ -84,16 +90,6 @@ def fold_model_file(fold: Any) -> str:
 
 def sha256_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def written_by_export(description: Any) -> bool:
-    """Whether a parsed ``onnx_model.json`` is one the export wrote: it carries the ``written_by`` marker, or it is
-    of format 1 (which had no marker) with all of that format's keys."""
-    if not isinstance(description, dict):
-        return False
-    if description.get("written_by") == WRITTEN_BY:
-        return True
-    return description.get("format_version") == 1 and all(k in description for k in _REQUIRED_FORMAT_1)
 
 
 def _show(value: Any) -> str:
@@ -109,26 +105,6 @@ def _is_number(value: Any) -> bool:
     return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
 
 
-class _Fields:
-    """One-line refusals naming the file and the field."""
-
-    def __init__(self, path: Path, description: dict) -> None:
-        self.path, self.d = path, description
-
-    def fail(self, field: str, expected: str, value: Any) -> None:
-        raise UserError(f"{self.path}: {field} must be {expected}, got {_show(value)}")
-
-    def string(self, field: str) -> str:
-        if not isinstance(self.d[field], str) or not self.d[field]:
-            self.fail(field, "a non-empty string", self.d[field])
-        return self.d[field]
-
-    def int_at_least(self, field: str, minimum: int) -> int:
-        if not (_is_int(self.d[field]) and self.d[field] >= minimum):
-            self.fail(field, f"an integer >= {minimum}", self.d[field])
-        return self.d[field]
-
-
 def check_step_size(step: Any, patch_size: Sequence[int], what: str) -> float:
     """``step`` (the sliding window's step as a fraction of the patch) in (0, 1] and at least one pixel on every
     axis of ``patch_size``; ``what`` names it in the error."""
@@ -140,212 +116,297 @@ def check_step_size(step: Any, patch_size: Sequence[int], what: str) -> float:
     return float(step)
 
 
-def _check_labels(f: _Fields) -> None:
+def _refusal(expected: str, field: str = "", got: Optional[str] = None) -> PydanticCustomError:
+    """``field`` (below the object checked) must be ``expected``; ``got``: the value as shown (None: the value)."""
+    return PydanticCustomError("expected", "{expected}", {"expected": expected, "field": field, "got": got})
+
+
+def _missing(field: str) -> PydanticCustomError:  # as pydantic's own
+    return PydanticCustomError("missing", "missing", {"field": field})
+
+
+def _expect(text: str) -> WrapValidator:
+    """A field's refusal in words: any error of its own value is "must be ``text``"; the one-line refusals of the
+    objects inside it pass unchanged."""
+    def wrap(value: Any, handler: Any) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as e:
+            if any(error["type"] in _OURS for error in e.errors()):
+                raise
+            raise _refusal(text) from None
+    return WrapValidator(wrap)
+
+
+class _Object(BaseModel):
+    """A JSON object of the description: its fields of exactly their JSON types (no conversion), others kept."""
+    model_config = ConfigDict(strict=True, extra="allow")
+    #: what the object is, in words
+    what: ClassVar[str] = "an object"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _an_object(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise _refusal(cls.what)
+        return data
+
+
+def _holds(condition: Callable[[Any], bool]) -> AfterValidator:
+    """A value for which ``condition`` holds (refused in the words of its field's :func:`_expect`)."""
+    def check(value: Any) -> Any:
+        if not condition(value):
+            raise ValueError("the condition does not hold")
+        return value
+    return AfterValidator(check)
+
+
+_Text = Annotated[str, Field(min_length=1), _expect("a non-empty string")]
+_Number = Annotated[float, Field(allow_inf_nan=False), _expect("a finite number")]
+_Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False), _expect("a number from 0 to 1")]
+_Transpose = Annotated[List[int], _holds(lambda axes: axes in ([0, 1, 2], [0, 2, 1])),
+                       _expect("a permutation of [0, 1, 2] that keeps axis 0 first (a 2D model)")]
+_SHA256 = r"^[0-9a-f]{64}$"
+
+
+class Normalization(_Object):
+    what = "an object with scheme, use_mask_for_norm and intensity_properties"
+    scheme: Annotated[Literal[NORMALIZATION_SCHEMES], _expect(
+        f"one of nnU-Net's schemes ({', '.join(NORMALIZATION_SCHEMES)})")]
+    use_mask_for_norm: Annotated[bool, _expect("true or false")]
+    intensity_properties: Annotated[Dict[str, Any], _expect("an object (the channel's intensity properties)")]
+
+    @model_validator(mode="after")
+    def _ct_properties(self) -> "Normalization":
+        if self.scheme == "CTNormalization":
+            for key in _CT_PROPERTIES:
+                value = self.intensity_properties.get(key)
+                if not _is_number(value):
+                    raise _refusal("a finite number (CTNormalization uses it)", f"intensity_properties.{key}",
+                                   _show(value))
+        return self
+
+
+class GraphFields(_Object):
+    """The fields that change the prediction (:data:`GRAPH_FIELDS`) and the rules that tie them together."""
+    what = "a JSON object"
+    patch_size: Annotated[List[Annotated[int, Field(ge=1, le=MAX_PATCH_SIDE)]], Field(min_length=2, max_length=2),
+                          _expect(f"two integers from 1 to {MAX_PATCH_SIDE} (a 2D patch)")]
+    num_input_channels: Annotated[int, Field(ge=1), _expect("an integer >= 1")]
+    num_segmentation_heads: Annotated[int, Field(ge=1), _expect("an integer >= 1")]
+    normalization: Annotated[List[Normalization], _expect("a list of entries, one per input channel")]
+    transpose_forward: _Transpose
+    transpose_backward: _Transpose
+    spacing: Annotated[List[float], _expect("a list of numbers (the plans' spacing)")] = None
+    file_ending: Annotated[Literal[NATURAL_IMAGE_ENDINGS], _expect(f"one of {', '.join(NATURAL_IMAGE_ENDINGS)}")]
+    labels: Annotated[Dict[str, Any], Field(min_length=1), _expect(
+        "an object of label names to integers from 0 to 65535 or lists of them (regions), with background 0")]
+    regions_class_order: Any  # null, or one label per region: checked with the labels
+    mirror_axes: Annotated[Optional[List[Annotated[int, Field(ge=0, lt=2)]]],
+                           _holds(lambda axes: axes is None or len(set(axes)) == len(axes)),
+                           _expect("null or a list of distinct image axes (0, 1)")]
+    tile_step_size: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False), _expect("a number in (0, 1]")]
+
+    @model_validator(mode="after")
+    def _agree(self) -> "GraphFields":
+        channels = self.num_input_channels
+        if len(self.normalization) != channels:
+            raise _refusal(f"a list of {channels} entries (one per input channel)", "normalization",
+                           f"{len(self.normalization)} entries")
+        forward, backward = self.transpose_forward, self.transpose_backward
+        if [forward[a] for a in backward] != [0, 1, 2]:
+            raise _refusal(f"the inverse of transpose_forward {forward}", "transpose_backward", _show(backward))
+        _check_labels(self.labels, self.regions_class_order, self.num_segmentation_heads)
+        try:
+            check_step_size(self.tile_step_size, self.patch_size, "tile_step_size")
+        except UserError as e:
+            raise PydanticCustomError("message", "{message}", {"message": str(e)}) from None
+        return self
+
+
+def _check_labels(labels: Dict[str, Any], order: Any, heads: int) -> None:
     """labels, regions_class_order and num_segmentation_heads as nnU-Net's LabelManager reads them: background 0,
     labels 0..K-1 (K heads), or regions (a label that is a list of several values) with one head per foreground
     region and regions_class_order naming the label each head writes; an ignore label above all others."""
-    labels, order, heads = f.d["labels"], f.d["regions_class_order"], f.d["num_segmentation_heads"]
-    shape = "an object of label names to integers from 0 to 65535 or lists of them (regions), with background 0"
-    if not (isinstance(labels, dict) and labels):
-        f.fail("labels", shape, labels)
+    def fail(field: str, expected: str, value: Any) -> None:
+        raise _refusal(expected, field, _show(value))
+
     for name, value in labels.items():
         values = value if isinstance(value, list) else [value]
         if not values or not all(_is_int(v) and 0 <= v <= MAX_LABEL for v in values):
-            f.fail(f"labels[{_show(name)}]", "an integer from 0 to 65535 or a non-empty list of them", value)
+            fail(f"labels[{_show(name)}]", "an integer from 0 to 65535 or a non-empty list of them", value)
     if labels.get("background") != 0 or isinstance(labels.get("background"), bool):
-        f.fail('labels["background"]', "0", labels.get("background"))
+        fail('labels["background"]', "0", labels.get("background"))
     if "ignore" in labels and not _is_int(labels["ignore"]):
-        f.fail('labels["ignore"]', "an integer", labels["ignore"])
+        fail('labels["ignore"]', "an integer", labels["ignore"])
     used = {k: v for k, v in labels.items() if k != "ignore"}
     all_labels = sorted({v for value in used.values() for v in (value if isinstance(value, list) else [value])})
     if "ignore" in labels and labels["ignore"] != all_labels[-1] + 1:
-        f.fail('labels["ignore"]', f"the largest label value ({all_labels[-1] + 1}, as nnU-Net requires)",
-               labels["ignore"])
+        fail('labels["ignore"]', f"the largest label value ({all_labels[-1] + 1}, as nnU-Net requires)",
+             labels["ignore"])
     has_regions = any(isinstance(v, list) and len(v) > 1 for v in labels.values())
     if not has_regions:
         if order is not None:
-            f.fail("regions_class_order", "null for a model without regions", order)
+            fail("regions_class_order", "null for a model without regions", order)
         if all_labels != list(range(len(all_labels))):
-            f.fail("labels", "the values 0, 1, ..., K-1 (consecutive, as nnU-Net requires)", all_labels)
+            fail("labels", "the values 0, 1, ..., K-1 (consecutive, as nnU-Net requires)", all_labels)
         if heads != len(all_labels):
-            f.fail("num_segmentation_heads", f"the number of labels ({len(all_labels)})", heads)
+            fail("num_segmentation_heads", f"the number of labels ({len(all_labels)})", heads)
         return
     regions = [v for v in used.values() if set(v if isinstance(v, list) else [v]) != {0}]
     if heads != len(regions):
-        f.fail("num_segmentation_heads", f"the number of foreground regions ({len(regions)})", heads)
+        fail("num_segmentation_heads", f"the number of foreground regions ({len(regions)})", heads)
     if not (isinstance(order, list) and len(order) == heads and all(_is_int(v) and 1 <= v <= MAX_LABEL
                                                                     for v in order)):
-        f.fail("regions_class_order", f"a list of {heads} label values from 1 to 65535 (one per region)", order)
+        fail("regions_class_order", f"a list of {heads} label values from 1 to 65535 (one per region)", order)
 
 
-def _check_normalization(f: _Fields, channels: int) -> None:
-    normalization = f.d["normalization"]
-    if not (isinstance(normalization, list) and len(normalization) == channels):
-        f.fail("normalization", f"a list of {channels} entries (one per input channel)", normalization)
-    for c, n in enumerate(normalization):
-        field = f"normalization[{c}]"
-        if not (isinstance(n, dict) and isinstance(n.get("intensity_properties"), dict)):
-            f.fail(field, "an object with scheme, use_mask_for_norm and intensity_properties", n)
-        if n.get("scheme") not in NORMALIZATION_SCHEMES:
-            f.fail(f"{field}.scheme", f"one of nnU-Net's schemes ({', '.join(NORMALIZATION_SCHEMES)})",
-                   n.get("scheme"))
-        if not isinstance(n.get("use_mask_for_norm"), bool):
-            f.fail(f"{field}.use_mask_for_norm", "true or false", n.get("use_mask_for_norm"))
-        properties = n["intensity_properties"]
-        if n["scheme"] == "CTNormalization":
-            for key in _CT_PROPERTIES:
-                if not _is_number(properties.get(key)):
-                    f.fail(f"{field}.intensity_properties.{key}", "a finite number (CTNormalization uses it)",
-                           properties.get(key))
+#: the description's fields that change the prediction: the export writes them into every graph it writes
+#: (:func:`bind_graph`), and the predictor refuses a description whose fields are not those of its graphs. The
+#: others (trainer, plans, configuration, checkpoint, the folds' records, opset) say what was exported; the folds'
+#: files and their sha256 bind the graphs themselves.
+GRAPH_FIELDS = tuple(GraphFields.model_fields)
 
 
-def _check_transposes(f: _Fields) -> None:
-    forward, backward = f.d["transpose_forward"], f.d["transpose_backward"]
-    for field, value in (("transpose_forward", forward), ("transpose_backward", backward)):
-        if not (isinstance(value, list) and all(_is_int(a) for a in value) and sorted(value) == [0, 1, 2]
-                and value[0] == 0):
-            f.fail(field, "a permutation of [0, 1, 2] that keeps axis 0 first (a 2D model)", value)
-    if [forward[a] for a in backward] != [0, 1, 2]:
-        f.fail("transpose_backward", f"the inverse of transpose_forward {forward}", backward)
+class Figures(_Object):
+    """The guard's figures of a candidate (``deploy.precision_guard.Verifier.figures``)."""
+    what = "an object of the guard's figures"
+    cases: Annotated[int, Field(ge=1), _expect("an integer >= 1 (the validation cases)")]
+    mean_dice_to_fp32: _Fraction
+    min_dice_to_fp32: _Fraction
+    pseudo_dice_fp32: _Fraction
+    pseudo_dice: _Fraction
+    pseudo_dice_drop_points: _Number
 
 
-def _check_folds(f: _Fields) -> None:
-    folds = f.d["folds"]
-    if not (isinstance(folds, list) and folds):
-        f.fail("folds", "a non-empty list", folds)
-    names = []
-    for i, fold in enumerate(folds):
-        field = f"folds[{i}]"
-        if not isinstance(fold, dict):
-            f.fail(field, "an object with fold, file and sha256", fold)
-        if not (isinstance(fold.get("fold"), str) and fold["fold"]):
-            f.fail(f"{field}.fold", "a non-empty string", fold.get("fold"))
-        if not (isinstance(fold.get("file"), str) and fold["file"]):
-            f.fail(f"{field}.file", "a path relative to the model folder", fold.get("file"))
-        if not (isinstance(fold.get("sha256"), str) and _SHA256.match(fold["sha256"])):
-            f.fail(f"{field}.sha256", "the graph's sha256 (64 hexadecimal digits)", fold.get("sha256"))
-        names.append(fold["fold"])
-        if "precisions" in fold:
-            _check_precisions(f, field, fold)
-    if len(set(names)) != len(names):
-        f.fail("folds", "a list of distinct folds", names)
-    if any("precisions" in fold for fold in folds) or "precision_guard" in f.d:
-        _check_precision_guard(f)
+class Outcome(_Object):
+    """A verification's outcome: ``verified``; the ``figures`` where it is, the ``reason`` where it is not."""
+    what = "an object with verified true or false"
+    #: the fields a verified outcome holds
+    when_verified: ClassVar[Tuple[str, ...]] = ("figures",)
+    verified: Annotated[bool, _expect("true or false")]
+    reason: Annotated[str, Field(min_length=1), _expect("a non-empty string (why the guard refused it)")] = None
+    figures: Figures = None
+
+    @model_validator(mode="after")
+    def _as_verified(self) -> "Outcome":
+        for name in self.when_verified if self.verified else ("reason",):
+            if getattr(self, name) is None:
+                raise _missing(name)
+        return self
 
 
-def _is_sha256(value: Any) -> bool:
-    return isinstance(value, str) and bool(_SHA256.match(value))
+class Record(Outcome):
+    """A fold's bf16 record: where verified, the graph that runs (``model``: the fold's file, or an OpenVINO IR
+    ``.xml`` with its ``.bin`` among ``files``), the further files' sha256, the blocks kept in fp32, the figures."""
+    when_verified = ("files", "model", "kept_in_fp32", "figures")
+    files: Annotated[Dict[Annotated[str, Field(min_length=1)], Annotated[str, Field(pattern=_SHA256)]], _expect(
+        "an object of paths in the model folder to their sha256 (64 hexadecimal digits)")] = None
+    model: Annotated[str, _expect("a path in the model folder")] = None
+    kept_in_fp32: Annotated[List[Annotated[str, Field(min_length=1)]], _expect("a list of block names")] = None
+    floats_in_bf16: Annotated[None, _expect("absent (an int8 record's verification of its floats in bf16)")] = None
 
 
-def _check_figures(f: _Fields, field: str, figures: Any) -> None:
-    """The guard's figures of one candidate (``deploy.precision_guard.Verifier.figures``)."""
-    if not isinstance(figures, dict):
-        f.fail(field, "an object of the guard's figures", figures)
-    if not (_is_int(figures.get("cases")) and figures["cases"] >= 1):
-        f.fail(f"{field}.cases", "an integer >= 1 (the validation cases)", figures.get("cases"))
-    for key in ("mean_dice_to_fp32", "min_dice_to_fp32", "pseudo_dice_fp32", "pseudo_dice"):
-        if not (_is_number(figures.get(key)) and 0 <= figures[key] <= 1):
-            f.fail(f"{field}.{key}", "a number from 0 to 1", figures.get(key))
-    if not _is_number(figures.get("pseudo_dice_drop_points")):
-        f.fail(f"{field}.pseudo_dice_drop_points", "a finite number", figures.get("pseudo_dice_drop_points"))
+class Int8Record(Record):
+    """A fold's int8 record: a bf16 record's fields (the IR), and ``floats_in_bf16``: its floats verified in bf16."""
+    floats_in_bf16: Outcome = None
 
 
-def _check_precisions(f: _Fields, field: str, fold: dict) -> None:
-    """A fold's ``precisions``: per reduced precision, whether the guard verified it; where it did, the graph that
-    runs (``model``: the fold's own file, or an OpenVINO IR ``.xml`` with its ``.bin`` among ``files``), every
-    further file with its sha256, the blocks kept in fp32 and the figures; where it did not, the reason."""
-    records = fold["precisions"]
-    field = f"{field}.precisions"
-    if not (isinstance(records, dict) and set(records) <= set(REDUCED_PRECISIONS)):
-        f.fail(field, f"an object with records of {' and '.join(REDUCED_PRECISIONS)}", records)
-    for precision, record in records.items():
-        where = f"{field}.{precision}"
-        if not _check_outcome(f, where, record, "an object with verified true or false"):
-            continue
-        files = record.get("files")
-        if not (isinstance(files, dict) and all(isinstance(k, str) and k and _is_sha256(v) for k, v in files.items())):
-            f.fail(f"{where}.files", "an object of paths in the model folder to their sha256 (64 hexadecimal digits)",
-                   files)
-        model = record.get("model")
-        ir = isinstance(model, str) and model.endswith(".xml") and model in files and (
-            model[:-len(".xml")] + ".bin") in files
-        if not ((model == fold["file"] and precision == "bf16") or ir):
-            f.fail(f"{where}.model", "an OpenVINO IR (.xml) listed in files with its .bin"
-                   + (", or the fold's file" if precision == "bf16" else ""), model)
-        kept = record.get("kept_in_fp32")
-        if not (isinstance(kept, list) and all(isinstance(k, str) and k for k in kept)):
-            f.fail(f"{where}.kept_in_fp32", "a list of block names", kept)
-        _check_figures(f, f"{where}.figures", record.get("figures"))
-        if "floats_in_bf16" in record:  # an INT8 record's second verification, its float operations in bf16
-            floats, at = record["floats_in_bf16"], f"{where}.floats_in_bf16"
-            expected = "an object with verified true or false (in an int8 record)"
-            if precision != "int8":
-                f.fail(at, expected, floats)
-            if _check_outcome(f, at, floats, expected):
-                _check_figures(f, f"{at}.figures", floats.get("figures"))
+class Precisions(_Object):
+    model_config = ConfigDict(extra="forbid")
+    what = f"an object with records of {' and '.join(REDUCED_PRECISIONS)}"
+    bf16: Record = None
+    int8: Int8Record = None
 
 
-def _check_outcome(f: _Fields, field: str, outcome: Any, expected: str) -> bool:
-    """Whether a verification's outcome (``verified``, and the ``reason`` where it is false) says verified."""
-    if not (isinstance(outcome, dict) and isinstance(outcome.get("verified"), bool)):
-        f.fail(field, expected, outcome)
-    if not outcome["verified"] and not (isinstance(outcome.get("reason"), str) and outcome["reason"]):
-        f.fail(f"{field}.reason", "a non-empty string (why the guard refused it)", outcome.get("reason"))
-    return outcome["verified"]
+class Fold(_Object):
+    what = "an object with fold, file and sha256"
+    fold: _Text
+    file: Annotated[str, Field(min_length=1), _expect("a path relative to the model folder")]
+    sha256: Annotated[str, Field(pattern=_SHA256), _expect("the graph's sha256 (64 hexadecimal digits)")]
+    precisions: Annotated[Precisions, _expect(Precisions.what)] = None
+
+    @model_validator(mode="after")
+    def _graphs(self) -> "Fold":
+        for precision in REDUCED_PRECISIONS:
+            record = getattr(self.precisions, precision, None)
+            if record is None or not record.verified:
+                continue
+            model, files = record.model, record.files
+            ir = model.endswith(".xml") and model in files and (model[:-len(".xml")] + ".bin") in files
+            if not ((model == self.file and precision == "bf16") or ir):
+                raise _refusal("an OpenVINO IR (.xml) listed in files with its .bin"
+                               + (", or the fold's file" if precision == "bf16" else ""),
+                               f"precisions.{precision}.model", _show(model))
+        return self
 
 
-def _check_precision_guard(f: _Fields) -> None:
-    """The guard's settings, recorded where a fold has ``precisions``."""
-    guard = f.d.get("precision_guard")
-    if not isinstance(guard, dict):
-        f.fail("precision_guard", "an object with the guard's bounds (where a fold has precisions)", guard)
-    bounds = guard.get("bounds")
-    if not isinstance(bounds, dict):
-        f.fail("precision_guard.bounds", "an object with min_dice_to_fp32 and max_pseudo_dice_drop", bounds)
-    if not (_is_number(bounds.get("min_dice_to_fp32")) and 0 < bounds["min_dice_to_fp32"] <= 1):
-        f.fail("precision_guard.bounds.min_dice_to_fp32", "a number in (0, 1]", bounds.get("min_dice_to_fp32"))
-    if not _is_number(bounds.get("max_pseudo_dice_drop")):
-        f.fail("precision_guard.bounds.max_pseudo_dice_drop", "a finite number", bounds.get("max_pseudo_dice_drop"))
-    if not (_is_int(guard.get("calibration_tiles")) and guard["calibration_tiles"] >= 1):
-        f.fail("precision_guard.calibration_tiles", "an integer >= 1", guard.get("calibration_tiles"))
+class GuardBounds(_Object):
+    what = "an object with min_dice_to_fp32 and max_pseudo_dice_drop"
+    min_dice_to_fp32: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False), _expect("a number in (0, 1]")]
+    max_pseudo_dice_drop: _Number
 
 
-def validate_description(description: Any, path: Path) -> Dict[str, Any]:
-    """``description`` (the parsed ``path``) checked field by field; returns it. One line naming the field where a
-    field is missing, of the wrong type or out of range, or disagrees with another."""
+class Guard(_Object):
+    what = "an object with the guard's bounds (where a fold has precisions)"
+    bounds: GuardBounds
+    calibration_tiles: Annotated[int, Field(ge=1), _expect("an integer >= 1")]
+
+
+class Description(GraphFields):
+    """``onnx_model.json``: the :class:`GraphFields`, what was exported, the folds (distinct) and, where a fold has
+    ``precisions``, the guard's settings."""
+    format_version: Annotated[Literal[FORMAT_VERSION], _expect(str(FORMAT_VERSION))]
+    written_by: Annotated[Literal[WRITTEN_BY], _expect(json.dumps(WRITTEN_BY))]
+    trainer: _Text
+    plans: _Text
+    configuration: _Text
+    checkpoint: _Text
+    folds: Annotated[List[Fold], Field(min_length=1), _expect("a non-empty list")]
+    precision_guard: Guard = None
+
+    @model_validator(mode="after")
+    def _folds_and_guard(self) -> "Description":
+        names = [fold.fold for fold in self.folds]
+        if len(set(names)) != len(names):
+            raise _refusal("a list of distinct folds", "folds", _show(names))
+        if self.precision_guard is None and any(fold.precisions is not None for fold in self.folds):
+            raise _missing("precision_guard")
+        return self
+
+
+def _one_line(error: Dict[str, Any]) -> str:
+    """pydantic's error as one line naming the field (``folds[0].precisions.int8``)."""
+    context = error.get("ctx") or {}
+    field = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"])
+    below = context.get("field", "")
+    field = (field + ("" if not field or below.startswith("[") else ".") + below if below else field).lstrip(".")
+    if error["type"] == "message":
+        return context["message"]
+    if error["type"] == "missing":
+        return f"{field} is missing"
+    got = context.get("got") or _show(error["input"])
+    if error["type"] == "expected":
+        return f"{field} must be {context['expected']}, got {got}"
+    return f"{field}: {' '.join(error['msg'].split())}, got {got}"
+
+
+def validate_description(description: Any, path: Path, schema: Type[_Object] = Description) -> Dict[str, Any]:
+    """``description`` (the parsed ``path``, or what the export builds for it) checked against ``schema``
+    (:class:`Description`, or :class:`GraphFields`); returns it as given. One line naming the file and the field
+    where a field is missing, of the wrong type or out of range, or disagrees with another."""
     if not isinstance(description, dict):
         raise UserError(f"{path}: expected a JSON object (a file written by {WRITTEN_BY}), got {_show(description)}")
-    if "format_version" in description and description["format_version"] != FORMAT_VERSION:
+    if "format_version" in schema.model_fields and description.get("format_version", FORMAT_VERSION) != FORMAT_VERSION:
         raise UserError(f"{path}: format version {_show(description['format_version'])}, this predictor reads "
                         f"{FORMAT_VERSION}: export the model again")
-    missing = [key for key in _REQUIRED if key not in description]
+    missing = [name for name, field in schema.model_fields.items() if field.is_required() and name not in description]
     if missing:
         raise UserError(f"{path}: missing {', '.join(missing)} (expected a file written by {WRITTEN_BY})")
-    f = _Fields(path, description)
-    if description["written_by"] != WRITTEN_BY:
-        f.fail("written_by", _show(WRITTEN_BY), description["written_by"])
-    for field in ("trainer", "plans", "configuration", "checkpoint"):
-        f.string(field)
-    patch = description["patch_size"]
-    if not (isinstance(patch, list) and len(patch) == 2 and all(_is_int(p) and 1 <= p <= MAX_PATCH_SIDE
-                                                                 for p in patch)):
-        f.fail("patch_size", f"two integers from 1 to {MAX_PATCH_SIDE} (a 2D patch)", patch)
-    channels = f.int_at_least("num_input_channels", 1)
-    f.int_at_least("num_segmentation_heads", 1)
-    _check_normalization(f, channels)
-    _check_transposes(f)
-    if description["file_ending"] not in NATURAL_IMAGE_ENDINGS:
-        f.fail("file_ending", f"one of {', '.join(NATURAL_IMAGE_ENDINGS)}", description["file_ending"])
-    _check_labels(f)
-    mirror = description["mirror_axes"]
-    if mirror is not None and not (isinstance(mirror, list) and all(_is_int(a) and 0 <= a < 2 for a in mirror)
-                                   and len(set(mirror)) == len(mirror)):
-        f.fail("mirror_axes", "null or a list of distinct image axes (0, 1)", mirror)
     try:
-        check_step_size(description["tile_step_size"], patch, "tile_step_size")
-    except UserError as e:
-        raise UserError(f"{path}: {e}") from None
-    _check_folds(f)
+        schema.model_validate(description)
+    except ValidationError as e:
+        raise UserError(f"{path}: {_one_line(e.errors()[0])}") from None
     return description
 
 
@@ -579,8 +640,8 @@ def _set_aside_hint(folder: Path) -> str:
 
 
 def read_description(folder: Path) -> Dict[str, Any]:
-    """The description in ``folder`` (an export folder), checked field by field (:func:`validate_description`),
-    with each fold's file inside the folder (:func:`fold_file`)."""
+    """The description in ``folder`` (an export folder), checked against :class:`Description`
+    (:func:`validate_description`), with each fold's file inside the folder (:func:`fold_file`)."""
     folder = Path(folder)
     path = folder / DESCRIPTION_FILE
     if not path.is_file():

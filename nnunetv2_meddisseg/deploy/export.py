@@ -48,6 +48,7 @@ from nnunetv2_meddisseg.deploy.description import (
     NATURAL_IMAGE_ENDINGS,
     OUTPUT_NAME,
     WRITTEN_BY,
+    GraphFields,
     bind_graph,
     fold_model_file,
     sha256_of,
@@ -303,7 +304,8 @@ def export_model(args) -> Tuple[Path, dict]:
         print(f"no preprocessed cases ({where}): ONNX Runtime is checked against PyTorch on random inputs only")
     example = torch.from_numpy(inputs["random patches"][:1])
     models, folds = {}, []
-    description = _description(predictor, args, folds)  # its folds filled in below
+    # the fields the graphs hold, checked before the tracing: the folds filled in below are the export's own
+    description = validate_description(_description(predictor, args, folds), output / DESCRIPTION_FILE, GraphFields)
     with _fp32_prediction():
         for fold, parameters in zip(args.f, predictor.list_of_parameters):
             network.load_state_dict(parameters)
@@ -324,9 +326,8 @@ def export_model(args) -> Tuple[Path, dict]:
                   f"{worst['relative_difference']:.1e} ({len(checks)} inputs)")
     extra = {}
     if reduced:
-        extra = guard_folds(description, models, preprocessed, ["bf16", "int8"] if args.int8 else ["bf16"],
-                            Bounds(args.min_dice_to_fp32, args.max_pseudo_dice_drop), args.calibration_tiles, reduced)
-    validate_description(description, output / DESCRIPTION_FILE)  # what the predictor will check
+        extra = guard_folds(description, models, preprocessed, reduced, Bounds(args.min_dice_to_fp32,
+                            args.max_pseudo_dice_drop), args.calibration_tiles)
     write_export(output, models, description, extra)
     return output, description
 
@@ -350,8 +351,7 @@ def _parser() -> argparse.ArgumentParser:
     guard = p.add_argument_group("reduced precision (OpenVINO; verified on each fold's validation cases against fp32)")
     guard.add_argument("--int8", action="store_true",
                        help="also write each fold as an INT8 OpenVINO model (NNCF, calibrated on the fold's training "
-                            "cases) within the bounds below, blocks kept in fp32 where needed, or write nothing; "
-                            "bf16 is verified and recorded too where the CPU has native bf16")
+                            "cases) within the bounds below, blocks kept in fp32 where needed, or write nothing")
     guard.add_argument("--bf16", action="store_true",
                        help="verify bf16 within the bounds below (blocks kept in fp32 where needed), or write nothing")
     guard.add_argument("--min_dice_to_fp32", type=float, default=Bounds.min_dice_to_fp32,
@@ -374,6 +374,8 @@ def _command(argv: Optional[Sequence[str]]) -> int:
         raise UserError(f"--max_pseudo_dice_drop must be a finite number of points, got {args.max_pseudo_dice_drop}")
     if args.calibration_tiles < 1:
         raise UserError(f"--calibration_tiles must be at least 1, got {args.calibration_tiles}")
+    if len(set(args.f)) != len(args.f):
+        raise UserError(f"-f {' '.join(args.f)}: a fold named twice")
     output, description = export_model(args)
     print(f"{output}: {len(description['folds'])} fold(s) and {DESCRIPTION_FILE} written")
     return 0

@@ -2,7 +2,7 @@
 whole.
 
 ``-o`` may name a folder that does not exist yet, an empty folder, or an earlier export: a folder whose
-``onnx_model.json`` says the export wrote it (``deploy.description.written_by_export``) and that holds nothing
+``onnx_model.json`` says the export wrote it (its ``written_by`` field) and that holds nothing
 besides the files it records (each fold's ``fold_*/model.onnx`` and, where the export verified a reduced precision,
 that precision's OpenVINO IR ``model_<precision>.xml`` / ``.bin``) and their folders. Anything else that exists (a
 file, a folder of other files, the trained model folder) is refused, and so is any ``-o`` inside nnU-Net's folders
@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Dict, Optional, Set
 
-from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, WRITTEN_BY, fold_model_file, written_by_export
+from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, WRITTEN_BY, fold_model_file
 from nnunetv2_meddisseg.environment import NNUNET_FOLDERS
 from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.files import is_inside, replace_folder, restore_set_aside, temporary_sibling
@@ -55,7 +55,7 @@ def _description(folder: Path) -> Optional[dict]:
         description = json.loads((folder / DESCRIPTION_FILE).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    return description if written_by_export(description) else None
+    return description if isinstance(description, dict) and description.get("written_by") == WRITTEN_BY else None
 
 
 def _recorded_files(description: dict) -> Set[str]:

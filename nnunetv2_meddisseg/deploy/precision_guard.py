@@ -335,11 +335,11 @@ def guard(precision: str, candidate: Candidate, groups: Dict[str, List[str]], ve
     """The guard of one precision: ``candidate(names of the operations kept in fp32) -> openvino.Model``, the
     blocks' operations ``groups``; returns its record: ``verified``, the blocks ``kept_in_fp32``, the chosen
     candidate's ``figures`` (the whole network's where not verified, with the ``reason``) and every candidate
-    ``tried``."""
+    ``tried`` (its figures and the blocks it kept in fp32, ``kept_in_fp32``)."""
     def check(kept: Sequence[str], what: str) -> dict:
         figures = _checked(verifier, OpenVinoSession(candidate([n for g in kept for n in groups[g]]), precision,
-                                                     threads), bounds, len(kept))
-        tried.append({"kept_in_fp32": list(kept), **figures})
+                                                     threads), bounds)
+        tried.append({**figures, "kept_in_fp32": list(kept)})
         say(f"  {precision}, {what}: {_summary(figures)}")
         return figures
 
@@ -367,11 +367,10 @@ def guard(precision: str, candidate: Candidate, groups: Dict[str, List[str]], ve
     return _record(True, order[:high], best, tried)
 
 
-def _checked(verifier: Verifier, session: OpenVinoSession, bounds: Bounds, kept: int) -> dict:
-    """The verifier's figures of one session, with the number of blocks kept out of the reduced precision and the
-    bounds it misses."""
+def _checked(verifier: Verifier, session: OpenVinoSession, bounds: Bounds) -> dict:
+    """The verifier's figures of one session, with the bounds it misses."""
     figures = verifier.figures(session)
-    figures.update(kept_in_fp32=kept, missed=bounds.missed(figures))
+    figures["missed"] = bounds.missed(figures)
     return figures
 
 
@@ -446,18 +445,16 @@ def _quantize(model, tiles: List[np.ndarray]):
 
 
 def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optional[Path], precisions: Sequence[str],
-                bounds: Bounds, calibration_tiles: int = DEFAULT_CALIBRATION_TILES, required: Sequence[str] = (),
+                bounds: Bounds, calibration_tiles: int = DEFAULT_CALIBRATION_TILES,
                 threads: Optional[int] = None, say: Callable[[str], None] = print) -> Dict[str, bytes]:
     """Guard ``precisions`` (of ``bf16``, ``int8``) for every fold of ``description`` (its fp32 ONNX graphs:
     ``graphs[fold]``, which hold the description's fields: ``deploy.description.bind_graph``): records each fold's
     outcome as its ``precisions`` entry and returns the files to write with it (``{path in the export folder:
     bytes}``, their sha256 in the records; the IRs hold the fields as the graphs they were made from). A precision
-    of ``required`` that is not verified ends with one line (nothing is written)."""
-    bf16 = "bf16" in precisions and cpu_supports_bf16()
-    if "bf16" in precisions and not bf16:
-        if "bf16" in required:
-            raise UserError("--bf16: this CPU has no native bf16, so bf16 cannot be verified here: nothing written")
-        say("bf16: not verified (this CPU has no native bf16)")
+    that is not verified ends with one line (nothing is written)."""
+    bf16 = "bf16" in precisions
+    if bf16 and not cpu_supports_bf16():
+        raise UserError("--bf16: this CPU has no native bf16, so bf16 cannot be verified here: nothing written")
     core = openvino_core()
     files: Dict[str, bytes] = {}
     description["precision_guard"] = {"bounds": asdict(bounds), "calibration_tiles": calibration_tiles,
@@ -482,8 +479,7 @@ def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optio
                     f"{FEW_VALIDATION_CASES}): the guard's figures rest on few cases")
             verifier = Verifier(cases, OpenVinoSession(model, "fp32", threads), description)
             groups = blocks(model)
-            records = {} if bf16 or "bf16" not in precisions else {
-                "bf16": {"verified": False, "reason": "the CPU of the export has no native bf16"}}
+            records = {}
             if bf16:
                 xml, weights = _serialized(model, scratch)
                 records["bf16"] = guard("bf16", lambda kept: core.read_model(_mark_fp32(xml, kept),
@@ -507,7 +503,7 @@ def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optio
                     record = _written_int8(fold, candidate, groups, record, verifier, bounds, scratch, files, threads,
                                            say)
                 records["int8"] = {**record, "calibration_tiles": tiles}
-        for precision in required:
+        for precision in precisions:
             if not records[precision]["verified"]:
                 raise UserError(f"fold {name}: {records[precision]['reason']}; bounds: mean Dice to fp32 >= "
                                 f"{bounds.min_dice_to_fp32:g}, pseudo Dice drop <= {bounds.max_pseudo_dice_drop:g} "
@@ -529,16 +525,15 @@ def _written_int8(fold: dict, candidate: Candidate, groups: Dict[str, List[str]]
     ``floats_in_bf16`` (``verified``, and its ``figures`` or the ``reason``)."""
     folder = scratch / "int8"
     folder.mkdir()
-    kept = len(record["kept_in_fp32"])
     xml, weights = _serialized(candidate([n for g in record["kept_in_fp32"] for n in groups[g]]), folder)
-    figures = _checked(verifier, OpenVinoSession(folder / "model.xml", "int8", threads), bounds, kept)
+    figures = _checked(verifier, OpenVinoSession(folder / "model.xml", "int8", threads), bounds)
     if figures["missed"]:
         return {**record, "verified": False, "figures": figures,
                 "reason": f"the written INT8 graph misses the bounds ({'; '.join(figures['missed'])})"}
     if not cpu_supports_bf16():
         floats = {"verified": False, "reason": "the CPU of the export has no native bf16"}
     else:
-        bf16 = _checked(verifier, OpenVinoSession(folder / "model.xml", "int8", threads, floats="bf16"), bounds, kept)
+        bf16 = _checked(verifier, OpenVinoSession(folder / "model.xml", "int8", threads, floats="bf16"), bounds)
         say(f"  int8, float operations in bf16: {_summary(bf16)}")
         floats = {"verified": not bf16["missed"], "figures": bf16}
         if bf16["missed"]:

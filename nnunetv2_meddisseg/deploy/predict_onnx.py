@@ -315,8 +315,6 @@ def _command(argv: Optional[Sequence[str]]) -> int:
         raise UserError(f"--threads must be at least 1, got {args.threads}")
     if args.providers is not None and args.runtime == "openvino":
         raise UserError("--providers: ONNX Runtime's execution providers do not apply to --runtime openvino")
-    check_part(args.num_parts, args.part_id)
-    check_folders(args.input, args.output, args.model)
     runtime = args.runtime or ("onnxruntime" if args.providers is not None else None)
     predictor = OnnxPredictor(args.model, args.folds, not args.disable_tta, args.step_size,
                               args.providers or ["CPUExecutionProvider"], args.threads, runtime, args.precision)

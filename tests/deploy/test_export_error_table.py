@@ -20,7 +20,7 @@ import torch
 from bad_input_table import Env, Row, check_row
 from test_export_folder import DATASET, earlier_export
 
-from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE
+from nnunetv2_meddisseg.deploy.description import DESCRIPTION_FILE, read_description
 
 _TRAINING_TESTS = str(Path(__file__).resolve().parents[1] / "training")
 if _TRAINING_TESTS not in sys.path:
@@ -186,6 +186,16 @@ def exp_preprocessed(damage: Callable[[Path], None], *flags: str, **cases) -> Ca
 
 def _exported(tmp, env):
     assert (tmp / "kvasir_onnx" / DESCRIPTION_FILE).is_file() and (tmp / "kvasir_onnx" / "fold_0").is_dir()
+    read_description(tmp / "kvasir_onnx")  # what the export builds is what the predictor reads
+
+
+def exp_labels_the_predictor_cannot_read(tmp, env):
+    """A dataset.json whose labels nnU-Net loads but the ONNX predictor cannot read (not consecutive)."""
+    from test_trainer_meddisseg import DATASET_JSON
+
+    folder = tiny_model(env)
+    (folder / "dataset.json").write_text(json.dumps({**DATASET_JSON, "labels": {"background": 0, "a": 1, "b": 3}}))
+    return _export_argv(tmp)
 
 
 def _nothing(folder: Path) -> None:
@@ -248,6 +258,10 @@ ROWS = [
     Row("export/bf16_without_nnunet_preprocessed", "export", exp_without_nnunet_preprocessed("--bf16"), 2,
         ["--bf16 needs nnUNet_preprocessed, which is not set"]),
     Row("export/fp32_with_preprocessed_cases", "export", exp_preprocessed(_nothing), 0, check=_exported),
+    Row("export/labels_the_predictor_cannot_read", "export", exp_labels_the_predictor_cannot_read, 2,
+        [f"kvasir_onnx/{DESCRIPTION_FILE}: labels must be the values 0, 1, ..., K-1 (consecutive, as nnU-Net "
+         "requires), got [0, 1, 3]"]),
+    Row("export/fold_named_twice", "export", exp_option("-f", "0", "0"), 2, ["-f 0 0: a fold named twice"]),
     Row("export/truncated_preprocessed_case", "export", exp_truncated_case, 2,
         ["nnUNetPlans_2d/case_000.b2nd: cannot be read as a preprocessed case (truncated or damaged?",
          "run nnUNetv2_preprocess"]),
@@ -309,3 +323,17 @@ def test_fp32_export_checks_on_two_preprocessed_cases_where_there(tmp_path, nnun
     assert "no preprocessed cases" not in capsys.readouterr().out
     checks = json.loads((tmp_path / "kvasir_onnx" / DESCRIPTION_FILE).read_text())["folds"][0]["checks"]
     assert [c["input"] for c in checks][2:] == ["case case_000", "case case_001"]
+
+
+def test_an_int8_export_guards_int8_alone(tmp_path, nnunet_dirs, monkeypatch):
+    """--int8 runs the INT8 guard only; bf16 is guarded where --bf16 asks for it too."""
+    from nnunetv2_meddisseg.deploy import export
+
+    asked = []
+    monkeypatch.setattr(export, "guard_folds", lambda description, models, preprocessed, precisions, *args:
+                        asked.append(sorted(precisions)) or {})
+    tiny_model(nnunet_dirs)
+    preprocessed_cases(nnunet_dirs)
+    assert export.main(_export_argv(tmp_path / "int8", "--int8")) == 0
+    assert export.main(_export_argv(tmp_path / "both", "--int8", "--bf16")) == 0
+    assert asked == [["int8"], ["bf16", "int8"]]

@@ -39,15 +39,11 @@ def model(nnunet_dirs, monkeypatch) -> Path:
     return folder
 
 
-def earlier_export(folder: Path, marker: bool = True) -> Path:
-    """An export folder as the export writes it (``marker``: of the current format, else of format 1)."""
+def earlier_export(folder: Path) -> Path:
+    """An export folder as the export writes it."""
     (folder / "fold_0").mkdir(parents=True)
     (folder / fold_model_file(0)).write_bytes(b"graph")
-    description = description_of({0: b"graph"})
-    if not marker:
-        description["format_version"] = 1
-        del description["written_by"], description["folds"][0]["sha256"]
-    (folder / DESCRIPTION_FILE).write_text(json.dumps(description))
+    (folder / DESCRIPTION_FILE).write_text(json.dumps(description_of({0: b"graph"})))
     return folder
 
 
@@ -83,6 +79,16 @@ def _another_description(tmp: Path, model: Path) -> str:
     return str(tmp / "other")
 
 
+def _without_marker(tmp: Path, model: Path) -> str:
+    """An export folder whose description of format 1 lacks the ``written_by`` marker."""
+    earlier_export(tmp / "unmarked")
+    description = json.loads((tmp / "unmarked" / DESCRIPTION_FILE).read_text())
+    description["format_version"] = 1
+    del description["written_by"]
+    (tmp / "unmarked" / DESCRIPTION_FILE).write_text(json.dumps(description))
+    return str(tmp / "unmarked")
+
+
 def _export_with_user_file(tmp: Path, model: Path) -> str:
     earlier_export(tmp / "kvasir_onnx")
     (tmp / "kvasir_onnx" / "notes.txt").write_text("mine")
@@ -101,10 +107,11 @@ def _link_to_export(tmp: Path, model: Path) -> str:
     (lambda tmp, model: str(model), "is inside the model folder"),
     (_current_folder, "exists and is not an export of nnUNetv2_meddisseg_export"),
     (_another_description, "no onnx_model.json written by it"),
+    (_without_marker, "no onnx_model.json written by it"),
     (_export_with_user_file, "also holds notes.txt, which the export did not write"),
     (_link_to_export, "is a symbolic link"),
-], ids=["user folder", "file", "model folder", "-o .", "someone else's onnx_model.json", "export with a user file",
-        "symbolic link"])
+], ids=["user folder", "file", "model folder", "-o .", "someone else's onnx_model.json", "no written_by marker",
+        "export with a user file", "symbolic link"])
 def test_existing_output_that_is_not_an_earlier_export_is_refused_first(setup, message, model, tmp_path, capsys,
                                                                        monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -134,8 +141,8 @@ def test_output_inside_nnunet_folders_is_refused_but_the_default(where, message,
 
 
 @pytest.mark.parametrize("make", [
-    lambda p: None, lambda p: p.mkdir(), earlier_export, lambda p: earlier_export(p, marker=False),
-], ids=["new", "empty folder", "earlier export", "earlier export of format 1"])
+    lambda p: None, lambda p: p.mkdir(), earlier_export,
+], ids=["new", "empty folder", "earlier export"])
 def test_new_empty_or_earlier_export_is_accepted(make, model, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     make(tmp_path / "kvasir_onnx")
