@@ -5,15 +5,9 @@ defines nothing: it imports the classes from the package (absolute imports), whe
 ``python -m nnunetv2_meddisseg.trainer_path --list`` prints the catalogue, one line per trainer. The trainer names
 that model folders may store for one of these trainers (``stored_names.TRAINER_CLASSES``) resolve to it, so that such
 a model still predicts.
-
-Importing it also installs (once per process) the ``sys.excepthook`` that prints a mistake in the user's input
-(``nnunetv2_meddisseg.errors.UserError``, e.g. ``training.errors.TrainingInputError``) that ends nnU-Net's
-``nnUNetv2_train`` / ``nnUNetv2_predict`` as one line, ``nnUNetv2_train: error: <message>``, instead of a traceback
-(``nnunetv2_meddisseg.cli.install_excepthook``): nnU-Net's entry points are not ours to wrap.
 """
 from nnunetv2_meddisseg.ablation.study_trainers import *  # noqa: F401,F403  the arms of finished studies
 from nnunetv2_meddisseg.ablation.study_trainers import __all__ as _study
-from nnunetv2_meddisseg.cli import install_excepthook
 from nnunetv2_meddisseg.stored_names import TRAINER_CLASSES
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
@@ -29,5 +23,3 @@ __all__ = ["nnUNetTrainerMedDisSeg", "nnUNetTrainerMedDisSeg_paper",
 
 # names that model folders may store for a trainer whose recipe is the default one's (not in the catalogue)
 globals().update({stored: globals()[current] for stored, current in TRAINER_CLASSES.items()})
-
-install_excepthook()
