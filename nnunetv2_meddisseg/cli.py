@@ -9,26 +9,18 @@ argparse uses for a bad command line, so both kinds of mistake look alike). Anyt
 and keeps its traceback. PyTorch's "No CUDA runtime is found" warning, logged where a CUDA toolkit is installed
 without a GPU when a library imports ``torch.utils.cpp_extension`` (NNCF's quantization does), is filtered out
 (:func:`quiet_cuda_home_warning`): the commands run on the CPU there, and the line would precede the error line.
-
-In the commands of nnU-Net that run our trainers (``nnUNetv2_train``, ``nnUNetv2_predict``), whose entry points
-are not ours, :func:`install_excepthook` (called when nnU-Net's trainer search imports our trainers) prints a
-:class:`UserError` that ends the process the same way, ``nnUNetv2_train: error: <message>``; the process then
-exits as Python does after any uncaught exception (code 1). Code that catches the error is unaffected.
 """
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import re
 import sys
-from types import TracebackType
 from typing import Callable, Optional, Sequence, Tuple, Type
 
 from nnunetv2_meddisseg.errors import UserError
 
-__all__ = ["EXIT_USER_ERROR", "print_error", "run_command", "program_name", "user_error_excepthook",
-           "install_excepthook", "quiet_cuda_home_warning", "DefaultsHelpFormatter",
+__all__ = ["EXIT_USER_ERROR", "print_error", "run_command", "quiet_cuda_home_warning", "DefaultsHelpFormatter",
            "add_device_argument", "resolve_device", "DEVICE_DEFAULT_TEXT", "STATES_DEFAULT", "plain_text"]
 
 EXIT_USER_ERROR = 2
@@ -66,41 +58,6 @@ def run_command(prog: str, command: Callable[[Optional[Sequence[str]]], Optional
         print_error(prog, e)
         return EXIT_USER_ERROR
     return 0 if code is None else int(code)
-
-
-ExceptHook = Callable[[Type[BaseException], BaseException, Optional[TracebackType]], object]
-
-#: the attribute that marks the hooks :func:`user_error_excepthook` makes
-_HOOK_MARK = "_reports_user_errors_in_one_line"
-
-
-def program_name() -> str:
-    """The program's name in an error line: the file name of ``sys.argv[0]`` (``nnUNetv2_train`` for nnU-Net's
-    console command), ``python`` where there is none."""
-    argv0 = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
-    return os.path.basename(argv0.rstrip("/\\")) or "python"
-
-
-def user_error_excepthook(previous: ExceptHook) -> ExceptHook:
-    """A ``sys.excepthook`` that prints an uncaught :class:`UserError` as ``<program>: error: <message>`` (one
-    line, :func:`print_error`, no traceback) and hands every other exception to ``previous``."""
-    def excepthook(kind: Type[BaseException], error: BaseException, traceback: Optional[TracebackType]) -> None:
-        if isinstance(error, UserError):
-            print_error(program_name(), error)
-        else:
-            previous(kind, error, traceback)
-
-    excepthook.previous = previous
-    setattr(excepthook, _HOOK_MARK, True)
-    return excepthook
-
-
-def install_excepthook() -> None:
-    """Put :func:`user_error_excepthook` in front of the current ``sys.excepthook`` (once: nothing happens where
-    the current hook is one already). For processes whose entry point is not ours (nnU-Net's commands), where
-    :func:`run_command` cannot catch the error; exceptions still propagate as before until nothing catches them."""
-    if not getattr(sys.excepthook, _HOOK_MARK, False):
-        sys.excepthook = user_error_excepthook(sys.excepthook)
 
 
 #: a help text that already states its default: "(default: X)", "(default X)", "(...; default: X)"

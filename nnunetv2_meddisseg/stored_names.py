@@ -6,8 +6,6 @@ in use (a major version may drop them, saying so in its notes), together with th
 
 - Plans files (``nnUNetPlans.json`` of ``nnUNetv2_meddisseg_plan``, ``plans.json`` beside a trained model) that
   name the normalisation classes by other names: :data:`NORM_CLASSES`, read by ``blocks/norm.py``.
-- Model folders and checkpoints (``trainer_name``) of trainers whose recipe is the default one's:
-  :data:`TRAINER_CLASSES`, read by ``nnunet_trainers/meddisseg_trainers.py`` so that such a model still predicts.
 - Checkpoints of ``nnUNetTrainerMedDisSeg`` without a ``meddisseg_stage`` entry: :func:`checkpoint_stage_without_entry`,
   read by ``training/stages.py``.
 - Checkpoints that keep our per-epoch curves in an entry of their own (``training_curves``) instead of nnU-Net's
@@ -21,15 +19,12 @@ Imports nothing of the package: every layer may read it.
 import math
 from typing import List, Mapping, MutableMapping, Sequence
 
-__all__ = ["NORM_CLASSES", "TRAINER_CLASSES", "checkpoint_stage_without_entry", "curves_entry",
+__all__ = ["NORM_CLASSES", "checkpoint_stage_without_entry", "curves_entry",
            "head_group_named", "curves_with_the_head_named"]
 
 #: ``blocks.norm`` class names that plans files may store -> the class each names
 NORM_CLASSES: Mapping[str, str] = {"BatchNorm2d": "UncountedBatchNorm2d",
                                    "InstanceNorm2d": "SingleKernelInstanceNorm2d"}
-
-#: trainer class names that model folders and checkpoints may store -> the trainer whose recipe they trained with
-TRAINER_CLASSES: Mapping[str, str] = {"nnUNetTrainerMedDisSeg_paperSettings": "nnUNetTrainerMedDisSeg"}
 
 #: Stage I's head group: the name some checkpoints store, and the name the trainer writes
 _HEAD_GROUP_BEFORE, _HEAD_GROUP = "decoder", "head"

@@ -8,21 +8,21 @@ else is refused with :class:`UnsafeTorchFile`, whose message says what the file 
 advises ``weights_only=False``.
 
 nnU-Net's predictor (``nnUNetPredictor.initialize_from_trained_model_folder``) loads checkpoints with
-``weights_only=False``. :func:`initialize_predictor` reads every checkpoint the predictor will load first
-(:func:`check_model_folder_checkpoints`: one line naming the file where one is missing, empty, truncated,
-carries other objects or lacks what the predictor reads) and then lets the predictor load them inside
-:func:`weights_only_loads`, where torch reads weights only whatever its caller asks
-(``TORCH_FORCE_WEIGHTS_ONLY_LOAD``): a file exchanged between the check and the load is refused as well.
+``weights_only=False``. :func:`initialize_predictor` reads every checkpoint the predictor needs once, weights-only
+(one line naming the file where one is missing, empty, truncated, carries other objects or lacks what the
+predictor reads), and hands the predictor a private copy of what it read: the user's files are never unpickled
+by nnU-Net.
 """
 from __future__ import annotations
 
 import os
 import pickle
 import re
+import shutil
+import tempfile
 import zipfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -31,8 +31,7 @@ from nnunetv2_meddisseg.environment import use_our_trainers
 from nnunetv2_meddisseg.errors import UserError
 
 __all__ = ["NUMPY_SCALAR_GLOBALS", "PREDICTOR_KEYS", "UnsafeTorchFile", "is_torch_file", "load_weights_only",
-           "refusal_reason", "read_checkpoint", "check_model_folder_checkpoints", "weights_only_loads",
-           "initialize_predictor"]
+           "refusal_reason", "read_checkpoint", "check_model_folder_checkpoints", "initialize_predictor"]
 
 
 def _numpy_scalar_globals() -> List[Any]:
@@ -94,6 +93,8 @@ def _unsafe(what: str, error: BaseException) -> UnsafeTorchFile:
 
 #: what nnU-Net's predictor reads from every checkpoint it loads
 PREDICTOR_KEYS = ("network_weights", "trainer_name", "init_args")
+#: what it reads where a checkpoint has it
+_MIRRORING = "inference_allowed_mirroring_axes"
 
 
 def _one_line(error: BaseException) -> str:
@@ -140,70 +141,52 @@ def _folds(folds: Iterable[Union[int, str]]) -> Tuple[Union[int, str], ...]:
         raise UserError(f"folds {' '.join(map(str, folds))}: expected fold numbers or 'all'") from None
 
 
+def _predictor_checkpoint(path: Path) -> Mapping[str, Any]:
+    checkpoint = read_checkpoint(path)
+    missing = [k for k in PREDICTOR_KEYS if k not in checkpoint]
+    if missing:
+        raise UserError(f"{path} is not an nnU-Net checkpoint: it has no {', '.join(missing)}")
+    return checkpoint
+
+
 def check_model_folder_checkpoints(model_folder: Union[str, os.PathLike], folds: Sequence[Union[int, str]],
                                    checkpoint_name: str = "checkpoint_final.pth") -> List[Path]:
     """Read ``model_folder/fold_<f>/<checkpoint_name>`` of every fold in ``folds`` (``int`` or ``'all'``) as
     nnU-Net's predictor will load it, with :func:`read_checkpoint`, and check that it holds what the predictor
     reads (:data:`PREDICTOR_KEYS`); returns the files. Raises :class:`UnsafeTorchFile` or a one-line
-    :class:`~nnunetv2_meddisseg.errors.UserError` naming the first file that fails, before anything loads it unsafely.
+    :class:`~nnunetv2_meddisseg.errors.UserError` naming the first file that fails.
     """
     files = [Path(model_folder) / f"fold_{fold}" / checkpoint_name for fold in _folds(folds)]
     for path in files:
-        checkpoint = read_checkpoint(path)
-        missing = [k for k in PREDICTOR_KEYS if k not in checkpoint]
-        if missing:
-            raise UserError(f"{path} is not an nnU-Net checkpoint: it has no {', '.join(missing)}")
+        _predictor_checkpoint(path)
     return files
-
-
-_FORCE, _FORCE_NO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
-
-
-@contextmanager
-def weights_only_loads(what: str = "a checkpoint") -> Iterator[None]:
-    """Inside the block, every ``torch.load`` of this process reads weights only, also where its caller passes
-    ``weights_only=False`` (torch's ``TORCH_FORCE_WEIGHTS_ONLY_LOAD``), with :data:`NUMPY_SCALAR_GLOBALS` allowed;
-    the environment is restored afterwards. A load that meets any other object is refused without running it:
-    :class:`UnsafeTorchFile` naming ``what`` (the file the block loads). The variable is process-wide: for a
-    single-threaded command's call into nnU-Net."""
-    saved = {name: os.environ.get(name) for name in (_FORCE, _FORCE_NO)}
-    os.environ[_FORCE] = "1"
-    os.environ.pop(_FORCE_NO, None)  # both set is an error in torch.load
-    try:
-        with torch.serialization.safe_globals(NUMPY_SCALAR_GLOBALS):
-            yield
-    except pickle.UnpicklingError as e:
-        if not _is_refusal(e):
-            raise
-        raise _unsafe(what, e) from None
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def initialize_predictor(predictor: Any, model_folder: Union[str, os.PathLike], folds: Sequence[Union[int, str]],
                          checkpoint_name: str = "checkpoint_final.pth") -> None:
     """``predictor.initialize_from_trained_model_folder(model_folder, folds, checkpoint_name)`` (an
-    ``nnUNetPredictor``) without running code a checkpoint carries: every fold's checkpoint is checked first
-    (:func:`check_model_folder_checkpoints`), and the predictor's own loads run inside :func:`weights_only_loads`,
-    so that what it loads is read weights-only too, even where a file changed after the check. nnU-Net finds this
+    ``nnUNetPredictor``) without running code a checkpoint carries: every fold's checkpoint is read once,
+    weights-only, and checked as :func:`check_model_folder_checkpoints` does; the predictor loads a private copy of
+    what was read (the entries it reads, beside the model folder's plans.json and dataset.json). nnU-Net finds this
     package's trainers by name (:func:`~nnunetv2_meddisseg.environment.use_our_trainers`); a trainer class it finds
     nowhere is a one-line :class:`~nnunetv2_meddisseg.errors.UserError` naming the checkpoint."""
     folds = _folds(folds)
-    files = check_model_folder_checkpoints(model_folder, folds, checkpoint_name)
+    files = [Path(model_folder) / f"fold_{fold}" / checkpoint_name for fold in folds]
     use_our_trainers()
-    try:
-        with weights_only_loads(f"checkpoint {' or '.join(map(str, files))}"):
-            predictor.initialize_from_trained_model_folder(str(model_folder), folds, checkpoint_name)
-    except UnsafeTorchFile:
-        check_model_folder_checkpoints(model_folder, folds, checkpoint_name)  # names the file that changed
-        raise
-    except RuntimeError as e:
-        if not str(e).startswith("Could not find requested nnunet trainer"):
-            raise
-        trainer = read_checkpoint(files[0])["trainer_name"]  # nnU-Net takes the first fold's
-        raise UserError(f"{files[0]}: its trainer class {trainer} is neither nnU-Net's nor this package's: add the "
-                        f"folder of the module that defines it to nnUNet_extTrainer") from None
+    trainer = None
+    with tempfile.TemporaryDirectory() as copy:
+        for fold, path in zip(folds, files):
+            checkpoint = _predictor_checkpoint(path)
+            trainer = trainer or checkpoint["trainer_name"]  # nnU-Net takes the first fold's
+            (Path(copy) / f"fold_{fold}").mkdir()
+            torch.save({k: checkpoint[k] for k in (*PREDICTOR_KEYS, _MIRRORING) if k in checkpoint},
+                       Path(copy) / f"fold_{fold}" / checkpoint_name)
+        for name in ("plans.json", "dataset.json"):
+            shutil.copyfile(Path(model_folder) / name, Path(copy) / name)
+        try:
+            predictor.initialize_from_trained_model_folder(copy, folds, checkpoint_name)
+        except RuntimeError as e:
+            if not str(e).startswith("Could not find requested nnunet trainer"):
+                raise
+            raise UserError(f"{files[0]}: its trainer class {trainer} is neither nnU-Net's nor this package's: add "
+                            f"the folder of the module that defines it to nnUNet_extTrainer") from None

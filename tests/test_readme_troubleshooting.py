@@ -4,7 +4,7 @@ really print.
 Every backtick-quoted message in the table's first column is either triggered here through the real
 entry point (our commands' ``main``, nnU-Net's trainer lookup, the trainer itself) and checked against
 what it printed, or listed in ``NOT_TRIGGERED`` with the reason. The trainers' errors are shown as
-``nnUNetv2_train`` prints them (``_train_error_of``: the excepthook nnU-Net's trainer search installs; the
+``nnUNetv2_train`` prints them (``_train_error_of``: an uncaught ``SystemExit``'s line; the
 real command is run in tests/training/test_train_input_errors.py). ``...`` in a quote stands for a part
 that varies (a path, a count): each piece between them must appear, in order, in the real output.
 """
@@ -14,6 +14,7 @@ import contextlib
 import io
 import re
 import sys
+import traceback
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Dict, List
@@ -70,18 +71,19 @@ def _error_of(call: Callable[[], object]) -> str:
 
 
 def _train_error_of(call: Callable[[], object]) -> str:
-    """What ``nnUNetv2_train`` prints on stderr when ``call`` raises, where nothing catches the error: the line of
-    our excepthook (``cli.user_error_excepthook``, installed by nnU-Net's trainer search), else Python's traceback."""
-    from nnunetv2_meddisseg.cli import user_error_excepthook
-
+    """What ``nnUNetv2_train`` prints on stderr when ``call`` raises, where nothing catches the error: the text
+    ``code`` of a ``SystemExit`` (our trainers' errors, ``training.errors``) as Python prints it, else the
+    traceback."""
     try:
-        call()
-    except Exception as e:  # noqa: BLE001 (any exception: what the hook prints for it is what the user sees)
-        err = io.StringIO()
-        with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err):
+        with pytest.MonkeyPatch.context() as mp:
             mp.setattr(sys, "argv", [str(Path("bin") / "nnUNetv2_train")])
-            user_error_excepthook(sys.__excepthook__)(type(e), e, e.__traceback__)
-        return err.getvalue()
+            call()
+    except SystemExit as e:
+        if not isinstance(e.code, str):
+            raise
+        return e.code + "\n"
+    except Exception as e:  # noqa: BLE001 (any exception: its traceback is what the user sees)
+        return "".join(traceback.format_exception(e))
     raise AssertionError("no error raised")
 
 

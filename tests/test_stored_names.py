@@ -1,5 +1,5 @@
 """Names that users' files store still load (``stored_names``): the norm classes plans files written by earlier
-versions name, the trainer names model folders store, checkpoints that record their stage the earlier way (no
+versions name, checkpoints that record their stage the earlier way (no
 ``meddisseg_stage`` entry) and that call Stage I's head group "decoder"."""
 import math
 
@@ -8,10 +8,8 @@ import torch
 from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 
 from nnunetv2_meddisseg.blocks.norm import SingleKernelInstanceNorm2d, UncountedBatchNorm2d
-from nnunetv2_meddisseg.environment import trainer_folder
 from nnunetv2_meddisseg.plans_architecture import architecture_entry
-from nnunetv2_meddisseg.stored_names import TRAINER_CLASSES, curves_with_the_head_named, head_group_named
-from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
+from nnunetv2_meddisseg.stored_names import curves_with_the_head_named, head_group_named
 from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2, checkpoint_stage
 
 
@@ -36,15 +34,6 @@ def test_checkpoints_without_a_stage_entry_are_read_by_their_head():
     assert checkpoint_stage({"meddisseg_stage": STAGE_2}) == STAGE_2
     with pytest.raises(ValueError, match="without 'stage1_head_weights'"):
         checkpoint_stage({"meddisseg_stage": STAGE_1})
-
-
-@pytest.mark.parametrize("stored", sorted(TRAINER_CLASSES))
-def test_trainer_names_model_folders_store_find_todays_trainer(stored, monkeypatch):
-    from nnunetv2.utilities.find_objects import recursive_find_trainer_class_by_name
-
-    monkeypatch.setenv("nnUNet_extTrainer", trainer_folder())
-    found = recursive_find_trainer_class_by_name(stored)  # nnU-Net's search, which drops the modules it imported
-    assert found is nnUNetTrainerMedDisSeg and TRAINER_CLASSES[stored] == found.__name__
 
 
 def test_stage1_curves_of_the_head_group_named_decoder_move_to_head():

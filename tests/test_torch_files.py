@@ -24,7 +24,6 @@ from nnunetv2_meddisseg.torch_files import (
     check_model_folder_checkpoints,
     initialize_predictor,
     read_checkpoint,
-    weights_only_loads,
 )
 
 DATASET = "Dataset999_Tiny"
@@ -207,32 +206,6 @@ def test_read_checkpoint_reads_tensors_and_numpy_scalars(tmp_path):
 # the predictor's own load
 
 
-@pytest.mark.parametrize("user_setting", [None, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_WEIGHTS_ONLY_LOAD"])
-def test_weights_only_loads_overrides_weights_only_false_and_restores_the_environment(user_setting, tmp_path,
-                                                                                      monkeypatch):
-    for name in ("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_WEIGHTS_ONLY_LOAD"):
-        monkeypatch.delenv(name, raising=False)
-    if user_setting:
-        monkeypatch.setenv(user_setting, "1")
-    before = dict(os.environ)
-    _payload(tmp_path / "c.pth", tmp_path / "payload_ran")
-    torch.save(_complete(), tmp_path / "plain.pth")
-    with weights_only_loads():  # as nnU-Net's predictor and trainer call torch.load
-        assert torch.load(tmp_path / "plain.pth", map_location="cpu", weights_only=False)["logging"] == \
-               {"mean_fg_dice": [0.5]}
-    assert dict(os.environ) == before
-    with pytest.raises(UnsafeTorchFile) as e:
-        with weights_only_loads(f"checkpoint {tmp_path / 'c.pth'}"):
-            torch.load(tmp_path / "c.pth", map_location="cpu", weights_only=False)
-    assert str(e.value).startswith(f"checkpoint {tmp_path / 'c.pth'} holds pickled objects other than tensors")
-    assert not (tmp_path / "payload_ran").exists()
-    assert dict(os.environ) == before
-    with pytest.raises(ValueError, match="unrelated"):  # other errors pass through unchanged
-        with weights_only_loads():
-            raise ValueError("unrelated")
-    assert dict(os.environ) == before
-
-
 @pytest.fixture
 def tiny_preprocessed(nnunet_dirs) -> None:
     """The tiny plans' preprocessed folder that trainers are made on (tests/training/test_trainer_meddisseg.py)."""
@@ -284,7 +257,7 @@ def test_a_trained_checkpoint_loads_through_initialize_predictor(trained_model):
     loaded = predictor.list_of_parameters[0]
     assert loaded.keys() == trained_model["weights"].keys()
     assert all(torch.equal(loaded[k], v) for k, v in trained_model["weights"].items())
-    assert predictor.trainer_name == "nnUNetTrainer" and "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in os.environ
+    assert predictor.trainer_name == "nnUNetTrainer"
 
 
 def _name_trainer(checkpoint: Path, trainer: str) -> None:
@@ -312,31 +285,38 @@ def test_the_packages_trainers_are_found_without_nnunet_exttrainer(trained_model
     assert predictor.trainer_name == "nnUNetTrainerBaseline"
 
 
-def test_a_checkpoint_exchanged_after_the_check_is_refused_by_the_predictors_own_load(trained_model, tmp_path,
-                                                                                      monkeypatch):
+def test_the_predictor_loads_what_was_read_weights_only(trained_model, tmp_path, monkeypatch):
+    """A checkpoint exchanged after our read is never loaded: the predictor loads a copy of what was read, and
+    nnU-Net's load runs with the environment as it was."""
     checkpoint = trained_model["folder"] / "fold_0" / "checkpoint_final.pth"
     marker = tmp_path / "payload_ran"
-    real_check: Callable = torch_files.check_model_folder_checkpoints
-    checks = []
+    real_read: Callable = torch_files.read_checkpoint
 
-    def check_then_exchange(*args, **kwargs):
-        files = real_check(*args, **kwargs)
-        if not checks:  # the first check passes; then the file is exchanged before nnU-Net loads it
-            _exchange(checkpoint, marker)
-        checks.append(files)
-        return files
+    def read_then_exchange(path, *args, **kwargs):
+        read = real_read(path, *args, **kwargs)
+        _exchange(checkpoint, marker)
+        return read
 
-    monkeypatch.setattr(torch_files, "check_model_folder_checkpoints", check_then_exchange)
-    with pytest.raises(UnsafeTorchFile) as e:
-        initialize_predictor(_predictor(), trained_model["folder"], [0])
-    assert not marker.exists()
-    assert str(e.value).startswith(f"checkpoint {checkpoint} holds pickled objects other than tensors")
-    assert "weights_only" not in str(e.value)
+    real_load, environments = torch.load, []
+
+    def load(*args, **kwargs):
+        environments.append(dict(os.environ))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch_files, "read_checkpoint", read_then_exchange)
+    before = dict(os.environ)
+    predictor = _predictor()
+    with monkeypatch.context() as m:
+        m.setattr(torch, "load", load)
+        initialize_predictor(predictor, trained_model["folder"], [0])
+    assert not marker.exists() and environments and all(e == before for e in environments)
+    loaded = predictor.list_of_parameters[0]
+    assert all(torch.equal(loaded[k], v) for k, v in trained_model["weights"].items())
 
 
 def test_a_trainer_resumes_only_from_what_it_read_weights_only(tiny_preprocessed, tmp_path, monkeypatch):
-    """``--c``: our trainer reads the checkpoint weights-only, then nnU-Net's ``load_checkpoint`` loads the file
-    again (``weights_only=False``); a file exchanged in between is refused, not run."""
+    """``--c``: our trainer reads the checkpoint once, weights-only; nnU-Net's ``load_checkpoint`` loads a private
+    copy of what was read: a file exchanged after the read is never loaded."""
     from test_trainer_meddisseg import make_trainer
 
     from nnunetv2_meddisseg.training import extended_trainer
@@ -344,7 +324,6 @@ def test_a_trainer_resumes_only_from_what_it_read_weights_only(tiny_preprocessed
     trainer = make_trainer()
     checkpoint, marker = tmp_path / "checkpoint_latest.pth", tmp_path / "payload_ran"
     trainer.save_checkpoint(str(checkpoint))
-    make_trainer().load_checkpoint(str(checkpoint))  # resumes
     read = extended_trainer.read_checkpoint_for_resuming
 
     def read_then_exchange(filename):
@@ -353,7 +332,8 @@ def test_a_trainer_resumes_only_from_what_it_read_weights_only(tiny_preprocessed
         return entries
 
     monkeypatch.setattr(extended_trainer, "read_checkpoint_for_resuming", read_then_exchange)
-    with pytest.raises(UnsafeTorchFile) as e:
-        make_trainer().load_checkpoint(str(checkpoint))
-    assert str(e.value).startswith(f"checkpoint {checkpoint} holds pickled objects other than tensors")
+    resumed = make_trainer()
+    resumed.load_checkpoint(str(checkpoint))
     assert not marker.exists()
+    weights = trainer.network.state_dict()
+    assert all(torch.equal(v, weights[k]) for k, v in resumed.network.state_dict().items())

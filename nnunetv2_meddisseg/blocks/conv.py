@@ -28,19 +28,13 @@ def same_padding(kernel_size: int, dilation: int = 1) -> int:
 class PointwiseLinear(nn.Conv2d):
     """A Linear layer over the channel axis, stored as a 1x1 convolution (weight (out, in, 1, 1)), so that it applies
     to (B, C, H, W) features in one operation. Initialised as ``nn.Linear`` (which is ``nn.Conv2d``'s own default
-    for a 1x1 kernel); loading converts a Linear's 2-D weight.
+    for a 1x1 kernel).
 
     x: (B, in_features, H, W) -> (B, out_features, H, W)
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__(in_features, out_features, 1, bias=bias)
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        weight = state_dict.get(prefix + "weight")
-        if weight is not None and weight.ndim == 2:
-            state_dict[prefix + "weight"] = weight.view(*weight.shape, 1, 1)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 class ConvNormAct(nn.Module):

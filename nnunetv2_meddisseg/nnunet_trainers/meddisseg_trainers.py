@@ -2,19 +2,10 @@
 
 nnU-Net imports this file as the top-level module ``meddisseg_trainers`` and drops it afterwards, so it
 defines nothing: it imports the classes from the package (absolute imports), where they are defined once.
-``python -m nnunetv2_meddisseg.trainer_path --list`` prints the catalogue, one line per trainer. The trainer names
-that model folders may store for one of these trainers (``stored_names.TRAINER_CLASSES``) resolve to it, so that such
-a model still predicts.
-
-Importing it also installs (once per process) the ``sys.excepthook`` that prints a mistake in the user's input
-(``nnunetv2_meddisseg.errors.UserError``, e.g. ``training.errors.TrainingInputError``) that ends nnU-Net's
-``nnUNetv2_train`` / ``nnUNetv2_predict`` as one line, ``nnUNetv2_train: error: <message>``, instead of a traceback
-(``nnunetv2_meddisseg.cli.install_excepthook``): nnU-Net's entry points are not ours to wrap.
+``python -m nnunetv2_meddisseg.trainer_path --list`` prints the catalogue, one line per trainer.
 """
 from nnunetv2_meddisseg.ablation.study_trainers import *  # noqa: F401,F403  the arms of finished studies
 from nnunetv2_meddisseg.ablation.study_trainers import __all__ as _study
-from nnunetv2_meddisseg.cli import install_excepthook
-from nnunetv2_meddisseg.stored_names import TRAINER_CLASSES
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg_paper import nnUNetTrainerMedDisSeg_paper
@@ -26,8 +17,3 @@ from nnunetv2_meddisseg.training.variants import __all__ as _variants
 __all__ = ["nnUNetTrainerMedDisSeg", "nnUNetTrainerMedDisSeg_paper",
            *[name for name in _variants if name.startswith("nnUNetTrainerMedDisSeg_")], "nnUNetTrainerDispersive",
            *[name for name in _variants if not name.startswith("nnUNetTrainerMedDisSeg_")], *_study]
-
-# names that model folders may store for a trainer whose recipe is the default one's (not in the catalogue)
-globals().update({stored: globals()[current] for stored, current in TRAINER_CLASSES.items()})
-
-install_excepthook()

@@ -31,11 +31,11 @@ def save_checkpoint_file(checkpoint: Mapping[str, object], filename: str) -> Non
 def read_checkpoint_for_resuming(filename: str) -> Mapping[str, object]:
     """The checkpoint ``load_checkpoint`` resumes from (``torch_files.load_weights_only``, memory-mapped); a
     :class:`~nnunetv2_meddisseg.training.errors.TrainingInputRuntimeError` (a ``RuntimeError``) naming the
-    file (and ``checkpoint_best.pth`` beside it, where there is one) if it cannot be read."""
+    file (and ``checkpoint_best.pth`` beside it, where there is one) if it cannot be read or carries code."""
     try:
         return load_weights_only(filename, "checkpoint", mmap=zipfile.is_zipfile(filename))
-    except UnsafeTorchFile:
-        raise
+    except UnsafeTorchFile as error:
+        raise TrainingInputRuntimeError(str(error)) from None
     except Exception as error:  # noqa: BLE001 - truncated, empty or not a torch file
         best = os.path.join(os.path.dirname(os.path.abspath(filename)), "checkpoint_best.pth")
         fallback = (f"copy {best} over it to resume from the best epoch, or " if os.path.isfile(best)

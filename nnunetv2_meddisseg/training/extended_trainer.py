@@ -44,7 +44,6 @@ from torch import distributed as dist
 from nnunetv2_meddisseg.environment import BF16_ENVIRONMENT_VARIABLE, bf16_training_requested
 from nnunetv2_meddisseg.module_wrappers import unwrap_module
 from nnunetv2_meddisseg.stored_names import curves_entry
-from nnunetv2_meddisseg.torch_files import weights_only_loads
 from nnunetv2_meddisseg.training.checkpoints import read_checkpoint_for_resuming, save_checkpoint_file
 from nnunetv2_meddisseg.training.curves import (
     PLOT_FILENAME,
@@ -259,26 +258,26 @@ class ExtendedTrainerBase(SeededTrainer):
         save_checkpoint_file(checkpoint, filename)
 
     def load_checkpoint(self, filename_or_checkpoint: Union[dict, str]) -> None:
-        """nnU-Net's ``load_checkpoint``, with ``_before_restoring_checkpoint`` before it and the run seed, the curves
-        of a ``training_curves`` entry (``stored_names.curves_entry``) and ``_restore_checkpoint_extras`` after it."""
+        """nnU-Net's ``load_checkpoint``, with ``_before_restoring_checkpoint`` before it and the run seed and
+        ``_restore_checkpoint_extras`` after it. A file is read once, weights-only (memory-mapped, tensors read when
+        used): a checkpoint carrying code is refused before nnU-Net reads it."""
         if not self.was_initialized:
             self.initialize()
-        if not isinstance(filename_or_checkpoint, str):
-            # nnU-Net 2.8.1's load_checkpoint reads a file name only: hand it the checkpoint as a file
-            with tempfile.TemporaryDirectory() as folder:
-                filename = os.path.join(folder, "checkpoint.pth")
-                torch.save(filename_or_checkpoint, filename)
-                self.load_checkpoint(filename)
-            return
-        # our entries, read lazily (memory-mapped, tensors are read when used) and with weights_only=True, so
-        # that a checkpoint carrying code is refused before nnU-Net reads its own entries
-        checkpoint = read_checkpoint_for_resuming(filename_or_checkpoint)
+        if isinstance(filename_or_checkpoint, str):
+            checkpoint = read_checkpoint_for_resuming(filename_or_checkpoint)
+            where = f"checkpoint {filename_or_checkpoint}: "
+        else:
+            checkpoint, where = filename_or_checkpoint, ""
         try:
             self._before_restoring_checkpoint(checkpoint)
         except TrainingInputError as error:  # the hook's message does not know the file
-            raise type(error)(f"checkpoint {filename_or_checkpoint}: {error}") from None
-        with weights_only_loads(f"checkpoint {filename_or_checkpoint}"):  # nnU-Net's own load: weights only too
-            super().load_checkpoint(filename_or_checkpoint)
+            raise type(error)(f"{where}{error}") from None
+        # nnU-Net 2.8.1's load_checkpoint reads a file name only (with weights_only=False): a private copy of what
+        # was read weights-only
+        with tempfile.TemporaryDirectory() as folder:
+            copy = os.path.join(folder, "checkpoint.pth")
+            torch.save(checkpoint, copy)
+            super().load_checkpoint(copy)
         self.logger.local_logger.adopt(curves_entry(checkpoint))
         if checkpoint.get("run_seed") is not None:
             self.run_seed = int(checkpoint["run_seed"])

@@ -13,8 +13,7 @@ from torch import nn
 from nnunetv2_meddisseg.architectures import MedDisSegNet
 from nnunetv2_meddisseg.blocks.encoder import load_resnet50_weights, resolve_encoder_weights
 from nnunetv2_meddisseg.plans_architecture import architecture_entry
-from nnunetv2_meddisseg.torch_files import UnsafeTorchFile
-from nnunetv2_meddisseg.training.errors import TrainingInputError, TrainingInputFileNotFoundError
+from nnunetv2_meddisseg.training.errors import TrainingInputError
 
 __all__ = ["network_class_is_meddisseg", "plans_recording_the_network", "require_2d_configuration",
            "build_meddisseg_network", "plans_encoder_weights", "load_plans_encoder_weights"]
@@ -80,21 +79,18 @@ def plans_encoder_weights(configuration_manager: ConfigurationManager) -> Option
 def load_plans_encoder_weights(network: nn.Module, configuration_manager: ConfigurationManager) -> None:
     """Load the plans' ``encoder_weights`` (where they name any) into ``network.encoder``.
 
-    A file that does not exist is a :class:`TrainingInputFileNotFoundError` (a ``FileNotFoundError``), one that
-    is no ResNet-50 state dict a :class:`TrainingInputError` (a ``ValueError``; ``UnsafeTorchFile`` for a file
-    carrying code), each naming the file and the plans' setting."""
+    A file that does not exist, carries code or is no ResNet-50 state dict is a :class:`TrainingInputError`
+    naming the file and the plans' setting."""
     weights = plans_encoder_weights(configuration_manager)
     if weights is None:
         return
     try:
         path = resolve_encoder_weights(weights)
     except FileNotFoundError as error:  # 'imagenet' without the file in torch.hub's cache
-        raise TrainingInputFileNotFoundError(f"{error} (the plans' encoder_weights)") from None
+        raise TrainingInputError(f"{error} (the plans' encoder_weights)") from None
     if not os.path.isfile(path):
-        raise TrainingInputFileNotFoundError(f"encoder weights file not found: {path} (the plans' encoder_weights)")
+        raise TrainingInputError(f"encoder weights file not found: {path} (the plans' encoder_weights)")
     try:
         load_resnet50_weights(network.encoder, path)
-    except UnsafeTorchFile:
-        raise
-    except ValueError as error:
+    except ValueError as error:  # UnsafeTorchFile too
         raise TrainingInputError(f"{error} (the plans' encoder_weights)") from None

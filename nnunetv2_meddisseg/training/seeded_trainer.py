@@ -55,6 +55,8 @@ class SeededTrainer(nnUNetTrainer):
             if value is not None:
                 setattr(self, attribute, value)
         if recipe.torch_threads is not None:
+            # process-wide, but the process is this run's: nnUNetv2_train starts in nnU-Net's code, which sets no
+            # thread count, so the recipe is where a run (benchmarks/quality.py's --threads) chooses one
             torch.set_num_threads(recipe.torch_threads)
 
     def initialize(self) -> None:

@@ -123,19 +123,3 @@ def test_invalid_arguments():
         SpatialAttention(kernel_size=4)
     with pytest.raises(ValueError):
         ELAT(16, reduction=0)
-
-
-@pytest.mark.parametrize("make", [lambda: ChannelAttention(32, reduction=8), lambda: CBAT(32, reduction=8),
-                                  lambda: ELAT(32, reduction=8)])
-def test_linear_layer_weights_of_the_channel_mlp_load(make):
-    """A state dict whose channel-MLP weights are Linear (out, in) matrices loads, and gives the output of the
-    weights it holds as 1x1 kernels."""
-    module = make().double()
-    _randomise(module, seed=5)
-    state = {k: (v.flatten(1) if v.ndim == 4 and v.shape[-2:] == (1, 1) and "mlp" in k else v)
-             for k, v in module.state_dict().items()}
-    assert any(v.ndim == 2 for v in state.values())
-    loaded = make().double()
-    loaded.load_state_dict(state)
-    x = torch.randn(2, 32, 6, 6, dtype=torch.float64)
-    torch.testing.assert_close(loaded(x), module(x))

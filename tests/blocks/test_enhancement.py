@@ -50,20 +50,3 @@ def test_channel_attention_equals_previous_with_and_without_bias():
         ca = ChannelAttention(32, 4, bias=bias).double()
         x = torch.randn(3, 32, 5, 6, dtype=torch.float64)
         torch.testing.assert_close(ca.attention(x), previous_channel_attention(ca, x), rtol=1e-12, atol=1e-14)
-
-
-def test_channel_attention_weights_stored_as_linear_matrices_load():
-    """A state dict holding the branches' channel-attention weights as Linear (out, in) matrices loads into the
-    block's 1x1 kernels and gives the same output."""
-    torch.manual_seed(0)
-    fe = FeatureEnhancement(16, 32).double().eval()
-    with torch.no_grad():
-        for p in fe.parameters():
-            p.copy_(torch.randn_like(p) * 0.2)
-    state = fe.state_dict()
-    state = {k: (v.flatten(1) if k.startswith("attention_") else v) for k, v in state.items()}
-    assert state["attention_hidden.weight"].ndim == 2
-    loaded = FeatureEnhancement(16, 32).double().eval()
-    loaded.load_state_dict(state)
-    x = torch.randn(2, 16, 9, 9, dtype=torch.float64)
-    torch.testing.assert_close(loaded(x), fe(x))

@@ -38,19 +38,19 @@ def test_truncated_checkpoint_latest_names_the_file_and_checkpoint_best(tmp_path
 def test_resuming_from_a_checkpoint_carrying_code_is_refused(tmp_path):
     from payload import Payload
 
-    from nnunetv2_meddisseg.torch_files import UnsafeTorchFile
     from nnunetv2_meddisseg.training.checkpoints import read_checkpoint_for_resuming
+    from nnunetv2_meddisseg.training.errors import TrainingInputRuntimeError
 
     torch.save({"network_weights": {}, "logging": {"x": [Payload(tmp_path / "payload_ran")]}},
                tmp_path / "checkpoint_latest.pth")
-    with pytest.raises(UnsafeTorchFile, match="it was not loaded, since loading such objects can run code"):
+    with pytest.raises(TrainingInputRuntimeError, match="it was not loaded, since loading such objects can run code"):
         read_checkpoint_for_resuming(str(tmp_path / "checkpoint_latest.pth"))
     assert not (tmp_path / "payload_ran").exists()
 
 
 # ------------------------------------------------------------------------------------------------
 # nnUNetv2_train (nnU-Net's console command, not ours): an input mistake our trainers raise ends it with one line
-# ``nnUNetv2_train: error: ...`` and no traceback (cli.install_excepthook, installed by nnU-Net's trainer search)
+# ``nnUNetv2_train: error: ...`` and no traceback (the errors are SystemExits whose code is that line)
 
 TRAIN_PROG = "nnUNetv2_train"
 
@@ -126,36 +126,20 @@ def test_train_continuing_from_a_truncated_checkpoint_is_one_line(tmp_path):
                          f"again without --c")
 
 
-def test_excepthook_prints_a_user_error_in_one_line_and_hands_on_every_other(monkeypatch, capsys):
-    from nnunetv2_meddisseg.cli import install_excepthook
-    from nnunetv2_meddisseg.training.errors import TrainingInputError, TrainingInputRuntimeError
+def test_an_uncaught_training_input_error_is_one_line_without_a_traceback(tmp_path):
+    """Python prints the error's line (its ``SystemExit`` code), named by the program, and exits with status 1."""
+    import subprocess
 
-    handed_on = []
-    monkeypatch.setattr(sys, "excepthook", lambda *args: handed_on.append(args))
-    monkeypatch.setattr(sys, "argv", [str(Path("venv") / "bin" / TRAIN_PROG), "999", "2d", "0"])
-    install_excepthook()
-    hook = sys.excepthook
-    install_excepthook()
-    assert sys.excepthook is hook  # installed once
-
-    seed = TrainingInputError("nnUNet_meddisseg_seed must be an integer >= 0, got 'abc'")
-    hook(type(seed), seed, None)
-    checkpoint = TrainingInputRuntimeError("cannot read the checkpoint x.pth (truncated or corrupt?\n  EOFError: )")
-    hook(type(checkpoint), checkpoint, None)
-    assert capsys.readouterr().err == (
-        f"{TRAIN_PROG}: error: nnUNet_meddisseg_seed must be an integer >= 0, got 'abc'\n"
-        f"{TRAIN_PROG}: error: cannot read the checkpoint x.pth (truncated or corrupt? EOFError: )\n")
-    assert handed_on == []
-
-    bug = ValueError("a bug keeps its traceback")
-    hook(ValueError, bug, None)
-    interrupt = KeyboardInterrupt()
-    hook(KeyboardInterrupt, interrupt, None)
-    assert handed_on == [(ValueError, bug, None), (KeyboardInterrupt, interrupt, None)]
-    assert capsys.readouterr().err == ""
+    program = tmp_path / TRAIN_PROG
+    program.write_text("from nnunetv2_meddisseg.training.errors import TrainingInputRuntimeError\n"
+                       "raise TrainingInputRuntimeError('cannot read the checkpoint x.pth (truncated or corrupt?\\n"
+                       "  EOFError: )')\n")
+    proc = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (
+        1, f"{TRAIN_PROG}: error: cannot read the checkpoint x.pth (truncated or corrupt? EOFError: )\n")
 
 
-def test_nnunet_trainer_search_installs_the_excepthook_once(monkeypatch, capsys):
+def test_the_trainer_catalogue_leaves_the_excepthook_alone(monkeypatch):
     from nnunetv2.utilities.find_objects import recursive_find_trainer_class_by_name
 
     from nnunetv2_meddisseg.environment import trainer_folder
@@ -165,24 +149,19 @@ def test_nnunet_trainer_search_installs_the_excepthook_once(monkeypatch, capsys)
 
     monkeypatch.setattr(sys, "excepthook", previous)
     monkeypatch.setenv("nnUNet_extTrainer", trainer_folder())
-    for _ in range(2):  # nnU-Net imports the trainer module anew for every search
-        recursive_find_trainer_class_by_name("nnUNetTrainerMedDisSeg")
-    assert sys.excepthook is not previous and sys.excepthook.previous is previous
+    recursive_find_trainer_class_by_name("nnUNetTrainerMedDisSeg")  # imports the catalogue
+    assert sys.excepthook is previous
 
 
-def test_training_input_errors_keep_their_former_types():
+def test_training_input_errors_are_user_errors_and_system_exits(monkeypatch):
     from nnunetv2_meddisseg.errors import UserError
-    from nnunetv2_meddisseg.torch_files import UnsafeTorchFile
-    from nnunetv2_meddisseg.training.errors import (
-        TrainingInputError,
-        TrainingInputFileNotFoundError,
-        TrainingInputRuntimeError,
-    )
+    from nnunetv2_meddisseg.training.errors import TrainingInputError, TrainingInputRuntimeError
 
     assert issubclass(TrainingInputError, UserError) and issubclass(TrainingInputError, ValueError)
     assert issubclass(TrainingInputRuntimeError, TrainingInputError)
     assert issubclass(TrainingInputRuntimeError, RuntimeError)
-    missing = TrainingInputFileNotFoundError("encoder weights file not found: x.pth (the plans' encoder_weights)")
-    assert isinstance(missing, TrainingInputError) and isinstance(missing, FileNotFoundError)
-    assert str(missing) == "encoder weights file not found: x.pth (the plans' encoder_weights)"
-    assert issubclass(UnsafeTorchFile, UserError) and issubclass(UnsafeTorchFile, ValueError)
+    monkeypatch.setattr(sys, "argv", [str(Path("venv") / "bin" / TRAIN_PROG), "999", "2d", "0"])
+    error = TrainingInputError("encoder weights file not found: x.pth\n (the plans' encoder_weights)")
+    assert isinstance(error, SystemExit) and isinstance(error, Exception)
+    assert str(error) == "encoder weights file not found: x.pth\n (the plans' encoder_weights)"
+    assert error.code == f"{TRAIN_PROG}: error: encoder weights file not found: x.pth (the plans' encoder_weights)"
