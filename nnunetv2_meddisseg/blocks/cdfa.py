@@ -13,9 +13,6 @@ block (``blocks.device_forms``):
   (2k-1)^2 shifted views (:func:`displacement_sum`). Both are linear maps with hand-written backward
   passes (``blocks.cdfa_shifted``). Its hundreds of small in-place operations on views are fast on a
   CPU (no large intermediates);
-- the *few-op form* (for benchmarks and tests) unfolds the values into their k x k windows, applies each
-  pixel's (k*k, k*k) weights per head in one batched matrix product and folds the windows back
-  (overlaps summed): a dozen operations per attention, but k*k copies of the values in memory;
 - the *graph form* (what the ONNX exporter traces) computes the shifted form's identity with whole-tensor
   operations on padded copies and no in-place writes (``blocks.cdfa_graph``).
 
@@ -135,27 +132,6 @@ class ContrastDrivenAggregation(nn.Module):
         out = displacement_sum(values, window_displacement_weights(weights, self.kernel_size))
         return self._pointwise(self.proj, out)
 
-    def window_attention_few_ops(self, values: Tensor, guidance: Tensor, layer: nn.Linear) -> Tensor:
-        """The few-op form of ``window_attention(values, window_weights(guidance, layer))``.
-
-        values, guidance: (B, dim, H, W) -> projected (B, dim, H, W). Per pixel p (batch axes B, H*W,
-        heads): softmaxed weights A_p (k*k (i), k*k (j)) times the unfolded values (k*k (j), head_dim)
-        in one batched matrix product, folded back so that window position i writes to p + offset_i.
-        """
-        b, c, h, w = values.shape
-        k, window, heads, pixels = self.kernel_size, self.kernel_size ** 2, self.num_heads, h * w
-        rows = guidance.permute(0, 2, 3, 1).reshape(b * pixels, -1)  # (B * HW, dim)
-        # the scaled logits scale * (g W^T + bias) in one product, then the softmax over j
-        logits = torch.addmm(layer.bias, rows, layer.weight.t(), beta=self.scale, alpha=self.scale)
-        weights = torch.softmax(logits.view(b * pixels * heads, window, window), dim=-1)  # (B * HW * heads, i, j)
-        # unfold channel index: (head * head_dim + d) * window + j
-        windows = F.unfold(values, k, padding=k // 2).view(b, heads, self.head_dim, window, pixels)
-        windows = windows.permute(0, 4, 1, 3, 2).reshape(b * pixels * heads, window, self.head_dim)
-        out = torch.bmm(weights, windows).view(b, pixels, heads, window, self.head_dim)  # (B, HW, heads, i, d)
-        out = out.permute(0, 2, 4, 3, 1).reshape(b, c * window, pixels)  # fold channel index (head, d, i)
-        out = F.fold(out, (h, w), k, padding=k // 2)  # sums the overlapping window contributions
-        return self._pointwise(self.proj, out)
-
     def window_attention_fused(self, values: Tensor, guidance: Tensor, layer: nn.Linear) -> Tensor:
         """The fused form of ``window_attention(values, window_weights(guidance, layer))``.
 
@@ -193,10 +169,7 @@ class ContrastDrivenAggregation(nn.Module):
                     raise
                 give_up_fused(f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}")
                 form = "shifted"
-        if form == "few_op":
-            x = self.window_attention_few_ops(v, fg, self.attn_fg)
-            x = self.window_attention_few_ops(x, bg, self.attn_bg)
-        elif form == "graph":
+        if form == "graph":
             x = self.window_attention_graph(v, fg, self.attn_fg)
             x = self.window_attention_graph(x, bg, self.attn_bg)
         else:

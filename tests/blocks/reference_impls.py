@@ -71,7 +71,7 @@ def reference_telu(x: Tensor) -> Tensor:
 
 # ---------------------------------------------------------------------------------------------------------------
 # The implementations before the launch-count reduction (same parameters, same results up to rounding): the
-# references of the few-op forms, and the "previous" network of the before/after benchmarks. The CDFA window
+# references of the current blocks, and the "previous" network of the before/after benchmarks. The CDFA window
 # attention of that time is the block's shifted form, which the block still runs on the CPU
 # (``blocks.device_forms.forced_form("shifted")`` selects it on any device).
 
