@@ -32,7 +32,7 @@ from nnunetv2_meddisseg.blocks.activation import TeLU
 from nnunetv2_meddisseg.blocks.cdfa_graph import graph_window_attention
 from nnunetv2_meddisseg.blocks.cdfa_kernels import fused_cdfa_available, offset_aggregate, window_offset_weights
 from nnunetv2_meddisseg.blocks.cdfa_shifted import displacement_sum, window_displacement_weights
-from nnunetv2_meddisseg.blocks.conv import ConvNormAct, PointwiseLinear, merge_branch_states
+from nnunetv2_meddisseg.blocks.conv import ConvNormAct, PointwiseLinear
 from nnunetv2_meddisseg.blocks.device_forms import form_is_forced, give_up_fused, implementation_form
 
 __all__ = [
@@ -206,8 +206,7 @@ class ContrastGuidancePyramid(nn.Module):
     one bilinear x2 and one grouped CBT3x3 over the branches of the levels with more than s steps
     (``2 * len(levels)`` groups). Per channel this is the same function as separate branches (a group of a
     grouped convolution sees only its branch's channels; norm and activation are per channel), in a
-    handful of operations. A state dict that stores the branches separately (``fg.<level>.stem``,
-    ``fg.<level>.up_convs.<s>``, ...) loads too: :attr:`LAYOUT` names its keys.
+    handful of operations.
 
     f_fg, f_bg: (B, in_channels, h, w) -> [(fg_l, bg_l): (B, out_channels, h * 2**n_l, w * 2**n_l)] for each
     level (fg_l, bg_l: channel slices of one tensor)
@@ -237,19 +236,6 @@ class ContrastGuidancePyramid(nn.Module):
         self.up_convs = nn.ModuleList(
             [ConvNormAct(2 * len(lv) * out_channels, 2 * len(lv) * out_channels, 3, groups=2 * len(lv), **ops)
              for lv in self.step_levels])
-
-    @property
-    def LAYOUT(self):
-        """The separate branches each merged block holds (see :func:`blocks.conv.merge_branch_states`)."""
-        levels = range(len(self.num_upsamplings))
-        layout = [("stem", [f"{side}.{lv}.stem" for side in ("fg", "bg") for lv in levels])]
-        for s, lvs in enumerate(self.step_levels):
-            layout.append((f"up_convs.{s}", [f"{side}.{lv}.up_convs.{s}" for side in ("fg", "bg") for lv in lvs]))
-        return layout
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        merge_branch_states(state_dict, prefix, self.LAYOUT)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, f_fg: Tensor, f_bg: Tensor) -> List[Tuple[Tensor, Tensor]]:
         c = self.out_channels

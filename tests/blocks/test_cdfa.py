@@ -126,7 +126,7 @@ def test_guidance_pyramid_shapes():
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("num_upsamplings", [(3, 2, 1, 0), (0, 2, 1), (1, 1)])
 def test_guidance_pyramid_equals_separate_branches(training, num_upsamplings):
-    """The merged pyramid against the separate branches it replaces (old state-dict keys converted on loading)."""
+    """The merged pyramid against the separate branches it replaces (their weights merged into it)."""
     torch.manual_seed(0)
     old = randomised(build(PreviousContrastGuidancePyramid, 8, 4, num_upsamplings)).train(training)
     new = ContrastGuidancePyramid(8, 4, num_upsamplings)
