@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nnunetv2_meddisseg"
 #: the layers, lowest first: each names the package's top-level modules and subpackages in it
 LAYERS: List[Set[str]] = [
     {"errors"},  # the user's-mistake error every part raises
-    {"cli", "environment", "stored_names"},  # ground floor: argument helpers, the environment, stored names
+    {"cli", "environment"},  # ground floor: argument helpers, the environment
     {"files", "torch_files", "module_wrappers", "logged_command", "plans_architecture"},  # files, torch files and
     # modules, subprocesses, the plans' architecture entry
     {"blocks", "losses"},

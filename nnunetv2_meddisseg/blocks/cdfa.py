@@ -13,9 +13,6 @@ block (``blocks.device_forms``):
   (2k-1)^2 shifted views (:func:`displacement_sum`). Both are linear maps with hand-written backward
   passes (``blocks.cdfa_shifted``). Its hundreds of small in-place operations on views are fast on a
   CPU (no large intermediates);
-- the *few-op form* (for benchmarks and tests) unfolds the values into their k x k windows, applies each
-  pixel's (k*k, k*k) weights per head in one batched matrix product and folds the windows back
-  (overlaps summed): a dozen operations per attention, but k*k copies of the values in memory;
 - the *graph form* (what the ONNX exporter traces) computes the shifted form's identity with whole-tensor
   operations on padded copies and no in-place writes (``blocks.cdfa_graph``).
 
@@ -35,7 +32,7 @@ from nnunetv2_meddisseg.blocks.activation import TeLU
 from nnunetv2_meddisseg.blocks.cdfa_graph import graph_window_attention
 from nnunetv2_meddisseg.blocks.cdfa_kernels import fused_cdfa_available, offset_aggregate, window_offset_weights
 from nnunetv2_meddisseg.blocks.cdfa_shifted import displacement_sum, window_displacement_weights
-from nnunetv2_meddisseg.blocks.conv import ConvNormAct, PointwiseLinear, merge_branch_states
+from nnunetv2_meddisseg.blocks.conv import ConvNormAct, PointwiseLinear
 from nnunetv2_meddisseg.blocks.device_forms import form_is_forced, give_up_fused, implementation_form
 
 __all__ = [
@@ -135,27 +132,6 @@ class ContrastDrivenAggregation(nn.Module):
         out = displacement_sum(values, window_displacement_weights(weights, self.kernel_size))
         return self._pointwise(self.proj, out)
 
-    def window_attention_few_ops(self, values: Tensor, guidance: Tensor, layer: nn.Linear) -> Tensor:
-        """The few-op form of ``window_attention(values, window_weights(guidance, layer))``.
-
-        values, guidance: (B, dim, H, W) -> projected (B, dim, H, W). Per pixel p (batch axes B, H*W,
-        heads): softmaxed weights A_p (k*k (i), k*k (j)) times the unfolded values (k*k (j), head_dim)
-        in one batched matrix product, folded back so that window position i writes to p + offset_i.
-        """
-        b, c, h, w = values.shape
-        k, window, heads, pixels = self.kernel_size, self.kernel_size ** 2, self.num_heads, h * w
-        rows = guidance.permute(0, 2, 3, 1).reshape(b * pixels, -1)  # (B * HW, dim)
-        # the scaled logits scale * (g W^T + bias) in one product, then the softmax over j
-        logits = torch.addmm(layer.bias, rows, layer.weight.t(), beta=self.scale, alpha=self.scale)
-        weights = torch.softmax(logits.view(b * pixels * heads, window, window), dim=-1)  # (B * HW * heads, i, j)
-        # unfold channel index: (head * head_dim + d) * window + j
-        windows = F.unfold(values, k, padding=k // 2).view(b, heads, self.head_dim, window, pixels)
-        windows = windows.permute(0, 4, 1, 3, 2).reshape(b * pixels * heads, window, self.head_dim)
-        out = torch.bmm(weights, windows).view(b, pixels, heads, window, self.head_dim)  # (B, HW, heads, i, d)
-        out = out.permute(0, 2, 4, 3, 1).reshape(b, c * window, pixels)  # fold channel index (head, d, i)
-        out = F.fold(out, (h, w), k, padding=k // 2)  # sums the overlapping window contributions
-        return self._pointwise(self.proj, out)
-
     def window_attention_fused(self, values: Tensor, guidance: Tensor, layer: nn.Linear) -> Tensor:
         """The fused form of ``window_attention(values, window_weights(guidance, layer))``.
 
@@ -193,10 +169,7 @@ class ContrastDrivenAggregation(nn.Module):
                     raise
                 give_up_fused(f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}")
                 form = "shifted"
-        if form == "few_op":
-            x = self.window_attention_few_ops(v, fg, self.attn_fg)
-            x = self.window_attention_few_ops(x, bg, self.attn_bg)
-        elif form == "graph":
+        if form == "graph":
             x = self.window_attention_graph(v, fg, self.attn_fg)
             x = self.window_attention_graph(x, bg, self.attn_bg)
         else:
@@ -233,8 +206,7 @@ class ContrastGuidancePyramid(nn.Module):
     one bilinear x2 and one grouped CBT3x3 over the branches of the levels with more than s steps
     (``2 * len(levels)`` groups). Per channel this is the same function as separate branches (a group of a
     grouped convolution sees only its branch's channels; norm and activation are per channel), in a
-    handful of operations. A state dict that stores the branches separately (``fg.<level>.stem``,
-    ``fg.<level>.up_convs.<s>``, ...) loads too: :attr:`LAYOUT` names its keys.
+    handful of operations.
 
     f_fg, f_bg: (B, in_channels, h, w) -> [(fg_l, bg_l): (B, out_channels, h * 2**n_l, w * 2**n_l)] for each
     level (fg_l, bg_l: channel slices of one tensor)
@@ -264,19 +236,6 @@ class ContrastGuidancePyramid(nn.Module):
         self.up_convs = nn.ModuleList(
             [ConvNormAct(2 * len(lv) * out_channels, 2 * len(lv) * out_channels, 3, groups=2 * len(lv), **ops)
              for lv in self.step_levels])
-
-    @property
-    def LAYOUT(self):
-        """The separate branches each merged block holds (see :func:`blocks.conv.merge_branch_states`)."""
-        levels = range(len(self.num_upsamplings))
-        layout = [("stem", [f"{side}.{lv}.stem" for side in ("fg", "bg") for lv in levels])]
-        for s, lvs in enumerate(self.step_levels):
-            layout.append((f"up_convs.{s}", [f"{side}.{lv}.up_convs.{s}" for side in ("fg", "bg") for lv in lvs]))
-        return layout
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        merge_branch_states(state_dict, prefix, self.LAYOUT)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, f_fg: Tensor, f_bg: Tensor) -> List[Tuple[Tensor, Tensor]]:
         c = self.out_channels

@@ -1,13 +1,12 @@
 """Conv + Norm + activation block (the paper's "CBT": Conv, BatchNorm, TeLU)."""
-from typing import Dict, List, MutableMapping, Optional, Sequence, Tuple, Type
+from typing import Optional, Type
 
 import torch
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.activation import TeLU
 
-__all__ = ["memory_format_of", "same_padding", "ConvNormAct", "PointwiseLinear", "BranchLayout", "merge_branch_states",
-           "split_branch_states"]
+__all__ = ["memory_format_of", "same_padding", "ConvNormAct", "PointwiseLinear"]
 
 
 def memory_format_of(x: Tensor) -> torch.memory_format:
@@ -86,39 +85,3 @@ class ConvNormAct(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.nonlin(self.norm(self.conv(x)))
-
-
-#: how merged blocks replace separate ones: (name of a merged sub-module, names of the separate sub-modules
-#: whose tensors it holds, concatenated along the first axis in this order)
-BranchLayout = Sequence[Tuple[str, Sequence[str]]]
-
-
-def _suffixes(state_dict: MutableMapping[str, Tensor], key_prefix: str) -> List[str]:
-    return [k[len(key_prefix):] for k in list(state_dict) if k.startswith(key_prefix)]
-
-
-def merge_branch_states(state_dict: MutableMapping[str, Tensor], prefix: str, layout: BranchLayout) -> None:
-    """Rewrite (in place) the keys of separate branches (``prefix + old + '.' + tensor name``) into the merged
-    layout: every tensor of the merged sub-module is the concatenation along the first axis of the branches'
-    tensors, in ``layout``'s order (``num_batches_tracked``, a scalar, is taken from the first branch).
-    A state dict already in the merged layout is left as it is."""
-    for new, olds in layout:
-        names = _suffixes(state_dict, f"{prefix}{olds[0]}.")
-        for name in names:
-            parts = [state_dict.pop(f"{prefix}{old}.{name}") for old in olds]
-            merged = parts[0] if name.endswith("num_batches_tracked") else torch.cat(parts, dim=0)
-            state_dict[f"{prefix}{new}.{name}"] = merged
-
-
-def split_branch_states(state_dict: MutableMapping[str, Tensor], layout: BranchLayout) -> Dict[str, Tensor]:
-    """The inverse of :func:`merge_branch_states` (prefix ""): the separate branches' state from a merged one
-    (the keys of sub-modules that ``layout`` does not name are kept as they are)."""
-    merged = tuple(f"{new}." for new, _ in layout)
-    out: Dict[str, Tensor] = {k: v for k, v in state_dict.items() if not k.startswith(merged)}
-    for new, olds in layout:
-        for name in _suffixes(state_dict, f"{new}."):
-            value = state_dict[f"{new}.{name}"]
-            parts = [value] * len(olds) if name.endswith("num_batches_tracked") else value.chunk(len(olds), dim=0)
-            for old, part in zip(olds, parts):
-                out[f"{old}.{name}"] = part.clone()
-    return out

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.activation import TeLU
-from nnunetv2_meddisseg.blocks.conv import ConvNormAct, merge_branch_states
+from nnunetv2_meddisseg.blocks.conv import ConvNormAct
 
 __all__ = ["FeatureDecoupling", "AuxiliaryHeads"]
 
@@ -33,8 +33,7 @@ class FeatureDecoupling(nn.Module):
     The foreground and background branches run as one stack (:attr:`fg_bg`: the first convolution's
     filters stacked, then grouped convolutions of 2 groups; the same function per channel, in a third
     of the operations); the uncertainty branch (:attr:`uc`), which only the training-only head reads, on
-    its own. A state dict that stores the branches separately (``branches.fg.0``, ...) loads too:
-    :attr:`LAYOUT` names its keys per merged sub-module.
+    its own.
 
     x: (B, in_channels, h, w) -> f_fg, f_bg, f_uc: (B, out_channels, h, w) each
     (f_uc is None when ``with_uncertainty=False``: it only feeds the training-only head; f_fg and f_bg are
@@ -42,8 +41,6 @@ class FeatureDecoupling(nn.Module):
     """
 
     BRANCHES = ("fg", "bg", "uc")
-    LAYOUT = [(f"fg_bg.{i}", [f"branches.fg.{i}", f"branches.bg.{i}"]) for i in range(3)] + \
-             [(f"uc.{i}", [f"branches.uc.{i}"]) for i in range(3)]
 
     def __init__(
         self,
@@ -61,10 +58,6 @@ class FeatureDecoupling(nn.Module):
         self.fg_bg = _cbt_stack(in_channels, mid_channels, out_channels, 2, True, ops)
         self.uc = _cbt_stack(in_channels, mid_channels, out_channels, 1, True, ops)
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        merge_branch_states(state_dict, prefix, self.LAYOUT)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
     def forward(self, x: Tensor, with_uncertainty: bool = True) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
         c = self.out_channels
         f = self.fg_bg(x)
@@ -79,8 +72,7 @@ class AuxiliaryHeads(nn.Module):
     Each head: CBT3x3 (in -> channels[0]); then per entry c of channels[1:]: bilinear x2 and CBT3x3 to c;
     then a 1x1 conv to 1 channel. Default: 128 -> 256, x2 256, x2 128, x2 64, x2 64 (from H/16 to H).
     The three heads are the three groups of every convolution (norm and activation are per channel: the
-    same function as three heads, in a third of the operations). A state dict that stores the heads
-    separately (``fg.stem``, ``fg.up_convs.<i>``, ``fg.out``, ...) loads too: :attr:`LAYOUT` names its keys.
+    same function as three heads, in a third of the operations).
 
     f_fg, f_bg, f_uc: (B, in_channels, h, w) each -> fg, bg, uc: (B, 1, h * 2**n_up, w * 2**n_up) each
     (channel slices of one tensor), n_up = len(channels) - 1
@@ -105,16 +97,6 @@ class AuxiliaryHeads(nn.Module):
             [ConvNormAct(n * c_in, n * c_out, 3, groups=n, **ops) for c_in, c_out in zip(channels[:-1], channels[1:])]
         )
         self.out = conv_op(n * channels[-1], n, 1, groups=n, bias=True)
-
-    @property
-    def LAYOUT(self):
-        """The separate heads each merged block holds (see :func:`blocks.conv.merge_branch_states`)."""
-        names = ["stem"] + [f"up_convs.{i}" for i in range(len(self.up_convs))] + ["out"]
-        return [(name, [f"{head}.{name}" for head in self.HEADS]) for name in names]
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        merge_branch_states(state_dict, prefix, self.LAYOUT)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, f_fg: Tensor, f_bg: Tensor, f_uc: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         x = self.stem(torch.cat([f_fg, f_bg, f_uc], dim=1))

@@ -6,8 +6,6 @@ The forms have equal results up to rounding:
   Triton is installed;
 - ``"shifted"``: many small in-place operations on shifted views (no large intermediates), what the CPU
   and every device without the fused kernels run;
-- ``"few_op"``: a handful of large operations (unfold, batched matrix product, fold); kept for
-  benchmarks and tests;
 - ``"graph"``: whole-tensor operations on padded copies, no in-place writes (``blocks.cdfa_graph``), what
   the ONNX exporter traces (a tracer loses in-place writes into slices).
 
@@ -28,7 +26,7 @@ from nnunetv2_meddisseg.blocks.cdfa_kernels import fused_cdfa_available
 __all__ = ["FORMS", "ALIASES", "implementation_form", "forced_form", "form_is_forced", "give_up_fused"]
 
 #: the implementation forms
-FORMS = ("fused", "shifted", "few_op", "graph")
+FORMS = ("fused", "shifted", "graph")
 #: other accepted names: the form each device runs (CUDA: fused, where Triton builds it; CPU: shifted)
 ALIASES = {"cuda": "fused", "cpu": "shifted"}
 _forced: Optional[str] = None

@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.activation import TeLU, attention_sigmoid
 from nnunetv2_meddisseg.blocks.attention import SpatialAttention, _hidden
-from nnunetv2_meddisseg.blocks.conv import ConvNormAct, PointwiseLinear, merge_branch_states, same_padding
+from nnunetv2_meddisseg.blocks.conv import ConvNormAct, PointwiseLinear, same_padding
 
 __all__ = ["FeatureEnhancement"]
 
@@ -25,8 +25,7 @@ class FeatureEnhancement(nn.Module):
     ...] (per channel, so the same as a norm per branch); one activation over the branches; the channel
     attentions of all branches in two batched matrix products, their MLP weights stacked
     (:attr:`attention_hidden`, :attr:`attention_out`: branch i's rows are the i-th share). The same
-    function as separate branches. A state dict that stores the branches separately (``branches.<i>.0``,
-    ``branches.<i>.1.mlp``, ``shortcut``) loads too: :attr:`LAYOUT` names its keys.
+    function as separate branches.
 
     x: (B, in_channels, H, W) -> (B, out_channels, H, W)
     """
@@ -58,20 +57,6 @@ class FeatureEnhancement(nn.Module):
         self.fuse = ConvNormAct(out_channels * n, out_channels, 3, nonlin=None, **ops)
         self.nonlin = nonlin()
         self.spatial_attention = SpatialAttention(7, bias=False, conv_op=conv_op)
-
-    @property
-    def LAYOUT(self):
-        """The separate blocks each merged one holds (see :func:`blocks.conv.merge_branch_states`)."""
-        n = self.num_branches
-        return [("pointwise", ["shortcut.conv", "branches.0.0.conv"])] + \
-            [(f"dilated.{i}", [f"branches.{i + 1}.0.conv"]) for i in range(n - 1)] + \
-            [("norm", ["shortcut.norm"] + [f"branches.{i}.0.norm" for i in range(n)]),
-             ("attention_hidden", [f"branches.{i}.1.mlp.0" for i in range(n)]),
-             ("attention_out", [f"branches.{i}.1.mlp.2" for i in range(n)])]
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        merge_branch_states(state_dict, prefix, self.LAYOUT)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def branch_channel_attention(self, y: Tensor) -> Tensor:
         """The channel attention of every branch at once.

@@ -1,7 +1,4 @@
-"""Normalisation layers of Med-DisSeg: torch's, with fewer kernel launches.
-
-Plans files may name these classes by other names (``nnunetv2_meddisseg.blocks.norm.BatchNorm2d``); such a name
-resolves to the class it stands for (``stored_names.NORM_CLASSES``)."""
+"""Normalisation layers of Med-DisSeg: torch's, with fewer kernel launches."""
 from typing import Optional
 
 import torch
@@ -9,7 +6,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.conv import memory_format_of
-from nnunetv2_meddisseg.stored_names import NORM_CLASSES
 
 __all__ = ["UncountedBatchNorm2d", "SingleKernelInstanceNorm2d", "instance_norm_channels_last"]
 
@@ -80,9 +76,3 @@ class SingleKernelInstanceNorm2d(nn.GroupNorm):
             return instance_norm_channels_last(x, self.weight, self.bias, self.eps)
         return super().forward(x)
 
-
-def __getattr__(name: str) -> type:
-    """A class name that plans files may store (``stored_names.NORM_CLASSES``): the class it stands for."""
-    if name in NORM_CLASSES:
-        return globals()[NORM_CLASSES[name]]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -159,12 +159,3 @@ class CurvesLogger(LocalLogger):
         for key, curve in self.my_fantastic_logging.items():
             if key not in NNUNET_KEYS:
                 curve.extend([math.nan] * (epoch + 1 - len(curve)))
-
-    def adopt(self, curves: Mapping[str, Sequence[float]]) -> None:
-        """Take ``curves`` (key -> one float per epoch, e.g. a ``training_curves`` checkpoint entry) for the
-        keys this logger lacks, cut or padded with NaN to the epochs it holds (``epoch_end_timestamps``)."""
-        epochs = len(self.my_fantastic_logging["epoch_end_timestamps"])
-        for key, curve in curves.items():
-            if key not in self.my_fantastic_logging:
-                values = [float(v) for v in curve][:epochs]
-                self.my_fantastic_logging[key] = values + [math.nan] * (epochs - len(values))

@@ -43,7 +43,6 @@ from torch import distributed as dist
 
 from nnunetv2_meddisseg.environment import BF16_ENVIRONMENT_VARIABLE, bf16_training_requested
 from nnunetv2_meddisseg.module_wrappers import unwrap_module
-from nnunetv2_meddisseg.stored_names import curves_entry
 from nnunetv2_meddisseg.training.checkpoints import read_checkpoint_for_resuming, save_checkpoint_file
 from nnunetv2_meddisseg.training.curves import (
     PLOT_FILENAME,
@@ -278,7 +277,6 @@ class ExtendedTrainerBase(SeededTrainer):
             copy = os.path.join(folder, "checkpoint.pth")
             torch.save(checkpoint, copy)
             super().load_checkpoint(copy)
-        self.logger.local_logger.adopt(curves_entry(checkpoint))
         if checkpoint.get("run_seed") is not None:
             self.run_seed = int(checkpoint["run_seed"])
         self._restore_checkpoint_extras(checkpoint)

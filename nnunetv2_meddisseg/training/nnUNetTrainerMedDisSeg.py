@@ -14,7 +14,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from nnunetv2_meddisseg.blocks.stage1_head import Stage1Head
 from nnunetv2_meddisseg.environment import COMPILE_VARIABLE
-from nnunetv2_meddisseg.stored_names import curves_with_the_head_named, head_group_named
 from nnunetv2_meddisseg.training.batchnorm_statistics import recalibrate_batchnorm
 from nnunetv2_meddisseg.training.compilation import Compilation, CompileDecision, compile_pays
 from nnunetv2_meddisseg.training.errors import TrainingInputError, TrainingInputRuntimeError
@@ -477,5 +476,3 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
 
     def _restore_checkpoint_extras(self, checkpoint: Mapping[str, object]) -> None:
         self.stage.restore(checkpoint)
-        head_group_named(self.optimizer.param_groups, self.stage.group_names)  # stored_names
-        curves_with_the_head_named(self.logger.local_logger.my_fantastic_logging)

@@ -25,7 +25,6 @@ from torch import Tensor, nn
 from nnunetv2_meddisseg.architectures import MedDisSegNet, MedDisSegOutput
 from nnunetv2_meddisseg.losses import DispersiveLoss
 from nnunetv2_meddisseg.module_wrappers import unwrap_module
-from nnunetv2_meddisseg.stored_names import checkpoint_stage_without_entry
 from nnunetv2_meddisseg.training.objectives import Stage2Weights, stage1_logits, stage1_loss, stage2_loss
 from nnunetv2_meddisseg.training.photometric import photometric_perturbation
 from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
@@ -39,10 +38,11 @@ STAGE_NAMES = (STAGE_1, STAGE_2)
 
 
 def checkpoint_stage(checkpoint: Mapping[str, object]) -> str:
-    """The stage a checkpoint records (``meddisseg_stage``; where it records none,
-    ``stored_names.checkpoint_stage_without_entry``); a ``ValueError`` saying what is wrong where the checkpoint
-    cannot be resumed in a stage."""
-    name = checkpoint.get("meddisseg_stage") or checkpoint_stage_without_entry(checkpoint)
+    """The stage a checkpoint records (``meddisseg_stage``); a ``ValueError`` saying what is wrong where the
+    checkpoint cannot be resumed in a stage."""
+    name = checkpoint.get("meddisseg_stage")
+    if name is None:
+        raise ValueError("it records no Med-DisSeg stage ('meddisseg_stage')")
     if name not in STAGE_NAMES:
         raise ValueError(f"it records an unknown Med-DisSeg stage {name!r} (expected {STAGE_1!r} or {STAGE_2!r})")
     if name == STAGE_1 and "stage1_head_weights" not in checkpoint:

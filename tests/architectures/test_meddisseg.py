@@ -258,38 +258,6 @@ def test_built_by_nnunet_get_network_from_plans(req_import):
     assert isinstance(y, torch.Tensor) and y.shape == (2, 4, 32, 32)
 
 
-def test_state_dict_of_the_separate_branch_layout_loads():
-    """A checkpoint written before the parallel branches were merged (guidance.fg.<level>..., decoupling.branches...,
-    auxiliary_heads.fg..., enhancement.<i>.branches..., CDFA value / proj as Linear) loads strictly and gives the
-    same network."""
-    import sys
-    from copy import deepcopy
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "blocks"))
-    from reference_impls import use_previous_implementations
-
-    torch.manual_seed(0)
-    net = MedDisSegNet(3, 2).eval()
-    old = use_previous_implementations(deepcopy(net)).state_dict()
-    for key in list(old):
-        if key.startswith("cdfa.") and key.endswith(("value.weight", "proj.weight")):
-            old[key] = old[key].flatten(1)  # nn.Linear's weight
-    assert {"guidance.fg.0.stem.conv.weight", "decoupling.branches.uc.2.norm.running_var",
-            "auxiliary_heads.bg.out.bias", "enhancement.3.shortcut.norm.weight",
-            "enhancement.0.branches.2.1.mlp.0.weight"} <= set(old)
-    assert not {"guidance.stem.conv.weight", "decoupling.fg_bg.0.conv.weight", "auxiliary_heads.out.bias",
-                "enhancement.3.norm.weight", "enhancement.0.attention_hidden.weight"} & set(old)
-    torch.manual_seed(1)
-    fresh = MedDisSegNet(3, 2).eval()
-    fresh.load_state_dict(old, strict=True)
-    for key, value in net.state_dict().items():
-        assert torch.equal(fresh.state_dict()[key], value), key
-    x = torch.randn(1, 3, 32, 32)
-    with torch.no_grad():
-        assert torch.equal(fresh(x), net(x))
-
-
 @pytest.mark.parametrize("op", [nn.InstanceNorm2d, "torch.nn.modules.instancenorm.InstanceNorm2d"])
 def test_added_norm_op_normalises_the_added_blocks_and_the_encoder_keeps_its_own(op):
     from nnunetv2_meddisseg.blocks.norm import UncountedBatchNorm2d as BatchNorm2d

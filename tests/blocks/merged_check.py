@@ -2,10 +2,8 @@
 from typing import Callable, Sequence
 
 import torch
-from reference_impls import previous_of
+from reference_impls import branch_layout, merge_branches, previous_of, split_branches
 from torch import Tensor, nn
-
-from nnunetv2_meddisseg.blocks.conv import split_branch_states
 
 
 def randomised(module: nn.Module, seed: int = 0) -> nn.Module:
@@ -32,12 +30,13 @@ def _flat(outputs) -> list:
 
 def assert_merged_equals_previous(old: nn.Module, new: nn.Module, inputs: Sequence[Tensor],
                                   call: Callable = lambda m, *x: m(*x)) -> None:
-    """Load ``old``'s state dict (the separate-branch layout) into ``new`` (converted on loading), then compare
-    in ``old``'s mode: outputs (rtol 1e-5, atol 1e-5), gradients of a weighted sum of the outputs for the inputs
-    (rtol 1e-4, atol 1e-5) and for every parameter mapped back through ``new.LAYOUT`` (rtol 1e-4, atol 1e-4 x the
-    largest magnitude: the merged convolutions sum in another order), the running statistics after the call,
-    and the mapping back (``previous_of``) exactly."""
-    new.load_state_dict(old.state_dict())
+    """Load ``old``'s state dict (the separate-branch layout), merged (:func:`merge_branches`), into ``new``,
+    then compare in ``old``'s mode: outputs (rtol 1e-5, atol 1e-5), gradients of a weighted sum of the outputs for
+    the inputs (rtol 1e-4, atol 1e-5) and for every parameter mapped back through :func:`branch_layout` (rtol 1e-4,
+    atol 1e-4 x the largest magnitude: the merged convolutions sum in another order), the running statistics after
+    the call, and the mapping back (``previous_of``) exactly."""
+    layout = branch_layout(new)
+    new.load_state_dict(merge_branches(old.state_dict(), layout))
     new.train(old.training)
     again = previous_of(new, _like(old))
     for k, v in old.state_dict().items():
@@ -55,14 +54,13 @@ def assert_merged_equals_previous(old: nn.Module, new: nn.Module, inputs: Sequen
     for a, b in zip(x_old, x_new):
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5)
     grads_old = {n: p.grad for n, p in old.state_dict(keep_vars=True).items() if isinstance(p, nn.Parameter)}
-    grads_new = split_branch_states({n: p.grad for n, p in new.named_parameters() if p.grad is not None},
-                                    new.LAYOUT)
+    grads_new = split_branches({n: p.grad for n, p in new.named_parameters() if p.grad is not None}, layout)
     assert set(grads_new) == {n for n, g in grads_old.items() if g is not None}
     for n, grad in grads_new.items():
         ref = grads_old[n]
         torch.testing.assert_close(grad, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item(),
                                    msg=lambda m, n=n: f"{n}: {m}")
-    stats = split_branch_states(new.state_dict(), new.LAYOUT)
+    stats = split_branches(new.state_dict(), layout)
     for k, v in old.state_dict().items():
         torch.testing.assert_close(stats[k], v, rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
 

@@ -4,6 +4,7 @@ Same parameters, same results up to floating-point rounding. ``use_reference_imp
 ``use_previous_implementations`` swap them into a whole network (the op-count and architecture tests).
 """
 import types
+from typing import Dict, List, Mapping, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -11,13 +12,16 @@ from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.activation import TELU_EXP_CLAMP, TeLU
 from nnunetv2_meddisseg.blocks.attention import ChannelAttention, SpatialAttention
-from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
-from nnunetv2_meddisseg.blocks.conv import ConvNormAct, split_branch_states
+from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation, ContrastGuidancePyramid
+from nnunetv2_meddisseg.blocks.conv import ConvNormAct
+from nnunetv2_meddisseg.blocks.decoupling import AuxiliaryHeads, FeatureDecoupling
+from nnunetv2_meddisseg.blocks.enhancement import FeatureEnhancement
 
 __all__ = ["reference_window_weights", "reference_window_attention", "reference_linear", "reference_cdfa_forward",
            "reference_telu", "previous_telu", "previous_channel_attention", "previous_enhancement_forward",
            "PreviousContrastGuidancePyramid", "PreviousFeatureDecoupling", "PreviousAuxiliaryHead",
-           "PreviousAuxiliaryHeads", "PreviousFeatureEnhancement", "previous_of", "use_reference_implementations",
+           "PreviousAuxiliaryHeads", "PreviousFeatureEnhancement", "branch_layout", "merge_branches",
+           "split_branches", "previous_of", "use_reference_implementations",
            "use_previous_implementations"]
 
 
@@ -71,7 +75,7 @@ def reference_telu(x: Tensor) -> Tensor:
 
 # ---------------------------------------------------------------------------------------------------------------
 # The implementations before the launch-count reduction (same parameters, same results up to rounding): the
-# references of the few-op forms, and the "previous" network of the before/after benchmarks. The CDFA window
+# references of the current blocks, and the "previous" network of the before/after benchmarks. The CDFA window
 # attention of that time is the block's shifted form, which the block still runs on the CPU
 # (``blocks.device_forms.forced_form("shifted")`` selects it on any device).
 
@@ -132,7 +136,68 @@ def previous_enhancement_forward(module: nn.Module, x: Tensor) -> Tensor:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Blocks whose parallel branches now run as one grouped block (same parameters, merged along the first axis of
-# every tensor): the separate branches as they were, and the conversion of a merged block's state into theirs.
+# every tensor): the separate branches as they were, and the conversion between their states.
+
+#: how a merged block holds separate ones: (name of a merged sub-module, names of the separate sub-modules whose
+#: tensors it holds, concatenated along the first axis in this order)
+Layout = List[Tuple[str, List[str]]]
+
+
+def branch_layout(merged: nn.Module) -> Layout:
+    """The separate sub-modules each sub-module of ``merged`` holds (a guidance pyramid, feature decoupling,
+    auxiliary heads or feature enhancement)."""
+    if isinstance(merged, ContrastGuidancePyramid):
+        levels = range(len(merged.num_upsamplings))
+        layout = [("stem", [f"{side}.{lv}.stem" for side in ("fg", "bg") for lv in levels])]
+        for s, lvs in enumerate(merged.step_levels):
+            layout.append((f"up_convs.{s}", [f"{side}.{lv}.up_convs.{s}" for side in ("fg", "bg") for lv in lvs]))
+        return layout
+    if isinstance(merged, FeatureDecoupling):
+        return [(f"fg_bg.{i}", [f"branches.fg.{i}", f"branches.bg.{i}"]) for i in range(3)] + \
+            [(f"uc.{i}", [f"branches.uc.{i}"]) for i in range(3)]
+    if isinstance(merged, AuxiliaryHeads):
+        names = ["stem"] + [f"up_convs.{i}" for i in range(len(merged.up_convs))] + ["out"]
+        return [(name, [f"{head}.{name}" for head in merged.HEADS]) for name in names]
+    if isinstance(merged, FeatureEnhancement):
+        n = merged.num_branches
+        return [("pointwise", ["shortcut.conv", "branches.0.0.conv"])] + \
+            [(f"dilated.{i}", [f"branches.{i + 1}.0.conv"]) for i in range(n - 1)] + \
+            [("norm", ["shortcut.norm"] + [f"branches.{i}.0.norm" for i in range(n)]),
+             ("attention_hidden", [f"branches.{i}.1.mlp.0" for i in range(n)]),
+             ("attention_out", [f"branches.{i}.1.mlp.2" for i in range(n)])]
+    raise TypeError(f"{type(merged).__name__} has no separate-branch form")
+
+
+def _suffixes(state_dict: Mapping[str, Tensor], key_prefix: str) -> List[str]:
+    return [k[len(key_prefix):] for k in state_dict if k.startswith(key_prefix)]
+
+
+def merge_branches(state_dict: Mapping[str, Tensor], layout: Layout) -> Dict[str, Tensor]:
+    """The merged block's state from the separate branches' (``old + '.' + tensor name``): every tensor of a
+    merged sub-module is the concatenation along the first axis of the branches' tensors, in ``layout``'s order
+    (``num_batches_tracked``, a scalar, is taken from the first branch); other keys are kept as they are."""
+    olds = tuple(f"{old}." for _, names in layout for old in names)
+    out = {k: v for k, v in state_dict.items() if not k.startswith(olds)}
+    for new, names in layout:
+        for name in _suffixes(state_dict, f"{names[0]}."):
+            parts = [state_dict[f"{old}.{name}"] for old in names]
+            out[f"{new}.{name}"] = parts[0].clone() if name.endswith("num_batches_tracked") else torch.cat(parts)
+    return out
+
+
+def split_branches(state_dict: Mapping[str, Tensor], layout: Layout) -> Dict[str, Tensor]:
+    """The inverse of :func:`merge_branches`: the separate branches' state from a merged one (the keys of
+    sub-modules that ``layout`` does not name are kept as they are)."""
+    merged = tuple(f"{new}." for new, _ in layout)
+    out: Dict[str, Tensor] = {k: v for k, v in state_dict.items() if not k.startswith(merged)}
+    for new, olds in layout:
+        for name in _suffixes(state_dict, f"{new}."):
+            value = state_dict[f"{new}.{name}"]
+            parts = [value] * len(olds) if name.endswith("num_batches_tracked") else value.chunk(len(olds), dim=0)
+            for old, part in zip(olds, parts):
+                out[f"{old}.{name}"] = part.clone()
+    return out
+
 
 class PreviousGuidanceBranch(nn.Module):
     """One guidance branch as it was: CBT3x3, then ``num_upsamplings`` x [bilinear x2, CBT3x3]."""
@@ -164,8 +229,8 @@ class PreviousContrastGuidancePyramid(nn.Module):
 
 def previous_of(merged: nn.Module, previous: nn.Module) -> nn.Module:
     """``previous`` (a block of the separate-branch layout) given the weights and statistics of ``merged``
-    (its ``LAYOUT`` says which branch each slice belongs to), in ``merged``'s mode, device and dtype."""
-    previous.load_state_dict(split_branch_states(merged.state_dict(), merged.LAYOUT), strict=True)
+    (:func:`branch_layout` says which branch each slice belongs to), in ``merged``'s mode, device and dtype."""
+    previous.load_state_dict(split_branches(merged.state_dict(), branch_layout(merged)), strict=True)
     p = next(merged.parameters())
     return previous.to(device=p.device, dtype=p.dtype).train(merged.training)
 

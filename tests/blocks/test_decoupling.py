@@ -43,7 +43,7 @@ def test_auxiliary_heads_custom_depth():
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("with_uncertainty", [True, False])
 def test_decoupling_equals_separate_branches(training, with_uncertainty):
-    """The merged fg / bg stack against the three separate branches (old state-dict keys converted on loading)."""
+    """The merged fg / bg stack against the three separate branches (their weights merged into it)."""
     torch.manual_seed(0)
     old = randomised(build(PreviousFeatureDecoupling, 16, 8, 4)).train(training)
     assert_merged_equals_previous(old, FeatureDecoupling(16, 8, 4), [torch.randn(2, 16, 3, 5)],
@@ -52,7 +52,7 @@ def test_decoupling_equals_separate_branches(training, with_uncertainty):
 
 @pytest.mark.parametrize("training", [True, False])
 def test_auxiliary_heads_equal_separate_heads(training):
-    """The grouped heads against three separate heads (old state-dict keys converted on loading)."""
+    """The grouped heads against three separate heads (their weights merged into it)."""
     torch.manual_seed(0)
     old = randomised(build(PreviousAuxiliaryHeads, 8, (16, 8, 4))).train(training)
     assert_merged_equals_previous(old, AuxiliaryHeads(8, (16, 8, 4)), [torch.randn(2, 8, 3, 5) for _ in range(3)])

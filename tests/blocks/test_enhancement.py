@@ -38,7 +38,7 @@ def test_activation_before_spatial_attention():
 @pytest.mark.parametrize("training", [False, True])
 def test_equals_separate_branches_values_and_gradients(nonlin, training):
     """The merged block (one norm, one activation, one batched channel attention) against the separate
-    branches and shortcut run one by one (old state-dict keys converted on loading)."""
+    branches and shortcut run one by one (their weights merged into it)."""
     torch.manual_seed(0)
     old = randomised(build(PreviousFeatureEnhancement, 24, 32, nonlin=nonlin)).train(training)
     assert_merged_equals_previous(old, FeatureEnhancement(24, 32, nonlin=nonlin), [torch.randn(2, 24, 9, 7)])

@@ -1,5 +1,5 @@
 """torch.compile sees Med-DisSeg's training forward with the Stage II loss, and its inference forward,
-as one graph each (``torch._dynamo.explain``: 0 graph breaks), in the few-op and shifted forms of its
+as one graph each (``torch._dynamo.explain``: 0 graph breaks), in the graph and shifted forms of its
 device-dependent blocks (the shifted form's hundreds of view operations make its tracing slow: marked
 ``slow``); and the Stage I -> Stage II switch of nnUNetTrainerMedDisSeg (``encoder_only``
 off, batch of 2B -> B) compiles at most one new graph. Tracing only (backend "eager"): no inductor.
@@ -31,7 +31,7 @@ def _stage2_objective(net):
     return objective
 
 
-FORMS = ["few_op", pytest.param("shifted", marks=pytest.mark.slow)]
+FORMS = ["graph", pytest.param("shifted", marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -59,7 +59,7 @@ def test_stage_switch_compiles_at_most_one_new_graph():
     net = MedDisSegNet(3, 2, deep_supervision=True).train()
     compiled = torch.compile(net, backend="eager")
     x, target = _inputs()
-    with forced_form("few_op"):
+    with forced_form("graph"):
         net.encoder_only = True  # Stage I: clean and perturbed views as one batch of 2B
         for _ in range(2):
             compiled(torch.cat([x, x]))

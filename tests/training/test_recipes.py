@@ -115,7 +115,7 @@ def test_every_trainer_is_in_the_catalogue_and_no_two_variants_are_equal():
     seen = {}
     for name, recipe in RECIPES.items():
         twin = [other for other, r in seen.items() if r == recipe and type(r) is type(recipe)]
-        assert not twin, f"{name} equals {twin}: remove it (a name stored in users' files: stored_names)"
+        assert not twin, f"{name} equals {twin}: remove it"
         seen[name] = recipe
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nnunetv2_meddisseg.training.checkpoints import save_checkpoint_file
-from nnunetv2_meddisseg.training.curves import NNUNET_KEYS, CurvesLogger, plot_curves
+from nnunetv2_meddisseg.training.curves import CurvesLogger, plot_curves
 from nnunetv2_meddisseg.training.finite_input import check_finite_input
 
 
@@ -159,7 +159,6 @@ def test_our_curves_reach_wandb_through_nnunets_logger_and_survive_resume(nnunet
     filename = str(nnunet_dirs / "resume.pth")
     trainer.save_checkpoint(filename)
     checkpoint = torch.load(filename, weights_only=False)
-    assert "training_curves" not in checkpoint
     assert _same(checkpoint["logging"]["loss_fg_bg"], trainer.logger.get_value("loss_fg_bg", step=None))
     resumed = make_trainer()
     resumed.load_checkpoint(filename)
@@ -176,25 +175,6 @@ def test_our_curves_reach_wandb_through_nnunets_logger_and_survive_resume(nnunet
                  trainer.logger.get_value("grad_norm_encoder", step=None))
     assert all(torch.equal(a, b) for a, b in zip(from_dict.network.state_dict().values(),
                                                  trainer.network.state_dict().values()))
-
-
-def test_a_checkpoint_with_the_former_training_curves_entry_still_resumes_them(nnunet_dirs):
-    from test_trainer_meddisseg import make_batch, make_trainer, run_epoch
-
-    torch.manual_seed(0)
-    trainer = make_trainer()
-    run_epoch(trainer, make_batch())
-    filename = str(nnunet_dirs / "former.pth")
-    trainer.save_checkpoint(filename)
-    checkpoint = torch.load(filename, weights_only=False)
-    ours = {k: v for k, v in checkpoint["logging"].items() if k not in NNUNET_KEYS}
-    checkpoint["logging"] = {k: v for k, v in checkpoint["logging"].items() if k in NNUNET_KEYS}
-    checkpoint["training_curves"] = {**ours, "loss_old_term": [0.5, 0.25, 0.125]}  # longer than the run
-    torch.save(checkpoint, filename)
-    resumed = make_trainer()
-    resumed.load_checkpoint(filename)
-    assert _same(resumed.logger.get_value("loss_seg", step=None), ours["loss_seg"]) and len(ours["loss_seg"]) == 1
-    assert resumed.logger.get_value("loss_old_term", step=None) == [0.5]  # cut to the epochs the run holds
 
 
 def test_curves_logger_backfills_and_fills_missing_epochs():

@@ -370,6 +370,7 @@ def test_batch_size_one_warns_once_and_has_zero_dispersion(nnunet_dirs):
 def test_resuming_from_a_checkpoint_of_another_trainer_names_the_file(nnunet_dirs):
     trainer = make_trainer()
     for entries, message in (
+            ({}, "it records no Med-DisSeg stage ('meddisseg_stage'): not a checkpoint of this trainer"),
             ({"meddisseg_stage": "stage3"},
              "it records an unknown Med-DisSeg stage 'stage3' (expected 'stage1' or 'stage2'): not a checkpoint of "
              "this trainer"),
@@ -583,23 +584,3 @@ def test_stage1_head_uses_the_norm_of_the_added_blocks(nnunet_dirs):
     assert norms == {torch.nn.InstanceNorm2d}
     default = make_trainer(plans=tiny_plans(MEDDISSEG))
     assert {type(m) for m in default.stage1_head.modules() if isinstance(m, _NormBase)} == {torch.nn.BatchNorm2d}
-
-
-def test_a_stage1_checkpoint_naming_the_head_group_decoder_resumes_with_it_named_head(nnunet_dirs):
-    """Stage I checkpoints of earlier versions call the head's group "decoder", in the optimizer state and in the
-    lr_ / grad_norm_ curves of Stage I epochs (stored_names)."""
-    torch.manual_seed(0)
-    trainer = make_trainer()
-    run_epoch(trainer, make_batch())
-    stored = str(nnunet_dirs / "stored.pth")
-    checkpoint = torch.load(trainer.output_folder + "/checkpoint_latest.pth", weights_only=False)
-    checkpoint["optimizer_state"]["param_groups"][0]["name"] = "decoder"
-    logging = checkpoint["logging"]
-    logging["lr_decoder"], logging["grad_norm_decoder"] = logging.pop("lr_head"), logging.pop("grad_norm_head")
-    torch.save(checkpoint, stored)
-    resumed = make_trainer()
-    resumed.load_checkpoint(stored)
-    assert [g["name"] for g in resumed.optimizer.param_groups] == ["head", "encoder"]
-    curves = resumed.logger.local_logger.my_fantastic_logging
-    assert curves["lr_head"] == pytest.approx([1e-4]) and math.isnan(curves["lr_decoder"][0])
-    assert curves["grad_norm_head"][0] > 0 and math.isnan(curves["grad_norm_decoder"][0])
