@@ -68,7 +68,7 @@ def run_figures(work: Path, run: dict) -> dict:
     weights, logging = checkpoint["network_weights"], checkpoint["logging"]
     figures = {"method": run["method"], "seed": run["seed"], "pseudo_dice": list(logging["mean_fg_dice"])}
     pretraining = run.get("pretraining")
-    start = read_checkpoint(Path(pretraining["file"]))["network_weights"] if pretraining else None
+    start = read_checkpoint(Path(pretraining["file"]).expanduser())["network_weights"] if pretraining else None
     figures["finetune_travel"] = norm_travel(weights, start)
     figures["pretrain_travel"] = norm_travel(start) if start is not None else None
     for key in FEATURE_KEYS:
