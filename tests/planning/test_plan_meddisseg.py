@@ -12,6 +12,7 @@ from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.planning.memory import batch_size_for_memory, estimated_memory_line
 from nnunetv2_meddisseg.planning.plan_meddisseg import build_meddisseg_plans, main
 from nnunetv2_meddisseg.plans_architecture import NETWORK_CLASS_NAME
+from nnunetv2_meddisseg.training.errors import TrainingInputError
 
 
 def _source_plans(patch=(72, 60), configs=("2d",)) -> dict:
@@ -245,7 +246,7 @@ def test_training_never_downloads_imagenet_weights(in_process_env, tmp_path, mon
     main(["-d", "501", "--encoder_weights", "imagenet", "--plans_name", "ImageNetMoved", "--batch_size", "2"])
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "another_torch_home"))  # e.g. another machine
     trainer = _trainer(folder, "ImageNetMoved")
-    with pytest.raises(FileNotFoundError) as info:
+    with pytest.raises(TrainingInputError) as info:
         trainer.initialize()
     message = str(info.value)
     assert "\n" not in message and IMAGENET_URL in message and "--encoder_weights PATH" in message
