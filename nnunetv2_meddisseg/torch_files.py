@@ -141,6 +141,11 @@ def _folds(folds: Iterable[Union[int, str]]) -> Tuple[Union[int, str], ...]:
         raise UserError(f"folds {' '.join(map(str, folds))}: expected fold numbers or 'all'") from None
 
 
+def _fold_files(model_folder: Union[str, os.PathLike], folds: Sequence[Union[int, str]],
+                checkpoint_name: str) -> List[Path]:
+    return [Path(model_folder) / f"fold_{fold}" / checkpoint_name for fold in folds]
+
+
 def _predictor_checkpoint(path: Path) -> Mapping[str, Any]:
     checkpoint = read_checkpoint(path)
     missing = [k for k in PREDICTOR_KEYS if k not in checkpoint]
@@ -156,7 +161,7 @@ def check_model_folder_checkpoints(model_folder: Union[str, os.PathLike], folds:
     reads (:data:`PREDICTOR_KEYS`); returns the files. Raises :class:`UnsafeTorchFile` or a one-line
     :class:`~nnunetv2_meddisseg.errors.UserError` naming the first file that fails.
     """
-    files = [Path(model_folder) / f"fold_{fold}" / checkpoint_name for fold in _folds(folds)]
+    files = _fold_files(model_folder, _folds(folds), checkpoint_name)
     for path in files:
         _predictor_checkpoint(path)
     return files
@@ -171,7 +176,7 @@ def initialize_predictor(predictor: Any, model_folder: Union[str, os.PathLike], 
     package's trainers by name (:func:`~nnunetv2_meddisseg.environment.use_our_trainers`); a trainer class it finds
     nowhere is a one-line :class:`~nnunetv2_meddisseg.errors.UserError` naming the checkpoint."""
     folds = _folds(folds)
-    files = [Path(model_folder) / f"fold_{fold}" / checkpoint_name for fold in folds]
+    files = _fold_files(model_folder, folds, checkpoint_name)
     use_our_trainers()
     trainer = None
     with tempfile.TemporaryDirectory() as copy:

@@ -40,8 +40,6 @@ class FeatureDecoupling(nn.Module):
     channel slices of one tensor).
     """
 
-    BRANCHES = ("fg", "bg", "uc")
-
     def __init__(
         self,
         in_channels: int = 1024,
