@@ -95,6 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=4, help="batch size of every method for iterations:N (paper: 4)")
     p.add_argument("--val-iterations", type=int, default=5,
                    help="validation batches per epoch (nnU-Net's online pseudo Dice; nnU-Net's default is 50)")
+    p.add_argument("--validation-only", action="store_true",
+                   help="choose among arms: no test prediction; the tables compare the validation cases' Dice")
     p.add_argument("--no-final-validation", action="store_true",
                    help="skip nnU-Net's final validation of the fold-0 validation cases (no validation scores)")
     p.add_argument("--methods", nargs="+", default=["default", "meddisseg", "dispersive"], choices=list(METHODS),
@@ -147,6 +149,8 @@ def _check_args(args) -> Path:
 
     if args.kvasir is None:
         fail(f"--kvasir is required (or set {DATA_VARIABLE} to the folder holding Kvasir-SEG/)")
+    if args.validation_only and args.no_final_validation:
+        fail("--validation-only needs nnU-Net's final validation: leave out --no-final-validation")
     if args.baseline not in args.methods:
         fail(f"--baseline {args.baseline} is not among --methods {' '.join(args.methods)}")
     if args.size < 32 or args.size % 16:
@@ -204,7 +208,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"work folder (kept): {work}")
     start = time.time()
     study = Study(start + 60 * args.deadline_min if args.deadline_min is not None else math.inf,
-                  start + 60 * args.piece_min if args.piece_min is not None else math.inf)
+                  start + 60 * args.piece_min if args.piece_min is not None else math.inf, args.validation_only)
     payload = _run(args, kvasir, work, study, start)
     files = write_results(args.out, args.name, payload, markdown(payload))
     print(files["markdown"].read_text())
@@ -353,10 +357,10 @@ class Pretraining:
                 command = ["nnUNetv2_meddisseg_pretrain", "-d", str(self.args.dataset_id), "-c", CONFIGURATION,
                            "-p", plans_name, "-f", FOLD, "-o", str(target), "--epochs", str(self.args.pretrain_epochs),
                            "--iterations_per_epoch", str(self.args.pretrain_iterations_per_epoch), "--seed", str(seed),
-                           "--device", self.args.device, "--no_progress"]
+                           "--device", self.args.device, "--no_progress", "--method", METHODS[key].pretraining]
                 run_logged(command, env, log, echo=False, append=True, timeout_s=time_limit_s)
             record = torch.load(target, map_location="cpu", weights_only=True)["pretraining"]
-            say(f"pretrained {key}_seed{seed}: {record['minutes']:.1f} min, restoration loss "
+            say(f"pretrained {key}_seed{seed}: {record['minutes']:.1f} min, {METHODS[key].pretraining} loss "
                 f"{record['losses'][0]:.4f} -> {record['losses'][-1]:.4f}")
         return target, record
 
@@ -388,7 +392,7 @@ def _run(args, kvasir: Path, work: Path, study: Study, start: float) -> dict:
                 "val_cases": len(splits["val"]), "test_cases": len(list((raw / "labelsTs").glob("*.png"))),
                 "subset": args.max_train_cases is not None or args.max_test_cases is not None, "epochs": args.epochs,
                 "val_iterations_per_epoch": args.val_iterations, "final_validation": not args.no_final_validation,
-                "test_time_augmentation": not args.disable_tta,
+                "test_time_augmentation": not args.disable_tta, "validation_only": args.validation_only,
                 "encoder_weights": args.encoder_weights or "random initialisation (no ImageNet weights)"}
     if any(METHODS[k].pretrained for k in args.methods):
         settings["pretraining"] = {"epochs": args.pretrain_epochs, "batch": args.batch, "fold": FOLD,

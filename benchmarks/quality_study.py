@@ -13,7 +13,7 @@ import numpy as np
 from common import markdown_table
 from quality_budgets import Budget
 
-from nnunetv2_meddisseg.ablation.runs import AblationRun
+from nnunetv2_meddisseg.ablation.runs import AblationRun, epoch_seconds
 from nnunetv2_meddisseg.ablation.table import BINARY_METRICS as METRICS
 from nnunetv2_meddisseg.ablation.table import METRIC_TITLES
 from nnunetv2_meddisseg.errors import UserError
@@ -29,6 +29,8 @@ class Method(NamedTuple):
     #: pretrained arms: the arm trained from scratch that they are compared to (``p_vs_scratch``); its network is
     #: pretrained by ``nnUNetv2_meddisseg_pretrain`` on the fold's training cases, seeded with the run's seed
     scratch: Optional[str] = None
+    #: pretrained arms: ``nnUNetv2_meddisseg_pretrain --method``
+    pretraining: str = "restoration"
 
     @property
     def pretrained(self) -> bool:
@@ -67,6 +69,15 @@ METHODS: Dict[str, Method] = {
     "meddisseg_pretrained": Method("Med-DisSeg + pretraining", "nnUNetTrainerMedDisSeg", "meddisseg", "meddisseg"),
     # the whole network pretrained on nnUNetPlans, then nnUNetv2_train ... -pretrained_weights FILE
     "default_pretrained": Method("nnU-Net (default) + pretraining", "nnUNetTrainerBaseline", "nnunet", "default"),
+    # the other pretraining methods, to choose among on validation data
+    "meddisseg_masked": Method("Med-DisSeg + masked image modelling", "nnUNetTrainerMedDisSeg", "meddisseg",
+                               "meddisseg", "masked"),
+    "meddisseg_contrastive": Method("Med-DisSeg + SimCLR", "nnUNetTrainerMedDisSeg", "meddisseg", "meddisseg",
+                                    "contrastive"),
+    "default_masked": Method("nnU-Net (default) + masked image modelling", "nnUNetTrainerBaseline", "nnunet",
+                             "default", "masked"),
+    "default_contrastive": Method("nnU-Net (default) + SimCLR", "nnUNetTrainerBaseline", "nnunet", "default",
+                                  "contrastive"),
 }
 #: the default comparison reference of every p-value (``--baseline``)
 BASELINE = "default"
@@ -111,10 +122,11 @@ def _first_last(values: Sequence[float]) -> Optional[List[float]]:
 
 class Study:
     """Runs (method, seed) of ``AblationRun``s (one ``nnUNet_results`` folder per seed): none starts after
-    ``soft`` or ``hard`` (epoch seconds), a command still running at ``hard`` is stopped."""
+    ``soft`` or ``hard`` (epoch seconds), a command still running at ``hard`` is stopped. ``validation_only``: no
+    test prediction; a run's figures are those of nnU-Net's final validation."""
 
-    def __init__(self, soft: float = math.inf, hard: float = math.inf):
-        self.soft, self.hard = soft, hard
+    def __init__(self, soft: float = math.inf, hard: float = math.inf, validation_only: bool = False):
+        self.soft, self.hard, self.validation_only = soft, hard, validation_only
         self.lock = threading.Lock()
 
     def may_start(self) -> bool:
@@ -135,8 +147,13 @@ class Study:
                                         else ""))
             if state in ("new", "interrupted"):
                 runner.train(key, seed, self.remaining())
-            record = (runner.load_record(key, seed) if state == "finished"
-                      else runner.predict_and_evaluate(key, seed, self.remaining()))
+            if self.validation_only:
+                epochs = epoch_seconds(runner.fold_folder(key, seed) / "checkpoint_final.pth")
+                record = {"train_seconds": float(sum(epochs)), "predict_seconds": 0.0, "epoch_seconds": epochs,
+                          "summary": None}
+            else:
+                record = (runner.load_record(key, seed) if state == "finished"
+                          else runner.predict_and_evaluate(key, seed, self.remaining()))
         except CommandStopped:
             self._say(f"stopped {tag} at the end of the piece: the same command continues it")
             return {**result, "status": "stopped at the end of the piece"}
@@ -146,17 +163,27 @@ class Study:
         fold_dir = runner.fold_folder(key, seed)
         summary = record["summary"]
         result.update({"train_wall_s": record["train_seconds"], "predict_wall_s": record["predict_seconds"],
-                       "epoch_seconds": record.get("epoch_seconds"),
-                       "test_per_case": {c["case"]: {k: c[k] for k in METRICS} for c in summary["metric_per_case"]},
-                       "test_mean": {k: summary["mean"][k] for k in METRICS}})
+                       "epoch_seconds": record.get("epoch_seconds")})
+        if summary is not None:
+            result.update({"test_per_case": {c["case"]: {k: c[k] for k in METRICS}
+                                             for c in summary["metric_per_case"]},
+                           "test_mean": {k: summary["mean"][k] for k in METRICS}})
         validation = fold_dir / "validation" / "summary.json"
         if validation.is_file():
-            result["val_dice"] = json.loads(validation.read_text())["foreground_mean"]["Dice"]
+            found = json.loads(validation.read_text())
+            result["val_dice"] = found["foreground_mean"]["Dice"]
+            # nnU-Net's per-case metrics, of the first foreground label (Kvasir-SEG has one)
+            result["val_per_case"] = {Path(c["reference_file"]).name.split(".")[0]: {
+                "dice": next(iter(c["metrics"].values()))["Dice"], "iou": next(iter(c["metrics"].values()))["IoU"]}
+                for c in found["metric_per_case"]}
+        elif self.validation_only:
+            self._say(f"FAILED {tag}: no final validation ({validation} missing)")
+            return {**result, "status": f"failed: no final validation ({validation} missing)"}
         logs = sorted(fold_dir.glob("training_log_*.txt"))
         result.update(read_training_log(logs[-1] if logs else runner.out / "logs" / f"{key}_seed{seed}_train.log"))
         result["status"] = "done"
         self._say(f"done {tag}: validation mDSC {_pct(result.get('val_dice'))}, test mDSC "
-                  f"{_pct(result['test_mean']['dice'])}")
+                  f"{_pct(result.get('test_mean', {}).get('dice'))}")
         return result
 
     def _say(self, text: str) -> None:
@@ -179,23 +206,24 @@ def _mean_sd(values: Sequence[float]) -> Dict[str, Optional[float]]:
     return {"mean": float(np.mean(v)), "sd": float(np.std(v, ddof=1)) if len(v) > 1 else None, "n": len(v)}
 
 
-def _seed_mean_dice(runs: Sequence[dict], seeds: Sequence[int]) -> Dict[str, float]:
-    """Each test image's Dice averaged over the runs of ``seeds``."""
+def _seed_mean_dice(runs: Sequence[dict], seeds: Sequence[int], split: str = "test") -> Dict[str, float]:
+    """Each image's Dice (``split``: ``test`` or ``val``) averaged over the runs of ``seeds``."""
     chosen = [r for r in runs if r["seed"] in seeds]
-    cases = sorted(chosen[0]["test_per_case"])
-    return {c: float(np.mean([r["test_per_case"][c]["dice"] for r in chosen])) for c in cases}
+    cases = sorted(chosen[0][f"{split}_per_case"])
+    return {c: float(np.mean([r[f"{split}_per_case"][c]["dice"] for r in chosen])) for c in cases}
 
 
 def aggregate(runs: Sequence[dict], methods: Sequence[str], baseline: str = BASELINE) -> Dict[str, dict]:
     """Per method: seeds done, mean / sd over seeds of validation and test metrics, and the paired
-    comparison of test Dice to ``baseline`` over the seeds both completed."""
+    comparison of test Dice to ``baseline`` over the seeds both completed (of validation Dice where the runs have no
+    test predictions: ``vs_baseline["split"]``)."""
     done = {k: [r for r in runs if r["method"] == k and r["status"] == "done"] for k in methods}
     table = {}
     for key in methods:
         rs = done[key]
         row = {"name": METHODS[key].name, "trainer": METHODS[key].trainer, "seeds": [r["seed"] for r in rs],
                "val_dice": _mean_sd([r.get("val_dice") for r in rs]),
-               "test": {k: _mean_sd([r["test_mean"][k] for r in rs]) for k in METRICS},
+               "test": {k: _mean_sd([r["test_mean"][k] for r in rs if "test_mean" in r]) for k in METRICS},
                "train_wall_s": _mean_sd([r.get("train_wall_s") for r in rs]),
                "s_per_iteration": _mean_sd([sum(r["epoch_times_s"]) / max(1, r["iterations"]) for r in rs
                                             if r.get("epoch_times_s")])}
@@ -207,11 +235,13 @@ def aggregate(runs: Sequence[dict], methods: Sequence[str], baseline: str = BASE
         row["diagnostics"] = diagnostics
         reference = done.get(baseline, [])
         common = sorted({r["seed"] for r in rs} & {r["seed"] for r in reference})
-        if key != baseline and common:
-            a, b = _seed_mean_dice(rs, common), _seed_mean_dice(reference, common)
+        split = "test" if all("test_per_case" in r for r in rs + reference) else "val"
+        if key != baseline and common and all(f"{split}_per_case" in r for r in rs + reference):
+            a, b = _seed_mean_dice(rs, common, split), _seed_mean_dice(reference, common, split)
             d = np.array([a[c] - b[c] for c in sorted(a)])
             p = wilcoxon_p_value(d)[0]
-            row["vs_baseline"] = {"seeds": common, "mean_dice_difference": float(d.mean()), "p_value": p,
+            row["vs_baseline"] = {"split": split, "seeds": common, "mean_dice_difference": float(d.mean()),
+                                  "p_value": p,
                                   "images_better": int((d > 0).sum()), "images_worse": int((d < 0).sum())}
         table[key] = row
     return table
@@ -235,7 +265,9 @@ def pretraining_arms(runs: Sequence[dict], table: Dict[str, dict], baseline: str
         arms.append({"method": key, "name": method.name, "pretrained": method.pretrained, "seeds": row["seeds"],
                      "test_mdsc_mean": row["test"]["dice"]["mean"], "test_mdsc_sd": row["test"]["dice"]["sd"],
                      "test_miou_mean": row["test"]["iou"]["mean"], "test_miou_sd": row["test"]["iou"]["sd"],
-                     "val_mdsc_mean": row["val_dice"]["mean"],
+                     "val_mdsc_mean": row["val_dice"]["mean"], "val_mdsc_sd": row["val_dice"]["sd"],
+                     "pretraining_method": method.pretraining if method.pretrained else None,
+                     "compared_on": (to_default or to_scratch or {}).get("split"),
                      "delta_vs_default": 0.0 if key == baseline else
                      (to_default["mean_dice_difference"] if to_default else None),
                      "p_vs_default": to_default["p_value"] if to_default else None,
@@ -281,26 +313,34 @@ def _arms_markdown(payload: dict) -> List[str]:
         title = Budget(**payload["budgets"][label]).describe()
         extra = [f"test mDSC at {payload['budgets'][minutes]['amount']:g} total min"] if minutes else []
         cells = []
+        validation = payload["settings"].get("validation_only", False)
         for a in rows:
             same_minutes = at_minutes.get(a["method"])
             cells.append([a["name"], "yes" if a["pretrained"] else "no", len(a["seeds"]),
-                          _fmt_ms({"mean": a["test_miou_mean"], "sd": a["test_miou_sd"]}),
-                          _fmt_ms({"mean": a["test_mdsc_mean"], "sd": a["test_mdsc_sd"]}),
+                          _fmt_ms({"mean": a["test_miou_mean"], "sd": a["test_miou_sd"]}) if not validation else
+                          _fmt_ms({"mean": a["val_mdsc_mean"], "sd": a.get("val_mdsc_sd")}),
+                          _fmt_ms({"mean": a["test_mdsc_mean"], "sd": a["test_mdsc_sd"]}) if not validation else
+                          (a["pretraining_method"] or "–"),
                           _number(a["delta_vs_default"], sign=True), _p(a["p_vs_default"]),
                           _number(a["delta_vs_scratch"], sign=True), _p(a["p_vs_scratch"]),
                           _number(a["pretrain_minutes"], 1), _number(a["finetune_minutes"], 1),
                           *([_fmt_ms({"mean": same_minutes["test_mdsc_mean"], "sd": same_minutes["test_mdsc_sd"]})
                              if same_minutes else "–"] if minutes else [])])
+        split = "validation" if validation else "test"
         out += [f"### Pretraining study: {title}", "",
-                "Δ, p: test mDSC difference and Wilcoxon p-value to default nnU-Net and to the same arm from "
-                "scratch. Minutes: the pretraining's and the fine-tuning's epoch durations (mean over seeds).", "",
-                markdown_table(["arm", "pretrained", "seeds", "test mIoU", "test mDSC", "Δ vs default", "p",
+                f"Δ, p: {split} mDSC difference and Wilcoxon p-value over the {split} images to default nnU-Net and "
+                "to the same arm from scratch. Minutes: the pretraining's and the fine-tuning's epoch durations "
+                "(mean over seeds).", "",
+                markdown_table(["arm", "pretrained", "seeds", *(("val mDSC", "method") if validation else
+                                                                ("test mIoU", "test mDSC")), "Δ vs default", "p",
                                 "Δ vs scratch", "p", "pretrain min", "fine-tune min", *extra], cells), ""]
     return out
 
 
 def markdown(payload: dict) -> str:
     st = payload["settings"]
+    validation = ["**Validation only**: no test image was predicted; Δ and p compare the fold-0 validation cases' "
+                  "Dice (nnU-Net's final validation).", ""] if st.get("validation_only") else []
     out = [f"Kvasir-SEG ({st['dataset']}) resized to {st['size']}x{st['size']}: {st['train_cases']} training / "
            f"{st['val_cases']} validation (nnU-Net fold 0) / {st['test_cases']} test images"
            + (" (**debugging subset**)" if st["subset"] else "") + f". Every run: {st['epochs']} epochs (Med-DisSeg's "
@@ -312,7 +352,7 @@ def markdown(payload: dict) -> str:
            "Test metrics: this package's evaluator on the test images (percent). Each cell: mean ± standard "
            f"deviation over seeds. Δ, p: test mDSC difference to {METHODS[payload['baseline']].name} and the "
            "two-sided Wilcoxon signed-rank p-value over the test images (each image's Dice averaged over the "
-           "seeds both completed).", ""]
+           "seeds both completed).", "", *validation]
     diagnostics = []
     for label, table in payload["tables"].items():
         out += [f"### {Budget(**payload['budgets'][label]).describe()}", ""]

@@ -2,8 +2,11 @@
 over the same images as a folder and called once per image, side by side in one run, per exported model.
 
 ``--model NAME=EXPORT_FOLDER ...``: folders ``nnUNetv2_meddisseg_export`` wrote (trained models exported, e.g.
-those of ``benchmarks/onnx_predict.py --model``); ``--images``: a folder of ``<case>_0000<ending>`` images (e.g. the
-first Kvasir-SEG test images, 256x256), or by default ``--num-images`` generated 256x256 RGB images. For each model,
+those of ``benchmarks/onnx_predict.py --model``). Without ``--model``: Med-DisSeg and nnU-Net's default network on
+the generated ``--size`` dataset of ``benchmarks/predict.py``, untrained and BatchNorm-calibrated (serving cost does
+not depend on the weights), each exported in fp32 by ``nnUNetv2_meddisseg_export``; its ``--num-images`` test
+images are the images. ``--images``: a folder of ``<case>_0000<ending>`` images (e.g. the first Kvasir-SEG test
+images, 256x256), or by default ``--num-images`` generated 256x256 RGB images. For each model,
 with the same ``--threads``: (1) ``nnUNetv2_meddisseg_predict_onnx`` once over the folder (the batch bound,
 start-up included); (2) the command once per image on the first ``--per-image`` images (how a stream of images is
 served without a server); (3) the server started once (start-up not timed), ``--clients`` threads each sending
@@ -15,6 +18,7 @@ ratios, not absolute figures).
 import http.client
 import io
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -35,8 +39,12 @@ TARGET_VS_FOLDER, TARGET_VS_PER_IMAGE = 0.9, 3.0
 
 def _parser():
     p = argument_parser(__doc__, NAME)
-    p.add_argument("--model", nargs="+", required=True, metavar="NAME=EXPORT_FOLDER",
-                   help="exported models, e.g. MedDisSeg=kvasir_meddisseg_onnx nnUNet=kvasir_default_onnx")
+    p.add_argument("--model", nargs="+", default=None, metavar="NAME=EXPORT_FOLDER",
+                   help="exported models, e.g. MedDisSeg=kvasir_meddisseg_onnx nnUNet=kvasir_default_onnx (default: "
+                        "both networks untrained on the generated dataset, exported here)")
+    p.add_argument("--size", type=int, default=256, help="without --model: height = width of the generated dataset")
+    p.add_argument("--work", type=Path, default=None,
+                   help="work folder (default: a temporary folder, removed at the end)")
     p.add_argument("--images", type=Path, default=None, help="folder of <case>_0000<ending> images (default: "
                                                               "--num-images generated 256x256 RGB PNG images)")
     p.add_argument("--num-images", type=int, default=20)
@@ -59,6 +67,34 @@ def _generated_images(folder: Path, count: int) -> Path:
         image = rng.integers(0, 256, (256, 256, 3)).astype(np.uint8)
         Image.fromarray(image).save(folder / f"case{i:03d}_0000.png")
     return folder
+
+
+def _generated_models(args, work: Path) -> Dict[str, Path]:
+    """Both networks untrained (BatchNorm-calibrated) on ``benchmarks/predict.py``'s generated dataset, exported in
+    fp32; their test images become ``args.images``."""
+    import argparse
+
+    import predict  # benchmarks/predict.py: the generated dataset and the untrained model folders
+
+    from nnunetv2_meddisseg.logged_command import run_logged
+
+    logs = work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    setup = argparse.Namespace(size=args.size, num_images=args.num_images, plans="nnUNetMedDisSegPlans",
+                               baseline_trainer="nnUNetTrainer", baseline_plans="nnUNetPlans",
+                               trainer="nnUNetTrainerMedDisSeg", fold="0", checkpoint="checkpoint_final.pth")
+    env, dataset = predict._prepare_generated(setup, work, logs)
+    raw = next(Path(env["nnUNet_raw"]).glob(f"Dataset{int(dataset):03d}_*"))
+    args.images = raw / "imagesTs"
+    models = {}
+    for name, trainer, plans in (("Med-DisSeg", setup.trainer, setup.plans),
+                                 ("nnU-Net default", setup.baseline_trainer, setup.baseline_plans)):
+        models[name] = work / "export" / name.replace(" ", "_")
+        print(f"[4/4] exporting {name} -> {models[name]}")
+        run_logged(["nnUNetv2_meddisseg_export", "-d", dataset, "-tr", trainer, "-p", plans, "-c", "2d", "-f", "0",
+                    "-chk", setup.checkpoint, "-o", str(models[name])], env,
+                   logs / f"export_{name.replace(' ', '_')}.log")
+    return models
 
 
 def _command(*args: str) -> List[str]:
@@ -174,14 +210,21 @@ def measure(name: str, model: Path, images: Path, args, work: Path) -> Dict[str,
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    models = dict(m.split("=", 1) for m in args.model)
     with tempfile.TemporaryDirectory(prefix="serve_bench_") as tmp:
-        work = Path(tmp)
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        models = ({name: Path(folder) for name, folder in (m.split("=", 1) for m in args.model)} if args.model
+                  else _generated_models(args, work))
         images = args.images or _generated_images(work / "images", args.num_images)
-        results = {name: measure(name, Path(folder), Path(images), args, work) for name, folder in models.items()}
+        runs = work / "runs"
+        shutil.rmtree(runs, ignore_errors=True)
+        runs.mkdir()
+        results = {name: measure(name.replace(" ", "_"), folder, Path(images), args, runs)
+                   for name, folder in models.items()}
     payload = {"machine": machine_info(), "command": command_line(),
                "note": "other processes may share this CPU: the ratios are side by side in one run",
-               "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+               "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                            if k not in ("work", "out")},
                "results": results}
     rows = [[name, r["images_per_s"], f"{r['vs_folder_command']}x", f"{r['vs_command_per_image']}x", r["p50_ms"],
              r["p99_ms"], r["failed_requests"], f"{r['masks_identical_to_folder_command']}/{r['requests']}"]

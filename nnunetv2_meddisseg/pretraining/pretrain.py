@@ -1,10 +1,18 @@
 """``nnUNetv2_meddisseg_pretrain``: self-supervised pretraining on a dataset's own preprocessed training images.
 
-**Method.** Models Genesis restoration (Zhou et al., MedIA 2021) in 2D (``pretraining.restoration``): the network
-restores each image from a corrupted view of it (local pixel shuffling, a non-linear intensity transform, in- or
-out-painting), trained with the mean squared error against the uncorrupted image. It is the one method implemented
-here; whether it, masked image modelling (SparK) or a contrastive method serves the fine-tuning best is for the
-validation data of a study to say, not assumed here.
+**Methods** (``--method``):
+
+- ``restoration`` (the default): Models Genesis restoration (Zhou et al., MedIA 2021) in 2D
+  (``pretraining.restoration``): the network restores each image from a corrupted view of it (local pixel
+  shuffling, a non-linear intensity transform, in- or out-painting), trained with the mean squared error against
+  the uncorrupted image.
+- ``masked``: masked image modelling as SparK masks (``pretraining.masking``): 60 % of the patches hidden, the
+  error counted on the hidden pixels; the same restoring network.
+- ``contrastive``: SimCLR (``pretraining.contrastive``): two augmented views of each image, NT-Xent on the
+  encoder's pooled deepest feature; only the encoder learns.
+
+Which serves the fine-tuning best was measured on validation data (benchmarks/RESULTS.md, "Choosing the
+pretraining method").
 
 **Data.** The fold's training cases of nnU-Net's preprocessed data (``splits_final.json``; where the dataset has
 none yet, the split nnU-Net's trainer will write: five folds of the sorted cases, seed 12345; fold ``all``: every
@@ -19,11 +27,13 @@ gamma, mirroring), then corrupted.
 JSON-like values):
 
 - plans whose network is nnU-Net's (``nnUNetPlans``): that network, built from the plans as nnU-Net's trainer builds
-  it, with as many outputs as input channels: its ``seg_layers`` are the reconstruction head. ``network_weights``
+  it, with as many outputs as input channels: its ``seg_layers`` are the reconstruction head (``contrastive``: its
+  encoder with a projection head; the decoder keeps its initialisation). ``network_weights``
   holds the whole network, as ``nnUNetv2_train ... -pretrained_weights FILE`` (nnU-Net's
   ``load_pretrained_weights``) reads it: every key but ``.seg_layers.`` with the shapes of the segmentation network.
 - plans whose network is Med-DisSeg (``nnUNetMedDisSegPlans``): its ResNet-50 encoder (stem, layer1..layer3, the
-  plans' normalisation) with a light feature-pyramid head (``RestorationHead``, not kept). ``network_weights`` holds
+  plans' normalisation) with a light feature-pyramid head (``RestorationHead``; ``contrastive``: a projection head;
+  neither kept). ``network_weights`` holds
   the encoder as ``encoder.*``, which ``nnUNetv2_meddisseg_plan --encoder_weights FILE`` reads. ELAT and the rest of
   Med-DisSeg are not pretrained.
 
@@ -55,13 +65,13 @@ from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, add_device_argument, r
 from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.files import is_inside, write_atomically
 
-__all__ = ["METHOD", "CHECKPOINT_SUFFIX", "PretrainSettings", "checkpoint_path", "read_preprocessed_case",
+__all__ = ["METHODS", "CHECKPOINT_SUFFIX", "PretrainSettings", "checkpoint_path", "read_preprocessed_case",
            "fold_cases", "build_pretraining_model", "pretrained_weights", "BatchSampler", "pretrain",
            "run_pretraining", "main"]
 
 PROG = "nnUNetv2_meddisseg_pretrain"
-#: the ``pretraining.method`` of the files written
-METHOD = "models_genesis_restoration"
+#: ``--method`` -> the ``pretraining.method`` of the files written
+METHODS = {"restoration": "models_genesis_restoration", "masked": "masked_image_modelling", "contrastive": "simclr"}
 #: the checkpoint beside ``-o``: ``<FILE>.checkpoint``
 CHECKPOINT_SUFFIX = ".checkpoint"
 #: nnU-Net's default five-fold split (``nnUNetTrainer.do_split``)
@@ -76,6 +86,7 @@ class PretrainSettings:
     epochs: int = 100
     iterations_per_epoch: int = 250
     seed: int = 0
+    method: str = "restoration"
     batch_size: int = 2
     patch_size: Tuple[int, int] = (64, 64)
     initial_lr: float = 1e-2
@@ -169,28 +180,35 @@ def fold_cases(preprocessed_folder: Path, fold: str, use_validation: bool = Fals
     return cases, source
 
 
-def build_pretraining_model(configuration_manager, channels: int):
-    """``(model, kind)``: for Med-DisSeg plans an :class:`~.restoration.EncoderRestorationNet` on the plans' encoder
-    (``kind`` ``meddisseg_encoder``), else the plans' network with ``channels`` outputs and deep supervision off
-    (``nnunet_network``). The caller seeds torch first."""
+def build_pretraining_model(configuration_manager, channels: int, method: str = "restoration"):
+    """``(model, kind)``: for Med-DisSeg plans the plans' encoder (``kind`` ``meddisseg_encoder``) in an
+    :class:`~.restoration.EncoderRestorationNet`, else the plans' network with ``channels`` outputs and deep
+    supervision off (``nnunet_network``); for ``method`` ``contrastive`` the encoder in a
+    :class:`~.contrastive.ContrastiveNet` instead. The caller seeds torch first."""
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 
+    from nnunetv2_meddisseg.pretraining.contrastive import ContrastiveNet
     from nnunetv2_meddisseg.pretraining.restoration import EncoderRestorationNet
     from nnunetv2_meddisseg.training.network_from_plans import build_meddisseg_network, network_class_is_meddisseg
 
     if network_class_is_meddisseg(configuration_manager):
         network = build_meddisseg_network(configuration_manager, channels, 2, enable_deep_supervision=False)
+        if method == "contrastive":
+            return ContrastiveNet(network.encoder), "meddisseg_encoder"
         return EncoderRestorationNet(network.encoder, channels), "meddisseg_encoder"
     cm = configuration_manager
     network = get_network_from_plans(cm.network_arch_class_name, cm.network_arch_init_kwargs,
                                      cm.network_arch_init_kwargs_req_import, channels, channels, allow_init=True,
                                      deep_supervision=False)
+    if method == "contrastive":
+        return ContrastiveNet(network.encoder, network), "nnunet_network"
     return network, "nnunet_network"
 
 
 def pretrained_weights(model, kind: str) -> dict:
     """What ``-o`` holds as ``network_weights`` (module docstring), on the CPU."""
-    state = model.encoder.state_dict() if kind == "meddisseg_encoder" else model.state_dict()
+    whole = model if getattr(model, "network", None) is None else model.network  # a ContrastiveNet: beside its head
+    state = model.encoder.state_dict() if kind == "meddisseg_encoder" else whole.state_dict()
     prefix = "encoder." if kind == "meddisseg_encoder" else ""
     return {prefix + k: v.detach().cpu().clone() for k, v in state.items()}
 
@@ -219,17 +237,29 @@ class BatchSampler:
         starts = [np.random.randint(0, s - p + 1) for s, p in zip(image.shape[1:], self.initial)]
         return image[:, starts[0]:starts[0] + self.initial[0], starts[1]:starts[1] + self.initial[1]]
 
+    def _view(self, image: np.ndarray):
+        import torch
+
+        crop = torch.from_numpy(np.ascontiguousarray(self._crop(image)))
+        seg = torch.zeros((1, *crop.shape[1:]), dtype=torch.int16)
+        return self.transforms(image=crop, segmentation=seg)["image"].float()
+
     def __call__(self):
         import torch
 
-        samples = []
         with torch.no_grad():
-            for _ in range(self.batch_size):
-                image = torch.from_numpy(np.ascontiguousarray(self._crop(self.images[np.random.randint(
-                    len(self.images))]())))
-                seg = torch.zeros((1, *image.shape[1:]), dtype=torch.int16)
-                samples.append(self.transforms(image=image, segmentation=seg)["image"].float())
-        return torch.stack(samples)
+            return torch.stack([self._view(self.images[np.random.randint(len(self.images))]())
+                                for _ in range(self.batch_size)])
+
+    def pairs(self):
+        """(2 x batch_size, C, X, Y): two views of each of ``batch_size`` random images, each its own crop and
+        augmentation; rows i and i + batch_size show the same image."""
+        import torch
+
+        with torch.no_grad():
+            images = [self.images[np.random.randint(len(self.images))]() for _ in range(self.batch_size)]
+            views = [self._view(image) for image in images]
+            return torch.stack(views + [self._view(image) for image in images])
 
 
 def _rng_states() -> dict:
@@ -283,18 +313,43 @@ def _read_checkpoint(path: Path, settings: PretrainSettings) -> dict:
     return checkpoint
 
 
+def step_loss(method: str, model, batch, generator, device, autocast):
+    """The loss of one batch of ``next_batch()`` under ``method``: restoration of its corruption, of its hidden
+    patches, or NT-Xent of its views (``batch``: the pairs of :meth:`BatchSampler.pairs`). Corruptions and masks are
+    drawn on the CPU from ``generator``."""
+    import torch
+
+    from nnunetv2_meddisseg.pretraining.contrastive import nt_xent
+    from nnunetv2_meddisseg.pretraining.masking import mask_patches, masked_loss
+    from nnunetv2_meddisseg.pretraining.restoration import corrupt
+
+    if method == "contrastive":
+        with autocast:
+            projections = model(batch.to(device, non_blocking=True))
+        return nt_xent(projections)
+    if method == "masked":
+        inputs, mask = mask_patches(batch, generator)
+        inputs, mask = inputs.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+    else:
+        inputs = corrupt(batch, generator).to(device, non_blocking=True)
+    target = batch.to(device, non_blocking=True)
+    with autocast:
+        restored = model(inputs)
+    if method == "masked":
+        return masked_loss(restored, target, mask)
+    return torch.nn.functional.mse_loss(restored.float(), target)
+
+
 def pretrain(model, next_batch: Callable[[], "object"], settings: PretrainSettings, device: str,
              checkpoint: Path, progress: bool = True,
              log: Optional[Callable[[str], None]] = None) -> Tuple[List[float], float]:
-    """Train ``model`` to restore the corrupted batches of ``next_batch()`` (:mod:`.restoration`) for
+    """Train ``model`` on the batches of ``next_batch()`` by ``settings.method`` (:func:`step_loss`) for
     ``settings.epochs`` epochs, writing ``checkpoint`` after each; resumes from ``checkpoint`` where it exists.
     Returns the mean loss of each epoch and the seconds spent (over all resumptions). The caller seeds the global
     generators (:func:`seed_everything`) before building ``model``. ``log``: where the epoch lines go (default
     ``tqdm.write``, which keeps the progress bar intact)."""
     import torch
     from tqdm import tqdm
-
-    from nnunetv2_meddisseg.pretraining.restoration import corrupt
 
     log = log or tqdm.write
     device_t = torch.device(device)
@@ -326,13 +381,10 @@ def pretrain(model, next_batch: Callable[[], "object"], settings: PretrainSettin
         bar = tqdm(range(settings.iterations_per_epoch), desc=f"epoch {epoch + 1}/{settings.epochs}",
                    disable=not progress, leave=False)
         for _ in bar:
-            target = next_batch()
-            corrupted = corrupt(target, generator).to(device_t, non_blocking=True)
-            target = target.to(device_t, non_blocking=True)
+            batch = next_batch()
             optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(device_t.type, dtype=torch.float16, enabled=scaler is not None):
-                restored = model(corrupted)
-            loss = torch.nn.functional.mse_loss(restored.float(), target)
+            loss = step_loss(settings.method, model, batch, generator, device_t,
+                             torch.autocast(device_t.type, dtype=torch.float16, enabled=scaler is not None))
             if scaler is not None:
                 scaler.scale(loss).backward()
                 scaler.unscale_(optimizer)
@@ -353,7 +405,7 @@ def pretrain(model, next_batch: Callable[[], "object"], settings: PretrainSettin
                  "scaler": scaler.state_dict() if scaler is not None else {}, "generator": generator.get_state(),
                  "rng": _rng_states()}
         write_atomically(checkpoint, lambda tmp: torch.save(state, tmp))
-        log(f"epoch {epoch + 1}/{settings.epochs}: restoration loss {losses[-1]:.4f}, lr {lr:.2e}, "
+        log(f"epoch {epoch + 1}/{settings.epochs}: {settings.method} loss {losses[-1]:.4f}, lr {lr:.2e}, "
             f"{time.monotonic() - began:.1f} s")
     return losses, seconds
 
@@ -401,10 +453,13 @@ def _check_output(output: Path, forbidden: Dict[str, Path]) -> Path:
 
 
 def run_pretraining(dataset: str, configuration: str, plans_name: str, fold: str, output: Path, epochs: int = 100,
-                    iterations_per_epoch: int = 250, seed: int = 0, device: Optional[str] = None,
+                    iterations_per_epoch: int = 250, seed: int = 0, method: str = "restoration",
+                    device: Optional[str] = None,
                     unlabelled_folder: Optional[Path] = None, use_validation_cases: bool = False,
                     progress: bool = True) -> dict:
     """Pretrain (module docstring) and write ``output``; returns its ``pretraining`` record."""
+    if method not in METHODS:
+        raise UserError(f"--method {method}: expected one of {', '.join(METHODS)}")
     if epochs < 1 or iterations_per_epoch < 1:
         raise UserError(f"--epochs and --iterations_per_epoch must be at least 1, got {epochs} and "
                         f"{iterations_per_epoch}")
@@ -469,21 +524,22 @@ def run_pretraining(dataset: str, configuration: str, plans_name: str, fold: str
     images = [lambda c=c: read_preprocessed_case(data_folder, c) for c in cases]
     images += [lambda a=a: a for a in unlabelled]
 
-    identity = {"method": METHOD, "dataset": dataset_name, "plans": plans_name, "configuration": configuration,
+    identity = {"method": METHODS[method], "dataset": dataset_name, "plans": plans_name, "configuration": configuration,
                 "fold": str(fold), "cases": sorted(cases), "unlabelled_cases": len(unlabelled),
                 "validation_cases_used": bool(use_validation_cases), "network_class": cm.network_arch_class_name,
                 "iterations_per_epoch": iterations_per_epoch}
-    settings = PretrainSettings(epochs=epochs, iterations_per_epoch=iterations_per_epoch, seed=seed,
+    settings = PretrainSettings(epochs=epochs, iterations_per_epoch=iterations_per_epoch, seed=seed, method=method,
                                 batch_size=int(cm.batch_size), patch_size=tuple(int(p) for p in cm.patch_size),
                                 identity=identity)
     seed_everything(seed)
-    model, kind = build_pretraining_model(cm, channels)
+    model, kind = build_pretraining_model(cm, channels, method)
     sampler = BatchSampler(images, settings.patch_size, settings.batch_size)
-    print(f"pretraining {kind} of {plans_name} ({cm.network_arch_class_name}) on {len(cases)} cases of "
+    print(f"pretraining ({method}) {kind} of {plans_name} ({cm.network_arch_class_name}) on {len(cases)} cases of "
           f"{dataset_name} fold {fold} ({split_source})" + (f" and {len(unlabelled)} unlabelled images"
                                                              if unlabelled else "") + f", on {device}")
     checkpoint = checkpoint_path(output)
-    losses, seconds = pretrain(model, sampler, settings, device, checkpoint, progress=progress)
+    losses, seconds = pretrain(model, sampler.pairs if method == "contrastive" else sampler, settings, device,
+                               checkpoint, progress=progress)
     record = {**identity, "network": kind, "cases": len(cases), "epochs": epochs, "seed": seed,
               "batch_size": settings.batch_size, "patch_size": list(settings.patch_size), "losses": losses,
               "minutes": seconds / 60, "split": split_source}
@@ -498,7 +554,8 @@ def run_pretraining(dataset: str, configuration: str, plans_name: str, fold: str
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, formatter_class=DefaultsHelpFormatter, description=(
-        "Self-supervised pretraining (Models Genesis restoration) on a dataset's own preprocessed training cases. "
+        "Self-supervised pretraining (Models Genesis restoration, masked image modelling or SimCLR) on a dataset's "
+        "own preprocessed training cases. "
         "With nnU-Net's plans (-p nnUNetPlans) it writes the whole network for nnUNetv2_train ... -pretrained_weights "
         "FILE; with Med-DisSeg's (-p nnUNetMedDisSegPlans) the ResNet-50 encoder for nnUNetv2_meddisseg_plan "
         "--encoder_weights FILE. Run again with the same settings to resume after an interruption."))
@@ -512,6 +569,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="weights file to write (its checkpoint <FILE>.checkpoint is kept beside it while running)")
     p.add_argument("--epochs", type=int, default=100, help="epochs")
     p.add_argument("--iterations_per_epoch", type=int, default=250, help="batches per epoch")
+    p.add_argument("--method", default="restoration", choices=tuple(METHODS),
+                   help="restoration: Models Genesis; masked: masked image modelling (SparK's masking); "
+                        "contrastive: SimCLR")
     p.add_argument("--seed", type=int, default=0, help="seed of the initialisation, sampling, augmentation and "
                                                        "corruptions")
     add_device_argument(p)

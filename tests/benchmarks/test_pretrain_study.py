@@ -144,6 +144,31 @@ def test_arms_compare_to_default_and_to_their_arm_from_scratch():
     assert arms["default"]["delta_vs_default"] == 0.0 and arms["default"]["p_vs_default"] is None
 
 
+def test_validation_only_runs_compare_on_the_validation_cases():
+    rng = np.random.default_rng(2)
+    scratch = [rng.uniform(0.3, 0.9, 10) for _ in range(2)]
+    pretrained = [s + rng.uniform(-0.1, 0.1, 10) for s in scratch]
+
+    def validation_run(method, seed, dice):
+        run = _run(method, seed, dice)
+        run["val_per_case"] = run.pop("test_per_case")
+        run.pop("test_mean")
+        run["val_dice"] = float(np.mean(dice))
+        return run
+
+    runs = [validation_run("meddisseg", s, scratch[s]) for s in range(2)]
+    runs += [validation_run("meddisseg_masked", s, pretrained[s]) for s in range(2)]
+    table = quality_study.aggregate(runs, ["meddisseg", "meddisseg_masked"], "meddisseg")
+    versus = table["meddisseg_masked"]["vs_baseline"]
+    difference = (pretrained[0] + pretrained[1]) / 2 - (scratch[0] + scratch[1]) / 2
+    assert versus["split"] == "val" and versus["mean_dice_difference"] == pytest.approx(difference.mean())
+    assert versus["p_value"] == pytest.approx(stats.wilcoxon(difference).pvalue)
+    assert table["meddisseg_masked"]["test"]["dice"]["mean"] is None
+    arm = {a["method"]: a for a in quality_study.pretraining_arms(runs, table, "meddisseg")}["meddisseg_masked"]
+    assert arm["compared_on"] == "val" and arm["pretraining_method"] == "masked"
+    assert arm["val_mdsc_mean"] == pytest.approx(np.mean([p.mean() for p in pretrained]))
+
+
 def test_equal_total_minutes_take_the_pretraining_off_the_fine_tuning(tmp_path):
     args = quality._parser().parse_args(["--kvasir", "x", "--epochs", "4"])
     calibration = {"budget": "images16", "device_name": "cpu", "epoch_seconds": [5.0] * 4, "iterations_per_epoch": 2}

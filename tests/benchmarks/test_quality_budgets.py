@@ -168,3 +168,37 @@ def test_a_piece_ends_a_running_training_and_starts_nothing_after():
     assert result["status"] == "stopped at the end of the piece" and 0 < runner.time_limits[0] <= 60
     assert quality_study.Study(hard=time.time() - 1).run(runner, "default", 1)["status"] == "not started (deadline)"
     assert len(runner.time_limits) == 1
+
+
+class _TrainedRunner:
+    """A run already trained: its checkpoint's epoch times and nnU-Net's final validation summary on disk."""
+    variants = {"default": Variant("nnUNetTrainerBaseline", "nnUNetPlans")}
+
+    def __init__(self, folder):
+        import torch
+
+        self.folder, self.out = folder, folder
+        (folder / "validation").mkdir(parents=True)
+        torch.save({"logging": {"epoch_start_timestamps": [0.0, 10.0], "epoch_end_timestamps": [4.0, 16.0]}},
+                   folder / "checkpoint_final.pth")
+        cases = [{"reference_file": f"/gt/case{i}.png", "metrics": {"1": {"Dice": d, "IoU": d / (2 - d)}}}
+                 for i, d in enumerate((0.5, 0.8))]
+        (folder / "validation" / "summary.json").write_text(json.dumps(
+            {"foreground_mean": {"Dice": 0.65}, "metric_per_case": cases}))
+
+    def state(self, key, seed):
+        return "trained"
+
+    def fold_folder(self, key, seed):
+        return self.folder
+
+    def predict_and_evaluate(self, *args):
+        raise AssertionError("a validation-only study predicts no test image")
+
+
+def test_a_validation_only_run_takes_nnunets_final_validation_and_predicts_nothing(tmp_path):
+    result = quality_study.Study(validation_only=True).run(_TrainedRunner(tmp_path / "fold_0"), "default", 0)
+    assert result["status"] == "done" and "test_mean" not in result and "test_per_case" not in result
+    assert result["val_dice"] == 0.65 and result["train_wall_s"] == 10.0
+    assert result["val_per_case"] == {"case0": {"dice": 0.5, "iou": 0.5 / 1.5},
+                                      "case1": {"dice": 0.8, "iou": 0.8 / 1.2}}

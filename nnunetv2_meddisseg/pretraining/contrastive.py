@@ -1,0 +1,50 @@
+"""Contrastive pretraining in 2D as SimCLR does it (Chen et al., ICML 2020): two augmented views of each image are
+drawn, the encoder's deepest feature is pooled over space and projected by a small MLP, and the normalised
+temperature-scaled cross-entropy (NT-Xent) pulls each view towards its twin and pushes it from the other images
+of the batch. Only the encoder learns: nnU-Net's decoder keeps its initialisation, Med-DisSeg has none here.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+__all__ = ["TEMPERATURE", "PROJECTION_DIM", "ContrastiveNet", "nt_xent"]
+
+#: NT-Xent's temperature (SimCLR's choice for small batches lies between 0.1 and 0.5)
+TEMPERATURE = 0.2
+PROJECTION_DIM = 128
+
+
+class ContrastiveNet(nn.Module):
+    """``encoder`` (its ``forward`` returns the list of its stages' features, ``output_channels`` their channels)
+    followed by global max pooling of the deepest feature and a projection MLP: x (B, C, H, W) -> (B,
+    PROJECTION_DIM). ``network``: the module whose weights the pretraining writes (the whole segmentation network
+    that holds ``encoder``), or None where that is the encoder itself."""
+
+    def __init__(self, encoder: nn.Module, network: Optional[nn.Module] = None) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.network = network
+        width = int(encoder.output_channels[-1])
+        self.projection = nn.Sequential(nn.Linear(width, width), nn.ReLU(inplace=True),
+                                        nn.Linear(width, PROJECTION_DIM))
+
+    def forward(self, x: Tensor) -> Tensor:
+        features = self.encoder(x)
+        deepest = features[-1] if isinstance(features, (list, tuple)) else features
+        # max, not SimCLR's mean: after instance norm every channel's spatial mean is about the same for any image
+        return self.projection(deepest.amax(dim=(2, 3)))
+
+
+def nt_xent(projections: Tensor, temperature: float = TEMPERATURE) -> Tensor:
+    """NT-Xent of ``projections`` (2B, D): rows i and i + B are the two views of one image; each row's positive is its
+    twin, its negatives the other 2B - 2 rows."""
+    z = F.normalize(projections.float(), dim=1)
+    n = z.shape[0] // 2
+    logits = z @ z.t() / temperature
+    logits = logits.masked_fill(torch.eye(2 * n, dtype=torch.bool, device=z.device), float("-inf"))
+    twins = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)]).to(z.device)
+    return F.cross_entropy(logits, twins)
