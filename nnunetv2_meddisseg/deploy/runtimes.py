@@ -1,15 +1,16 @@
 """The runtimes the exported graphs run on: ONNX Runtime and OpenVINO behind one small interface.
 
 A session holds one fold's graph and runs a stack of tiles, ``run(batch (N, C, H, W) float32) -> logits (N, K, H,
-W) float32``, the way its runtime runs fastest; it names its runtime and the precision it runs in, and the graph's
-input names and input and output shapes (``None`` for a symbolic dimension).
+W) float32``; it names its runtime and the precision it runs in, and the graph's input names and input and output
+shapes (``None`` for a symbolic dimension). A tile's logits never depend on the tiles stacked with it: the
+server stacks the tiles of concurrent requests, and each request must get the mask the predictor command writes.
+Kernels chosen by batch size or by performance hint differ in the last bits, which flips pixels where two classes'
+logits nearly tie, so every tile runs alone on the same compiled graph.
 
-- ONNX Runtime: the session as given (execution providers, intra-op threads), fed in batches of at most
-  :data:`ORT_BATCH` tiles.
-- OpenVINO (CPU): static shapes, one compiled model per input shape and performance hint (compiled at its first
-  use). A stack of several tiles runs with the THROUGHPUT hint: the CPU's cores are shared out among streams and
-  the tiles go out one per inference request, as many in flight as there are streams; a single tile (no mirroring,
-  an image of one tile) runs with the LATENCY hint, one request on all cores. The inference precision is set
+- ONNX Runtime: the session as given (execution providers, intra-op threads), one tile per call.
+- OpenVINO (CPU): static shapes, one compiled model per input shape (compiled at its first use) with the
+  THROUGHPUT hint: the CPU's cores are shared out among streams and the tiles go out one per inference request,
+  as many in flight as there are streams; a single tile takes one request. The inference precision is set
   explicitly (fp32 or bf16): OpenVINO's CPU plugin runs in bf16 by default where the CPU has native bf16. An INT8
   graph's operations that are not quantized (those around the quantized ones, and the blocks the export kept out
   of INT8) run in fp32, or in bf16 where asked (``floats="bf16"``).
@@ -26,7 +27,7 @@ import numpy as np
 
 from nnunetv2_meddisseg.errors import UserError
 
-__all__ = ["RUNTIMES", "ORT_BATCH", "INFERENCE_PRECISION", "installed_runtimes", "default_runtime", "openvino_core",
+__all__ = ["RUNTIMES", "INFERENCE_PRECISION", "installed_runtimes", "default_runtime", "openvino_core",
            "read_openvino_model", "cpu_supports_bf16", "require_bf16", "INT8_FLOATS", "OnnxRuntimeSession",
            "OpenVinoSession"]
 
@@ -34,8 +35,6 @@ __all__ = ["RUNTIMES", "ORT_BATCH", "INFERENCE_PRECISION", "installed_runtimes",
 RUNTIMES = ("openvino", "onnxruntime")
 _MODULES = {"openvino": "openvino", "onnxruntime": "onnxruntime"}
 _EXTRAS = {"openvino": "openvino", "onnxruntime": "onnx"}
-#: most tiles per ONNX Runtime call
-ORT_BATCH = 4
 #: OpenVINO's inference precision for each precision of a graph's float operations (an int8 graph's operations that
 #: are not quantized run in it too)
 INFERENCE_PRECISION = {"fp32": "f32", "bf16": "bf16"}
@@ -141,9 +140,9 @@ class OnnxRuntimeSession:
         return self._session.get_providers()
 
     def run(self, batch: np.ndarray) -> np.ndarray:
-        """batch (N, C, H, W) float32 -> logits (N, K, H, W) float32, in calls of at most :data:`ORT_BATCH`."""
-        parts = [self._session.run(None, {self._input: np.ascontiguousarray(batch[i:i + ORT_BATCH])})[0]
-                 for i in range(0, len(batch), ORT_BATCH)]
+        """batch (N, C, H, W) float32 -> logits (N, K, H, W) float32, one tile per call (module docstring)."""
+        parts = [self._session.run(None, {self._input: np.ascontiguousarray(batch[i:i + 1])})[0]
+                 for i in range(len(batch))]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
@@ -180,28 +179,22 @@ class OpenVinoSession:
                                          for d in self._model.input(0).get_partial_shape())
         self.output_shape: Shape = _shape(d.get_length() if d.is_static else None
                                           for d in self._model.output(0).get_partial_shape())
-        self._compiled: Dict[Tuple[Tuple[int, ...], str], object] = {}
+        self._compiled: Dict[Tuple[int, ...], object] = {}
 
-    def _compile(self, shape: Tuple[int, ...], hint: str):
-        """The model compiled for one input shape with one performance hint (at its first use)."""
-        if (shape, hint) not in self._compiled:
+    def _queue(self, shape: Tuple[int, ...]):
+        """The inference requests of the model compiled for one input shape (at its first use)."""
+        if shape not in self._compiled:
             model = self._model.clone()
             model.reshape({0: list(shape)})
-            self._compiled[shape, hint] = openvino_core().compile_model(model, "CPU", {**self._config,
-                                                                                       "PERFORMANCE_HINT": hint})
-        return self._compiled[shape, hint]
+            compiled = openvino_core().compile_model(model, "CPU", {**self._config, "PERFORMANCE_HINT": "THROUGHPUT"})
+            jobs = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+            self._compiled[shape] = _import("openvino").AsyncInferQueue(compiled, max(jobs, 1))
+        return self._compiled[shape]
 
     def run(self, batch: np.ndarray) -> np.ndarray:
-        """batch (N, C, H, W) float32 -> logits (N, K, H, W) float32: one tile on all cores, or one tile per request
-        with as many requests in flight as the throughput model has streams."""
-        shape = (1, *batch.shape[1:])
-        if len(batch) == 1:
-            return self._compile(shape, "LATENCY")(np.ascontiguousarray(batch))[0].copy()
-        if (shape, "queue") not in self._compiled:
-            compiled = self._compile(shape, "THROUGHPUT")
-            jobs = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
-            self._compiled[shape, "queue"] = _import("openvino").AsyncInferQueue(compiled, max(jobs, 1))
-        queue = self._compiled[shape, "queue"]
+        """batch (N, C, H, W) float32 -> logits (N, K, H, W) float32: one tile per request, as many requests in
+        flight as the compiled model has streams."""
+        queue = self._queue((1, *batch.shape[1:]))
         results: List[Optional[np.ndarray]] = [None] * len(batch)
 
         def done(request, index: int) -> None:
