@@ -319,19 +319,19 @@ def test_a_trainer_resumes_only_from_what_it_read_weights_only(tiny_preprocessed
     copy of what was read: a file exchanged after the read is never loaded."""
     from test_trainer_meddisseg import make_trainer
 
-    from nnunetv2_meddisseg.training import extended_trainer
+    from nnunetv2_meddisseg.training import trainer_base
 
     trainer = make_trainer()
     checkpoint, marker = tmp_path / "checkpoint_latest.pth", tmp_path / "payload_ran"
     trainer.save_checkpoint(str(checkpoint))
-    read = extended_trainer.read_checkpoint_for_resuming
+    read = trainer_base.read_checkpoint_for_resuming
 
     def read_then_exchange(filename):
         entries = read(filename)
         _exchange(checkpoint, marker)
         return entries
 
-    monkeypatch.setattr(extended_trainer, "read_checkpoint_for_resuming", read_then_exchange)
+    monkeypatch.setattr(trainer_base, "read_checkpoint_for_resuming", read_then_exchange)
     resumed = make_trainer()
     resumed.load_checkpoint(str(checkpoint))
     assert not marker.exists()

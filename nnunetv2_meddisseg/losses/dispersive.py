@@ -137,6 +137,11 @@ def dispersive_loss(features: Tensor, variant: str = "infonce_l2", tau: float = 
     finite as long as its value fits in fp32.
     """
     _check_options(variant, tau, eps, margin)
+    return _dispersive(features, variant, tau, eps, margin)
+
+
+def _dispersive(features: Tensor, variant: str, tau: float, eps: float, margin: float) -> Tensor:
+    """:func:`dispersive_loss` of options already checked (``DispersiveLoss`` checks them once)."""
     h = _flatten_fp32(features)
     b = h.shape[0]
     if b < 2:
@@ -201,11 +206,8 @@ class DispersiveLoss(nn.Module):
         self.margin = float(margin)
         self.placement = placement
         self.gather = bool(gather)
-
-    @property
-    def placements(self) -> Tuple[str, ...]:
-        """The feature keys this loss reads (the first: the layer the trainers' diagnostics describe)."""
-        return DISPERSIVE_PLACEMENTS if self.placement == "all" else (self.placement,)
+        #: the feature keys this loss reads (the first: the layer the trainers' diagnostics describe)
+        self.placements: Tuple[str, ...] = DISPERSIVE_PLACEMENTS if placement == "all" else (placement,)
 
     def batch(self, features: Tensor) -> Tensor:
         """features: this process's share (B_r, ...) -> the batch this loss disperses: every process's
@@ -214,7 +216,7 @@ class DispersiveLoss(nn.Module):
 
     def of(self, features: Tensor) -> Tensor:
         """The loss of one feature map, features: this process's share (B_r, ...) -> 0-dim fp32."""
-        return dispersive_loss(self.batch(features), self.variant, self.tau, self.eps, self.margin)
+        return _dispersive(self.batch(features), self.variant, self.tau, self.eps, self.margin)
 
     def forward(self, features: Mapping[str, Tensor]) -> Tensor:
         losses = []

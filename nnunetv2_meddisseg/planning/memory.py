@@ -75,7 +75,7 @@ def measure_training_memory(patch_size: Sequence[int], architecture: dict, num_i
     dev = torch.device(device)
     arch_kwargs = {**architecture["arch_kwargs"], "encoder_weights": None}  # the weights do not change the memory
     dtype = torch.bfloat16 if bf16_training_requested() else torch.float16
-    stage2_loss = recipe_stage2_loss(MedDisSegRecipe())
+    loss_of = recipe_stage2_loss(MedDisSegRecipe())
     peaks = []
     for batch in batches:
         torch.cuda.empty_cache()
@@ -90,7 +90,7 @@ def measure_training_memory(patch_size: Sequence[int], architecture: dict, num_i
         for _ in range(2):
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast("cuda", dtype=dtype):
-                loss = stage2_loss(net(x), target)
+                loss = loss_of(net(x), target)
             backward_clip_step(loss, optimizer, scaler, net.parameters())  # the trainer's update
         torch.cuda.synchronize(dev)
         peaks.append(int(torch.cuda.max_memory_allocated(dev)))

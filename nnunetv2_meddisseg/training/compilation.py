@@ -16,7 +16,6 @@ epoch do not repay graphs of their own.
 import contextlib
 import weakref
 from dataclasses import dataclass
-from time import time
 from typing import Callable, ContextManager, Dict, Sequence, TypeVar, Union
 
 import torch
@@ -167,37 +166,29 @@ class Compilation:
             module.compile(backend=self.backend, dynamic=False)
             self._compiled_in_place.add(module)
 
-    def call(self, graph: str, function: Callable[..., T], *args) -> T:
-        """``function(*args)``; where compiled, the first call for ``graph`` logs its seconds
-        (``torch.compile: graph "<graph>" compiled in <s> s``, the call's seconds with compilation included), and
-        after an error of torch.compile the compiled code goes and the call is repeated eagerly."""
-        timed = self.compiled and graph not in self.first_call_s
-        start = time()
-        try:
-            result = function(*args)
-        except Exception as error:
-            self._continue_eagerly(error)
-            return function(*args)
-        if timed and self.compiled:
-            self.first_call_s[graph] = time() - start
-            self.log(f'torch.compile: graph "{graph}" compiled in {self.first_call_s[graph]:.1f} s')
-        return result
+    def first_call_done(self, graph: str, seconds: float) -> None:
+        """Log the seconds of the first compiled call of ``graph`` (``torch.compile: graph "<graph>" compiled in
+        <s> s``, compilation included; a caller times the calls of a graph not yet in ``first_call_s`` while
+        ``compiled``), unless a compile error made the call eager."""
+        if self.compiled:
+            self.first_call_s[graph] = seconds
+            self.log(f'torch.compile: graph "{graph}" compiled in {seconds:.1f} s')
 
     def eager(self, function: Callable[..., T], *args) -> T:
-        """``function(*args)`` with every compiled module running its eager code (:func:`eager_stance`), behind
-        the same fallback as :meth:`call`."""
+        """``function(*args)`` with every compiled module running its eager code (:func:`eager_stance`); after an
+        error of torch.compile the compiled code goes and the call is repeated (:meth:`fall_back`)."""
         def run():
             with eager_stance():
                 return function(*args)
         try:
             return run()
         except Exception as error:
-            self._continue_eagerly(error)
+            self.fall_back(error)
             return run()
 
-    def _continue_eagerly(self, error: Exception) -> None:
+    def fall_back(self, error: Exception) -> None:
         """Re-raise ``error`` unless torch.compile raised it; else drop the compiled code and dynamo's caches and
-        say so in one line of the log."""
+        say so in one line of the log (the caller then repeats its call eagerly)."""
         if not self.compiled or not is_compile_error(error):
             raise error
         self._uncompile()

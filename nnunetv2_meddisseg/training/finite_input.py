@@ -1,11 +1,11 @@
 """Checks of a batch's input for NaN / inf, with an error message naming the offending cases."""
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
 from nnunetv2_meddisseg.training.errors import TrainingInputRuntimeError
 
-__all__ = ["finite_per_sample", "non_finite_input_message", "check_finite_input"]
+__all__ = ["Where", "finite_per_sample", "non_finite_input_message", "check_finite_input"]
 
 
 def finite_per_sample(data: torch.Tensor) -> torch.Tensor:
@@ -13,8 +13,13 @@ def finite_per_sample(data: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(data.detach().reshape(data.shape[0], -1)).all(dim=1)
 
 
-def non_finite_input_message(finite: Sequence[bool], keys: Optional[Sequence[str]] = None, where: str = "") -> str:
+#: where a batch came from, for the message (" in a training batch of epoch 3"), or a function that says it
+Where = Union[str, Callable[[], str]]
+
+
+def non_finite_input_message(finite: Sequence[bool], keys: Optional[Sequence[str]] = None, where: Where = "") -> str:
     """The error message naming the samples whose ``finite`` flag is False (by case key where given)."""
+    where = where() if callable(where) else where
     bad = [i for i, ok in enumerate(finite) if not ok]
     if keys is not None and len(keys) == len(finite):
         cases = ", ".join(str(keys[i]) for i in bad)
@@ -24,11 +29,12 @@ def non_finite_input_message(finite: Sequence[bool], keys: Optional[Sequence[str
             f"preprocessed files in nnUNet_preprocessed): training on them would give a NaN model.")
 
 
-def check_finite_input(data: torch.Tensor, keys: Optional[Sequence[str]] = None, where: str = "") -> None:
+def check_finite_input(data: torch.Tensor, keys: Optional[Sequence[str]] = None, where: Where = "") -> None:
     """Raise a :class:`TrainingInputRuntimeError` (a ``RuntimeError``) naming the offending cases if ``data``
     (B, C, ...) holds NaN or inf.
 
-    keys: the case identifiers of the batch (nnU-Net's dataloader gives them as ``batch['keys']``).
+    keys: the case identifiers of the batch (nnU-Net's dataloader gives them as ``batch['keys']``); ``where``
+    (a function: called only for the message).
     """
     finite = finite_per_sample(data)
     if bool(finite.all()):

@@ -1,18 +1,21 @@
 """nnUNetTrainerDispersive: nnU-Net's own network and training plus a dispersive loss (any nnU-Net network, 2D or
 3D)."""
+from functools import partial
 from typing import List
 
 import torch
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.training.errors import TrainingInputRuntimeError
-from nnunetv2_meddisseg.training.extended_trainer import ExtendedTrainerBase
+from nnunetv2_meddisseg.training.nnunet_copies import backward_clip_step
 from nnunetv2_meddisseg.training.recipe import DispersiveRecipe
+from nnunetv2_meddisseg.training.step_report import group_gradient_norms, step_report
+from nnunetv2_meddisseg.training.trainer_base import TrainerBase
 
 __all__ = ["nnUNetTrainerDispersive"]
 
 
-class nnUNetTrainerDispersive(ExtendedTrainerBase):
+class nnUNetTrainerDispersive(TrainerBase):
     """nnU-Net's own network and training with a dispersive loss added on its first encoder stage.
 
     The plans' network (e.g. PlainConvUNet, ResEnc; 2D or 3D) and nnU-Net's loss, optimizer and
@@ -57,15 +60,20 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
         if module.training:
             self._captured.append(output)
 
-    def initialize(self) -> None:
-        super().initialize()
+    def _set_up_training(self) -> None:
         self._regularised_module().register_forward_hook(self._capture)
+        # what train_step clips (every parameter the optimizer holds) and reads before clipping
+        self._clipped = [p for group in self.optimizer.param_groups for p in group["params"]]
+        self._gradient_norms = partial(group_gradient_norms, self.optimizer)
 
     def train_step(self, batch: dict) -> dict:
-        data, target = self._batch_to_device(batch, training=True)
+        """nnU-Net's step (its update: ``backward_clip_step``) with the dispersive term added; returns the
+        ``step_report`` of the loss, its terms, the gradient norm and the batch's input check, plus the dispersion
+        diagnostics on the epoch's first step."""
+        data, target, check = self._batch_to_device(batch)
         self.optimizer.zero_grad(set_to_none=True)
         self._captured.clear()
-        with self._autocast():
+        with self.autocast:
             output = self.network(data)
             seg = self.loss(output, target)
             if len(self._captured) != 1:
@@ -73,7 +81,15 @@ class nnUNetTrainerDispersive(ExtendedTrainerBase):
             features = self._captured.pop()
             dispersive = self.dispersive.of(features)
             total = seg + self.recipe.lambda_dispersive * dispersive
-        return self._step_report(total, {"seg": seg, "dispersive": dispersive}, self._optimizer_step(total), features)
+        norms = backward_clip_step(total, self.optimizer, self.grad_scaler, self._clipped, self._gradient_norms)
+        report = step_report(total, {"loss_seg": seg, "loss_dispersive": dispersive, **norms}, check)
+        report.update(self._diagnostics(features))
+        return report
+
+    def validation_step(self, batch: dict) -> dict:
+        """nnU-Net's ``validation_step``, after checking ``batch['data']`` for NaN / inf (naming the cases)."""
+        self._check_validation_batch(batch)
+        return super().validation_step(batch)
 
     def on_train_epoch_start(self) -> None:
         super().on_train_epoch_start()

@@ -17,7 +17,6 @@ from nnunetv2_meddisseg.environment import COMPILE_VARIABLE
 from nnunetv2_meddisseg.training.batchnorm_statistics import recalibrate_batchnorm
 from nnunetv2_meddisseg.training.compilation import Compilation, CompileDecision, compile_pays
 from nnunetv2_meddisseg.training.errors import TrainingInputError, TrainingInputRuntimeError
-from nnunetv2_meddisseg.training.extended_trainer import ExtendedTrainerBase
 from nnunetv2_meddisseg.training.lr_schedule import PerGroupPolyLRScheduler
 from nnunetv2_meddisseg.training.network_from_plans import (
     build_meddisseg_network,
@@ -31,30 +30,33 @@ from nnunetv2_meddisseg.training.photometric import channels_are_rgb
 from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
 from nnunetv2_meddisseg.training.seeding import preserved_random_state, seed_generators
 from nnunetv2_meddisseg.training.stages import STAGE_1, STAGE_2, Stage, Stage1, Stage2, checkpoint_stage
+from nnunetv2_meddisseg.training.step_report import group_gradient_norms, step_report
+from nnunetv2_meddisseg.training.trainer_base import TrainerBase
 
 __all__ = ["nnUNetTrainerMedDisSeg"]
 
 
-class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
+class nnUNetTrainerMedDisSeg(TrainerBase):
     """Med-DisSeg (ResNet-50 + ELAT encoder, CDFA, three CBAT decoders) trained in two stages.
 
     The trainer holds one stage (``self.stage``, ``training.stages``) and switches it at the epoch the recipe
     names; what differs between the stages (the network's mode, the parameter groups and learning rates, the
     loss, the logits validation scores, the checkpoint extras, the BatchNorm statistics re-estimated) is the
-    stage's. Each nnU-Net hook is overridden once, here.
+    stage's. Each nnU-Net hook is overridden once in ``nnUNetTrainer -> TrainerBase -> nnUNetTrainerMedDisSeg``;
+    ``train_step`` is nnU-Net's on the stage's loss module (``Stage.loss``, built when the stage starts).
 
     Stage I, epochs ``[0, stage1_epochs)`` (default ``floor(stage1_fraction * num_epochs)``: 250 of 1000): the
     network runs with ``encoder_only = True``; a light head (``Stage1Head``) turns the four ELAT-refined features
     into logits. Every batch is also seen under a strong photometric perturbation drawn per sample (colour
     operations for RGB inputs, channel-wise intensity operations otherwise); clean and perturbed views go
-    through the network as one batch of 2B; the loss (``objectives.stage1_loss``) sums segmentation of both
+    through the network as one batch of 2B; the loss (``objectives.Stage1Loss``) sums segmentation of both
     views, their consistency and the dispersive terms. Adam, both groups (``head``, ``encoder``: encoder + ELAT) at
     ``stage1_lr`` = 1e-4.
 
     Stage II, epochs ``[stage1_epochs, num_epochs)``: the full network, encoder and ELAT carried over from Stage
     I; a new Adam with two groups, ``encoder`` (encoder + ELAT, ``stage2_encoder_lr`` = 1e-5) and ``decoder``
     (everything else, ``stage2_lr`` = 1e-4). Deep supervision is on in training, so the network returns a
-    ``MedDisSegOutput``; the loss (``objectives.stage2_loss``) adds path supervision, the fg/bg and
+    ``MedDisSegOutput``; the loss (``objectives.Stage2Loss``) adds path supervision, the fg/bg and
     complementarity terms and the dispersive term to the segmentation of the final logits; every output is at
     full resolution, so ``_get_deep_supervision_scales`` returns None.
 
@@ -191,6 +193,8 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         self.stage = self._make_stage(name)
         self.stage.enter()
         self.optimizer, self.lr_scheduler = self.configure_optimizers()
+        #: the parameters ``train_step`` clips: every one the optimizer holds (the Stage I head too)
+        self._clipped = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.best_checkpoint_from = self.stage.first_epoch if self.stage.trains_whole_network else None
 
     def _build_stage1_head(self) -> nn.Module:
@@ -265,7 +269,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
 
     def _build_loss(self) -> nn.Module:
         """nnU-Net's loss (Dice + CE; the Dice compiled where nnU-Net compiles it) without its deep-supervision
-        wrapper: ``seg`` of both stages (``objectives.stage2_loss`` applies it to every full-resolution output)."""
+        wrapper: ``seg`` of both stages (``objectives.Stage2Loss`` applies it to every full-resolution output)."""
         self._refuse_regions()
         with self._single_output():
             return super()._build_loss()
@@ -291,13 +295,10 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         patch = self.configuration_manager.patch_size
         return compile_pays(stages, self.batch_size, int(patch[0]) * int(patch[1]))
 
-    def initialize(self) -> None:
-        """nnU-Net's set-up (network, loss, DDP) for a run this trainer can train, then: the network compiled again
-        with static shapes where nnU-Net compiled it, the plans' encoder weights (for training only: prediction
-        loads the checkpoint; before ``--c`` or ``-pretrained_weights`` load theirs over them), and the stage of the
-        current epoch."""
-        self._check_run_settings()
-        super().initialize()
+    def _set_up_training(self) -> None:
+        """After nnU-Net's set-up (network, loss, DDP): the network compiled again with static shapes where nnU-Net
+        compiled it, the plans' encoder weights (for training only: prediction loads the checkpoint; before ``--c``
+        or ``-pretrained_weights`` load theirs over them), and the stage of the current epoch."""
         if self._do_i_compile():
             self._compile_with_static_shapes()
         network = self._plain_network()
@@ -336,19 +337,18 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         return f"pretrained weights ({weights})" if weights else "random initialisation"
 
     # ------------------------------------------------------------------ training
-    def on_train_start(self) -> None:
-        super().on_train_start()
+    def _train_start_lines(self) -> List[str]:
         origin, recipe = self._encoder_origin(), self.recipe
-        self.print_to_log_file(f"encoder from {origin}: {recipe.optimizer}, learning rates Stage I {recipe.stage1_lr}, "
-                               f"Stage II {recipe.stage2_encoder_lr} (encoder + ELAT) / {recipe.stage2_lr} (rest)")
         perturbation = "RGB" if self._input_is_rgb() else "channel-wise"
-        self.print_to_log_file(
-            f"Med-DisSeg: Stage I epochs 0-{self.stage1_epochs - 1}, Stage II epochs {self.stage1_epochs}-"
-            f"{self.num_epochs - 1}; dispersive {recipe.dispersive_variant} tau {recipe.dispersive_tau} at "
-            f"'{recipe.dispersive_placement}', lambda {recipe.lambda_dispersive_stage1} / "
-            f"{recipe.lambda_dispersive_stage2}; photometric perturbation {perturbation}")
+        lines = [f"encoder from {origin}: {recipe.optimizer}, learning rates Stage I {recipe.stage1_lr}, "
+                 f"Stage II {recipe.stage2_encoder_lr} (encoder + ELAT) / {recipe.stage2_lr} (rest)",
+                 f"Med-DisSeg: Stage I epochs 0-{self.stage1_epochs - 1}, Stage II epochs {self.stage1_epochs}-"
+                 f"{self.num_epochs - 1}; dispersive {recipe.dispersive_variant} tau {recipe.dispersive_tau} at "
+                 f"'{recipe.dispersive_placement}', lambda {recipe.lambda_dispersive_stage1} / "
+                 f"{recipe.lambda_dispersive_stage2}; photometric perturbation {perturbation}"]
         if self.stage1_epochs >= self.num_epochs:
-            self.print_to_log_file("WARNING: no Stage II epochs: the decoder of the final network stays untrained")
+            lines.append("WARNING: no Stage II epochs: the decoder of the final network stays untrained")
+        return lines
 
     def on_train_epoch_start(self) -> None:
         name = self.stage_for_epoch(self.current_epoch)
@@ -366,14 +366,38 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
                                + ", ".join(f"{k[3:]} {v:.3g}" for k, v in lrs.items()))
 
     def train_step(self, batch: dict) -> dict:
-        return self.compilation.call(f"Stage {self.stage.numeral} training", self._train_step, batch)
-
-    def _train_step(self, batch: dict) -> dict:
-        data, target = self._batch_to_device(batch, training=True)
-        self.optimizer.zero_grad(set_to_none=True)
-        with self._autocast():
-            total, terms, diagnosed = self.stage.loss(self.network, data, target)
-        return self._step_report(total, terms, self._optimizer_step(total), diagnosed)
+        """nnU-Net's ``train_step`` (copied, ``nnunet_copies.PINNED``) on the stage's loss, clipping every parameter
+        the optimizer holds and reading each group's gradient norm before clipping; it returns the ``step_report``
+        of the loss, each (unweighted) term as ``loss_<name>``, the gradient norms and the batch's input check,
+        plus the dispersion diagnostics on the epoch's first step. Where compiled, the first step of a stage logs
+        its seconds, and after an error of torch.compile the step is repeated eagerly."""
+        data, target, check = self._batch_to_device(batch)
+        graph, compilation = self.stage.graph, self.compilation
+        timed, start = compilation.compiled and graph not in compilation.first_call_s, time()
+        try:
+            self.optimizer.zero_grad(set_to_none=True)
+            with self.autocast:
+                total, terms, features = self.stage.loss(self.network, data, target)
+            if self.grad_scaler is not None:
+                self.grad_scaler.scale(total).backward()
+                self.grad_scaler.unscale_(self.optimizer)
+                norms = group_gradient_norms(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(self._clipped, 12)
+                self.grad_scaler.step(self.optimizer)
+                self.grad_scaler.update()
+            else:
+                total.backward()
+                norms = group_gradient_norms(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(self._clipped, 12)
+                self.optimizer.step()
+            report = step_report(total, {**{f"loss_{k}": v for k, v in terms.items()}, **norms}, check)
+            report.update(self._diagnostics(features))
+        except Exception as error:
+            compilation.fall_back(error)  # re-raises unless torch.compile raised it
+            return self.train_step(batch)
+        if timed:
+            compilation.first_call_done(graph, time() - start)
+        return report
 
     # ------------------------------------------------------------------ validation
     def on_validation_epoch_start(self) -> None:
@@ -382,18 +406,19 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         self._recalibrate_batchnorm()
 
     def validation_step(self, batch: dict) -> dict:
-        """nnU-Net's ``validation_step`` on the current stage's model, eagerly: while it runs, the ``self.network``
-        it calls returns that model's logits (B, K, H, W) (``Stage.validation_logits``) under ``_autocast`` (fp32
-        under bf16 autocast), and deep supervision is off (one full-resolution output, as
-        ``_get_deep_supervision_scales`` gives one target), so nnU-Net's loss, pseudo Dice and ignore-label
-        handling apply to them unchanged."""
+        """nnU-Net's ``validation_step`` on the current stage's model, eagerly, after checking ``batch['data']`` for
+        NaN / inf: while it runs, the ``self.network`` it calls returns that model's logits (B, K, H, W)
+        (``Stage.validation_logits``) under ``autocast`` (fp32 under bf16 autocast), and deep supervision is off
+        (one full-resolution output, as ``_get_deep_supervision_scales`` gives one target), so nnU-Net's loss,
+        pseudo Dice and ignore-label handling apply to them unchanged."""
+        self._check_validation_batch(batch)
         return self.compilation.eager(self._validation_step, batch)
 
     def _validation_step(self, batch: dict) -> dict:
         network, stage = self.network, self.stage
 
         def stage_logits(data: Tensor) -> Tensor:
-            with self._autocast():
+            with self.autocast:
                 logits = stage.validation_logits(network, data)
             return logits.float() if self.bf16 else logits
 
@@ -428,7 +453,7 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
         network, stage = self._plain_network(), self.stage
 
         def forward(data: Tensor) -> None:
-            with self._autocast():
+            with self.autocast:
                 stage.validation_logits(network, data.to(self.device, non_blocking=True), plain=True)
 
         layers = self.compilation.eager(recalibrate_batchnorm, stage.batchnorm_modules(), self._calibration_batches,
@@ -438,16 +463,16 @@ class nnUNetTrainerMedDisSeg(ExtendedTrainerBase):
                                f"{len(self._calibration_batches) * self.batch_size} training samples "
                                f"({augmentation} augmentation) in {time() - start:.1f} s")
 
-    def perform_actual_validation(self, save_probabilities: bool = False) -> None:
+    def _run_final_validation(self, validate: Callable[[bool], None], save_probabilities: bool) -> None:
         """nnU-Net's final validation of the whole network (``Stage.whole_network``), eagerly (and behind the
         compile fallback)."""
         if self.stage is None:
-            self.compilation.eager(super().perform_actual_validation, save_probabilities)
+            self.compilation.eager(validate, save_probabilities)
             return
         if not self.stage.trains_whole_network:
             self.print_to_log_file("WARNING: validating a network that never reached Stage II (untrained decoder)")
         with self.stage.whole_network():
-            self.compilation.eager(super().perform_actual_validation, save_probabilities)
+            self.compilation.eager(validate, save_probabilities)
 
     # ------------------------------------------------------------------ end of epoch, checkpoints
     def _stage_boundaries(self) -> Sequence[int]:

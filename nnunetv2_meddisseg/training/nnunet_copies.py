@@ -6,10 +6,11 @@ Each copy restates a piece of an nnU-Net method that offers no smaller hook:
 - ``checkpoint_entries``: the dict ``nnUNetTrainer.save_checkpoint`` builds and writes in one method;
   ours adds its own entries (run seed, training stage, Stage I head, early stopping) and writes the
   file atomically.
-- ``train_autocast`` and ``backward_clip_step``: the autocast rule and the update of
-  ``nnUNetTrainer.train_step``; our steps compute other losses (two views in Stage I, four outputs in
-  Stage II), clip every parameter the optimizer holds (the Stage I head too) and read each group's
-  gradient norm before clipping.
+- ``backward_clip_step``: the update of ``nnUNetTrainer.train_step``, for the Dispersive trainer, the plan
+  command's memory measurement and the benchmarks; our steps compute other losses, clip every parameter the
+  optimizer holds and read each group's gradient norm before clipping. ``nnUNetTrainerMedDisSeg.train_step``
+  is a copy of the whole method on the stage's loss (two views in Stage I, four outputs in Stage II, the
+  Stage I head clipped too), and ``TrainerBase`` holds its autocast rule (fp16 autocast on CUDA only).
 - ``training_dataloader``: the training ``nnUNetDataLoader`` of ``nnUNetTrainer.get_dataloaders``,
   without the augmenter processes around it, with nnU-Net's training transforms or its validation
   transforms (the BatchNorm calibration batches).
@@ -38,11 +39,9 @@ import torch
 from batchgenerators.utilities.file_and_folder_operations import join
 from nnunetv2.training.dataloading.data_loader import nnUNetDataLoader
 from nnunetv2.training.dataloading.nnunet_dataset import infer_dataset_class
-from nnunetv2.utilities.helpers import dummy_context
-from torch import autocast
 from torch._dynamo import OptimizedModule
 
-__all__ = ["PINNED", "source_hash", "checkpoint_entries", "train_autocast", "backward_clip_step",
+__all__ = ["PINNED", "source_hash", "checkpoint_entries", "backward_clip_step",
            "training_dataloader", "epoch_end"]
 
 T = TypeVar("T")
@@ -91,12 +90,6 @@ def checkpoint_entries(trainer) -> dict:
         'trainer_name': trainer.__class__.__name__,
         'inference_allowed_mirroring_axes': trainer.inference_allowed_mirroring_axes,
     }
-
-
-def train_autocast(device: torch.device):
-    """The autocast context of ``nnUNetTrainer.train_step`` (copied; see ``PINNED``): fp16 autocast on
-    CUDA only (slow on the CPU, unsupported on MPS)."""
-    return autocast(device.type, enabled=True) if device.type == 'cuda' else dummy_context()
 
 
 def backward_clip_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, grad_scaler,

@@ -1,7 +1,7 @@
-"""Med-DisSeg's objectives: the loss of one training step in each stage, as pure functions the stage objects
-(``training.stages``) and the benchmarks share.
+"""Med-DisSeg's objectives: the loss of one training step in each stage, as the modules the stage objects
+(``training.stages``) build once and the benchmarks share.
 
-Stage I (:func:`stage1_loss`): the network runs with ``encoder_only = True`` and a light head (``Stage1Head``)
+Stage I (:class:`Stage1Loss`): the network runs with ``encoder_only = True`` and a light head (``Stage1Head``)
 turns the four ELAT-refined features into logits. Clean and photometrically perturbed views go through the
 network as one batch of 2B (one forward, so BatchNorm statistics are shared by both views and DDP sees a
 single forward). Loss::
@@ -9,7 +9,7 @@ single forward). Loss::
     seg(clean) + seg(perturbed) + consistency_weight * consistency(clean, perturbed)
     + lambda_dispersive_stage1 * (dispersive(clean) + dispersive(perturbed))
 
-Stage II (:func:`stage2_loss`): the full network with deep supervision, returning a ``MedDisSegOutput``; its
+Stage II (:class:`Stage2Loss`): the full network with deep supervision, returning a ``MedDisSegOutput``; its
 loss is::
 
     seg(logits) + path_supervision_weight * mean(seg(O_S), seg(O_M), seg(O_L))
@@ -25,14 +25,14 @@ own (``path_supervision_weight = 0`` trains the final logits only, as the releas
 nnU-Net's ignore label count in no term of the fg/bg maps. ``seg`` is ``DC_and_CE_loss`` built as nnU-Net's
 ``_build_loss`` builds it, without the deep-supervision wrapper.
 
-:func:`stage1_loss` returns (total loss, the unweighted terms by name, the features of the dispersive loss's first
-regularised layer, for the diagnostics), :func:`stage2_loss` the first two. :class:`Stage2Weights` reads a recipe
-(as ``recipe.dispersive_from_recipe`` the dispersive loss); :func:`recipe_stage2_loss` is the trainer's Stage II
-loss of a recipe for code outside the trainer (benchmarks, the plan command's memory measurement), with
-:func:`segmentation_loss` building the ``seg`` term as nnU-Net's ``_build_loss`` does.
+Both return (total loss, the unweighted terms by name, the features of the dispersive loss's first regularised
+layer, for the diagnostics); :meth:`Stage2Loss.terms` the first two of a network output. :class:`Stage2Weights`
+reads a recipe (as ``recipe.dispersive_from_recipe`` the dispersive loss); :func:`recipe_stage2_loss` is the
+trainer's Stage II loss of a recipe for code outside the trainer (benchmarks, the plan command's memory
+measurement), with :func:`segmentation_loss` building the ``seg`` term as nnU-Net's ``_build_loss`` does.
 """
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 from nnunetv2.training.loss.compound_losses import DC_and_CE_loss
@@ -42,10 +42,11 @@ from torch import Tensor, nn
 from nnunetv2_meddisseg.architectures import MedDisSegOutput
 from nnunetv2_meddisseg.losses import DispersiveLoss, complementarity_loss, consistency_loss, foreground_background_loss
 from nnunetv2_meddisseg.losses.segmentation import dice_ce_per_output, dice_ce_settings
+from nnunetv2_meddisseg.training.photometric import photometric_perturbation
 from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe, dispersive_from_recipe
 
-__all__ = ["Stage2Weights", "segmentation_loss", "foreground_target", "stage2_loss", "recipe_stage2_loss",
-           "stage1_logits", "stage1_loss"]
+__all__ = ["Stage2Weights", "segmentation_loss", "foreground_target", "Stage2Loss", "recipe_stage2_loss",
+           "stage1_logits", "Stage1Loss"]
 
 
 @dataclass(frozen=True)
@@ -87,46 +88,60 @@ def foreground_target(target: Tensor, ignore_label: Optional[int] = None) -> Tup
     return ((target > 0) & labelled).float(), labelled.float()
 
 
-def stage2_loss(output: MedDisSegOutput, target: Tensor, seg_loss: Callable[[Tensor, Tensor], Tensor],
-                dispersive: Optional[Callable[[Mapping[str, Tensor]], Tensor]], weights: Stage2Weights,
-                ignore_label: Optional[int] = None) -> Tuple[Tensor, Dict[str, Tensor]]:
+class Stage2Loss(nn.Module):
     """The Stage II loss of one batch::
 
         seg(logits) + path_supervision * mean(seg(O_S), seg(O_M), seg(O_L))
         + fg_bg * foreground_background_loss(fg, bg, any foreground class, labelled pixels)
         + complementarity * complementarity_loss(fg, bg, uc) + dispersive * dispersive(features)
 
-    output: the network's training output (auxiliary maps present); target: (B, 1, H, W) label map.
-    Where ``seg_loss`` is nnU-Net's Dice + CE (``losses.segmentation.dice_ce_settings``), the four maps are
-    scored in one pass (same values), else ``seg_loss`` is called on each.
-    ``dispersive`` None leaves that term out; the path term is left out when its weight is 0 or the
-    output has no path logits. Returns ``(total, terms)``, terms holding each unweighted term by name
-    (``seg``, ``seg_paths``, ``fg_bg``, ``complementarity``, ``dispersive``).
+    Built once per stage: where ``seg`` is nnU-Net's Dice + CE (``losses.segmentation.dice_ce_settings``), the four
+    maps are scored in one pass (same values), else ``seg`` is called on each. ``dispersive`` None leaves that term
+    out; the path term is left out when its weight is 0 or the output has no path logits.
+
+    forward(model, data (B, C, H, W), target (B, 1, H, W) label map) -> (total, the unweighted terms by name
+    (``seg``, ``seg_paths``, ``fg_bg``, ``complementarity``, ``dispersive``), the features of the dispersive loss's
+    first regularised layer); :meth:`terms` is the loss of a network output.
     """
-    if not isinstance(output, MedDisSegOutput) or output.fg is None:
-        raise RuntimeError("Stage II expects MedDisSegOutput with auxiliary maps: the network must be in "
-                           "training mode with decoder.deep_supervision = True")
-    with_paths = bool(weights.path_supervision) and output.path_logits is not None
-    settings = dice_ce_settings(seg_loss) if with_paths else None
-    if settings is not None:  # nnU-Net's Dice + CE of the four maps in one pass
-        per_output = dice_ce_per_output([output.logits, *output.path_logits], target, **settings)
-        seg, paths = per_output[0], per_output[1:].mean()
-    else:
-        seg = seg_loss(output.logits, target)
-        paths = torch.stack([seg_loss(p, target) for p in output.path_logits]).mean() if with_paths else None
-    terms: Dict[str, Tensor] = {"seg": seg}
-    total = seg
-    if with_paths:
-        terms["seg_paths"] = paths
-        total = total + weights.path_supervision * paths
-    foreground, mask = foreground_target(target, ignore_label)
-    terms["fg_bg"] = foreground_background_loss(output.fg, output.bg, foreground, mask)
-    terms["complementarity"] = complementarity_loss(output.fg, output.bg, output.uc)
-    total = total + weights.fg_bg * terms["fg_bg"] + weights.complementarity * terms["complementarity"]
-    if dispersive is not None:
-        terms["dispersive"] = dispersive(output.features)
-        total = total + weights.dispersive * terms["dispersive"]
-    return total, terms
+
+    def __init__(self, seg: Callable[[Tensor, Tensor], Tensor], dispersive: Optional[DispersiveLoss],
+                 weights: Stage2Weights, ignore_label: Optional[int] = None):
+        super().__init__()
+        self.seg, self.dispersive, self.weights, self.ignore_label = seg, dispersive, weights, ignore_label
+        self.settings = dice_ce_settings(seg) if weights.path_supervision else None
+        self.diagnosed = dispersive.placements[0] if dispersive is not None else None
+
+    def terms(self, output: MedDisSegOutput, target: Tensor) -> Tuple[Tensor, Dict[str, Tensor]]:
+        """(total, terms) of the network's training output (auxiliary maps present)."""
+        if not isinstance(output, MedDisSegOutput) or output.fg is None:
+            raise RuntimeError("Stage II expects MedDisSegOutput with auxiliary maps: the network must be in "
+                               "training mode with decoder.deep_supervision = True")
+        weights = self.weights
+        with_paths = bool(weights.path_supervision) and output.path_logits is not None
+        if with_paths and self.settings is not None:  # nnU-Net's Dice + CE of the four maps in one pass
+            per_output = dice_ce_per_output([output.logits, *output.path_logits], target, **self.settings)
+            seg, paths = per_output[0], per_output[1:].mean()
+        else:
+            seg = self.seg(output.logits, target)
+            paths = torch.stack([self.seg(p, target) for p in output.path_logits]).mean() if with_paths else None
+        terms: Dict[str, Tensor] = {"seg": seg}
+        total = seg
+        if with_paths:
+            terms["seg_paths"] = paths
+            total = total + weights.path_supervision * paths
+        foreground, mask = foreground_target(target, self.ignore_label)
+        terms["fg_bg"] = foreground_background_loss(output.fg, output.bg, foreground, mask)
+        terms["complementarity"] = complementarity_loss(output.fg, output.bg, output.uc)
+        total = total + weights.fg_bg * terms["fg_bg"] + weights.complementarity * terms["complementarity"]
+        if self.dispersive is not None:
+            terms["dispersive"] = self.dispersive(output.features)
+            total = total + weights.dispersive * terms["dispersive"]
+        return total, terms
+
+    def forward(self, model: nn.Module, data: Tensor, target: Tensor) -> Tuple[Tensor, Dict[str, Tensor], Tensor]:
+        output = model(data)
+        total, terms = self.terms(output, target)
+        return total, terms, output.features[self.diagnosed]
 
 
 def recipe_stage2_loss(recipe: MedDisSegRecipe, dispersive: bool = True) -> Callable[[MedDisSegOutput, Tensor], Tensor]:
@@ -134,9 +149,9 @@ def recipe_stage2_loss(recipe: MedDisSegRecipe, dispersive: bool = True) -> Call
     Dice + CE with the batch Dice (as nnU-Net plans 2D configurations), the recipe's weights and, where
     ``dispersive``, its dispersive term; for code outside the trainer (benchmarks, the plan command's memory
     measurement, tests)."""
-    seg, weights = segmentation_loss(batch_dice=True), Stage2Weights.from_recipe(recipe)
     term = dispersive_from_recipe(recipe) if dispersive else None
-    return lambda output, target: stage2_loss(output, target, seg, term, weights)[0]
+    loss = Stage2Loss(segmentation_loss(batch_dice=True), term, Stage2Weights.from_recipe(recipe))
+    return lambda output, target: loss.terms(output, target)[0]
 
 
 def stage1_logits(head: nn.Module, features: Sequence[Tensor], size: Sequence[int]) -> Tuple[Tensor, Tensor]:
@@ -146,26 +161,45 @@ def stage1_logits(head: nn.Module, features: Sequence[Tensor], size: Sequence[in
     return logits[..., :size[0], :size[1]], fused
 
 
-def stage1_loss(network: nn.Module, head: nn.Module, seg: nn.Module, dispersive: DispersiveLoss,
-                recipe: MedDisSegRecipe, data: Tensor, perturbed: Tensor, target: Tensor,
-                idle_parameters: Optional[Iterable[nn.Parameter]] = None) -> Tuple[Tensor, Dict[str, Tensor], Tensor]:
-    """Stage I loss of clean ``data`` and its ``perturbed`` view (see the module docstring). ``idle_parameters``
-    (under DDP: the decoder's trainable parameters, idle in Stage I) enter the loss with weight 0, so that DDP's
-    reducer, which expects a gradient for every parameter, completes."""
-    b = data.shape[0]
-    features = network(torch.cat([data, perturbed], dim=0))
-    logits, fused = stage1_logits(head, features, data.shape[-2:])
-    views = []
-    for half in (slice(0, b), slice(b, 2 * b)):
-        views.append({"early": features[1][half], "middle": features[3][half], "late": fused[half]})
-    seg_clean = seg(logits[:b], target)
-    seg_perturbed = seg(logits[b:], target)
-    consistency = consistency_loss(logits[:b], logits[b:])
-    dispersive_total = dispersive(views[0]) + dispersive(views[1])
-    total = (seg_clean + seg_perturbed + recipe.consistency_weight * consistency
-             + recipe.lambda_dispersive_stage1 * dispersive_total)
-    if idle_parameters is not None:
-        total = total + 0.0 * sum(p.sum() for p in idle_parameters)
-    terms = {"seg": seg_clean, "seg_perturbed": seg_perturbed, "consistency": consistency,
-             "dispersive": dispersive_total}
-    return total, terms, views[0][dispersive.placements[0]]
+class Stage1Loss(nn.Module):
+    """The Stage I loss of clean ``data`` and its photometrically perturbed view (see the module docstring), built
+    once per stage.
+
+    Args:
+        head: the head to call (``Stage1Head``, possibly wrapped by DDP).
+        seg, dispersive: nnU-Net's Dice + CE and the (unweighted) dispersive loss.
+        rgb: colour perturbations (RGB input) instead of channel-wise intensity ones.
+        idle_parameters: under DDP, the decoder's trainable parameters (idle in Stage I): they enter the loss with
+            weight 0, so that DDP's reducer, which expects a gradient for every parameter, completes.
+
+    forward(model, data (B, C, H, W), target (B, 1, H, W)) -> (total, the unweighted terms by name, the features of
+    the dispersive loss's first regularised layer).
+    """
+
+    def __init__(self, head: nn.Module, seg: nn.Module, dispersive: DispersiveLoss, recipe: MedDisSegRecipe,
+                 rgb: bool, idle_parameters: Optional[Sequence[nn.Parameter]] = None):
+        super().__init__()
+        self.head, self.seg, self.dispersive, self.rgb, self.idle_parameters = (head, seg, dispersive, rgb,
+                                                                                idle_parameters)
+        self.consistency_weight, self.dispersive_weight = recipe.consistency_weight, recipe.lambda_dispersive_stage1
+        self.diagnosed = dispersive.placements[0]
+
+    def forward(self, model: nn.Module, data: Tensor, target: Tensor) -> Tuple[Tensor, Dict[str, Tensor], Tensor]:
+        b = data.shape[0]
+        perturbed = photometric_perturbation(data, rgb=self.rgb)
+        features = model(torch.cat([data, perturbed], dim=0))
+        logits, fused = stage1_logits(self.head, features, data.shape[-2:])
+        views = []
+        for half in (slice(0, b), slice(b, 2 * b)):
+            views.append({"early": features[1][half], "middle": features[3][half], "late": fused[half]})
+        seg_clean = self.seg(logits[:b], target)
+        seg_perturbed = self.seg(logits[b:], target)
+        consistency = consistency_loss(logits[:b], logits[b:])
+        dispersive_total = self.dispersive(views[0]) + self.dispersive(views[1])
+        total = (seg_clean + seg_perturbed + self.consistency_weight * consistency
+                 + self.dispersive_weight * dispersive_total)
+        if self.idle_parameters is not None:
+            total = total + 0.0 * sum(p.sum() for p in self.idle_parameters)
+        terms = {"seg": seg_clean, "seg_perturbed": seg_perturbed, "consistency": consistency,
+                 "dispersive": dispersive_total}
+        return total, terms, views[0][self.diagnosed]

@@ -12,10 +12,10 @@ networks may become ``checkpoint_best.pth``.
 - :class:`Stage2` (epochs ``[stage1_epochs, num_epochs)``): the full network with deep supervision; the encoder
   + ELAT at ``stage2_encoder_lr``, everything else at ``stage2_lr``.
 
-The losses themselves are pure functions (``objectives``). A stage is made with what is fixed for the run (the
-plain network, the recipe, nnU-Net's Dice + CE, the dispersive loss, its epochs and its own parts) and told the
-model to run when it is called (the trainer's network may be wrapped by DDP or torch.compile); it reads nothing
-else of the trainer.
+The losses themselves are modules (``objectives``), built once when the stage is made: ``stage.loss(model, data,
+target)``. A stage is made with what is fixed for the run (the plain network, the recipe, nnU-Net's Dice + CE, the
+dispersive loss, its epochs and its own parts) and told the model to run when it is called (the trainer's network
+may be wrapped by DDP or torch.compile); it reads nothing else of the trainer.
 """
 from contextlib import contextmanager
 from typing import Dict, Iterator, List, Mapping, Optional, Tuple
@@ -25,8 +25,7 @@ from torch import Tensor, nn
 from nnunetv2_meddisseg.architectures import MedDisSegNet, MedDisSegOutput
 from nnunetv2_meddisseg.losses import DispersiveLoss
 from nnunetv2_meddisseg.module_wrappers import unwrap_module
-from nnunetv2_meddisseg.training.objectives import Stage2Weights, stage1_logits, stage1_loss, stage2_loss
-from nnunetv2_meddisseg.training.photometric import photometric_perturbation
+from nnunetv2_meddisseg.training.objectives import Stage1Loss, Stage2Loss, Stage2Weights, stage1_logits
 from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
 
 __all__ = ["STAGE_1", "STAGE_2", "STAGE_NAMES", "Stage", "Stage1", "Stage2", "checkpoint_stage"]
@@ -50,10 +49,6 @@ def checkpoint_stage(checkpoint: Mapping[str, object]) -> str:
     return name
 
 
-#: (total loss, the unweighted terms by name, the features of the first regularised layer for the diagnostics)
-StepLoss = Tuple[Tensor, Dict[str, Tensor], Tensor]
-
-
 class Stage:
     """What one stage decides; :class:`Stage1` and :class:`Stage2` fill it in.
 
@@ -75,6 +70,12 @@ class Stage:
     trains_whole_network: bool = False
     #: the names of the optimizer's groups (the ``lr_<name>`` and ``grad_norm_<name>`` curves)
     group_names: Tuple[str, ...] = ()
+    #: the name of the stage's compiled training graph (the log's ``torch.compile: graph ...`` line)
+    graph: str = ""
+    #: the loss of one training step (``objectives``): loss(model, data (B, C, H, W), target (B, 1, H, W)) ->
+    #: (total, the unweighted terms by name, the features of the first regularised layer for the diagnostics);
+    #: ``model`` is the network to call (possibly wrapped)
+    loss: nn.Module
 
     def __init__(self, network: MedDisSegNet, recipe: MedDisSegRecipe, seg: nn.Module, dispersive: DispersiveLoss,
                  first_epoch: int, num_epochs: int):
@@ -111,11 +112,6 @@ class Stage:
         """The optimizer's groups (``name``, ``params``, ``lr``), named as :attr:`group_names` says."""
         raise NotImplementedError
 
-    def loss(self, model: nn.Module, data: Tensor, target: Tensor) -> StepLoss:
-        """The loss of one training step: ``model`` is the network to call (possibly wrapped); data (B, C, H, W),
-        target (B, 1, H, W)."""
-        raise NotImplementedError
-
     def validation_logits(self, model: nn.Module, data: Tensor, plain: bool = False) -> Tensor:
         """Logits (B, K, H, W) of this stage's model for data (B, C, H, W); ``plain``: the unwrapped modules."""
         raise NotImplementedError
@@ -137,7 +133,7 @@ class Stage:
 
 class Stage1(Stage):
     """Stage I: encoder + ELAT with a light head, clean and photometrically perturbed views
-    (``objectives.stage1_loss``); the optimizer's groups ``head`` and ``encoder`` (encoder + ELAT).
+    (``objectives.Stage1Loss``); the optimizer's groups ``head`` and ``encoder`` (encoder + ELAT).
 
     Args:
         head: the head to call (``Stage1Head``, possibly wrapped by DDP).
@@ -146,7 +142,7 @@ class Stage1(Stage):
             expects a gradient for every parameter).
     """
 
-    name, number, numeral = STAGE_1, 1, "I"
+    name, number, numeral, graph = STAGE_1, 1, "I", "Stage I training"
     group_names = ("head", "encoder")
     #: where the recipe's ``stage1_checkpoint`` keeps the model at the end of Stage I
     CHECKPOINT = "checkpoint_stage1.pth"
@@ -154,9 +150,9 @@ class Stage1(Stage):
     def __init__(self, network: MedDisSegNet, recipe: MedDisSegRecipe, seg: nn.Module, dispersive: DispersiveLoss,
                  first_epoch: int, num_epochs: int, head: nn.Module, rgb: bool, distributed: bool = False):
         super().__init__(network, recipe, seg, dispersive, first_epoch, num_epochs)
-        self.head, self.rgb = head, rgb
-        self.idle_parameters = [p for p in network.non_encoder_parameters() if p.requires_grad] if distributed \
-            else None
+        self.head = head
+        idle = [p for p in network.non_encoder_parameters() if p.requires_grad] if distributed else None
+        self.loss = Stage1Loss(head, seg, dispersive, recipe, rgb, idle)
 
     @property
     def plain_head(self) -> nn.Module:
@@ -176,11 +172,6 @@ class Stage1(Stage):
         return [{"name": "head", "params": list(self.plain_head.parameters()), "lr": lr},
                 {"name": "encoder", "params": list(self.network.encoder_parameters()), "lr": lr}]
 
-    def loss(self, model: nn.Module, data: Tensor, target: Tensor) -> StepLoss:
-        perturbed = photometric_perturbation(data, rgb=self.rgb)
-        return stage1_loss(model, self.head, self.seg, self.dispersive, self.recipe, data, perturbed, target,
-                           self.idle_parameters)
-
     def validation_logits(self, model: nn.Module, data: Tensor, plain: bool = False) -> Tensor:
         head = self.plain_head if plain else self.head
         return stage1_logits(head, model(data), data.shape[-2:])[0]
@@ -199,7 +190,7 @@ class Stage1(Stage):
 
 
 class Stage2(Stage):
-    """Stage II: the full network with deep supervision (``objectives.stage2_loss``, its weights read from the
+    """Stage II: the full network with deep supervision (``objectives.Stage2Loss``, its weights read from the
     recipe once); the optimizer's groups ``decoder`` (everything but encoder + ELAT) and ``encoder`` (encoder + ELAT,
     at a lower learning rate).
 
@@ -207,15 +198,14 @@ class Stage2(Stage):
         ignore_label: nnU-Net's ignore label (such pixels count in no term of the fg/bg maps), or None.
     """
 
-    name, number, numeral = STAGE_2, 2, "II"
+    name, number, numeral, graph = STAGE_2, 2, "II", "Stage II training"
     trains_whole_network = True
     group_names = ("decoder", "encoder")
 
     def __init__(self, network: MedDisSegNet, recipe: MedDisSegRecipe, seg: nn.Module, dispersive: DispersiveLoss,
                  first_epoch: int, num_epochs: int, ignore_label: Optional[int] = None):
         super().__init__(network, recipe, seg, dispersive, first_epoch, num_epochs)
-        self.ignore_label = ignore_label
-        self.weights = Stage2Weights.from_recipe(recipe)
+        self.loss = Stage2Loss(seg, dispersive, Stage2Weights.from_recipe(recipe), ignore_label)
 
     def describe(self) -> str:
         recipe = self.recipe
@@ -227,11 +217,6 @@ class Stage2(Stage):
         return [{"name": "decoder", "params": list(self.network.non_encoder_parameters()), "lr": recipe.stage2_lr},
                 {"name": "encoder", "params": list(self.network.encoder_parameters()),
                  "lr": recipe.stage2_encoder_lr}]
-
-    def loss(self, model: nn.Module, data: Tensor, target: Tensor) -> StepLoss:
-        output = model(data)
-        total, terms = stage2_loss(output, target, self.seg, self.dispersive, self.weights, self.ignore_label)
-        return total, terms, output.features[self.dispersive.placements[0]]
 
     def validation_logits(self, model: nn.Module, data: Tensor, plain: bool = False) -> Tensor:
         output = model(data)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from nnunetv2_meddisseg.training.errors import TrainingInputRuntimeError
-from nnunetv2_meddisseg.training.finite_input import finite_per_sample, non_finite_input_message
+from nnunetv2_meddisseg.training.finite_input import Where, finite_per_sample, non_finite_input_message
 
 __all__ = ["PendingInputCheck", "group_gradient_norms", "step_report"]
 
@@ -20,10 +20,10 @@ class PendingInputCheck(NamedTuple):
 
     finite: torch.Tensor
     keys: Optional[Sequence[str]]
-    where: str
+    where: Where
 
     @classmethod
-    def of(cls, data: torch.Tensor, keys: Optional[Sequence[str]], where: str) -> "PendingInputCheck":
+    def of(cls, data: torch.Tensor, keys: Optional[Sequence[str]], where: Where) -> "PendingInputCheck":
         """data: (B, C, ...) on the device (no sync)."""
         return cls(finite_per_sample(data), keys, where)
 

@@ -18,11 +18,16 @@ The arms of finished studies are in ``nnunetv2_meddisseg.ablation.study_trainers
 """
 from dataclasses import replace
 from types import MappingProxyType
+from typing import List, Optional
+
+import torch
+from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
 
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.recipe import ScheduleRecipe
-from nnunetv2_meddisseg.training.seeded_trainer import SeededTrainer
+from nnunetv2_meddisseg.training.seeding import seed_epoch
+from nnunetv2_meddisseg.training.trainer_base import final_validation_skipped, peak_memory_line, run_lines, set_up_run
 
 __all__ = [
     "nnUNetTrainerMedDisSeg_smoke", "nnUNetTrainerMedDisSeg_250epochs", "nnUNetTrainerMedDisSeg_100epochs",
@@ -173,16 +178,48 @@ class nnUNetTrainerDispersive_cosine(nnUNetTrainerDispersive):
     recipe = replace(DISPERSIVE, dispersive_variant="infonce_cosine")
 
 
-class nnUNetTrainerBaseline(SeededTrainer):
+class nnUNetTrainerBaseline(nnUNetTrainer):
     """default nnU-Net (network, loss, SGD, augmentation), seeded as our trainers are"""
+    #: run seed; None: ``nnUNet_meddisseg_seed`` if set, else random (``seeding``)
+    seed: Optional[int] = None
     recipe = ScheduleRecipe()
 
+    # the run seed and the recipe's schedule as in ``trainer_base.TrainerBase``, nothing else of it
+    def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
+                 device: torch.device = torch.device("cuda")):
+        super().__init__(plans, configuration, fold, dataset_json, device)
+        set_up_run(self, type(self).recipe)
 
-class nnUNetTrainerBaseline_smoke(SeededTrainer):
+    def initialize(self) -> None:
+        if not self.was_initialized:
+            seed_epoch(self.run_seed, None, self.local_rank)  # the initial weights depend on the run seed only
+        super().initialize()
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        for line in run_lines(self):
+            self.print_to_log_file(line)
+
+    def perform_actual_validation(self, save_probabilities: bool = False) -> None:
+        if not final_validation_skipped(self):
+            super().perform_actual_validation(save_probabilities)
+
+    def on_epoch_start(self) -> None:
+        super().on_epoch_start()
+        seed_epoch(self.run_seed, self.current_epoch, self.local_rank)
+
+    def on_train_epoch_end(self, train_outputs: List[dict]) -> None:
+        super().on_train_epoch_end(train_outputs)
+        peak = peak_memory_line(self)
+        if peak:
+            self.print_to_log_file(peak)
+
+
+class nnUNetTrainerBaseline_smoke(nnUNetTrainerBaseline):
     """nnUNetTrainerBaseline for 3 epochs of 4 iterations: tests"""
     recipe = ScheduleRecipe(num_epochs=3, iterations_per_epoch=4, val_iterations_per_epoch=2)
 
 
-class nnUNetTrainerBaseline_demo(SeededTrainer):
+class nnUNetTrainerBaseline_demo(nnUNetTrainerBaseline):
     """nnUNetTrainerBaseline on the demo's schedule"""
     recipe = ScheduleRecipe(**DEMO_SCHEDULE)

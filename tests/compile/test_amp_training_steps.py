@@ -7,7 +7,6 @@ The trainer is built in-process from a hand-written 32x32 plan (MedDisSegNet wit
 arguments: ELAT, TeLU, fusion "sum") and fed one batch through the hooks ``run_training`` calls.
 """
 import math
-from contextlib import contextmanager
 from copy import deepcopy
 from dataclasses import replace
 
@@ -61,12 +60,7 @@ def trainer(tmp_path, monkeypatch):
 
 def _use_amp(trainer, monkeypatch, dtype: torch.dtype) -> None:
     """What nnU-Net sets up on CUDA, on CPU: autocast in ``dtype`` and a GradScaler."""
-    @contextmanager
-    def autocast():
-        with torch.autocast("cpu", dtype=dtype):
-            yield
-
-    monkeypatch.setattr(trainer, "_autocast", autocast)
+    monkeypatch.setattr(trainer, "autocast", torch.autocast("cpu", dtype=dtype))
     trainer.grad_scaler = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE)
 
 

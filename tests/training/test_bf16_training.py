@@ -39,9 +39,9 @@ def test_default_keeps_nnunet_precision(nnunet_dirs, monkeypatch):
     monkeypatch.delenv(BF16_ENVIRONMENT_VARIABLE, raising=False)
     trainer = make_trainer(plans=tiny_plans(MEDDISSEG), num_epochs=2, initialize=False)
     assert not trainer.bf16
-    with trainer._autocast():
+    with trainer.autocast:
         assert not torch.is_autocast_enabled("cpu")  # nnU-Net: no autocast on the CPU
     monkeypatch.setenv(BF16_ENVIRONMENT_VARIABLE, "true")
     trainer = make_trainer(plans=tiny_plans(MEDDISSEG), num_epochs=2, initialize=False)
-    with trainer._autocast():
+    with trainer.autocast:
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16

@@ -3,7 +3,7 @@ import torch
 
 from nnunetv2_meddisseg.architectures import MedDisSegOutput
 from nnunetv2_meddisseg.losses import DispersiveLoss
-from nnunetv2_meddisseg.training.objectives import Stage2Weights, segmentation_loss, stage2_loss
+from nnunetv2_meddisseg.training.objectives import Stage2Loss, Stage2Weights, segmentation_loss
 
 
 def _output(seed: int) -> MedDisSegOutput:
@@ -16,7 +16,7 @@ def _output(seed: int) -> MedDisSegOutput:
 
 @pytest.mark.parametrize("batch_dice,ignore_label", [(True, None), (False, None), (True, 3)])
 def test_one_pass_over_the_four_maps_equals_the_loss_called_per_map(batch_dice, ignore_label):
-    """stage2_loss scores the four maps in one pass where the loss is nnU-Net's Dice + CE; a loss it does not
+    """Stage2Loss scores the four maps in one pass where the loss is nnU-Net's Dice + CE; a loss it does not
     recognise (here the same loss behind a function) is called per map: same terms, same gradients."""
     seg = segmentation_loss(batch_dice, ignore_label)
     generator = torch.Generator().manual_seed(9)
@@ -25,7 +25,7 @@ def test_one_pass_over_the_four_maps_equals_the_loss_called_per_map(batch_dice, 
     results = []
     for loss in (seg, lambda o, t: seg(o, t)):
         output = _output(0)
-        total, terms = stage2_loss(output, target, loss, DispersiveLoss(placement="all"), weights, ignore_label)
+        total, terms = Stage2Loss(loss, DispersiveLoss(placement="all"), weights, ignore_label).terms(output, target)
         total.backward()
         grads = [output.logits.grad] + [p.grad for p in output.path_logits]
         results.append((total, terms, grads))
@@ -43,7 +43,7 @@ def test_without_path_supervision_the_paths_are_not_scored():
     target = torch.randint(0, 3, (3, 1, 8, 8)).double()
     weights = Stage2Weights(path_supervision=0.0, fg_bg=1.0, complementarity=0.3, dispersive=0.0)
     output = _output(1)
-    total, terms = stage2_loss(output, target, seg, None, weights)
+    total, terms = Stage2Loss(seg, None, weights).terms(output, target)
     assert "seg_paths" not in terms and "dispersive" not in terms
     total.backward()
     assert all(p.grad is None for p in output.path_logits)

@@ -68,8 +68,8 @@ def _epoch(trainer, batch) -> dict:
 
 
 def _meddisseg_worker(rank, world_size, folder):
-    from nnunetv2_meddisseg.training import extended_trainer as base_module
-    from nnunetv2_meddisseg.training import stages as stages_module
+    from nnunetv2_meddisseg.training import objectives as objectives_module
+    from nnunetv2_meddisseg.training import trainer_base as base_module
     from nnunetv2_meddisseg.training.photometric import photometric_perturbation
     from nnunetv2_meddisseg.training.seeding import seed_epoch
 
@@ -78,8 +78,8 @@ def _meddisseg_worker(rank, world_size, folder):
     save = base_module.save_checkpoint_file
     base_module.save_checkpoint_file = lambda obj, filename: saved.append(Path(filename).name) or save(obj, filename)
     perturbed = []
-    perturb = stages_module.photometric_perturbation
-    stages_module.photometric_perturbation = lambda x, rgb: perturbed.append(perturb(x, rgb=rgb)) or perturbed[-1]
+    perturb = objectives_module.photometric_perturbation
+    objectives_module.photometric_perturbation = lambda x, rgb: perturbed.append(perturb(x, rgb=rgb)) or perturbed[-1]
 
     results = {}
     plans = tiny_plans(MEDDISSEG)
@@ -124,7 +124,7 @@ def _meddisseg_worker(rank, world_size, folder):
     if rank == 1:
         bad["data"][1, 0, 3, 3] = float("nan")
     try:
-        trainer._batch_to_device(bad, training=True)
+        trainer._batch_to_device(bad)
         results["nan_error"] = None
     except RuntimeError as error:
         results["nan_error"] = str(error)

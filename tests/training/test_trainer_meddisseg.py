@@ -503,6 +503,7 @@ def test_dispersion_diagnostics_once_per_epoch(nnunet_dirs, monkeypatch):
     batch = make_batch()
     for epoch in range(2):  # Stage I, then Stage II
         trainer.current_epoch = epoch
+        trainer.on_epoch_start()  # the diagnostics are due again from here (as nnU-Net's loop calls it)
         trainer.on_train_epoch_start()
         outputs = [trainer.train_step(batch) for _ in range(3)]
         assert len(calls) == epoch + 1

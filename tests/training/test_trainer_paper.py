@@ -14,7 +14,7 @@ from batchgeneratorsv2.transforms.spatial.mirroring import MirrorTransform
 from batchgeneratorsv2.transforms.spatial.spatial import SpatialTransform
 from test_trainer_meddisseg import DATASET, make_trainer
 
-from nnunetv2_meddisseg.training import extended_trainer
+from nnunetv2_meddisseg.training import trainer_base
 from nnunetv2_meddisseg.training.lr_schedule import cosine_lr
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg_paper import (
     EarlyStopping,
@@ -82,7 +82,7 @@ def test_early_stopping_fires_on_an_ema_plateau_in_stage2(nnunet_dirs, monkeypat
     trainer.early_stopping = EarlyStopping(patience=4)
     trainer.disable_checkpointing = True
     monkeypatch.setattr(trainer.logger, "plot_progress_png", lambda *a, **k: None)
-    monkeypatch.setattr(extended_trainer, "plot_curves", lambda *a, **k: None)
+    monkeypatch.setattr(trainer_base, "plot_curves", lambda *a, **k: None)
     # high in Stage I (must not count), a peak early in Stage II, then a plateau below it
     dice = [0.9, 0.9, 0.1, 0.5, 0.9, 0.9] + [0.2] * 10
     stopped_at = None
@@ -122,7 +122,7 @@ def _loop_trainer(monkeypatch, dice, patience=3, num_epochs=20):
         os.makedirs(self.output_folder, exist_ok=True)
 
     monkeypatch.setattr(nnUNetTrainer, "on_train_start", start)
-    monkeypatch.setattr(extended_trainer, "plot_curves", lambda *a, **k: None)
+    monkeypatch.setattr(trainer_base, "plot_curves", lambda *a, **k: None)
     trainer = make_trainer(nnUNetTrainerMedDisSeg_paper, initialize=False, num_epochs=num_epochs, stage1_epochs=2)
     trainer.num_iterations_per_epoch, trainer.num_val_iterations_per_epoch = 2, 1
     trainer.early_stopping = EarlyStopping(patience)
