@@ -36,8 +36,8 @@ __all__ = ["MedDisSegOutput", "MedDisSegNet", "cpu_bf16_requested", "cpu_support
 SIZE_DIVISOR = 16
 
 def cpu_bf16_requested() -> bool:
-    """True when ``nnUNet_meddisseg_cpu_bf16`` is set (a flag): inference forwards on the CPU run under bfloat16
-    autocast. Read at every forward, so it also reaches networks built by ``nnUNetv2_predict`` and its workers."""
+    """True when ``nnUNet_meddisseg_cpu_bf16`` is set (a flag): the default of :class:`MedDisSegNet`'s ``cpu_bf16``,
+    read where a network is built (so it reaches the networks ``nnUNetv2_predict`` builds from the plans)."""
     return flag_is_set(CPU_BF16_ENVIRONMENT_VARIABLE)
 
 
@@ -128,7 +128,8 @@ class MedDisSegNet(nn.Module):
     ELAT refines each encoder output on a side path (the ResNet chain itself is unchanged, so
     pretrained weights see the inputs they were trained on).
 
-    With the environment variable ``nnUNet_meddisseg_cpu_bf16`` set, an inference forward (eval mode,
+    With ``cpu_bf16`` (default: whether the environment variable ``nnUNet_meddisseg_cpu_bf16`` is set where the
+    network is built; a plain attribute after that), an inference forward (eval mode,
     deep supervision off, input on the CPU: what ``nnUNetv2_predict -device cpu`` runs) computes under
     ``torch.autocast("cpu", dtype=torch.bfloat16)`` (encoder and ELAT in fp32, weights in channels-last
     memory format, see :meth:`_forward_cpu_bf16`) and returns fp32 logits, if the CPU supports bf16
@@ -155,6 +156,7 @@ class MedDisSegNet(nn.Module):
         norm_op_kwargs: Optional[dict] = None,
         added_norm_op: Union[str, Type[nn.Module], None] = None,
         added_norm_op_kwargs: Optional[dict] = None,
+        cpu_bf16: Optional[bool] = None,
     ) -> None:
         super().__init__()
         conv_op = _resolve_op(conv_op, "conv_op")
@@ -184,6 +186,8 @@ class MedDisSegNet(nn.Module):
         self.input_channels = input_channels
         self.num_classes = num_classes
         self.encoder_only = False
+        #: CPU inference forwards under bf16 autocast (class docstring)
+        self.cpu_bf16 = cpu_bf16_requested() if cpu_bf16 is None else bool(cpu_bf16)
         self._channels_last = False  # weights moved to channels-last (CUDA forwards, the CPU bf16 forward)
         ops = dict(conv_op=conv_op, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs)
         #: (class, kwargs) of the normalisation in the blocks added to the encoder (also the Stage I head's)
@@ -238,7 +242,7 @@ class MedDisSegNet(nn.Module):
     def _cpu_bf16_inference(self, x: Tensor) -> bool:
         """Whether this forward runs under CPU bf16 autocast (see the class docstring)."""
         if (self.training or self.encoder_only or self.decoder.deep_supervision or x.device.type != "cpu"
-                or not cpu_bf16_requested()):
+                or not self.cpu_bf16):
             return False
         if not cpu_supports_bf16():
             _warn_no_cpu_bf16()

@@ -26,15 +26,13 @@ natural images (.png, .bmp, .tif) whose plans keep the image spacing (1, 1), i.e
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import json
 import math
-import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -62,7 +60,6 @@ from nnunetv2_meddisseg.deploy.precision_guard import (
     guard_folds,
     read_case,
 )
-from nnunetv2_meddisseg.environment import CPU_BF16_ENVIRONMENT_VARIABLE
 from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.module_wrappers import unwrap_module
 
@@ -86,17 +83,6 @@ def _onnx_modules():
     except ImportError as e:
         raise UserError(f"{e.name} is not installed: pip install 'nnunetv2_meddisseg[onnx]'") from e
     return onnx, onnxruntime
-
-
-@contextlib.contextmanager
-def _fp32_prediction() -> Iterator[None]:
-    """Within the context, the network predicts in fp32 on the CPU (the CPU bf16 switch is off)."""
-    previous = os.environ.pop(CPU_BF16_ENVIRONMENT_VARIABLE, None)
-    try:
-        yield
-    finally:
-        if previous is not None:
-            os.environ[CPU_BF16_ENVIRONMENT_VARIABLE] = previous
 
 
 def trace_to_onnx(network: torch.nn.Module, example: torch.Tensor, form: Optional[str] = None) -> bytes:
@@ -298,6 +284,8 @@ def export_model(args) -> Tuple[Path, dict]:
     _refuse_unsupported(predictor, args.c)
     preprocessed = _preprocessed_folder(predictor)
     network = unwrap_module(predictor.network).cpu().eval()  # uncompiled
+    if hasattr(network, "cpu_bf16"):
+        network.cpu_bf16 = False  # the graphs hold the fp32 forward, whatever nnUNet_meddisseg_cpu_bf16 says
     inputs = _check_inputs(predictor, preprocessed)
     if not any(name.startswith("case ") for name in inputs):
         where = "nnUNet_preprocessed is not set" if preprocessed is None else f"none in {preprocessed}"
@@ -306,24 +294,23 @@ def export_model(args) -> Tuple[Path, dict]:
     models, folds = {}, []
     # the fields the graphs hold, checked before the tracing: the folds filled in below are the export's own
     description = validate_description(_description(predictor, args, folds), output / DESCRIPTION_FILE, GraphFields)
-    with _fp32_prediction():
-        for fold, parameters in zip(args.f, predictor.list_of_parameters):
-            network.load_state_dict(parameters)
-            model = bind_graph(declare_channels(trace_to_onnx(network, example), example.shape[1],
-                                                predictor.label_manager.num_segmentation_heads), description)
-            checks = compare_with_onnxruntime(network, model, inputs)
-            worst = max(checks, key=lambda c: c["relative_difference"])
-            if not worst["relative_difference"] <= args.tolerance:
-                raise UserError(
-                    f"fold {fold}: ONNX Runtime's logits differ from PyTorch's by {worst['max_abs_difference']:.3g} on "
-                    f"the {worst['input']} (largest |logit| {worst['max_abs_logit']:.3g}; relative "
-                    f"{worst['relative_difference']:.2e} > tolerance {args.tolerance:g}): the export is wrong, "
-                    f"nothing written")
-            models[str(fold)] = model
-            folds.append({"fold": str(fold), "file": fold_model_file(fold), "sha256": sha256_of(model),
-                          "checks": checks})
-            print(f"fold {fold}: exported, ONNX Runtime vs PyTorch: largest relative difference "
-                  f"{worst['relative_difference']:.1e} ({len(checks)} inputs)")
+    for fold, parameters in zip(args.f, predictor.list_of_parameters):
+        network.load_state_dict(parameters)
+        model = bind_graph(declare_channels(trace_to_onnx(network, example), example.shape[1],
+                                            predictor.label_manager.num_segmentation_heads), description)
+        checks = compare_with_onnxruntime(network, model, inputs)
+        worst = max(checks, key=lambda c: c["relative_difference"])
+        if not worst["relative_difference"] <= args.tolerance:
+            raise UserError(
+                f"fold {fold}: ONNX Runtime's logits differ from PyTorch's by {worst['max_abs_difference']:.3g} on "
+                f"the {worst['input']} (largest |logit| {worst['max_abs_logit']:.3g}; relative "
+                f"{worst['relative_difference']:.2e} > tolerance {args.tolerance:g}): the export is wrong, "
+                f"nothing written")
+        models[str(fold)] = model
+        folds.append({"fold": str(fold), "file": fold_model_file(fold), "sha256": sha256_of(model),
+                      "checks": checks})
+        print(f"fold {fold}: exported, ONNX Runtime vs PyTorch: largest relative difference "
+              f"{worst['relative_difference']:.1e} ({len(checks)} inputs)")
     extra = {}
     if reduced:
         extra = guard_folds(description, models, preprocessed, reduced, Bounds(args.min_dice_to_fp32,

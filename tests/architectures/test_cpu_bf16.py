@@ -1,4 +1,5 @@
-"""The opt-in CPU bfloat16 inference switch of MedDisSegNet (environment variable nnUNet_meddisseg_cpu_bf16)."""
+"""The opt-in CPU bfloat16 inference switch of MedDisSegNet (``cpu_bf16``; by default the environment variable
+nnUNet_meddisseg_cpu_bf16 where the network is built)."""
 import warnings
 from types import SimpleNamespace
 
@@ -22,13 +23,15 @@ TRAINING_STEPS = 15
 @pytest.fixture(scope="module")
 def net():
     torch.manual_seed(0)
-    return MedDisSegNet(3, 2)
+    return MedDisSegNet(3, 2, cpu_bf16=False)
 
 
 @pytest.fixture
-def bf16_cpu(monkeypatch):
-    """The switch on, on a CPU treated as bf16-capable (autocast runs on any CPU, natively or not)."""
+def bf16_cpu(monkeypatch, net):
+    """The switch on (``net``'s, and the variable for networks built now), on a CPU treated as bf16-capable
+    (autocast runs on any CPU, natively or not)."""
     monkeypatch.setenv(CPU_BF16_ENV, "1")
+    monkeypatch.setattr(net, "cpu_bf16", True)
     monkeypatch.setattr(meddisseg, "cpu_supports_bf16", lambda: True)
 
 
@@ -61,10 +64,24 @@ def test_switch_values(monkeypatch, value, on):
     assert meddisseg.cpu_bf16_requested() is on
 
 
-def test_switch_off_by_default(monkeypatch, net):
+def test_switch_off_by_default(monkeypatch):
     monkeypatch.delenv(CPU_BF16_ENV, raising=False)
+    net = MedDisSegNet(3, 2)
+    assert net.cpu_bf16 is False
     inner, logits = _forward_dtypes(_mode(net, training=False), torch.randn(1, 3, 32, 32))
     assert inner == torch.float32 and logits.dtype == torch.float32
+
+
+def test_the_variable_is_read_where_the_network_is_built_not_in_forward(monkeypatch):
+    monkeypatch.setattr(meddisseg, "cpu_supports_bf16", lambda: True)
+    monkeypatch.setenv(CPU_BF16_ENV, "1")
+    on = _mode(MedDisSegNet(3, 2), training=False)
+    assert on.cpu_bf16 is True and MedDisSegNet(3, 2, cpu_bf16=False).cpu_bf16 is False
+    monkeypatch.delenv(CPU_BF16_ENV)
+    assert _forward_dtypes(on, torch.randn(1, 3, 32, 32))[0] == torch.bfloat16  # unset later: still on
+    off = _mode(MedDisSegNet(3, 2), training=False)
+    monkeypatch.setenv(CPU_BF16_ENV, "1")
+    assert off.cpu_bf16 is False and _forward_dtypes(off, torch.randn(1, 3, 32, 32))[0] == torch.float32
 
 
 def test_switch_runs_inference_in_bf16_and_returns_fp32(bf16_cpu, net):
@@ -99,7 +116,7 @@ def test_cuda_forward_is_unchanged(bf16_cpu):
 
 
 def test_cpu_without_bf16_warns_once_and_runs_fp32(monkeypatch, net):
-    monkeypatch.setenv(CPU_BF16_ENV, "1")
+    monkeypatch.setattr(net, "cpu_bf16", True)
     monkeypatch.setattr(meddisseg, "_cpu_bf16_flags", lambda: False)
     meddisseg.cpu_supports_bf16.cache_clear()
     meddisseg._warn_no_cpu_bf16.cache_clear()
@@ -163,9 +180,9 @@ def test_trained_network_bf16_predictions_agree_with_fp32(monkeypatch):
     x, y = _blobs(generator, 8, 32)
     net.eval()
     with torch.no_grad():
-        monkeypatch.delenv(CPU_BF16_ENV, raising=False)
+        net.cpu_bf16 = False
         fp32 = net(x)
-        monkeypatch.setenv(CPU_BF16_ENV, "1")
+        net.cpu_bf16 = True
         monkeypatch.setattr(meddisseg, "cpu_supports_bf16", lambda: True)
         bf16 = net(x)
     assert fp32.dtype == bf16.dtype == torch.float32
@@ -196,8 +213,8 @@ def test_switch_keeps_encoder_fp32_and_moves_weights_to_channels_last(bf16_cpu):
     assert all(torch.equal(before[k], after[k]) for k in before)  # same values, another memory layout
     # switched off again, the network computes what a never-converted copy computes (up to the rounding
     # of another convolution algorithm for the other layout: seen 1.8e-4)
-    reference = _mode(MedDisSegNet(3, 2), training=False)
+    reference = _mode(MedDisSegNet(3, 2, cpu_bf16=False), training=False)
     reference.load_state_dict(before)
-    meddisseg.os.environ.pop(CPU_BF16_ENV)
+    net.cpu_bf16 = False
     with torch.no_grad():
         torch.testing.assert_close(net(x), reference(x), rtol=1e-3, atol=1e-3)
