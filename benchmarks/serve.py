@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List
@@ -54,6 +55,9 @@ def _parser():
     p.add_argument("--threads", type=int, default=2, help="the runtime's threads, the same for every arm")
     p.add_argument("--max-batch-size", type=int, default=8)
     p.add_argument("--batch-timeout-ms", type=float, default=10.0)
+    p.add_argument("--request-timeout-s", type=float, default=300.0,
+                   help="the server's --request_timeout_s: above the queueing of --clients requests, so that a slow "
+                        "machine shows in the latencies, not as failures")
     p.add_argument("--disable-tta", action="store_true")
     return p
 
@@ -161,7 +165,8 @@ def measure(name: str, model: Path, images: Path, args, work: Path) -> Dict[str,
     port = _free_port()
     serve_args = [sys.executable, "-m", "nnunetv2_meddisseg.deploy.serve", "-m", str(model), "--port", str(port),
                   "--threads", str(args.threads), "--max_batch_size", str(args.max_batch_size), "--batch_timeout_ms",
-                  str(args.batch_timeout_ms), "--max_queue", str(max(64, 2 * args.clients))] + \
+                  str(args.batch_timeout_ms), "--max_queue", str(max(64, 2 * args.clients)),
+                  "--request_timeout_s", str(args.request_timeout_s)] + \
         (["--disable_tta"] if args.disable_tta else [])
     with open(work / f"{name}_server.log", "w") as log:
         proc = subprocess.Popen(serve_args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -195,6 +200,9 @@ def measure(name: str, model: Path, images: Path, args, work: Path) -> Dict[str,
             os.killpg(proc.pid, 9)
     latencies = [ms for status, ms, _ in results if status == 200]
     failed = sum(status != 200 for status, _, _ in results)
+    failed_by_status = {str(k): v for k, v in sorted(Counter("no answer" if status is None else status
+                                                             for status, _, _ in results if status != 200).items(),
+                                                     key=lambda kv: str(kv[0]))}
     served = len(results) / served_s
     folder = len(files) / folder_s
     per_image = len(per_image_s) / sum(per_image_s) if per_image_s else float("nan")
@@ -202,7 +210,8 @@ def measure(name: str, model: Path, images: Path, args, work: Path) -> Dict[str,
             "vs_command_per_image": round(served / per_image, 3),
             "p50_ms": round(float(np.percentile(latencies, 50)), 1) if latencies else None,
             "p99_ms": round(float(np.percentile(latencies, 99)), 1) if latencies else None,
-            "failed_requests": failed, "clients": args.clients, "requests": len(results),
+            "failed_requests": failed, "failed_by_status": failed_by_status, "clients": args.clients,
+            "requests": len(results),
             "masks_identical_to_folder_command": sum(same for _, _, same in results),
             "folder_command_images_per_s": round(folder, 3), "folder_images": len(files),
             "command_per_image_images_per_s": round(per_image, 3), "command_per_image_images": len(per_image_s)}
@@ -210,6 +219,8 @@ def measure(name: str, model: Path, images: Path, args, work: Path) -> Dict[str,
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    # as typed: the generated dataset's folder (a temporary one) is not recorded
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("work", "out")}
     with tempfile.TemporaryDirectory(prefix="serve_bench_") as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -223,8 +234,7 @@ def main(argv=None) -> int:
                    for name, folder in models.items()}
     payload = {"machine": machine_info(), "command": command_line(),
                "note": "other processes may share this CPU: the ratios are side by side in one run",
-               "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                            if k not in ("work", "out")},
+               "settings": settings,
                "results": results}
     rows = [[name, r["images_per_s"], f"{r['vs_folder_command']}x", f"{r['vs_command_per_image']}x", r["p50_ms"],
              r["p99_ms"], r["failed_requests"], f"{r['masks_identical_to_folder_command']}/{r['requests']}"]

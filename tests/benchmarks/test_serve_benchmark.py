@@ -29,6 +29,7 @@ def test_serve_benchmark_on_a_tiny_export(tmp_path):
     result = payload["results"]["tiny"]
     assert FIELDS <= set(result)
     assert result["clients"] == 2 and result["requests"] == 6 and result["failed_requests"] == 0
+    assert result["failed_by_status"] == {}
     assert result["masks_identical_to_folder_command"] == 6
     assert result["images_per_s"] > 0 and result["p50_ms"] <= result["p99_ms"]
     missed = (result["vs_folder_command"] < serve_benchmark.TARGET_VS_FOLDER
