@@ -8,12 +8,13 @@ import io
 import numpy as np
 import pytest
 import torch
+from scratch import scratch_folder
 
 from nnunetv2_meddisseg.deploy.runtimes import OnnxRuntimeSession, OpenVinoSession, installed_runtimes
 
 
 @pytest.fixture(scope="module")
-def unet_graph(tmp_path_factory):
+def unet_graph(request, tmp_path_factory):
     from dynamic_network_architectures.architectures.unet import PlainConvUNet
 
     torch.manual_seed(0)
@@ -23,7 +24,7 @@ def unet_graph(tmp_path_factory):
     buffer = io.BytesIO()
     torch.onnx.export(net, (torch.zeros(1, 3, 64, 64),), buffer, input_names=["image"], output_names=["logits"],
                       opset_version=18, dynamo=False, dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}})
-    path = tmp_path_factory.mktemp("graph") / "unet.onnx"
+    path = scratch_folder(request, tmp_path_factory, "graph") / "unet.onnx"
     path.write_bytes(buffer.getvalue())
     return path
 
