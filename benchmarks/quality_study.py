@@ -173,9 +173,9 @@ class Study:
             found = json.loads(validation.read_text())
             result["val_dice"] = found["foreground_mean"]["Dice"]
             # nnU-Net's per-case metrics, of the first foreground label (Kvasir-SEG has one)
-            result["val_per_case"] = {Path(c["reference_file"]).name.split(".")[0]: {
-                "dice": next(iter(c["metrics"].values()))["Dice"], "iou": next(iter(c["metrics"].values()))["IoU"]}
-                for c in found["metric_per_case"]}
+            first_label = [(Path(c["reference_file"]).name.split(".")[0], next(iter(c["metrics"].values())))
+                           for c in found["metric_per_case"]]
+            result["val_per_case"] = {case: {"dice": m["Dice"], "iou": m["IoU"]} for case, m in first_label}
         elif self.validation_only:
             self._say(f"FAILED {tag}: no final validation ({validation} missing)")
             return {**result, "status": f"failed: no final validation ({validation} missing)"}
