@@ -18,7 +18,6 @@ ratios, not absolute figures).
 import http.client
 import io
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -227,9 +226,7 @@ def main(argv=None) -> int:
         models = ({name: Path(folder) for name, folder in (m.split("=", 1) for m in args.model)} if args.model
                   else _generated_models(args, work))
         images = args.images or _generated_images(work / "images", args.num_images)
-        runs = work / "runs"
-        shutil.rmtree(runs, ignore_errors=True)
-        runs.mkdir()
+        runs = Path(tempfile.mkdtemp(prefix="runs_", dir=work))  # never a folder that was there before
         results = {name: measure(name.replace(" ", "_"), folder, Path(images), args, runs)
                    for name, folder in models.items()}
     payload = {"machine": machine_info(), "command": command_line(),
