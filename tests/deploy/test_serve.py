@@ -32,8 +32,10 @@ pytest.importorskip("litserve")
 
 HOST = "127.0.0.1"
 CASES = ("case0", "case1", "case2")
-#: a case that takes the tiny model about a second (its tiles x 4 mirrorings x 2 folds)
-SLOW_SHAPE = (160, 160, 3)
+#: a case that takes the tiny model a few seconds of CPU (its tiles x 4 mirrorings x 2 folds)
+SLOW_SHAPE = (224, 224, 3)
+#: CPU time after which a worker is surely predicting the slow case, well before it is done
+CPU_WHEN_BUSY_S = 0.3
 MAX_REQUEST_BYTES = 200_000
 
 
@@ -258,6 +260,20 @@ def _worker_pids(proc: subprocess.Popen) -> list:
     return pids
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User and system time the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _wait_until_predicting(pid: int, timeout: float = 30) -> None:
+    """Return once the worker has spent CPU_WHEN_BUSY_S on a request: a fixed sleep races a fast machine."""
+    start, end = _cpu_seconds(pid), time.monotonic() + timeout
+    while _cpu_seconds(pid) - start < CPU_WHEN_BUSY_S:
+        assert time.monotonic() < end, f"worker {pid} did not start predicting within {timeout} s"
+        time.sleep(0.02)
+
+
 @pytest.mark.e2e
 def test_full_queue_killed_worker_and_sigterm_with_a_request_in_flight(exported):
     server = Server(exported, "--max_queue", "2", "--max_batch_size", "1")
@@ -275,7 +291,7 @@ def test_full_queue_killed_worker_and_sigterm_with_a_request_in_flight(exported)
         assert len(workers) == 1
         with ThreadPoolExecutor(1) as pool:
             in_flight = pool.submit(server.predict, slow)
-            time.sleep(0.5)
+            _wait_until_predicting(workers[0])
             os.kill(workers[0], signal.SIGKILL)
             status, body = in_flight.result(60)
         assert status == 503 and "restarted" in _one_line(body)
@@ -289,7 +305,7 @@ def test_full_queue_killed_worker_and_sigterm_with_a_request_in_flight(exported)
         result = {}
         client = threading.Thread(target=lambda: result.update(answer=server.predict(slow)))
         client.start()
-        time.sleep(0.5)
+        _wait_until_predicting(_worker_pids(server.proc)[0])
         server.proc.send_signal(signal.SIGTERM)
         client.join(60)
         assert result["answer"][0] == 200
