@@ -122,10 +122,22 @@ def network_from_plans(entry: dict, input_channels: int, num_classes: int, deep_
 
 
 def set_mode(net: nn.Module, training: bool, deep_supervision: bool) -> nn.Module:
-    """train()/eval() and the deep-supervision switch nnU-Net sets (``network.decoder.deep_supervision``)."""
+    """train()/eval() and the deep-supervision switch nnU-Net sets on its networks
+    (``network.decoder.deep_supervision``; MedDisSegNet's output is chosen per call, :func:`forward`)."""
     net.train(training)
     net.decoder.deep_supervision = deep_supervision
     return net
+
+
+def forward(net: nn.Module, x, training: bool):
+    """``net(x)`` as a training step calls it (MedDisSegNet: every output, ``output="all"``; nnU-Net's networks:
+    what :func:`set_mode` switched on) or as prediction does (logits)."""
+    from nnunetv2_meddisseg.architectures import MedDisSegNet
+    from nnunetv2_meddisseg.module_wrappers import unwrap_module
+
+    if training and isinstance(unwrap_module(net), MedDisSegNet):
+        return net(x, output="all")
+    return net(x)
 
 
 def make_batch(batch: int, size: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:

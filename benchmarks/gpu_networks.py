@@ -131,7 +131,7 @@ def training_call(net, name: str, batch: int, size: int, bf16: bool, device) -> 
     def step():
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = loss_fn(net(x), target)
+            loss = loss_fn(net(x, output="all") if name == "meddisseg" else net(x), target)
         backward_clip_step(loss, optimizer, None, net.parameters())
         return loss
     return step

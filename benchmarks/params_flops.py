@@ -12,6 +12,7 @@ from common import (
     argument_parser,
     build_network,
     command_line,
+    forward,
     machine_info,
     markdown_table,
     parameters,
@@ -36,12 +37,13 @@ def count_flops(net: torch.nn.Module, x: torch.Tensor, training: bool, backward:
     counter = FlopCounterMode(display=False, depth=None)
     with counter:
         if backward:
-            leaves = [t for t in tree_leaves(net(x)) if isinstance(t, torch.Tensor) and t.requires_grad]
+            outputs = tree_leaves(forward(net, x, training))
+            leaves = [t for t in outputs if isinstance(t, torch.Tensor) and t.requires_grad]
             sum(t.float().mean() for t in leaves).backward()
             net.zero_grad(set_to_none=True)
         else:
             with torch.no_grad():
-                net(x)
+                forward(net, x, training)
     per_module = {k: int(sum(v.values())) for k, v in counter.get_flop_counts().items()}
     return int(counter.get_total_flops()), per_module
 

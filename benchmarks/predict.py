@@ -53,12 +53,7 @@ def calibrate_batch_norm(network, batches: Sequence) -> None:
 
     if not batchnorm_layers([network]):
         return
-    encoder_only = getattr(network, "encoder_only", None)
-    if encoder_only is not None:
-        network.encoder_only = False  # Med-DisSeg's trainer starts in Stage I (encoder only)
     recalibrate_batchnorm([network], batches, network)
-    if encoder_only is not None:
-        network.encoder_only = encoder_only
 
 
 def _calibration_batches(trainer, max_cases: int = 8, batch_size: int = 2) -> list:

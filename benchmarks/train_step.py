@@ -47,7 +47,7 @@ def make_step(net: nn.Module, loss: Callable, x: Tensor, target: Tensor, amp: bo
     def step() -> float:
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(x.device.type, dtype=torch.bfloat16) if amp else contextlib.nullcontext():
-            value = loss(net(x), target)
+            value = loss(net(x, output="all"), target)
         value.backward()
         optimizer.step()
         return value.detach()

@@ -2,7 +2,8 @@
 decoupling, contrast-driven aggregation and three CBAT decoders.
 
 nnU-Net builds it from the plans as
-``MedDisSegNet(input_channels, num_classes, deep_supervision, **arch_kwargs)``.
+``MedDisSegNet(input_channels, num_classes, deep_supervision, **arch_kwargs)``. Each call names what it returns
+(``forward``'s ``output``): nnU-Net's predictor and validation call ``network(x)`` and get logits.
 """
 import functools
 import os
@@ -30,10 +31,13 @@ from nnunetv2_meddisseg.blocks.enhancement import FeatureEnhancement
 from nnunetv2_meddisseg.blocks.norm import UncountedBatchNorm2d
 from nnunetv2_meddisseg.environment import CPU_BF16_ENVIRONMENT_VARIABLE, flag_is_set
 
-__all__ = ["MedDisSegOutput", "MedDisSegNet", "cpu_bf16_requested", "cpu_supports_bf16"]
+__all__ = ["OUTPUTS", "MedDisSegOutput", "MedDisSegNet", "cpu_bf16_requested", "cpu_supports_bf16"]
 
 #: H and W are padded internally to a multiple of this (the encoder's total stride)
 SIZE_DIVISOR = 16
+#: what ``MedDisSegNet.forward`` returns, by its ``output`` argument
+OUTPUTS = ("logits", "encoder", "all")
+
 
 def cpu_bf16_requested() -> bool:
     """True when ``nnUNet_meddisseg_cpu_bf16`` is set (a flag): the default of :class:`MedDisSegNet`'s ``cpu_bf16``,
@@ -70,14 +74,15 @@ def _warn_no_cpu_bf16() -> None:
 
 
 class MedDisSegOutput(NamedTuple):
-    """What the network returns with deep supervision on (``logits`` first, as nnU-Net expects)."""
+    """Every output of the network (``forward(x, output="all")``): what Stage II's loss and the feature
+    analysis read."""
 
     logits: Tensor  #: (B, K, H, W) final logits (O_S + O_M + O_L with fusion "sum")
     #: O_S, O_M, O_L logits, each (B, K, H, W); None with decoder_fusion "concat"
     path_logits: Optional[Tuple[Tensor, Tensor, Tensor]]
-    fg: Optional[Tensor]  #: (B, 1, H, W) foreground-map logits (training only)
-    bg: Optional[Tensor]  #: (B, 1, H, W) background-map logits (training only)
-    uc: Optional[Tensor]  #: (B, 1, H, W) uncertainty-map logits (training only)
+    fg: Tensor  #: (B, 1, H, W) foreground-map logits
+    bg: Tensor  #: (B, 1, H, W) background-map logits
+    uc: Tensor  #: (B, 1, H, W) uncertainty-map logits
     #: 'early': ELAT-refined x2 (B, 256, H'/4, W'/4); 'middle': x4 (B, 1024, H'/16, W'/16);
     #: 'late': output of D_s (B, 128, H'/2, W'/2); H', W' = H, W padded to a multiple of 16
     features: Dict[str, Tensor]
@@ -104,7 +109,8 @@ class MedDisSegNet(nn.Module):
     Args:
         input_channels: channels of the input image.
         num_classes: number of output channels (nnU-Net's label count incl. background).
-        deep_supervision: initial value of ``self.decoder.deep_supervision`` (nnU-Net switches it).
+        deep_supervision: nnU-Net's argument, not used: each call names its output (``forward``), so nnU-Net's
+            switch ``decoder.deep_supervision`` changes nothing either.
         encoder_weights: local torchvision ResNet-50 state-dict file to initialise the encoder, "imagenet"
             (torchvision's IMAGENET1K_V1 file from torch.hub's cache, never downloaded here), or None.
         elat: ELAT attention on the four encoder outputs (else identity).
@@ -119,22 +125,23 @@ class MedDisSegNet(nn.Module):
             none); None (default): ``norm_op`` / ``norm_op_kwargs``, the paper's BatchNorm everywhere.
             ``torch.nn.InstanceNorm2d`` normalises each image by its own statistics, as nnU-Net does.
 
-    forward(x): x (B, C, H, W), any H, W (padded to a multiple of 16 internally, outputs cropped back):
-        - ``encoder_only``: [x1 (B,64,H'/2,W'/2), x2 (B,256,H'/4), x3 (B,512,H'/8), x4 (B,1024,H'/16)]
-          ELAT-refined, H' = H padded to a multiple of 16;
-        - ``decoder.deep_supervision`` False: logits (B, num_classes, H, W); auxiliary heads not run;
-        - ``decoder.deep_supervision`` True: :class:`MedDisSegOutput`; fg/bg/uc only in training mode.
+    forward(x, output="logits"): x (B, C, H, W), any H, W (padded to a multiple of 16 internally, outputs cropped
+    back); ``output`` (one of :data:`OUTPUTS`) says what it returns:
+        - ``"logits"``: logits (B, num_classes, H, W); the auxiliary heads are not run;
+        - ``"encoder"``: [x1 (B,64,H'/2,W'/2), x2 (B,256,H'/4), x3 (B,512,H'/8), x4 (B,1024,H'/16)]
+          ELAT-refined, H' = H padded to a multiple of 16 (Stage I);
+        - ``"all"``: :class:`MedDisSegOutput` (Stage II's loss).
 
     ELAT refines each encoder output on a side path (the ResNet chain itself is unchanged, so
     pretrained weights see the inputs they were trained on).
 
     With ``cpu_bf16`` (default: whether the environment variable ``nnUNet_meddisseg_cpu_bf16`` is set where the
     network is built; a plain attribute after that), an inference forward (eval mode,
-    deep supervision off, input on the CPU: what ``nnUNetv2_predict -device cpu`` runs) computes under
+    ``output="logits"``, input on the CPU: what ``nnUNetv2_predict -device cpu`` runs) computes under
     ``torch.autocast("cpu", dtype=torch.bfloat16)`` (encoder and ELAT in fp32, weights in channels-last
     memory format, see :meth:`_forward_cpu_bf16`) and returns fp32 logits, if the CPU supports bf16
-    natively (:func:`cpu_supports_bf16`; otherwise one warning and fp32). Training, validation with
-    deep supervision and CUDA forwards are unaffected.
+    natively (:func:`cpu_supports_bf16`; otherwise one warning and fp32). Training, the other
+    outputs and CUDA forwards are unaffected.
 
     On CUDA every forward runs in channels-last memory format (weights moved once, in place; the input
     converted at each call): cuDNN's convolutions, the normalisations and the bilinear up-sampling then
@@ -185,7 +192,6 @@ class MedDisSegNet(nn.Module):
                 raise FileNotFoundError(f"encoder weights file not found: {encoder_weights}")
         self.input_channels = input_channels
         self.num_classes = num_classes
-        self.encoder_only = False
         #: CPU inference forwards under bf16 autocast (class docstring)
         self.cpu_bf16 = cpu_bf16_requested() if cpu_bf16 is None else bool(cpu_bf16)
         self._channels_last = False  # weights moved to channels-last (CUDA forwards, the CPU bf16 forward)
@@ -206,7 +212,7 @@ class MedDisSegNet(nn.Module):
         # levels 1..4; levels 1..3 see [d_l; Up(CDFA_{l+1})]
         self.cdfa = nn.ModuleList([ContrastDrivenAggregation(2 * dim, dim, 4, **blk) for _ in range(3)]
                                   + [ContrastDrivenAggregation(dim, dim, 4, **blk)])
-        self.decoder = MultiScaleCBATDecoder(dim, num_classes, decoder_fusion, deep_supervision, cbat=cbat, **blk)
+        self.decoder = MultiScaleCBATDecoder(dim, num_classes, decoder_fusion, cbat=cbat, **blk)
 
         self._init_non_encoder_weights()
         if encoder_weights is not None:
@@ -239,24 +245,25 @@ class MedDisSegNet(nn.Module):
         """x: (B, C, H', W'), H', W' multiples of 16 -> the four ELAT-refined encoder features."""
         return [att(f) for att, f in zip(self.elat, self.encoder(x))]
 
-    def _cpu_bf16_inference(self, x: Tensor) -> bool:
+    def _cpu_bf16_inference(self, x: Tensor, output: str) -> bool:
         """Whether this forward runs under CPU bf16 autocast (see the class docstring)."""
-        if (self.training or self.encoder_only or self.decoder.deep_supervision or x.device.type != "cpu"
-                or not self.cpu_bf16):
+        if self.training or output != "logits" or x.device.type != "cpu" or not self.cpu_bf16:
             return False
         if not cpu_supports_bf16():
             _warn_no_cpu_bf16()
             return False
         return True
 
-    def forward(self, x: Tensor) -> Union[Tensor, MedDisSegOutput, List[Tensor]]:
-        if self._cpu_bf16_inference(x):
+    def forward(self, x: Tensor, output: str = "logits") -> Union[Tensor, List[Tensor], MedDisSegOutput]:
+        if output not in OUTPUTS:
+            raise ValueError(f"MedDisSegNet: unknown output {output!r}: choose one of {list(OUTPUTS)}")
+        if self._cpu_bf16_inference(x, output):
             return self._forward_cpu_bf16(x)
         if x.is_cuda:
             if not torch.compiler.is_compiling():  # a whole-network compile traces the input's conversion only
                 self._use_channels_last()
             x = x.contiguous(memory_format=torch.channels_last)
-        return self._forward(x)
+        return self._forward(x, output)
 
     def _use_channels_last(self) -> None:
         """Move the weights to channels-last memory format, once (in place: parameters keep their identity)."""
@@ -275,10 +282,11 @@ class MedDisSegNet(nn.Module):
         self._use_channels_last()
         x = x.contiguous(memory_format=torch.channels_last)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = self._forward(x, fp32_encoder=True)
+            logits = self._forward(x, "logits", fp32_encoder=True)
         return logits.float().contiguous()
 
-    def _forward(self, x: Tensor, fp32_encoder: bool = False) -> Union[Tensor, MedDisSegOutput, List[Tensor]]:
+    def _forward(self, x: Tensor, output: str, fp32_encoder: bool = False) -> Union[Tensor, List[Tensor],
+                                                                                   MedDisSegOutput]:
         if x.ndim != 4:
             raise ValueError(
                 f"MedDisSegNet is 2D only: expected input of shape (B, C, H, W), got {tuple(x.shape)}"
@@ -296,10 +304,10 @@ class MedDisSegNet(nn.Module):
                 feats = self.encode(x.float())
         else:
             feats = self.encode(x)
-        if self.encoder_only:
+        if output == "encoder":
             return feats
 
-        with_aux = self.decoder.deep_supervision and self.training
+        with_aux = output == "all"
         d = [enh(f) for enh, f in zip(self.enhancement, feats)]
         f_fg, f_bg, f_uc = self.decoupling(feats[3], with_uncertainty=with_aux)
         guides = self.guidance(f_fg, f_bg)
@@ -314,12 +322,10 @@ class MedDisSegNet(nn.Module):
             return t[:, :, :h, :w] if (pad_h or pad_w) else t
 
         logits = crop(logits)
-        if not self.decoder.deep_supervision:
+        if not with_aux:
             return logits
         if path_logits is not None:
             path_logits = tuple(crop(p) for p in path_logits)
-        fg = bg = uc = None
-        if with_aux:
-            fg, bg, uc = (crop(t) for t in self.auxiliary_heads(f_fg, f_bg, f_uc))
+        fg, bg, uc = (crop(t) for t in self.auxiliary_heads(f_fg, f_bg, f_uc))
         return MedDisSegOutput(logits, path_logits, fg, bg, uc, {"early": feats[1], "middle": feats[3], "late": late})
 

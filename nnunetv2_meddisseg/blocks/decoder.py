@@ -130,9 +130,6 @@ class MultiScaleCBATDecoder(nn.Module):
 
     ``cbat=False``: each path ends in a plain CBT3x3 block instead of CBAT (see :class:`CBATDecoder`).
 
-    ``deep_supervision`` is the switch nnU-Net sets (``network.decoder.deep_supervision``); the
-    network reads it to decide what to return.
-
     features: [f1 (B, C, H/2, W/2), f2 (H/4), f3 (H/8), f4 (H/16)], output_size (H, W) ->
     (logits (B, K, H, W), path logits (O_S, O_M, O_L) each (B, K, H, W) or None, O_S (B, C, H/2, W/2))
     """
@@ -142,7 +139,6 @@ class MultiScaleCBATDecoder(nn.Module):
         channels: int = 128,
         num_classes: int = 2,
         fusion: str = "sum",
-        deep_supervision: bool = False,
         conv_op: Type[nn.Module] = nn.Conv2d,
         norm_op: Type[nn.Module] = nn.BatchNorm2d,
         norm_op_kwargs: Optional[dict] = None,
@@ -154,7 +150,6 @@ class MultiScaleCBATDecoder(nn.Module):
             raise ValueError(f"unknown decoder_fusion {fusion!r}: choose one of {list(DECODER_FUSIONS)}")
         ops = dict(conv_op=conv_op, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs, nonlin=nonlin)
         self.fusion = fusion
-        self.deep_supervision = deep_supervision
         self.small = CBATDecoder(channels, channels, channels, cbat=cbat, **ops)
         self.medium = CBATDecoder(channels, channels, channels, cbat=cbat, **ops)
         self.large = CBATDecoder(channels, channels, channels, cbat=cbat, **ops)

@@ -1,9 +1,9 @@
 """The light segmentation head of Stage I (encoder pre-training).
 
-In Stage I the network runs with ``encoder_only = True`` and returns its four ELAT-refined
-features; this head turns them into logits so that the encoder can be trained on the segmentation
-task before the full decoder exists. It is not part of ``MedDisSegNet`` (prediction never sees it):
-the trainer owns it, stores it in Stage I checkpoints and drops it at the switch to Stage II.
+In Stage I the network returns its four ELAT-refined features (``output="encoder"``); this head turns them
+into logits so that the encoder can be trained on the segmentation task before the full decoder exists. It is
+not part of ``MedDisSegNet`` (prediction never sees it): the trainer owns it, stores it in Stage I checkpoints
+and drops it at the switch to Stage II.
 """
 from typing import Optional, Sequence, Tuple, Type
 

@@ -131,7 +131,6 @@ def _load_network(model_dir: Path, fold: str, checkpoint: str, device):
                         f"read from Med-DisSeg networks only")
     network.load_state_dict(predictor.list_of_parameters[0])
     network.to(device).eval()
-    network.decoder.deep_supervision = True  # eval mode + deep supervision: logits and features, no aux heads
     return predictor, network
 
 
@@ -186,7 +185,7 @@ def model_features(name: str, model_dir: Path, fold: str, checkpoint: str, layer
         z = data.shape[1] // 2
         image = torch.from_numpy(_centre_fit(data[:, z], patch)[None]).float().to(device)
         with torch.no_grad():
-            output = network(image)
+            output = network(image, output="all")
         if seg is not None:
             mask = torch.from_numpy(_centre_fit(seg[0, z], patch, value=0) > 0)
         else:

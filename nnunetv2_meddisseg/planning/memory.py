@@ -82,7 +82,7 @@ def measure_training_memory(patch_size: Sequence[int], architecture: dict, num_i
         torch.cuda.reset_peak_memory_stats(dev)
         net = get_network_from_plans(architecture["network_class_name"], dict(arch_kwargs),
                                      architecture["_kw_requires_import"], num_input_channels, num_classes,
-                                     allow_init=True, deep_supervision=True).to(dev).train()
+                                     allow_init=True).to(dev).train()
         optimizer = torch.optim.Adam(net.parameters(), lr=1e-4, fused=True)
         scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
         x = torch.randn(batch, num_input_channels, *patch_size, device=dev)
@@ -90,7 +90,7 @@ def measure_training_memory(patch_size: Sequence[int], architecture: dict, num_i
         for _ in range(2):
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast("cuda", dtype=dtype):
-                loss = loss_of(net(x), target)
+                loss = loss_of(net(x, output="all"), target)
             backward_clip_step(loss, optimizer, scaler, net.parameters())  # the trainer's update
         torch.cuda.synchronize(dev)
         peaks.append(int(torch.cuda.max_memory_allocated(dev)))

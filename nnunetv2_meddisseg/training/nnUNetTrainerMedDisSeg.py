@@ -2,7 +2,6 @@
 import inspect
 import math
 import os
-from contextlib import contextmanager
 from time import time
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -25,7 +24,7 @@ from nnunetv2_meddisseg.training.network_from_plans import (
     plans_recording_the_network,
     require_2d_configuration,
 )
-from nnunetv2_meddisseg.training.nnunet_copies import training_dataloader
+from nnunetv2_meddisseg.training.nnunet_copies import training_dataloader, validation_counts
 from nnunetv2_meddisseg.training.photometric import channels_are_rgb
 from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
 from nnunetv2_meddisseg.training.seeding import preserved_random_state, seed_generators
@@ -46,19 +45,20 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
     ``train_step`` is nnU-Net's on the stage's loss module (``Stage.loss``, built when the stage starts).
 
     Stage I, epochs ``[0, stage1_epochs)`` (default ``floor(stage1_fraction * num_epochs)``: 250 of 1000): the
-    network runs with ``encoder_only = True``; a light head (``Stage1Head``) turns the four ELAT-refined features
-    into logits. Every batch is also seen under a strong photometric perturbation drawn per sample (colour
-    operations for RGB inputs, channel-wise intensity operations otherwise); clean and perturbed views go
-    through the network as one batch of 2B; the loss (``objectives.Stage1Loss``) sums segmentation of both
+    network returns its encoder features (``output="encoder"``); a light head (``Stage1Head``) turns the four
+    ELAT-refined features into logits. Every batch is also seen under a strong photometric perturbation drawn per
+    sample (colour operations for RGB inputs, channel-wise intensity operations otherwise); clean and perturbed
+    views go through the network as one batch of 2B; the loss (``objectives.Stage1Loss``) sums segmentation of both
     views, their consistency and the dispersive terms. Adam, both groups (``head``, ``encoder``: encoder + ELAT) at
     ``stage1_lr`` = 1e-4.
 
     Stage II, epochs ``[stage1_epochs, num_epochs)``: the full network, encoder and ELAT carried over from Stage
     I; a new Adam with two groups, ``encoder`` (encoder + ELAT, ``stage2_encoder_lr`` = 1e-5) and ``decoder``
-    (everything else, ``stage2_lr`` = 1e-4). Deep supervision is on in training, so the network returns a
-    ``MedDisSegOutput``; the loss (``objectives.Stage2Loss``) adds path supervision, the fg/bg and
-    complementarity terms and the dispersive term to the segmentation of the final logits; every output is at
-    full resolution, so ``_get_deep_supervision_scales`` returns None.
+    (everything else, ``stage2_lr`` = 1e-4). In training the network returns every output (``output="all"``, a
+    ``MedDisSegOutput``); the loss (``objectives.Stage2Loss``) adds path supervision, the fg/bg and
+    complementarity terms and the dispersive term to the segmentation of the final logits. Every output is at
+    full resolution: nnU-Net's deep supervision (down-sampled targets, its loss wrapper) stays off
+    (``enable_deep_supervision = False``, set once at construction).
 
     Optimizer: ``optimizer`` "adam" (the paper's) or "sgd" (nnU-Net's Nesterov SGD). The values above are the
     paper's, which assume an ImageNet encoder; where the plans name no ``encoder_weights`` the settings listed in
@@ -114,6 +114,9 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
         require_2d_configuration(plans, configuration, self.__class__.__name__)
         plans = plans_recording_the_network(plans, configuration)
         super().__init__(plans, configuration, fold, dataset_json, device)
+        # the stages' losses supervise every full-resolution output themselves: nnU-Net's loss, targets and
+        # validation see one output
+        self.enable_deep_supervision = False
         self.initial_lr = self.recipe.stage2_lr
         #: the stage of the current epoch (``training.stages``); None until ``initialize``
         self.stage: Optional[Stage] = None
@@ -161,11 +164,8 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
         return STAGE_1 if epoch < self.stage1_epochs else STAGE_2
 
     def _check_run_settings(self) -> None:
-        """What this trainer cannot train: region-based labels, no deep supervision, a Stage I longer than the run."""
+        """What this trainer cannot train: region-based labels, a Stage I longer than the run."""
         self._refuse_regions()
-        if not self.enable_deep_supervision:
-            raise ValueError(f"{self.__class__.__name__} needs enable_deep_supervision = True: Stage II trains on "
-                             f"the network's auxiliary outputs")
         if not 0 <= self.stage1_epochs <= self.num_epochs:
             raise TrainingInputError(f"{self.__class__.__name__}: the recipe's stage1_epochs must lie in [0, "
                                      f"num_epochs={self.num_epochs}], got {self.stage1_epochs}")
@@ -191,7 +191,6 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
         """Make the stage ``name`` the current one: its network mode, its optimizer and schedule, and the one rule of
         ``checkpoint_best.pth`` (only networks of a stage that trains the whole network, from its first epoch)."""
         self.stage = self._make_stage(name)
-        self.stage.enter()
         self.optimizer, self.lr_scheduler = self.configure_optimizers()
         #: the parameters ``train_step`` clips: every one the optimizer holds (the Stage I head too)
         self._clipped = [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -252,27 +251,6 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
         """
         return build_meddisseg_network(configuration_manager, num_input_channels, num_output_channels,
                                        enable_deep_supervision)
-
-    def _get_deep_supervision_scales(self):
-        # every output of MedDisSegNet is at full resolution: no down-sampled targets
-        return None
-
-    @contextmanager
-    def _single_output(self):
-        """Within the block, nnU-Net's methods see ``enable_deep_supervision`` False: one output and one target at
-        full resolution (every output of MedDisSegNet is at full resolution; ``_get_deep_supervision_scales``)."""
-        deep_supervision, self.enable_deep_supervision = self.enable_deep_supervision, False
-        try:
-            yield
-        finally:
-            self.enable_deep_supervision = deep_supervision
-
-    def _build_loss(self) -> nn.Module:
-        """nnU-Net's loss (Dice + CE; the Dice compiled where nnU-Net compiles it) without its deep-supervision
-        wrapper: ``seg`` of both stages (``objectives.Stage2Loss`` applies it to every full-resolution output)."""
-        self._refuse_regions()
-        with self._single_output():
-            return super()._build_loss()
 
     def _do_i_compile(self) -> bool:
         """Whether this run compiles (``_decide_compilation``), decided once and logged in one line."""
@@ -407,27 +385,21 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
 
     def validation_step(self, batch: dict) -> dict:
         """nnU-Net's ``validation_step`` on the current stage's model, eagerly, after checking ``batch['data']`` for
-        NaN / inf: while it runs, the ``self.network`` it calls returns that model's logits (B, K, H, W)
-        (``Stage.validation_logits``) under ``autocast`` (fp32 under bf16 autocast), and deep supervision is off
-        (one full-resolution output, as ``_get_deep_supervision_scales`` gives one target), so nnU-Net's loss,
-        pseudo Dice and ignore-label handling apply to them unchanged."""
+        NaN / inf: the logits (B, K, H, W) of ``Stage.validation_logits`` under ``autocast`` (fp32 under bf16
+        autocast), nnU-Net's loss of them and its pseudo Dice's counts (``nnunet_copies.validation_counts``)."""
         self._check_validation_batch(batch)
         return self.compilation.eager(self._validation_step, batch)
 
     def _validation_step(self, batch: dict) -> dict:
-        network, stage = self.network, self.stage
-
-        def stage_logits(data: Tensor) -> Tensor:
-            with self.autocast:
-                logits = stage.validation_logits(network, data)
-            return logits.float() if self.bf16 else logits
-
-        self.network = stage_logits
-        try:
-            with self._single_output():
-                return super().validation_step(batch)
-        finally:
-            self.network = network
+        data = batch["data"].to(self.device, non_blocking=True)
+        target = batch["target"].to(self.device, non_blocking=True)
+        with self.autocast:
+            logits = self.stage.validation_logits(self.network, data)
+            if self.bf16:
+                logits = logits.float()
+            del data
+            loss = self.loss(logits, target)
+        return validation_counts(self.label_manager, logits, target, loss)
 
     def _draw_batchnorm_calibration_batches(self) -> List[Tensor]:
         """``ceil(batchnorm_calibration_samples / batch_size)`` training batches (B, C, H, W) on the CPU, drawn as
@@ -464,15 +436,11 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
                                f"({augmentation} augmentation) in {time() - start:.1f} s")
 
     def _run_final_validation(self, validate: Callable[[bool], None], save_probabilities: bool) -> None:
-        """nnU-Net's final validation of the whole network (``Stage.whole_network``), eagerly (and behind the
-        compile fallback)."""
-        if self.stage is None:
-            self.compilation.eager(validate, save_probabilities)
-            return
-        if not self.stage.trains_whole_network:
+        """nnU-Net's final validation of the whole network (its logits, as prediction runs it), eagerly (and behind
+        the compile fallback)."""
+        if self.stage is not None and not self.stage.trains_whole_network:
             self.print_to_log_file("WARNING: validating a network that never reached Stage II (untrained decoder)")
-        with self.stage.whole_network():
-            self.compilation.eager(validate, save_probabilities)
+        self.compilation.eager(validate, save_probabilities)
 
     # ------------------------------------------------------------------ end of epoch, checkpoints
     def _stage_boundaries(self) -> Sequence[int]:

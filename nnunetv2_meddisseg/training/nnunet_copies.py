@@ -11,6 +11,8 @@ Each copy restates a piece of an nnU-Net method that offers no smaller hook:
   optimizer holds and read each group's gradient norm before clipping. ``nnUNetTrainerMedDisSeg.train_step``
   is a copy of the whole method on the stage's loss (two views in Stage I, four outputs in Stage II, the
   Stage I head clipped too), and ``TrainerBase`` holds its autocast rule (fp16 autocast on CUDA only).
+- ``validation_counts``: the second half of ``nnUNetTrainer.validation_step`` (the pseudo Dice's counts of one
+  batch), for ``nnUNetTrainerMedDisSeg.validation_step``, whose logits are those of the current stage's model.
 - ``training_dataloader``: the training ``nnUNetDataLoader`` of ``nnUNetTrainer.get_dataloaders``,
   without the augmenter processes around it, with nnU-Net's training transforms or its validation
   transforms (the BatchNorm calibration batches).
@@ -39,9 +41,10 @@ import torch
 from batchgenerators.utilities.file_and_folder_operations import join
 from nnunetv2.training.dataloading.data_loader import nnUNetDataLoader
 from nnunetv2.training.dataloading.nnunet_dataset import infer_dataset_class
+from nnunetv2.training.loss.dice import get_tp_fp_fn_tn
 from torch._dynamo import OptimizedModule
 
-__all__ = ["PINNED", "source_hash", "checkpoint_entries", "backward_clip_step",
+__all__ = ["PINNED", "source_hash", "checkpoint_entries", "backward_clip_step", "validation_counts",
            "training_dataloader", "epoch_end"]
 
 T = TypeVar("T")
@@ -52,6 +55,8 @@ PINNED: Dict[str, str] = {
         "d8d53bc50b777f302923f352f5f2bf0d9fca14ab7bb9939ff687c2d28ff99a38",
     "nnunetv2.training.nnUNetTrainer.nnUNetTrainer:nnUNetTrainer.train_step":
         "aac5fa9fda6d009a6721fb58b807f2b396e3e15ab05a35c23b066ca045b2cbb4",
+    "nnunetv2.training.nnUNetTrainer.nnUNetTrainer:nnUNetTrainer.validation_step":
+        "bd84e8cca324f3556c81d140084a20c7d27af9de8c48c067188b5cf2539b9255",
     "nnunetv2.training.nnUNetTrainer.nnUNetTrainer:nnUNetTrainer.get_dataloaders":
         "13b6ac3b86403e26d79498346e909884a7011153a7800ad63939bbec490091cf",
     # losses.segmentation.dice_ce_per_output
@@ -116,6 +121,42 @@ def backward_clip_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, gra
         torch.nn.utils.clip_grad_norm_(params, 12)
         optimizer.step()
     return seen
+
+
+def validation_counts(label_manager, output: torch.Tensor, target: torch.Tensor, loss: torch.Tensor) -> dict:
+    """What ``nnUNetTrainer.validation_step`` returns (copied from its loss on; see ``PINNED``) for the logits
+    ``output`` (B, K, ...) of one validation batch, its ``target`` (B, 1, ...; changed in place where there is an
+    ignore label, as nnU-Net does) and the batch's ``loss``: the loss and the foreground classes' (or regions')
+    true-positive, false-positive and false-negative counts of the pseudo Dice."""
+    axes = [0] + list(range(2, output.ndim))
+    if label_manager.has_regions:
+        predicted_segmentation_onehot = (torch.sigmoid(output) > 0.5).long()
+    else:
+        output_seg = output.argmax(1)[:, None]
+        predicted_segmentation_onehot = torch.zeros(output.shape, device=output.device, dtype=torch.float16)
+        predicted_segmentation_onehot.scatter_(1, output_seg, 1)
+        del output_seg
+    if label_manager.has_ignore_label:
+        if not label_manager.has_regions:
+            mask = (target != label_manager.ignore_label).float()
+            target[target == label_manager.ignore_label] = 0
+        else:
+            if target.dtype == torch.bool:
+                mask = ~target[:, -1:]
+            else:
+                mask = 1 - target[:, -1:]
+            target = target[:, :-1]
+    else:
+        mask = None
+    tp, fp, fn, _ = get_tp_fp_fn_tn(predicted_segmentation_onehot, target, axes=axes, mask=mask)
+    tp_hard = tp.detach().cpu().numpy()
+    fp_hard = fp.detach().cpu().numpy()
+    fn_hard = fn.detach().cpu().numpy()
+    if not label_manager.has_regions:  # the background's counts are left out
+        tp_hard = tp_hard[1:]
+        fp_hard = fp_hard[1:]
+        fn_hard = fn_hard[1:]
+    return {'loss': loss.detach().cpu().numpy(), 'tp_hard': tp_hard, 'fp_hard': fp_hard, 'fn_hard': fn_hard}
 
 
 def training_dataloader(trainer, augmentation: bool = True) -> nnUNetDataLoader:

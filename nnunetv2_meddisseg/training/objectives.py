@@ -1,16 +1,16 @@
 """Med-DisSeg's objectives: the loss of one training step in each stage, as the modules the stage objects
 (``training.stages``) build once and the benchmarks share.
 
-Stage I (:class:`Stage1Loss`): the network runs with ``encoder_only = True`` and a light head (``Stage1Head``)
-turns the four ELAT-refined features into logits. Clean and photometrically perturbed views go through the
-network as one batch of 2B (one forward, so BatchNorm statistics are shared by both views and DDP sees a
-single forward). Loss::
+Stage I (:class:`Stage1Loss`): the network returns its encoder features (``output="encoder"``) and a light head
+(``Stage1Head``) turns the four ELAT-refined features into logits. Clean and photometrically perturbed views go
+through the network as one batch of 2B (one forward, so BatchNorm statistics are shared by both views and DDP
+sees a single forward). Loss::
 
     seg(clean) + seg(perturbed) + consistency_weight * consistency(clean, perturbed)
     + lambda_dispersive_stage1 * (dispersive(clean) + dispersive(perturbed))
 
-Stage II (:class:`Stage2Loss`): the full network with deep supervision, returning a ``MedDisSegOutput``; its
-loss is::
+Stage II (:class:`Stage2Loss`): the full network returns every output (``output="all"``, a ``MedDisSegOutput``);
+its loss is::
 
     seg(logits) + path_supervision_weight * mean(seg(O_S), seg(O_M), seg(O_L))
     + fg_bg_weight * foreground_background_loss(fg, bg, any foreground class)
@@ -18,7 +18,7 @@ loss is::
     + lambda_dispersive_stage2 * dispersive
 
 Deep supervision in Stage II: nnU-Net's multi-resolution deep supervision does not apply (all outputs are at
-full resolution), so the trainer's ``_get_deep_supervision_scales`` returns None and the dataloader yields
+full resolution), so the trainer keeps nnU-Net's ``enable_deep_supervision`` off and the dataloader yields
 full-resolution targets. Instead, each of the three decoder paths (whose sum forms the final logits) is
 supervised with the same Dice+CE, averaged and weighted 0.5, so that every path is a usable predictor on its
 own (``path_supervision_weight = 0`` trains the final logits only, as the released code does). Pixels with
@@ -112,10 +112,7 @@ class Stage2Loss(nn.Module):
         self.diagnosed = dispersive.placements[0] if dispersive is not None else None
 
     def terms(self, output: MedDisSegOutput, target: Tensor) -> Tuple[Tensor, Dict[str, Tensor]]:
-        """(total, terms) of the network's training output (auxiliary maps present)."""
-        if not isinstance(output, MedDisSegOutput) or output.fg is None:
-            raise RuntimeError("Stage II expects MedDisSegOutput with auxiliary maps: the network must be in "
-                               "training mode with decoder.deep_supervision = True")
+        """(total, terms) of the network's every output (``output="all"``)."""
         weights = self.weights
         with_paths = bool(weights.path_supervision) and output.path_logits is not None
         if with_paths and self.settings is not None:  # nnU-Net's Dice + CE of the four maps in one pass
@@ -139,7 +136,7 @@ class Stage2Loss(nn.Module):
         return total, terms
 
     def forward(self, model: nn.Module, data: Tensor, target: Tensor) -> Tuple[Tensor, Dict[str, Tensor], Tensor]:
-        output = model(data)
+        output = model(data, output="all")
         total, terms = self.terms(output, target)
         return total, terms, output.features[self.diagnosed]
 
@@ -187,7 +184,7 @@ class Stage1Loss(nn.Module):
     def forward(self, model: nn.Module, data: Tensor, target: Tensor) -> Tuple[Tensor, Dict[str, Tensor], Tensor]:
         b = data.shape[0]
         perturbed = photometric_perturbation(data, rgb=self.rgb)
-        features = model(torch.cat([data, perturbed], dim=0))
+        features = model(torch.cat([data, perturbed], dim=0), output="encoder")
         logits, fused = stage1_logits(self.head, features, data.shape[-2:])
         views = []
         for half in (slice(0, b), slice(b, 2 * b)):

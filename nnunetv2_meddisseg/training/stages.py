@@ -1,7 +1,7 @@
 """Med-DisSeg's two training stages as objects: everything that differs between them lives here.
 
-``nnUNetTrainerMedDisSeg`` holds one stage (``trainer.stage``) and delegates to it: which part of the network
-runs (``encoder_only``, and the whole network for the final validation), the optimizer's parameter groups and
+``nnUNetTrainerMedDisSeg`` holds one stage (``trainer.stage``) and delegates to it: which output of the network
+it trains and validates (``forward``'s ``output``), the optimizer's parameter groups and
 their learning rates, the epochs the stage's schedule spans, the loss of a training step, the logits validation
 scores, what a checkpoint adds, which modules' BatchNorm statistics are re-estimated, and whether the stage's
 networks may become ``checkpoint_best.pth``.
@@ -17,12 +17,11 @@ target)``. A stage is made with what is fixed for the run (the plain network, th
 dispersive loss, its epochs and its own parts) and told the model to run when it is called (the trainer's network
 may be wrapped by DDP or torch.compile); it reads nothing else of the trainer.
 """
-from contextlib import contextmanager
-from typing import Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from torch import Tensor, nn
 
-from nnunetv2_meddisseg.architectures import MedDisSegNet, MedDisSegOutput
+from nnunetv2_meddisseg.architectures import MedDisSegNet
 from nnunetv2_meddisseg.losses import DispersiveLoss
 from nnunetv2_meddisseg.module_wrappers import unwrap_module
 from nnunetv2_meddisseg.training.objectives import Stage1Loss, Stage2Loss, Stage2Weights, stage1_logits
@@ -86,20 +85,6 @@ class Stage:
     def last_epoch(self) -> int:
         return self.first_epoch + self.num_epochs - 1
 
-    def enter(self) -> None:
-        """Put the network into this stage's mode."""
-        self.network.encoder_only = False
-
-    @contextmanager
-    def whole_network(self) -> Iterator[None]:
-        """Within the block, the network runs whole (nnU-Net's final validation, as prediction runs it); this
-        stage's mode again after it."""
-        self.network.encoder_only = False
-        try:
-            yield
-        finally:
-            self.enter()
-
     def describe(self) -> str:
         """What the stage trains and at which learning rates, for the log."""
         raise NotImplementedError
@@ -158,9 +143,6 @@ class Stage1(Stage):
     def plain_head(self) -> nn.Module:
         return unwrap_module(self.head)
 
-    def enter(self) -> None:
-        self.network.encoder_only = True
-
     def describe(self) -> str:
         return f"encoder + ELAT with a light head, {self.recipe.optimizer} lr {self.recipe.stage1_lr}"
 
@@ -174,7 +156,7 @@ class Stage1(Stage):
 
     def validation_logits(self, model: nn.Module, data: Tensor, plain: bool = False) -> Tensor:
         head = self.plain_head if plain else self.head
-        return stage1_logits(head, model(data), data.shape[-2:])[0]
+        return stage1_logits(head, model(data, output="encoder"), data.shape[-2:])[0]
 
     def set_training(self, training: bool) -> None:
         self.head.train(training)
@@ -219,5 +201,4 @@ class Stage2(Stage):
                  "lr": recipe.stage2_encoder_lr}]
 
     def validation_logits(self, model: nn.Module, data: Tensor, plain: bool = False) -> Tensor:
-        output = model(data)
-        return output.logits if isinstance(output, MedDisSegOutput) else output
+        return model(data)

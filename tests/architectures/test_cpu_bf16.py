@@ -35,22 +35,20 @@ def bf16_cpu(monkeypatch, net):
     monkeypatch.setattr(meddisseg, "cpu_supports_bf16", lambda: True)
 
 
-def _mode(net, training: bool, deep_supervision: bool = False):
+def _mode(net, training: bool):
     net.train(training)
-    net.decoder.deep_supervision = deep_supervision
-    net.encoder_only = False
     return net
 
 
-def _forward_dtypes(net, x):
-    """(dtype of an inner convolution's output, the network's output) for one forward of x."""
+def _forward_dtypes(net, x, output: str = "logits"):
+    """(dtype of an inner convolution's output, the network's logits) for one forward of x."""
     seen = []
     conv = net.cdfa[0].modules()
     conv = next(m for m in conv if isinstance(m, torch.nn.Conv2d))
     handle = conv.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     try:
         with torch.no_grad():
-            out = net(x)
+            out = net(x, output=output)
     finally:
         handle.remove()
     logits = out if isinstance(out, torch.Tensor) else out.logits
@@ -91,19 +89,19 @@ def test_switch_runs_inference_in_bf16_and_returns_fp32(bf16_cpu, net):
     assert logits.dtype == torch.float32 and logits.shape == (1, 2, 32, 48)
 
 
-@pytest.mark.parametrize("training, deep_supervision", [(True, False), (True, True), (False, True)])
-def test_training_and_deep_supervision_forwards_stay_fp32(bf16_cpu, net, training, deep_supervision):
-    # training steps and nnU-Net's online validation (eval mode, deep supervision on) are unchanged
-    inner, logits = _forward_dtypes(_mode(net, training, deep_supervision), torch.randn(2, 3, 32, 32))
+@pytest.mark.parametrize("training, output", [(True, "logits"), (True, "all"), (False, "all")])
+def test_training_and_all_output_forwards_stay_fp32(bf16_cpu, net, training, output):
+    # training steps and the analysis of every output are unchanged
+    inner, logits = _forward_dtypes(_mode(net, training), torch.randn(2, 3, 32, 32), output)
     assert inner == torch.float32 and logits.dtype == torch.float32
     net.eval()
 
 
 def test_cuda_inputs_are_left_alone(bf16_cpu, net):
     _mode(net, training=False)
-    assert net._cpu_bf16_inference(torch.zeros(1))
+    assert net._cpu_bf16_inference(torch.zeros(1), "logits")
     # a CUDA input (simulated: only its device is read) never takes the CPU autocast path
-    assert not net._cpu_bf16_inference(SimpleNamespace(device=torch.device("cuda", 0)))
+    assert not net._cpu_bf16_inference(SimpleNamespace(device=torch.device("cuda", 0)), "logits")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -18,13 +18,6 @@ def net():
     return MedDisSegNet(3, 3)
 
 
-def _set(net, training: bool, ds: bool):
-    net.train(training)
-    net.decoder.deep_supervision = ds
-    net.encoder_only = False
-    return net
-
-
 def test_parameter_count_matches_reference():
     n = _count(MedDisSegNet(3, 2))
     assert abs(n / REFERENCE_PARAMETERS - 1) <= 0.03, n
@@ -52,8 +45,8 @@ def test_parameter_breakdown_matches_reference_parts(net):
 
 
 @pytest.mark.parametrize("size", [(64, 64), (48, 80), (50, 70)])
-def test_output_shape_eval_no_deep_supervision(net, size):
-    _set(net, training=False, ds=False)
+def test_logits_shape_in_eval_mode(net, size):
+    net.eval()
     with torch.no_grad():
         y = net(torch.randn(2, 3, *size))
     assert isinstance(y, torch.Tensor) and y.shape == (2, 3, *size)
@@ -62,7 +55,7 @@ def test_output_shape_eval_no_deep_supervision(net, size):
 
 def test_padding_is_cropped_consistently(net):
     # the valid part of a padded input gives the same logits as the same image zero-padded by hand
-    _set(net, training=False, ds=False)
+    net.eval()
     x = torch.randn(1, 3, 50, 70)
     with torch.no_grad():
         y = net(x)
@@ -70,9 +63,9 @@ def test_padding_is_cropped_consistently(net):
     torch.testing.assert_close(y, y_manual)
 
 
-def test_deep_supervision_training_output(net):
-    _set(net, training=True, ds=True)
-    out = net(torch.randn(2, 3, 50, 70))
+def test_all_outputs_in_training(net):
+    net.train()
+    out = net(torch.randn(2, 3, 50, 70), output="all")
     assert isinstance(out, MedDisSegOutput)
     assert out[0] is out.logits and out.logits.shape == (2, 3, 50, 70)
     assert len(out.path_logits) == 3 and all(p.shape == (2, 3, 50, 70) for p in out.path_logits)
@@ -86,19 +79,24 @@ def test_deep_supervision_training_output(net):
     assert all(f.requires_grad for f in out.features.values())
 
 
-def test_deep_supervision_eval_output_skips_auxiliary_heads(net):
-    _set(net, training=False, ds=True)
+def test_all_outputs_in_eval_mode_are_those_of_training_and_the_logits_the_default_call(net):
+    net.eval()
+    x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        out = net(torch.randn(2, 3, 32, 32))
-    assert isinstance(out, MedDisSegOutput)
-    assert out.fg is None and out.bg is None and out.uc is None
-    assert out.path_logits is not None and out.logits.shape == (2, 3, 32, 32)
-    assert set(out.features) == {"early", "middle", "late"}
+        out, logits = net(x, output="all"), net(x)
+    assert isinstance(out, MedDisSegOutput) and all(m.shape == (2, 1, 32, 32) for m in (out.fg, out.bg, out.uc))
+    assert out.path_logits is not None and set(out.features) == {"early", "middle", "late"}
+    torch.testing.assert_close(out.logits, logits, rtol=0, atol=0)
+
+
+def test_an_unknown_output_is_refused(net):
+    with pytest.raises(ValueError, match=r"unknown output 'features': choose one of \['logits', 'encoder', 'all'\]"):
+        net(torch.randn(1, 3, 32, 32), output="features")
 
 
 @pytest.mark.parametrize("training", [False, True])
-def test_no_deep_supervision_never_runs_training_heads(net, training):
-    _set(net, training=training, ds=False)
+def test_logits_never_run_the_auxiliary_heads(net, training):
+    net.train(training)
     calls = []
     watched = [net.auxiliary_heads, net.decoupling.uc]
     handles = [m.register_forward_hook(lambda *_: calls.append(1)) for m in watched]
@@ -111,39 +109,32 @@ def test_no_deep_supervision_never_runs_training_heads(net, training):
     assert isinstance(y, torch.Tensor) and y.shape == (2, 3, 32, 32)
     assert calls == []
     # and the hooks do fire when the heads are used
-    _set(net, training=True, ds=True)
     handles = [m.register_forward_hook(lambda *_: calls.append(1)) for m in watched]
     try:
         with torch.no_grad():
-            net(torch.randn(2, 3, 32, 32))
+            net(torch.randn(2, 3, 32, 32), output="all")
     finally:
         for h in handles:
             h.remove()
     assert len(calls) == len(watched)
 
 
-def test_encoder_only(net):
-    _set(net, training=False, ds=True)
-    net.encoder_only = True
-    try:
-        with torch.no_grad():
-            feats = net(torch.randn(2, 3, 64, 48))
-    finally:
-        net.encoder_only = False
+def test_encoder_output(net):
+    net.eval()
+    with torch.no_grad():
+        feats = net(torch.randn(2, 3, 64, 48), output="encoder")
     assert isinstance(feats, list)
     assert [tuple(f.shape) for f in feats] == [(2, 64, 32, 24), (2, 256, 16, 12), (2, 512, 8, 6), (2, 1024, 4, 3)]
 
 
-def test_elat_off_encoder_only_is_plain_resnet():
+def test_elat_off_encoder_output_is_plain_resnet():
     torch.manual_seed(0)
     m = MedDisSegNet(3, 2, elat=False).eval()
-    m.encoder_only = True
     assert all(isinstance(e, nn.Identity) for e in m.elat)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        for a, b in zip(m(x), m.encoder(x)):
+        for a, b in zip(m(x, output="encoder"), m.encoder(x)):
             torch.testing.assert_close(a, b)
-    m.encoder_only = False
     assert m(x).shape == (2, 2, 32, 32)
 
 
@@ -152,8 +143,8 @@ def test_all_parameters_receive_gradients_in_training():
     # nnU-Net's DDP needs every parameter in the graph in Stage II (deep supervision on, training)
     torch.manual_seed(0)
     for fusion in ("sum", "concat"):
-        m = MedDisSegNet(1, 2, deep_supervision=True, decoder_fusion=fusion).train()
-        out = m(torch.randn(2, 1, 32, 32))
+        m = MedDisSegNet(1, 2, decoder_fusion=fusion).train()
+        out = m(torch.randn(2, 1, 32, 32), output="all")
         loss = out.logits.mean() + out.fg.mean() + out.bg.mean() + out.uc.mean()
         loss = loss + sum(f.mean() for f in out.features.values())
         loss.backward()
@@ -207,7 +198,7 @@ def test_three_d_conv_error_message():
 
 @pytest.mark.parametrize("shape", [(2, 3, 1, 32, 32), (3, 32, 32)])
 def test_non_2d_input_rejected(net, shape):
-    _set(net, training=False, ds=False)
+    net.eval()
     with pytest.raises(ValueError, match=r"2D only.*\(B, C, H, W\)"):
         net(torch.randn(*shape))
 
@@ -246,16 +237,15 @@ def test_built_by_nnunet_get_network_from_plans(req_import):
         "nnunetv2_meddisseg.architectures.MedDisSegNet", arch_kwargs, req_import, 3, 4,
         allow_init=True, deep_supervision=True,
     )
-    assert isinstance(network, MedDisSegNet) and network.decoder.deep_supervision is True
+    assert isinstance(network, MedDisSegNet)
     network.train()
-    out = network(torch.randn(2, 3, 32, 32))
+    out = network(torch.randn(2, 3, 32, 32), output="all")
     assert isinstance(out, MedDisSegOutput) and out.logits.shape == (2, 4, 32, 32) and out.fg is not None
-    # nnU-Net switches deep supervision off for inference through network.decoder.deep_supervision
-    network.decoder.deep_supervision = False
-    network.eval()
-    with torch.no_grad():
+    # nnU-Net's switch (network.decoder.deep_supervision, on or off) changes nothing: a plain call gives logits
+    for switch in (True, False):
+        network.decoder.deep_supervision = switch
         y = network(torch.randn(2, 3, 32, 32))
-    assert isinstance(y, torch.Tensor) and y.shape == (2, 4, 32, 32)
+        assert isinstance(y, torch.Tensor) and y.shape == (2, 4, 32, 32)
 
 
 @pytest.mark.parametrize("op", [nn.InstanceNorm2d, "torch.nn.modules.instancenorm.InstanceNorm2d"])

@@ -57,9 +57,7 @@ def test_concat_fusion():
     assert not hasattr(dec, "path_heads")
 
 
-def test_deep_supervision_flag_and_bad_fusion():
-    assert MultiScaleCBATDecoder(16, 2, deep_supervision=True).deep_supervision is True
-    assert MultiScaleCBATDecoder(16, 2).deep_supervision is False
+def test_bad_fusion():
     with pytest.raises(ValueError, match="decoder_fusion"):
         MultiScaleCBATDecoder(16, 2, "mean")
 

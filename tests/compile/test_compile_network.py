@@ -2,8 +2,8 @@
 statistics, with no graph break:
 
 - MedDisSegNet (default arguments: ResNet-50 + ELAT, TeLU, fusion "sum") at 32x32 in training mode
-  with deep supervision (MedDisSegOutput with the auxiliary maps and the dispersive features), in
-  inference mode (logits only), and encoder-only (Stage I);
+  with every output (MedDisSegOutput with the auxiliary maps and the dispersive features), in
+  inference mode (logits only), and its encoder features in training mode (Stage I);
 - nnUNetTrainerDispersive's network: nnU-Net's PlainConvUNet with the forward hook that captures
   ``encoder.stages[0]``, compiled as nnU-Net compiles it in ``initialize``, one training step against
   an eager trainer with the same run seed.
@@ -29,18 +29,29 @@ from tests.training.test_trainer_meddisseg import DATASET, DATASET_JSON, PLAIN_U
 FACTOR = 3.0
 
 
-def _network(mode: str) -> MedDisSegNet:
+class _Output(torch.nn.Module):
+    """MedDisSegNet called for one output (as the trainer calls its compiled network), as a module."""
+
+    def __init__(self, net: MedDisSegNet, output: str) -> None:
+        super().__init__()
+        self.net, self.output = net, output
+
+    def forward(self, x):
+        return self.net(x, output=self.output)
+
+
+#: mode -> (the network's output, training mode)
+MODES = {"training": ("all", True), "inference": ("logits", False), "encoder": ("encoder", True)}
+
+
+def _network(mode: str) -> _Output:
     torch.manual_seed(0)
-    net = MedDisSegNet(3, 3, deep_supervision=True)
-    if mode == "inference":
-        net.decoder.deep_supervision = False
-        return net.eval()
-    net.encoder_only = mode == "encoder_only"
-    return net.train()
+    output, training = MODES[mode]
+    return _Output(MedDisSegNet(3, 3), output).train(training)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["training", "inference", "encoder_only"])
+@pytest.mark.parametrize("mode", sorted(MODES))
 def test_compiled_meddisseg_matches_eager(mode):
     net = _network(mode)
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
@@ -52,7 +63,7 @@ def test_compiled_meddisseg_matches_eager(mode):
     counts = compare_compiled_to_float64(net, [x.requires_grad_(mode != "inference")], factor=FACTOR)
     assert counts["graphs"] == 1
     # training: logits, 3 path logits, fg, bg, uc, 3 features; encoder-only: 4 features
-    assert counts["outputs"] == {"training": 10, "inference": 1, "encoder_only": 4}[mode]
+    assert counts["outputs"] == {"training": 10, "inference": 1, "encoder": 4}[mode]
 
 
 # ---------------------------------------------------------------------------------------- nnUNetTrainerDispersive

@@ -1,8 +1,8 @@
 """torch.compile sees Med-DisSeg's training forward with the Stage II loss, and its inference forward,
 as one graph each (``torch._dynamo.explain``: 0 graph breaks), in the graph and shifted forms of its
 device-dependent blocks (the shifted form's hundreds of view operations make its tracing slow: marked
-``slow``); and the Stage I -> Stage II switch of nnUNetTrainerMedDisSeg (``encoder_only``
-off, batch of 2B -> B) compiles at most one new graph. Tracing only (backend "eager"): no inductor.
+``slow``); and the Stage I -> Stage II switch of nnUNetTrainerMedDisSeg (encoder features -> every output,
+batch of 2B -> B) compiles at most one new graph. Tracing only (backend "eager"): no inductor.
 """
 import pytest
 import torch
@@ -27,7 +27,7 @@ def _stage2_objective(net):
     loss = recipe_stage2_loss(nnUNetTrainerMedDisSeg.recipe)
 
     def objective(x, target):
-        return loss(net(x), target)
+        return loss(net(x, output="all"), target)
     return objective
 
 
@@ -37,7 +37,7 @@ FORMS = ["graph", pytest.param("shifted", marks=pytest.mark.slow)]
 @pytest.mark.parametrize("form", FORMS)
 def test_training_forward_with_stage2_loss_is_one_graph(form):
     torch.manual_seed(0)
-    net = MedDisSegNet(3, 2, deep_supervision=True).train()
+    net = MedDisSegNet(3, 2).train()
     with forced_form(form):
         breaks, reasons = graph_breaks(_stage2_objective(net), *_inputs())
     assert breaks == 0, reasons
@@ -46,7 +46,7 @@ def test_training_forward_with_stage2_loss_is_one_graph(form):
 @pytest.mark.parametrize("form", FORMS)
 def test_inference_forward_is_one_graph(form):
     torch.manual_seed(0)
-    net = MedDisSegNet(3, 2, deep_supervision=False).eval()
+    net = MedDisSegNet(3, 2).eval()
     with forced_form(form), torch.no_grad():
         breaks, reasons = graph_breaks(net, _inputs()[0])
     assert breaks == 0, reasons
@@ -56,17 +56,15 @@ def test_stage_switch_compiles_at_most_one_new_graph():
     torch.manual_seed(0)
     torch._dynamo.reset()
     counters.clear()
-    net = MedDisSegNet(3, 2, deep_supervision=True).train()
+    net = MedDisSegNet(3, 2).train()
     compiled = torch.compile(net, backend="eager")
     x, target = _inputs()
     with forced_form("graph"):
-        net.encoder_only = True  # Stage I: clean and perturbed views as one batch of 2B
-        for _ in range(2):
-            compiled(torch.cat([x, x]))
+        for _ in range(2):  # Stage I: clean and perturbed views as one batch of 2B
+            compiled(torch.cat([x, x]), output="encoder")
         stage1_graphs = counters["stats"]["unique_graphs"]
-        net.encoder_only = False  # Stage II: the full network on batches of B
-        for _ in range(3):
-            out = compiled(x)
+        for _ in range(3):  # Stage II: the full network on batches of B
+            out = compiled(x, output="all")
     assert stage1_graphs >= 1 and out.fg is not None
     assert counters["stats"]["unique_graphs"] - stage1_graphs <= 1, dict(counters["stats"])
     torch._dynamo.reset()

@@ -3,6 +3,7 @@ writes what nnU-Net's own method writes."""
 import importlib
 import math
 
+import numpy as np
 import pytest
 import torch
 from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
@@ -52,6 +53,33 @@ def test_checkpoint_entries_are_what_nnunet_writes(nnunet_dirs):
     ours = torch.load(ours_file, weights_only=False)
     assert _equal({k: ours[k] for k in written}, written)
     assert ours["run_seed"] == trainer.run_seed and "meddisseg_stage" in ours
+
+
+@pytest.mark.parametrize("labels", [{"background": 0, "a": 1, "b": 2},
+                                    {"background": 0, "a": 1, "b": 2, "ignore": 3}], ids=["plain", "ignore_label"])
+def test_validation_counts_are_what_nnunets_validation_step_returns(labels):
+    """nnU-Net's own ``validation_step`` on a stand-in trainer whose network returns fixed logits, and the copy on
+    the same logits, target and loss: equal counts and loss."""
+    from types import SimpleNamespace
+
+    from nnunetv2.utilities.label_handling.label_handling import LabelManager
+
+    from nnunetv2_meddisseg.training.nnunet_copies import validation_counts
+    from nnunetv2_meddisseg.training.objectives import segmentation_loss
+
+    generator = torch.Generator().manual_seed(4)
+    logits = torch.randn(2, 3, 16, 16, generator=generator)
+    target = torch.randint(0, len(labels), (2, 1, 16, 16), generator=generator).float()
+    manager = LabelManager(labels, regions_class_order=None)
+    loss = segmentation_loss(True, manager.ignore_label)
+    stand_in = SimpleNamespace(device=torch.device("cpu"), network=lambda data: logits, loss=loss,
+                               enable_deep_supervision=False, label_manager=manager)
+    expected = nnUNetTrainer.validation_step(stand_in, {"data": torch.zeros(2, 3, 16, 16), "target": target.clone()})
+    found = validation_counts(manager, logits, target.clone(), loss(logits, target.clone()))
+    assert expected.keys() == found.keys()
+    for key in expected:
+        assert np.array_equal(expected[key], found[key]), key
+    assert found["tp_hard"].sum() > 0 and found["fp_hard"].sum() > 0
 
 
 @pytest.mark.parametrize("scaled", [False, True])

@@ -149,7 +149,6 @@ def test_network_from_default_plans_and_from_meddisseg_plans():
             plans_manager, plans_manager.get_configuration("2d"), 3, 3, enable_deep_supervision=False)
         assert isinstance(network, MedDisSegNet)
         assert isinstance(network.elat[0], torch.nn.Identity) == elat_is_identity
-        assert network.decoder.deep_supervision is False
         out = network.eval()(torch.zeros(1, 3, 32, 32))
         assert out.shape == (1, 3, 32, 32)
 
@@ -227,17 +226,11 @@ def test_prediction_build_does_not_need_the_encoder_weights_file(nnunet_dirs, tm
         trainer.initialize()
 
 
-def test_training_without_deep_supervision_is_refused(nnunet_dirs):
-    trainer = make_trainer(initialize=False, enable_deep_supervision=False)
-    with pytest.raises(ValueError, match="enable_deep_supervision"):
-        trainer.initialize()
-
-
 # ---------------------------------------------------------------------------------------- stages
 def test_stage1_optimizer_holds_head_and_encoder(nnunet_dirs):
     trainer = make_trainer()
     network = trainer.network
-    assert trainer.training_stage == STAGE_1 and network.encoder_only
+    assert trainer.training_stage == STAGE_1
     assert [g["name"] for g in trainer.optimizer.param_groups] == ["head", "encoder"]
     ids = group_ids(trainer)
     assert ids["head"] == [id(p) for p in trainer.stage1_head.parameters()]
@@ -255,7 +248,7 @@ def test_stage_switch_groups_and_per_group_schedule(nnunet_dirs):
         trainer.on_train_epoch_start()
         seen.append([g["lr"] for g in trainer.optimizer.param_groups])
         if epoch == 2:
-            assert trainer.training_stage == STAGE_2 and not network.encoder_only
+            assert trainer.training_stage == STAGE_2
             assert trainer.stage1_head is None and trainer._best_ema is None
             ids = group_ids(trainer)
             everything = [id(p) for p in network.parameters()]
@@ -331,7 +324,7 @@ def test_stage2_fg_bg_term_leaves_the_ignore_label_out(nnunet_dirs, monkeypatch)
     batch = make_batch()
     batch["target"][:, :, 20:32, :] = 3  # rows without a label
     with torch.no_grad():  # train mode: the same output as the step's forward
-        output = trainer.network(batch["data"])
+        output = trainer.network(batch["data"], output="all")
     labelled = (batch["target"] != 3).float()
     expected = foreground_background_loss(output.fg, output.bg, ((batch["target"] > 0) & (labelled > 0)).float(),
                                           labelled)
@@ -399,7 +392,7 @@ def test_checkpoint_round_trip_in_stage1_and_stage2(nnunet_dirs):
         for p in resumed.stage1_head.parameters():
             p.add_(1.0)
     resumed.load_checkpoint(stage1_file)
-    assert resumed.training_stage == STAGE_1 and resumed.network.encoder_only
+    assert resumed.training_stage == STAGE_1
     assert resumed.current_epoch == 1 and resumed.run_seed == 123
     for a, b in zip(trainer.stage1_head.state_dict().values(), resumed.stage1_head.state_dict().values()):
         assert torch.equal(a, b)
@@ -418,7 +411,7 @@ def test_checkpoint_round_trip_in_stage1_and_stage2(nnunet_dirs):
     assert checkpoint["meddisseg_stage"] == STAGE_2 and "stage1_head_weights" not in checkpoint
     again = make_trainer()
     again.load_checkpoint(stage2_file)
-    assert again.training_stage == STAGE_2 and again.stage1_head is None and not again.network.encoder_only
+    assert again.training_stage == STAGE_2 and again.stage1_head is None
     assert [g["lr"] for g in again.optimizer.param_groups] == pytest.approx([1e-4, 1e-5])
     for a, b in zip(resumed.network.state_dict().values(), again.network.state_dict().values()):
         assert torch.equal(a, b)

@@ -1,7 +1,7 @@
-"""Validation steps and loss: nnUNetTrainerMedDisSeg runs nnU-Net's own ``validation_step`` on the current
-stage's logits (Stage I: network + head; Stage II: the final logits of the deep-supervised network); its loss
-and pseudo Dice counts equal an independent computation from those logits, with and without an ignore label.
-Its loss is nnU-Net's ``_build_loss`` without the deep-supervision wrapper."""
+"""Validation steps and loss: nnUNetTrainerMedDisSeg validates the current stage's logits (Stage I: network +
+head; Stage II: the network's final logits) as nnU-Net's ``validation_step`` does; its loss and pseudo Dice counts
+equal an independent computation from those logits, with and without an ignore label. Its loss is nnU-Net's
+``_build_loss`` without the deep-supervision wrapper."""
 import math
 from copy import deepcopy
 
@@ -54,7 +54,7 @@ def test_validation_step_is_nnunets_on_the_stage_logits(nnunet_dirs, stage, igno
     if ignore:
         batch["target"][:, :, 10:20, :] = 3  # a band of unlabelled pixels across both classes
     _enter(trainer, stage)
-    network, deep_supervision = trainer.network, trainer.enable_deep_supervision
+    network = trainer.network
     trainer.network.eval()
     if trainer.stage1_head is not None:
         trainer.stage1_head.eval()
@@ -65,40 +65,28 @@ def test_validation_step_is_nnunets_on_the_stage_logits(nnunet_dirs, stage, igno
     assert (result["tp_hard"].tolist(), result["fp_hard"].tolist(), result["fn_hard"].tolist()) == \
         (tp.tolist(), fp.tolist(), fn.tolist())
     assert tp.sum() + fp.sum() + fn.sum() > 0
-    # the trainer's network and deep supervision are its own again
-    assert trainer.network is network and trainer.enable_deep_supervision is deep_supervision is True
+    assert trainer.network is network and trainer.enable_deep_supervision is False
 
 
 def test_stage2_validation_scores_the_final_logits_not_a_path(nnunet_dirs):
-    """Stage II's network returns a MedDisSegOutput (deep supervision on); the pseudo Dice is that of its
-    final logits: perfect where they are the target's one-hot, whatever the path logits say."""
+    """Stage II validates the network's logits (``output="logits"``): the pseudo Dice is perfect where they are
+    the target's one-hot, whatever the network's other outputs say."""
     trainer = make_trainer()
     _enter(trainer, STAGE_2)
     batch = make_batch()
     plain = trainer._plain_network()
     perfect = torch.nn.functional.one_hot(batch["target"][:, 0].long(), 3).permute(0, 3, 1, 2).float() * 20
 
-    def forward(x):
-        output = type(plain).forward(plain, x)
-        wrong = tuple(torch.flip(p, dims=(1,)) for p in output.path_logits)
-        return output._replace(logits=perfect.clone(), path_logits=wrong)
+    def forward(x, output="logits"):
+        every = type(plain).forward(plain, x, output="all")
+        wrong = every._replace(logits=torch.flip(every.logits, dims=(1,)))
+        return perfect.clone() if output == "logits" else wrong
 
     plain.forward = forward
     with torch.no_grad():
         result = trainer.validation_step(batch)
     assert result["fp_hard"].tolist() == result["fn_hard"].tolist() == [0, 0]
     assert result["tp_hard"].tolist() == [2 * 100, 2 * 140]
-
-
-def test_validation_restores_the_network_when_it_fails(nnunet_dirs):
-    trainer = make_trainer()
-    _enter(trainer, STAGE_1)
-    network = trainer.network
-    batch = make_batch()
-    batch["data"] = batch["data"][:, :2]  # two channels for a three-channel network
-    with pytest.raises(ValueError, match="expected 3 input channels"):
-        trainer.validation_step(batch)
-    assert trainer.network is network and trainer.enable_deep_supervision
 
 
 def test_dispersive_trainer_checks_validation_batches(nnunet_dirs):
@@ -117,7 +105,7 @@ def test_dispersive_trainer_checks_validation_batches(nnunet_dirs):
 @pytest.mark.parametrize("ignore", [False, True])
 def test_the_loss_is_nnunets_without_the_deep_supervision_wrapper(nnunet_dirs, ignore):
     trainer = make_trainer(dataset_json=IGNORE_JSON if ignore else DATASET_JSON)
-    assert type(trainer.loss) is DC_and_CE_loss and trainer.enable_deep_supervision
+    assert type(trainer.loss) is DC_and_CE_loss and not trainer.enable_deep_supervision
     reference = segmentation_loss(trainer.configuration_manager.batch_dice, 3 if ignore else None)
     logits = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     target = make_batch()["target"]
