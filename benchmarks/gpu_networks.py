@@ -5,7 +5,7 @@ import copy
 import json
 import statistics
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 from common import (
     NNUNET_ARCHITECTURES,
@@ -160,14 +160,20 @@ def eager_step(args, results: StepResults) -> None:
     def images_per_s(fn, n) -> float:
         return round(n * 1e3 / median_ms(fn, args.repeats), 2)
 
-    def figures(prefix: str, name: str) -> None:
-        net = build(name, False, size).to(device).eval()
+    def figures(prefix: str, name: str, form: Optional[str] = None) -> None:
+        """The figures of network ``name``, its CDFA blocks in ``form`` (None: by device)."""
+        def built(deep_supervision: bool):
+            net = build(name, deep_supervision, size)
+            device_forms.set_implementation_form(net, form)
+            return net.to(device)
+
+        net = built(False).eval()
         results.put(f"{prefix}/infer_b4_fp32", images_per_s(inference_call(net, 4, size, False, device), 4))
         results.put(f"{prefix}/infer_b{big}_bf16_channels_last",
                     images_per_s(inference_call(copy.deepcopy(net), big, size, True, device), big))
         del net
         for precision in ("fp32", "bf16"):
-            net = build(name, True, size).to(device).train()
+            net = built(True).train()
             if cuda:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
@@ -184,8 +190,7 @@ def eager_step(args, results: StepResults) -> None:
     results.put("forms_default", "fused" if fused else "shifted")
     figures("nnunet", "nnunet")
     if fused:  # the CDFA forms side by side: the default (fused) run above, the shifted form here
-        with device_forms.forced_form("shifted"):
-            figures("meddisseg_shifted", "meddisseg")
+        figures("meddisseg_shifted", "meddisseg", "shifted")
         shifted = results.data["meddisseg_shifted"]
         results.put("fused_vs_shifted", {k: round(v / shifted[k], 2) for k, v in results.data["meddisseg"].items()
                                          if k in shifted and "memory" not in k})

@@ -51,10 +51,10 @@ def _dynamo_export(net, x) -> bytes:
     """The graph form exported by torch.onnx.export(dynamo=True) (needs onnxscript)."""
     import torch
 
-    from nnunetv2_meddisseg.blocks.device_forms import forced_form
+    from nnunetv2_meddisseg.blocks.device_forms import implementation_form_of
 
     dim = {2: torch.export.Dim("height", min=32, max=4096), 3: torch.export.Dim("width", min=32, max=4096)}
-    with forced_form("graph"), torch.no_grad():
+    with implementation_form_of(net, "graph"), torch.no_grad():
         program = torch.onnx.export(net, (x,), input_names=["image"], output_names=["logits"], opset_version=18,
                                     dynamo=True, dynamic_shapes=(dim,))
     return program.model_proto.SerializeToString()

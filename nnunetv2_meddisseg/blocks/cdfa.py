@@ -1,7 +1,7 @@
 """Contrast-driven feature aggregation (CDFA, after ConDSeg) and the guidance pyramid feeding it.
 
-The window attention has three forms with equal results up to rounding, chosen by device inside the
-block (``blocks.device_forms``):
+The window attention has three forms with equal results up to rounding, chosen by the block's ``form``
+(None, the default: by the input's device; ``blocks.device_forms``):
 
 - the *fused form* (CUDA with Triton): the identity below computed by two Triton kernels registered as
   custom ops (``blocks.cdfa_kernels``): logits (B, heads * k^4, H, W) from the 1x1 convolution ->
@@ -33,7 +33,7 @@ from nnunetv2_meddisseg.blocks.cdfa_graph import graph_window_attention
 from nnunetv2_meddisseg.blocks.cdfa_kernels import fused_cdfa_available, offset_aggregate, window_offset_weights
 from nnunetv2_meddisseg.blocks.cdfa_shifted import displacement_sum, window_displacement_weights
 from nnunetv2_meddisseg.blocks.conv import ConvNormAct, PointwiseLinear
-from nnunetv2_meddisseg.blocks.device_forms import form_is_forced, give_up_fused, implementation_form
+from nnunetv2_meddisseg.blocks.device_forms import give_up_fused, implementation_form, resolve_form
 
 __all__ = [
     "ContrastDrivenAggregation",
@@ -75,6 +75,10 @@ class ContrastDrivenAggregation(nn.Module):
     Input and output each pass two Conv3x3-Norm-act blocks. Under fp16 autocast, everything from the
     value projection to the first output block is computed in fp32 (see ``forward``).
 
+    ``form`` is the implementation form of the window attention (``blocks.device_forms``): None chooses by the
+    input's device, else one of ``device_forms.FORMS`` (or the aliases ``"cuda"``, ``"cpu"``) runs on any device.
+    It can be set afterwards (``block.form = ...``, or ``device_forms.set_implementation_form`` on a network).
+
     x: (B, in_channels, H, W), fg, bg: (B, dim, H, W) -> (B, dim, H, W)
     """
 
@@ -88,8 +92,10 @@ class ContrastDrivenAggregation(nn.Module):
         norm_op: Type[nn.Module] = nn.BatchNorm2d,
         norm_op_kwargs: Optional[dict] = None,
         nonlin: Type[nn.Module] = TeLU,
+        form: Optional[str] = None,
     ) -> None:
         super().__init__()
+        self.form = form
         if dim % num_heads != 0:
             raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
         if kernel_size % 2 != 1:
@@ -107,6 +113,15 @@ class ContrastDrivenAggregation(nn.Module):
         self.attn_bg = nn.Linear(dim, num_heads * window * window)
         self.proj = PointwiseLinear(dim, dim)
         self.output_convs = nn.Sequential(ConvNormAct(dim, dim, 3, **ops), ConvNormAct(dim, dim, 3, **ops))
+
+    @property
+    def form(self) -> Optional[str]:
+        """The implementation form this block runs (one of ``device_forms.FORMS``), None: by the input's device."""
+        return self._form
+
+    @form.setter
+    def form(self, form: Optional[str]) -> None:
+        self._form = resolve_form(form)
 
     @staticmethod
     def _pointwise(layer: nn.Module, x: Tensor) -> Tensor:
@@ -157,7 +172,7 @@ class ContrastDrivenAggregation(nn.Module):
     def _aggregate(self, x: Tensor, fg: Tensor, bg: Tensor) -> Tensor:
         """Value projection, both window attentions and the first output block (shapes as ``forward``)."""
         v = self._pointwise(self.value, x)
-        form = implementation_form(x)
+        form = implementation_form(x, self.form)
         if form == "fused":
             if not fused_cdfa_available(x):
                 raise RuntimeError("the fused CDFA form needs Triton and CUDA tensors (or TRITON_INTERPRET=1)")
@@ -165,7 +180,7 @@ class ContrastDrivenAggregation(nn.Module):
                 fused = self.window_attention_fused(v, fg, self.attn_fg)
                 return self.output_convs[0](self.window_attention_fused(fused, bg, self.attn_bg))
             except Exception as error:  # Triton could not build or launch a kernel here: the shifted form
-                if form_is_forced() or torch.compiler.is_compiling() or not _is_triton_error(error):
+                if self.form is not None or torch.compiler.is_compiling() or not _is_triton_error(error):
                     raise
                 give_up_fused(f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}")
                 form = "shifted"

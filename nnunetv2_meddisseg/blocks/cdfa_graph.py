@@ -5,8 +5,9 @@ image), with D_d(q) = sum_{i, j: off_j - off_i = d} A_{q - off_i}[i, j] (``block
 step is a whole-tensor operation on zero-padded copies: the window rows are shifted by slicing a padded copy and
 stacked, the per-displacement sums are one matrix product with a constant 0/1 matrix, and the values are summed
 from (2k-1)^2 slices of a padded copy. Slices end at negative indices, so the graph holds no image size: an
-exported graph (Pad, Slice, Concat, MatMul, Mul, Add) takes any height and width. It is what
-``nnUNetv2_meddisseg_export`` traces (``forced_form("graph")``); eager PyTorch runs the other forms.
+exported graph (Pad, Slice, Concat, MatMul, Mul, Add) takes any height and width. A CDFA block runs it where
+its ``form`` is ``"graph"`` (``blocks.device_forms``): ``nnUNetv2_meddisseg_export`` sets that form on the network
+it traces. A block whose form is chosen by device runs one of the other forms.
 """
 import functools
 from typing import Optional, Tuple

@@ -9,43 +9,81 @@ The forms have equal results up to rounding:
 - ``"graph"``: whole-tensor operations on padded copies, no in-place writes (``blocks.cdfa_graph``), what
   the ONNX exporter traces (a tracer loses in-place writes into slices).
 
-A block calls :func:`implementation_form` with its input. :func:`forced_form` overrides the choice
-(for tests, benchmarks and the exporter, which run one form on any device). ``"cuda"`` and ``"cpu"`` are
-accepted as aliases of what those devices run: ``"fused"`` and ``"shifted"``. Where Triton cannot build or
-run the fused kernels on a GPU, :func:`give_up_fused` turns the fused form off for the process, with one warning
-naming the error.
+Each such block has its own attribute ``form``: None (the default) chooses by the input's device, one of
+:data:`FORMS` runs that form on any device. ``"cuda"`` and ``"cpu"`` are accepted as aliases of what those
+devices run: ``"fused"`` and ``"shifted"``. A block calls :func:`implementation_form` with its input and its
+``form``. :func:`set_implementation_form` sets the form of every block in a module;
+:func:`implementation_form_of` sets it within a context and then gives each block its own value back (for
+tests, benchmarks, the exporter and the kernel checks, which run one form on any device). Where Triton
+cannot build or run the fused kernels on a GPU, :func:`give_up_fused` turns the fused form off for the
+process, with one warning naming the error; a block whose ``form`` is set never falls back.
 """
 import contextlib
 import warnings
-from typing import Iterator, Optional
+from typing import Iterator, List, Optional
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.cdfa_kernels import fused_cdfa_available
 
-__all__ = ["FORMS", "ALIASES", "implementation_form", "forced_form", "form_is_forced", "give_up_fused"]
+__all__ = ["FORMS", "ALIASES", "FORM_ATTRIBUTE", "resolve_form", "implementation_form", "form_blocks",
+           "set_implementation_form", "implementation_form_of", "give_up_fused"]
 
 #: the implementation forms
 FORMS = ("fused", "shifted", "graph")
 #: other accepted names: the form each device runs (CUDA: fused, where Triton builds it; CPU: shifted)
 ALIASES = {"cuda": "fused", "cpu": "shifted"}
-_forced: Optional[str] = None
+#: the attribute through which a device-dependent block holds its form (None: by device)
+FORM_ATTRIBUTE = "form"
 #: why the fused form is off for this process (``give_up_fused``), None while it is on
 _fused_failure: Optional[str] = None
 
 
-def implementation_form(x: Tensor) -> str:
-    """The form a block given ``x`` runs: the forced one (:func:`forced_form`), else ``"fused"`` for CUDA
-    tensors where the fused kernels are available, ``"shifted"`` otherwise."""
-    if _forced is not None:
-        return _forced
+def resolve_form(form: Optional[str]) -> Optional[str]:
+    """``form`` checked and with aliases resolved: one of :data:`FORMS`, or None (by device)."""
+    if form is None:
+        return None
+    if form not in FORMS and form not in ALIASES:
+        raise ValueError(f"unknown implementation form {form!r}: choose one of {list(FORMS) + list(ALIASES)}")
+    return ALIASES.get(form, form)
+
+
+def implementation_form(x: Tensor, form: Optional[str] = None) -> str:
+    """The form a block given ``x`` runs: ``form`` where it is given (one of :data:`FORMS` or :data:`ALIASES`),
+    else ``"fused"`` for CUDA tensors where the fused kernels are available and the fused form is on
+    (:func:`give_up_fused`), ``"shifted"`` otherwise."""
+    if form is not None:
+        return resolve_form(form)
     fused = _fused_failure is None and x.device.type == "cuda" and fused_cdfa_available(x)
     return "fused" if fused else "shifted"
 
 
-def form_is_forced() -> bool:
-    """Whether :func:`forced_form` chooses the form now."""
-    return _forced is not None
+def form_blocks(module: nn.Module) -> List[nn.Module]:
+    """The device-dependent blocks in ``module`` (itself included): the submodules with a ``form`` attribute."""
+    return [m for m in module.modules() if hasattr(m, FORM_ATTRIBUTE)]
+
+
+def set_implementation_form(module: nn.Module, form: Optional[str]) -> None:
+    """Set ``form`` (one of :data:`FORMS` or :data:`ALIASES`; None: by device) on every device-dependent block in
+    ``module``."""
+    form = resolve_form(form)
+    for block in form_blocks(module):
+        setattr(block, FORM_ATTRIBUTE, form)
+
+
+@contextlib.contextmanager
+def implementation_form_of(module: nn.Module, form: Optional[str]) -> Iterator[nn.Module]:
+    """Within the context, every device-dependent block in ``module`` runs ``form`` (one of :data:`FORMS` or
+    :data:`ALIASES`; None: by device); afterwards each block has its own value again. Yields ``module``."""
+    form = resolve_form(form)
+    previous = [(block, getattr(block, FORM_ATTRIBUTE)) for block in form_blocks(module)]
+    try:
+        for block, _ in previous:
+            setattr(block, FORM_ATTRIBUTE, form)
+        yield module
+    finally:
+        for block, value in previous:
+            setattr(block, FORM_ATTRIBUTE, value)
 
 
 def give_up_fused(reason: str) -> None:
@@ -55,19 +93,3 @@ def give_up_fused(reason: str) -> None:
         _fused_failure = reason
         warnings.warn(f"the fused CDFA kernels failed on this GPU ({reason}); Med-DisSeg continues with the "
                       f"shifted form (same results, slower)", RuntimeWarning, stacklevel=2)
-
-
-@contextlib.contextmanager
-def forced_form(form: Optional[str]) -> Iterator[None]:
-    """Within the context, every device-dependent block runs ``form`` (one of :data:`FORMS` or
-    :data:`ALIASES`; None: by device)."""
-    global _forced
-    if form is not None:
-        if form not in FORMS and form not in ALIASES:
-            raise ValueError(f"unknown implementation form {form!r}: choose one of {list(FORMS) + list(ALIASES)}")
-        form = ALIASES.get(form, form)
-    previous, _forced = _forced, form
-    try:
-        yield
-    finally:
-        _forced = previous

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from nnunetv2_meddisseg.blocks import cdfa_kernels
 from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation, displacement_sum, window_displacement_weights
-from nnunetv2_meddisseg.blocks.device_forms import forced_form
+from nnunetv2_meddisseg.blocks.device_forms import implementation_form_of
 
 __all__ = ["TOLERANCE", "relative_error", "poisoned_outputs", "reference_offset_weights", "reference_aggregate",
            "check_cdfa_ops", "check_cdfa_block", "check_telu", "check_instance_norm", "run_checks"]
@@ -132,7 +132,7 @@ def check_cdfa_block(device: torch.device, compiled: bool = False, dim: int = 64
 
     def run(form: str, module: Optional[Callable] = None) -> List[Tensor]:
         leaves = [t.clone().requires_grad_() for t in inputs]
-        with forced_form(form):
+        with implementation_form_of(m, form):
             out = (module or m)(*leaves)
         return [out, *torch.autograd.grad(out, [*leaves, *m.parameters()], upstream)]
 

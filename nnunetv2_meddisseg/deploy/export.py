@@ -37,7 +37,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from nnunetv2_meddisseg.blocks.device_forms import forced_form
+from nnunetv2_meddisseg.blocks.device_forms import implementation_form_of
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, run_command
 from nnunetv2_meddisseg.deploy.description import (
     DESCRIPTION_FILE,
@@ -88,11 +88,11 @@ def _onnx_modules():
 def trace_to_onnx(network: torch.nn.Module, example: torch.Tensor, form: Optional[str] = None) -> bytes:
     """network (eval mode, CPU) traced on example (B, C, H, W) with the CDFA blocks in ``form`` (None:
     :data:`EXPORT_FORM`) -> an ONNX model (bytes) whose input ``image`` (B, C, H, W) and output ``logits``
-    (B, K, H, W) have symbolic B, H and W."""
+    (B, K, H, W) have symbolic B, H and W. The blocks have their own forms again afterwards."""
     form = EXPORT_FORM if form is None else form
     axes = {0: "batch", 2: "height", 3: "width"}
     buffer = io.BytesIO()
-    with forced_form(form), torch.no_grad(), warnings.catch_warnings():
+    with implementation_form_of(network, form), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tracer's notes on Python values it records as constants
         torch.onnx.export(network, (example,), buffer, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
                           opset_version=OPSET, dynamo=False, dynamic_axes={INPUT_NAME: axes, OUTPUT_NAME: axes})

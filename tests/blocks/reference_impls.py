@@ -76,8 +76,8 @@ def reference_telu(x: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------------------------------------------
 # The implementations before the launch-count reduction (same parameters, same results up to rounding): the
 # references of the current blocks, and the "previous" network of the before/after benchmarks. The CDFA window
-# attention of that time is the block's shifted form, which the block still runs on the CPU
-# (``blocks.device_forms.forced_form("shifted")`` selects it on any device).
+# attention of that time is the block's shifted form, which the block runs on the CPU (a block whose ``form``
+# is ``"shifted"`` runs it on any device: ``blocks.device_forms``).
 
 class _PreviousTeLUFunction(torch.autograd.Function):
     """TeLU with the hand-written backward as it was (12 operations)."""
@@ -337,10 +337,10 @@ def use_previous_implementations(net: nn.Module) -> nn.Module:
     from nnunetv2_meddisseg.blocks.activation import TeLU
     from nnunetv2_meddisseg.blocks.attention import ChannelAttention
     from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
-    from nnunetv2_meddisseg.blocks.device_forms import forced_form
+    from nnunetv2_meddisseg.blocks.device_forms import implementation_form_of
 
     def aggregate_in_cpu_form(module, *args):
-        with forced_form("cpu"):
+        with implementation_form_of(module, "cpu"):
             return type(module)._aggregate(module, *args)
 
     for m in net.modules():

@@ -7,7 +7,9 @@ from reference_impls import (
     reference_window_attention,
     reference_window_weights,
 )
+from torch import nn
 
+from nnunetv2_meddisseg.blocks import cdfa, device_forms
 from nnunetv2_meddisseg.blocks.cdfa import (
     ContrastDrivenAggregation,
     ContrastGuidancePyramid,
@@ -15,7 +17,11 @@ from nnunetv2_meddisseg.blocks.cdfa import (
     displacement_sum,
     window_displacement_weights,
 )
-from nnunetv2_meddisseg.blocks.device_forms import forced_form
+from nnunetv2_meddisseg.blocks.device_forms import (
+    form_blocks,
+    implementation_form_of,
+    set_implementation_form,
+)
 
 
 def _linear(layer, x):
@@ -58,7 +64,7 @@ def _in_form(form):
     """The block's forward in one implementation form ("shifted": shifted views, "graph": padded copies, no
     in-place writes)."""
     def forward(m, x, fg, bg):
-        with forced_form(form):
+        with implementation_form_of(m, form):
             return m(x, fg, bg)
     return forward
 
@@ -174,7 +180,8 @@ def _module_and_inputs(size, in_channels=32, dim=32, heads=4, kernel=3, batch=2,
 def test_forward_equals_first_implementation_fp32(size, kernel, training, form):
     m, x, fg, bg = _module_and_inputs(size, kernel=kernel)
     m.train(training)
-    with torch.no_grad(), forced_form(form):
+    m.form = form
+    with torch.no_grad():
         ours = m(x, fg, bg)
         ref = reference_cdfa_forward(m, x, fg, bg)
     # 1e-4: in training mode the norms divide by the standard deviation of as few as 36 values, which
@@ -389,7 +396,7 @@ def test_fp16_autocast_survives_grown_scale_invariant_weights(training, form):
     # the premise: the first output convolution's output exceeds fp16's largest value
     assert pre_norm[0] > torch.finfo(torch.float16).max
     inputs = [t.clone().requires_grad_() for t in (x, fg, bg)]
-    with _cpu_autocast_or_skip(torch.float16), forced_form(form):
+    with _cpu_autocast_or_skip(torch.float16), implementation_form_of(m, form):
         out = m(*inputs)
     assert out.dtype == torch.float16 and torch.isfinite(out).all()
     torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
@@ -424,3 +431,46 @@ def test_fp32_stretch_only_under_fp16_autocast(dtype, stretch_dtype):
     assert seen[0].dtype == torch.float32 and seen[1].dtype == stretch_dtype
     assert out.dtype == dtype and torch.isfinite(out).all()
     torch.testing.assert_close(out.float(), expected, rtol=5e-2, atol=5e-2 * float(expected.abs().max()))
+
+
+class _TwoBlocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([ContrastDrivenAggregation(4, dim=8, num_heads=2) for _ in range(2)])
+
+
+def test_a_form_set_on_one_network_changes_no_other_network_and_no_new_block(monkeypatch):
+    ran = []
+
+    def recorded(x, form=None):
+        ran.append(device_forms.implementation_form(x, form))
+        return ran[-1]
+    monkeypatch.setattr(cdfa, "implementation_form", recorded)
+    torch.manual_seed(0)
+    inputs = [torch.randn(1, c, 5, 6) for c in (4, 8, 8)]
+
+    def forms_run(net):
+        ran.clear()
+        with torch.no_grad():
+            for block in net.blocks:
+                block(*inputs)
+        return list(ran)
+
+    one, other = _TwoBlocks().eval(), _TwoBlocks().eval()
+    assert form_blocks(one) == list(one.blocks)
+    set_implementation_form(one, "graph")
+    assert [b.form for b in one.blocks] == ["graph", "graph"]
+    assert forms_run(one) == ["graph", "graph"]
+    assert forms_run(other) == ["shifted", "shifted"]  # by device: the CPU's form
+    assert ContrastDrivenAggregation(4, dim=8, num_heads=2).form is None
+    other.blocks[1].form = "graph"
+    with implementation_form_of(other, "cpu"):
+        assert [b.form for b in other.blocks] == ["shifted", "shifted"]
+        assert forms_run(one) == ["graph", "graph"]
+    assert [b.form for b in other.blocks] == [None, "graph"]  # each block's own value again
+    assert forms_run(other) == ["shifted", "graph"]
+    with pytest.raises(KeyError), implementation_form_of(one, "shifted"):
+        raise KeyError("an error inside the context")
+    assert [b.form for b in one.blocks] == ["graph", "graph"]
+    set_implementation_form(one, None)
+    assert forms_run(one) == ["shifted", "shifted"]

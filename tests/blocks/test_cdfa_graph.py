@@ -13,7 +13,7 @@ import torch
 from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
 from nnunetv2_meddisseg.blocks.cdfa_graph import displacement_matrix, graph_window_attention
 from nnunetv2_meddisseg.blocks.cdfa_shifted import displacement_sum, window_displacement_weights
-from nnunetv2_meddisseg.blocks.device_forms import forced_form
+from nnunetv2_meddisseg.blocks.device_forms import implementation_form_of
 
 
 @pytest.mark.parametrize("kernel", [3, 5])
@@ -43,7 +43,7 @@ def test_equals_shifted_form(size, kernel, heads):
 def _traced(module, args, form):
     names = [f"x{i}" for i in range(len(args))]
     buffer = io.BytesIO()
-    with forced_form(form), torch.no_grad(), warnings.catch_warnings():
+    with implementation_form_of(module, form), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(module, args, buffer, input_names=names, output_names=["y"], opset_version=18,
                           dynamo=False, dynamic_axes={n: {0: "b", 2: "h", 3: "w"} for n in names})

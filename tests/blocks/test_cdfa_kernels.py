@@ -22,7 +22,7 @@ from scratch import scratch_folder
 
 from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
 from nnunetv2_meddisseg.blocks.cdfa_kernels import fused_cdfa_available, offset_aggregate, window_offset_weights
-from nnunetv2_meddisseg.blocks.device_forms import FORMS, forced_form, implementation_form
+from nnunetv2_meddisseg.blocks.device_forms import FORMS, implementation_form, set_implementation_form
 
 HERE = Path(__file__).resolve().parent
 REPOSITORY = HERE.parents[1]
@@ -56,19 +56,24 @@ def test_availability_and_choice_of_form(monkeypatch):
     assert fused_cdfa_available(x)  # under the interpreter, CPU tensors too
     assert implementation_form(x) == "shifted"  # the CPU keeps the shifted form
     for form in FORMS:
-        with forced_form(form):
-            assert implementation_form(x) == form
-    with forced_form("cuda"):
-        assert implementation_form(x) == "fused"  # what CUDA runs
-    with forced_form("cpu"):
-        assert implementation_form(x) == "shifted"
-    with pytest.raises(ValueError, match="unknown implementation form"):
-        with forced_form("triton"):
-            pass
+        assert implementation_form(x, form) == form
+        assert ContrastDrivenAggregation(4, dim=8, num_heads=2, form=form).form == form
+    assert implementation_form(x, "cuda") == "fused"  # what CUDA runs
+    assert implementation_form(x, "cpu") == "shifted"
+    m = ContrastDrivenAggregation(4, dim=8, num_heads=2, form="cuda")
+    assert m.form == "fused"  # the alias resolved when set
+    m.form = "cpu"
+    assert m.form == "shifted"
+    for choose in (lambda: implementation_form(x, "triton"), lambda: setattr(m, "form", "triton"),
+                   lambda: ContrastDrivenAggregation(4, dim=8, num_heads=2, form="triton"),
+                   lambda: set_implementation_form(m, "triton")):
+        with pytest.raises(ValueError, match=r"^unknown implementation form 'triton': choose one of \["):
+            choose()
+    assert m.form == "shifted"  # a refused form changes nothing
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert not fused_cdfa_available(x)
-    m = ContrastDrivenAggregation(4, dim=8, num_heads=2)
-    with forced_form("fused"), pytest.raises(RuntimeError, match="needs Triton"):
+    m.form = "fused"
+    with pytest.raises(RuntimeError, match="needs Triton"):
         m(torch.zeros(1, 4, 3, 3), torch.zeros(1, 8, 3, 3), torch.zeros(1, 8, 3, 3))
 
 

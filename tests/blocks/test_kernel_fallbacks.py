@@ -65,7 +65,8 @@ def test_cdfa_falls_back_to_the_shifted_form_with_a_warning(monkeypatch, reset_f
     x, fg, bg = torch.randn(2, 16, 6, 7), torch.randn(2, 8, 6, 7), torch.randn(2, 8, 6, 7)
     with torch.no_grad():
         expected = block(x, fg, bg)  # the CPU runs the shifted form
-    monkeypatch.setattr(cdfa, "implementation_form", lambda t: "shifted" if device_forms._fused_failure else "fused")
+    monkeypatch.setattr(cdfa, "implementation_form",
+                        lambda t, form=None: "shifted" if device_forms._fused_failure else "fused")
     monkeypatch.setattr(cdfa, "fused_cdfa_available", lambda t: True)
     monkeypatch.setattr(ContrastDrivenAggregation, "window_attention_fused", _failing_launch)
     with torch.no_grad(), pytest.warns(RuntimeWarning, match="fused CDFA kernels failed.*CompilationError"):
@@ -73,5 +74,6 @@ def test_cdfa_falls_back_to_the_shifted_form_with_a_warning(monkeypatch, reset_f
     torch.testing.assert_close(out, expected)
     assert device_forms._fused_failure is not None
     monkeypatch.setattr(cdfa, "implementation_form", device_forms.implementation_form)
-    with device_forms.forced_form("fused"), pytest.raises(CompilationError):  # a forced form never falls back
+    block.form = "fused"
+    with pytest.raises(CompilationError):  # a block whose form is set never falls back
         block(x, fg, bg)

@@ -10,11 +10,11 @@ from reference_impls import use_previous_implementations
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nnunetv2_meddisseg.blocks.device_forms import forced_form
+from nnunetv2_meddisseg.blocks.device_forms import implementation_form_of
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.objectives import recipe_stage2_loss
 
-#: counts with the CDFA blocks in the graph form (forced), measured on the CPU; each pinned within MARGIN
+#: counts with the CDFA blocks in the graph form (set on the network), measured on the CPU; each pinned within MARGIN
 STAGE2_STEP_OPS = 6256
 INFERENCE_OPS = 2183
 CDFA_INFERENCE_OPS = 375
@@ -83,7 +83,7 @@ def test_stage2_step_count_is_pinned():
         net.zero_grad(set_to_none=True)
         loss(net(x, output="all"), target).backward()
 
-    with forced_form("graph"):
+    with implementation_form_of(net, "graph"):
         step()  # lazy initialisations out of the count
         counted = count(step).total
     assert _pinned(counted, STAGE2_STEP_OPS), counted
@@ -92,7 +92,7 @@ def test_stage2_step_count_is_pinned():
 def test_inference_count_is_pinned_and_far_below_the_previous_implementations():
     net = _network().eval()
     x, _ = _inputs()
-    with forced_form("graph"), torch.no_grad():
+    with implementation_form_of(net, "graph"), torch.no_grad():
         counter = count(lambda: net(x), net, ["cdfa.0", "cdfa.3"])
         previous = count(lambda: use_previous_implementations(net)(x)).total
     assert _pinned(counter.total, INFERENCE_OPS), counter.total

@@ -11,7 +11,7 @@ from compile_check import graph_breaks
 from torch._dynamo.utils import counters
 
 from nnunetv2_meddisseg.architectures import MedDisSegNet
-from nnunetv2_meddisseg.blocks.device_forms import forced_form
+from nnunetv2_meddisseg.blocks.device_forms import set_implementation_form
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.objectives import recipe_stage2_loss
 
@@ -38,8 +38,8 @@ FORMS = ["graph", pytest.param("shifted", marks=pytest.mark.slow)]
 def test_training_forward_with_stage2_loss_is_one_graph(form):
     torch.manual_seed(0)
     net = MedDisSegNet(3, 2).train()
-    with forced_form(form):
-        breaks, reasons = graph_breaks(_stage2_objective(net), *_inputs())
+    set_implementation_form(net, form)
+    breaks, reasons = graph_breaks(_stage2_objective(net), *_inputs())
     assert breaks == 0, reasons
 
 
@@ -47,7 +47,8 @@ def test_training_forward_with_stage2_loss_is_one_graph(form):
 def test_inference_forward_is_one_graph(form):
     torch.manual_seed(0)
     net = MedDisSegNet(3, 2).eval()
-    with forced_form(form), torch.no_grad():
+    set_implementation_form(net, form)
+    with torch.no_grad():
         breaks, reasons = graph_breaks(net, _inputs()[0])
     assert breaks == 0, reasons
 
@@ -57,14 +58,14 @@ def test_stage_switch_compiles_at_most_one_new_graph():
     torch._dynamo.reset()
     counters.clear()
     net = MedDisSegNet(3, 2).train()
+    set_implementation_form(net, "graph")
     compiled = torch.compile(net, backend="eager")
     x, target = _inputs()
-    with forced_form("graph"):
-        for _ in range(2):  # Stage I: clean and perturbed views as one batch of 2B
-            compiled(torch.cat([x, x]), output="encoder")
-        stage1_graphs = counters["stats"]["unique_graphs"]
-        for _ in range(3):  # Stage II: the full network on batches of B
-            out = compiled(x, output="all")
+    for _ in range(2):  # Stage I: clean and perturbed views as one batch of 2B
+        compiled(torch.cat([x, x]), output="encoder")
+    stage1_graphs = counters["stats"]["unique_graphs"]
+    for _ in range(3):  # Stage II: the full network on batches of B
+        out = compiled(x, output="all")
     assert stage1_graphs >= 1 and out.fg is not None
     assert counters["stats"]["unique_graphs"] - stage1_graphs <= 1, dict(counters["stats"])
     torch._dynamo.reset()

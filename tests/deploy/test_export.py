@@ -97,3 +97,30 @@ def test_export_declares_the_channel_axes_the_tracer_left_symbolic():
     assert export.compare_with_onnxruntime(_net(0), declared, {"x": x})[0]["relative_difference"] < 1e-5
     # an axis already fixed is left as it is (the predictor then refuses a graph that disagrees)
     assert channel_axes(export.declare_channels(declared, 3, 5)) == ["dim_value: 3", "dim_value: 2"]
+
+
+class _GuidedAggregation(nn.Module):
+    """One CDFA block on an image (B, 3, H, W), its guidance from a 1x1 convolution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
+
+        self.guide = nn.Conv2d(3, 8, 1)
+        self.cdfa = ContrastDrivenAggregation(3, dim=8, num_heads=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = self.guide(x)
+        return self.cdfa(x, g, -g)
+
+
+@pytest.mark.parametrize("form", [None, "shifted"])
+def test_traces_the_graph_form_and_leaves_the_network_s_form_as_it_was(form):
+    torch.manual_seed(0)
+    net = _GuidedAggregation().eval()
+    net.cdfa.form = form
+    model = export.trace_to_onnx(net, torch.zeros(1, 3, 8, 8))
+    assert net.cdfa.form == form
+    x = np.random.default_rng(0).standard_normal((2, 3, 12, 6), dtype=np.float32)  # another size: exact in graph form
+    check = export.compare_with_onnxruntime(net, model, {"x": x})[0]
+    assert check["relative_difference"] < 1e-5, check
