@@ -49,6 +49,11 @@ def flag_is_set(name: str, env: Optional[Mapping[str, str]] = None) -> bool:
     return value.strip().lower() in TRUE_VALUES
 
 
+#: Triton's interpreter is on (``TRITON_INTERPRET`` set before Triton is imported): read once, at import, as Triton
+#: reads it; the kernels' checks of a tensor read this, not the environment
+TRITON_INTERPRETED = flag_is_set("TRITON_INTERPRET")
+
+
 def bf16_training_requested() -> bool:
     """True when :data:`BF16_ENVIRONMENT_VARIABLE` is set: our trainers (and the plan command's memory measurement)
     train under bf16 autocast without a GradScaler."""

@@ -31,7 +31,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from nnunetv2_meddisseg.environment import flag_is_set
+from nnunetv2_meddisseg import environment
 
 __all__ = ["fused_cdfa_available", "triton_interpreted", "window_offset_weights", "offset_aggregate",
            "SUPPORTED_DTYPES"]
@@ -43,7 +43,7 @@ _TRITON_FOUND = importlib.util.find_spec("triton") is not None
 
 def triton_interpreted() -> bool:
     """Whether ``TRITON_INTERPRET`` (a flag) asks for Triton's interpreter (kernels on any device's tensors)."""
-    return flag_is_set("TRITON_INTERPRET")
+    return environment.TRITON_INTERPRETED
 
 
 def fused_cdfa_available(x: Tensor) -> bool:

@@ -21,7 +21,7 @@ try:
 except ImportError:  # the package works without Triton: the PyTorch form runs everywhere then
     triton = None
 
-from nnunetv2_meddisseg.environment import flag_is_set
+from nnunetv2_meddisseg import environment
 
 __all__ = ["telu_triton", "telu_triton_available"]
 
@@ -58,7 +58,7 @@ def telu_triton_available(x: Tensor) -> bool:
         return False
     if torch.compiler.is_compiling():
         return False
-    return x.is_cuda or (x.device.type == "cpu" and flag_is_set("TRITON_INTERPRET"))
+    return x.is_cuda or (x.device.type == "cpu" and environment.TRITON_INTERPRETED)
 
 
 def telu_triton(x: Tensor, with_slope: bool = False) -> Optional[Tuple[Tensor, Optional[Tensor]]]:

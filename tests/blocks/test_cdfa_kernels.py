@@ -20,6 +20,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 from cdfa_kernel_checks import CHECKS, SCALE
 from scratch import scratch_folder
 
+from nnunetv2_meddisseg import environment
 from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
 from nnunetv2_meddisseg.blocks.cdfa_kernels import fused_cdfa_available, offset_aggregate, window_offset_weights
 from nnunetv2_meddisseg.blocks.device_forms import FORMS, implementation_form, set_implementation_form
@@ -52,7 +53,7 @@ def test_interpreted(check, interpreter_results):
 
 def test_availability_and_choice_of_form(monkeypatch):
     x = torch.zeros(1)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(environment, "TRITON_INTERPRETED", True)
     assert fused_cdfa_available(x)  # under the interpreter, CPU tensors too
     assert implementation_form(x) == "shifted"  # the CPU keeps the shifted form
     for form in FORMS:
@@ -70,7 +71,7 @@ def test_availability_and_choice_of_form(monkeypatch):
         with pytest.raises(ValueError, match=r"^unknown implementation form 'triton': choose one of \["):
             choose()
     assert m.form == "shifted"  # a refused form changes nothing
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(environment, "TRITON_INTERPRETED", False)
     assert not fused_cdfa_available(x)
     m.form = "fused"
     with pytest.raises(RuntimeError, match="needs Triton"):

@@ -4,6 +4,7 @@ simulated on the CPU: a stand-in for a Triton error replaces the kernel launch."
 import pytest
 import torch
 
+from nnunetv2_meddisseg import environment
 from nnunetv2_meddisseg.blocks import activation, cdfa, device_forms, telu_kernels
 from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation
 
@@ -33,7 +34,7 @@ class _FailingKernel:
 
 def test_telu_falls_back_to_pytorch_once_with_a_warning(monkeypatch, reset_failures):
     pytest.importorskip("triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # makes the CPU tensor eligible for the kernel
+    monkeypatch.setattr(environment, "TRITON_INTERPRETED", True)  # makes the CPU tensor eligible for the kernel
     monkeypatch.setattr(telu_kernels, "_telu_kernel", _FailingKernel())
     x = torch.randn(3, 4, 5, 5) * 3
     with pytest.warns(RuntimeWarning, match="TeLU Triton kernel failed.*CompilationError: at 12:8"):
@@ -47,7 +48,7 @@ def test_telu_falls_back_to_pytorch_once_with_a_warning(monkeypatch, reset_failu
 
 def test_other_errors_of_the_telu_launch_still_raise(monkeypatch, reset_failures):
     pytest.importorskip("triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(environment, "TRITON_INTERPRETED", True)
 
     class Broken:
         def __getitem__(self, grid):

@@ -60,11 +60,12 @@ def test_telu_kernel_matches_float64_telu_and_slope():
 def test_the_kernel_is_not_used_on_the_cpu_without_the_interpreter(monkeypatch):
     import torch
 
+    from nnunetv2_meddisseg import environment
     from nnunetv2_meddisseg.blocks.telu_kernels import telu_triton_available
 
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(environment, "TRITON_INTERPRETED", False)
     assert not telu_triton_available(torch.randn(2, 3))
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(environment, "TRITON_INTERPRETED", True)
     assert telu_triton_available(torch.randn(2, 3))
     assert not telu_triton_available(torch.randn(4, 6)[:, ::2])  # not dense: PyTorch's form
     assert not telu_triton_available(torch.randn(2, 3, dtype=torch.float64))
