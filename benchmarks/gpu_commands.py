@@ -1,19 +1,33 @@
 """Steps 3 (``main``), 4 (``epochs``) and the optional ``onnx`` of ``benchmarks/gpu.py``: nnU-Net's commands as users
-type them, each within its cap (``gpu.Session``), and the figures read from their logs."""
+type them, each within its cap (a ``gpu.Session``, which this module knows as :class:`Session`), and the figures
+read from their logs."""
 from __future__ import annotations
 
 import json
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 from common import write_kvasir_split
 
 from nnunetv2_meddisseg.environment import nnunet_environment, planning_environment
 
-if TYPE_CHECKING:
-    from gpu import Session
+
+class Session(Protocol):
+    """What the steps use of ``gpu.Session`` (described here, so that the two modules do not import each other)."""
+
+    args: object
+    out: Path
+    work: Path
+    gpu: dict
+    cli: dict
+
+    def call(self, label: str, command: Sequence[str], env: Dict[str, str], key: str, step: str,
+             reserve_s: float = 0.0) -> dict: ...
+
+    def write(self) -> None: ...
+
 
 REPO = Path(__file__).resolve().parents[1]
 DATASET_ID = 990

@@ -154,6 +154,11 @@ class CurvesLogger(LocalLogger):
             return
         super().log(key, value, epoch)
 
+    @property
+    def curves(self) -> Dict[str, list]:
+        """Every curve by its key, nnU-Net's and ours (one value per epoch)."""
+        return self.my_fantastic_logging
+
     def fill_missing(self, epoch: int) -> None:
         """NaN at ``epoch`` (and any epoch before it) for every curve of ours that lacks a value there."""
         for key, curve in self.my_fantastic_logging.items():
