@@ -79,7 +79,7 @@ def _auxiliary_head():
 
 
 def _decoder(fusion: str):
-    m = MultiScaleCBATDecoder(8, 3, fusion, deep_supervision=True).train()
+    m = MultiScaleCBATDecoder(8, 3, fusion).train()
     return Case(m, lambda m: partial(m, output_size=(32, 32)), [_pyramid()])
 
 
