@@ -56,7 +56,7 @@ def network_options(network: nn.Module) -> dict:
 def expected_dispersive(network: nn.Module, data: torch.Tensor, placement: str, variant: str, tau: float) -> float:
     """The Stage II dispersive term computed from the network's features with the pure loss function."""
     with torch.no_grad():
-        features = network(data).features
+        features = network(data, output="all").features
     names = ("early", "middle", "late") if placement == "all" else (placement,)
     return float(torch.stack([dispersive_loss(features[n], variant, tau) for n in names]).mean())
 
