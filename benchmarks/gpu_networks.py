@@ -10,6 +10,7 @@ from typing import Callable, Optional
 from common import (
     NNUNET_ARCHITECTURES,
     block_profile,
+    forward,
     machine_info,
     make_batch,
     network_from_plans,
@@ -131,7 +132,7 @@ def training_call(net, name: str, batch: int, size: int, bf16: bool, device) -> 
     def step():
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = loss_fn(net(x, output="all") if name == "meddisseg" else net(x), target)
+            loss = loss_fn(forward(net, x, training=True), target)
         backward_clip_step(loss, optimizer, None, net.parameters())
         return loss
     return step

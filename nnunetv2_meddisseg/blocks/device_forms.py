@@ -26,15 +26,13 @@ from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.cdfa_kernels import fused_cdfa_available
 
-__all__ = ["FORMS", "ALIASES", "FORM_ATTRIBUTE", "resolve_form", "implementation_form", "form_blocks",
+__all__ = ["FORMS", "ALIASES", "resolve_form", "implementation_form", "form_blocks",
            "set_implementation_form", "implementation_form_of", "give_up_fused"]
 
 #: the implementation forms
 FORMS = ("fused", "shifted", "graph")
 #: other accepted names: the form each device runs (CUDA: fused, where Triton builds it; CPU: shifted)
 ALIASES = {"cuda": "fused", "cpu": "shifted"}
-#: the attribute through which a device-dependent block holds its form (None: by device)
-FORM_ATTRIBUTE = "form"
 #: why the fused form is off for this process (``give_up_fused``), None while it is on
 _fused_failure: Optional[str] = None
 
@@ -60,7 +58,7 @@ def implementation_form(x: Tensor, form: Optional[str] = None) -> str:
 
 def form_blocks(module: nn.Module) -> List[nn.Module]:
     """The device-dependent blocks in ``module`` (itself included): the submodules with a ``form`` attribute."""
-    return [m for m in module.modules() if hasattr(m, FORM_ATTRIBUTE)]
+    return [m for m in module.modules() if hasattr(m, "form")]
 
 
 def set_implementation_form(module: nn.Module, form: Optional[str]) -> None:
@@ -68,7 +66,7 @@ def set_implementation_form(module: nn.Module, form: Optional[str]) -> None:
     ``module``."""
     form = resolve_form(form)
     for block in form_blocks(module):
-        setattr(block, FORM_ATTRIBUTE, form)
+        block.form = form
 
 
 @contextlib.contextmanager
@@ -76,14 +74,14 @@ def implementation_form_of(module: nn.Module, form: Optional[str]) -> Iterator[n
     """Within the context, every device-dependent block in ``module`` runs ``form`` (one of :data:`FORMS` or
     :data:`ALIASES`; None: by device); afterwards each block has its own value again. Yields ``module``."""
     form = resolve_form(form)
-    previous = [(block, getattr(block, FORM_ATTRIBUTE)) for block in form_blocks(module)]
+    previous = [(block, block.form) for block in form_blocks(module)]
     try:
         for block, _ in previous:
-            setattr(block, FORM_ATTRIBUTE, form)
+            block.form = form
         yield module
     finally:
         for block, value in previous:
-            setattr(block, FORM_ATTRIBUTE, value)
+            block.form = value
 
 
 def give_up_fused(reason: str) -> None:
