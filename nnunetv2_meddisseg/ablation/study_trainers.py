@@ -26,27 +26,27 @@ __all__ = [
 
 class nnUNetTrainerMedDisSeg_scratchSGD(nnUNetTrainerMedDisSeg):
     """from-scratch study: SGD 1e-2 for every group, cosine dispersive loss"""
-    recipe = replace(MEDDISSEG, from_scratch=SCRATCH_SGD)
+    recipe = replace(MEDDISSEG, **SCRATCH_SGD)
 
 
 class nnUNetTrainerMedDisSeg_scratchSGDCentred(nnUNetTrainerMedDisSeg):
     """from-scratch study: scratchSGD with the batch-centred cosine form"""
-    recipe = replace(MEDDISSEG, from_scratch=SCRATCH_SGD_CENTRED)
+    recipe = replace(MEDDISSEG, **SCRATCH_SGD_CENTRED)
 
 
 class nnUNetTrainerMedDisSeg_scratchAdam(nnUNetTrainerMedDisSeg):
     """from-scratch study: Adam 1e-3 for every group, cosine dispersive loss"""
-    recipe = replace(MEDDISSEG, from_scratch=SCRATCH_ADAM)
+    recipe = replace(MEDDISSEG, **SCRATCH_ADAM)
 
 
 class nnUNetTrainerMedDisSeg_plainSGD(nnUNetTrainerMedDisSeg):
     """from-scratch study: the bare network (no Stage I, final logits only) with scratchSGD's rates"""
-    recipe = replace(MEDDISSEG, **PLAIN_TRAINING, from_scratch=SCRATCH_SGD)
+    recipe = replace(MEDDISSEG, **PLAIN_TRAINING, **SCRATCH_SGD)
 
 
 class nnUNetTrainerMedDisSeg_plainAdam(nnUNetTrainerMedDisSeg):
     """from-scratch study: the bare network with scratchAdam's rates"""
-    recipe = replace(MEDDISSEG, **PLAIN_TRAINING, from_scratch=SCRATCH_ADAM)
+    recipe = replace(MEDDISSEG, **PLAIN_TRAINING, **SCRATCH_ADAM)
 
 
 class nnUNetTrainerMedDisSeg_plainPaper(nnUNetTrainerMedDisSeg):

@@ -15,9 +15,9 @@ from nnunetv2_meddisseg.losses.dispersive import (
                                                 dispersion_diagnostics,
                                                 dispersive_loss,
 )
-from nnunetv2_meddisseg.losses.gather import distributed_world_size, gather_batch
+from nnunetv2_meddisseg.losses.gather import gather_batch
 
 __all__ = ["dispersive_loss", "DispersiveLoss", "dispersion_diagnostics", "DIAGNOSTIC_KEYS", "DISPERSIVE_VARIANTS",
-           "DISPERSIVE_PLACEMENTS", "MINIMUM_BATCH", "gather_batch", "distributed_world_size",
+           "DISPERSIVE_PLACEMENTS", "MINIMUM_BATCH", "gather_batch",
            "foreground_background_loss", "complementarity_loss", "consistency_loss", "dice_bce_loss",
            "soft_dice_loss"]

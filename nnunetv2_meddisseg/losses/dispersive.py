@@ -73,31 +73,6 @@ def _check_options(variant: str, tau: float, eps: float, margin: float) -> None:
         raise ValueError(f"dispersive loss: margin must be a finite number >= 0, got margin={margin!r}")
 
 
-def _flatten_fp32(features: Tensor) -> Tensor:
-    """features: (B, ...) -> (B, D) fp32."""
-    if features.ndim < 1:
-        raise ValueError(f"dispersive loss: features must have a batch dimension, got shape {tuple(features.shape)}")
-    return features.float().reshape(features.shape[0], -1)
-
-
-def _centred_sq_distances(h: Tensor) -> Tuple[Tensor, Tensor]:
-    """Scaled squared distances of a batch, from its B x B Gram matrix.
-
-    h: (B, D) fp32. Returns ``(q, s)`` with ``q: (B, B)`` and a detached scalar ``s`` such that
-    ``||h_i - h_j||^2 / D = q_ij * s^2``. The batch is centred (distances are translation invariant,
-    and centring avoids cancellation in ``|a|^2 + |b|^2 - 2<a, b>``) and divided by its largest
-    absolute value ``s`` (so no intermediate overflows); ``q`` lies in [0, 4].
-    """
-    d = h.shape[1]
-    centred = h - h.mean(dim=0, keepdim=True)
-    s = centred.detach().abs().amax().clamp_min(_FP32.tiny)
-    u = centred / s
-    gram = u @ u.transpose(0, 1)
-    sq_norms = gram.diagonal()
-    q = (sq_norms[:, None] + sq_norms[None, :] - 2.0 * gram).clamp_min(0.0) / d
-    return q, s
-
-
 def _off_diagonal(m: Tensor) -> Tensor:
     """m: (B, B) -> (B (B - 1),) entries with i != j, row by row.
 
@@ -106,17 +81,6 @@ def _off_diagonal(m: Tensor) -> Tensor:
     """
     b = m.shape[0]
     return m.flatten()[1:].view(b - 1, b + 1)[:, :b].reshape(-1)
-
-
-def _log_mean_exp_plus_eps(logits: Tensor, eps: float) -> Tensor:
-    """log( mean(exp(logits)) + eps ) in log-sum-exp form; logits: (P,)."""
-    # -inf logits (overflowed distances) would give a NaN gradient in logsumexp: keep them finite;
-    # exp() of the clamp value is 0 in fp32 either way.
-    logits = logits.clamp_min(-0.5 * _FP32.max)
-    log_mean = torch.logsumexp(logits, dim=0) - math.log(logits.numel())
-    if eps == 0:
-        return log_mean
-    return torch.logaddexp(log_mean, log_mean.new_tensor(math.log(eps)))
 
 
 def _safe_sqrt(x: Tensor) -> Tensor:
@@ -142,7 +106,9 @@ def dispersive_loss(features: Tensor, variant: str = "infonce_l2", tau: float = 
 
 def _dispersive(features: Tensor, variant: str, tau: float, eps: float, margin: float) -> Tensor:
     """:func:`dispersive_loss` of options already checked (``DispersiveLoss`` checks them once)."""
-    h = _flatten_fp32(features)
+    if features.ndim < 1:
+        raise ValueError(f"dispersive loss: features must have a batch dimension, got shape {tuple(features.shape)}")
+    h = features.float().reshape(features.shape[0], -1)  # (B, D) fp32
     b = h.shape[0]
     if b < 2:
         return (h * 0.0).sum()
@@ -157,27 +123,36 @@ def _dispersive(features: Tensor, variant: str, tau: float, eps: float, margin: 
             row_scale = h.detach().abs().amax(dim=1, keepdim=True).clamp_min(_FP32.tiny)
             norms = (torch.linalg.vector_norm(h / row_scale, dim=1, keepdim=True) * row_scale).clamp_min(_NORM_CLAMP)
             unit = h / norms
-            dist = 1.0 - unit @ unit.transpose(0, 1)
-            return _log_mean_exp_plus_eps(_off_diagonal(-dist / tau), eps)
-        if variant == "covariance":
+            logits = _off_diagonal(-(1.0 - unit @ unit.transpose(0, 1)) / tau)
+        else:
+            # The B x B Gram matrix of the batch, centred (distances are translation invariant, and centring
+            # avoids cancellation in |a|^2 + |b|^2 - 2<a, b>) and divided by its largest absolute value s (no
+            # intermediate overflows).
             centred = h - h.mean(dim=0, keepdim=True)
             s = centred.detach().abs().amax().clamp_min(_FP32.tiny)
             u = centred / s
             gram = u @ u.transpose(0, 1)
-            # sum_{p,q} C_pq^2 = ||U U^T||_F^2 / (B-1)^2 ;  sum_p C_pp^2 = sum_p (sum_i u_ip^2)^2 / (B-1)^2
-            if d < 2:  # no off-diagonal entry
-                return (h * 0.0).sum()
-            total = gram.square().sum()
-            diagonal = u.square().sum(dim=0).square().sum()
-            scaled = (total - diagonal).clamp_min(0.0) / ((b - 1) ** 2 * d * (d - 1))
-            return scaled * s * s * s * s
-        q, s = _centred_sq_distances(h)
-        q = _off_diagonal(q)
-        if variant == "infonce_l2":
-            return _log_mean_exp_plus_eps(-(q * s) * (s / tau), eps)
-        # hinge
-        dist = _safe_sqrt(q) * s
-        return torch.relu(margin - dist).square().mean()
+            if variant == "covariance":
+                # sum_{p,q} C_pq^2 = ||U U^T||_F^2 / (B-1)^2 ;  sum_p C_pp^2 = sum_p (sum_i u_ip^2)^2 / (B-1)^2
+                if d < 2:  # no off-diagonal entry
+                    return (h * 0.0).sum()
+                total = gram.square().sum()
+                diagonal = u.square().sum(dim=0).square().sum()
+                scaled = (total - diagonal).clamp_min(0.0) / ((b - 1) ** 2 * d * (d - 1))
+                return scaled * s * s * s * s
+            # ||h_i - h_j||^2 / D = q_ij * s^2, q in [0, 4]
+            sq_norms = gram.diagonal()
+            q = _off_diagonal((sq_norms[:, None] + sq_norms[None, :] - 2.0 * gram).clamp_min(0.0) / d)
+            if variant == "hinge":
+                return torch.relu(margin - _safe_sqrt(q) * s).square().mean()
+            logits = -(q * s) * (s / tau)
+        # InfoNCE: log(mean(exp(logits)) + eps) in log-sum-exp form. -inf logits (overflowed distances) would
+        # give a NaN gradient in logsumexp: keep them finite; exp() of the clamp value is 0 in fp32 either way.
+        logits = logits.clamp_min(-0.5 * _FP32.max)
+        log_mean = torch.logsumexp(logits, dim=0) - math.log(logits.numel())
+        if eps == 0:
+            return log_mean
+        return torch.logaddexp(log_mean, log_mean.new_tensor(math.log(eps)))
 
 
 class DispersiveLoss(nn.Module):
@@ -216,7 +191,8 @@ class DispersiveLoss(nn.Module):
 
     def of(self, features: Tensor) -> Tensor:
         """The loss of one feature map, features: this process's share (B_r, ...) -> 0-dim fp32."""
-        return _dispersive(self.batch(features), self.variant, self.tau, self.eps, self.margin)
+        features = gather_batch(features) if self.gather else features
+        return _dispersive(features, self.variant, self.tau, self.eps, self.margin)
 
     def forward(self, features: Mapping[str, Tensor]) -> Tensor:
         losses = []
@@ -224,7 +200,9 @@ class DispersiveLoss(nn.Module):
             if name not in features:
                 raise ValueError(f"DispersiveLoss(placement={self.placement!r}): no {name!r} entry in the features, "
                                  f"got keys {sorted(features.keys())}")
-            losses.append(self.of(features[name]))
+            share = features[name]
+            losses.append(_dispersive(gather_batch(share) if self.gather else share, self.variant, self.tau,
+                                      self.eps, self.margin))
         return torch.stack(losses).mean()
 
     def extra_repr(self) -> str:

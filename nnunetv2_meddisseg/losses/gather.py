@@ -34,16 +34,9 @@ import torch
 from torch import Tensor
 from torch import distributed as dist
 
-__all__ = ["distributed_world_size", "gather_batch"]
+__all__ = ["gather_batch"]
 
 _MAX_DIMS = 8
-
-
-def distributed_world_size(group: Optional[object] = None) -> int:
-    """The number of processes of ``group`` (default: the whole world); 1 without a process group."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return 1
-    return dist.get_world_size(group)
 
 
 class _GatherRows(torch.autograd.Function):
@@ -77,7 +70,9 @@ def gather_batch(x: Tensor, group: Optional[object] = None) -> Tensor:
     times the world size and whose other rows are constants (module docstring). Without a process group,
     or with a single process, returns ``x`` itself.
     """
-    world_size = distributed_world_size(group)
+    if not (dist.is_available() and dist.is_initialized()):
+        return x
+    world_size = dist.get_world_size(group)
     if world_size == 1:
         return x
     if not 1 <= x.ndim <= _MAX_DIMS:

@@ -61,10 +61,8 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
     (``enable_deep_supervision = False``, set once at construction).
 
     Optimizer: ``optimizer`` "adam" (the paper's) or "sgd" (nnU-Net's Nesterov SGD). The values above are the
-    paper's, which assume an ImageNet encoder; where the plans name no ``encoder_weights`` the settings listed in
-    the recipe's ``from_scratch`` replace them (none by default: higher learning rates for a randomly
-    initialised encoder let the early features collapse under the uncentred dispersive loss, see
-    docs/method.md).
+    paper's, which assume an ImageNet encoder. They are kept for a randomly initialised encoder too: higher
+    learning rates let the early features collapse under the uncentred dispersive loss (docs/method.md).
 
     Dispersive loss: ``dispersive_variant`` (infonce_l2), ``dispersive_tau`` (0.8), ``dispersive_eps`` (1e-8,
     InfoNCE variants), ``dispersive_margin`` (1.0, hinge) at ``dispersive_placement`` ("early" = ELAT-refined
@@ -129,12 +127,6 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
         self._weights_loaded = False
 
     # ------------------------------------------------------------------ settings
-    def _class_recipe(self) -> MedDisSegRecipe:
-        """The class's recipe, with its ``from_scratch`` settings where the encoder starts from random
-        initialisation (the plans name no ``encoder_weights``)."""
-        recipe = super()._class_recipe()
-        return recipe if self._plans_encoder_weights() else recipe.for_random_encoder()
-
     def _plans_encoder_weights(self) -> Optional[str]:
         """The plans' ``encoder_weights`` (a file or ``imagenet``), None where they name none."""
         return plans_encoder_weights(self.configuration_manager)

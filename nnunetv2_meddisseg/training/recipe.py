@@ -8,10 +8,9 @@
 
 A trainer class holds its recipe in the class attribute ``recipe``; a variant is a one-line class whose recipe
 changes the settings its name says (``training.variants``). ``trainer.recipe`` is the instance's recipe: the class's,
-then (Med-DisSeg, encoder from random initialisation) its ``from_scratch`` overrides, then the overrides of
-the JSON file named by the environment variable ``nnUNet_meddisseg_recipe`` (``recipe_overrides_from_environment``:
-budgets of studies, ``nnUNetv2_meddisseg_ablate``). Architecture options are no recipe settings: they live
-in the plans (``nnUNetv2_meddisseg_plan``).
+with the overrides of the JSON file named by the environment variable ``nnUNet_meddisseg_recipe``
+(``recipe_overrides_from_environment``: budgets of studies, ``nnUNetv2_meddisseg_ablate``). Architecture
+options are no recipe settings: they live in the plans (``nnUNetv2_meddisseg_plan``).
 
 Every value is checked when a recipe is made (``dataclasses.replace`` included): a ``ValueError`` naming the
 field and what it expects.
@@ -19,8 +18,7 @@ field and what it expects.
 import json
 import math
 import os
-from dataclasses import dataclass, field, fields, replace
-from types import MappingProxyType
+from dataclasses import dataclass, fields, replace
 from typing import Mapping, Optional, TypeVar
 
 from nnunetv2_meddisseg.environment import RECIPE_ENVIRONMENT_VARIABLE
@@ -141,7 +139,7 @@ class DispersiveRecipe(DispersiveTermRecipe):
 class MedDisSegRecipe(DispersiveTermRecipe):
     """``nnUNetTrainerMedDisSeg``: the defaults are the paper's (Adam, learning rates 1e-4 / encoder 1e-5 in
     Stage II, a quarter of the epochs in Stage I, InfoNCE-L2 with tau 0.8 on the early features, lambda
-    0.2 in Stage I and 0.6 in Stage II); they assume an ImageNet encoder (``from_scratch``).
+    0.2 in Stage I and 0.6 in Stage II); they assume an ImageNet encoder (the ``scratch*`` variants change them).
     Learning rates are the base rates of each stage's polynomial decay ``(1 - t) ** lr_exponent``."""
 
     #: Stage I length as a fraction of ``num_epochs`` (``floor(stage1_fraction * num_epochs)`` epochs)
@@ -191,9 +189,6 @@ class MedDisSegRecipe(DispersiveTermRecipe):
     batchnorm_calibration_augmentation: bool = True
     #: also keep the model at the end of Stage I as ``checkpoint_stage1.pth``
     stage1_checkpoint: bool = False
-    #: settings of this recipe that are replaced when the encoder starts from random initialisation (the
-    #: plans name no ``encoder_weights``): the paper's values assume an ImageNet encoder
-    from_scratch: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -214,16 +209,6 @@ class MedDisSegRecipe(DispersiveTermRecipe):
         _integer(self, "batchnorm_calibration_samples", 0)
         _boolean(self, "batchnorm_calibration_augmentation")
         _boolean(self, "stage1_checkpoint")
-        if not isinstance(self.from_scratch, Mapping):
-            _fail(self, "from_scratch", "a mapping of setting names to values", self.from_scratch)
-        object.__setattr__(self, "from_scratch", MappingProxyType(dict(self.from_scratch)))
-        if self.from_scratch:
-            apply_overrides(replace(self, from_scratch={}), self.from_scratch, f"{type(self).__name__}.from_scratch",
-                            exclude=("from_scratch",))  # checks names and values
-
-    def for_random_encoder(self) -> "MedDisSegRecipe":
-        """This recipe with its ``from_scratch`` settings applied (and none left to apply)."""
-        return replace(self, **dict(self.from_scratch), from_scratch={})
 
 
 @dataclass(frozen=True)
@@ -253,10 +238,10 @@ def dispersive_from_recipe(recipe: DispersiveTermRecipe, gather: bool = True) ->
                           margin=recipe.dispersive_margin, placement=placement, gather=gather)
 
 
-def apply_overrides(recipe: R, overrides: Mapping[str, object], source: str, exclude: tuple = ()) -> R:
+def apply_overrides(recipe: R, overrides: Mapping[str, object], source: str) -> R:
     """``recipe`` with ``overrides`` (setting name -> value) replaced; an unknown name is a one-line
     ``ValueError`` naming it and ``source``, a bad value one naming the field."""
-    known = [name for name in recipe.field_names() if name not in exclude]
+    known = recipe.field_names()
     for name in overrides:
         if name not in known:
             raise ValueError(f"{source}: unknown setting {name!r} for {type(recipe).__name__} "

@@ -156,7 +156,7 @@ class TrainerBase(nnUNetTrainer):
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
         super().__init__(plans, configuration, fold, dataset_json, device)
-        set_up_run(self, self._class_recipe())
+        set_up_run(self, type(self).recipe)
         #: bf16 autocast without a GradScaler (``nnUNet_meddisseg_bf16``; not on MPS, which lacks it)
         self.bf16 = bf16_training_requested() and self.device.type in ("cuda", "cpu")
         if self.bf16:
@@ -182,10 +182,6 @@ class TrainerBase(nnUNetTrainer):
         # the error messages' "where", formatted only for a batch with NaN / inf
         self._training_batch, self._validation_batch = (partial(self._batch_description, True),
                                                         partial(self._batch_description, False))
-
-    def _class_recipe(self) -> ScheduleRecipe:
-        """The recipe before the override file: the class's (subclasses adapt it to the plans)."""
-        return type(self).recipe
 
     def _plain_network(self) -> nn.Module:
         return unwrap_module(self.network)

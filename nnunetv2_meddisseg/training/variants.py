@@ -84,7 +84,7 @@ class nnUNetTrainerMedDisSeg_100epochs(nnUNetTrainerMedDisSeg):
 
 class nnUNetTrainerMedDisSeg_demo(nnUNetTrainerMedDisSeg):
     """nnUNetv2_meddisseg_demo: 8 epochs of 15 iterations from random initialisation, Adam 1e-3"""
-    recipe = replace(MEDDISSEG, **DEMO_SCHEDULE, from_scratch=SCRATCH_ADAM, batchnorm_calibration_samples=16,
+    recipe = replace(MEDDISSEG, **DEMO_SCHEDULE, **SCRATCH_ADAM, batchnorm_calibration_samples=16,
                      batchnorm_calibration_augmentation=False)
 
 

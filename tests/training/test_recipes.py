@@ -42,7 +42,7 @@ def test_the_default_recipe_is_the_papers():
     recipe = nnUNetTrainerMedDisSeg.recipe
     assert {k: getattr(recipe, k) for k in PAPER} == PAPER
     assert recipe.stage2_encoder_lr < recipe.stage2_lr
-    assert recipe.stage1_fraction == 0.25 and not recipe.from_scratch
+    assert recipe.stage1_fraction == 0.25
     paper = nnUNetTrainerMedDisSeg_paper.recipe
     assert (paper.num_epochs, paper.early_stopping_patience) == (300, 100)
     assert {k: getattr(paper, k) for k in PAPER} == PAPER
@@ -51,12 +51,15 @@ def test_the_default_recipe_is_the_papers():
 #: every trainer of the catalogue, by its name without "nnUNetTrainer", and its recipe
 RECIPES = {name[len("nnUNetTrainer"):]: getattr(meddisseg_trainers, name).recipe for name in meddisseg_trainers.__all__}
 
+#: SCRATCH_ADAM's settings that differ from the paper's (whose optimizer is Adam already)
+ADAM_CHANGES = {name: value for name, value in SCRATCH_ADAM.items() if name != "optimizer"}
+
 #: trainer name -> the settings its name says it changes (written out here, not read from the trainers)
 NAMED_CHANGES = {
     "MedDisSeg_smoke": {**SMOKE_SCHEDULE, "stage1_epochs": 1, "batchnorm_calibration_samples": 2},
     "MedDisSeg_250epochs": {"num_epochs": 250},
     "MedDisSeg_100epochs": {"num_epochs": 100},
-    "MedDisSeg_demo": {**DEMO_SCHEDULE, "from_scratch": SCRATCH_ADAM, "batchnorm_calibration_samples": 16,
+    "MedDisSeg_demo": {**DEMO_SCHEDULE, **ADAM_CHANGES, "batchnorm_calibration_samples": 16,
                        "batchnorm_calibration_augmentation": False},
     "MedDisSeg_noDispersive": {"lambda_dispersive_stage1": 0.0, "lambda_dispersive_stage2": 0.0},
     "MedDisSeg_dispersiveStage1Only": {"lambda_dispersive_stage2": 0.0},
@@ -74,11 +77,11 @@ NAMED_CHANGES = {
     "MedDisSeg_lambda0p2": {"lambda_dispersive_stage2": 0.2},
     "MedDisSeg_lambda1p0": {"lambda_dispersive_stage2": 1.0},
     "MedDisSeg_noStage1": {"stage1_fraction": 0.0},
-    "MedDisSeg_scratchSGD": {"from_scratch": SCRATCH_SGD},
-    "MedDisSeg_scratchSGDCentred": {"from_scratch": SCRATCH_SGD_CENTRED},
-    "MedDisSeg_scratchAdam": {"from_scratch": SCRATCH_ADAM},
-    "MedDisSeg_plainSGD": {**PLAIN_TRAINING, "from_scratch": SCRATCH_SGD},
-    "MedDisSeg_plainAdam": {**PLAIN_TRAINING, "from_scratch": SCRATCH_ADAM},
+    "MedDisSeg_scratchSGD": {**SCRATCH_SGD},
+    "MedDisSeg_scratchSGDCentred": {**SCRATCH_SGD_CENTRED},
+    "MedDisSeg_scratchAdam": {**ADAM_CHANGES},
+    "MedDisSeg_plainSGD": {**PLAIN_TRAINING, **SCRATCH_SGD},
+    "MedDisSeg_plainAdam": {**PLAIN_TRAINING, **ADAM_CHANGES},
     "MedDisSeg_plainPaper": dict(PLAIN_TRAINING),
     "MedDisSeg_runningStatistics": {"stage1_checkpoint": True},
     "MedDisSeg_plainPaperRunningStatistics": {**PLAIN_TRAINING, "stage1_checkpoint": True},

@@ -14,7 +14,6 @@ from nnunetv2_meddisseg.ablation.study_trainers import (
 )
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
-from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe
 from nnunetv2_meddisseg.training.stages import STAGE_2
 from nnunetv2_meddisseg.training.variants import (
     PLAIN_TRAINING,
@@ -33,24 +32,13 @@ from tests.training.test_trainer_meddisseg import (
 )
 
 
-def _pretrained_plans() -> dict:
+def test_scratch_settings_apply_with_and_without_encoder_weights(nnunet_dirs):
+    """A variant's recipe is its class's: the plans' encoder weights change no setting."""
     architecture = deepcopy(MEDDISSEG)
     architecture["arch_kwargs"]["encoder_weights"] = "resnet50_imagenet.pth"  # read only at initialize
-    return tiny_plans(architecture)
-
-
-def test_scratch_settings_apply_only_without_encoder_weights(nnunet_dirs):
-    scratch = make_trainer(nnUNetTrainerMedDisSeg_scratchSGD, initialize=False)
-    assert scratch._plans_encoder_weights() is None
-    for name, value in SCRATCH_SGD.items():
-        assert getattr(scratch.recipe, name) == value
-    assert not scratch.recipe.from_scratch  # applied once
-    pretrained = make_trainer(nnUNetTrainerMedDisSeg_scratchSGD, plans=_pretrained_plans(), initialize=False)
-    assert pretrained._plans_encoder_weights() == "resnet50_imagenet.pth"
-    paper = nnUNetTrainerMedDisSeg.recipe
-    assert (pretrained.recipe.optimizer, pretrained.recipe.stage1_lr, pretrained.recipe.stage2_encoder_lr,
-            pretrained.recipe.dispersive_variant) == (paper.optimizer, paper.stage1_lr, paper.stage2_encoder_lr,
-                                                      paper.dispersive_variant)
+    for plans in (None, tiny_plans(architecture)):
+        trainer = make_trainer(nnUNetTrainerMedDisSeg_scratchSGD, plans=plans, initialize=False)
+        assert {name: getattr(trainer.recipe, name) for name in SCRATCH_SGD} == dict(SCRATCH_SGD)
     kept = make_trainer(nnUNetTrainerMedDisSeg, initialize=False)
     assert (kept.recipe.optimizer, kept.recipe.stage2_encoder_lr) == ("adam", 1e-5)
 
@@ -62,13 +50,6 @@ def test_centred_recipe_differs_from_sgd_only_in_the_dispersive_form(nnunet_dirs
     assert trainer.recipe.dispersive_variant == "infonce_cosine_centred"
     result = trainer.train_step(make_batch())
     assert math.isfinite(float(result["loss"]))
-
-
-def test_unknown_scratch_setting_is_refused():
-    with pytest.raises(ValueError, match="from_scratch: unknown setting 'stage2_encoder_learning_rate'"):
-        MedDisSegRecipe(from_scratch={"stage2_encoder_learning_rate": 1e-3})
-    with pytest.raises(ValueError, match="MedDisSegRecipe.stage1_lr must be a finite number > 0"):
-        MedDisSegRecipe(from_scratch={"stage1_lr": -1.0})
 
 
 def test_sgd_recipe_builds_nesterov_sgd_for_both_groups(nnunet_dirs):
