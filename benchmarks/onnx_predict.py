@@ -148,11 +148,11 @@ OPENVINO_ARMS = {"fp32": ("fp32", None), "bf16": ("bf16", None), "int8": ("int8"
 def openvino_arms(requested: Sequence[str]) -> Tuple[List[str], Dict[str, str]]:
     """The OpenVINO precisions to time and ``{arm: why it is left out}`` (OpenVINO missing, bf16 on a CPU without
     native bf16)."""
-    from nnunetv2_meddisseg.deploy.runtimes import cpu_supports_bf16, installed_runtimes
+    from nnunetv2_meddisseg.deploy.runtimes import installed_runtimes, openvino_has_bf16
 
     if requested and "openvino" not in installed_runtimes():
         return [], {f"OpenVINO {p}": "openvino is not installed" for p in requested}
-    bf16 = cpu_supports_bf16()
+    bf16 = openvino_has_bf16()
     return ([p for p in requested if "bf16" not in p or bf16],
             {f"OpenVINO {p}": "this CPU has no native bf16" for p in requested if "bf16" in p and not bf16})
 

@@ -40,7 +40,7 @@ from nnunetv2_meddisseg.deploy.runtimes import (
     INT8_FLOATS,
     OnnxRuntimeSession,
     OpenVinoSession,
-    cpu_supports_bf16,
+    openvino_has_bf16,
     read_openvino_model,
     require_bf16,
 )
@@ -96,7 +96,7 @@ def int8_floats(fold: dict, asked: Optional[str] = None) -> str:
     floats = fold["precisions"]["int8"].get("floats_in_bf16",
                                             {"verified": False, "reason": "not recorded: export it again"})
     if asked is None:
-        return "bf16" if floats["verified"] and cpu_supports_bf16() else "fp32"
+        return "bf16" if floats["verified"] and openvino_has_bf16() else "fp32"
     if asked not in INT8_FLOATS:
         raise UserError(f"int8 float operations in {asked}: expected one of {', '.join(INT8_FLOATS)}")
     if asked == "bf16" and not floats["verified"]:

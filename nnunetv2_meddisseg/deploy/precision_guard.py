@@ -58,7 +58,7 @@ import numpy as np
 from nnunetv2_meddisseg.cli import quiet_cuda_home_warning
 from nnunetv2_meddisseg.deploy.description import GRAPH_FIELDS_KEY, graph_fields, recorded_graph_fields, sha256_of
 from nnunetv2_meddisseg.deploy.image_pipeline import probabilities_from_logits, segmentation_from_logits
-from nnunetv2_meddisseg.deploy.runtimes import OpenVinoSession, cpu_supports_bf16, openvino_core
+from nnunetv2_meddisseg.deploy.runtimes import OpenVinoSession, openvino_core, openvino_has_bf16
 from nnunetv2_meddisseg.deploy.sliding_window import pad_to_patch, sliding_window_logits, tile_starts
 from nnunetv2_meddisseg.errors import UserError
 
@@ -453,7 +453,7 @@ def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optio
     bytes}``, their sha256 in the records; the IRs hold the fields as the graphs they were made from). A precision
     that is not verified ends with one line (nothing is written)."""
     bf16 = "bf16" in precisions
-    if bf16 and not cpu_supports_bf16():
+    if bf16 and not openvino_has_bf16():
         raise UserError("--bf16: this CPU has no native bf16, so bf16 cannot be verified here: nothing written")
     core = openvino_core()
     files: Dict[str, bytes] = {}
@@ -530,7 +530,7 @@ def _written_int8(fold: dict, candidate: Candidate, groups: Dict[str, List[str]]
     if figures["missed"]:
         return {**record, "verified": False, "figures": figures,
                 "reason": f"the written INT8 graph misses the bounds ({'; '.join(figures['missed'])})"}
-    if not cpu_supports_bf16():
+    if not openvino_has_bf16():
         floats = {"verified": False, "reason": "the CPU of the export has no native bf16"}
     else:
         bf16 = _checked(verifier, OpenVinoSession(folder / "model.xml", "int8", threads, floats="bf16"), bounds)

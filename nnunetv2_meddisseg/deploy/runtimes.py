@@ -28,7 +28,7 @@ import numpy as np
 from nnunetv2_meddisseg.errors import UserError
 
 __all__ = ["RUNTIMES", "INFERENCE_PRECISION", "installed_runtimes", "default_runtime", "openvino_core",
-           "read_openvino_model", "cpu_supports_bf16", "require_bf16", "INT8_FLOATS", "OnnxRuntimeSession",
+           "read_openvino_model", "openvino_has_bf16", "require_bf16", "INT8_FLOATS", "OnnxRuntimeSession",
            "OpenVinoSession"]
 
 #: the runtimes in order of preference (benchmarks/onnx_predict.py times both side by side)
@@ -90,7 +90,7 @@ def _cpu_capabilities() -> List[str]:
     return list(openvino_core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
 
 
-def cpu_supports_bf16() -> bool:
+def openvino_has_bf16() -> bool:
     """Whether this CPU computes in bf16 natively, as OpenVINO's CPU plugin reports it (AVX512-BF16 or AMX)."""
     return "BF16" in _cpu_capabilities()
 
@@ -98,7 +98,7 @@ def cpu_supports_bf16() -> bool:
 def require_bf16(what: str = "--precision bf16") -> None:
     """One line, starting with ``what``, where this CPU has no native bf16 (OpenVINO would quietly run fp32
     instead)."""
-    if not cpu_supports_bf16():
+    if not openvino_has_bf16():
         raise UserError(f"{what}: this CPU has no native bf16 (OpenVINO's CPU capabilities: "
                         f"{', '.join(_cpu_capabilities())}); use fp32 or int8")
 

@@ -173,7 +173,7 @@ def test_bf16_is_refused_in_one_line_on_a_cpu_without_it(exported, capsys, monke
     _record_precisions(tmp / "model", _verified_bf16)
     argv = ["-i", str(tmp / "in"), "-o", str(tmp / "out"), "-m", str(tmp / "model"), "--precision", "bf16",
             "--threads", "1"]
-    if runtimes.cpu_supports_bf16():  # this CPU has it: the verified bf16 runs
+    if runtimes.openvino_has_bf16():  # this CPU has it: the verified bf16 runs
         assert main(argv) == 0, capsys.readouterr().err
         assert "OpenVINO CPU, bf16" in capsys.readouterr().out
     monkeypatch.setattr(runtimes, "_cpu_capabilities", lambda: ["WINOGRAD", "FP32", "INT8", "BIN", "EXPORT_IMPORT"])

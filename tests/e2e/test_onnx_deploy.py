@@ -166,7 +166,7 @@ def test_reduced_precision_predictors_agree_with_the_recorded_verification(deplo
     figures the guard recorded."""
     env, export_dir = deployed["env"], deployed["root"] / "int8" / "nnunet"
     run_cli(["nnUNetv2_meddisseg_export", "-d", DATASET, "-tr", TRAINERS["nnunet"], "-f", "0", "-o", export_dir,
-             "--int8", *(["--bf16"] if runtimes.cpu_supports_bf16() else []), *LENIENT], env)
+             "--int8", *(["--bf16"] if runtimes.openvino_has_bf16() else []), *LENIENT], env)
     fold = json.loads((export_dir / DESCRIPTION_FILE).read_text())["folds"][0]
     record = fold["precisions"]["int8"]
     assert record["verified"] and record["model"] == "fold_0/model_int8.xml", record
@@ -183,14 +183,14 @@ def test_reduced_precision_predictors_agree_with_the_recorded_verification(deplo
                  export_dir, "--disable_tta", "--runtime", "openvino", "--precision", precision], env)
     # int8's float operations run in bf16 where the export verified that too and this CPU has native bf16
     floats = record["floats_in_bf16"]
-    if runtimes.cpu_supports_bf16():
+    if runtimes.openvino_has_bf16():
         assert set(floats["figures"]) >= {"mean_dice_to_fp32", "pseudo_dice"}, floats
         assert not floats["verified"] or not floats["figures"]["missed"]
     else:
         assert floats == {"verified": False, "reason": "the CPU of the export has no native bf16"}
     for precision in verified:
         figures = fold["precisions"][precision]["figures"]
-        if precision == "int8" and floats["verified"] and runtimes.cpu_supports_bf16():
+        if precision == "int8" and floats["verified"] and runtimes.openvino_has_bf16():
             figures = floats["figures"]
         masks = {w: [np.asarray(Image.open(tmp_path / w / f"{case}.png")) for case in splits[0]["val"]]
                  for w in ("fp32", precision)}
@@ -243,7 +243,7 @@ def test_the_cpu_benchmark_on_the_trained_models(deployed, tmp_path):
     assert (proc.returncode == 1) == ("TARGET MISSED" in proc.stderr)
     payload = json.loads((tmp_path / "out" / "cpu_predict.json").read_text())
     arms = {(a["network"], a["runtime"], a["precision"]): a for a in payload["arms"]}
-    bf16 = ["bf16"] if runtimes.cpu_supports_bf16() else []
+    bf16 = ["bf16"] if runtimes.openvino_has_bf16() else []
     expected = [("pytorch", "fp32"), ("onnxruntime CPU", "fp32"), ("openvino", "fp32"), ("openvino", "int8")]
     for runtime, precision in expected + [("openvino", p) for p in bf16]:
         arm = arms["nnUNet", runtime, precision]
