@@ -15,7 +15,7 @@ after every step (a kill leaves what finished):
    split: ``nnUNetv2_meddisseg_convert``, ``nnUNetv2_plan_and_preprocess``, ``nnUNetv2_meddisseg_plan``, then
    twice -- torch.compile forced on (``nnUNet_compile=t``) first, then as the trainer decides (``nnUNet_compile``
    unset) -- ``nnUNetv2_train -tr nnUNetTrainerMedDisSeg`` through both stages (1 Stage I + 2 Stage II epochs of
-   ``--iterations``, the recipe in ``nnUNet_meddisseg_recipe``), ``nnUNetv2_predict`` of the test cases (without
+   ``--iterations``, the recipe in a copy of the plans), ``nnUNetv2_predict`` of the test cases (without
    ``nnUNet_compile``, with which nnU-Net's predictor compiles the network as well) and
    ``nnUNetv2_meddisseg_evaluate``. The trainer's decision line (``torch.compile: on|off (<reason>)``) and the
    seconds of each compiled graph (``torch.compile: graph "<name>" compiled in <s> s``) are read from the training

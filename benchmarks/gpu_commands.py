@@ -11,6 +11,7 @@ from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 from common import write_kvasir_split
 
+from nnunetv2_meddisseg.ablation.runs import write_budget_plans
 from nnunetv2_meddisseg.environment import nnunet_environment, planning_environment
 
 
@@ -126,20 +127,22 @@ def prepare_data(session: "Session", env: Dict[str, str]) -> Optional[Path]:
 
 def train(session: "Session", label: str, trainer: str, plans: str, env: Dict[str, str], recipe: dict, key: str,
           step: str, reserve_s: float = 0.0) -> Tuple[dict, Path]:
-    """``nnUNetv2_train`` with ``recipe`` (``nnUNet_meddisseg_recipe``) and its own results folder: the figures of
-    its log and that folder."""
+    """``nnUNetv2_train`` with ``recipe`` (in a copy of ``plans``, ``write_budget_plans``) and its own results folder:
+    the figures of its log and that folder."""
     work = session.work
-    (work / f"recipe_{label}.json").write_text(json.dumps(recipe))
+    preprocessed = next(Path(env["nnUNet_preprocessed"]).glob(f"Dataset{DATASET_ID}_*"))
+    budget_plans = write_budget_plans(preprocessed, plans, recipe)
     results = work / f"results_{label}"
-    run_env = {**env, "nnUNet_meddisseg_recipe": str(work / f"recipe_{label}.json"), "nnUNet_results": str(results)}
+    run_env = {**env, "nnUNet_results": str(results)}
     record = session.call(f"{label}_train", console("nnUNetv2_train", [DATASET_ID, "2d", "0", "-tr", trainer, "-p",
-                                                                       plans, "-device", session.args.device]),
+                                                                       budget_plans, "-device", session.args.device]),
                           run_env, key, step, reserve_s)
     session.cli["commands"].append(record)
     text = training_log(results, trainer)
     batch = session.cli.get("plans", {}).get(plans, {}).get("batch_size")
     times = epoch_times(text)
-    figures = {"trainer": trainer, "plans": plans, "batch_size": batch, "rc": record["rc"],
+    figures = {"trainer": trainer, "plans": plans, "trained_plans": budget_plans, "batch_size": batch,
+               "rc": record["rc"],
                "nnUNet_compile": env.get("nnUNet_compile", "unset (the trainer decides)"), "epoch_s": times,
                "peak_memory_gib": peak_memory_gib(text), **compile_figures(text)}
     return figures, results
@@ -190,7 +193,7 @@ def main_step(session: "Session") -> None:
         env_results = {**env, "nnUNet_results": str(results)}
         record = session.call(f"main_{arm}_predict", console("nnUNetv2_predict", [
             "-i", raw / "imagesTs", "-o", predictions, "-d", DATASET_ID, "-c", "2d", "-f", "0", "-tr", trainer,
-            "-p", plans, "-device", args.device]), env_results, "predict", "main", evaluate_floor)
+            "-p", figures["trained_plans"], "-device", args.device]), env_results, "predict", "main", evaluate_floor)
         session.cli["commands"].append(record)
         written = len(list(predictions.glob("*.png"))) if predictions.is_dir() else 0
         figures["predicted_cases"] = f"{written} of {tests}"

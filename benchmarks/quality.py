@@ -56,7 +56,7 @@ from common import DEFAULT_OUT, command_line, dataset_folder, machine_info, writ
 from quality_budgets import Budget, iterations_per_epoch, parse_budget
 from quality_study import BASELINE, MEDDISSEG_PLANS, METHODS, Study, aggregate, markdown, pretraining_arms
 
-from nnunetv2_meddisseg.ablation.runs import AblationRun, Variant, write_budget
+from nnunetv2_meddisseg.ablation.runs import AblationRun, Variant, write_budget_plans
 from nnunetv2_meddisseg.environment import (
     DATA_AUGMENTATION_PROCESSES_VARIABLE,
     planning_environment,
@@ -461,6 +461,8 @@ def _run(args, kvasir: Path, work: Path, study: Study, start: float) -> dict:
                 pending.append(f"{what} (pretraining failed: {e})")
                 return
             pretrain_wall_s = time.monotonic() - began
+        with lock:
+            plans_name = write_budget_plans(preprocessed, plans_name, json.loads((out / "budget.json").read_text()))
         runner = PretrainedRun(out, raw.name, FOLD, {key: Variant(METHODS[key].trainer, plans_name)}, args.device,
                                raw / "imagesTs", raw / "labelsTs", labels, args.disable_tta, predict_processes=1,
                                pretrained_weights=weights if METHODS[key].family == "nnunet" else None)
@@ -506,8 +508,9 @@ def selected_runs(order: Sequence[Tuple[Budget, str, int]], done: Container[Tupl
 
 def _iterations(args, budget: Budget, key: str, batch: int, out: Path, runs: List[dict], device_name: str
                 ) -> Optional[int]:
-    """Iterations per epoch of ``key``'s runs of ``budget``, fixed in ``out/budget.json`` when first chosen;
-    None while an equal-minutes budget has no calibration run yet."""
+    """Iterations per epoch of ``key``'s runs of ``budget``, fixed in ``out/budget.json`` (the runs' recipe settings,
+    which ``write_budget_plans`` puts into their plans) when first chosen; None while an equal-minutes budget has no
+    calibration run yet."""
     if (out / "budget.json").is_file():
         return json.loads((out / "budget.json").read_text())["iterations_per_epoch"]
     calibration = None
@@ -524,9 +527,11 @@ def _iterations(args, budget: Budget, key: str, batch: int, out: Path, runs: Lis
                             f"{calibration['pretrain_minutes']:.1f} min")
         budget = budget._replace(amount=left)
     iterations = iterations_per_epoch(budget, args.epochs, batch, calibration)
-    write_budget(out, ScheduleRecipe(num_epochs=args.epochs, iterations_per_epoch=iterations,
-                                     val_iterations_per_epoch=args.val_iterations, save_every=1,
-                                     final_validation=not args.no_final_validation, torch_threads=args.threads))
+    recipe = ScheduleRecipe(num_epochs=args.epochs, iterations_per_epoch=iterations,
+                            val_iterations_per_epoch=args.val_iterations, save_every=1,
+                            final_validation=not args.no_final_validation, torch_threads=args.threads)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "budget.json").write_text(json.dumps({k: v for k, v in vars(recipe).items() if v is not None}) + "\n")
     return iterations
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Dict, Mapping, MutableMapping, Optional, Sequence
 
 __all__ = ["NNUNET_FOLDERS", "EXT_TRAINER_VARIABLE", "SEED_ENVIRONMENT_VARIABLE", "BF16_ENVIRONMENT_VARIABLE",
-           "CPU_BF16_ENVIRONMENT_VARIABLE", "RECIPE_ENVIRONMENT_VARIABLE", "DATA_AUGMENTATION_PROCESSES_VARIABLE",
+           "CPU_BF16_ENVIRONMENT_VARIABLE", "DATA_AUGMENTATION_PROCESSES_VARIABLE",
            "COMPILE_VARIABLE", "TRUE_VALUES", "flag_is_set", "bf16_training_requested", "TRAINER_FOLDER",
            "trainer_folder", "trainer_search_path", "set_nnunet_environment", "nnunet_environment",
            "planning_environment", "use_our_trainers", "trainer_output_folder"]
@@ -32,8 +32,6 @@ SEED_ENVIRONMENT_VARIABLE = "nnUNet_meddisseg_seed"
 BF16_ENVIRONMENT_VARIABLE = "nnUNet_meddisseg_bf16"
 #: (a flag, :func:`flag_is_set`) MedDisSegNet's inference forward on a CPU runs under bf16 autocast
 CPU_BF16_ENVIRONMENT_VARIABLE = "nnUNet_meddisseg_cpu_bf16"
-#: names a JSON file of recipe overrides (``{"num_epochs": 20, ...}``) applied to every trainer's recipe
-RECIPE_ENVIRONMENT_VARIABLE = "nnUNet_meddisseg_recipe"
 #: nnU-Net's switch for torch.compile (a flag; unset: nnU-Net's and our trainers' own decision)
 COMPILE_VARIABLE = "nnUNet_compile"
 #: the values (any case, surrounding blanks ignored) that turn a flag on

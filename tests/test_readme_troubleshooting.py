@@ -276,26 +276,11 @@ def seed_not_a_number(tmp, env) -> str:
         return _train_error_of(run_seed_from_environment)
 
 
-def recipe_file_missing(tmp, env) -> str:
-    from nnunetv2_meddisseg.training.recipe import read_override_file
+def plans_recipe_unknown_setting(tmp, env) -> str:
+    from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe, recipe_from_plans
 
-    return _train_error_of(lambda: read_override_file(str(tmp / "budget.json")))
-
-
-def recipe_file_truncated(tmp, env) -> str:
-    from nnunetv2_meddisseg.training.recipe import read_override_file
-
-    (tmp / "budget.json").write_text('{"num_epochs": ')
-    return _train_error_of(lambda: read_override_file(str(tmp / "budget.json")))
-
-
-def recipe_file_unknown_setting(tmp, env) -> str:
-    from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe, recipe_overrides_from_environment
-
-    (tmp / "budget.json").write_text('{"num_epoch": 20}')
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("nnUNet_meddisseg_recipe", str(tmp / "budget.json"))
-        return _train_error_of(lambda: recipe_overrides_from_environment(MedDisSegRecipe()))
+    plans = {"plans_name": "nnUNetMedDisSegPlans", "meddisseg_recipe": {"num_epoch": 20}}
+    return _train_error_of(lambda: recipe_from_plans(MedDisSegRecipe(), plans))
 
 
 def encoder_weights_not_here(tmp, env) -> str:
@@ -445,9 +430,14 @@ TRIGGERS: Dict[str, Callable[[Path, Dict[str, Path]], str]] = {
     ".../checkpoint_best.pth over it to resume from the best epoch, or train again without --c":
         truncated_checkpoint_latest,
     "nnUNetv2_train: error: nnUNet_meddisseg_seed must be an integer >= 0, got '...'": seed_not_a_number,
-    "nnUNetv2_train: error: nnUNet_meddisseg_recipe: cannot read the recipe override file '...'": recipe_file_missing,
-    "nnUNetv2_train: error: ...: not a JSON file of recipe overrides": recipe_file_truncated,
-    "nnUNetv2_train: error: ...: unknown setting '...' for MedDisSegRecipe (known: ...)": recipe_file_unknown_setting,
+    "nnUNetv2_meddisseg_plan: error: --recipe ...: cannot read the recipe file: ...":
+        _command("plan", plan_rows.plan_recipe(None)),
+    "nnUNetv2_meddisseg_plan: error: --recipe ...: not a JSON file of recipe settings (...)":
+        _command("plan", plan_rows.plan_recipe('{"num_epochs": ')),
+    "nnUNetv2_meddisseg_plan: error: --recipe ...: unknown setting '...' for MedDisSegRecipe (known: ...)":
+        _command("plan", plan_rows.plan_recipe('{"num_epoch": 20}')),
+    "nnUNetv2_train: error: plans ...: meddisseg_recipe: unknown setting '...' for MedDisSegRecipe (known: ...)":
+        plans_recipe_unknown_setting,
     "nnUNetv2_train: error: encoder weights file not found: ... (the plans' encoder_weights)": encoder_weights_not_here,
     "DDP training (triggered by num_gpus > 1) is only implemented for cuda devices. Your device: cpu": ddp_on_cpu,
     "nnUNetv2_train: error: input with NaN or inf values in a training batch": nan_batch,

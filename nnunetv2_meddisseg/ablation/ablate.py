@@ -6,12 +6,12 @@ predict the test set, and tabulate the paper's metrics against the full method.
 
 Each variant and the full method (``nnUNetTrainerMedDisSeg``, always added) is trained once per seed
 0 .. N-1 through ``nnUNetv2_train`` (run seed from ``nnUNet_meddisseg_seed``, a separate ``nnUNet_results``
-per seed, the budget from the recipe override file ``OUT/budget.json``). A variant is a recipe variant of the
-trainer (``tau0p5`` or ``nnUNetTrainerMedDisSeg_tau0p5``), trained on the plans ``-p``, or a network ablation
-(``noELAT``, ``ReLU``, ``noCBAT``): the full method on a copy of the plans with that architecture option
-(``<plans>_noCBAT``), predicted on the raw dataset's ``imagesTs`` with ``nnUNetv2_predict`` and evaluated against
-``labelsTs``. Rerunning the same command skips finished runs and resumes interrupted trainings with
-``--c``. Writes ``OUT/ablation.md`` and ``OUT/ablation.csv`` (see :mod:`.table`).
+per seed, the budget as recipe overrides in a copy of its plans, ``<plans>_budget_<digest>``). A variant is a
+recipe variant of the trainer (``tau0p5`` or ``nnUNetTrainerMedDisSeg_tau0p5``), trained on the plans ``-p``, or
+a network ablation (``noELAT``, ``ReLU``, ``noCBAT``): the full method on a copy of the plans with that
+architecture option (``<plans>_noCBAT``), predicted on the raw dataset's ``imagesTs`` with ``nnUNetv2_predict``
+and evaluated against ``labelsTs``. Rerunning the same command skips finished runs and resumes interrupted
+trainings with ``--c``. Writes ``OUT/ablation.md`` and ``OUT/ablation.csv`` (see :mod:`.table`).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from nnunetv2_meddisseg.ablation.runs import (
     NETWORK_ABLATIONS,
     AblationRun,
     Variant,
-    write_budget,
+    write_budget_plans,
     write_network_ablation_plans,
 )
 from nnunetv2_meddisseg.ablation.table import ablation_rows, markdown_table, write_csv
@@ -171,11 +171,13 @@ def _ablate(argv: Optional[Sequence[str]]) -> None:
     _check_settings(out, {"dataset": name, "fold": args.fold, "plans": args.plans, "epochs": args.epochs,
                           "iterations_per_epoch": args.iterations_per_epoch, "val_iterations": args.val_iterations,
                           "final_validation": args.final_validation})
-    write_budget(out, budget)
     preprocessed = Path(nnUNet_preprocessed.require()) / name
     for variant in variants.values():
         if variant.plans != args.plans:
             write_network_ablation_plans(preprocessed, args.plans, variant.plans[len(args.plans) + 1:])
+    budget = {k: v for k, v in vars(budget).items() if v is not None}
+    variants = {key: Variant(v.trainer, write_budget_plans(preprocessed, v.plans, budget))
+                for key, v in variants.items()}
     run = AblationRun(out, name, args.fold, variants, args.device, images, labels, label_values,
                       args.disable_tta, args.predict_processes)
     todo = [(variant, seed) for seed in range(args.seeds) for variant in variants]

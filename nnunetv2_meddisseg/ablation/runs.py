@@ -1,15 +1,15 @@
-"""The runs of ``nnUNetv2_meddisseg_ablate``: the budget as a recipe override file, the plans of the network
-ablations, one nnU-Net results folder per seed, and one (variant, seed) run = ``nnUNetv2_train`` (resumed
-with ``--c``), ``nnUNetv2_predict`` on the test images, evaluation against the test labels.
+"""The runs of ``nnUNetv2_meddisseg_ablate``: the budget in the plans, the plans of the network ablations, one
+nnU-Net results folder per seed, and one (variant, seed) run = ``nnUNetv2_train`` (resumed with ``--c``),
+``nnUNetv2_predict`` on the test images, evaluation against the test labels.
 
 A variant is a trainer (a recipe variant, e.g. ``nnUNetTrainerMedDisSeg_tau0p5``) on the run's plans, or a
 network ablation: the full method's trainer on plans that differ from the run's in one architecture option
-(``NETWORK_ABLATIONS``; written next to them as ``<plans>_<ablation>.json``).
+(``NETWORK_ABLATIONS``; written next to them as ``<plans>_<ablation>.json``). Every variant trains on a copy of
+its plans that holds the budget as recipe overrides (``<plans>_budget_<digest>.json``, :func:`write_budget_plans`).
 
 Layout of the output folder ``OUT``::
 
     OUT/settings.json                    the budget, plans and fold; a rerun must match them
-    OUT/budget.json                      the budget, read by every trainer (``nnUNet_meddisseg_recipe``)
     OUT/seed_<s>/nnUNet_results/         nnUNet_results of every run with run seed s
     OUT/seed_<s>/predictions/<variant>/  the test-set predictions
     OUT/seed_<s>/runs/<variant>.json     written last: the run is finished (metrics and times)
@@ -17,27 +17,24 @@ Layout of the output folder ``OUT``::
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Mapping, Optional
 
-from nnunetv2_meddisseg.environment import (
-    RECIPE_ENVIRONMENT_VARIABLE,
-    SEED_ENVIRONMENT_VARIABLE,
-    set_nnunet_environment,
-)
+from nnunetv2_meddisseg.environment import SEED_ENVIRONMENT_VARIABLE, set_nnunet_environment
 from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.evaluation.evaluate import evaluate_folders
 from nnunetv2_meddisseg.files import write_atomically
 from nnunetv2_meddisseg.logged_command import run_logged
 from nnunetv2_meddisseg.plans_architecture import architecture_entry
-from nnunetv2_meddisseg.training.recipe import ScheduleRecipe
+from nnunetv2_meddisseg.training.recipe import RECIPE_PLANS_KEY
 
-__all__ = ["NETWORK_ABLATIONS", "Variant", "write_budget", "write_network_ablation_plans", "epoch_seconds",
-           "AblationRun"]
+__all__ = ["NETWORK_ABLATIONS", "Variant", "budget_plans_name", "write_budget_plans", "write_network_ablation_plans",
+           "epoch_seconds", "AblationRun"]
 
 #: the paper's network ablations, as MedDisSegNet plans options (``nnUNetv2_meddisseg_plan --no_elat /
 #: --activation relu / --no_cbat``): name -> the ``arch_kwargs`` it changes
@@ -53,12 +50,24 @@ class Variant:
     plans: str
 
 
-def write_budget(out: Path, budget: ScheduleRecipe) -> Path:
-    """Write ``out/budget.json``, the recipe override file every run reads (its settings that are not None)."""
-    out.mkdir(parents=True, exist_ok=True)
-    target = out / "budget.json"
-    target.write_text(json.dumps({k: v for k, v in vars(budget).items() if v is not None}, indent=1) + "\n")
-    return target
+def budget_plans_name(plans: str, recipe: Mapping[str, object]) -> str:
+    """``<plans>_budget_<digest>``: the name of the plans ``plans`` with the recipe overrides ``recipe``."""
+    return f"{plans}_budget_{hashlib.sha256(json.dumps(dict(recipe), sort_keys=True).encode()).hexdigest()[:8]}"
+
+
+def write_budget_plans(preprocessed: Path, plans: str, budget: Mapping[str, object]) -> str:
+    """Write ``preprocessed/<plans>_budget_<digest>.json``: the plans ``plans`` with ``budget`` (recipe settings) added
+    to their recipe overrides (``recipe.RECIPE_PLANS_KEY``; the budget's settings replace those of the same name);
+    the digest names the settings, so budgets never share a file. Returns the new plans name."""
+    source = preprocessed / f"{plans}.json"
+    if not source.is_file():
+        raise UserError(f"{source} not found: plan and preprocess the dataset with these plans first (-p)")
+    content = json.loads(source.read_text())
+    recipe = {**content.get(RECIPE_PLANS_KEY, {}), **budget}
+    name = budget_plans_name(plans, recipe)
+    content["plans_name"], content[RECIPE_PLANS_KEY] = name, recipe
+    write_atomically(preprocessed / f"{name}.json", lambda partial: partial.write_text(json.dumps(content, indent=4)))
+    return name
 
 
 def write_network_ablation_plans(preprocessed: Path, plans: str, ablation: str) -> str:
@@ -112,7 +121,6 @@ class AblationRun:
         env = set_nnunet_environment(dict(os.environ))
         env["nnUNet_results"] = str(self.out / f"seed_{seed}" / "nnUNet_results")
         env[SEED_ENVIRONMENT_VARIABLE] = str(seed)
-        env[RECIPE_ENVIRONMENT_VARIABLE] = str(self.out / "budget.json")
         return env
 
     def fold_folder(self, variant: str, seed: int) -> Path:

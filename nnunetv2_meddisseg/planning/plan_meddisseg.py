@@ -207,15 +207,29 @@ def _write_plans(plans: dict, target: Path, overwrite: bool) -> None:
         raise UserError(f"cannot write {target}: {e.strerror or e}") from None
 
 
+def _read_recipe(path: str) -> dict:
+    """The recipe settings in the JSON file ``path``, checked against ``nnUNetTrainerMedDisSeg``'s recipe."""
+    from nnunetv2_meddisseg.training.recipe import MedDisSegRecipe, apply_overrides, read_override_file
+
+    try:
+        overrides = read_override_file(path)
+        apply_overrides(MedDisSegRecipe(), overrides, path)
+    except ValueError as e:
+        raise UserError(f"--recipe {e}") from None
+    return overrides
+
+
 def plan_meddisseg(dataset: str, plans_name: str = DEFAULT_PLANS_NAME, source_plans_name: str = "nnUNetPlans",
                    encoder_weights: Optional[str] = None, overwrite: bool = False, memory_from: str = "auto",
-                   **kwargs) -> Path:
+                   recipe: Optional[str] = None, **kwargs) -> Path:
     """Write ``$nnUNet_preprocessed/DatasetXXX_Name/<plans_name>.json`` and return its path.
 
     An existing plans file with other content is refused unless ``overwrite`` (one with the same
     content is written again). memory_from: how the batch size's memory is known: ``gpu`` (measured on
     this machine's CUDA GPU, ``planning.memory``), ``estimate`` (:data:`TRAINING_BYTES_PER_PIXEL`), ``auto``
-    (``gpu`` where CUDA is available)."""
+    (``gpu`` where CUDA is available). recipe: a JSON file of recipe settings, written into the plans as the
+    trainer's overrides (``training.recipe.RECIPE_PLANS_KEY``)."""
+    overrides = _read_recipe(recipe) if recipe is not None else None
     check_plans_name(plans_name)
     check_plans_name(source_plans_name, "--source_plans")
     if "memory_target_gb" in kwargs:
@@ -251,6 +265,10 @@ def plan_meddisseg(dataset: str, plans_name: str = DEFAULT_PLANS_NAME, source_pl
     plans = build_meddisseg_plans(source, plans_name, encoder_weights=encoder_weights,
                                   num_training_cases=num_training, memory_line=_memory_measurement(memory_from),
                                   **kwargs)
+    if overrides is not None:
+        from nnunetv2_meddisseg.training.recipe import RECIPE_PLANS_KEY
+
+        plans[RECIPE_PLANS_KEY] = overrides
     if not (folder / source["configurations"]["2d"]["data_identifier"]).is_dir():
         raise UserError(f"{folder / source['configurations']['2d']['data_identifier']} not found: the 2d data is "
                         f"not preprocessed yet; run nnUNetv2_plan_and_preprocess -d {dataset} -c 2d")
@@ -291,6 +309,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="normalisation of the blocks Med-DisSeg adds to the ResNet-50 encoder (the encoder keeps "
                         "BatchNorm): instance (default) = per-image statistics, as nnU-Net's own networks; "
                         "batch = BatchNorm, the paper")
+    p.add_argument("--recipe", default=None, metavar="FILE",
+                   help="a JSON file of recipe settings ({\"num_epochs\": 100, ...}), written into the plans: every "
+                        "run on them trains with these settings in place of its trainer's (default: none, the "
+                        "trainer's own)")
     p.add_argument("--plans_name", default=DEFAULT_PLANS_NAME,
                    help="name of the plans file to write (<name>.json in the dataset's preprocessed folder)")
     p.add_argument("--overwrite", action="store_true",

@@ -8,28 +8,29 @@
 
 A trainer class holds its recipe in the class attribute ``recipe``; a variant is a one-line class whose recipe
 changes the settings its name says (``training.variants``). ``trainer.recipe`` is the instance's recipe: the class's,
-with the overrides of the JSON file named by the environment variable ``nnUNet_meddisseg_recipe``
-(``recipe_overrides_from_environment``: budgets of studies, ``nnUNetv2_meddisseg_ablate``). Architecture
-options are no recipe settings: they live in the plans (``nnUNetv2_meddisseg_plan``).
+with the overrides the plans hold under :data:`RECIPE_PLANS_KEY` (``recipe_from_plans``; written by
+``nnUNetv2_meddisseg_plan --recipe FILE`` and by the studies, ``nnUNetv2_meddisseg_ablate``, for their budget). So
+``-p`` chooses the run's settings, and the model folder's ``plans.json`` records them. Architecture options are no
+recipe settings either: they live in the plans' architecture.
 
 Every value is checked when a recipe is made (``dataclasses.replace`` included): a ``ValueError`` naming the
 field and what it expects.
 """
 import json
 import math
-import os
 from dataclasses import dataclass, fields, replace
 from typing import Mapping, Optional, TypeVar
 
-from nnunetv2_meddisseg.environment import RECIPE_ENVIRONMENT_VARIABLE
 from nnunetv2_meddisseg.losses import DISPERSIVE_PLACEMENTS, DISPERSIVE_VARIANTS, DispersiveLoss
 from nnunetv2_meddisseg.training.errors import TrainingInputError
 
 __all__ = ["ScheduleRecipe", "DispersiveTermRecipe", "DispersiveRecipe", "MedDisSegRecipe", "PaperScheduleRecipe",
-           "dispersive_from_recipe", "apply_overrides", "read_override_file", "recipe_overrides_from_environment",
-           "recipe_summary", "OPTIMIZERS"]
+           "dispersive_from_recipe", "apply_overrides", "read_override_file", "recipe_from_plans",
+           "recipe_summary", "RECIPE_PLANS_KEY", "OPTIMIZERS"]
 
 OPTIMIZERS = ("adam", "sgd")
+#: the plans' top-level key of the recipe overrides (an object of setting name -> value)
+RECIPE_PLANS_KEY = "meddisseg_recipe"
 
 R = TypeVar("R", bound="ScheduleRecipe")
 
@@ -253,32 +254,31 @@ def apply_overrides(recipe: R, overrides: Mapping[str, object], source: str) -> 
 
 
 def read_override_file(path: str) -> dict:
-    """The JSON object of recipe overrides in ``path``; a one-line :class:`TrainingInputError` (a ``ValueError``)
-    naming the file otherwise."""
+    """The JSON object of recipe overrides in ``path``; a one-line ``ValueError`` naming the file otherwise."""
     try:
         with open(path) as f:
             overrides = json.load(f)
     except OSError as error:
-        raise TrainingInputError(f"{RECIPE_ENVIRONMENT_VARIABLE}: cannot read the recipe override file {path!r}: "
-                                 f"{error.strerror}") from None
+        raise ValueError(f"{path}: cannot read the recipe file: {error.strerror}") from None
     except json.JSONDecodeError as error:
-        raise TrainingInputError(f"{path}: not a JSON file of recipe overrides ({error})") from None
+        raise ValueError(f"{path}: not a JSON file of recipe settings ({error})") from None
     if not isinstance(overrides, dict):
-        raise TrainingInputError(f"{path}: expected a JSON object of recipe settings, got "
-                                 f"{type(overrides).__name__}")
+        raise ValueError(f"{path}: expected a JSON object of recipe settings, got {type(overrides).__name__}")
     return overrides
 
 
-def recipe_overrides_from_environment(recipe: R) -> R:
-    """``recipe`` with the overrides of the file named by ``nnUNet_meddisseg_recipe`` (unchanged where unset).
-    Settings the recipe does not have are an error, so that a budget never silently misses a trainer; every
-    error is a :class:`TrainingInputError` naming the file."""
-    path = os.environ.get(RECIPE_ENVIRONMENT_VARIABLE, "").strip()
-    if not path:
+def recipe_from_plans(recipe: R, plans: Mapping[str, object]) -> R:
+    """``recipe`` with the overrides ``plans`` holds under :data:`RECIPE_PLANS_KEY` (unchanged where there are
+    none). A setting the recipe does not have is an error, so that a budget never silently misses a trainer; every
+    error is a :class:`TrainingInputError` naming the plans and the key."""
+    overrides = plans.get(RECIPE_PLANS_KEY)
+    if overrides is None:
         return recipe
-    overrides = read_override_file(path)
+    source = f"plans {plans.get('plans_name', '')!s}: {RECIPE_PLANS_KEY}"
+    if not isinstance(overrides, dict):
+        raise TrainingInputError(f"{source}: expected an object of recipe settings, got {type(overrides).__name__}")
     try:
-        return apply_overrides(recipe, overrides, path)
+        return apply_overrides(recipe, overrides, source)
     except ValueError as error:
         raise TrainingInputError(str(error)) from None
 

@@ -7,8 +7,8 @@ holds them and overrides each hook once. The subclasses own their training and v
 
 - the run seed and the recipe: the initial weights and every epoch are seeded from a run seed (``seeding``); the
   schedule (epochs, iterations, checkpoint period, final validation, torch threads) comes from the trainer's recipe
-  (``recipe``) and the overrides of ``nnUNet_meddisseg_recipe``. ``nnUNetTrainerBaseline`` (``variants``) is
-  nnU-Net's trainer with this part only (:func:`set_up_run`, :func:`run_lines`);
+  (``recipe``) and the overrides the plans hold (``recipe.RECIPE_PLANS_KEY``). ``nnUNetTrainerBaseline``
+  (``variants``) is nnU-Net's trainer with this part only (:func:`set_up_run`, :func:`run_lines`);
 - the dispersive loss of the recipe (``recipe.dispersive_from_recipe``, ``trainer.dispersive``): under DDP
   (``-num_gpus N``) it and its diagnostics see the batch of every process (``dispersive_gather``); the diagnostics
   of each epoch's first batch and the warnings about batches too small for it: ``dispersion_monitor``;
@@ -48,7 +48,6 @@ from torch import distributed as dist
 
 from nnunetv2_meddisseg.environment import (
     BF16_ENVIRONMENT_VARIABLE,
-    RECIPE_ENVIRONMENT_VARIABLE,
     SEED_ENVIRONMENT_VARIABLE,
     bf16_training_requested,
 )
@@ -67,10 +66,11 @@ from nnunetv2_meddisseg.training.errors import TrainingInputError
 from nnunetv2_meddisseg.training.finite_input import check_finite_input
 from nnunetv2_meddisseg.training.nnunet_copies import checkpoint_entries, epoch_end
 from nnunetv2_meddisseg.training.recipe import (
+    RECIPE_PLANS_KEY,
     DispersiveTermRecipe,
     ScheduleRecipe,
     dispersive_from_recipe,
-    recipe_overrides_from_environment,
+    recipe_from_plans,
     recipe_summary,
 )
 from nnunetv2_meddisseg.training.seeding import run_seed_from_environment, seed_epoch
@@ -80,10 +80,10 @@ __all__ = ["TrainerBase", "set_up_run", "run_lines", "peak_memory_line", "final_
 
 
 def set_up_run(trainer: nnUNetTrainer, class_recipe: ScheduleRecipe) -> None:
-    """``trainer.recipe`` (``class_recipe`` with the overrides of ``nnUNet_meddisseg_recipe``), nnU-Net's schedule
-    attributes from it (None keeps nnU-Net's) and ``trainer.run_seed``: the ``seed`` attribute, else
-    ``nnUNet_meddisseg_seed``, else drawn at random, one for all processes under DDP."""
-    recipe = trainer.recipe = recipe_overrides_from_environment(class_recipe)
+    """``trainer.recipe`` (``class_recipe`` with the plans' overrides), nnU-Net's schedule attributes from it (None
+    keeps nnU-Net's) and ``trainer.run_seed``: the ``seed`` attribute, else ``nnUNet_meddisseg_seed``, else drawn at
+    random, one for all processes under DDP."""
+    recipe = trainer.recipe = recipe_from_plans(class_recipe, trainer.plans_manager.plans)
     for attribute, value in (("num_epochs", recipe.num_epochs),
                              ("num_iterations_per_epoch", recipe.iterations_per_epoch),
                              ("num_val_iterations_per_epoch", recipe.val_iterations_per_epoch),
@@ -91,8 +91,8 @@ def set_up_run(trainer: nnUNetTrainer, class_recipe: ScheduleRecipe) -> None:
         if value is not None:
             setattr(trainer, attribute, value)
     if recipe.torch_threads is not None:
-        # process-wide, but the process is this run's: nnUNetv2_train starts in nnU-Net's code, which sets no
-        # thread count, so the recipe is where a run (benchmarks/quality.py's --threads) chooses one
+        # replaces the count nnUNetv2_train set before it built the trainer (all cores on the CPU, 1 on CUDA): the
+        # plans are where a run chooses another (two runs side by side on a small machine)
         torch.set_num_threads(recipe.torch_threads)
     seed = trainer.seed if trainer.seed is not None else run_seed_from_environment()
     trainer.run_seed = int(seed) if seed is not None else int.from_bytes(os.urandom(4), "little")
@@ -104,11 +104,11 @@ def set_up_run(trainer: nnUNetTrainer, class_recipe: ScheduleRecipe) -> None:
 
 def run_lines(trainer: nnUNetTrainer) -> List[str]:
     """The log's lines on the run seed and the recipe at the start of training."""
-    overrides = os.environ.get(RECIPE_ENVIRONMENT_VARIABLE, "").strip()
+    overrides = RECIPE_PLANS_KEY in trainer.plans_manager.plans
     return [f"run seed {trainer.run_seed} (every epoch is seeded from it and the epoch number; set "
             f"{SEED_ENVIRONMENT_VARIABLE} to fix it)",
             f"recipe {type(trainer.recipe).__name__}: {recipe_summary(trainer.recipe)}"
-            + (f" (overrides from {overrides})" if overrides else "")]
+            + (f" (overrides from the plans' {RECIPE_PLANS_KEY})" if overrides else "")]
 
 
 def peak_memory_line(trainer: nnUNetTrainer) -> Optional[str]:

@@ -1,27 +1,39 @@
-"""nnUNetv2_meddisseg_ablate's pieces that need no training: the budget file, variant names, network-ablation
+"""nnUNetv2_meddisseg_ablate's pieces that need no training: the budget plans, variant names, network-ablation
 plans, settings."""
 import json
 
 import pytest
 
 from nnunetv2_meddisseg.ablation import ablate
-from nnunetv2_meddisseg.ablation.runs import AblationRun, Variant, write_budget, write_network_ablation_plans
+from nnunetv2_meddisseg.ablation.runs import AblationRun, Variant, write_budget_plans, write_network_ablation_plans
 from nnunetv2_meddisseg.errors import UserError
-from nnunetv2_meddisseg.training.recipe import RECIPE_ENVIRONMENT_VARIABLE, ScheduleRecipe, apply_overrides
+from nnunetv2_meddisseg.training.recipe import RECIPE_PLANS_KEY, recipe_from_plans
 from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg_noStage1
 
 
-def test_the_budget_file_is_a_recipe_override_every_run_reads(tmp_path):
-    file = write_budget(tmp_path, ScheduleRecipe(num_epochs=8, iterations_per_epoch=3, final_validation=False))
-    assert json.loads(file.read_text()) == {"num_epochs": 8, "iterations_per_epoch": 3, "final_validation": False}
-    recipe = apply_overrides(nnUNetTrainerMedDisSeg_noStage1.recipe, json.loads(file.read_text()), str(file))
+def test_the_budget_plans_are_a_copy_of_the_plans_with_the_budget_as_recipe(tmp_path):
+    source = {"plans_name": "P", "configurations": {"2d": {"batch_size": 3}}}
+    (tmp_path / "P.json").write_text(json.dumps(source))
+    budget = {"num_epochs": 8, "iterations_per_epoch": 3, "final_validation": False}
+    name = write_budget_plans(tmp_path, "P", budget)
+    written = json.loads((tmp_path / f"{name}.json").read_text())
+    assert name.startswith("P_budget_") and written == {**source, "plans_name": name, RECIPE_PLANS_KEY: budget}
+    assert write_budget_plans(tmp_path, "P", dict(reversed(budget.items()))) == name  # the same settings
+    assert write_budget_plans(tmp_path, "P", {**budget, "num_epochs": 9}) != name
+    assert json.loads((tmp_path / "P.json").read_text()) == source  # the input is left as it was
+    recipe = recipe_from_plans(nnUNetTrainerMedDisSeg_noStage1.recipe, written)
     assert (recipe.num_epochs, recipe.iterations_per_epoch, recipe.stage1_fraction) == (8, 3, 0.0)
-    run = AblationRun(tmp_path, "Dataset501_X", "0", {"a": Variant("nnUNetTrainerMedDisSeg", "P")}, "cpu",
+    with pytest.raises(UserError, match="Q.json not found"):
+        write_budget_plans(tmp_path, "Q", budget)
+    (tmp_path / "R.json").write_text(json.dumps({**source, RECIPE_PLANS_KEY: {"num_epochs": 100, "stage2_lr": 0.5}}))
+    merged = json.loads((tmp_path / f"{write_budget_plans(tmp_path, 'R', budget)}.json").read_text())
+    assert merged[RECIPE_PLANS_KEY] == {**budget, "stage2_lr": 0.5}  # the plans' own settings kept, the budget's won
+    run = AblationRun(tmp_path, "Dataset501_X", "0", {"a": Variant("nnUNetTrainerMedDisSeg", name)}, "cpu",
                       tmp_path, tmp_path, {})
     env = run.environment(2)
-    assert env[RECIPE_ENVIRONMENT_VARIABLE] == str(file) and env["nnUNet_meddisseg_seed"] == "2"
+    assert env["nnUNet_meddisseg_seed"] == "2" and "nnUNet_meddisseg_recipe" not in env
     assert run.fold_folder("a", 2) == tmp_path / "seed_2" / "nnUNet_results" / "Dataset501_X" / \
-        "nnUNetTrainerMedDisSeg__P__2d" / "fold_0"
+        f"nnUNetTrainerMedDisSeg__{name}__2d" / "fold_0"
 
 
 def test_variant_names_short_and_full_network_ablations_and_unknown(monkeypatch, tmp_path):

@@ -80,8 +80,11 @@ def test_each_pretrained_arm_is_pretrained_with_its_seed_on_training_cases_befor
     weights = runs["default_pretrained"]["pretraining"]["file"]
     assert f"-pretrained_weights {weights}" in train_log and "Loading pretrained weights" in train_log
     plans = runs["meddisseg_pretrained"]["plans"]
-    assert plans == f"nnUNetMedDisSegPlans_bs2_pretrained_seed{SEED}"
+    # the pretrained plans with the run's budget (quality.py's budget.json) as their recipe
+    assert plans.startswith(f"nnUNetMedDisSegPlans_bs2_pretrained_seed{SEED}_budget_")
     content = json.loads(next((work / "nnUNet_preprocessed").glob(f"Dataset*/{plans}.json")).read_text())
+    assert content["meddisseg_recipe"] == json.loads((work / f"runs_{LABEL}_e4" / "meddisseg_pretrained"
+                                                      / "budget.json").read_text())
     assert (content["configurations"]["2d"]["architecture"]["arch_kwargs"]["encoder_weights"]
             == runs["meddisseg_pretrained"]["pretraining"]["file"])
     assert runs["meddisseg_pretrained"]["pretraining"]["plans"] == "nnUNetMedDisSegPlans_bs2"

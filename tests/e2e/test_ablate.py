@@ -13,15 +13,20 @@ import torch
 from nnunet_cli import run_until
 from scratch import scratch_folder
 
+from nnunetv2_meddisseg.ablation.runs import budget_plans_name
+
 pytestmark = pytest.mark.e2e
 
 BIN = Path(sys.executable).parent
 DATASET = "Dataset501_SyntheticPolyps"
 FULL, VARIANT = "nnUNetTrainerMedDisSeg", "nnUNetTrainerMedDisSeg_noDispersive"
+#: the plans every run trains on: nnUNetPlans with the command's budget
+PLANS = budget_plans_name("nnUNetPlans", {"num_epochs": 4, "iterations_per_epoch": 1, "val_iterations_per_epoch": 1,
+                                          "final_validation": False})
 
 
 def model_folder(out: Path, seed: int, trainer: str) -> Path:
-    return out / f"seed_{seed}" / "nnUNet_results" / DATASET / f"{trainer}__nnUNetPlans__2d"
+    return out / f"seed_{seed}" / "nnUNet_results" / DATASET / f"{trainer}__{PLANS}__2d"
 
 
 def ablate_command(out: Path) -> list:
@@ -85,7 +90,7 @@ def test_features_cli_draws_the_trained_pair(ablation, tmp_path):
     env = {**env, "nnUNet_results": str(out / "seed_0" / "nnUNet_results")}
     png = tmp_path / "features.png"
     proc = subprocess.run([str(BIN / "nnUNetv2_meddisseg_features"), "-d", "501", "-tr", FULL,
-                           "-tr", VARIANT, "-p", "nnUNetPlans", "--layer", "early", "--device", "cpu",
+                           "-tr", VARIANT, "-p", PLANS, "--layer", "early", "--device", "cpu",
                            "-o", str(png)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -193,8 +193,33 @@ def check_plan_names_weights(tmp, env):
     assert plans["configurations"]["2d"]["architecture"]["arch_kwargs"]["encoder_weights"] == str(tmp / "good.pth")
 
 
+def plan_recipe(text):
+    """A run with ``--recipe`` naming a file of ``text`` (None: no file)."""
+    def setup(tmp, env):
+        fake_preprocessed(env)
+        if text is not None:
+            (tmp / "budget.json").write_text(text)
+        return ["-d", "801", "--batch_size", "2", "--recipe", str(tmp / "budget.json")]
+    return setup
+
+
+def check_plan_holds_the_recipe(tmp, env):
+    plans = json.loads((env["nnUNet_preprocessed"] / PLAN_DATASET / "nnUNetMedDisSegPlans.json").read_text())
+    assert plans["meddisseg_recipe"] == {"num_epochs": 20, "stage2_lr": 0.001}
+
+
 ROWS = [
     Row("plan/ok", "plan", plan_ok, 0, check=check_plan_written),
+    Row("plan/recipe_ok", "plan", plan_recipe('{"num_epochs": 20, "stage2_lr": 0.001}'), 0,
+        check=check_plan_holds_the_recipe),
+    Row("plan/recipe_missing", "plan", plan_recipe(None), 2,
+        ["--recipe", "budget.json: cannot read the recipe file: No such file or directory"]),
+    Row("plan/recipe_truncated", "plan", plan_recipe('{"num_epochs": '), 2,
+        ["--recipe", "budget.json: not a JSON file of recipe settings (Expecting value"]),
+    Row("plan/recipe_unknown_setting", "plan", plan_recipe('{"num_epoch": 20}'), 2,
+        ["--recipe", "budget.json: unknown setting 'num_epoch' for MedDisSegRecipe (known: ", "num_epochs"]),
+    Row("plan/recipe_bad_value", "plan", plan_recipe('{"stage2_lr": -1}'), 2,
+        ["--recipe", "budget.json: MedDisSegRecipe.stage2_lr must be"]),
     Row("plan/unknown_dataset", "plan", plan_unknown_dataset, 2,
         ["-d 777", "missing from nnUNet_raw", "nnUNetv2_meddisseg_convert",
          "nnUNetv2_plan_and_preprocess -d 777 -c 2d"]),

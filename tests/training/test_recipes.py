@@ -1,25 +1,25 @@
 """The recipes: defaults are the paper's, each named variant changes what its name says, values and
-overrides are checked with one-line errors, and an override file sets a trainer's budget."""
+overrides are checked with one-line errors, and the plans' overrides set a trainer's budget."""
 import dataclasses
-import json
 
 import pytest
 import torch
 from test_trainer_meddisseg import PLAIN_UNET, make_batch, make_trainer, tiny_plans
 
 from nnunetv2_meddisseg.ablation import study_trainers
-from nnunetv2_meddisseg.environment import RECIPE_ENVIRONMENT_VARIABLE
 from nnunetv2_meddisseg.nnunet_trainers import meddisseg_trainers
 from nnunetv2_meddisseg.training import variants
 from nnunetv2_meddisseg.training.nnUNetTrainerDispersive import nnUNetTrainerDispersive
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg import nnUNetTrainerMedDisSeg
 from nnunetv2_meddisseg.training.nnUNetTrainerMedDisSeg_paper import nnUNetTrainerMedDisSeg_paper
 from nnunetv2_meddisseg.training.recipe import (
+    RECIPE_PLANS_KEY,
     DispersiveRecipe,
     MedDisSegRecipe,
     PaperScheduleRecipe,
     ScheduleRecipe,
     apply_overrides,
+    read_override_file,
 )
 from nnunetv2_meddisseg.training.variants import (
     DEMO_SCHEDULE,
@@ -147,51 +147,63 @@ def test_unknown_override_is_a_one_line_error_naming_the_key_and_the_source():
         apply_overrides(MedDisSegRecipe(), {"stage2_lr": "fast"}, "budget.json")
 
 
-def test_override_file_errors_name_the_file(nnunet_dirs, tmp_path, monkeypatch):
+def _with_recipe(overrides, plans=None) -> dict:
+    plans = tiny_plans() if plans is None else plans
+    plans[RECIPE_PLANS_KEY] = overrides
+    return plans
+
+
+def test_plans_overrides_errors_name_the_plans_and_the_key(nnunet_dirs):
+    source = f"plans nnUNetPlans: {RECIPE_PLANS_KEY}"
+    with pytest.raises(ValueError, match=f"^{source}: unknown setting 'iterations_per_epcoh'"):
+        make_trainer(plans=_with_recipe({"num_epochs": 2, "iterations_per_epcoh": 3}), initialize=False)
+    with pytest.raises(ValueError, match=f"^{source}: expected an object of recipe settings, got list"):
+        make_trainer(plans=_with_recipe([1, 2]), initialize=False)
+    with pytest.raises(ValueError, match=f"^{source}: MedDisSegRecipe.num_epochs must be"):
+        make_trainer(plans=_with_recipe({"num_epochs": "many"}), initialize=False)
+
+
+def test_override_file_errors_name_the_file(tmp_path):
     path = tmp_path / "budget.json"
-    path.write_text(json.dumps({"num_epochs": 2, "iterations_per_epcoh": 3}))
-    monkeypatch.setenv(RECIPE_ENVIRONMENT_VARIABLE, str(path))
-    with pytest.raises(ValueError, match=f"^{path}: unknown setting 'iterations_per_epcoh'"):
-        make_trainer(initialize=False)
     path.write_text("[1, 2]")
     with pytest.raises(ValueError, match=f"^{path}: expected a JSON object"):
-        make_trainer(initialize=False)
-    monkeypatch.setenv(RECIPE_ENVIRONMENT_VARIABLE, str(tmp_path / "missing.json"))
-    with pytest.raises(ValueError, match="cannot read the recipe override file"):
-        make_trainer(initialize=False)
+        read_override_file(str(path))
+    path.write_text('{"num_epochs": ')
+    with pytest.raises(ValueError, match=f"^{path}: not a JSON file of recipe settings"):
+        read_override_file(str(path))
+    with pytest.raises(ValueError, match=f"^{tmp_path / 'missing.json'}: cannot read the recipe file"):
+        read_override_file(str(tmp_path / "missing.json"))
 
 
-def test_override_file_sets_the_budget_of_any_trainer(nnunet_dirs, tmp_path, monkeypatch):
-    path = tmp_path / "budget.json"
-    path.write_text(json.dumps({"num_epochs": 2, "iterations_per_epoch": 3, "val_iterations_per_epoch": 1,
-                                "final_validation": False, "torch_threads": 1}))
-    monkeypatch.setenv(RECIPE_ENVIRONMENT_VARIABLE, str(path))
+def test_plans_overrides_set_the_budget_of_any_trainer(nnunet_dirs):
+    budget = {"num_epochs": 2, "iterations_per_epoch": 3, "val_iterations_per_epoch": 1, "final_validation": False,
+              "torch_threads": 1}
     threads = torch.get_num_threads()
     try:
         for cls, plans in ((variants.nnUNetTrainerMedDisSeg_tau0p5, None),
                            (nnUNetTrainerDispersive, tiny_plans(PLAIN_UNET)),
                            (variants.nnUNetTrainerBaseline, tiny_plans(PLAIN_UNET))):
-            trainer = make_trainer(cls, plans=plans, initialize=False)
+            trainer = make_trainer(cls, plans=_with_recipe(budget, plans), initialize=False)
             assert (trainer.num_epochs, trainer.num_iterations_per_epoch, trainer.num_val_iterations_per_epoch) == \
                 (2, 3, 1)
             assert torch.get_num_threads() == 1 and trainer.recipe.final_validation is False
         assert trainer.recipe == ScheduleRecipe(num_epochs=2, iterations_per_epoch=3, val_iterations_per_epoch=1,
                                                 final_validation=False, torch_threads=1)
-        tau = make_trainer(variants.nnUNetTrainerMedDisSeg_tau0p5, initialize=False)
+        tau = make_trainer(variants.nnUNetTrainerMedDisSeg_tau0p5, plans=_with_recipe(budget), initialize=False)
         assert tau.recipe.dispersive_tau == 0.5 and tau.stage1_epochs == 0  # floor(0.25 * 2)
+        plain = make_trainer(variants.nnUNetTrainerMedDisSeg_tau0p5, initialize=False)  # plans without the key
+        assert plain.recipe == variants.nnUNetTrainerMedDisSeg_tau0p5.recipe
     finally:
         torch.set_num_threads(threads)
 
 
 @pytest.mark.e2e  # the whole network trained through a trainer (the quick loop leaves it out)
-def test_a_budget_trains_for_the_stated_iterations(nnunet_dirs, tmp_path, monkeypatch):
-    """nnU-Net's run_training with an override file: 2 epochs of 3 training and 1 validation iterations, the
+def test_a_budget_trains_for_the_stated_iterations(nnunet_dirs):
+    """nnU-Net's run_training on plans with a budget: 2 epochs of 3 training and 1 validation iterations, the
     final validation skipped."""
-    path = tmp_path / "budget.json"
-    path.write_text(json.dumps({"num_epochs": 2, "stage1_epochs": 1, "iterations_per_epoch": 3,
-                                "val_iterations_per_epoch": 1, "final_validation": False}))
-    monkeypatch.setenv(RECIPE_ENVIRONMENT_VARIABLE, str(path))
-    trainer = make_trainer(initialize=False)
+    trainer = make_trainer(plans=_with_recipe({"num_epochs": 2, "stage1_epochs": 1, "iterations_per_epoch": 3,
+                                               "val_iterations_per_epoch": 1, "final_validation": False}),
+                           initialize=False)
     steps, validations, finals = [], [], []
     batch = make_batch()
     trainer.on_train_start = lambda: None  # no dataloaders: run_training's loop on one in-memory batch

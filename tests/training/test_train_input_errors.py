@@ -1,7 +1,7 @@
 """The train rows of the bad-input table (tests/bad_input_table.py) that need no training run: the checkpoint
 ``nnUNetv2_train --c`` resumes from (truncated, or carrying a pickle payload: refused without running it), and
 nnU-Net's own ``nnUNetv2_train`` (marked e2e: it starts a process) run on hand-written plans until our trainer
-refuses its input (a seed that is no integer, a missing or broken recipe override file, ``--c`` with a
+refuses its input (a seed that is no integer, plans whose recipe names an unknown setting, ``--c`` with a
 truncated checkpoint): one line ``nnUNetv2_train: error: ...`` and no traceback. The rows that train are in
 tests/e2e/test_train_inputs.py; ``-c 3d_fullres``, NaN input and batch size 1 in test_trainer_meddisseg.py.
 """
@@ -68,8 +68,7 @@ def _training_folders(root: Path) -> dict:
     (folder / "nnUNetPlans_2d" / "case_000.b2nd").touch()
     (folder / "nnUNetPlans.json").write_text(json.dumps(tiny_plans()))
     (folder / "dataset.json").write_text(json.dumps(DATASET_JSON))
-    for name in ("nnUNet_meddisseg_seed", "nnUNet_meddisseg_recipe"):
-        env.pop(name, None)
+    env.pop("nnUNet_meddisseg_seed", None)
     return env
 
 
@@ -97,19 +96,15 @@ def test_train_with_a_seed_that_is_no_integer_is_one_line(tmp_path):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("broken", [False, True], ids=["missing", "not_json"])
-def test_train_with_a_missing_or_broken_recipe_file_is_one_line(tmp_path, broken):
+def test_train_on_plans_with_an_unknown_recipe_setting_is_one_line(tmp_path):
     env = _training_folders(tmp_path)
-    recipe = tmp_path / "budget.json"
-    if broken:
-        recipe.write_text('{"num_epochs": ')
-    env["nnUNet_meddisseg_recipe"] = str(recipe)
-    if broken:
-        expected = f"{recipe}: not a JSON file of recipe overrides (Expecting value: line 1 column 16 (char 15))"
-    else:
-        expected = (f"nnUNet_meddisseg_recipe: cannot read the recipe override file '{recipe}': "
-                    f"No such file or directory")
-    assert _train_error(env) == f"{TRAIN_PROG}: error: {expected}"
+    plans_file = next(Path(env["nnUNet_preprocessed"]).glob("*/nnUNetPlans.json"))
+    plans = json.loads(plans_file.read_text())
+    plans["meddisseg_recipe"] = {"num_epoch": 20}
+    plans_file.write_text(json.dumps(plans))
+    line = _train_error(env)
+    assert line.startswith(f"{TRAIN_PROG}: error: plans nnUNetPlans: meddisseg_recipe: unknown setting 'num_epoch' "
+                           f"for MedDisSegRecipe (known: "), line
 
 
 @pytest.mark.e2e

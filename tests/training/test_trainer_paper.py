@@ -12,7 +12,7 @@ import pytest
 import torch
 from batchgeneratorsv2.transforms.spatial.mirroring import MirrorTransform
 from batchgeneratorsv2.transforms.spatial.spatial import SpatialTransform
-from test_trainer_meddisseg import DATASET, make_trainer
+from test_trainer_meddisseg import DATASET, make_trainer, tiny_plans
 
 from nnunetv2_meddisseg.training import trainer_base
 from nnunetv2_meddisseg.training.lr_schedule import cosine_lr
@@ -201,16 +201,16 @@ def test_flips_and_rotations_only(nnunet_dirs):
     assert spatial.p_scaling == 0 and spatial.p_elastic_deform == 0
 
 
-def test_a_recipe_sets_the_rotation_probability(nnunet_dirs, tmp_path, monkeypatch):
+def test_a_recipe_sets_the_rotation_probability(nnunet_dirs):
     class Rotated(nnUNetTrainerMedDisSeg_paper):
         recipe = replace(nnUNetTrainerMedDisSeg_paper.recipe, rotation_probability=0.2)
 
     args = ((32, 32), (-math.pi, math.pi), None, (0, 1), False)
     trainer = make_trainer(Rotated, initialize=False)  # nnU-Net calls it through the trainer
     assert trainer.get_training_transforms(*args).transforms[0].p_rotation == 0.2
-    (tmp_path / "recipe.json").write_text('{"rotation_probability": 0.7, "early_stopping_patience": 3}')
-    monkeypatch.setenv("nnUNet_meddisseg_recipe", str(tmp_path / "recipe.json"))
-    overridden = make_trainer(nnUNetTrainerMedDisSeg_paper, initialize=False)
+    plans = tiny_plans()
+    plans["meddisseg_recipe"] = {"rotation_probability": 0.7, "early_stopping_patience": 3}
+    overridden = make_trainer(nnUNetTrainerMedDisSeg_paper, plans=plans, initialize=False)
     assert overridden.get_training_transforms(*args).transforms[0].p_rotation == 0.7
     assert overridden.early_stopping.patience == 3
 
