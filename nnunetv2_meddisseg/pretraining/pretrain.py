@@ -2,12 +2,11 @@
 
 **Methods** (``--method``):
 
-- ``restoration`` (the default): Models Genesis restoration (Zhou et al., MedIA 2021) in 2D
-  (``pretraining.restoration``): the network restores each image from a corrupted view of it (local pixel
-  shuffling, a non-linear intensity transform, in- or out-painting), trained with the mean squared error against
-  the uncorrupted image.
-- ``masked``: masked image modelling as SparK masks (``pretraining.masking``): 60 % of the patches hidden, the
-  error counted on the hidden pixels; the same restoring network.
+- ``masked`` (the default): masked image modelling as SparK masks (``pretraining.masking``): 60 % of the patches
+  hidden, the error counted on the hidden pixels; the restoring network of ``restoration``.
+- ``restoration``: Models Genesis restoration (Zhou et al., MedIA 2021) in 2D (``pretraining.restoration``): the
+  network restores each image from a corrupted view of it (local pixel shuffling, a non-linear intensity
+  transform, in- or out-painting), trained with the mean squared error against the uncorrupted image.
 - ``contrastive``: SimCLR (``pretraining.contrastive``): two augmented views of each image, NT-Xent on the
   encoder's pooled deepest feature; only the encoder learns.
 
@@ -86,7 +85,7 @@ class PretrainSettings:
     epochs: int = 100
     iterations_per_epoch: int = 250
     seed: int = 0
-    method: str = "restoration"
+    method: str = "masked"
     batch_size: int = 2
     patch_size: Tuple[int, int] = (64, 64)
     initial_lr: float = 1e-2
@@ -453,7 +452,7 @@ def _check_output(output: Path, forbidden: Dict[str, Path]) -> Path:
 
 
 def run_pretraining(dataset: str, configuration: str, plans_name: str, fold: str, output: Path, epochs: int = 100,
-                    iterations_per_epoch: int = 250, seed: int = 0, method: str = "restoration",
+                    iterations_per_epoch: int = 250, seed: int = 0, method: str = "masked",
                     device: Optional[str] = None,
                     unlabelled_folder: Optional[Path] = None, use_validation_cases: bool = False,
                     progress: bool = True) -> dict:
@@ -569,8 +568,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="weights file to write (its checkpoint <FILE>.checkpoint is kept beside it while running)")
     p.add_argument("--epochs", type=int, default=100, help="epochs")
     p.add_argument("--iterations_per_epoch", type=int, default=250, help="batches per epoch")
-    p.add_argument("--method", default="restoration", choices=tuple(METHODS),
-                   help="restoration: Models Genesis; masked: masked image modelling (SparK's masking); "
+    p.add_argument("--method", default="masked", choices=tuple(METHODS),
+                   help="masked: masked image modelling (SparK's masking); restoration: Models Genesis; "
                         "contrastive: SimCLR")
     p.add_argument("--seed", type=int, default=0, help="seed of the initialisation, sampling, augmentation and "
                                                        "corruptions")

@@ -45,7 +45,7 @@ def test_nnunet_network_loss_decreases_and_file_loads_through_nnunet(nnunet_dirs
     folder = tiny_dataset(nnunet_dirs)
     output = tmp_path / "out" / "nnunet.pth"
     output.parent.mkdir()
-    assert _pretrain(output, "--epochs", "6", "--iterations_per_epoch", "15") == 0
+    assert _pretrain(output, "--epochs", "6", "--iterations_per_epoch", "15", "--method", "restoration") == 0
     saved = _weights(output)
     record = saved["pretraining"]
     assert record["method"] == "models_genesis_restoration" and record["network"] == "nnunet_network"
@@ -194,3 +194,10 @@ def test_resume_after_sigkill_gives_the_weights_of_an_uninterrupted_run(nnunet_d
     assert set(a["network_weights"]) == set(b["network_weights"])
     for key, value in a["network_weights"].items():
         assert torch.equal(value, b["network_weights"][key]), key
+
+
+def test_the_default_method_is_masked_image_modelling():
+    """The default chosen on validation data (benchmarks/RESULTS.md, "Choosing the pretraining method")."""
+    from nnunetv2_meddisseg.pretraining.pretrain import PretrainSettings, _parser
+
+    assert _parser().get_default("method") == "masked" == PretrainSettings().method
