@@ -116,7 +116,7 @@ def prepare_data(session: "Session", env: Dict[str, str]) -> Optional[Path]:
         session.write()
         if record["rc"] != 0:
             return None
-    preprocessed = next(Path(env["nnUNet_preprocessed"]).glob(f"Dataset{DATASET_ID}_*"))
+    preprocessed = preprocessed_folder(env)
     session.cli["plans"] = {}
     for plans in ("nnUNetMedDisSegPlans", "nnUNetPlans"):
         config = json.loads((preprocessed / f"{plans}.json").read_text())["configurations"]["2d"]
@@ -125,12 +125,17 @@ def prepare_data(session: "Session", env: Dict[str, str]) -> Optional[Path]:
     return preprocessed
 
 
+def preprocessed_folder(env: Dict[str, str]) -> Path:
+    """The dataset's folder in ``nnUNet_preprocessed``."""
+    return next(Path(env["nnUNet_preprocessed"]).glob(f"Dataset{DATASET_ID}_*"))
+
+
 def train(session: "Session", label: str, trainer: str, plans: str, env: Dict[str, str], recipe: dict, key: str,
           step: str, reserve_s: float = 0.0) -> Tuple[dict, Path]:
     """``nnUNetv2_train`` with ``recipe`` (in a copy of ``plans``, ``write_budget_plans``) and its own results folder:
     the figures of its log and that folder."""
     work = session.work
-    preprocessed = next(Path(env["nnUNet_preprocessed"]).glob(f"Dataset{DATASET_ID}_*"))
+    preprocessed = preprocessed_folder(env)
     budget_plans = write_budget_plans(preprocessed, plans, recipe)
     results = work / f"results_{label}"
     run_env = {**env, "nnUNet_results": str(results)}

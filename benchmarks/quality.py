@@ -437,11 +437,11 @@ def _run(args, kvasir: Path, work: Path, study: Study, start: float) -> dict:
         try:
             with lock:
                 plans_name, batch = plans.of(key, budget)
-                iterations = _iterations(args, budget, key, batch, out, list(runs.values()), device_name)
+                settings = _budget(args, budget, key, batch, out, list(runs.values()), device_name)
         except UserError as e:
             pending.append(f"{what} ({e})")
             return
-        if iterations is None:
+        if settings is None:
             pending.append(f"{what} (waits for {key}'s equal-images run on {device_name})")
             return
         weights, record = None, None
@@ -462,7 +462,7 @@ def _run(args, kvasir: Path, work: Path, study: Study, start: float) -> dict:
                 return
             pretrain_wall_s = time.monotonic() - began
         with lock:
-            plans_name = write_budget_plans(preprocessed, plans_name, json.loads((out / "budget.json").read_text()))
+            plans_name = write_budget_plans(preprocessed, plans_name, settings)
         runner = PretrainedRun(out, raw.name, FOLD, {key: Variant(METHODS[key].trainer, plans_name)}, args.device,
                                raw / "imagesTs", raw / "labelsTs", labels, args.disable_tta, predict_processes=1,
                                pretrained_weights=weights if METHODS[key].family == "nnunet" else None)
@@ -470,6 +470,7 @@ def _run(args, kvasir: Path, work: Path, study: Study, start: float) -> dict:
         if result["status"] != "done":
             pending.append(f"{what} ({result['status']})")
             return
+        iterations = settings["iterations_per_epoch"]
         result.update(budget=budget.label, batch=batch, iterations_per_epoch=iterations,
                       iterations=args.epochs * iterations, images_seen=args.epochs * iterations * batch,
                       device_name=device_name)
@@ -506,13 +507,12 @@ def selected_runs(order: Sequence[Tuple[Budget, str, int]], done: Container[Tupl
     return [(b, k, seed) for b, k, seed in missing if lowest[(b.label, k)] == seed]
 
 
-def _iterations(args, budget: Budget, key: str, batch: int, out: Path, runs: List[dict], device_name: str
-                ) -> Optional[int]:
-    """Iterations per epoch of ``key``'s runs of ``budget``, fixed in ``out/budget.json`` (the runs' recipe settings,
-    which ``write_budget_plans`` puts into their plans) when first chosen; None while an equal-minutes budget has no
-    calibration run yet."""
+def _budget(args, budget: Budget, key: str, batch: int, out: Path, runs: List[dict], device_name: str
+            ) -> Optional[dict]:
+    """The recipe settings of ``key``'s runs of ``budget`` (``write_budget_plans`` puts them into their plans), fixed
+    in ``out/budget.json`` when first chosen; None while an equal-minutes budget has no calibration run yet."""
     if (out / "budget.json").is_file():
-        return json.loads((out / "budget.json").read_text())["iterations_per_epoch"]
+        return json.loads((out / "budget.json").read_text())
     calibration = None
     if budget.kind == "minutes":
         calibration = next((r for r in runs if r["method"] == key and r["budget"].startswith("images")
@@ -530,9 +530,10 @@ def _iterations(args, budget: Budget, key: str, batch: int, out: Path, runs: Lis
     recipe = ScheduleRecipe(num_epochs=args.epochs, iterations_per_epoch=iterations,
                             val_iterations_per_epoch=args.val_iterations, save_every=1,
                             final_validation=not args.no_final_validation, torch_threads=args.threads)
+    settings = {k: v for k, v in vars(recipe).items() if v is not None}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "budget.json").write_text(json.dumps({k: v for k, v in vars(recipe).items() if v is not None}) + "\n")
-    return iterations
+    (out / "budget.json").write_text(json.dumps(settings) + "\n")
+    return settings
 
 
 if __name__ == "__main__":

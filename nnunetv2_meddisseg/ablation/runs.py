@@ -50,6 +50,20 @@ class Variant:
     plans: str
 
 
+def _read_plans(preprocessed: Path, plans: str) -> dict:
+    source = preprocessed / f"{plans}.json"
+    if not source.is_file():
+        raise UserError(f"{source} not found: plan and preprocess the dataset with these plans first (-p)")
+    return json.loads(source.read_text())
+
+
+def _write_plans(preprocessed: Path, name: str, content: dict) -> str:
+    """``content`` as the plans ``name`` (``preprocessed/<name>.json``, written whole); returns ``name``."""
+    content["plans_name"] = name
+    write_atomically(preprocessed / f"{name}.json", lambda partial: partial.write_text(json.dumps(content, indent=4)))
+    return name
+
+
 def budget_plans_name(plans: str, recipe: Mapping[str, object]) -> str:
     """``<plans>_budget_<digest>``: the name of the plans ``plans`` with the recipe overrides ``recipe``."""
     return f"{plans}_budget_{hashlib.sha256(json.dumps(dict(recipe), sort_keys=True).encode()).hexdigest()[:8]}"
@@ -59,15 +73,9 @@ def write_budget_plans(preprocessed: Path, plans: str, budget: Mapping[str, obje
     """Write ``preprocessed/<plans>_budget_<digest>.json``: the plans ``plans`` with ``budget`` (recipe settings) added
     to their recipe overrides (``recipe.RECIPE_PLANS_KEY``; the budget's settings replace those of the same name);
     the digest names the settings, so budgets never share a file. Returns the new plans name."""
-    source = preprocessed / f"{plans}.json"
-    if not source.is_file():
-        raise UserError(f"{source} not found: plan and preprocess the dataset with these plans first (-p)")
-    content = json.loads(source.read_text())
-    recipe = {**content.get(RECIPE_PLANS_KEY, {}), **budget}
-    name = budget_plans_name(plans, recipe)
-    content["plans_name"], content[RECIPE_PLANS_KEY] = name, recipe
-    write_atomically(preprocessed / f"{name}.json", lambda partial: partial.write_text(json.dumps(content, indent=4)))
-    return name
+    content = _read_plans(preprocessed, plans)
+    content[RECIPE_PLANS_KEY] = recipe = {**content.get(RECIPE_PLANS_KEY, {}), **budget}
+    return _write_plans(preprocessed, budget_plans_name(plans, recipe), content)
 
 
 def write_network_ablation_plans(preprocessed: Path, plans: str, ablation: str) -> str:
@@ -75,12 +83,7 @@ def write_network_ablation_plans(preprocessed: Path, plans: str, ablation: str) 
     changed as ``NETWORK_ABLATIONS[ablation]`` says (plans of another network, e.g. nnU-Net's default, get
     MedDisSegNet as ``nnUNetv2_meddisseg_plan`` writes it by default, as ``nnUNetTrainerMedDisSeg`` builds it
     there); returns the new plans name."""
-    source = preprocessed / f"{plans}.json"
-    if not source.is_file():
-        raise UserError(f"{source} not found: plan and preprocess the dataset with these plans first (-p)")
-    content = json.loads(source.read_text())
-    name = f"{plans}_{ablation}"
-    content["plans_name"] = name
+    content = _read_plans(preprocessed, plans)
     for configuration in content.get("configurations", {}).values():
         architecture = configuration.get("architecture")
         if architecture is None:
@@ -89,8 +92,7 @@ def write_network_ablation_plans(preprocessed: Path, plans: str, ablation: str) 
             architecture["arch_kwargs"].update(NETWORK_ABLATIONS[ablation])
         else:
             configuration["architecture"] = architecture_entry(**NETWORK_ABLATIONS[ablation])
-    write_atomically(preprocessed / f"{name}.json", lambda partial: partial.write_text(json.dumps(content, indent=4)))
-    return name
+    return _write_plans(preprocessed, f"{plans}_{ablation}", content)
 
 
 def epoch_seconds(checkpoint_file: Path) -> List[float]:

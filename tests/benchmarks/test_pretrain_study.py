@@ -179,10 +179,11 @@ def test_equal_total_minutes_take_the_pretraining_off_the_fine_tuning(tmp_path):
             {**calibration, "method": "default_pretrained", "pretrain_minutes": 0.25}]
     minutes = Budget("minutes", 0.5)
     # 20 s for 4 epochs of 2 iterations: 30 s of fine-tuning give 3 per epoch, 30 s less 15 s of pretraining 1
-    assert quality._iterations(args, minutes, "default", 2, tmp_path / "a", runs, "cpu") == 3
-    assert quality._iterations(args, minutes, "default_pretrained", 2, tmp_path / "b", runs, "cpu") == 1
+    assert quality._budget(args, minutes, "default", 2, tmp_path / "a", runs, "cpu")["iterations_per_epoch"] == 3
+    assert quality._budget(args, minutes, "default_pretrained", 2, tmp_path / "b", runs, "cpu")[
+        "iterations_per_epoch"] == 1
     with pytest.raises(UserError, match="minutes:0.2 is too small for default_pretrained: its pretraining took 0.2"):
-        quality._iterations(args, Budget("minutes", 0.2), "default_pretrained", 2, tmp_path / "c", runs, "cpu")
+        quality._budget(args, Budget("minutes", 0.2), "default_pretrained", 2, tmp_path / "c", runs, "cpu")
 
 
 @pytest.mark.parametrize("argv, message", [
