@@ -262,14 +262,18 @@ def _environment(args, work: Path) -> Dict[str, str]:
     return env
 
 
-def _previous_results(path: Path, settings: dict) -> dict:
-    """The results file this run extends (empty if none); refused if it was made with other settings."""
+def _previous_results(path: Path, settings: dict, pretraining: Optional[dict] = None) -> dict:
+    """The results file this run extends (empty if none); refused if it was made with other settings. A command
+    without pretrained arms may extend a pretraining study: ``pretraining`` (this command's pretraining settings)
+    then has to match the file's."""
     if not path.is_file():
         return {}
     try:
         previous = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise SystemExit(f"quality.py: error: {path} is not valid JSON ({e}): restore it or choose another --name")
+    if "pretraining" in previous.get("settings", {}) and pretraining is not None:
+        settings.setdefault("pretraining", pretraining)
     differing = sorted(k for k in set(settings) | set(previous.get("settings", {}))
                        if previous.get("settings", {}).get(k) != settings.get(k))
     if differing:
@@ -394,10 +398,11 @@ def _run(args, kvasir: Path, work: Path, study: Study, start: float) -> dict:
                 "val_iterations_per_epoch": args.val_iterations, "final_validation": not args.no_final_validation,
                 "test_time_augmentation": not args.disable_tta, "validation_only": args.validation_only,
                 "encoder_weights": args.encoder_weights or "random initialisation (no ImageNet weights)"}
+    pretraining_settings = {"epochs": args.pretrain_epochs, "batch": args.batch, "fold": FOLD,
+                            "iterations_per_epoch": args.pretrain_iterations_per_epoch}
     if any(METHODS[k].pretrained for k in args.methods):
-        settings["pretraining"] = {"epochs": args.pretrain_epochs, "batch": args.batch, "fold": FOLD,
-                                   "iterations_per_epoch": args.pretrain_iterations_per_epoch}
-    previous = _previous_results(Path(args.out) / f"{args.name}.json", settings)
+        settings["pretraining"] = pretraining_settings
+    previous = _previous_results(Path(args.out) / f"{args.name}.json", settings, pretraining_settings)
     runs = {(r["budget"], r["method"], r["seed"]): r for r in previous.get("runs", [])}
     machine = machine_info(args.device)
     device_name = machine.get("gpu", machine["cpu"])
@@ -417,13 +422,15 @@ def _run(args, kvasir: Path, work: Path, study: Study, start: float) -> dict:
         tables = {label: aggregate([r for r in done if r["budget"] == label],
                                    [k for k in METHODS if any(r["budget"] == label and r["method"] == k for r in done)],
                                    args.baseline) for label in budgets}
-        return {"machine": machine, "command": command_line(), "settings": settings, "budgets": budgets,
-                "baseline": args.baseline,
+        # the command that started the results file; each piece names its own
+        return {"machine": machine, "command": previous.get("command", command_line()), "settings": settings,
+                "budgets": budgets, "baseline": args.baseline,
                 "tables": tables,
                 **({"arms": {label: pretraining_arms([r for r in done if r["budget"] == label], tables[label],
                                                      args.baseline) for label in budgets}}
                    if any(METHODS[r["method"]].pretrained for r in done) else {}),
-                "pieces": [*previous.get("pieces", []), {"date": machine["date"], "device_name": device_name,
+                "pieces": [*previous.get("pieces", []), {"date": machine["date"], "command": command_line(),
+                                                         "device_name": device_name,
                                                          "wall_s": time.time() - start,
                                                          "compile": env.get("nnUNet_compile", "nnU-Net's default")}],
                 "pending": sorted(pending), "complete": all((b.label, k, s) in runs for b, k, s in order),

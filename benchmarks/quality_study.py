@@ -378,5 +378,7 @@ def markdown(payload: dict) -> str:
     if payload["pending"]:
         out += ["Not yet done: " + "; ".join(payload["pending"]) + ".", ""]
     out += ["Pieces: " + "; ".join(f"{pc['date']} on {pc['device_name']}, {pc['wall_s'] / 60:.1f} min, "
-                                   f"torch.compile {pc['compile']}" for pc in payload["pieces"]) + "."]
+                                   f"torch.compile {pc['compile']}"
+                                   + (f", `{pc['command']}`" if pc.get("command", payload["command"])
+                                      != payload["command"] else "") for pc in payload["pieces"]) + "."]
     return "\n".join(out) + "\n"

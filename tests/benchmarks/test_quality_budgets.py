@@ -127,6 +127,11 @@ def test_budget_option_and_results_file_errors(tmp_path):
     path.write_text(json.dumps({"settings": {"size": 64, "epochs": 20}, "runs": []}))
     with pytest.raises(SystemExit, match=r"other settings \(epochs, size\)"):
         quality._previous_results(path, {"size": 256})
+    pretraining = {"epochs": 4, "batch": 4, "fold": "0", "iterations_per_epoch": 20}
+    path.write_text(json.dumps({"settings": {"size": 64, "pretraining": pretraining}, "runs": []}))
+    assert quality._previous_results(path, {"size": 64}, pretraining)["runs"] == []  # scratch arms extend the study
+    with pytest.raises(SystemExit, match=r"other settings \(pretraining\)"):
+        quality._previous_results(path, {"size": 64}, {**pretraining, "epochs": 8})
     path.write_text('{"settings": ')
     with pytest.raises(SystemExit, match="q.json is not valid JSON"):
         quality._previous_results(path, {"size": 256})
