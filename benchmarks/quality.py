@@ -31,9 +31,10 @@ fold's training cases, seeded with the run's seed (``--pretrain-epochs`` x ``--p
 batches; ``WORK/pretraining/``, resumed from its checkpoint after an interruption). Med-DisSeg then trains on plans
 written by ``nnUNetv2_meddisseg_plan --encoder_weights FILE`` (one per seed), nnU-Net's default network with
 ``nnUNetv2_train ... -pretrained_weights FILE``; everything else as the arm from scratch. Each run records the
-pretraining's minutes (``pretrain_minutes``, its epoch durations) beside the fine-tuning's; under a ``minutes:M``
-budget a pretrained arm fine-tunes for M less the pretraining minutes of its calibration run (equal total minutes).
-The results file then holds ``arms`` (``quality_study.pretraining_arms``) per budget.
+pretraining's minutes (``pretrain_minutes``, its epoch durations) beside the fine-tuning's. The results file then
+holds ``arms`` (``quality_study.pretraining_arms``) for each budget with pretrained arms, each compared with its
+network from scratch at equal total minutes where the file has that run (``quality_study.add_equal_minutes``: a
+later command with ``--budget iterations:N`` and the scratch arms, N as the table says, extends the same file).
 
 No ImageNet weights unless ``--encoder-weights`` (passed to ``nnUNetv2_meddisseg_plan``). torch.compile as
 nnU-Net decides (on by default on CUDA) unless ``--no-compile``. The study's arms, one run and the tables:
@@ -54,7 +55,16 @@ from typing import Container, Dict, List, Optional, Sequence, Tuple
 
 from common import DEFAULT_OUT, command_line, dataset_folder, machine_info, write_kvasir_split, write_results
 from quality_budgets import Budget, iterations_per_epoch, parse_budget
-from quality_study import BASELINE, MEDDISSEG_PLANS, METHODS, Study, aggregate, markdown, pretraining_arms
+from quality_study import (
+    BASELINE,
+    MEDDISSEG_PLANS,
+    METHODS,
+    Study,
+    add_equal_minutes,
+    aggregate,
+    markdown,
+    pretraining_arms,
+)
 
 from nnunetv2_meddisseg.ablation.runs import AblationRun, Variant, write_budget_plans
 from nnunetv2_meddisseg.environment import (
@@ -419,16 +429,18 @@ def _run(args, kvasir: Path, work: Path, study: Study, start: float) -> dict:
 
     def payload() -> dict:
         done = list(runs.values())
+        with_pretraining = {r["budget"] for r in done if METHODS[r["method"]].pretrained}
         tables = {label: aggregate([r for r in done if r["budget"] == label],
                                    [k for k in METHODS if any(r["budget"] == label and r["method"] == k for r in done)],
                                    args.baseline) for label in budgets}
+        arms = {label: pretraining_arms([r for r in done if r["budget"] == label], tables[label], args.baseline)
+                for label in budgets if label in with_pretraining}
+        add_equal_minutes(arms, done, budgets, args.epochs)
         # the command that started the results file; each piece names its own
         return {"machine": machine, "command": previous.get("command", command_line()), "settings": settings,
                 "budgets": budgets, "baseline": args.baseline,
                 "tables": tables,
-                **({"arms": {label: pretraining_arms([r for r in done if r["budget"] == label], tables[label],
-                                                     args.baseline) for label in budgets}}
-                   if any(METHODS[r["method"]].pretrained for r in done) else {}),
+                **({"arms": arms} if arms else {}),
                 "pieces": [*previous.get("pieces", []), {"date": machine["date"], "command": command_line(),
                                                          "device_name": device_name,
                                                          "wall_s": time.time() - start,
@@ -526,13 +538,6 @@ def _budget(args, budget: Budget, key: str, batch: int, out: Path, runs: List[di
                             and r["device_name"] == device_name and r.get("epoch_seconds")), None)
         if calibration is None:
             return None
-    if budget.kind == "minutes" and METHODS[key].pretrained:
-        # equal total minutes: the pretraining's minutes (of the calibration run's seed) come off the fine-tuning's
-        left = budget.amount - calibration["pretrain_minutes"]
-        if left <= 0:
-            raise UserError(f"--budget minutes:{budget.amount:g} is too small for {key}: its pretraining took "
-                            f"{calibration['pretrain_minutes']:.1f} min")
-        budget = budget._replace(amount=left)
     iterations = iterations_per_epoch(budget, args.epochs, batch, calibration)
     recipe = ScheduleRecipe(num_epochs=args.epochs, iterations_per_epoch=iterations,
                             val_iterations_per_epoch=args.val_iterations, save_every=1,

@@ -37,10 +37,15 @@ class Method(NamedTuple):
         return self.scratch is not None
 
 
+RECIPES = Path(__file__).resolve().parent / "recipes"
+
 #: Med-DisSeg plans families: plans name stem -> extra ``nnUNetv2_meddisseg_plan`` arguments
 MEDDISSEG_PLANS: Dict[str, tuple] = {
     "meddisseg": ("nnUNetMedDisSegPlans", ()),
     "meddisseg_relu": ("nnUNetMedDisSegPlans_relu", ("--activation", "relu")),
+    # Stage II trains the encoder at the decoder's rate (1e-4), not a tenth of it
+    "meddisseg_encoder_lr": ("nnUNetMedDisSegPlans_encoderLR",
+                             ("--recipe", str(RECIPES / "encoder_at_decoder_rate.json"))),
 }
 
 
@@ -78,6 +83,12 @@ METHODS: Dict[str, Method] = {
                              "default", "masked"),
     "default_contrastive": Method("nnU-Net (default) + SimCLR", "nnUNetTrainerBaseline", "nnunet", "default",
                                   "contrastive"),
+    # is the encoder's tenth of the decoder's rate in Stage II what keeps a pretrained encoder from adapting?
+    "meddisseg_encoder_lr": Method("Med-DisSeg, encoder at the decoder's rate", "nnUNetTrainerMedDisSeg",
+                                   "meddisseg_encoder_lr"),
+    "meddisseg_masked_encoder_lr": Method("Med-DisSeg + masked image modelling, encoder at the decoder's rate",
+                                          "nnUNetTrainerMedDisSeg", "meddisseg_encoder_lr", "meddisseg_encoder_lr",
+                                          "masked"),
 }
 #: the default comparison reference of every p-value (``--baseline``)
 BASELINE = "default"
@@ -278,6 +289,44 @@ def pretraining_arms(runs: Sequence[dict], table: Dict[str, dict], baseline: str
     return arms
 
 
+def add_equal_minutes(arms: Dict[str, List[dict]], runs: Sequence[dict], budgets: Dict[str, dict],
+                      epochs: int) -> None:
+    """Each pretrained arm's comparison at equal total minutes, added to ``arms`` (per budget label): its network from
+    scratch for the arm's pretraining and fine-tuning minutes. The arm's own runs give the rate: N fine-tuning
+    iterations took ``finetune_minutes``, so its ``total_minutes`` are worth N x total / fine-tune iterations
+    (``equal_minutes_iterations``; measured within the same runs, so the machine's load cancels). The scratch runs
+    are those of the ``iterations`` budget at the same batch nearest to that, if within one iteration per epoch
+    (``equal_minutes_budget``; None where the results file has none: run the scratch arm at that budget)."""
+    for label, rows in arms.items():
+        budget = budgets[label]
+        for arm in rows:
+            method = METHODS[arm["method"]]
+            arm.update(equal_minutes_iterations=None, equal_minutes_budget=None, scratch_equal_minutes_mdsc_mean=None,
+                       scratch_equal_minutes_mdsc_sd=None, delta_vs_scratch_equal_minutes=None,
+                       p_vs_scratch_equal_minutes=None)
+            if not method.pretrained or budget["kind"] != "iterations" or not arm["finetune_minutes"]:
+                continue
+            target = budget["amount"] * arm["total_minutes"] / arm["finetune_minutes"]
+            arm["equal_minutes_iterations"] = target
+            candidates = [(abs(b["amount"] - target), other) for other, b in budgets.items()
+                          if b["kind"] == "iterations" and b.get("batch") == budget.get("batch")
+                          and abs(b["amount"] - target) <= epochs
+                          and any(r["budget"] == other and r["method"] == method.scratch for r in runs)]
+            if not candidates:
+                continue
+            other = min(candidates)[1]
+            scratch = [r for r in runs if r["budget"] == other and r["method"] == method.scratch]
+            mine = [r for r in runs if r["budget"] == label and r["method"] == arm["method"]]
+            row = aggregate(scratch + mine, [method.scratch, arm["method"]], method.scratch)
+            versus = row[arm["method"]].get("vs_baseline")
+            dice = row[method.scratch]["test"]["dice"] if versus is None or versus["split"] == "test" else \
+                row[method.scratch]["val_dice"]
+            arm.update(equal_minutes_budget=other, scratch_equal_minutes_mdsc_mean=dice["mean"],
+                       scratch_equal_minutes_mdsc_sd=dice["sd"],
+                       delta_vs_scratch_equal_minutes=versus["mean_dice_difference"] if versus else None,
+                       p_vs_scratch_equal_minutes=versus["p_value"] if versus else None)
+
+
 def _fmt_ms(s: Dict[str, Optional[float]], scale: float = 100.0, digits: int = 1) -> str:
     if s["mean"] is None:
         return "–"
@@ -300,22 +349,25 @@ def _p(v: Optional[float]) -> str:
 
 
 def _arms_markdown(payload: dict) -> List[str]:
-    """The pretraining study's table of each budget (``payload["arms"]``, where it has pretrained arms); the column
-    at equal total minutes comes from a ``minutes`` budget, under which pretrained arms fine-tune for the budget
-    less their pretraining."""
-    arms = payload.get("arms") or {}
-    minutes = next((label for label in arms if payload["budgets"][label]["kind"] == "minutes"), None)
-    at_minutes = {a["method"]: a for a in arms.get(minutes, [])}
+    """The pretraining study's table of each budget with pretrained arms (``payload["arms"]``), with the comparison
+    at equal total minutes (:func:`add_equal_minutes`)."""
     out = []
-    for label, rows in arms.items():
-        if label == minutes and len(arms) > 1:
-            continue
-        title = Budget(**payload["budgets"][label]).describe()
-        extra = [f"test mDSC at {payload['budgets'][minutes]['amount']:g} total min"] if minutes else []
+    validation = payload["settings"].get("validation_only", False)
+    split = "validation" if validation else "test"
+    for label, rows in (payload.get("arms") or {}).items():
         cells = []
-        validation = payload["settings"].get("validation_only", False)
         for a in rows:
-            same_minutes = at_minutes.get(a["method"])
+            target = a.get("equal_minutes_iterations")
+            if a.get("equal_minutes_budget"):
+                scratch = payload["budgets"][a["equal_minutes_budget"]]["amount"]
+                at_minutes = [f"{scratch:g}", _fmt_ms({"mean": a["scratch_equal_minutes_mdsc_mean"],
+                                                      "sd": a["scratch_equal_minutes_mdsc_sd"]}),
+                              _number(a["delta_vs_scratch_equal_minutes"], sign=True),
+                              _p(a["p_vs_scratch_equal_minutes"])]
+            elif target:
+                at_minutes = [f"{target:.0f} (not run)", "–", "–", "–"]
+            else:
+                at_minutes = ["–"] * 4
             cells.append([a["name"], "yes" if a["pretrained"] else "no", len(a["seeds"]),
                           _fmt_ms({"mean": a["test_miou_mean"], "sd": a["test_miou_sd"]}) if not validation else
                           _fmt_ms({"mean": a["val_mdsc_mean"], "sd": a.get("val_mdsc_sd")}),
@@ -323,17 +375,18 @@ def _arms_markdown(payload: dict) -> List[str]:
                           (a["pretraining_method"] or "–"),
                           _number(a["delta_vs_default"], sign=True), _p(a["p_vs_default"]),
                           _number(a["delta_vs_scratch"], sign=True), _p(a["p_vs_scratch"]),
-                          _number(a["pretrain_minutes"], 1), _number(a["finetune_minutes"], 1),
-                          *([_fmt_ms({"mean": same_minutes["test_mdsc_mean"], "sd": same_minutes["test_mdsc_sd"]})
-                             if same_minutes else "–"] if minutes else [])])
-        split = "validation" if validation else "test"
-        out += [f"### Pretraining study: {title}", "",
+                          _number(a["pretrain_minutes"], 1), _number(a["finetune_minutes"], 1), *at_minutes])
+        out += [f"### Pretraining study: {Budget(**payload['budgets'][label]).describe()}", "",
                 f"Δ, p: {split} mDSC difference and Wilcoxon p-value over the {split} images to default nnU-Net and "
                 "to the same arm from scratch. Minutes: the pretraining's and the fine-tuning's epoch durations "
-                "(mean over seeds).", "",
+                "(mean over seeds). Equal total minutes: the same network from scratch for the arm's pretraining "
+                "and fine-tuning minutes, that is for the fine-tuning iterations times total / fine-tune minutes "
+                "(the arm's own rate, so the machine's load cancels), from the runs of the nearest iterations "
+                "budget within one iteration per epoch; scratch iterations, its mDSC, and Δ, p of the arm to it.", "",
                 markdown_table(["arm", "pretrained", "seeds", *(("val mDSC", "method") if validation else
                                                                 ("test mIoU", "test mDSC")), "Δ vs default", "p",
-                                "Δ vs scratch", "p", "pretrain min", "fine-tune min", *extra], cells), ""]
+                                "Δ vs scratch", "p", "pretrain min", "fine-tune min", "scratch iterations at equal "
+                                "total min", f"its {split} mDSC", "Δ vs it", "p"], cells), ""]
     return out
 
 

@@ -3,7 +3,7 @@ nnU-Net's default network + pretraining and Med-DisSeg + pretraining, 4 iteratio
 pretraining's seed is not its default). Checks that each pretrained arm was pretrained by
 ``nnUNetv2_meddisseg_pretrain`` with the run's seed on the fold's training cases only, before its fine-tuning,
 that the weights reached the fine-tuning (``-pretrained_weights``, ``--encoder_weights``), and the results file's
-arms. Without training: the arms' summary on hand-made runs and the equal-total-minutes budget."""
+arms. Without training: the arms' summary on hand-made runs and the comparison at equal total minutes."""
 import json
 import os
 import subprocess
@@ -19,9 +19,6 @@ from scratch import scratch_folder
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import quality  # noqa: E402
 import quality_study  # noqa: E402
-from quality_budgets import Budget  # noqa: E402
-
-from nnunetv2_meddisseg.cli import UserError  # noqa: E402
 
 QUALITY = Path(__file__).resolve().parents[2] / "benchmarks" / "quality.py"
 SEED, LABEL = 3, "iterations4_bs2"
@@ -172,18 +169,41 @@ def test_validation_only_runs_compare_on_the_validation_cases():
     assert arm["val_mdsc_mean"] == pytest.approx(np.mean([p.mean() for p in pretrained]))
 
 
-def test_equal_total_minutes_take_the_pretraining_off_the_fine_tuning(tmp_path):
-    args = quality._parser().parse_args(["--kvasir", "x", "--epochs", "4"])
-    calibration = {"budget": "images16", "device_name": "cpu", "epoch_seconds": [5.0] * 4, "iterations_per_epoch": 2}
-    runs = [{**calibration, "method": "default"},
-            {**calibration, "method": "default_pretrained", "pretrain_minutes": 0.25}]
-    minutes = Budget("minutes", 0.5)
-    # 20 s for 4 epochs of 2 iterations: 30 s of fine-tuning give 3 per epoch, 30 s less 15 s of pretraining 1
-    assert quality._budget(args, minutes, "default", 2, tmp_path / "a", runs, "cpu")["iterations_per_epoch"] == 3
-    assert quality._budget(args, minutes, "default_pretrained", 2, tmp_path / "b", runs, "cpu")[
-        "iterations_per_epoch"] == 1
-    with pytest.raises(UserError, match="minutes:0.2 is too small for default_pretrained: its pretraining took 0.2"):
-        quality._budget(args, Budget("minutes", 0.2), "default_pretrained", 2, tmp_path / "c", runs, "cpu")
+def test_equal_total_minutes_compare_with_the_scratch_arm_at_what_the_minutes_are_worth():
+    rng = np.random.default_rng(3)
+    short, long, pretrained = ([rng.uniform(0.3, 0.9, 12) for _ in range(2)] for _ in range(3))
+    first = [{**_run("default", s, short[s]), "budget": "iterations20_bs4"} for s in range(2)]
+    first += [{**_run("default_masked", s, pretrained[s], pretrain_minutes=1.0), "budget": "iterations20_bs4"}
+              for s in range(2)]
+    longer = [{**_run("default", s, long[s]), "budget": "iterations32_bs4"} for s in range(2)]
+
+    def arms_with(amount):
+        budgets = {"iterations20_bs4": {"kind": "iterations", "amount": 20, "batch": 4},
+                   "iterations32_bs4": {"kind": "iterations", "amount": amount, "batch": 4}}
+        arms = {"iterations20_bs4": quality_study.pretraining_arms(
+            first, quality_study.aggregate(first, ["default", "default_masked"]))}
+        quality_study.add_equal_minutes(arms, first + longer, budgets, epochs=4)
+        return {a["method"]: a for a in arms["iterations20_bs4"]}, budgets
+
+    # 20 iterations took 2 min of fine-tuning; with 1 min of pretraining the arm's 3 min are worth 30 iterations
+    arms, budgets = arms_with(32)
+    masked = arms["default_masked"]
+    difference = (pretrained[0] + pretrained[1]) / 2 - (long[0] + long[1]) / 2
+    assert masked["equal_minutes_iterations"] == pytest.approx(30) and masked["equal_minutes_budget"] == \
+        "iterations32_bs4"
+    assert masked["scratch_equal_minutes_mdsc_mean"] == pytest.approx(np.mean([x.mean() for x in long]))
+    assert masked["delta_vs_scratch_equal_minutes"] == pytest.approx(difference.mean())
+    assert masked["p_vs_scratch_equal_minutes"] == pytest.approx(stats.wilcoxon(difference).pvalue)
+    assert masked["delta_vs_scratch"] == pytest.approx(np.mean((pretrained[0] + pretrained[1] - short[0] - short[1])
+                                                              / 2))
+    assert arms["default"]["equal_minutes_iterations"] is None and arms["default"]["equal_minutes_budget"] is None
+    payload = {"settings": {}, "budgets": budgets, "arms": {"iterations20_bs4": list(arms.values())}}
+    assert "| 32 | " in "\n".join(quality_study._arms_markdown(payload))
+    # more than one iteration per epoch away (36 for 30 in 4 epochs): not the same minutes
+    arms, budgets = arms_with(36)
+    assert arms["default_masked"]["equal_minutes_budget"] is None
+    payload = {"settings": {}, "budgets": budgets, "arms": {"iterations20_bs4": list(arms.values())}}
+    assert "| 30 (not run) | – | – | – |" in "\n".join(quality_study._arms_markdown(payload))
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -196,3 +216,13 @@ def test_equal_total_minutes_take_the_pretraining_off_the_fine_tuning(tmp_path):
 def test_pretraining_command_line_errors(argv, message):
     with pytest.raises(SystemExit, match=message):
         quality.main(["--kvasir", "/nonexistent", *argv])
+
+
+def test_every_arm_names_a_plans_family_whose_recipe_file_the_planner_accepts():
+    from nnunetv2_meddisseg.planning.plan_meddisseg import _read_recipe
+
+    for key, method in quality_study.METHODS.items():
+        assert method.family == "nnunet" or method.family in quality_study.MEDDISSEG_PLANS, key
+        assert method.scratch is None or quality_study.METHODS[method.scratch].family == method.family, key
+    arguments = quality_study.MEDDISSEG_PLANS["meddisseg_encoder_lr"][1]
+    assert _read_recipe(arguments[arguments.index("--recipe") + 1]) == {"stage2_encoder_lr": 1e-4}
