@@ -295,7 +295,7 @@ def add_equal_minutes(arms: Dict[str, List[dict]], runs: Sequence[dict], budgets
     scratch for the arm's pretraining and fine-tuning minutes. The arm's own runs give the rate: N fine-tuning
     iterations took ``finetune_minutes``, so its ``total_minutes`` are worth N x total / fine-tune iterations
     (``equal_minutes_iterations``; measured within the same runs, so the machine's load cancels). The scratch runs
-    are those of the ``iterations`` budget at the same batch nearest to that, if within one iteration per epoch
+    are those of another ``iterations`` budget at the same batch nearest to that, if within one iteration per epoch
     (``equal_minutes_budget``; None where the results file has none: run the scratch arm at that budget)."""
     for label, rows in arms.items():
         budget = budgets[label]
@@ -309,7 +309,7 @@ def add_equal_minutes(arms: Dict[str, List[dict]], runs: Sequence[dict], budgets
             target = budget["amount"] * arm["total_minutes"] / arm["finetune_minutes"]
             arm["equal_minutes_iterations"] = target
             candidates = [(abs(b["amount"] - target), other) for other, b in budgets.items()
-                          if b["kind"] == "iterations" and b.get("batch") == budget.get("batch")
+                          if other != label and b["kind"] == "iterations" and b.get("batch") == budget.get("batch")
                           and abs(b["amount"] - target) <= epochs
                           and any(r["budget"] == other and r["method"] == method.scratch for r in runs)]
             if not candidates:
@@ -360,7 +360,7 @@ def _arms_markdown(payload: dict) -> List[str]:
             target = a.get("equal_minutes_iterations")
             if a.get("equal_minutes_budget"):
                 scratch = payload["budgets"][a["equal_minutes_budget"]]["amount"]
-                at_minutes = [f"{scratch:g}", _fmt_ms({"mean": a["scratch_equal_minutes_mdsc_mean"],
+                at_minutes = [f"{scratch:g} (for {target:.0f})", _fmt_ms({"mean": a["scratch_equal_minutes_mdsc_mean"],
                                                       "sd": a["scratch_equal_minutes_mdsc_sd"]}),
                               _number(a["delta_vs_scratch_equal_minutes"], sign=True),
                               _p(a["p_vs_scratch_equal_minutes"])]
@@ -381,8 +381,9 @@ def _arms_markdown(payload: dict) -> List[str]:
                 "to the same arm from scratch. Minutes: the pretraining's and the fine-tuning's epoch durations "
                 "(mean over seeds). Equal total minutes: the same network from scratch for the arm's pretraining "
                 "and fine-tuning minutes, that is for the fine-tuning iterations times total / fine-tune minutes "
-                "(the arm's own rate, so the machine's load cancels), from the runs of the nearest iterations "
-                "budget within one iteration per epoch; scratch iterations, its mDSC, and Δ, p of the arm to it.", "",
+                "(the arm's own rate, so the machine's load cancels), from another iterations budget within one "
+                "iteration per epoch of that: its iterations (for the arm's minutes' worth), its mDSC, and Δ, p of "
+                "the arm to it.", "",
                 markdown_table(["arm", "pretrained", "seeds", *(("val mDSC", "method") if validation else
                                                                 ("test mIoU", "test mDSC")), "Δ vs default", "p",
                                 "Δ vs scratch", "p", "pretrain min", "fine-tune min", "scratch iterations at equal "

@@ -177,12 +177,12 @@ def test_equal_total_minutes_compare_with_the_scratch_arm_at_what_the_minutes_ar
               for s in range(2)]
     longer = [{**_run("default", s, long[s]), "budget": "iterations32_bs4"} for s in range(2)]
 
-    def arms_with(amount):
+    def arms_with(amount, epochs=4):
         budgets = {"iterations20_bs4": {"kind": "iterations", "amount": 20, "batch": 4},
                    "iterations32_bs4": {"kind": "iterations", "amount": amount, "batch": 4}}
         arms = {"iterations20_bs4": quality_study.pretraining_arms(
             first, quality_study.aggregate(first, ["default", "default_masked"]))}
-        quality_study.add_equal_minutes(arms, first + longer, budgets, epochs=4)
+        quality_study.add_equal_minutes(arms, first + longer, budgets, epochs)
         return {a["method"]: a for a in arms["iterations20_bs4"]}, budgets
 
     # 20 iterations took 2 min of fine-tuning; with 1 min of pretraining the arm's 3 min are worth 30 iterations
@@ -198,12 +198,14 @@ def test_equal_total_minutes_compare_with_the_scratch_arm_at_what_the_minutes_ar
                                                               / 2))
     assert arms["default"]["equal_minutes_iterations"] is None and arms["default"]["equal_minutes_budget"] is None
     payload = {"settings": {}, "budgets": budgets, "arms": {"iterations20_bs4": list(arms.values())}}
-    assert "| 32 | " in "\n".join(quality_study._arms_markdown(payload))
-    # more than one iteration per epoch away (36 for 30 in 4 epochs): not the same minutes
+    assert "| 32 (for 30) | " in "\n".join(quality_study._arms_markdown(payload))
+    # more than one iteration per epoch away (36 for 30 in 4 epochs): not the same minutes; nor is the arm's own
+    # budget (its scratch comparison is delta_vs_scratch)
     arms, budgets = arms_with(36)
     assert arms["default_masked"]["equal_minutes_budget"] is None
     payload = {"settings": {}, "budgets": budgets, "arms": {"iterations20_bs4": list(arms.values())}}
     assert "| 30 (not run) | – | – | – |" in "\n".join(quality_study._arms_markdown(payload))
+    assert arms_with(60, epochs=10)[0]["default_masked"]["equal_minutes_budget"] is None  # 20 is within 10 of 30
 
 
 @pytest.mark.parametrize("argv, message", [
