@@ -259,7 +259,8 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
 def write_results(out_dir: Path, name: str, payload: dict, markdown_body: str) -> Dict[str, Path]:
     """Write ``<out_dir>/<name>.json`` (payload) and ``<name>.md`` (header with date, machine and
     command, then ``markdown_body``), each replaced whole (``files.write_atomically``: a kill leaves the previous
-    file). Returns both paths."""
+    file). Paths in the home folder are written as ``~/...``: a results file does not name the machine's home.
+    Returns both paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     machine = payload["machine"]
@@ -273,6 +274,7 @@ def write_results(out_dir: Path, name: str, payload: dict, markdown_body: str) -
     json_path, md_path = out_dir / f"{name}.json", out_dir / f"{name}.md"
     for path, text in ((json_path, json.dumps(payload, indent=2, default=str) + "\n"),
                        (md_path, "\n".join(header) + "\n" + markdown_body.rstrip() + "\n")):
+        text = text.replace(str(Path.home()) + "/", "~/")
         write_atomically(path, lambda partial, text=text: partial.write_text(text))
     return {"json": json_path, "markdown": md_path}
 

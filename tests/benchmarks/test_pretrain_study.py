@@ -228,3 +228,19 @@ def test_every_arm_names_a_plans_family_whose_recipe_file_the_planner_accepts():
         assert method.scratch is None or quality_study.METHODS[method.scratch].family == method.family, key
     arguments = quality_study.MEDDISSEG_PLANS["meddisseg_encoder_lr"][1]
     assert _read_recipe(arguments[arguments.index("--recipe") + 1]) == {"stage2_encoder_lr": 1e-4}
+
+
+def test_results_files_write_the_home_folder_as_a_tilde(tmp_path, monkeypatch):
+    from common import write_results
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))  # Path.home() on POSIX
+    machine = {"date": "today", "cpu": "cpu", "cpu_cores": 2, "torch_threads": 2, "load_average_1_5_15min": [0, 0, 0],
+               "torch": "t", "nnunetv2": "n", "dynamic_network_architectures": "d", "python": "p"}
+    payload = {"machine": machine, "command": f"python quality.py --work {home}/study",
+               "runs": [{"file": f"{home}/study/seed_0.pth", "elsewhere": f"{tmp_path}/other"}]}
+    files = write_results(tmp_path / "out", "r", payload, f"work folder {home}/study")
+    written = json.loads(files["json"].read_text())
+    assert written["command"] == "python quality.py --work ~/study"
+    assert written["runs"] == [{"file": "~/study/seed_0.pth", "elsewhere": f"{tmp_path}/other"}]
+    assert str(home) not in files["markdown"].read_text() and "work folder ~/study" in files["markdown"].read_text()
