@@ -8,10 +8,17 @@ run with ``-m slow`` or ``NNUNETV2_MEDDISSEG_SLOW_TESTS=1``."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Dict
 
-import pytest
+# Two pytest workers and their nnU-Net subprocesses each run torch with a thread per core. OpenMP's threads spin
+# while they wait by default, so on a machine with fewer cores than busy threads every parallel region waits for
+# the descheduled one: a training step measured several times slower (benchmarks/shared_cpu.py). Set before any
+# test module imports torch; the subprocesses inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from pathlib import Path  # noqa: E402
+from typing import Dict  # noqa: E402
+
+import pytest  # noqa: E402
 from nnunet_cli import nnunet_env, planning_environment, run_cli
 from real_data import SKIP_REASON, data_root
 from scratch import scratch_folder
