@@ -260,7 +260,7 @@ def _prepare_data(args, kvasir: Path, env: Dict[str, str], work: Path) -> None:
 
 def _environment(args, work: Path) -> Dict[str, str]:
     """The runs' environment: this process's (AblationRun starts from os.environ) with the work folder's
-    nnU-Net folders, data-augmentation processes and torch.compile as asked."""
+    nnU-Net folders, data-augmentation processes and torch.compile as asked (``README.md``: OMP_WAIT_POLICY)."""
     env = set_nnunet_environment(os.environ, work)
     env.setdefault("nnUNet_def_n_proc", str(args.num_processes))
     if args.da_processes is not None:
@@ -269,6 +269,8 @@ def _environment(args, work: Path) -> Dict[str, str]:
         env.setdefault(DATA_AUGMENTATION_PROCESSES_VARIABLE, "2")
     if args.no_compile:
         env["nnUNet_compile"] = "f"
+    if args.parallel > 1:  # runs side by side: OpenMP threads that spin would wait for each other's cores
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
 
 
