@@ -8,7 +8,8 @@ scratch therefore travels from there; a pretrained run travels from the weights 
 from 1 / 0. Per top-level module (``encoder``, ``decoder``, ...): the mean |gamma - start| over its norm layers.
 A part whose travel stays far below the others' has hardly been trained.
 
-Usage: ``python benchmarks/pretrain_features.py --work WORK [--results benchmarks/results/pretrain_study.json]``
+Usage: ``python benchmarks/pretrain_features.py --work WORK [--results benchmarks/results/pretrain_study.json]
+[--methods ARM ...]``
 (``WORK``: the ``--work`` folder of ``benchmarks/quality.py``).
 """
 import argparse
@@ -116,6 +117,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--work", required=True, help="benchmarks/quality.py's --work folder of the study")
     p.add_argument("--results", default=str(DEFAULT_OUT / "pretrain_study.json"),
                    help="the study's results file (its runs name the arms, seeds and pretraining files)")
+    p.add_argument("--methods", nargs="+", default=None,
+                   help="only these arms' runs (default: every finished run of the results file)")
     p.add_argument("--name", default="pretrain_features")
     p.add_argument("--out", default=str(DEFAULT_OUT))
     return p
@@ -127,9 +130,11 @@ def main(argv=None) -> int:
     if not results.is_file():
         raise SystemExit(f"pretrain_features: error: --results {results} is not a file")
     study = json.loads(results.read_text())
-    runs = [run_figures(Path(args.work), r) for r in study["runs"] if r.get("status") == "done"]
+    runs = [run_figures(Path(args.work), r) for r in study["runs"] if r.get("status") == "done"
+            and (args.methods is None or r["method"] in args.methods)]
     if not runs:
-        raise SystemExit(f"pretrain_features: error: {results} has no finished run")
+        raise SystemExit(f"pretrain_features: error: {results} has no finished run"
+                         + (f" of {' '.join(args.methods)}" if args.methods else ""))
     body = markdown(runs)
     paths = write_results(Path(args.out), args.name, {"machine": machine_info(), "command": command_line(),
                                                        "study": str(results.name), "runs": runs}, body)

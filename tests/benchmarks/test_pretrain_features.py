@@ -60,6 +60,13 @@ def test_travel_from_one_from_scratch_and_from_the_pretraining_file_when_pretrai
     assert scratch["pseudo_dice"] == [0.2, 0.4]
     markdown = (tmp_path / "out" / "f.md").read_text()
     assert "| meddisseg | 1 | 20.0 | 40.0 |" in markdown and "| meddisseg_pretrained | 1 | 30.0 | 60.0 |" in markdown
+    # --methods: only those arms' runs
+    assert pretrain_features.main(["--work", str(work), "--results", str(results), "--out", str(tmp_path / "out"),
+                                   "--name", "g", "--methods", "meddisseg_pretrained"]) == 0
+    assert [r["method"] for r in json.loads((tmp_path / "out" / "g.json").read_text())["runs"]] == \
+        ["meddisseg_pretrained"]
+    with pytest.raises(SystemExit, match="has no finished run of default"):
+        pretrain_features.main(["--work", str(work), "--results", str(results), "--methods", "default"])
 
 
 def test_a_missing_checkpoint_is_one_line(tmp_path):
