@@ -431,8 +431,9 @@ def markdown(payload: dict) -> str:
                 markdown_table(["budget", "method", "figure", "first → last epoch"], diagnostics), ""]
     if payload["pending"]:
         out += ["Not yet done: " + "; ".join(payload["pending"]) + ".", ""]
+    first = payload.get("command")  # the pieces of another command name it
     out += ["Pieces: " + "; ".join(f"{pc['date']} on {pc['device_name']}, {pc['wall_s'] / 60:.1f} min, "
                                    f"torch.compile {pc['compile']}"
-                                   + (f", `{pc['command']}`" if pc.get("command", payload["command"])
-                                      != payload["command"] else "") for pc in payload["pieces"]) + "."]
+                                   + (f", `{pc['command']}`" if pc.get("command", first) != first else "")
+                                   for pc in payload["pieces"]) + "."]
     return "\n".join(out) + "\n"

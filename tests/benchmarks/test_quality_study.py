@@ -80,11 +80,19 @@ def test_aggregate_means_spread_and_paired_test():
         "baseline": "default", "budgets": {label: {"kind": "iterations", "amount": 20, "batch": 2}},
         "tables": {label: table}, "runs": [r for r in runs if r["status"] == "done"],
         "pending": ["iterations20_bs2 dispersive seed 2 (failed: killed)"],
-        "pieces": [{"date": "2026-11-26 09:00 UTC", "device_name": "cpu", "wall_s": 120.0, "compile": "f"}]})
+        "command": "python benchmarks/quality.py --seeds 3",
+        "pieces": [{"date": "2026-11-26 09:00 UTC", "device_name": "cpu", "wall_s": 120.0, "compile": "f"},
+                   {"date": "2026-11-27 09:00 UTC", "device_name": "cpu", "wall_s": 60.0, "compile": "f",
+                    "command": "python benchmarks/quality.py --seeds 3"},
+                   {"date": "2026-11-28 09:00 UTC", "device_name": "cpu", "wall_s": 60.0, "compile": "f",
+                    "command": "python benchmarks/quality.py --iterations 40"}]})
     assert "### 20 training iterations per run at batch 2" in markdown
     row = next(line for line in markdown.splitlines() if line.startswith("| nnU-Net + dispersive"))
     assert "| 2 | 2 | 40 |" in row and f"{100 * d['test']['dice']['mean']:.1f} ± " in row
     assert "Not yet done: iterations20_bs2 dispersive seed 2 (failed: killed)." in markdown
+    # a piece names its command where it is not the one that started the file
+    pieces = next(line for line in markdown.splitlines() if line.startswith("Pieces: "))
+    assert pieces.count("`") == 2 and "torch.compile f, `python benchmarks/quality.py --iterations 40`." in pieces
     assert math.isfinite(v["p_value"])
 
 
