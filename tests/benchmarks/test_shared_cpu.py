@@ -23,13 +23,24 @@ def test_each_policy_runs_in_its_own_process_with_that_policy(monkeypatch):
     assert seen == [None, "PASSIVE"]
 
 
-@pytest.mark.e2e  # starts four processes that each build and train the whole network
-def test_the_benchmark_writes_both_policies_as_found_and_loaded(tmp_path):
-    # one thread: no parallel region waits, so the measurement stays short on any machine
-    assert shared_cpu.main(["--size", "32", "--steps", "1", "--threads", "1", "--load", "1",
-                            "--out", str(tmp_path)]) == 0
+def test_the_benchmark_writes_both_policies_as_found_and_loaded(tmp_path, monkeypatch):
+    measured = []
+
+    def seconds(policy, size, batch, steps, threads):
+        measured.append(policy)
+        return [2.0, 1.0, 3.0] if policy is None else [0.5, 0.5, 0.5]
+
+    monkeypatch.setattr(shared_cpu, "step_seconds", seconds)
+    assert shared_cpu.main(["--load", "1", "--out", str(tmp_path)]) == 0
+    assert measured == [None, "PASSIVE", None, "PASSIVE"]
     results = json.loads((tmp_path / "shared_cpu.json").read_text())
-    assert set(results["seconds_per_step"]) == {"as found", "loaded"}
-    for by_policy in results["seconds_per_step"].values():
-        assert set(by_policy) == {"default", "PASSIVE"} and all(0 < s < 120 for s in by_policy.values())
-    assert "| loaded |" in (tmp_path / "shared_cpu.md").read_text()
+    assert results["seconds_per_step"] == {"as found": {"default": 2.0, "PASSIVE": 0.5},
+                                           "loaded": {"default": 2.0, "PASSIVE": 0.5}}  # the medians
+    assert "| loaded | 2.00 | 0.50 | 4.0x |" in (tmp_path / "shared_cpu.md").read_text()
+
+
+@pytest.mark.e2e  # a fresh process builds and trains the whole network
+def test_a_fresh_process_times_real_training_steps():
+    # one thread: no parallel region waits, so the measurement stays short on any machine
+    seconds = shared_cpu.step_seconds("PASSIVE", 32, 2, 2, 1)
+    assert len(seconds) == 2 and all(0 < s < 120 for s in seconds)
