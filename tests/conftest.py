@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 
 # Two pytest workers and their nnU-Net subprocesses each run torch with a thread per core. OpenMP's threads spin
-# while they wait by default, so on a machine with fewer cores than busy threads every parallel region waits for
-# the descheduled one: a training step measured several times slower (benchmarks/shared_cpu.py). Set before any
-# test module imports torch; the subprocesses inherit it.
+# while they wait by default, so with fewer cores than busy threads every parallel region waits for the
+# descheduled one: two trainings side by side measured 12x slower (benchmarks/shared_cpu.py). Set before any test
+# module imports torch; the subprocesses inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from pathlib import Path  # noqa: E402
