@@ -4,8 +4,8 @@
 environment, the dataset planned and preprocessed for 2d) trains fold 0 with ``TRAINER`` on the CPU exactly as
 ``nnUNetv2_train`` does (``run_training``, then the final validation), with one thread and batches made in this
 process, and prints one JSON object: the loss of every training and validation step, the sha256 of the final
-weights, the final validation's foreground Dice, and what the numbers came from: the CPU kernels torch runs and
-the versions of the packages that compute or feed them (``versions``).
+weights, the final validation's foreground Dice, and what the numbers came from: the CPU kernels torch runs, the
+CPU's vendor and the versions of the packages that compute or feed them (``versions``).
 
 ``--compile``: the trainer compiles as it would on a GPU (its compile decision says yes; dynamo traces with the
 "eager" backend, no inductor), and the JSON also holds dynamo's count of graphs after every phase of the run
@@ -21,6 +21,16 @@ import sys
 import torch
 
 NUMERIC_PACKAGES = ("torch", "numpy", "scipy", "nnunetv2", "batchgeneratorsv2", "dynamic_network_architectures")
+
+
+def cpu_vendor():
+    """The CPU's vendor (``vendor_id`` in /proc/cpuinfo, None where there is none): AVX512 kernels of oneDNN and
+    MKL round differently on Intel and AMD CPUs."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), None)
+    except OSError:
+        return None
 
 
 def weights_sha256(state_dict: dict) -> str:
@@ -77,7 +87,8 @@ def main(dataset: str, trainer_name: str, compile_eagerly: bool = False) -> dict
     network = trainer.network.module if hasattr(trainer.network, "module") else trainer.network
     network = getattr(network, "_orig_mod", network)
     versions = {name: importlib.metadata.version(name) for name in NUMERIC_PACKAGES}
-    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "versions": versions,
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu_vendor": cpu_vendor(), "versions": versions,
             "train_losses": train_losses, "val_losses": val_losses,
             "weights_sha256": weights_sha256(network.state_dict()), "final_validation_dice": foreground_dice,
             "graphs": graphs, "compile_log": compile_log_lines(trainer.log_file)}

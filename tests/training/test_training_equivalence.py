@@ -5,7 +5,8 @@ validation) and ``nnUNetTrainerDispersive_smoke`` on the shared synthetic datase
 the CPU kernels and the package versions of the record (``versions``: torch, numpy, scipy, nnU-Net and its
 augmentation and network packages), every loss, the final weights' sha256 and the final validation's Dice must be
 identical: a change that was meant to move no number moved none. The record holds one entry per environment (the
-CPU kernels, e.g. AVX2 or AVX512, and the versions), each made by the same code. In an environment it does not hold,
+CPU kernels, e.g. AVX2 or AVX512, the CPU's vendor: the same AVX512 kernels round differently on Intel and AMD, and
+the versions), each made by the same code. In an environment it does not hold,
 rounding differences of the first steps grow over a training run (between two environments with the same torch:
 late training losses 0.3 % apart, a validation loss near zero 0.025 apart; between AVX2 and AVX512 kernels, a
 Stage II loss 3.6 % apart), so there the training losses must agree to 2 % with the entry of the same CPU kernels
@@ -44,7 +45,7 @@ def seeded_run(env: dict, trainer: str) -> dict:
 
 
 def _environment(result: dict) -> tuple:
-    return result.get("cpu_capability"), result.get("versions")
+    return result.get("cpu_capability"), result.get("cpu_vendor"), result.get("versions")
 
 
 @pytest.mark.parametrize("trainer", TRAINERS)
