@@ -1,26 +1,11 @@
 """Contrast-driven feature aggregation (CDFA, after ConDSeg) and the guidance pyramid feeding it.
 
-The window attention has three forms with equal results up to rounding, chosen by the block's ``form``
-(None, the default: by the input's device; ``blocks.device_forms``):
-
-- the *fused form* (CUDA with Triton): the identity below computed by two Triton kernels registered as
-  custom ops (``blocks.cdfa_kernels``): logits (B, heads * k^4, H, W) from the 1x1 convolution ->
-  per-offset weights D (B, heads, (2k-1)^2, H, W) (softmax and sum per offset fused) -> the values
-  (B, dim, H, W) summed over the offsets, without any intermediate of k*k times the values' size;
-- the *shifted form* (the CPU, and CUDA without Triton) does not materialise the k x k windows either:
-  the weights of all windows that touch a pixel are first summed per displacement between the written
-  pixel and the read pixel (:func:`window_displacement_weights`), then the values are accumulated from
-  (2k-1)^2 shifted views (:func:`displacement_sum`). Both are linear maps with hand-written backward
-  passes (``blocks.cdfa_shifted``). Its hundreds of small in-place operations on views are fast on a
-  CPU (no large intermediates);
-- the *graph form* (what the ONNX exporter traces) computes the shifted form's identity with whole-tensor
-  operations on padded copies and no in-place writes (``blocks.cdfa_graph``).
-
-The identity: per head, out(q) = sum_d D_d(q) * v(q + d) over the offsets d in [-(k-1), k-1]^2 (zero
-outside the image), with D_d(q) = sum_{i, j: off_j - off_i = d} A_{q - off_i}[i, j].
-
-The first implementation (unfold -> per-pixel matmul -> fold, with Linear layers on channel-last
-views) lives with the tests (``tests/blocks/reference_impls.py``), which check the forms against it.
+Per head, the window attention computes out(q) = sum_d D_d(q) * v(q + d) over d in [-(k-1), k-1]^2 (zero
+outside the image), with D_d(q) = sum_{i, j: off_j - off_i = d} A_{q - off_i}[i, j]. Its three forms agree up
+to rounding; ``form`` picks one (``blocks.device_forms``): fused Triton ops on CUDA, no intermediate k*k times
+the values' size (``blocks.cdfa_kernels``); shifted views on the CPU, no k x k windows (``blocks.cdfa_shifted``);
+whole-tensor ops for ONNX export (``blocks.cdfa_graph``). The tests check them against unfold -> per-pixel
+matmul -> fold (``tests/blocks/reference_impls.py``).
 """
 from typing import List, Optional, Sequence, Tuple, Type
 
@@ -51,8 +36,7 @@ def _is_triton_error(error: BaseException) -> bool:
 
 
 def _fp16_autocast(device_type: str) -> bool:
-    """Whether autocast to fp16 is active for ``device_type`` here (never on the meta device, which has no
-    autocast: torch refuses the question there)."""
+    """Whether fp16 autocast is on for ``device_type`` (False on meta: torch refuses to ask there)."""
     return (device_type != "meta" and torch.is_autocast_enabled(device_type)
             and torch.get_autocast_dtype(device_type) == torch.float16)
 
@@ -63,21 +47,13 @@ def _at_least_fp32(x: Tensor) -> Tensor:
 
 
 class ContrastDrivenAggregation(nn.Module):
-    """Window attention whose weights are generated from foreground, then background guidance.
+    """Window attention whose weights come from the foreground, then the background guidance.
 
-    Per pixel p, a Linear layer on the guidance feature g(p) gives logits A(p) of shape
-    (num_heads, k*k, k*k); A = softmax(A * head_dim**-0.5) over the last axis. For the k x k window
-    around p (positions i, j, zero padding outside the image), head h writes to the pixel at window
-    position i the value sum_j A[h, i, j] * v_h(p + offset_j); the contributions of all windows are
-    summed (fold) and a Linear projection follows. This is applied first with the foreground
-    guidance on v = Linear(x), then with the background guidance directly on that result (the same
-    projection after both).
-    Input and output each pass two Conv3x3-Norm-act blocks. Under fp16 autocast, everything from the
-    value projection to the first output block is computed in fp32 (see ``forward``).
-
-    ``form`` is the implementation form of the window attention (``blocks.device_forms``): None chooses by the
-    input's device, else one of ``device_forms.FORMS`` (or the aliases ``"cuda"``, ``"cpu"``) runs on any device.
-    It can be set afterwards (``block.form = ...``, or ``device_forms.set_implementation_form`` on a network).
+    Per pixel p, a Linear layer on the guidance g(p) gives logits A(p) (num_heads, k*k, k*k), and
+    A = softmax(A * head_dim**-0.5) over the last axis. In the k x k window around p (zero padding), head h
+    writes sum_j A[h, i, j] * v_h(p + offset_j) to window position i; windows are summed (fold), then projected.
+    Foreground guidance acts on v = Linear(x), background guidance on that result (same projection). Input and
+    output each pass two Conv3x3-Norm-act blocks. ``form``: None (by device) or one of ``device_forms.FORMS``.
 
     x: (B, in_channels, H, W), fg, bg: (B, dim, H, W) -> (B, dim, H, W)
     """
@@ -116,7 +92,7 @@ class ContrastDrivenAggregation(nn.Module):
 
     @property
     def form(self) -> Optional[str]:
-        """The implementation form this block runs (one of ``device_forms.FORMS``), None: by the input's device."""
+        """The implementation form (one of ``device_forms.FORMS``); None: by the input's device."""
         return self._form
 
     @form.setter
@@ -125,8 +101,7 @@ class ContrastDrivenAggregation(nn.Module):
 
     @staticmethod
     def _pointwise(layer: nn.Module, x: Tensor) -> Tensor:
-        """Apply ``layer`` (a Linear or a :class:`PointwiseLinear`) over the channel axis as a 1x1 convolution:
-        (B, C, H, W) -> (B, C_out, H, W)."""
+        """``layer`` (Linear or PointwiseLinear) as a 1x1 convolution: (B, C, H, W) -> (B, C_out, H, W)."""
         weight = layer.weight if layer.weight.ndim == 4 else layer.weight.view(*layer.weight.shape, 1, 1)
         return F.conv2d(x, weight, layer.bias)
 
@@ -138,32 +113,21 @@ class ContrastDrivenAggregation(nn.Module):
         return torch.softmax(logits.mul_(self.scale), dim=3)
 
     def window_attention(self, values: Tensor, weights: Tensor) -> Tensor:
-        """values: (B, dim, H, W), weights: (B, heads, k*k, k*k, H, W) -> projected (B, dim, H, W).
-
-        Equal to unfolding the values into k x k windows (zero padding), applying each pixel's
-        (k*k, k*k) weights per head, folding the windows back (overlaps summed) and projecting, but
-        without materialising the windows (see :func:`window_displacement_weights`).
-        """
+        """values: (B, dim, H, W), weights: (B, heads, k*k, k*k, H, W) -> projected (B, dim, H, W); equals
+        unfold, per-pixel weights, fold (overlaps summed) and projection."""
         out = displacement_sum(values, window_displacement_weights(weights, self.kernel_size))
         return self._pointwise(self.proj, out)
 
     def window_attention_fused(self, values: Tensor, guidance: Tensor, layer: nn.Linear) -> Tensor:
-        """The fused form of ``window_attention(values, window_weights(guidance, layer))``.
-
-        values, guidance: (B, dim, H, W) -> projected (B, dim, H, W). The logits of the 1x1 convolution
-        (B, heads * k^4, H, W) -> per-offset weights (B, heads, (2k-1)^2, H, W) (fp32) -> the values summed
-        over the offsets (B, dim, H, W), each step one Triton kernel (:mod:`blocks.cdfa_kernels`).
-        """
+        """Fused ``window_attention(values, window_weights(guidance, layer))``, guidance (B, dim, H, W): logits ->
+        offset weights (B, heads, (2k-1)^2, H, W) in fp32 -> values summed, one Triton kernel per step."""
         logits = self._pointwise(layer, guidance)
         weights = window_offset_weights(logits, self.scale, self.num_heads, self.kernel_size)
         return self._pointwise(self.proj, offset_aggregate(values, weights))
 
     def window_attention_graph(self, values: Tensor, guidance: Tensor, layer: nn.Linear) -> Tensor:
-        """The graph form of ``window_attention(values, window_weights(guidance, layer))``: no in-place
-        operation, so that a tracer (the ONNX exporter) records every step.
-
-        values, guidance: (B, dim, H, W) -> projected (B, dim, H, W)
-        """
+        """Graph ``window_attention(values, window_weights(guidance, layer))``, shapes as the fused one: no
+        in-place operation, so that a tracer (the ONNX exporter) records every step."""
         window = self.kernel_size * self.kernel_size
         logits = self._pointwise(layer, guidance).unflatten(1, (self.num_heads, window, window))
         weights = torch.softmax(logits * self.scale, dim=3)  # (B, heads, k*k (i), k*k (j), H, W)
@@ -194,13 +158,10 @@ class ContrastDrivenAggregation(nn.Module):
 
     def forward(self, x: Tensor, fg: Tensor, bg: Tensor) -> Tensor:
         x = self.input_convs(x)
-        # Nothing normalises the features from the value projection to the first output convolution's
-        # norm: value, projection and that convolution are scale-invariant under the norm, so their
-        # weights grow freely in training (Adam without weight decay) and so does the convolution's output
-        # (55 -> 18,800 in 775 steps of benchmarks/amp_probe.py, still rising). Under fp16 autocast it
-        # can pass fp16's largest value (65504), after which every step would be skipped; so under fp16
-        # autocast this stretch runs in fp32. bf16 has fp32's exponent range, so bf16 autocast (and no
-        # autocast) runs it unchanged.
+        # With no norm from the value projection to the first output conv's, all three are scale-invariant, so their
+        # weights and the conv's output grow freely (Adam, no weight decay: 55 -> 18,800 in 775 steps of
+        # benchmarks/amp_probe.py). Past fp16's max (65504) every step is skipped, so fp16 autocast runs this in fp32
+        # (bf16 has fp32's exponent range).
         if _fp16_autocast(x.device.type):
             with torch.autocast(device_type=x.device.type, enabled=False):
                 x = self._aggregate(_at_least_fp32(x), _at_least_fp32(fg), _at_least_fp32(bg))
@@ -212,19 +173,14 @@ class ContrastDrivenAggregation(nn.Module):
 class ContrastGuidancePyramid(nn.Module):
     """f_fg, f_bg at the deepest level -> one (fg, bg) guidance pair per CDFA level.
 
-    ``num_upsamplings[l]`` is the number of x2 steps from the deepest level to level l
-    (default (3, 2, 1, 0): levels 1..4 at H/2, H/4, H/8, H/16 from H/16). fg and bg have their own
-    branches at every level: CBT3x3, then ``num_upsamplings[l]`` x [bilinear x2, CBT3x3].
+    ``num_upsamplings[l]``: x2 steps to level l (default (3, 2, 1, 0): H/2 .. H/16 from H/16). fg and bg have a
+    branch per level: CBT3x3, then ``num_upsamplings[l]`` x [bilinear x2, CBT3x3]. All branches run as one: a
+    grouped CBT3x3 stem (groups fg, bg; channels [fg of every level, bg of every level]), then per step s one
+    bilinear x2 and one CBT3x3 grouped by branch over the levels with more than s steps. A group sees only its
+    branch and norm and activation are per channel, so this equals separate branches.
 
-    All branches run as one: the stem is one grouped CBT3x3 (2 groups: fg, bg; output channels
-    [fg of every level, bg of every level]), and step s (every branch's s-th up-sampling and CBT3x3)
-    one bilinear x2 and one grouped CBT3x3 over the branches of the levels with more than s steps
-    (``2 * len(levels)`` groups). Per channel this is the same function as separate branches (a group of a
-    grouped convolution sees only its branch's channels; norm and activation are per channel), in a
-    handful of operations.
-
-    f_fg, f_bg: (B, in_channels, h, w) -> [(fg_l, bg_l): (B, out_channels, h * 2**n_l, w * 2**n_l)] for each
-    level (fg_l, bg_l: channel slices of one tensor)
+    f_fg, f_bg: (B, in_channels, h, w) -> per level (fg_l, bg_l): (B, out_channels, h * 2**n_l, w * 2**n_l),
+    channel slices of one tensor
     """
 
     def __init__(
@@ -267,8 +223,7 @@ class ContrastGuidancePyramid(nn.Module):
             nxt = self.step_levels[s]
             k = len(nxt)
             if k < n:
-                # channel slices joined by cat, which keeps the memory format (a reshape of a channels-last
-                # view would copy it into NCHW, and every later up-sampling would run NCHW)
+                # cat keeps channels-last; a reshape of the view would copy to NCHW, and later up-samplings run NCHW
                 if nxt == levels[:k]:
                     y = torch.cat([y[:, :k * c], y[:, n * c:(n + k) * c]], dim=1)
                 else:

@@ -1,13 +1,8 @@
-"""The graph form of CDFA's window attention: the shifted form's identity written without in-place writes.
+"""The graph form of CDFA's window attention: the shifted form's identity without in-place writes.
 
-Per head, out(q) = sum_d D_d(q) * v(q + d) over the displacements d in [-(k-1), k-1]^2 (zero outside the
-image), with D_d(q) = sum_{i, j: off_j - off_i = d} A_{q - off_i}[i, j] (``blocks.cdfa_shifted``). Here every
-step is a whole-tensor operation on zero-padded copies: the window rows are shifted by slicing a padded copy and
-stacked, the per-displacement sums are one matrix product with a constant 0/1 matrix, and the values are summed
-from (2k-1)^2 slices of a padded copy. Slices end at negative indices, so the graph holds no image size: an
-exported graph (Pad, Slice, Concat, MatMul, Mul, Add) takes any height and width. A CDFA block runs it where
-its ``form`` is ``"graph"`` (``blocks.device_forms``): ``nnUNetv2_meddisseg_export`` sets that form on the network
-it traces. A block whose form is chosen by device runs one of the other forms.
+Whole-tensor ops on zero-padded copies: window rows shifted by slicing and stacked, per-displacement sums as one
+matmul with a constant 0/1 matrix, values summed from (2k-1)^2 slices. Slices end at negative indices, so an
+exported graph (Pad, Slice, Concat, MatMul, Mul, Add) takes any height and width. ``form="graph"`` runs it.
 """
 import functools
 from typing import Optional, Tuple
@@ -34,8 +29,8 @@ def _displacement_rows(kernel_size: int) -> Tuple[Tuple[int, ...], ...]:
 
 def displacement_matrix(kernel_size: int, dtype: torch.dtype = torch.float32,
                         device: Optional[torch.device] = None) -> Tensor:
-    """M: ((2k-1)^2, k^4), M[d, i * k^2 + j] = 1 where off_j - off_i = d (index d + k - 1 per axis); made from
-    a Python list in one call, so that a tracer records it as one constant."""
+    """M: ((2k-1)^2, k^4), M[d, i * k^2 + j] = 1 where off_j - off_i = d (index d + k - 1 per axis); built from a
+    Python list so that a tracer records one constant."""
     return torch.tensor(_displacement_rows(kernel_size), dtype=dtype, device=device)
 
 
@@ -51,8 +46,7 @@ def graph_window_attention(values: Tensor, weights: Tensor, kernel_size: int) ->
     # row i read at q - off_i: A_{q - off_i}[i, :], from a copy padded by r
     padded = F.pad(weights, (r, r, r, r))
     rows = torch.stack([_window(padded[:, :, i], 2 * r - i // k, 2 * r - i % k, r) for i in range(window)], dim=2)
-    # D: the shifted weights summed per displacement, one product with M over the last axis (no reshape that
-    # names the image size: a traced graph keeps height and width symbolic)
+    # D: one product with M over the last axis (no reshape naming the image size: height and width stay symbolic)
     shifted = rows.flatten(2, 3).permute(0, 1, 3, 4, 2)  # (B, heads, H, W, k^4)
     d = torch.matmul(shifted, displacement_matrix(k, shifted.dtype, shifted.device).t())  # (B, heads, H, W, S^2)
     d = d.permute(0, 1, 4, 2, 3).unsqueeze(3)  # (B, heads, (2k-1)^2, 1, H, W)

@@ -1,27 +1,14 @@
-"""The fused form of the CDFA window attention: two Triton kernels (each with its backward kernels),
-registered as PyTorch custom ops (namespace ``meddisseg``) so that eager mode and ``torch.compile`` both
-call them.
+"""The fused form of CDFA's window attention (identity in ``blocks.cdfa``): two Triton kernels with backward
+kernels, as custom ops (namespace ``meddisseg``) for both eager mode and ``torch.compile``.
 
-The k x k window attention with per-pixel softmaxed weights A_p (heads, k*k (i), k*k (j)) writes
-``sum_j A_p[i, j] v(p + off_j)`` to q = p + off_i. Summed over all windows,
-``out(q) = sum_d D_d(q) * v(q + d)`` over the (2k-1)^2 offsets d in [-(k-1), k-1]^2 (per head, zero
-outside the image), with ``D_d(q) = sum_{i, j: off_j - off_i = d} A_{q - off_i}[i, j]`` (windows
-centred outside the image contribute nothing). The two ops compute these two steps:
+- ``window_offset_weights``: logits -> D, A formed in fp32 and gathered per output pixel (no atomics); the
+  backward recomputes A from the logits, the only tensor saved;
+- ``offset_aggregate``: values, D -> out, accumulated in fp32; a program takes a block of pixels by a block of
+  one head's channels (contiguous loads in channels_last).
 
-- :func:`window_offset_weights`: logits (B, heads * k^4, H, W) -> D (B, heads, (2k-1)^2, H, W) in fp32,
-  ``A_p = softmax_j(scale * logits_p[head, i, j])`` (channel index ``(head * k*k + i) * k*k + j``),
-  formed in fp32 and gathered per output pixel (no atomics); the backward recomputes A from the
-  logits (the only tensor saved);
-- :func:`offset_aggregate`: values (B, heads * head_dim, H, W), D -> out (B, heads * head_dim, H, W) in
-  the values' dtype, accumulated in fp32; one program handles a block of pixels and a block of one
-  head's channels, so that its loads over the channels of a pixel are contiguous in channels_last.
-
-Both take any memory layout (the strides go into the kernels); outputs of the shape of an input have
-that input's layout (``torch.empty_like``), D is allocated contiguous. Triton is imported on the first
-kernel launch, so this module imports where Triton is missing (:func:`fused_cdfa_available` says
-whether the ops can run on a tensor). With ``TRITON_INTERPRET=1`` in the environment before Triton is
-first imported in the process (Triton fixes its own library functions then), the kernels run on CPU
-tensors through Triton's interpreter (slow: for tests).
+Any memory layout works (strides go to the kernels); outputs shaped like an input get its layout, D is
+contiguous. Triton is imported on the first launch, so this module imports without it. With
+``TRITON_INTERPRET=1`` set before Triton's first import, the kernels run on CPU tensors (slow: for tests).
 """
 import contextlib
 import functools
@@ -42,19 +29,17 @@ _TRITON_FOUND = importlib.util.find_spec("triton") is not None
 
 
 def triton_interpreted() -> bool:
-    """Whether ``TRITON_INTERPRET`` (a flag) asks for Triton's interpreter (kernels on any device's tensors)."""
+    """Whether ``TRITON_INTERPRET`` asks for Triton's interpreter (kernels on any device's tensors)."""
     return environment.TRITON_INTERPRETED
 
 
 def fused_cdfa_available(x: Tensor) -> bool:
-    """Whether the fused ops can run on ``x``: Triton is installed and ``x`` is a CUDA tensor, or
-    Triton's interpreter is on (``TRITON_INTERPRET=1``: any device, for tests)."""
+    """Whether the fused ops can run on ``x``: Triton installed and ``x`` on CUDA, or ``TRITON_INTERPRET=1``."""
     return _TRITON_FOUND and (x.device.type == "cuda" or triton_interpreted())
 
 
 def _new_output(like: Tensor, shape: Optional[Sequence[int]] = None, dtype: Optional[torch.dtype] = None) -> Tensor:
-    """Uninitialised output: ``torch.empty_like(like)`` (same layout) or, given ``shape``, a contiguous tensor
-    of that shape on ``like``'s device. Every element is written by a kernel."""
+    """``torch.empty_like(like)``, or a contiguous ``shape`` on ``like``'s device; a kernel writes every element."""
     if shape is None:
         return torch.empty_like(like, dtype=dtype)
     return torch.empty(tuple(shape), dtype=dtype or like.dtype, device=like.device)
@@ -234,7 +219,7 @@ def _next_power_of_2(n: int) -> int:
 
 #: pixels per program (the fp32 tiles are BLOCK_P x 32 for k = 3)
 _BLOCK_P = 64
-#: channels per program at most (a head's channels; more are split over programs / loop iterations)
+#: most channels per program (a head's; more are split over programs / loop iterations)
 _MAX_BLOCK_C = 64
 
 
@@ -243,8 +228,7 @@ def _check_dtype(name: str, t: Tensor) -> None:
         raise TypeError(f"{name} must be one of {[str(d) for d in SUPPORTED_DTYPES]}, got {t.dtype}")
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# window_offset_weights
+# --- window_offset_weights ---
 
 @torch.library.custom_op("meddisseg::window_offset_weights", mutates_args=())
 def _window_offset_weights(logits: Tensor, scale: float, num_heads: int, kernel_size: int) -> Tensor:
@@ -299,13 +283,9 @@ _window_offset_weights.register_autograd(_window_offset_weights_grad, setup_cont
 
 
 def window_offset_weights(logits: Tensor, scale: float, num_heads: int, kernel_size: int) -> Tensor:
-    """Per-offset window weights D from the attention logits (fused softmax and sum per offset).
-
-    logits: (B, heads * k^4, H, W), channel ``(head * k*k + i) * k*k + j`` for window positions i, j
-    (fp32 / fp16 / bf16, any layout) -> D: (B, heads, (2k-1)^2, H, W) in fp32, offset index
-    ``(dy + k - 1) * (2k - 1) + dx + k - 1``, with ``D_d(q) = sum_{i, j: off_j - off_i = d} A_{q - off_i}[i, j]``,
-    ``A_p = softmax_j(scale * logits_p[head, i, j])`` (windows centred outside the image contribute nothing).
-    """
+    """Per-offset window weights D from logits (B, heads * k^4, H, W) (fp32 / fp16 / bf16, any layout), channel
+    ``(head * k*k + i) * k*k + j``, ``A_p = softmax_j(scale * logits_p[head, i, j])`` -> D: (B, heads, (2k-1)^2, H, W)
+    in fp32, offset index ``(dy + k - 1) * (2k - 1) + dx + k - 1``; windows centred outside the image add nothing."""
     if kernel_size < 1 or kernel_size % 2 != 1:
         raise ValueError(f"kernel_size must be odd, got {kernel_size}")
     if logits.ndim != 4 or num_heads < 1 or logits.shape[1] != num_heads * kernel_size ** 4:
@@ -314,8 +294,7 @@ def window_offset_weights(logits: Tensor, scale: float, num_heads: int, kernel_s
     return torch.ops.meddisseg.window_offset_weights(logits, float(scale), int(num_heads), int(kernel_size))
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# offset_aggregate
+# --- offset_aggregate ---
 
 def _aggregate_geometry(values: Tensor, weights: Tensor) -> Tuple[int, int, int, int, int, int, int]:
     """(B, H, W, heads, S, head_dim, the channel block) of an aggregation of ``values`` with ``weights``."""
@@ -382,13 +361,9 @@ _offset_aggregate.register_autograd(_offset_aggregate_grad, setup_context=_offse
 
 
 def offset_aggregate(values: Tensor, weights: Tensor) -> Tensor:
-    """out(q, c) = sum_d D(q, head(c), d) * v(q + d, c), zero outside the image.
-
-    values: (B, heads * head_dim, H, W) (fp32 / fp16 / bf16, any layout), weights D: (B, heads, S*S, H, W)
-    with S odd, offset index ``(dy + S//2) * S + dx + S//2`` (as :func:`window_offset_weights` returns;
-    fp32 for full precision) -> (B, heads * head_dim, H, W) in the values' dtype and layout, accumulated
-    in fp32.
-    """
+    """out(q, c) = sum_d D(q, head(c), d) * v(q + d, c), zero outside the image, accumulated in fp32, in the values'
+    dtype and layout. values: (B, heads * head_dim, H, W) (fp32 / fp16 / bf16, any layout), D: (B, heads, S*S, H, W),
+    S odd, index ``(dy + S//2) * S + dx + S//2`` (fp32 for full precision)."""
     if weights.ndim != 5:
         raise ValueError(f"weights must be (B, heads, S*S, H, W), got {tuple(weights.shape)}")
     b, heads, offsets, h, w = weights.shape

@@ -1,11 +1,6 @@
 """The shifted form of CDFA's window attention: two linear maps with hand-written backward passes.
 
-Per head, out(q) = sum_d D_d(q) * v(q + d) over the displacements d in [-(k-1), k-1]^2 (zero outside the
-image), with D_d(q) = sum_{i, j: off_j - off_i = d} A_{q - off_i}[i, j]. :func:`window_displacement_weights`
-sums the weights A of all k x k windows that touch a pixel per displacement into D, and :func:`displacement_sum`
-accumulates the values from the (2k-1)^2 shifted views; neither materialises the k x k windows. Their many
-small in-place operations on views are fast on a CPU (``blocks.cdfa`` uses them there, and on CUDA without
-Triton).
+Neither materialises the k x k windows; their many small in-place ops on views are fast on a CPU.
 """
 from typing import Tuple
 
@@ -61,11 +56,9 @@ class _WindowDisplacementWeights(torch.autograd.Function):
 def window_displacement_weights(weights: Tensor, kernel_size: int) -> Tensor:
     """Sum the window weights per displacement between written and read pixel.
 
-    With window offsets off_i = (iy - k//2, ix - k//2), the window centred at p writes
-    ``sum_j A_p[i, j] v(p + off_j)`` to q = p + off_i; so q reads v(q + delta) with
-    delta = off_j - off_i in [-(k-1), k-1]^2 and the total weight
-    ``D_delta(q) = sum_{i, j: off_j - off_i = delta} A_{q - off_i}[i, j]`` (windows centred outside the
-    image contribute nothing).
+    With off_i = (iy - k//2, ix - k//2), the window centred at p writes ``sum_j A_p[i, j] v(p + off_j)`` to
+    q = p + off_i, so q reads v(q + delta), delta = off_j - off_i in [-(k-1), k-1]^2, with total weight
+    ``D_delta(q) = sum_{i, j: off_j - off_i = delta} A_{q - off_i}[i, j]`` (windows centred outside contribute 0).
 
     weights: (B, heads, k*k (i), k*k (j), H, W) -> D: (B, heads, 2k-1, 2k-1, H, W), index delta + k - 1
     """
@@ -120,11 +113,8 @@ class _DisplacementSum(torch.autograd.Function):
 
 
 def displacement_sum(values: Tensor, displacement: Tensor) -> Tensor:
-    """out(q) = sum_delta D_delta(q) * v(q + delta), per head, zero outside the image.
-
-    values: (B, heads * head_dim, H, W), displacement: (B, heads, S, S, H, W) with S odd (index
-    delta + S // 2) -> (B, heads * head_dim, H, W) in the promoted dtype of both inputs.
-    """
+    """out(q) = sum_delta D_delta(q) * v(q + delta) per head, zero outside the image, in the inputs' promoted dtype;
+    values: (B, heads * head_dim, H, W), displacement: (B, heads, S, S, H, W), S odd, index delta + S // 2."""
     if displacement.ndim != 6 or displacement.shape[2] != displacement.shape[3] or displacement.shape[2] % 2 != 1:
         raise ValueError(f"displacement must be (B, heads, S, S, H, W) with S odd, got {tuple(displacement.shape)}")
     b, heads, _, _, h, w = displacement.shape

@@ -1,22 +1,11 @@
 """Which implementation form a device-dependent block (the CDFA window attention) runs.
 
-The forms have equal results up to rounding:
-
-- ``"fused"``: Triton kernels registered as custom ops (``blocks.cdfa_kernels``), what CUDA runs when
-  Triton is installed;
-- ``"shifted"``: many small in-place operations on shifted views (no large intermediates), what the CPU
-  and every device without the fused kernels run;
-- ``"graph"``: whole-tensor operations on padded copies, no in-place writes (``blocks.cdfa_graph``), what
-  the ONNX exporter traces (a tracer loses in-place writes into slices).
-
-Each such block has its own attribute ``form``: None (the default) chooses by the input's device, one of
-:data:`FORMS` runs that form on any device. ``"cuda"`` and ``"cpu"`` are accepted as aliases of what those
-devices run: ``"fused"`` and ``"shifted"``. A block calls :func:`implementation_form` with its input and its
-``form``. :func:`set_implementation_form` sets the form of every block in a module;
-:func:`implementation_form_of` sets it within a context and then gives each block its own value back (for
-tests, benchmarks, the exporter and the kernel checks, which run one form on any device). Where Triton
-cannot build or run the fused kernels on a GPU, :func:`give_up_fused` turns the fused form off for the
-process, with one warning naming the error; a block whose ``form`` is set never falls back.
+The forms agree up to rounding: ``"fused"`` (Triton custom ops, CUDA with Triton), ``"shifted"`` (in-place ops
+on shifted views, the CPU and devices without the fused kernels), ``"graph"`` (whole-tensor ops for the ONNX
+exporter: a tracer loses in-place writes into slices). A block's ``form`` is None (by the input's device) or a
+form it runs on any device; ``"cuda"`` and ``"cpu"`` alias ``"fused"`` and ``"shifted"``. Where Triton cannot
+build or run the fused kernels on a GPU, ``give_up_fused`` turns the fused form off for the process with one
+warning; a block with a set ``form`` never falls back.
 """
 import contextlib
 import warnings
@@ -31,7 +20,7 @@ __all__ = ["FORMS", "ALIASES", "resolve_form", "implementation_form", "form_bloc
 
 #: the implementation forms
 FORMS = ("fused", "shifted", "graph")
-#: other accepted names: the form each device runs (CUDA: fused, where Triton builds it; CPU: shifted)
+#: aliases: the form each device runs (CUDA: fused, where Triton builds it)
 ALIASES = {"cuda": "fused", "cpu": "shifted"}
 #: why the fused form is off for this process (``give_up_fused``), None while it is on
 _fused_failure: Optional[str] = None
@@ -47,9 +36,8 @@ def resolve_form(form: Optional[str]) -> Optional[str]:
 
 
 def implementation_form(x: Tensor, form: Optional[str] = None) -> str:
-    """The form a block given ``x`` runs: ``form`` where it is given (one of :data:`FORMS` or :data:`ALIASES`),
-    else ``"fused"`` for CUDA tensors where the fused kernels are available and the fused form is on
-    (:func:`give_up_fused`), ``"shifted"`` otherwise."""
+    """``form`` if given, else ``"fused"`` for CUDA ``x`` if the fused kernels are available and not given up,
+    else ``"shifted"``."""
     if form is not None:
         return resolve_form(form)
     fused = _fused_failure is None and x.device.type == "cuda" and fused_cdfa_available(x)
@@ -62,8 +50,7 @@ def form_blocks(module: nn.Module) -> List[nn.Module]:
 
 
 def set_implementation_form(module: nn.Module, form: Optional[str]) -> None:
-    """Set ``form`` (one of :data:`FORMS` or :data:`ALIASES`; None: by device) on every device-dependent block in
-    ``module``."""
+    """Set ``form`` (None: by device) on every device-dependent block in ``module``."""
     form = resolve_form(form)
     for block in form_blocks(module):
         block.form = form
@@ -71,8 +58,8 @@ def set_implementation_form(module: nn.Module, form: Optional[str]) -> None:
 
 @contextlib.contextmanager
 def implementation_form_of(module: nn.Module, form: Optional[str]) -> Iterator[nn.Module]:
-    """Within the context, every device-dependent block in ``module`` runs ``form`` (one of :data:`FORMS` or
-    :data:`ALIASES`; None: by device); afterwards each block has its own value again. Yields ``module``."""
+    """Within the context, every device-dependent block in ``module`` runs ``form``; then each gets its own back.
+    Yields ``module``."""
     form = resolve_form(form)
     previous = [(block, block.form) for block in form_blocks(module)]
     try:

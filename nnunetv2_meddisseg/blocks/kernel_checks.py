@@ -1,21 +1,11 @@
 """Accuracy checks of the fused kernels against their reference forms, on any device, without pytest.
 
-Every check draws fresh random inputs (never zeros), runs the fused form and its reference in float64, and
-returns the relative errors ``||ours - ref|| / ||ref||`` of the values and gradients (random upstream
-gradients); outputs the CDFA ops allocate are NaN-filled first (:func:`poisoned_outputs`), so that an element a
-kernel leaves unwritten shows as NaN, and a non-finite result fails the check.
-
-- CDFA (``blocks.cdfa_kernels``): both Triton ops against the shifted form (``window_displacement_weights`` of
-  the softmaxed logits, ``displacement_sum``) in fp32 / bf16 / fp16, NCHW and channels-last; the whole
-  ``ContrastDrivenAggregation`` block in the fused form against its shifted form;
-- TeLU (``blocks.telu_kernels``): the Triton kernel's value and slope against float64 TeLU, every dtype and
-  layout;
-- ``instance_norm_channels_last`` (``blocks.norm``): values and gradients against torch's instance norm, its
-  layout and dtype kept.
-
-The Triton kernels run on CUDA, and on the CPU under ``TRITON_INTERPRET=1`` (set before Triton is first
-imported); where they cannot run, their checks say why instead. ``python -m nnunetv2_meddisseg.blocks.kernel_checks
-[--device cuda]`` prints one line per check and exits 1 if one failed.
+Each check draws fresh random inputs (never zeros), runs the fused form and its float64 reference and returns
+the relative errors of values and gradients (random upstream gradients): the CDFA ops and block against the
+shifted form, TeLU, and ``instance_norm_channels_last``, in fp32 / bf16 / fp16. Outputs the CDFA ops allocate
+are NaN-filled first, so an unwritten element shows; a non-finite result fails. The Triton kernels run on CUDA,
+and on the CPU under ``TRITON_INTERPRET=1`` (set before Triton's first import); elsewhere their checks say why.
+``python -m nnunetv2_meddisseg.blocks.kernel_checks [--device cuda]`` prints one line per check, exits 1 on a failure.
 """
 import argparse
 import contextlib
@@ -42,8 +32,7 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def relative_error(ours: Tensor, ref: Tensor) -> float:
-    """``||ours - ref|| / ||ref||`` in float64; every element of ``ours`` must be finite (an unwritten, NaN-poisoned
-    element fails)."""
+    """``||ours - ref|| / ||ref||`` in float64; raises if ``ours`` has a non-finite (e.g. unwritten) element."""
     if not bool(torch.isfinite(ours).all()):
         raise AssertionError("an output element was not written (NaN) or is not finite")
     ref = ref.detach().double()
@@ -73,8 +62,7 @@ def reference_offset_weights(logits: Tensor, scale: float, heads: int, k: int) -
 
 
 def reference_aggregate(values: Tensor, weights: Tensor) -> Tensor:
-    """The shifted form of ``offset_aggregate``: values (B, heads*D, H, W), weights (B, heads, S*S, H, W) ->
-    (B, heads*D, H, W)."""
+    """The shifted form of ``offset_aggregate``: (B, heads*D, H, W), (B, heads, S*S, H, W) -> (B, heads*D, H, W)."""
     b, heads, offsets, h, w = weights.shape
     span = math.isqrt(offsets)
     return displacement_sum(values, weights.reshape(b, heads, span, span, h, w))
@@ -97,8 +85,7 @@ def _generator(device: torch.device) -> torch.Generator:
 
 def check_cdfa_ops(device: torch.device, dtype: torch.dtype, channels_last: bool, heads: int = 4,
                    head_dim: int = 32, size: Tuple[int, int] = (37, 41), k: int = 3) -> Dict[str, float]:
-    """Both fused CDFA ops chained (logits (2, heads*k^4, H, W), values (2, heads*head_dim, H, W)) against the
-    float64 shifted form: relative errors of the output and of both gradients. Layouts are kept."""
+    """The chained fused CDFA ops against the float64 shifted form: errors of the output and both gradients."""
     from nnunetv2_meddisseg.blocks.cdfa_kernels import offset_aggregate, window_offset_weights
 
     scale = head_dim ** -0.5
@@ -123,8 +110,7 @@ def check_cdfa_ops(device: torch.device, dtype: torch.dtype, channels_last: bool
 
 def check_cdfa_block(device: torch.device, compiled: bool = False, dim: int = 64, heads: int = 4,
                      size: Tuple[int, int] = (24, 20)) -> Dict[str, float]:
-    """Output and every gradient (inputs and parameters) of ``ContrastDrivenAggregation`` in training mode, the
-    fused form (eager or under ``torch.compile(fullgraph=True)``) against its shifted form; the largest error."""
+    """Largest error of ``ContrastDrivenAggregation``'s output and gradients, fused (eager or compiled) vs shifted."""
     gen = _generator(device)
     m = ContrastDrivenAggregation(dim, dim, heads).to(device).train()
     inputs = [_randn((2, dim, *size), torch.float32, device, gen) for _ in range(3)]
@@ -148,8 +134,7 @@ def check_cdfa_block(device: torch.device, compiled: bool = False, dim: int = 64
 
 def check_telu(device: torch.device, dtype: torch.dtype, channels_last: bool,
                shape: Tuple[int, ...] = (4, 32, 37, 41)) -> Dict[str, float]:
-    """The TeLU kernel's value and slope against float64 TeLU (``activation._telu_and_slope``), including the far
-    left, 0, the clamp and values past fp16's exp range."""
+    """The TeLU kernel's value and slope vs float64 TeLU, with the far left, 0, the clamp and past fp16's exp range."""
     from nnunetv2_meddisseg.blocks.activation import _telu_and_slope
     from nnunetv2_meddisseg.blocks.telu_kernels import telu_triton
 
@@ -171,8 +156,7 @@ def check_telu(device: torch.device, dtype: torch.dtype, channels_last: bool,
 
 def check_instance_norm(device: torch.device, dtype: torch.dtype, shape: Tuple[int, ...] = (4, 32, 37, 41)
                         ) -> Dict[str, float]:
-    """``instance_norm_channels_last`` on a channels-last input against torch's float64 instance norm (affine):
-    relative errors of the output and of the gradients of input, weight and bias; layout and dtype kept."""
+    """``instance_norm_channels_last`` (affine) vs float64 ``F.instance_norm``: errors of output and gradients."""
     from nnunetv2_meddisseg.blocks.norm import instance_norm_channels_last
 
     gen = _generator(device)
@@ -199,8 +183,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def planned_checks(device: torch.device, small: bool = False, compiled: bool = True
                    ) -> List[Tuple[str, str, Callable[[], Dict[str, float]], float]]:
-    """(kernel, check name, check, tolerance) of every check on ``device``; ``small``: a tenth of the sizes
-    (Triton's interpreter on the CPU)."""
+    """(kernel, check name, check, tolerance) of every check; ``small``: small sizes for Triton's CPU interpreter."""
     size, shape = ((7, 9), (2, 8, 7, 9)) if small else ((37, 41), (4, 32, 37, 41))
     plan = []
     for dtype in DTYPES:
@@ -237,9 +220,8 @@ def unavailable(kernel: str, device: torch.device) -> Optional[str]:
 
 def run_checks(device: torch.device, small: bool = False, compiled: bool = True,
                report: Optional[Callable[[str, dict], None]] = None) -> Dict[str, Dict[str, dict]]:
-    """Every check of :func:`planned_checks`: ``{kernel: {check: {"errors", "tolerance", "passed", "seconds"}}}``,
-    a failing or raising check with ``"passed": False`` and its ``"error"``, a kernel that cannot run here with
-    ``"skipped"``. ``report(path, record)`` is called after each check."""
+    """Run ``planned_checks``: ``{kernel: {check: {"errors", "tolerance", "passed", "seconds"}}}``; a raising check
+    has ``"passed": False`` and ``"error"``, one that cannot run ``"skipped"``. ``report(path, record)`` after each."""
     results: Dict[str, Dict[str, dict]] = {}
     for kernel, name, check, tolerance in planned_checks(device, small, compiled):
         why = unavailable(kernel, device)

@@ -1,13 +1,10 @@
 """TeLU as one Triton kernel on CUDA: one pass over memory where PyTorch's operations take several.
 
-:func:`telu_triton` computes TeLU(x) = x * tanh(exp(x)) and, for training, its slope (the only tensor the
-backward needs) in one read of x and one or two writes, in fp32 whatever x's dtype (fp32 / fp16 / bf16),
-with the exponent clamped at :data:`~nnunetv2_meddisseg.blocks.activation` ``_TELU_BACKWARD_CLAMP`` exactly
-as the PyTorch form (values equal, slope zero-safe in fp16). :func:`telu_triton_available` says where it
-runs: CUDA tensors with Triton installed, dense in memory (any memory format), outside ``torch.compile``
-(which fuses the PyTorch form itself); and CPU tensors under ``TRITON_INTERPRET=1``, which the tests use.
-Where Triton cannot build or launch the kernel, it is turned off for the process with one warning, and
-:func:`telu_triton` returns None (the caller computes the PyTorch form).
+``telu_triton`` computes TeLU(x) = x * tanh(exp(x)) and its slope (all the backward needs) in fp32 for fp32 /
+fp16 / bf16 x, the exponent clamped as in the PyTorch form (``activation._TELU_BACKWARD_CLAMP``: equal values,
+slope zero-safe in fp16). It runs on dense CUDA tensors with Triton outside ``torch.compile`` (which fuses the
+PyTorch form), and on CPU tensors under ``TRITON_INTERPRET=1``. Where Triton cannot build or launch it, it is off
+for the process (one warning) and ``telu_triton`` returns None: the caller computes the PyTorch form.
 """
 import warnings
 from typing import Optional, Tuple
@@ -62,8 +59,7 @@ def telu_triton_available(x: Tensor) -> bool:
 
 
 def telu_triton(x: Tensor, with_slope: bool = False) -> Optional[Tuple[Tensor, Optional[Tensor]]]:
-    """(TeLU(x), its slope or None): same shape, dtype and memory format as x (dense: any memory format);
-    None where Triton failed to build or launch the kernel (see the module docstring)."""
+    """(TeLU(x), slope or None) in x's shape, dtype and memory format; None where Triton failed to build or launch."""
     global _failure
     y = torch.empty_like(x)
     slope = torch.empty_like(x) if with_slope else y
