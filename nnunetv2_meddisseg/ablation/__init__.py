@@ -1,2 +1,1 @@
-"""Ablations of Med-DisSeg: ``nnUNetv2_meddisseg_ablate`` (train, predict and tabulate variants) and the
-arms of finished studies (``study_trainers``)."""
+"""Ablations of Med-DisSeg: the ``nnUNetv2_meddisseg_ablate`` command and the arms of finished studies."""

@@ -1,17 +1,10 @@
 """``nnUNetv2_meddisseg_ablate``: train Med-DisSeg ablation variants with one budget, plans and seeds,
 predict the test set, and tabulate the paper's metrics against the full method.
 
-    nnUNetv2_meddisseg_ablate -d ID [-f FOLD] --variants NAME ... [--epochs N] [--iterations_per_epoch N]
-                              [--seeds 3] [-p PLANS] [-o OUT] [--device cpu|cuda]
-
-Each variant and the full method (``nnUNetTrainerMedDisSeg``, always added) is trained once per seed
-0 .. N-1 through ``nnUNetv2_train`` (run seed from ``nnUNet_meddisseg_seed``, a separate ``nnUNet_results``
-per seed, the budget as recipe overrides in a copy of its plans, ``<plans>_budget_<digest>``). A variant is a
-recipe variant of the trainer (``tau0p5`` or ``nnUNetTrainerMedDisSeg_tau0p5``), trained on the plans ``-p``, or
-a network ablation (``noELAT``, ``ReLU``, ``noCBAT``): the full method on a copy of the plans with that
-architecture option (``<plans>_noCBAT``), predicted on the raw dataset's ``imagesTs`` with ``nnUNetv2_predict``
-and evaluated against ``labelsTs``. Rerunning the same command skips finished runs and resumes interrupted
-trainings with ``--c``. Writes ``OUT/ablation.md`` and ``OUT/ablation.csv`` (see :mod:`.table`).
+Each variant and the full method (``nnUNetTrainerMedDisSeg``, always added) trains once per seed 0 .. N-1. A
+variant is a recipe variant (``tau0p5`` or ``nnUNetTrainerMedDisSeg_tau0p5``) on the plans ``-p``, or a network
+ablation (``noELAT``, ``ReLU``, ``noCBAT``): the full method on plans with that option (``<plans>_noCBAT``). A
+rerun skips finished runs and resumes interrupted ones with ``--c``. Writes ``OUT/ablation.md`` and ``.csv``.
 """
 from __future__ import annotations
 
@@ -79,8 +72,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def resolve_variants(names: Sequence[str], plans: str) -> Dict[str, Variant]:
-    """``{variant name: Variant}``, the full method first: trainers by their class name (found as nnU-Net finds
-    them), network ablations (``NETWORK_ABLATIONS``) by ``<plans>_<ablation>``; unknown names are a UserError."""
+    """``{variant name: Variant}``, the full method first; a network ablation trains on ``<plans>_<ablation>``."""
     from nnunetv2.utilities.find_objects import recursive_find_trainer_class_by_name
 
     use_our_trainers()

@@ -1,11 +1,6 @@
-"""The runs of ``nnUNetv2_meddisseg_ablate``: the budget in the plans, the plans of the network ablations, one
-nnU-Net results folder per seed, and one (variant, seed) run = ``nnUNetv2_train`` (resumed with ``--c``),
-``nnUNetv2_predict`` on the test images, evaluation against the test labels.
-
-A variant is a trainer (a recipe variant, e.g. ``nnUNetTrainerMedDisSeg_tau0p5``) on the run's plans, or a
-network ablation: the full method's trainer on plans that differ from the run's in one architecture option
-(``NETWORK_ABLATIONS``; written next to them as ``<plans>_<ablation>.json``). Every variant trains on a copy of
-its plans that holds the budget as recipe overrides (``<plans>_budget_<digest>.json``, :func:`write_budget_plans`).
+"""The runs of ``nnUNetv2_meddisseg_ablate``: one (variant, seed) run is ``nnUNetv2_train`` (resumed with
+``--c``), ``nnUNetv2_predict`` on the test images and evaluation against the test labels. Every variant trains
+on a copy of its plans holding the budget as recipe overrides (``<plans>_budget_<digest>.json``).
 
 Layout of the output folder ``OUT``::
 
@@ -36,8 +31,7 @@ from nnunetv2_meddisseg.training.recipe import RECIPE_PLANS_KEY
 __all__ = ["NETWORK_ABLATIONS", "Variant", "budget_plans_name", "write_budget_plans", "write_network_ablation_plans",
            "epoch_seconds", "AblationRun"]
 
-#: the paper's network ablations, as MedDisSegNet plans options (``nnUNetv2_meddisseg_plan --no_elat /
-#: --activation relu / --no_cbat``): name -> the ``arch_kwargs`` it changes
+#: the paper's network ablations: name -> the MedDisSegNet ``arch_kwargs`` it changes
 NETWORK_ABLATIONS: Dict[str, dict] = {"noELAT": {"elat": False}, "ReLU": {"activation": "relu"},
                                       "noCBAT": {"cbat": False}}
 
@@ -58,7 +52,6 @@ def _read_plans(preprocessed: Path, plans: str) -> dict:
 
 
 def _write_plans(preprocessed: Path, name: str, content: dict) -> str:
-    """``content`` as the plans ``name`` (``preprocessed/<name>.json``, written whole); returns ``name``."""
     content["plans_name"] = name
     write_atomically(preprocessed / f"{name}.json", lambda partial: partial.write_text(json.dumps(content, indent=4)))
     return name
@@ -70,19 +63,16 @@ def budget_plans_name(plans: str, recipe: Mapping[str, object]) -> str:
 
 
 def write_budget_plans(preprocessed: Path, plans: str, budget: Mapping[str, object]) -> str:
-    """Write ``preprocessed/<plans>_budget_<digest>.json``: the plans ``plans`` with ``budget`` (recipe settings) added
-    to their recipe overrides (``recipe.RECIPE_PLANS_KEY``; the budget's settings replace those of the same name);
-    the digest names the settings, so budgets never share a file. Returns the new plans name."""
+    """Write ``<plans>_budget_<digest>.json``: ``plans`` with ``budget`` merged over its recipe overrides; the
+    digest names the settings, so budgets never share a file. Return the new plans name."""
     content = _read_plans(preprocessed, plans)
     content[RECIPE_PLANS_KEY] = recipe = {**content.get(RECIPE_PLANS_KEY, {}), **budget}
     return _write_plans(preprocessed, budget_plans_name(plans, recipe), content)
 
 
 def write_network_ablation_plans(preprocessed: Path, plans: str, ablation: str) -> str:
-    """Write ``preprocessed/<plans>_<ablation>.json``: the plans ``plans`` with MedDisSegNet's ``arch_kwargs``
-    changed as ``NETWORK_ABLATIONS[ablation]`` says (plans of another network, e.g. nnU-Net's default, get
-    MedDisSegNet as ``nnUNetv2_meddisseg_plan`` writes it by default, as ``nnUNetTrainerMedDisSeg`` builds it
-    there); returns the new plans name."""
+    """Write ``<plans>_<ablation>.json``: MedDisSegNet's ``arch_kwargs`` changed by ``NETWORK_ABLATIONS[ablation]``;
+    another network gets the default MedDisSegNet, as ``nnUNetTrainerMedDisSeg`` builds it. Return the new name."""
     content = _read_plans(preprocessed, plans)
     for configuration in content.get("configurations", {}).values():
         architecture = configuration.get("architecture")
@@ -143,13 +133,11 @@ class AblationRun:
         return "interrupted" if (folder / "checkpoint_latest.pth").is_file() else "new"
 
     def _command(self, command: List[str], seed: int, log: Path, time_limit_s: Optional[float] = None) -> None:
-        """Run ``command`` in the environment of ``seed``, appending to ``log``; a failure is a UserError, a
-        command still running after ``time_limit_s`` is stopped (``CommandStopped``)."""
+        """Run ``command`` in ``seed``'s environment, appending to ``log``; UserError or CommandStopped (timed out)."""
         run_logged(command, self.environment(seed), log, echo=False, append=True, timeout_s=time_limit_s)
 
     def train(self, variant: str, seed: int, time_limit_s: Optional[float] = None) -> None:
-        """Train (resuming with ``--c`` after an interruption); stopped after ``time_limit_s`` seconds
-        (``CommandStopped``) with its last checkpoint kept for the next call."""
+        """Train (``--c`` after an interruption); past ``time_limit_s``: ``CommandStopped``, last checkpoint kept."""
         spec = self.variants[variant]
         command = ["nnUNetv2_train", self.dataset_name, "2d", self.fold, "-tr", spec.trainer, "-p", spec.plans,
                    "-device", self.device]

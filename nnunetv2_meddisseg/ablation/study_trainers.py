@@ -1,9 +1,6 @@
 """The arms of finished studies, one line each; kept so that their models still predict by name.
 
-The from-scratch study (``benchmarks/quality.py``; results in ``benchmarks/RESULTS.md``: "From-scratch study
-at the CPU budget", "SGD from scratch and the early-feature collapse") and the BatchNorm statistics study
-(``runningStatistics`` arms, RESULTS.md "BatchNorm statistics at small batches"). nnU-Net finds them through
-``nnUNet_extTrainer`` like the trainers of ``training.variants``; their settings are ``training.variants``'.
+The from-scratch (``benchmarks/quality.py``) and BatchNorm statistics studies; found via ``nnUNet_extTrainer``.
 """
 from dataclasses import replace
 

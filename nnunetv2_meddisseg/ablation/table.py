@@ -1,13 +1,9 @@
-"""The ablation table: per variant, mean and standard deviation over seeds of the test-set metrics, the
-difference to the full method with a paired Wilcoxon p-value, and the time per run.
-
-Input: ``{variant: {seed: record}}`` where a record is what ``nnUNetv2_meddisseg_ablate`` stores per
-finished run: ``{"summary": <evaluate_folders summary>, "train_seconds": float, "predict_seconds": float}``.
+"""The ablation table of ``{variant: {seed: record}}``, a record being ``{"summary": <evaluate_folders summary>,
+"train_seconds": float, "predict_seconds": float}``. Per variant:
 
 - mean, sd: over seeds of each seed's mean over test cases (sd with ``n - 1``; empty for one seed);
 - difference: variant - full method, averaged over the seeds both have;
-- p: two-sided Wilcoxon signed-rank test over test cases, pairing each case's metric averaged over
-  those seeds (variant vs full method);
+- p: two-sided Wilcoxon signed-rank test over test cases, pairing each case's metric averaged over those seeds;
 - time: mean over seeds of nnU-Net's summed epoch times plus the prediction time.
 """
 from __future__ import annotations
@@ -64,11 +60,7 @@ def _comparison(records: Mapping[int, Mapping], reference: Mapping[int, Mapping]
 
 
 def ablation_rows(records: Records, reference: str, order: Optional[Sequence[str]] = None) -> List[dict]:
-    """One row per variant (``order``, default: the keys of ``records``); metric values as fractions.
-
-    Row keys: ``variant, seeds, <m>_mean, <m>_sd, <m>_diff, <m>_p`` for each metric, ``seconds_per_run``
-    and ``note``; the full method's own diff / p are empty (NaN).
-    """
+    """One row per variant in ``order`` (default: ``records``), metrics as fractions; the full method's diff, p: NaN."""
     order = list(order or records)
     first = next(iter(records[order[0]].values()))
     metrics = metrics_of(first["summary"])
@@ -115,8 +107,7 @@ def _difference(diff: float, p: float) -> str:
 
 
 def markdown_table(rows: Sequence[Mapping], reference: str) -> str:
-    """Metrics in percent (mean ± sd over seeds), then each metric's difference to ``reference`` with
-    its p-value, then minutes per run."""
+    """Metrics in percent (mean ± sd over seeds), each one's difference to ``reference`` (p), minutes per run."""
     metrics = [k[:-5] for k in rows[0] if k.endswith("_mean")]
     titles = [METRIC_TITLES.get(m, m) for m in metrics]
     header = (["Variant", "Seeds"] + titles + [f"Δ {t} (p)" for t in titles] + ["Minutes per run"])

@@ -1,26 +1,15 @@
 """``nnUNetv2_meddisseg_compare``: default nnU-Net vs Med-DisSeg on a dataset's test set.
 
-    nnUNetv2_meddisseg_compare -d ID [-f FOLD] [-c 2d] [--baseline_trainer nnUNetTrainer]
-        [--baseline_plans nnUNetPlans] [--trainer nnUNetTrainerMedDisSeg] [--plans PLANS]
-        [--checkpoint checkpoint_final.pth] [--device cpu|cuda] [-npp N] [--overwrite]
-        [--names BASELINE MODEL] [--num_overlays K] [-o OUT]
+Both models come from ``$nnUNet_results/DatasetXXX_Name/TRAINER__PLANS__CONFIG/fold_F/``. Each predicts
+``imagesTs`` (only cases missing from ``OUT/predictions/TRAINER__PLANS__CONFIG``); both are evaluated against
+``labelsTs`` with the paper's metrics. ``OUT`` receives:
 
-Both models are read from ``$nnUNet_results/DatasetXXX_Name/TRAINER__PLANS__CONFIG/fold_F/``; the
-test images ``$nnUNet_raw/DatasetXXX_Name/imagesTs`` are predicted with each (only cases without a
-prediction in ``OUT/predictions/TRAINER__PLANS__CONFIG``), both are evaluated against ``labelsTs``
-with the paper's metrics, and ``OUT`` receives:
-
-- ``comparison.md`` / ``comparison.csv``: one row per model (mean and std in percent) and, where the
-  paper reports the dataset, its Med-DisSeg numbers as a reference row;
-- ``comparison_bar_chart.png``;
-- ``paired_differences.csv``: per case the scores of both models and their difference (second minus
-  first), ``statistics.json``: the Wilcoxon signed-rank p-value per metric (scipy's default
-  two-sided test, zero differences dropped; all differences zero gives p = 1 and a note);
-- ``overlays/*.png``: image | ground truth | both predictions for the cases whose Dice differs most;
-- ``summary_<model>.json``: each model's evaluation summary.
-
-The modules doing the work: ``nnunet_prediction`` (the prediction step), ``compare_predictions``
-(:func:`compare_prediction_folders`: everything after it), ``paired_statistics`` and ``paper_reference``.
+- ``comparison.md`` / ``.csv``: one row per model (mean and std in percent), plus the paper's Med-DisSeg numbers
+  where it reports the dataset; ``comparison_bar_chart.png``; ``summary_<model>.json`` per model;
+- ``paired_differences.csv``: per case both models' scores and their difference (second minus first);
+- ``statistics.json``: the Wilcoxon signed-rank p-value per metric (scipy's default two-sided test, zero
+  differences dropped; all differences zero gives p = 1 and a note);
+- ``overlays/*.png``: image | ground truth | both predictions for the cases whose Dice differs most.
 """
 import argparse
 import os

@@ -1,8 +1,5 @@
-"""Two prediction folders side by side: evaluated against the same references, written as a markdown +
-CSV table (with the paper's numbers as a reference row), a bar chart, paired differences with the
-Wilcoxon test (``paired_differences.csv``, ``statistics.json``) and overlays of the cases that differ
-most. :func:`compare_prediction_folders` does it all; ``nnUNetv2_meddisseg_compare`` calls it after
-predicting."""
+"""Two prediction folders against the same references: a markdown + CSV table (the paper's numbers as a reference
+row), a bar chart, paired Wilcoxon tests and overlays of the cases that differ most."""
 import csv
 import json
 import os
@@ -109,11 +106,9 @@ def compare_prediction_folders(ref_dir: str, pred_a: str, pred_b: str, out_dir: 
                                progress: bool = True) -> dict:
     """Evaluate two prediction folders against ``ref_dir`` and write the comparison into ``out_dir``.
 
-    image_dir: folder with the input images (``CASE_0000<ending>``) for the overlays (grey
-    background without it); paper_key: dataset name or key of ``paper_results.json`` for the
-    reference row; labels: ``{name: value}`` as in dataset.json (default binary). Returns
-    ``{"summaries": {name: summary}, "columns", "table", "differences", "statistics", "paper_key",
-    "files": {...}}``.
+    image_dir: the input images (``CASE_0000<ending>``) of the overlays, grey without it; paper_key: dataset name
+    or key of ``paper_results.json``; labels: ``{name: value}`` as in dataset.json (default binary).
+    Returns ``{"summaries", "columns", "table", "differences", "statistics", "paper_key", "files"}``.
     """
     if len(names) != 2 or names[0] == names[1]:
         raise ValueError(f"names must be two different model names, got {list(names)}")
@@ -177,7 +172,6 @@ def _write_table_csv(path: str, columns: Sequence[str], table: Sequence[Mapping]
 
 def _markdown_table(heading: str, columns: Sequence[str], table: Sequence[Mapping], n_cases: int,
                     has_paper: bool) -> List[str]:
-    """The markdown lines of the heading and the mean ± std table."""
     md = [f"# {heading}", "", f"{n_cases} test cases; mean ± standard deviation over cases "
           f"(Dice-type scores in percent{', HD95 in voxels' if 'hd95' in columns else ''}).", "",
           "| Method | " + " | ".join(_column_title(c) for c in columns) + " |",
@@ -195,7 +189,6 @@ def _markdown_table(heading: str, columns: Sequence[str], table: Sequence[Mappin
 
 
 def _markdown_statistics(statistics: Mapping, metrics: Sequence[str], names: Sequence[str]) -> List[str]:
-    """The markdown lines of the paired-differences section."""
     md = ["", f"## Paired differences ({names[1]} − {names[0]}), Wilcoxon signed-rank test", "",
           "| Metric | mean diff | median diff | better / worse / tied | p-value |", "|---|---|---|---|---|"]
     for m in metrics:
@@ -218,8 +211,7 @@ def _write_chart(path: str, columns: Sequence[str], table: Sequence[Mapping], ti
 
 
 def overlay_title(case: str, names: Sequence[str], dice_diff: float) -> str:
-    """The title of a case's overlay picture: what its number is (``dice_diff``: a fraction, second model
-    minus first)."""
+    """Title of a case's overlay; ``dice_diff`` is a fraction, second model minus first."""
     return f"{case}: Dice difference, {names[1]} minus {names[0]}: {100 * dice_diff:+.1f} points"
 
 
@@ -231,8 +223,7 @@ def terminal_text(report_md: str) -> str:
 def _write_overlays(ref_dir: str, pred_dirs: Sequence[str], image_dir: Optional[str], ending: str,
                     differences: Sequence[Mapping], names: Sequence[str], overlay_dir: str, num_overlays: int,
                     progress: bool) -> List[str]:
-    """Overlays (image | reference | both predictions) of the ``num_overlays`` cases whose Dice differs
-    most (none for ties); 3D cases show their most different slice. Returns the files written."""
+    """Overlays of the ``num_overlays`` cases whose Dice differs most, ties left out; 3D: the most different slice."""
     ranked = sorted((r for r in differences if r["dice_diff"] != 0), key=lambda r: -abs(r["dice_diff"]))
     ranked = ranked[:max(num_overlays, 0)]
     overlays = []

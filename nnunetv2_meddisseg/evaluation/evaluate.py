@@ -1,14 +1,8 @@
 """``nnUNetv2_meddisseg_evaluate``: the paper's metrics on a folder of predictions.
 
-    nnUNetv2_meddisseg_evaluate -ref LABELS_DIR -pred PRED_DIR [-o summary.json]
-                                [-djfile dataset.json | --labels 0 1 ...] [--hd95_physical]
-
-Label images are read with nnU-Net's readers, chosen by file ending (PNG/BMP/TIF: NaturalImage2DIO,
-.nii.gz/.nrrd/.mha/.gipl: SimpleITKIO). With one foreground label (default: the binary set {0, 1})
-the binary metrics of :mod:`nnunetv2_meddisseg.evaluation.metrics` are reported per image and as
-means (mIoU, mDSC, Recall, Precision); with several foreground labels (Synapse) per-label Dice and
-HD95 in the TransUNet protocol. The JSON holds fractions in [0, 1] (HD95 in voxels, or in the
-images' physical units with ``--hd95_physical``).
+With one foreground label (default: {0, 1}) the binary metrics (mIoU, mDSC, Recall, Precision) are reported per
+image and as means; with several (Synapse), per-label Dice and HD95 in the TransUNet protocol. The JSON holds
+fractions in [0, 1]; HD95 is in voxels, or in the images' physical units with ``--hd95_physical``.
 """
 import argparse
 import json
@@ -81,11 +75,8 @@ def _squeeze_singleton_first_axis(arr: np.ndarray, spacing: Sequence[float]) -> 
 
 
 def read_label_map(file: str, reader=None) -> Tuple[np.ndarray, Tuple[float, ...]]:
-    """Read one label image with nnU-Net's reader.
-
-    Returns ``(labels, spacing)``: labels (H, W) for 2D images, (D, H, W) for volumes, integer
-    dtype; spacing one value per axis in the same order.
-    """
+    """Read one label image: ``(labels, spacing)``, integer labels (H, W) for 2D images, (D, H, W) for volumes,
+    spacing one value per axis in the same order."""
     if reader is None:
         reader = reader_for_file_ending(file_ending_of(file) or os.path.splitext(file)[1])
     try:
@@ -182,8 +173,7 @@ def match_cases(ref_dir: str, pred_dir: str, file_ending: Optional[str] = None) 
 
 
 def _check_values(arr: np.ndarray, allowed: np.ndarray, file: str, declared: bool = True) -> None:
-    """Refuse label values outside ``allowed``; ``declared``: the labels came from -djfile / --labels
-    (not the binary default), which changes the advice."""
+    """Refuse label values outside ``allowed``; ``declared`` (from -djfile / --labels) changes the advice."""
     values = np.unique(arr)
     bad = values[~np.isin(values, allowed)]
     if bad.size:
@@ -205,19 +195,11 @@ def evaluate_folders(ref_dir: str, pred_dir: str, labels: Optional[Mapping[str, 
                      progress: bool = True) -> dict:
     """Evaluate every case of ``ref_dir`` against the same-named file of ``pred_dir``.
 
-    labels: ``{name: value}`` as in dataset.json (default: background 0, foreground 1). One
-    foreground label gives the binary summary::
-
-        {"metric_per_case": [{"case", "iou", "dice", "recall", "precision"}, ...],
-         "mean": {"iou", "dice", "recall", "precision"}, "std": {...}}
-
-    several give the multi-class (TransUNet) summary::
-
-        {"labels": {name: value}, "metric_per_case": [{"case", "dice", "hd95",
-          "per_label": {name: {"dice", "hd95"}}}, ...], "mean": {"dice", "hd95", "per_label": ...},
-         "std": {"dice", "hd95"}}
-
-    where a case's dice/hd95 is its mean over labels and ``mean`` averages over cases.
+    labels: ``{name: value}`` as in dataset.json (default: background 0, foreground 1). One foreground label
+    gives ``{"metric_per_case": [{"case", "iou", "dice", "recall", "precision"}, ...], "mean": {...}, "std": {...}}``,
+    several the multi-class (TransUNet) summary ``{"labels": {name: value}, "metric_per_case": [{"case", "dice",
+    "hd95", "per_label": {name: {"dice", "hd95"}}}, ...], "mean": {"dice", "hd95", "per_label": ...}, "std": {"dice",
+    "hd95"}}``, a case's dice/hd95 being its mean over labels and ``mean`` the mean over cases.
     """
     declared = labels is not None
     labels = dict(BINARY_LABELS if labels is None else labels)
@@ -286,8 +268,7 @@ def format_summary(summary: Mapping) -> str:
 
 
 def check_output_file(output_file: str, inputs: Mapping[str, Optional[str]]) -> None:
-    """``-o`` names a file that is neither one of the ``inputs`` (option -> path) nor inside an input
-    folder, nor an existing folder."""
+    """Refuse an ``-o`` that is one of the ``inputs`` (option -> path), lies inside one, or is a folder."""
     for option, path in inputs.items():
         if path is not None and is_inside(output_file, path):
             raise UserError(f"-o {output_file} is inside {option} {path}: the summary would be written into the "
@@ -298,8 +279,7 @@ def check_output_file(output_file: str, inputs: Mapping[str, Optional[str]]) -> 
 
 
 def save_summary(summary: Mapping, output_file: str) -> None:
-    """Write a summary as JSON, whole (``files.write_atomically``); a failed write (disk full, read-only) leaves
-    nothing behind and raises a ``UserError`` naming the file."""
+    """Write a summary as JSON, whole or not at all; a failed write raises a ``UserError`` naming the file."""
     def write(partial: Path) -> None:
         with open(partial, "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)

@@ -1,23 +1,12 @@
 """``nnUNetv2_meddisseg_features``: pictures of the feature space at the dispersion-regularised layer.
 
-    nnUNetv2_meddisseg_features -d ID -tr TRAINER [-tr TRAINER2] [-p PLANS] [-f FOLD]
-                                [--layer early|middle|late] [-o features.png]
-
-Loads each trained model with nnU-Net's ``nnUNetPredictor.initialize_from_trained_model_folder`` (its checkpoint
-read weights-only: ``torch_files.initialize_predictor``),
-preprocesses the raw dataset's test images (``imagesTs``) as nnU-Net does, centre-crops or zero-pads
-them to the plans' patch size, and reads the network's features (``MedDisSegOutput.features``,
-eval mode) at ``--layer``: 'early' = ELAT-refined x2, 'middle' = x4, 'late' = output of D_s. One row
-per model:
-
-- per-image features (each image's feature map flattened, as the dispersive loss sees a batch):
-  2-D PCA and t-SNE (scikit-learn, optional), one colour per image;
-- pixel features (the channel vector at sampled positions): PCA and t-SNE, coloured by foreground /
-  background of the test label (``labelsTs``; the model's own prediction where no label exists).
-
-The row title holds the dispersion diagnostics of the per-image features (``dispersion_diagnostics``:
-mean pairwise distance ``||h_i - h_j||^2 / D`` and effective rank). Typical use: the full method vs
-``nnUNetTrainerMedDisSeg_noDispersive``.
+Each trained model (checkpoint read weights-only) runs on the raw dataset's ``imagesTs``, preprocessed as nnU-Net
+does and centre-cropped or zero-padded to the plans' patch size; its features (``MedDisSegOutput.features``, eval
+mode) are read at ``--layer``: 'early' = ELAT-refined x2, 'middle' = x4, 'late' = output of D_s. Each model's row
+shows 2-D PCA and t-SNE (scikit-learn, optional) of its per-image features (each feature map flattened, as the
+dispersive loss sees a batch; one colour per image) and of pixel features (the channel vector at sampled
+positions, coloured foreground / background by ``labelsTs``, else by the model's own prediction). The row title
+holds the per-image dispersion diagnostics (mean pairwise distance ``||h_i - h_j||^2 / D``, effective rank).
 """
 from __future__ import annotations
 
@@ -51,8 +40,7 @@ TSNE_MISSING = "scikit-learn is not installed: t-SNE panels are left out (pip in
 
 
 def pca_2d(x: np.ndarray) -> np.ndarray:
-    """(N, D) -> (N, 2): projection of the centred rows onto their first two principal directions
-    (computed from the N x N Gram matrix, so D may be large); zeros where the rank is lower."""
+    """(N, D) -> (N, 2) PCA of the rows via the N x N Gram matrix (so D may be large); zeros where the rank is lower."""
     centred = x.astype(np.float64) - x.mean(axis=0, keepdims=True)
     gram = centred @ centred.T
     eigenvalues, eigenvectors = np.linalg.eigh(gram)
@@ -79,10 +67,8 @@ def tsne_2d(x: np.ndarray, seed: int = 0) -> Optional[np.ndarray]:
 
 def sample_pixels(features: np.ndarray, foreground: np.ndarray, per_image: int, seed: int = 0
                   ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Pixel feature vectors, half from foreground and half from background where both exist.
-
-    features: (N, C, h, w); foreground: (N, h, w) bool -> (vectors (M, C), image index (M,), is foreground (M,))
-    """
+    """Pixel feature vectors, half foreground and half background where both exist: features (N, C, h, w),
+    foreground (N, h, w) bool -> (vectors (M, C), image index (M,), is foreground (M,))."""
     rng = np.random.default_rng(seed)
     vectors, images, fg = [], [], []
     for i in range(features.shape[0]):

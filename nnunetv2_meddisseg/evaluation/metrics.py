@@ -1,37 +1,23 @@
 """The paper's segmentation metrics as pure functions on numpy label maps.
 
-Binary (Kvasir-SEG, Kvasir-Sessile, GlaS, ISIC): per image, as the paper and its released code
-compute them, with P the predicted and G the reference foreground, I = |P and G|,
-U = |P or G| and e = 1e-15::
+Binary (Kvasir-SEG, Kvasir-Sessile, GlaS, ISIC): per image, as the paper and its released code compute them,
+with P the predicted and G the reference foreground, I = |P and G|, U = |P or G| and e = 1e-15::
 
     IoU = (I + e) / (U + e)              Dice = (2I + e) / (|P| + |G| + e)
     Recall = (I + e) / (|G| + e)         Precision = (I + e) / (|P| + e)
 
-An empty prediction on an empty reference therefore scores 1 everywhere; an empty prediction on
-a non-empty reference scores 0 IoU/Dice/Recall but precision 1 (the released code's behaviour).
-The dataset score is the mean over images.
+An empty prediction scores 1 everywhere on an empty reference, and 0 IoU/Dice/Recall but precision 1 on a
+non-empty one. The dataset score is the mean over images.
 
-Multi-class (Synapse, TransUNet protocol): per volume and organ, Dice and HD95 of the organ's
-binary masks, with TransUNet's rule for empty masks (``calculate_metric_percase`` in its
-``utils.py``):
+Multi-class (Synapse, TransUNet protocol): per volume and organ, Dice and HD95 of the organ's binary masks, with
+TransUNet's rule for empty masks (``calculate_metric_percase`` in its ``utils.py``): both non-empty give
+(2|P and G| / (|P| + |G|), HD95), a prediction on an empty reference (1, 0), an empty prediction (0, 0).
+Every organ of every volume counts in the means (nothing is skipped as NaN): a missed organ scores HD95 0.
+The per-organ score is the mean over volumes, the reported mean the mean over organs.
 
-=====================  ==================  =============================================
-prediction             reference           (Dice, HD95)
-=====================  ==================  =============================================
-non-empty              non-empty           (2|P and G| / (|P| + |G|), HD95)
-non-empty              empty               (1, 0)
-empty                  non-empty           (0, 0)
-empty                  empty               (0, 0)
-=====================  ==================  =============================================
-
-Every organ of every volume counts in the means (nothing is skipped as NaN): an organ that is
-absent from a reference volume scores Dice 1 / HD95 0 if the model predicts something there and
-Dice 0 / HD95 0 if it (correctly) predicts nothing; a missed organ scores Dice 0 but also HD95 0.
-The per-organ score is the mean over volumes, the reported mean the mean over organs. HD95 is,
-as in medpy's ``hd95``, the larger of the two directed 95th percentiles of the distances between
-the surface voxels (the voxels removed by one erosion with the face-connected structuring
-element) of prediction and reference. TransUNet passes no spacing, so its HD95 is in voxels;
-``spacing`` gives it in physical units instead.
+HD95 is, as in medpy's ``hd95``, the larger of the two directed 95th percentiles of the distances between the
+surface voxels (those one face-connected erosion removes) of prediction and reference. TransUNet passes no
+spacing, so its HD95 is in voxels; ``spacing`` gives physical units.
 """
 from typing import Dict, Iterable, Optional, Sequence, Tuple
 
@@ -55,11 +41,7 @@ BINARY_METRICS = ("iou", "dice", "recall", "precision")
 
 
 def binary_metrics(prediction: np.ndarray, reference: np.ndarray, eps: float = EPSILON) -> Dict[str, float]:
-    """IoU, Dice, recall and precision of one image.
-
-    prediction, reference: arrays of the same shape (any number of dimensions); nonzero = foreground.
-    Returns ``{"iou", "dice", "recall", "precision"}`` as fractions in [0, 1].
-    """
+    """IoU, Dice, recall and precision of one image, fractions in [0, 1]; any dimensions, nonzero = foreground."""
     if prediction.shape != reference.shape:
         raise ValueError(f"prediction shape {prediction.shape} differs from reference shape {reference.shape}")
     p = prediction != 0
@@ -77,10 +59,7 @@ def binary_metrics(prediction: np.ndarray, reference: np.ndarray, eps: float = E
 
 
 def surface_voxels(mask: np.ndarray) -> np.ndarray:
-    """Boolean map of the foreground voxels that one erosion removes (face connectivity; outside = background).
-
-    mask: (*spatial) bool/int. Returns a bool array of the same shape.
-    """
+    """Boolean map of the foreground voxels that one erosion removes (face connectivity; outside = background)."""
     mask = np.asarray(mask, dtype=bool)
     structure = ndimage.generate_binary_structure(mask.ndim, 1)
     return mask & ~ndimage.binary_erosion(mask, structure=structure, iterations=1, border_value=0)
@@ -97,11 +76,8 @@ def _crop_to_union(a: np.ndarray, b: np.ndarray) -> Tuple[np.ndarray, np.ndarray
 
 def directed_surface_distances(source: np.ndarray, target: np.ndarray,
                                spacing: Optional[Sequence[float]] = None) -> np.ndarray:
-    """Distance from every surface voxel of ``source`` to the nearest surface voxel of ``target``.
-
-    source, target: (*spatial) masks of the same shape, both non-empty. spacing: one value per axis
-    (default 1). Returns a 1D float array with one entry per surface voxel of ``source``.
-    """
+    """1D distances from every surface voxel of ``source`` to the nearest one of ``target`` (same shape, both
+    non-empty); ``spacing``: one value per axis, default 1."""
     source = np.asarray(source, dtype=bool)
     target = np.asarray(target, dtype=bool)
     if source.shape != target.shape:
@@ -115,10 +91,7 @@ def directed_surface_distances(source: np.ndarray, target: np.ndarray,
 
 
 def hd95(prediction: np.ndarray, reference: np.ndarray, spacing: Optional[Sequence[float]] = None) -> float:
-    """95th-percentile Hausdorff distance between two non-empty masks (medpy's definition).
-
-    prediction, reference: (*spatial) masks; spacing: one value per axis (default 1 = voxel units).
-    """
+    """95th-percentile Hausdorff distance of two non-empty masks (medpy's); ``spacing`` default 1 = voxel units."""
     d_pr = directed_surface_distances(prediction, reference, spacing)
     d_rp = directed_surface_distances(reference, prediction, spacing)
     return float(max(np.percentile(d_pr, 95), np.percentile(d_rp, 95)))
@@ -126,10 +99,7 @@ def hd95(prediction: np.ndarray, reference: np.ndarray, spacing: Optional[Sequen
 
 def dice_hd95_transunet(prediction: np.ndarray, reference: np.ndarray,
                         spacing: Optional[Sequence[float]] = None) -> Tuple[float, float]:
-    """(Dice, HD95) of one organ in one volume with TransUNet's empty-mask rule (see module docstring).
-
-    prediction, reference: (*spatial) masks of the same shape; nonzero = organ.
-    """
+    """(Dice, HD95) of one organ in one volume with TransUNet's empty-mask rule; nonzero = organ."""
     if prediction.shape != reference.shape:
         raise ValueError(f"prediction shape {prediction.shape} differs from reference shape {reference.shape}")
     p = prediction != 0
@@ -146,11 +116,7 @@ def dice_hd95_transunet(prediction: np.ndarray, reference: np.ndarray,
 
 def multiclass_dice_hd95(prediction: np.ndarray, reference: np.ndarray, labels: Iterable[int],
                          spacing: Optional[Sequence[float]] = None) -> Dict[int, Dict[str, float]]:
-    """Per-label Dice and HD95 of one volume (TransUNet protocol).
-
-    prediction, reference: (*spatial) integer label maps; labels: the foreground label values.
-    Returns ``{label: {"dice": ..., "hd95": ...}}``.
-    """
+    """``{label: {"dice", "hd95"}}`` of one volume (TransUNet protocol) for the foreground values ``labels``."""
     out = {}
     for label in labels:
         dice, hd = dice_hd95_transunet(prediction == label, reference == label, spacing)

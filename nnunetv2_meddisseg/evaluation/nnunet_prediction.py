@@ -1,5 +1,4 @@
-"""Predicting a test set with trained nnU-Net models (nnU-Net's ``nnUNetPredictor``), only where
-predictions are missing."""
+"""Predicting a test set with trained nnU-Net models, only where predictions are missing."""
 import contextlib
 import os
 import sys
@@ -14,8 +13,7 @@ __all__ = ["find_trained_model", "predict_missing_cases"]
 
 def find_trained_model(dataset_name: str, trainer: str, plans: Sequence[str], configuration: str,
                        fold: str, checkpoint: str) -> str:
-    """The first of ``$nnUNet_results/<dataset>/<trainer>__<plans>__<configuration>`` (over ``plans``)
-    whose ``fold_<fold>/<checkpoint>`` exists; a FileNotFoundError naming every file tried otherwise."""
+    """The first model folder (over ``plans``) with a ``fold_<fold>/<checkpoint>``, else FileNotFoundError."""
     tried = []
     for p in plans:
         folder = str(trainer_output_folder(dataset_name, trainer, p, configuration))
@@ -31,14 +29,8 @@ def find_trained_model(dataset_name: str, trainer: str, plans: Sequence[str], co
 def predict_missing_cases(model_dir: str, fold: str, checkpoint: str, images_dir: str, file_ending: str,
                           output_dir: str, device: str = "cpu", num_processes: int = 0,
                           overwrite: bool = False, progress: bool = True) -> List[str]:
-    """Predict every case of ``images_dir`` that has no ``<case><ending>`` in ``output_dir`` yet.
-
-    Uses nnU-Net's ``nnUNetPredictor`` (``initialize_from_trained_model_folder``, through
-    ``torch_files.initialize_predictor``, which reads the checkpoint weights-only, and
-    ``predict_from_files_sequential`` case by case with ``num_processes`` 0, ``predict_from_files``
-    otherwise); nnU-Net's own console output goes to ``output_dir/predict_log.txt``. Returns the
-    predicted case ids.
-    """
+    """Predict every case of ``images_dir`` without a ``<case><ending>`` in ``output_dir``; return their ids. The
+    checkpoint is read weights-only; nnU-Net's console output goes to ``output_dir/predict_log.txt``."""
     from nnunetv2.utilities.utils import create_lists_from_splitted_dataset_folder
 
     if not os.path.isdir(images_dir):

@@ -11,11 +11,8 @@ __all__ = ["compared_metrics", "wilcoxon_p_value", "paired_differences", "paired
 
 
 def wilcoxon_p_value(differences: Sequence[float]) -> Tuple[float, str]:
-    """Two-sided Wilcoxon signed-rank p-value of paired differences, and a note ('' if none).
-
-    All-zero differences give ``(1.0, note)``; fewer than one non-zero difference or a scipy
-    failure give ``(nan, note)``.
-    """
+    """Two-sided Wilcoxon signed-rank p-value of paired differences, and a note ('' if none); all zero gives
+    ``(1.0, note)``, no differences or a scipy failure ``(nan, note)``."""
     d = np.asarray(differences, dtype=np.float64)
     if d.size == 0:
         return float("nan"), "no cases"

@@ -1,5 +1,4 @@
-"""The paper's Med-DisSeg results (``paper_results.json``, shipped with the package) and how a dataset
-name finds its entry."""
+"""The paper's Med-DisSeg results (the shipped ``paper_results.json``) and how a dataset name finds its entry."""
 import json
 import os
 import re

@@ -1,7 +1,4 @@
-"""Figures of the comparison: a grouped bar chart of the mean scores and per-case overlays.
-
-All functions write PNG files through matplotlib's Agg backend (no display needed).
-"""
+"""Figures of the comparison, written as PNG with matplotlib's Agg backend: a bar chart and per-case overlays."""
 from typing import Mapping, Optional, Sequence
 
 import matplotlib
@@ -17,11 +14,8 @@ __all__ = ["bar_chart", "display_image", "label_overlay", "most_different_slice"
 
 def bar_chart(rows: Sequence[Mapping], metrics: Sequence[str], out_file: str, title: str = "",
               ylabel: str = "score (%)", metric_labels: Optional[Mapping[str, str]] = None) -> None:
-    """Grouped bars: one group per metric, one bar per row (method), with std error bars where given.
-
-    rows: ``[{"name": str, "values": {metric: float or None}, "std": {metric: float or None}}, ...]``;
-    a missing or None value leaves a gap (e.g. a paper row without recall).
-    """
+    """Grouped bars, one group per metric, one bar per row, std error bars where given; ``rows``: ``[{"name",
+    "values": {metric: float or None}, "std": {...}}, ...]``, a missing or None value leaving a gap."""
     metric_labels = dict(metric_labels or {})
     n_rows = max(len(rows), 1)
     x = np.arange(len(metrics), dtype=float)
@@ -63,11 +57,8 @@ def bar_chart(rows: Sequence[Mapping], metrics: Sequence[str], out_file: str, ti
 
 
 def display_image(image: Optional[np.ndarray], shape: Sequence[int]) -> np.ndarray:
-    """An (H, W, 3) float image in [0, 1] for display.
-
-    image: (H, W), (H, W, 1), (H, W, 3) or (H, W, 4) (RGB(A) in 0..255 or 0..1; one channel is
-    windowed to its 0.5-99.5th percentiles), or None for a grey background of ``shape``.
-    """
+    """An (H, W, 3) float image in [0, 1] for display from (H, W), (H, W, 1), (H, W, 3) or (H, W, 4) (RGB(A) in
+    0..255 or 0..1; one channel is windowed to its 0.5-99.5th percentiles), or None for grey of ``shape``."""
     if image is None:
         return np.full((*shape, 3), 0.5, dtype=np.float32)
     img = np.asarray(image, dtype=np.float32)
@@ -110,11 +101,8 @@ def most_different_slice(reference: np.ndarray, predictions: Sequence[np.ndarray
 def overlay_figure(image: Optional[np.ndarray], reference: np.ndarray, predictions: Sequence[np.ndarray],
                    names: Sequence[str], out_file: str, title: str = "",
                    scores: Optional[Sequence[Optional[float]]] = None, score_name: str = "Dice") -> None:
-    """Side-by-side panels: image | ground truth | one panel per prediction.
-
-    image: (H, W[, C]) or None; reference, predictions: (H, W) label maps; scores: one per prediction
-    (fractions, shown in percent in the panel titles).
-    """
+    """Panels image | ground truth | one per prediction: image (H, W[, C]) or None, label maps (H, W), ``scores``
+    one per prediction (fractions, shown in percent)."""
     shape = reference.shape
     bg = display_image(image, shape)
     n = 2 + len(predictions)
