@@ -1,6 +1,5 @@
-"""Checkpoint files: writing them whole, so that a kill during a save never leaves a truncated
-``checkpoint_latest.pth``, and reading the checkpoint a run resumes from with an error that names the file and
-what to do."""
+"""Checkpoint files: written whole, so a kill during a save never truncates ``checkpoint_latest.pth``, and read for
+resuming with an error that names the file and what to do."""
 import os
 import zipfile
 from pathlib import Path
@@ -16,9 +15,8 @@ __all__ = ["save_checkpoint_file", "read_checkpoint_for_resuming"]
 
 
 def save_checkpoint_file(checkpoint: Mapping[str, object], filename: str) -> None:
-    """``torch.save(checkpoint, filename)`` written whole (``files.write_atomically``): the file is written beside
-    ``filename``, flushed to disk and renamed over it, so that a kill during a save leaves the previous
-    checkpoint."""
+    """``torch.save`` to a file beside ``filename``, flushed to disk and renamed over it: a kill during a save leaves
+    the previous checkpoint."""
     def write(partial: Path) -> None:
         with open(partial, "wb") as f:
             torch.save(checkpoint, f)
@@ -29,9 +27,8 @@ def save_checkpoint_file(checkpoint: Mapping[str, object], filename: str) -> Non
 
 
 def read_checkpoint_for_resuming(filename: str) -> Mapping[str, object]:
-    """The checkpoint ``load_checkpoint`` resumes from (``torch_files.load_weights_only``, memory-mapped); a
-    :class:`~nnunetv2_meddisseg.training.errors.TrainingInputRuntimeError` (a ``RuntimeError``) naming the
-    file (and ``checkpoint_best.pth`` beside it, where there is one) if it cannot be read or carries code."""
+    """The checkpoint to resume from, weights-only and memory-mapped; a ``TrainingInputRuntimeError`` naming the file
+    (and ``checkpoint_best.pth`` beside it, if any) where it cannot be read or carries code."""
     try:
         return load_weights_only(filename, "checkpoint", mmap=zipfile.is_zipfile(filename))
     except UnsafeTorchFile as error:

@@ -1,17 +1,9 @@
 """``torch.compile`` for the trainers: when it pays, static shapes, the seconds each graph took, and a way back.
 
-nnU-Net compiles the whole network (``torch.compile(self.network)``) where ``_do_i_compile`` says so, with
-dynamo's automatic dynamic shapes: a change of batch (Stage I runs a doubled batch of clean and perturbed
-views, Stage II the plans' batch) would recompile it with a symbolic batch. :func:`compile_network` compiles
-with static shapes (``dynamic=False``) instead, so each stage's training step gets one graph and no stage
-recompiles after its first step.
-
-:class:`Compilation` is a trainer's compile state: whether compiling pays for the run's schedule
-(:func:`compile_pays`, with the figures of :data:`COMPILE_COSTS`), the compiled flag, the seconds of each graph's
-first call in the log, and the way back: an error that compilation raises (:func:`is_compile_error`) in any call
-it runs drops the compiled code and repeats the call eagerly. Only the training steps are compiled; validation,
-BatchNorm re-estimation and the final validation run eagerly (:func:`eager_stance`): a few dozen batches per
-epoch do not repay graphs of their own.
+nnU-Net's dynamic shapes would recompile on a change of batch (Stage I runs a doubled batch, Stage II the plans'
+batch); ``compile_network`` uses static shapes: one graph per stage's training step. Only training steps compile:
+validation, BatchNorm re-estimation and the final validation run eagerly, as a few dozen batches per epoch do not
+repay graphs of their own. A compile error in any call drops the compiled code and repeats the call eagerly.
 """
 import contextlib
 import weakref
@@ -26,20 +18,16 @@ __all__ = ["COMPILE_RECOMPILE_LIMIT", "COMPILE_COSTS", "CompileCosts", "CompileD
 
 T = TypeVar("T")
 
-#: graphs a compiled module may hold (a stage's batch, a different last batch); dynamo's default limit (8) would
+#: graphs a compiled module may hold (a stage's batch, a different last batch); at dynamo's default (8) it would
 #: fall back to eager silently
 COMPILE_RECOMPILE_LIMIT = 32
 
 
 @dataclass(frozen=True)
 class CompileCosts:
-    """What compiling a stage's training step costs and saves, at 256x256 on the GPU the figures come from.
-
-    compile_s: seconds to compile one stage's training graph (its first step, compilation included).
-    eager_s_per_sample: seconds of an eager training step per sample.
-    saved_fraction: the part of a step's time that the compiled graph saves.
-    pixels: the patch size (H x W) the per-sample figure was measured at; other patches scale it linearly.
-    """
+    """What compiling a stage's training step costs and saves, at 256x256 on the GPU the figures come from:
+    ``compile_s`` of one stage's first step, ``eager_s_per_sample``, the ``saved_fraction`` of a step's time, and the
+    ``pixels`` (H x W) of the per-sample figure, which other patches scale linearly."""
 
     compile_s: float
     eager_s_per_sample: float
@@ -47,11 +35,9 @@ class CompileCosts:
     pixels: int = 256 * 256
 
 
-#: Measured on one H200 (benchmarks/RESULTS.md, "GPU"): the first compiled Stage I step took 104 s and Stage II's
-#: had not finished after 206 s (whole network, inductor); the eager Stage II step ran at 39.5 images/s (fp32,
-#: batch 5); compiled inference ran 2.4x the eager images/s (294 -> 712 at batch 32, bf16), i.e. saved 59 % of
-#: the time. The training step's own saving has not been measured: the inference figure stands in for it until
-#: ``benchmarks/gpu.py`` measures both trainers' epochs eager and compiled.
+#: From benchmarks/RESULTS.md ("GPU"): the first compiled Stage I step took 104 s, Stage II's had not finished after
+#: 206 s (inductor); eager Stage II ran 39.5 images/s (fp32, batch 5); compiled inference saved 59 % of the time
+#: (294 -> 712 images/s, batch 32, bf16) and stands in for the training step's saving, which is not measured.
 COMPILE_COSTS = CompileCosts(compile_s=210.0, eager_s_per_sample=1 / 39.5, saved_fraction=0.59)
 
 
@@ -69,10 +55,9 @@ class CompileDecision:
 
 def compile_pays(stage_iterations: Sequence[int], batch_size: int, pixels: int,
                  costs: CompileCosts = COMPILE_COSTS) -> CompileDecision:
-    """Compile where the schedule repays it: each stage that trains (``stage_iterations``: its training
-    iterations) costs ``costs.compile_s`` once, and every iteration saves
-    ``costs.saved_fraction * costs.eager_s_per_sample * batch_size * pixels / costs.pixels`` seconds. Compiles
-    when the saving over all iterations exceeds the compile seconds of every stage that trains."""
+    """Compile when the seconds saved over all iterations exceed ``costs.compile_s`` per stage that trains
+    (``stage_iterations``: each stage's training iterations). An iteration saves
+    ``saved_fraction * eager_s_per_sample * batch_size * pixels / costs.pixels`` seconds."""
     stages = [n for n in stage_iterations if n > 0]
     iterations = sum(stages)
     compile_s = costs.compile_s * len(stages)
@@ -98,8 +83,7 @@ def compile_network(network: nn.Module, backend: Union[str, Callable] = "inducto
 
 
 def is_compile_error(error: BaseException) -> bool:
-    """Whether ``error`` was raised by torch.compile's machinery (dynamo, AOT autograd, inductor or another
-    backend) rather than by the model's own code."""
+    """Whether torch.compile's machinery (dynamo, AOT autograd, inductor, a backend) raised ``error``."""
     from torch._dynamo import exc as dynamo_exc
 
     if isinstance(error, (dynamo_exc.TorchDynamoException, dynamo_exc.BackendCompilerFailed)):
@@ -109,15 +93,13 @@ def is_compile_error(error: BaseException) -> bool:
 
 
 def eager_stance() -> ContextManager:
-    """Within the block, compiled modules run their eager code and compile nothing
-    (``torch.compiler.set_stance("force_eager")``)."""
+    """Within the block compiled modules run their eager code and compile nothing (``set_stance("force_eager")``)."""
     set_stance = getattr(torch.compiler, "set_stance", None)
     return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
 
 
 def compile_error_summary(error: BaseException, limit: int = 300) -> str:
-    """``Type: first line`` of the innermost error that ``error`` wraps (a backend's own error inside dynamo's
-    ``BackendCompilerFailed``), for one line of a log."""
+    """``Type: first line`` of the innermost error ``error`` wraps (e.g. inside ``BackendCompilerFailed``)."""
     seen = set()
     while id(error) not in seen:
         seen.add(id(error))
@@ -131,13 +113,8 @@ def compile_error_summary(error: BaseException, limit: int = 300) -> str:
 
 
 class Compilation:
-    """A trainer's torch.compile: what it compiled, the seconds of each graph's first call, and the way back.
-
-    Args:
-        backend: the torch.compile backend (a name or a callable).
-        log: writes one line to the training log.
-        uncompile: makes the trainer call its plain network again (called once, after a compile error).
-    """
+    """A trainer's torch.compile state; ``uncompile`` makes the trainer call its plain network again (after a compile
+    error)."""
 
     def __init__(self, backend: Union[str, Callable], log: Callable[[str], None], uncompile: Callable[[], None]):
         self.backend, self.log, self._uncompile = backend, log, uncompile
@@ -160,23 +137,20 @@ class Compilation:
         return compiled
 
     def compile_module(self, module: nn.Module) -> None:
-        """Compile ``module`` (plain) in place (``nn.Module.compile``: it keeps its class and state-dict keys) with
-        static shapes where the network is compiled; a compile error makes it eager again."""
+        """Where the network is compiled, compile ``module`` in place (it keeps its class and state-dict keys)."""
         if self.compiled:
             module.compile(backend=self.backend, dynamic=False)
             self._compiled_in_place.add(module)
 
     def first_call_done(self, graph: str, seconds: float) -> None:
-        """Log the seconds of the first compiled call of ``graph`` (``torch.compile: graph "<graph>" compiled in
-        <s> s``, compilation included; a caller times the calls of a graph not yet in ``first_call_s`` while
-        ``compiled``), unless a compile error made the call eager."""
+        """Log the seconds of ``graph``'s first compiled call, unless a compile error made it eager. Callers time
+        graphs not yet in ``first_call_s`` while ``compiled``."""
         if self.compiled:
             self.first_call_s[graph] = seconds
             self.log(f'torch.compile: graph "{graph}" compiled in {seconds:.1f} s')
 
     def eager(self, function: Callable[..., T], *args) -> T:
-        """``function(*args)`` with every compiled module running its eager code (:func:`eager_stance`); after an
-        error of torch.compile the compiled code goes and the call is repeated (:meth:`fall_back`)."""
+        """``function(*args)`` with compiled modules running eagerly; repeated after a torch.compile error."""
         def run():
             with eager_stance():
                 return function(*args)
@@ -188,7 +162,7 @@ class Compilation:
 
     def fall_back(self, error: Exception) -> None:
         """Re-raise ``error`` unless torch.compile raised it; else drop the compiled code and dynamo's caches and
-        say so in one line of the log (the caller then repeats its call eagerly)."""
+        log it (the caller then repeats its call eagerly)."""
         if not self.compiled or not is_compile_error(error):
             raise error
         self._uncompile()

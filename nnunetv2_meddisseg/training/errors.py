@@ -1,10 +1,8 @@
 """The errors our trainers raise for a mistake in a run's input, never for a bug.
 
-Each is a :class:`~nnunetv2_meddisseg.errors.UserError` and a ``ValueError``, and also a ``SystemExit`` whose
-``code`` is the line ``<program>: error: <message>``. So where nothing catches one, Python prints that line
-without a traceback and exits with status 1: nnU-Net's ``nnUNetv2_train`` prints
-``nnUNetv2_train: error: <message>``, with no hook of ours in nnU-Net's process. Code that catches
-``Exception``, ``ValueError`` or ``UserError`` catches them as any other error.
+Each is a ``UserError``, a ``ValueError`` and a ``SystemExit`` whose ``code`` is ``<program>: error: <message>``:
+uncaught, Python prints that line without a traceback and exits with status 1 (``nnUNetv2_train: error: ...``),
+with no hook of ours in nnU-Net's process. ``except Exception`` / ``ValueError`` / ``UserError`` catch them as usual.
 """
 import os
 import sys
@@ -21,8 +19,7 @@ def _program_name() -> str:
 
 
 class TrainingInputError(UserError, ValueError, SystemExit):
-    """A mistake in a setting of a training run: an environment variable of this package, the recipe override
-    file and its values, the configuration and plans, dataset.json, the encoder weights file the plans name."""
+    """A mistake in a run's settings: environment variables, recipe overrides, plans, dataset.json, encoder weights."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -31,5 +28,4 @@ class TrainingInputError(UserError, ValueError, SystemExit):
 
 
 class TrainingInputRuntimeError(TrainingInputError, RuntimeError):
-    """Input a run reads that it cannot use: the checkpoint ``--c`` resumes from, a batch with NaN or inf
-    values, a network of the plans that the trainer cannot regularise."""
+    """Input a run cannot use: the ``--c`` checkpoint, a batch with NaN / inf, a plans network it cannot regularise."""

@@ -30,12 +30,8 @@ def non_finite_input_message(finite: Sequence[bool], keys: Optional[Sequence[str
 
 
 def check_finite_input(data: torch.Tensor, keys: Optional[Sequence[str]] = None, where: Where = "") -> None:
-    """Raise a :class:`TrainingInputRuntimeError` (a ``RuntimeError``) naming the offending cases if ``data``
-    (B, C, ...) holds NaN or inf.
-
-    keys: the case identifiers of the batch (nnU-Net's dataloader gives them as ``batch['keys']``); ``where``
-    (a function: called only for the message).
-    """
+    """Raise a ``TrainingInputRuntimeError`` (a ``RuntimeError``) naming the cases (``keys``: ``batch['keys']``) if
+    ``data`` (B, C, ...) holds NaN or inf; a function ``where`` is called only for the message."""
     finite = torch.isfinite(data.detach().reshape(data.shape[0], -1)).all(dim=1)  # as finite_per_sample
     if bool(finite.all()):
         return

@@ -38,73 +38,40 @@ __all__ = ["nnUNetTrainerMedDisSeg"]
 class nnUNetTrainerMedDisSeg(TrainerBase):
     """Med-DisSeg (ResNet-50 + ELAT encoder, CDFA, three CBAT decoders) trained in two stages.
 
-    The trainer holds one stage (``self.stage``, ``training.stages``) and switches it at the epoch the recipe
-    names; what differs between the stages (the network's mode, the parameter groups and learning rates, the
-    loss, the logits validation scores, the checkpoint extras, the BatchNorm statistics re-estimated) is the
-    stage's. Each nnU-Net hook is overridden once in ``nnUNetTrainer -> TrainerBase -> nnUNetTrainerMedDisSeg``;
-    ``train_step`` is nnU-Net's on the stage's loss module (``Stage.loss``, built when the stage starts).
+    ``self.stage`` (``training.stages``) holds what differs between the stages and switches at the epoch the recipe
+    names. Settings are fields of the recipe (``recipe.MedDisSegRecipe``, the paper's values by default).
 
-    Stage I, epochs ``[0, stage1_epochs)`` (default ``floor(stage1_fraction * num_epochs)``: 250 of 1000): the
-    network returns its encoder features (``output="encoder"``); a light head (``Stage1Head``) turns the four
-    ELAT-refined features into logits. Every batch is also seen under a strong photometric perturbation drawn per
-    sample (colour operations for RGB inputs, channel-wise intensity operations otherwise); clean and perturbed
-    views go through the network as one batch of 2B; the loss (``objectives.Stage1Loss``) sums segmentation of both
-    views, their consistency and the dispersive terms. Adam, both groups (``head``, ``encoder``: encoder + ELAT) at
-    ``stage1_lr`` = 1e-4.
+    Stage I, epochs ``[0, stage1_epochs)`` (default ``floor(stage1_fraction * num_epochs)``: 250 of 1000): encoder +
+    ELAT with a light head, on clean and per-sample photometrically perturbed views as one batch of 2B (colour
+    operations for RGB, channel-wise intensity otherwise); groups ``head`` and ``encoder`` at ``stage1_lr`` = 1e-4.
+    Stage II, epochs ``[stage1_epochs, num_epochs)``: the full network, encoder + ELAT carried over, a new optimizer
+    with ``encoder`` at ``stage2_encoder_lr`` = 1e-5 and ``decoder`` at ``stage2_lr`` = 1e-4. Every output is at
+    full resolution, so nnU-Net's deep supervision stays off.
 
-    Stage II, epochs ``[stage1_epochs, num_epochs)``: the full network, encoder and ELAT carried over from Stage
-    I; a new Adam with two groups, ``encoder`` (encoder + ELAT, ``stage2_encoder_lr`` = 1e-5) and ``decoder``
-    (everything else, ``stage2_lr`` = 1e-4). In training the network returns every output (``output="all"``, a
-    ``MedDisSegOutput``); the loss (``objectives.Stage2Loss``) adds path supervision, the fg/bg and
-    complementarity terms and the dispersive term to the segmentation of the final logits. Every output is at
-    full resolution: nnU-Net's deep supervision (down-sampled targets, its loss wrapper) stays off
-    (``enable_deep_supervision = False``, set once at construction).
+    ``optimizer``: "adam" (the paper's) or "sgd" (nnU-Net's Nesterov SGD). The paper's rates assume an ImageNet
+    encoder; they are kept for a random one because higher rates let the early features collapse under the
+    uncentred dispersive loss (docs/method.md). Rates decay ``(1 - t) ** 0.9`` within each stage.
 
-    Optimizer: ``optimizer`` "adam" (the paper's) or "sgd" (nnU-Net's Nesterov SGD). The values above are the
-    paper's, which assume an ImageNet encoder. They are kept for a randomly initialised encoder too: higher
-    learning rates let the early features collapse under the uncentred dispersive loss (docs/method.md).
+    ``dispersive_placement``: "early" = ELAT-refined layer1 output x2, "middle" = x4, "late" = the last feature
+    before the logits (D_s's output in Stage II, the head's fused feature in Stage I), "all" = mean of the three.
+    Diagnostics (mean pairwise d_ij, effective rank) come from each epoch's first training batch; they, the rates
+    and every unweighted loss term are logged per epoch and plotted in ``progress_terms.png``.
 
-    Dispersive loss: ``dispersive_variant`` (infonce_l2), ``dispersive_tau`` (0.8), ``dispersive_eps`` (1e-8,
-    InfoNCE variants), ``dispersive_margin`` (1.0, hinge) at ``dispersive_placement`` ("early" = ELAT-refined
-    layer1 output x2; "middle" = x4; "late" = the last feature before the logits: the output of D_s in Stage II,
-    the head's fused feature in Stage I; "all" = mean of the three). Its diagnostics (mean pairwise d_ij,
-    effective rank) of the first regularised layer are computed on each epoch's first training batch.
+    ``batchnorm_calibration_samples`` > 0 re-estimates the BatchNorm statistics before every validation.
+    Checkpoints record their stage (Stage I ones also the head); ``--c`` resumes in it. A ``checkpoint_latest.pth``
+    is also written at the end of Stage I. Only Stage II networks may become ``checkpoint_best.pth``; the EMA pseudo
+    Dice restarts at the first Stage II epoch.
 
-    Learning rates decay ``(1 - t) ** 0.9`` within each stage from each group's own base rate
-    (``PerGroupPolyLRScheduler``); both rates, the stage, every (unweighted) loss term and the diagnostics are
-    logged per epoch to the log file and ``progress_terms.png``.
+    torch.compile, where nnU-Net would compile and ``nnUNet_compile`` is unset, only if the schedule repays it
+    (``compile_pays``); training steps only, static shapes, falling back to eager on a compile error.
 
-    BatchNorm statistics (off by default: ``batchnorm_calibration_samples = 0``): before every validation, so
-    before every checkpoint, the running statistics of the current stage's model are re-estimated with its
-    current weights (``batchnorm_statistics.recalibrate_batchnorm``).
-
-    Checkpoints record their stage; Stage I checkpoints also hold the head. ``--c`` resumes in the recorded
-    stage with that stage's optimizer groups. A ``checkpoint_latest.pth`` is also written at the end of Stage I.
-    One rule for ``checkpoint_best.pth``, set when a stage is entered (``best_checkpoint_from``): only networks of
-    Stage II may become it, and nnU-Net's EMA pseudo Dice restarts at the first Stage II epoch, so the best
-    checkpoint is the Stage II network whose own EMA (never the Stage I head's) is the highest.
-
-    torch.compile (``training.compilation``): where nnU-Net would compile (CUDA) and ``nnUNet_compile`` is unset,
-    the run compiles only when its schedule repays the compilation (``compile_pays``; one line of the log says
-    why); the training steps of each stage are compiled with static shapes, validation runs eagerly, and an error
-    of torch.compile in any call continues the run eagerly.
-
-    Every setting named here is a field of the trainer's recipe (``recipe.MedDisSegRecipe``, the class
-    attribute ``recipe``; the paper's values by default); variants are one line each (``variants``).
-
-    Kept from nnU-Net: network building from the plans (nnU-Net's default ``nnUNetPlans`` are recorded with
-    ``MedDisSegNet``: ``plans_recording_the_network``), data loading and augmentation, autocast + GradScaler on
-    CUDA only, gradient clipping at 12, validation, export, DDP. Under DDP (``-num_gpus N``) the dispersive
-    terms of both stages disperse the batch of every process (``dispersive_gather``; in Stage I each view over
-    all processes); in Stage I the head is wrapped in its own DDP and the idle decoder parameters enter the loss
-    with weight 0 so that DDP's reducer completes; the loss-term curves are averaged over ranks.
-
-    Not supported: 3D configurations (a ``TrainingInputError``, a ``ValueError``, at construction) and
-    region-based labels.
+    Under DDP the dispersive terms see the batch of every process (``dispersive_gather``), the Stage I head has its
+    own DDP, and the idle decoder enters the loss with weight 0 so that DDP's reducer completes. Not supported: 3D
+    configurations (``TrainingInputError`` at construction) and region-based labels.
     """
 
     recipe: MedDisSegRecipe = MedDisSegRecipe()
-    #: the torch.compile backend (a name or a callable) where the trainer compiles (``training.compilation``)
+    #: the torch.compile backend (a name or a callable)
     compile_backend: Union[str, Callable] = "inductor"
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
@@ -112,11 +79,10 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
         require_2d_configuration(plans, configuration, self.__class__.__name__)
         plans = plans_recording_the_network(plans, configuration)
         super().__init__(plans, configuration, fold, dataset_json, device)
-        # the stages' losses supervise every full-resolution output themselves: nnU-Net's loss, targets and
-        # validation see one output
+        # the stages' losses supervise every full-resolution output; nnU-Net's loss, targets, validation see one
         self.enable_deep_supervision = False
         self.initial_lr = self.recipe.stage2_lr
-        #: the stage of the current epoch (``training.stages``); None until ``initialize``
+        #: the current epoch's stage; None until ``initialize``
         self.stage: Optional[Stage] = None
         # getattr_static: a function a variant declares as its backend stays a function, not a method of the trainer
         self.compilation = Compilation(inspect.getattr_static(self, "compile_backend"), self.print_to_log_file,
@@ -140,7 +106,7 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
 
     @property
     def training_stage(self) -> Optional[str]:
-        """The current stage's name (``stages.STAGE_1`` / ``STAGE_2``), None before ``initialize``."""
+        """The current stage's name (``STAGE_1`` / ``STAGE_2``), None before ``initialize``."""
         return None if self.stage is None else self.stage.name
 
     @property
@@ -169,7 +135,6 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
 
     # ------------------------------------------------------------------ the stages
     def _make_stage(self, name: str) -> Stage:
-        """The stage ``name`` on this trainer's network, recipe and losses."""
         network, seg, dispersive = self._plain_network(), self.loss, self.dispersive
         if name == STAGE_1:
             return Stage1(network, self.recipe, seg, dispersive, 0, self.stage1_epochs, self._build_stage1_head(),
@@ -180,8 +145,7 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
         raise ValueError(f"unknown training stage {name!r}, expected {STAGE_1!r} or {STAGE_2!r}")
 
     def _enter_stage(self, name: str) -> None:
-        """Make the stage ``name`` the current one: its network mode, its optimizer and schedule, and the one rule of
-        ``checkpoint_best.pth`` (only networks of a stage that trains the whole network, from its first epoch)."""
+        """Make stage ``name`` current, with its optimizer, schedule and ``best_checkpoint_from``."""
         self.stage = self._make_stage(name)
         self.optimizer, self.lr_scheduler = self.configure_optimizers()
         #: the parameters ``train_step`` clips: every one the optimizer holds (the Stage I head too)
@@ -217,9 +181,8 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
                                        max(stage.num_epochs, 1), self.recipe.lr_exponent)
 
     def configure_optimizers(self):
-        """The optimizer of the current stage's groups and their per-group schedule. nnU-Net's ``initialize`` asks
-        before any stage exists (a stage needs nnU-Net's loss, built after): there is nothing to optimise then
-        (None, None), and ``initialize`` enters the first stage, which asks again."""
+        """The current stage's optimizer and schedule; (None, None) without a stage: nnU-Net's ``initialize`` asks
+        before it builds the loss a stage needs, and entering the first stage asks again."""
         if self.stage is None:
             return None, None
         optimizer = self._make_optimizer(self.stage.parameter_groups())
@@ -232,15 +195,9 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
                                    num_input_channels: int,
                                    num_output_channels: int,
                                    enable_deep_supervision: bool = True) -> nn.Module:
-        """MedDisSegNet from the plans' ``arch_kwargs`` when the plans name it (``nnUNetMedDisSegPlans``, and the
-        plans this trainer records with a model), else (a ``plans.json`` that names nnU-Net's network)
-        MedDisSegNet as ``nnUNetv2_meddisseg_plan`` writes it by default
-        (``network_from_plans.build_meddisseg_network``).
-
-        The plans' ``encoder_weights`` are never read here: nnU-Net's predictor builds the network through this
-        method and then loads the checkpoint's weights (a trained model predicts where that file does not
-        exist); training loads them in ``initialize``.
-        """
+        """MedDisSegNet from the plans' ``arch_kwargs`` where they name it, else as ``nnUNetv2_meddisseg_plan``
+        writes it by default. ``encoder_weights`` are not read here: the predictor builds through this method, then
+        loads the checkpoint (the weights file may not exist there); training loads them in ``initialize``."""
         return build_meddisseg_network(configuration_manager, num_input_channels, num_output_channels,
                                        enable_deep_supervision)
 
@@ -252,8 +209,7 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
         return self._compile_decision.compile
 
     def _decide_compilation(self) -> CompileDecision:
-        """nnU-Net's answer where ``nnUNet_compile`` is set or nnU-Net does not compile on this device; else whether
-        the run's schedule repays the compilation of each stage's training step (``compilation.compile_pays``)."""
+        """nnU-Net's answer where ``nnUNet_compile`` is set or nnU-Net would not compile, else ``compile_pays``."""
         nnunet_compiles = super()._do_i_compile()
         if COMPILE_VARIABLE in os.environ or not nnunet_compiles:
             setting = os.environ.get(COMPILE_VARIABLE)
@@ -266,9 +222,8 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
         return compile_pays(stages, self.batch_size, int(patch[0]) * int(patch[1]))
 
     def _set_up_training(self) -> None:
-        """After nnU-Net's set-up (network, loss, DDP): the network compiled again with static shapes where nnU-Net
-        compiled it, the plans' encoder weights (for training only: prediction loads the checkpoint; before ``--c``
-        or ``-pretrained_weights`` load theirs over them), and the stage of the current epoch."""
+        """After nnU-Net's set-up: recompile with static shapes where nnU-Net compiled, load the plans' encoder
+        weights (``--c`` or ``-pretrained_weights`` load theirs over them later), enter the current epoch's stage."""
         if self._do_i_compile():
             self._compile_with_static_shapes()
         network = self._plain_network()
@@ -298,9 +253,8 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
         self._weights_loaded = True
 
     def _encoder_origin(self) -> str:
-        """Where the encoder's weights come from, for the log: the plans' ``encoder_weights``, random
-        initialisation, or the file nnU-Net's ``-pretrained_weights`` loaded after ``initialize`` (nnU-Net does
-        not tell the trainer: weights loaded into the network before the first epoch tell)."""
+        """Where the encoder's weights come from, for the log. nnU-Net does not say that ``-pretrained_weights``
+        loaded a file: weights loaded into the network before the first epoch tell."""
         if self._weights_loaded and self.current_epoch == 0:
             return "the weights -pretrained_weights loaded (every layer whose name and shape match)"
         weights = self._plans_encoder_weights()
@@ -336,11 +290,8 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
                                + ", ".join(f"{k[3:]} {v:.3g}" for k, v in lrs.items()))
 
     def train_step(self, batch: dict) -> dict:
-        """nnU-Net's ``train_step`` (copied, ``nnunet_copies.PINNED``) on the stage's loss, clipping every parameter
-        the optimizer holds and reading each group's gradient norm before clipping; it returns the ``step_report``
-        of the loss, each (unweighted) term as ``loss_<name>``, the gradient norms and the batch's input check,
-        plus the dispersion diagnostics on the epoch's first step. Where compiled, the first step of a stage logs
-        its seconds, and after an error of torch.compile the step is repeated eagerly."""
+        """nnU-Net's ``train_step`` (copied, ``nnunet_copies.PINNED``) on the stage's loss; returns the ``step_report``
+        (unweighted terms, group gradient norms before clipping, diagnostics). Repeated eagerly on a compile error."""
         data, target, check = self._batch_to_device(batch)
         graph, compilation = self.stage.graph, self.compilation
         timed, start = compilation.compiled and graph not in compilation.first_call_s, time()
@@ -376,9 +327,8 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
         self._recalibrate_batchnorm()
 
     def validation_step(self, batch: dict) -> dict:
-        """nnU-Net's ``validation_step`` on the current stage's model, eagerly, after checking ``batch['data']`` for
-        NaN / inf: the logits (B, K, H, W) of ``Stage.validation_logits`` under ``autocast`` (fp32 under bf16
-        autocast), nnU-Net's loss of them and its pseudo Dice's counts (``nnunet_copies.validation_counts``)."""
+        """nnU-Net's ``validation_step`` on the stage's logits (B, K, H, W; fp32 under bf16 autocast), eagerly,
+        after a NaN / inf check of ``batch['data']``."""
         self._check_validation_batch(batch)
         return self.compilation.eager(self._validation_step, batch)
 
@@ -394,10 +344,8 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
         return validation_counts(self.label_manager, logits, target, loss)
 
     def _draw_batchnorm_calibration_batches(self) -> List[Tensor]:
-        """``ceil(batchnorm_calibration_samples / batch_size)`` training batches (B, C, H, W) on the CPU, drawn as
-        nnU-Net's training dataloader draws them (with or without its augmentation) from a generator seeded by
-        the run seed alone: the same batches at every call, on every rank and after ``--c``, and no random
-        number of the training stream is used."""
+        """Training batches (B, C, H, W) on the CPU, seeded by the run seed alone: the same at every call, on every
+        rank and after ``--c``, leaving the training stream's random numbers untouched."""
         loader = training_dataloader(self, augmentation=self.recipe.batchnorm_calibration_augmentation)
         count = math.ceil(self.recipe.batchnorm_calibration_samples / self.batch_size)
         with preserved_random_state():
@@ -405,10 +353,8 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
             return [loader.generate_train_batch()["data"] for _ in range(count)]
 
     def _recalibrate_batchnorm(self) -> None:
-        """Re-estimate the running statistics of the current stage's model on the calibration batches (recipe:
-        ``batchnorm_calibration_samples``; 0 = off), so that validation, the checkpoints and every prediction from
-        them normalise with statistics of the weights they hold. Runs the plain modules eagerly (no DDP buffer
-        broadcast, no compiled code): each rank computes the same statistics from the same batches and weights."""
+        """Re-estimate the BatchNorm statistics of the stage's model for its current weights, eagerly on the plain
+        modules (no DDP broadcast): each rank computes the same statistics from the same batches and weights."""
         if self.recipe.batchnorm_calibration_samples <= 0 or self.stage is None:
             return
         start = time()
@@ -428,8 +374,7 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
                                f"({augmentation} augmentation) in {time() - start:.1f} s")
 
     def _run_final_validation(self, validate: Callable[[bool], None], save_probabilities: bool) -> None:
-        """nnU-Net's final validation of the whole network (its logits, as prediction runs it), eagerly (and behind
-        the compile fallback)."""
+        """nnU-Net's final validation of the whole network, eagerly (behind the compile fallback)."""
         if self.stage is not None and not self.stage.trains_whole_network:
             self.print_to_log_file("WARNING: validating a network that never reached Stage II (untrained decoder)")
         self.compilation.eager(validate, save_probabilities)
@@ -439,8 +384,7 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
         return (self.stage1_epochs,)
 
     def _epoch_end_checkpoints(self, epoch: int) -> List[str]:
-        """At the end of a stage: ``checkpoint_latest.pth`` (but after the last epoch, where nnU-Net writes
-        ``checkpoint_final.pth``) and the copy the stage keeps (``Stage.end_checkpoint``)."""
+        """At a stage's end: ``checkpoint_latest.pth`` (unless it is the run's last epoch) and the stage's copy."""
         if epoch != self.stage.last_epoch:
             return []
         end = self.stage.end_checkpoint()
@@ -450,8 +394,7 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
         return self.stage.checkpoint_extras() if self.stage is not None else {}
 
     def _before_restoring_checkpoint(self, checkpoint: Mapping[str, object]) -> None:
-        """Enter the stage the checkpoint records (with that stage's optimizer groups), before nnU-Net restores
-        its state."""
+        """Enter the checkpoint's stage (and its optimizer groups) before nnU-Net restores the state."""
         try:
             name = checkpoint_stage(checkpoint)
         except ValueError as error:

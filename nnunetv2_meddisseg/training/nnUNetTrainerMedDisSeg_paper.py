@@ -1,10 +1,6 @@
-"""Med-DisSeg on the paper's own training schedule instead of nnU-Net's.
-
-The paper trains with Adam, a cosine schedule from a base rate of 1e-4, 300 epochs, each epoch one
-pass over the training set, early stopping with a patience of 100 epochs, and random flips and
-rotations as the only augmentation. nnU-Net's defaults, which ``nnUNetTrainerMedDisSeg`` keeps, are
-1000 epochs of 250 iterations, a polynomial schedule and nnU-Net's full augmentation.
-"""
+"""Med-DisSeg on the paper's own training schedule instead of nnU-Net's: Adam, a cosine schedule from 1e-4, 300
+epochs of one pass over the training set, early stopping with patience 100, random flips and rotations only
+(nnU-Net: 1000 epochs of 250 iterations, a polynomial schedule, full augmentation)."""
 import math
 from typing import Dict, List, Mapping, Optional, Tuple, Union
 
@@ -35,10 +31,8 @@ def iterations_per_epoch(num_cases: int, batch_size: int) -> int:
 
 
 class EarlyStopping:
-    """Stop when the monitored score has not improved for ``patience`` epochs.
-
-    ``update(epoch, score)`` records one epoch's score and returns True once ``epoch - best_epoch >=
-    patience``; ``reset()`` forgets the best (a new stage)."""
+    """Stop once the score has not improved for ``patience`` epochs (``update`` returns True); ``reset`` forgets
+    the best (a new stage)."""
 
     def __init__(self, patience: int) -> None:
         if patience < 1:
@@ -69,13 +63,9 @@ class _EarlyStop(Exception):
 
 
 class nnUNetTrainerMedDisSeg_paper(nnUNetTrainerMedDisSeg):
-    """The paper's schedule: 300 epochs, each ``ceil(n_train / batch)`` iterations (one pass over the
-    fold's training cases; validation likewise over its validation cases), Adam with a per-group cosine
-    schedule from the stage's base rates (1e-4; the encoder 1e-5 in Stage II, as ours), early stopping
-    once nnU-Net's EMA pseudo Dice has not improved for 100 Stage II epochs, and flips and rotations
-    (probability ``rotation_probability``, nnU-Net's 2d angle range) as the only augmentation. The
-    batch size comes from the plans; Stage I is the first quarter, as in ``nnUNetTrainerMedDisSeg``. Its
-    recipe (``recipe.PaperScheduleRecipe``) holds the epochs, the patience and the rotation probability."""
+    """The paper's schedule (module docstring): a cosine per stage from each group's base rate, early stopping on the
+    Stage II EMA pseudo Dice, rotations in nnU-Net's 2d range. Batch size from the plans; Stage I is the first
+    quarter; epochs, patience and ``rotation_probability`` come from ``recipe.PaperScheduleRecipe``."""
 
     recipe: PaperScheduleRecipe = PaperScheduleRecipe()
 
@@ -116,9 +106,8 @@ class nnUNetTrainerMedDisSeg_paper(nnUNetTrainerMedDisSeg):
             regions: List[Union[List[int], Tuple[int, ...], int]] = None,
             ignore_label: int = None,
     ) -> BasicTransform:
-        """Random rotation (probability: the recipe's ``rotation_probability``, crop to the patch) and flips along
-        ``mirror_axes``; nothing else. A method of the trainer where nnU-Net's is static, so that the trainer's
-        own recipe (overrides included) counts; nnU-Net calls it through the trainer."""
+        """Random rotation (``rotation_probability``, cropped to the patch) and flips along ``mirror_axes`` only.
+        Not static as nnU-Net's is, so that the instance's recipe (overrides included) counts."""
         transforms: List[BasicTransform] = [SpatialTransform(
             patch_size, patch_center_dist_from_border=0, random_crop=False, p_elastic_deform=0,
             p_rotation=self.recipe.rotation_probability, rotation=rotation_for_DA,
@@ -132,8 +121,7 @@ class nnUNetTrainerMedDisSeg_paper(nnUNetTrainerMedDisSeg):
         return ComposeTransforms(transforms)
 
     def on_train_start(self) -> None:
-        """nnU-Net's start of training; a resumed run (``--c``) that had already met the early-stopping
-        criterion ends here, before any epoch (``run_training``)."""
+        """nnU-Net's; a resumed run that had already met the early-stopping criterion ends here, before any epoch."""
         super().on_train_start()
         stopper = self.early_stopping
         if stopper.best_epoch is not None and self.current_epoch - 1 - stopper.best_epoch >= stopper.patience:
@@ -141,9 +129,8 @@ class nnUNetTrainerMedDisSeg_paper(nnUNetTrainerMedDisSeg):
             raise _EarlyStop
 
     def on_epoch_end(self) -> None:
-        """nnU-Net's epoch end, then the early-stopping bookkeeping on the EMA pseudo Dice of the epochs whose
-        networks may become ``checkpoint_best.pth`` (Stage II): when it fires, the run ends after this epoch
-        (``run_training``)."""
+        """nnU-Net's, then early stopping on the EMA pseudo Dice of the epochs that may become
+        ``checkpoint_best.pth`` (Stage II); when it fires, the run ends after this epoch."""
         epoch, first = self.current_epoch, self.best_checkpoint_from
         super().on_epoch_end()
         if first is None or epoch < first:
@@ -157,11 +144,9 @@ class nnUNetTrainerMedDisSeg_paper(nnUNetTrainerMedDisSeg):
             raise _EarlyStop
 
     def run_training(self) -> None:
-        """nnU-Net's ``run_training``, ended by early stopping from a hook: ``_EarlyStop``, raised at the end of
-        ``on_epoch_end`` (where nnU-Net's loop would go on to the next epoch) or by ``on_train_start`` of a
-        resumed run that had already stopped, is caught here, and the run ends as nnU-Net's loop ends it, with
-        ``on_train_end`` (``checkpoint_final.pth`` of the last finished epoch). Lowering ``num_epochs`` would
-        not do: the loop reads it once, at its start, and the stage lengths and schedules derive from it."""
+        """nnU-Net's; a hook's ``_EarlyStop`` ends it as nnU-Net's loop ends (``on_train_end``, ``checkpoint_final.pth``
+        of the last finished epoch). Lowering ``num_epochs`` would not do: the loop reads it once, and the stage
+        lengths and schedules derive from it."""
         try:
             super().run_training()
         except _EarlyStop:

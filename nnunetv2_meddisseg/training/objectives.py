@@ -1,35 +1,26 @@
-"""Med-DisSeg's objectives: the loss of one training step in each stage, as the modules the stage objects
-(``training.stages``) build once and the benchmarks share.
+"""Med-DisSeg's objectives: the loss of one training step in each stage, built once by the stage objects
+(``training.stages``) and shared with the benchmarks.
 
-Stage I (:class:`Stage1Loss`): the network returns its encoder features (``output="encoder"``) and a light head
-(``Stage1Head``) turns the four ELAT-refined features into logits. Clean and photometrically perturbed views go
-through the network as one batch of 2B (one forward, so BatchNorm statistics are shared by both views and DDP
-sees a single forward). Loss::
+Stage I (``Stage1Loss``): a light head (``Stage1Head``) turns the four ELAT-refined encoder features into logits.
+Clean and photometrically perturbed views go through the network as one batch of 2B (one forward, so both views
+share BatchNorm statistics and DDP sees a single forward). Loss::
 
     seg(clean) + seg(perturbed) + consistency_weight * consistency(clean, perturbed)
     + lambda_dispersive_stage1 * (dispersive(clean) + dispersive(perturbed))
 
-Stage II (:class:`Stage2Loss`): the full network returns every output (``output="all"``, a ``MedDisSegOutput``);
-its loss is::
+Stage II (``Stage2Loss``): the full network returns every output (``output="all"``, a ``MedDisSegOutput``)::
 
     seg(logits) + path_supervision_weight * mean(seg(O_S), seg(O_M), seg(O_L))
     + fg_bg_weight * foreground_background_loss(fg, bg, any foreground class)
     + complementarity_weight * complementarity_loss(fg, bg, uc)
     + lambda_dispersive_stage2 * dispersive
 
-Deep supervision in Stage II: nnU-Net's multi-resolution deep supervision does not apply (all outputs are at
-full resolution), so the trainer keeps nnU-Net's ``enable_deep_supervision`` off and the dataloader yields
-full-resolution targets. Instead, each of the three decoder paths (whose sum forms the final logits) is
-supervised with the same Dice+CE, averaged and weighted 0.5, so that every path is a usable predictor on its
-own (``path_supervision_weight = 0`` trains the final logits only, as the released code does). Pixels with
-nnU-Net's ignore label count in no term of the fg/bg maps. ``seg`` is ``DC_and_CE_loss`` built as nnU-Net's
-``_build_loss`` builds it, without the deep-supervision wrapper.
+Every output is at full resolution, so nnU-Net's deep supervision is off. Instead each decoder path (their sum is
+the final logits) gets the same Dice + CE, averaged and weighted ``path_supervision_weight`` (0.5), so every path
+predicts on its own (0 trains the final logits only, as the released code does). Ignore-label pixels count in no
+fg/bg term.
 
-Both return (total loss, the unweighted terms by name, the features of the dispersive loss's first regularised
-layer, for the diagnostics); :meth:`Stage2Loss.terms` the first two of a network output. :class:`Stage2Weights`
-reads a recipe (as ``recipe.dispersive_from_recipe`` the dispersive loss); :func:`recipe_stage2_loss` is the
-trainer's Stage II loss of a recipe for code outside the trainer (benchmarks, the plan command's memory
-measurement), with :func:`segmentation_loss` building the ``seg`` term as nnU-Net's ``_build_loss`` does.
+Both return (total, the unweighted terms by name, the features of the first regularised layer, for diagnostics).
 """
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Sequence, Tuple
@@ -60,28 +51,22 @@ class Stage2Weights:
 
     @classmethod
     def from_recipe(cls, recipe: MedDisSegRecipe) -> "Stage2Weights":
-        """The weights a recipe sets: ``path_supervision_weight``, ``fg_bg_weight``, ``complementarity_weight``,
-        ``lambda_dispersive_stage2``."""
+        """The weights ``recipe`` sets."""
         return cls(path_supervision=recipe.path_supervision_weight, fg_bg=recipe.fg_bg_weight,
                    complementarity=recipe.complementarity_weight, dispersive=recipe.lambda_dispersive_stage2)
 
 
 def segmentation_loss(batch_dice: bool, ignore_label: Optional[int] = None, ddp: bool = False) -> nn.Module:
-    """nnU-Net's Dice + CE (``MemoryEfficientSoftDiceLoss``, no background in the Dice, smooth 1e-5).
-
-    forward(logits (B, K, H, W), target (B, 1, H, W) label map) -> 0-dim tensor.
-    """
+    """nnU-Net's Dice + CE (``MemoryEfficientSoftDiceLoss``, no background in the Dice, smooth 1e-5): logits
+    (B, K, H, W), target (B, 1, H, W) label map -> 0-dim tensor."""
     return DC_and_CE_loss({"batch_dice": batch_dice, "smooth": 1e-5, "do_bg": False, "ddp": ddp}, {},
                           weight_ce=1, weight_dice=1, ignore_label=ignore_label,
                           dice_class=MemoryEfficientSoftDiceLoss)
 
 
 def foreground_target(target: Tensor, ignore_label: Optional[int] = None) -> Tuple[Tensor, Optional[Tensor]]:
-    """target: (B, 1, H, W) label map -> ``(foreground, mask)``, both (B, 1, H, W) float.
-
-    ``foreground`` is 1 where any foreground class is; ``mask`` is None without an ignore label,
-    else 0 where the label is ``ignore_label`` (such pixels are neither foreground nor background).
-    """
+    """target: (B, 1, H, W) label map -> ``(foreground, mask)``, both (B, 1, H, W) float. ``mask`` is None without
+    an ignore label, else 0 at ``ignore_label``: such pixels are neither foreground nor background."""
     if ignore_label is None:
         return (target > 0).float(), None
     labelled = target != ignore_label
@@ -89,19 +74,12 @@ def foreground_target(target: Tensor, ignore_label: Optional[int] = None) -> Tup
 
 
 class Stage2Loss(nn.Module):
-    """The Stage II loss of one batch::
+    """The Stage II loss of one batch (see the module docstring). Where ``seg`` is nnU-Net's Dice + CE, the four
+    maps are scored in one pass (same values). ``dispersive`` None drops that term; the path term is dropped at
+    weight 0 or without path logits.
 
-        seg(logits) + path_supervision * mean(seg(O_S), seg(O_M), seg(O_L))
-        + fg_bg * foreground_background_loss(fg, bg, any foreground class, labelled pixels)
-        + complementarity * complementarity_loss(fg, bg, uc) + dispersive * dispersive(features)
-
-    Built once per stage: where ``seg`` is nnU-Net's Dice + CE (``losses.segmentation.dice_ce_settings``), the four
-    maps are scored in one pass (same values), else ``seg`` is called on each. ``dispersive`` None leaves that term
-    out; the path term is left out when its weight is 0 or the output has no path logits.
-
-    forward(model, data (B, C, H, W), target (B, 1, H, W) label map) -> (total, the unweighted terms by name
-    (``seg``, ``seg_paths``, ``fg_bg``, ``complementarity``, ``dispersive``), the features of the dispersive loss's
-    first regularised layer); :meth:`terms` is the loss of a network output.
+    forward(model, data (B, C, H, W), target (B, 1, H, W)) -> (total, unweighted terms ``seg``, ``seg_paths``,
+    ``fg_bg``, ``complementarity``, ``dispersive``, features of the first regularised layer).
     """
 
     def __init__(self, seg: Callable[[Tensor, Tensor], Tensor], dispersive: Optional[DispersiveLoss],
@@ -142,10 +120,8 @@ class Stage2Loss(nn.Module):
 
 
 def recipe_stage2_loss(recipe: MedDisSegRecipe, dispersive: bool = True) -> Callable[[MedDisSegOutput, Tensor], Tensor]:
-    """The trainer's Stage II loss for ``recipe``, as a function ``(network output, target) -> total``: nnU-Net's
-    Dice + CE with the batch Dice (as nnU-Net plans 2D configurations), the recipe's weights and, where
-    ``dispersive``, its dispersive term; for code outside the trainer (benchmarks, the plan command's memory
-    measurement, tests)."""
+    """The trainer's Stage II loss of ``recipe`` as ``(network output, target) -> total``, with the batch Dice (as
+    nnU-Net plans 2D) and, where ``dispersive``, the dispersive term; for code outside the trainer."""
     term = dispersive_from_recipe(recipe) if dispersive else None
     loss = Stage2Loss(segmentation_loss(batch_dice=True), term, Stage2Weights.from_recipe(recipe))
     return lambda output, target: loss.terms(output, target)[0]
@@ -159,19 +135,9 @@ def stage1_logits(head: nn.Module, features: Sequence[Tensor], size: Sequence[in
 
 
 class Stage1Loss(nn.Module):
-    """The Stage I loss of clean ``data`` and its photometrically perturbed view (see the module docstring), built
-    once per stage.
-
-    Args:
-        head: the head to call (``Stage1Head``, possibly wrapped by DDP).
-        seg, dispersive: nnU-Net's Dice + CE and the (unweighted) dispersive loss.
-        rgb: colour perturbations (RGB input) instead of channel-wise intensity ones.
-        idle_parameters: under DDP, the decoder's trainable parameters (idle in Stage I): they enter the loss with
-            weight 0, so that DDP's reducer, which expects a gradient for every parameter, completes.
-
-    forward(model, data (B, C, H, W), target (B, 1, H, W)) -> (total, the unweighted terms by name, the features of
-    the dispersive loss's first regularised layer).
-    """
+    """The Stage I loss of clean ``data`` (B, C, H, W) and its photometrically perturbed view (see the module
+    docstring). ``rgb``: colour perturbations instead of channel-wise intensity ones. ``idle_parameters``: under
+    DDP, the decoder's trainable parameters, added with weight 0 because DDP's reducer expects a gradient for each."""
 
     def __init__(self, head: nn.Module, seg: nn.Module, dispersive: DispersiveLoss, recipe: MedDisSegRecipe,
                  rgb: bool, idle_parameters: Optional[Sequence[nn.Parameter]] = None):

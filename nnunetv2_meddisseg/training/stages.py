@@ -1,21 +1,13 @@
 """Med-DisSeg's two training stages as objects: everything that differs between them lives here.
 
-``nnUNetTrainerMedDisSeg`` holds one stage (``trainer.stage``) and delegates to it: which output of the network
-it trains and validates (``forward``'s ``output``), the optimizer's parameter groups and
-their learning rates, the epochs the stage's schedule spans, the loss of a training step, the logits validation
-scores, what a checkpoint adds, which modules' BatchNorm statistics are re-estimated, and whether the stage's
-networks may become ``checkpoint_best.pth``.
+``nnUNetTrainerMedDisSeg`` holds one (``trainer.stage``) and delegates to it: the network output trained and
+validated, the optimizer's groups and rates, the schedule's epochs, the step's loss (an ``objectives`` module built
+with the stage), the validation logits, checkpoint extras, the BatchNorm modules to re-estimate, and whether its
+networks may become ``checkpoint_best.pth``. ``Stage1`` spans epochs ``[0, stage1_epochs)``, ``Stage2``
+``[stage1_epochs, num_epochs)``.
 
-- :class:`Stage1` (epochs ``[0, stage1_epochs)``): the encoder with ELAT and a light head (``Stage1Head``) that
-  turns the four ELAT-refined features into logits; every batch is also seen under a strong photometric
-  perturbation (``photometric.photometric_perturbation``); both groups (head, encoder + ELAT) at ``stage1_lr``.
-- :class:`Stage2` (epochs ``[stage1_epochs, num_epochs)``): the full network with deep supervision; the encoder
-  + ELAT at ``stage2_encoder_lr``, everything else at ``stage2_lr``.
-
-The losses themselves are modules (``objectives``), built once when the stage is made: ``stage.loss(model, data,
-target)``. A stage is made with what is fixed for the run (the plain network, the recipe, nnU-Net's Dice + CE, the
-dispersive loss, its epochs and its own parts) and told the model to run when it is called (the trainer's network
-may be wrapped by DDP or torch.compile); it reads nothing else of the trainer.
+A stage is made with what is fixed for the run and reads nothing else of the trainer; each call is passed the model
+to run, since the trainer's network may be wrapped by DDP or torch.compile.
 """
 from typing import Dict, List, Mapping, Optional, Tuple
 
@@ -36,8 +28,7 @@ STAGE_NAMES = (STAGE_1, STAGE_2)
 
 
 def checkpoint_stage(checkpoint: Mapping[str, object]) -> str:
-    """The stage a checkpoint records (``meddisseg_stage``); a ``ValueError`` saying what is wrong where the
-    checkpoint cannot be resumed in a stage."""
+    """The stage a checkpoint records; a ``ValueError`` saying why where it cannot be resumed in one."""
     name = checkpoint.get("meddisseg_stage")
     if name is None:
         raise ValueError("it records no Med-DisSeg stage ('meddisseg_stage')")
@@ -49,31 +40,22 @@ def checkpoint_stage(checkpoint: Mapping[str, object]) -> str:
 
 
 class Stage:
-    """What one stage decides; :class:`Stage1` and :class:`Stage2` fill it in.
-
-    Args:
-        network: the plain MedDisSegNet (no DDP / compile wrapper).
-        recipe: the trainer's recipe (learning rates, loss weights).
-        seg: nnU-Net's Dice + CE (the trainer's ``loss``): logits (B, K, H, W), target (B, 1, H, W) -> 0-dim.
-        dispersive: the (unweighted) dispersive loss of the recipe (``recipe.dispersive_from_recipe``).
-        first_epoch, num_epochs: the epochs ``[first_epoch, first_epoch + num_epochs)`` the stage spans; its
-            learning rates decay over them.
-    """
+    """What one stage decides; ``Stage1`` and ``Stage2`` fill it in. ``network``: the plain MedDisSegNet (no DDP or
+    compile wrapper); ``seg``: nnU-Net's Dice + CE. The stage spans ``[first_epoch, first_epoch + num_epochs)``; its
+    rates decay over it."""
 
     name: str = ""
     #: the stage's number (the ``stage`` curve) and as the log writes it
     number: int = 0
     numeral: str = ""
-    #: the stage trains the whole network: its networks may become ``checkpoint_best.pth`` (and count towards the
-    #: best EMA pseudo Dice); a network that never reached such a stage has an untrained decoder
+    #: its networks may become ``checkpoint_best.pth``; one that never reached such a stage has an untrained decoder
     trains_whole_network: bool = False
     #: the names of the optimizer's groups (the ``lr_<name>`` and ``grad_norm_<name>`` curves)
     group_names: Tuple[str, ...] = ()
     #: the name of the stage's compiled training graph (the log's ``torch.compile: graph ...`` line)
     graph: str = ""
-    #: the loss of one training step (``objectives``): loss(model, data (B, C, H, W), target (B, 1, H, W)) ->
-    #: (total, the unweighted terms by name, the features of the first regularised layer for the diagnostics);
-    #: ``model`` is the network to call (possibly wrapped)
+    #: the step's loss (``objectives``): loss(model (possibly wrapped), data (B, C, H, W), target (B, 1, H, W)) ->
+    #: (total, unweighted terms by name, features of the first regularised layer for the diagnostics)
     loss: nn.Module
 
     def __init__(self, network: MedDisSegNet, recipe: MedDisSegRecipe, seg: nn.Module, dispersive: DispersiveLoss,
@@ -117,15 +99,9 @@ class Stage:
 
 
 class Stage1(Stage):
-    """Stage I: encoder + ELAT with a light head, clean and photometrically perturbed views
-    (``objectives.Stage1Loss``); the optimizer's groups ``head`` and ``encoder`` (encoder + ELAT).
-
-    Args:
-        head: the head to call (``Stage1Head``, possibly wrapped by DDP).
-        rgb: colour perturbations (RGB input) instead of channel-wise intensity ones.
-        distributed: the model is DDP-wrapped: the idle decoder enters the loss with weight 0 (DDP's reducer
-            expects a gradient for every parameter).
-    """
+    """Stage I: encoder + ELAT with a light head on clean and photometrically perturbed views
+    (``objectives.Stage1Loss``); groups ``head`` and ``encoder`` (encoder + ELAT) at ``stage1_lr``. ``distributed``:
+    the model is DDP-wrapped, so the idle decoder enters the loss with weight 0."""
 
     name, number, numeral, graph = STAGE_1, 1, "I", "Stage I training"
     group_names = ("head", "encoder")
@@ -172,13 +148,8 @@ class Stage1(Stage):
 
 
 class Stage2(Stage):
-    """Stage II: the full network with deep supervision (``objectives.Stage2Loss``, its weights read from the
-    recipe once); the optimizer's groups ``decoder`` (everything but encoder + ELAT) and ``encoder`` (encoder + ELAT,
-    at a lower learning rate).
-
-    Args:
-        ignore_label: nnU-Net's ignore label (such pixels count in no term of the fg/bg maps), or None.
-    """
+    """Stage II: the full network with deep supervision (``objectives.Stage2Loss``); groups ``decoder`` (all but
+    encoder + ELAT) and ``encoder`` (encoder + ELAT, at a lower rate). ``ignore_label``: nnU-Net's, or None."""
 
     name, number, numeral, graph = STAGE_2, 2, "II", "Stage II training"
     trains_whole_network = True

@@ -1,8 +1,6 @@
-"""What a training step of our trainers reports, read from the device in one transfer: the loss, every logged term,
-each optimizer group's gradient norm before clipping, and whether the step's batch held NaN / inf.
-
-On a GPU every value read back is a synchronisation: :func:`step_report` stacks the step's 0-dim tensors (and the
-per-sample finiteness flags of its batch, :class:`PendingInputCheck`) into one tensor and copies it once."""
+"""What a training step reports, read from the device in one transfer: the loss, every logged term, each group's
+gradient norm before clipping, and whether the batch held NaN / inf. On a GPU every read is a synchronisation, so
+``step_report`` stacks the 0-dim tensors and the batch's per-sample finiteness flags and copies them once."""
 from typing import Dict, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -15,8 +13,7 @@ __all__ = ["PendingInputCheck", "group_gradient_norms", "step_report"]
 
 
 class PendingInputCheck(NamedTuple):
-    """A training batch's finiteness flags on the device (B,), its case keys and where it came from (for the
-    message), read with the step's report."""
+    """A training batch's finiteness flags (B,) on the device, case keys and origin, read with the step's report."""
 
     finite: torch.Tensor
     keys: Optional[Sequence[str]]
@@ -29,9 +26,8 @@ class PendingInputCheck(NamedTuple):
 
 
 def group_gradient_norms(optimizer: torch.optim.Optimizer) -> Dict[str, torch.Tensor]:
-    """``{"grad_norm_<group name>": L2 norm}`` of every optimizer group's gradients (groups without a name: their
-    index, or ``network`` for a single group), 0-dim fp32 tensors on the device (multi-tensor norms: a few
-    operations per group, no sync)."""
+    """``{"grad_norm_<group name>": L2 norm}`` per optimizer group (unnamed: its index, or ``network`` for a single
+    group), 0-dim fp32 tensors on the device, no sync."""
     norms: Dict[str, torch.Tensor] = {}
     for i, group in enumerate(optimizer.param_groups):
         grads = [p.grad.detach() for p in group["params"] if p.grad is not None]
@@ -44,9 +40,8 @@ def group_gradient_norms(optimizer: torch.optim.Optimizer) -> Dict[str, torch.Te
 
 def step_report(total: torch.Tensor, scalars: Mapping[str, torch.Tensor],
                 check: Optional[PendingInputCheck] = None) -> dict:
-    """A ``train_step`` result from one device-to-host transfer: ``loss`` (total, a 0-dim array as nnU-Net's), every
-    0-dim tensor of ``scalars`` as a float under its name; where ``check`` holds a flag of a sample with NaN / inf,
-    the :class:`~nnunetv2_meddisseg.training.errors.TrainingInputRuntimeError` naming its case instead."""
+    """A ``train_step`` result from one transfer: ``loss`` (a 0-dim array, as nnU-Net's) and each of ``scalars`` as
+    a float; a ``TrainingInputRuntimeError`` naming the case instead where ``check`` flags NaN / inf."""
     names = list(scalars)
     parts = [total.detach().float().reshape(1)] + [scalars[n].detach().float().reshape(1) for n in names]
     if check is not None:

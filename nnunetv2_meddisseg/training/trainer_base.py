@@ -1,36 +1,19 @@
-"""``TrainerBase``: what our trainers (``nnUNetTrainerMedDisSeg``, ``nnUNetTrainerDispersive`` and their variants) add
-to nnU-Net's ``nnUNetTrainer``, whatever their network and losses. Each override calls nnU-Net's method and adds to
-it; the pieces of nnU-Net that have no smaller hook (the checkpoint's entries, ``get_dataloaders``' training loader,
-``on_epoch_end``) are restated in ``nnunet_copies``, pinned to nnU-Net's source by a test (and nnU-Net's deep
-supervision loss per output in ``losses/segmentation.py``). Each concept lives in a module of its own; the class
-holds them and overrides each hook once. The subclasses own their training and validation steps.
+"""``TrainerBase``: what our trainers add to nnU-Net's ``nnUNetTrainer``, whatever their network and losses. Each
+override calls nnU-Net's method and adds to it; parts with no smaller hook are restated in ``nnunet_copies``, pinned
+to nnU-Net's source by a test.
 
-- the run seed and the recipe: the initial weights and every epoch are seeded from a run seed (``seeding``); the
-  schedule (epochs, iterations, checkpoint period, final validation, torch threads) comes from the trainer's recipe
-  (``recipe``) and the overrides the plans hold (``recipe.RECIPE_PLANS_KEY``). ``nnUNetTrainerBaseline``
-  (``variants``) is nnU-Net's trainer with this part only (:func:`set_up_run`, :func:`run_lines`);
-- the dispersive loss of the recipe (``recipe.dispersive_from_recipe``, ``trainer.dispersive``): under DDP
-  (``-num_gpus N``) it and its diagnostics see the batch of every process (``dispersive_gather``); the diagnostics
-  of each epoch's first batch and the warnings about batches too small for it: ``dispersion_monitor``;
-- input checks: every training and validation batch is checked for NaN / inf: a clear ``RuntimeError`` naming the
-  cases instead of a NaN model. On the CPU, and for validation batches, before the batch reaches the network; a
-  training batch on any other device is checked there and read with the step's report (``step_report``), so that
-  the error is raised at the end of the step that saw the batch, before any checkpoint holds its update
-  (``input_check_on_device`` chooses explicitly; ``finite_input``); under DDP the message names the rank;
-- per-epoch curves (every loss term, each group's learning rate and gradient norm, the dispersion diagnostics)
-  through nnU-Net's logger (its local logger is a ``CurvesLogger`` that accepts them), so that they reach every
-  logger nnU-Net drives (Weights & Biases with ``nnUNet_wandb_enabled=1``) and its ``logging`` checkpoint entry;
-  averaged over ranks under DDP, summarised in the log and plotted into ``progress_terms.png`` beside nnU-Net's
-  ``progress.png`` (``curves``);
-- one rule for ``checkpoint_best.pth`` (``best_checkpoint_from``: the networks of epochs from it on may become it,
-  against an EMA pseudo Dice that starts afresh there; subclasses set it when a stage is entered);
-- checkpoints: nnU-Net's plus the run seed and the subclasses' state (``_checkpoint_extras`` /
-  ``_restore_checkpoint_extras``), written whole (``checkpoints``), so a kill during a save never leaves a truncated
-  ``checkpoint_latest.pth``;
-- precision: with ``nnUNet_meddisseg_bf16`` set (a flag: "1", "true", "yes", ...), training and validation steps run
-  under bfloat16 autocast without a GradScaler (on CUDA and on the CPU), instead of nnU-Net's fp16 autocast +
-  GradScaler on CUDA and fp32 on the CPU (``autocast``, chosen once). bf16 has fp32's exponent range, so no loss
-  scaling is needed. Prediction is unaffected.
+- run seed and recipe: the initial weights and every epoch are seeded from a run seed (``seeding``); the schedule
+  comes from the recipe and the plans' overrides. ``nnUNetTrainerBaseline`` is nnU-Net's trainer with this part only;
+- the recipe's dispersive loss; under DDP it and its diagnostics see every process's batch (``dispersive_gather``);
+- NaN / inf input checks: a ``RuntimeError`` naming the cases instead of a NaN model. Training batches off the CPU
+  are checked on the device and read with the step's report, so the error comes at the end of that step, before
+  any checkpoint holds its update;
+- per-epoch curves through nnU-Net's logger, so W&B and the ``logging`` checkpoint entry get them; averaged over
+  ranks, summarised in the log, plotted in ``progress_terms.png``;
+- ``checkpoint_best.pth`` only from ``best_checkpoint_from`` on, against an EMA pseudo Dice restarted there;
+- checkpoints with the run seed and the subclass's state, written whole: a kill never truncates one;
+- ``nnUNet_meddisseg_bf16``: bf16 autocast without a GradScaler (CUDA and CPU; bf16 has fp32's exponent range)
+  instead of nnU-Net's fp16 + GradScaler on CUDA and fp32 on the CPU. Prediction is unaffected.
 """
 import os
 import tempfile
@@ -80,9 +63,8 @@ __all__ = ["TrainerBase", "set_up_run", "run_lines", "peak_memory_line", "final_
 
 
 def set_up_run(trainer: nnUNetTrainer, class_recipe: ScheduleRecipe) -> None:
-    """``trainer.recipe`` (``class_recipe`` with the plans' overrides), nnU-Net's schedule attributes from it (None
-    keeps nnU-Net's) and ``trainer.run_seed``: the ``seed`` attribute, else ``nnUNet_meddisseg_seed``, else drawn at
-    random, one for all processes under DDP."""
+    """Set ``trainer.recipe`` (``class_recipe`` + the plans' overrides), nnU-Net's schedule from it (None keeps
+    nnU-Net's) and ``trainer.run_seed`` (``seed``, else ``nnUNet_meddisseg_seed``, else random; one under DDP)."""
     recipe = trainer.recipe = recipe_from_plans(class_recipe, trainer.plans_manager.plans)
     for attribute, value in (("num_epochs", recipe.num_epochs),
                              ("num_iterations_per_epoch", recipe.iterations_per_epoch),
@@ -91,8 +73,7 @@ def set_up_run(trainer: nnUNetTrainer, class_recipe: ScheduleRecipe) -> None:
         if value is not None:
             setattr(trainer, attribute, value)
     if recipe.torch_threads is not None:
-        # replaces the count nnUNetv2_train set before it built the trainer (all cores on the CPU, 1 on CUDA): the
-        # plans are where a run chooses another (two runs side by side on a small machine)
+        # replaces nnUNetv2_train's count (all cores on the CPU, 1 on CUDA), e.g. for two runs side by side
         torch.set_num_threads(recipe.torch_threads)
     seed = trainer.seed if trainer.seed is not None else run_seed_from_environment()
     trainer.run_seed = int(seed) if seed is not None else int.from_bytes(os.urandom(4), "little")
@@ -128,29 +109,17 @@ def final_validation_skipped(trainer: nnUNetTrainer) -> bool:
 
 
 class TrainerBase(nnUNetTrainer):
-    """nnU-Net's trainer + the run seed and recipe, the dispersive loss, input checks, per-epoch curves, one
-    best-checkpoint rule and whole checkpoints (see the module docstring).
-
-    The run seed is the ``seed`` attribute, else ``nnUNet_meddisseg_seed``, else drawn at random. With the batches
-    made in this process (``nnUNet_n_proc_DA=0``) and deterministic arithmetic (CPU), the same run seed gives the
-    same run.
-
-    Not meant to be used on its own: subclasses own ``train_step`` and ``validation_step`` (with
-    ``_batch_to_device``, ``autocast`` and ``_check_validation_batch``) and fill in the extension points:
-    ``_check_run_settings`` and ``_set_up_training`` (around nnU-Net's ``initialize``), ``_train_start_lines``,
-    ``_run_final_validation``, ``_checkpoint_extras`` / ``_restore_checkpoint_extras`` /
-    ``_before_restoring_checkpoint``, ``_epoch_end_checkpoints`` and ``_stage_boundaries``.
-    """
+    """nnU-Net's trainer + what the module docstring lists. With batches made in this process (``nnUNet_n_proc_DA=0``)
+    and deterministic arithmetic (CPU), the same run seed gives the same run. Subclasses own ``train_step`` and
+    ``validation_step`` and override the empty hooks below."""
 
     #: run seed; None: ``nnUNet_meddisseg_seed`` if set, else random (``seeding``)
     seed: Optional[int] = None
     #: the settings of this trainer class (``recipe``); ``self.recipe`` is the instance's, overrides applied
     recipe: DispersiveTermRecipe = DispersiveTermRecipe()
-    #: under DDP, the dispersive loss and its diagnostics use the batch of every process (False: each
-    #: process's own share, as without gathering)
+    #: under DDP, the dispersive loss and its diagnostics see the batch of every process (False: its own share)
     dispersive_gather: bool = True
-    #: check training batches for NaN / inf on the device, read with the step's report (True), or before the step
-    #: (False); None: on the device everywhere but on the CPU
+    #: check training batches on the device with the step's report (True) or before the step (False); None: off CPU
     input_check_on_device: Optional[bool] = None
 
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
@@ -161,8 +130,7 @@ class TrainerBase(nnUNetTrainer):
         self.bf16 = bf16_training_requested() and self.device.type in ("cuda", "cpu")
         if self.bf16:
             self.grad_scaler = None
-        #: the autocast context of the training and validation steps (entered once per step): bf16 with
-        #: ``nnUNet_meddisseg_bf16``, else nnU-Net's rule (fp16 on CUDA only)
+        #: the steps' autocast context: bf16 with ``nnUNet_meddisseg_bf16``, else nnU-Net's (fp16 on CUDA only)
         if self.bf16:
             self.autocast = autocast(self.device.type, dtype=torch.bfloat16, enabled=True)
         elif self.device.type == "cuda":
@@ -174,9 +142,7 @@ class TrainerBase(nnUNetTrainer):
         #: the (unweighted) dispersive loss of the recipe, over the batch of every process (``dispersive_gather``)
         self.dispersive = dispersive_from_recipe(self.recipe, self.dispersive_gather)
         self._diagnostics = EpochDiagnostics(self.dispersive)
-        #: the one rule of ``checkpoint_best.pth``: the networks of epochs from this one on may become it, against an
-        #: EMA pseudo Dice that starts afresh at it; None: no network of the current stage may (subclasses set it
-        #: when a stage is entered)
+        #: epochs from this one on may become ``checkpoint_best.pth`` (their EMA pseudo Dice restarts here); None: none
         self.best_checkpoint_from: Optional[int] = 0
         self._warned_single_sample = False
         # the error messages' "where", formatted only for a batch with NaN / inf
@@ -215,9 +181,8 @@ class TrainerBase(nnUNetTrainer):
                 self.print_to_log_file(line)
 
     def _small_batch_warning(self) -> Optional[str]:
-        """``dispersion_monitor.small_batch_warning`` for the samples one dispersive loss sees: the global batch
-        where it is gathered over the processes, else the smallest share of one process (nnU-Net splits a batch of
-        5 over 2 GPUs into 3 + 2)."""
+        """``small_batch_warning`` for the samples one dispersive loss sees: the global batch where gathered, else
+        the smallest share of one process (nnU-Net splits a batch of 5 over 2 GPUs into 3 + 2)."""
         if not self.is_ddp:
             return small_batch_warning(self.recipe.dispersive_variant, self.batch_size)
         global_batch, world_size = self.configuration_manager.batch_size, dist.get_world_size()
@@ -231,9 +196,8 @@ class TrainerBase(nnUNetTrainer):
 
     def _batch_to_device(self, batch: dict) -> Tuple[torch.Tensor, Union[torch.Tensor, List],
                                                      Optional[PendingInputCheck]]:
-        """A training batch's data and target on the device, and its input check where it is read with the step's
-        report (else ``batch['data']`` is checked here for NaN / inf, naming the cases); warns once about
-        single-sample batches."""
+        """Data, target on the device and the input check to read with the step's report (else ``batch['data']``
+        is checked here); warns once about single-sample batches."""
         data, target = batch["data"], batch["target"]
         on_device = self.input_check_on_device
         on_device = self.device.type != "cpu" if on_device is None else on_device
@@ -259,8 +223,7 @@ class TrainerBase(nnUNetTrainer):
         validate(save_probabilities)
 
     def perform_actual_validation(self, save_probabilities: bool = False) -> None:
-        """nnU-Net's final validation, unless the recipe's ``final_validation`` is False, run by
-        ``_run_final_validation``."""
+        """nnU-Net's final validation via ``_run_final_validation``, unless the recipe's ``final_validation`` is off."""
         self._run_final_validation(self._final_validation, save_probabilities)
 
     def _final_validation(self, save_probabilities: bool) -> None:
@@ -274,8 +237,7 @@ class TrainerBase(nnUNetTrainer):
         self._diagnostics.new_epoch()
 
     def on_train_epoch_end(self, train_outputs: List[dict]) -> None:
-        """nnU-Net's, the peak GPU memory, then the epoch's mean of each of our curves (averaged over ranks under
-        DDP) logged and summarised in the log, and a warning where no step of the epoch changed the weights."""
+        """nnU-Net's, the peak GPU memory, our curves' epoch means, and a warning where no step changed the weights."""
         super().on_train_epoch_end(train_outputs)
         peak = peak_memory_line(self)
         if peak:
@@ -297,8 +259,7 @@ class TrainerBase(nnUNetTrainer):
                 f"zero or not finite{scaler}. The run has stopped learning; see docs/troubleshooting.md.")
 
     def on_validation_epoch_end(self, val_outputs) -> None:
-        """nnU-Net's, with its EMA pseudo Dice started afresh at ``best_checkpoint_from``: there it is that epoch's
-        pseudo Dice, so that the EMA of later epochs averages only from there on."""
+        """nnU-Net's, with the EMA pseudo Dice restarted at ``best_checkpoint_from`` (set to that epoch's Dice)."""
         super().on_validation_epoch_end(val_outputs)
         epoch = self.current_epoch
         if epoch > 0 and epoch == self.best_checkpoint_from:
@@ -313,10 +274,8 @@ class TrainerBase(nnUNetTrainer):
         return []
 
     def on_epoch_end(self) -> None:
-        """nnU-Net's ``on_epoch_end`` (``nnunet_copies.epoch_end``: log, periodic ``checkpoint_latest.pth`` and
-        ``_epoch_end_checkpoints``, ``checkpoint_best.pth`` on a new best EMA pseudo Dice of an epoch from
-        ``best_checkpoint_from`` on, ``progress.png``), our curves given NaN where an epoch logged none, plus
-        ``progress_terms.png``."""
+        """nnU-Net's (``nnunet_copies.epoch_end``, with ``_epoch_end_checkpoints`` and a new best only from
+        ``best_checkpoint_from`` on), our curves given NaN where an epoch logged none, and ``progress_terms.png``."""
         epoch, first_best = self.current_epoch, self.best_checkpoint_from
         self.logger.local_logger.fill_missing(epoch)  # one value per epoch in every list, NaN where none came
         epoch_end(self, self._epoch_end_checkpoints(epoch), may_become_best=first_best is not None and
@@ -336,8 +295,7 @@ class TrainerBase(nnUNetTrainer):
         """Called by ``load_checkpoint`` after nnU-Net's state (network, optimizer, ...) is restored."""
 
     def save_checkpoint(self, filename: str) -> None:
-        """nnU-Net's checkpoint (``checkpoint_entries``) + ``run_seed`` + ``_checkpoint_extras``, written whole
-        (``checkpoints.save_checkpoint_file``)."""
+        """nnU-Net's checkpoint + ``run_seed`` + ``_checkpoint_extras``, written whole."""
         if self.local_rank != 0 or self.disable_checkpointing:
             super().save_checkpoint(filename)  # nnU-Net writes nothing then
             return
@@ -347,9 +305,8 @@ class TrainerBase(nnUNetTrainer):
         save_checkpoint_file(checkpoint, filename)
 
     def load_checkpoint(self, filename_or_checkpoint: Union[dict, str]) -> None:
-        """nnU-Net's ``load_checkpoint``, with ``_before_restoring_checkpoint`` before it and the run seed and
-        ``_restore_checkpoint_extras`` after it. A file is read once, weights-only (memory-mapped, tensors read when
-        used): a checkpoint carrying code is refused before nnU-Net reads it."""
+        """nnU-Net's, between ``_before_restoring_checkpoint`` and the run seed and ``_restore_checkpoint_extras``.
+        A file is read once, weights-only and memory-mapped: one carrying code is refused before nnU-Net reads it."""
         if not self.was_initialized:
             self.initialize()
         if isinstance(filename_or_checkpoint, str):
@@ -361,8 +318,7 @@ class TrainerBase(nnUNetTrainer):
             self._before_restoring_checkpoint(checkpoint)
         except TrainingInputError as error:  # the hook's message does not know the file
             raise type(error)(f"{where}{error}") from None
-        # nnU-Net 2.8.1's load_checkpoint reads a file name only (with weights_only=False): a private copy of what
-        # was read weights-only
+        # nnU-Net 2.8.1 loads only a file name (weights_only=False): give it a copy of what was read weights-only
         with tempfile.TemporaryDirectory() as folder:
             copy = os.path.join(folder, "checkpoint.pth")
             torch.save(checkpoint, copy)
