@@ -1,9 +1,6 @@
-"""Med-DisSeg network for nnU-Net v2 (2D): ResNet-50 + ELAT encoder, feature enhancement,
-decoupling, contrast-driven aggregation and three CBAT decoders.
+"""Med-DisSeg for nnU-Net v2 (2D): ResNet-50 + ELAT encoder, enhancement, decoupling, CDFA, three CBAT decoders.
 
-nnU-Net builds it from the plans as
-``MedDisSegNet(input_channels, num_classes, deep_supervision, **arch_kwargs)``. Each call names what it returns
-(``forward``'s ``output``): nnU-Net's predictor and validation call ``network(x)`` and get logits.
+nnU-Net builds it as ``MedDisSegNet(input_channels, num_classes, deep_supervision, **arch_kwargs)``.
 """
 import functools
 import os
@@ -40,8 +37,7 @@ OUTPUTS = ("logits", "encoder", "all")
 
 
 def cpu_bf16_requested() -> bool:
-    """True when ``nnUNet_meddisseg_cpu_bf16`` is set (a flag): the default of :class:`MedDisSegNet`'s ``cpu_bf16``,
-    read where a network is built (so it reaches the networks ``nnUNetv2_predict`` builds from the plans)."""
+    """Whether ``nnUNet_meddisseg_cpu_bf16`` is set: ``cpu_bf16``'s default, read where a network is built."""
     return flag_is_set(CPU_BF16_ENVIRONMENT_VARIABLE)
 
 
@@ -74,8 +70,7 @@ def _warn_no_cpu_bf16() -> None:
 
 
 class MedDisSegOutput(NamedTuple):
-    """Every output of the network (``forward(x, output="all")``): what Stage II's loss and the feature
-    analysis read."""
+    """Every output of the network (``forward(x, output="all")``), read by Stage II's loss and the feature analysis."""
 
     logits: Tensor  #: (B, K, H, W) final logits (O_S + O_M + O_L with fusion "sum")
     #: O_S, O_M, O_L logits, each (B, K, H, W); None with decoder_fusion "concat"
@@ -107,45 +102,29 @@ class MedDisSegNet(nn.Module):
     """Med-DisSeg (2D only).
 
     Args:
-        input_channels: channels of the input image.
-        num_classes: number of output channels (nnU-Net's label count incl. background).
-        deep_supervision: nnU-Net's argument, not used: each call names its output (``forward``), so nnU-Net's
-            switch ``decoder.deep_supervision`` changes nothing either.
-        encoder_weights: local torchvision ResNet-50 state-dict file to initialise the encoder, "imagenet"
-            (torchvision's IMAGENET1K_V1 file from torch.hub's cache, never downloaded here), or None.
-        elat: ELAT attention on the four encoder outputs (else identity).
-        cbat: CBAT at the end of each decoding path (else a plain CBT3x3 block of the same width:
-            3x3 convolution 128 -> 128, normalisation, activation; the "w/o CBAT" ablation).
-        activation: "telu" (paper) or "relu" (ablation) in every block Med-DisSeg adds; the
-            ResNet-50 encoder keeps its own ReLU.
+        num_classes: output channels (nnU-Net's label count incl. background).
+        deep_supervision: unused: each call names its output, so ``decoder.deep_supervision`` changes nothing either.
+        encoder_weights: ResNet-50 state-dict file, "imagenet" (torch.hub's cache, never downloaded here) or None.
+        elat: ELAT on each encoder output, on a side path so pretrained weights see their usual inputs (else identity).
+        cbat: CBAT at the end of each decoding path (else a CBT3x3, the "w/o CBAT" ablation).
+        activation: "telu" (paper) or "relu" (ablation) in the blocks Med-DisSeg adds; the encoder keeps its ReLU.
         decoder_fusion: "sum" (paper Eq. 9) or "concat" (released code).
         conv_op, norm_op, norm_op_kwargs: 2D operators (classes or dotted names).
-        added_norm_op, added_norm_op_kwargs: the normalisation of every block Med-DisSeg adds to the
-            ResNet-50 encoder (enhancement, decoupling and its heads, guidance, CDFA, decoders; ELAT has
-            none); None (default): ``norm_op`` / ``norm_op_kwargs``, the paper's BatchNorm everywhere.
-            ``torch.nn.InstanceNorm2d`` normalises each image by its own statistics, as nnU-Net does.
+        added_norm_op, added_norm_op_kwargs: norm of the blocks added to the encoder (ELAT has none); None: ``norm_op``
+            (the paper's BatchNorm everywhere). ``torch.nn.InstanceNorm2d`` normalises per image, as nnU-Net does.
 
-    forward(x, output="logits"): x (B, C, H, W), any H, W (padded to a multiple of 16 internally, outputs cropped
-    back); ``output`` (one of :data:`OUTPUTS`) says what it returns:
-        - ``"logits"``: logits (B, num_classes, H, W); the auxiliary heads are not run;
-        - ``"encoder"``: [x1 (B,64,H'/2,W'/2), x2 (B,256,H'/4), x3 (B,512,H'/8), x4 (B,1024,H'/16)]
-          ELAT-refined, H' = H padded to a multiple of 16 (Stage I);
-        - ``"all"``: :class:`MedDisSegOutput` (Stage II's loss).
+    forward(x, output="logits"): x (B, C, H, W), any H, W (padded to H', W', multiples of 16; outputs cropped back);
+    by ``output`` (one of ``OUTPUTS``) it returns
+        - ``"logits"``: (B, num_classes, H, W), without running the auxiliary heads;
+        - ``"encoder"``: ELAT-refined [x1 (B,64,H'/2,W'/2), x2 (B,256,H'/4), x3 (B,512,H'/8), x4 (B,1024,H'/16)];
+        - ``"all"``: ``MedDisSegOutput`` (Stage II's loss).
 
-    ELAT refines each encoder output on a side path (the ResNet chain itself is unchanged, so
-    pretrained weights see the inputs they were trained on).
+    With ``cpu_bf16`` (default: ``cpu_bf16_requested()``), eval-mode ``output="logits"`` CPU forwards (as in
+    ``nnUNetv2_predict -device cpu``) run under bf16 autocast and return fp32 logits if the CPU has native bf16
+    (else one warning, fp32).
 
-    With ``cpu_bf16`` (default: whether the environment variable ``nnUNet_meddisseg_cpu_bf16`` is set where the
-    network is built; a plain attribute after that), an inference forward (eval mode,
-    ``output="logits"``, input on the CPU: what ``nnUNetv2_predict -device cpu`` runs) computes under
-    ``torch.autocast("cpu", dtype=torch.bfloat16)`` (encoder and ELAT in fp32, weights in channels-last
-    memory format, see :meth:`_forward_cpu_bf16`) and returns fp32 logits, if the CPU supports bf16
-    natively (:func:`cpu_supports_bf16`; otherwise one warning and fp32). Training, the other
-    outputs and CUDA forwards are unaffected.
-
-    On CUDA every forward runs in channels-last memory format (weights moved once, in place; the input
-    converted at each call): cuDNN's convolutions, the normalisations and the bilinear up-sampling then
-    read and write NHWC tensors without layout conversions in between. Values are unchanged.
+    On CUDA every forward runs channels-last (weights moved once, in place; input per call), so cuDNN, the norms and
+    bilinear up-sampling read and write NHWC without layout conversions; values are unchanged.
     """
 
     def __init__(
@@ -235,7 +214,7 @@ class MedDisSegNet(nn.Module):
         yield from self.elat.parameters()
 
     def non_encoder_parameters(self) -> Iterator[nn.Parameter]:
-        """All parameters not yielded by :meth:`encoder_parameters`."""
+        """All parameters not yielded by ``encoder_parameters``."""
         encoder_ids = {id(p) for p in self.encoder_parameters()}
         for p in self.parameters():
             if id(p) not in encoder_ids:
@@ -272,12 +251,11 @@ class MedDisSegNet(nn.Module):
             self._channels_last = True
 
     def _forward_cpu_bf16(self, x: Tensor) -> Tensor:
-        """The CPU bf16 inference forward: x (B, C, H, W) -> fp32 logits (B, num_classes, H, W).
+        """CPU bf16 inference forward: x (B, C, H, W) -> fp32 logits (B, num_classes, H, W).
 
-        The weights are moved to channels-last memory format once (in place; values unchanged): oneDNN's
-        bf16 convolutions reorder channels-first activations around every call, which costs about as much
-        as the arithmetic saves. The encoder and ELAT (6 % of the FLOPs at 256x256) stay in fp32: in bf16
-        they account for most of the pixels whose arg-max differs from fp32.
+        Weights go channels-last once (in place): oneDNN's bf16 convolutions would otherwise reorder channels-first
+        activations around every call, costing about what the arithmetic saves. The encoder and ELAT (6 % of the
+        FLOPs at 256x256) stay fp32: in bf16 they cause most of the pixels whose arg-max differs from fp32.
         """
         self._use_channels_last()
         x = x.contiguous(memory_format=torch.channels_last)

@@ -9,21 +9,17 @@ from nnunetv2_meddisseg.blocks.telu_kernels import telu_triton, telu_triton_avai
 
 __all__ = ["TELU_EXP_CLAMP", "telu", "TeLU", "get_activation", "attention_sigmoid"]
 
-#: Upper clamp of the exponent input. tanh(exp(x)) == 1 exactly (even in float64) for x > ~3.7,
-#: so clamping at 10 leaves the function unchanged while exp() stays finite in fp16 (exp(10) ~ 2.2e4
-#: < 65504). Without it exp(x) overflows to inf for x > ~11 in fp16 and autograd multiplies
-#: 0 (tanh') by inf -> NaN gradients.
+#: Upper clamp of the exponent input: tanh(exp(x)) == 1 exactly (even in float64) for x > ~3.7, so it changes nothing,
+#: and exp(10) ~ 2.2e4 is finite in fp16; unclamped, exp(x) overflows for x > ~11 and autograd's 0 (tanh') * inf is NaN.
 TELU_EXP_CLAMP = 10.0
 #: where TeLU's slope is exactly 1 in every float dtype (tanh(exp(4)) rounds to 1 even in float64)
 _TELU_BACKWARD_CLAMP = 4.0
 
 
 def _telu_forward(x: Tensor) -> Tensor:
-    # No clamp needed for the value: where exp(x) overflows to inf, tanh(inf) = 1 = tanh(exp(10)), so
-    # the result equals x * tanh(exp(min(x, 10))) bit for bit; the clamp only matters for the gradient.
+    # No clamp for the value: tanh(inf) = 1 = tanh(exp(10)) bit for bit; the clamp only matters for the gradient.
     if x.dtype == torch.bfloat16 and x.device.type == "cpu":
-        # CPU kernels of exp and tanh are slower in bf16 than in fp32 (bf16 prediction at 256x256:
-        # TeLU took 30 % of the forward); computed in fp32 and rounded once, it is faster and more exact
+        # CPU exp and tanh are slower in bf16 (TeLU: 30 % of a bf16 forward); fp32, rounded once, is faster, more exact
         return _telu_forward(x.float()).to(torch.bfloat16)
     y = torch.exp(x)
     y.tanh_()
@@ -33,12 +29,11 @@ def _telu_forward(x: Tensor) -> Tensor:
 def _telu_and_slope(x: Tensor) -> Tuple[Tensor, Tensor]:
     """TeLU(x) and its derivative at x (same shape and dtype), in six operations.
 
-    d/dx [x tanh(e^x)] = tanh(e^x) + x (1 - tanh^2(e^x)) e^x. Above x = 4, tanh(e^x) rounds to 1 in every float
-    dtype (1 - tanh(e^4) ~ 4e-48), so x is clamped at 4 for the exponent: the value is unchanged, and the second
-    term of the slope is exactly 0 there, as autograd's through the clamped exponent. (1 - t^2) multiplies the
-    clamped x (|.| <= 4 above 0) before e^x (<= e^4), so that no intermediate overflows fp16."""
+    d/dx [x tanh(e^x)] = tanh(e^x) + x (1 - tanh^2(e^x)) e^x. Above x = 4, tanh(e^x) rounds to 1 in every float dtype,
+    so x is clamped at 4 in the exponent: the value is unchanged and the slope's second term exactly 0, as autograd's.
+    (1 - t^2) multiplies the clamped x before e^x, so no intermediate overflows fp16."""
     if x.dtype == torch.bfloat16 and x.device.type == "cpu":
-        # as in _telu_forward: the CPU kernels of exp and tanh are faster (and more exact) in fp32
+        # as in _telu_forward: faster and more exact in fp32 on the CPU
         y, slope = _telu_and_slope(x.float())
         return y.to(torch.bfloat16), slope.to(torch.bfloat16)
     xc = x.clamp(max=_TELU_BACKWARD_CLAMP)
@@ -48,9 +43,8 @@ def _telu_and_slope(x: Tensor) -> Tuple[Tensor, Tensor]:
 
 
 class _TeLUFunction(torch.autograd.Function):
-    """TeLU whose forward also computes the slope, the only tensor it saves (autograd would keep exp(x) and
-    tanh(exp(x)) as well): the backward is one multiplication (seven operations in all, where the forward
-    alone and a backward from the input take ten)."""
+    """TeLU whose forward also computes the slope, the only tensor saved (autograd would also keep exp(x) and
+    tanh(exp(x))): the backward is one multiplication, seven operations in all against autograd's ten."""
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
@@ -67,11 +61,7 @@ class _TeLUFunction(torch.autograd.Function):
 
 
 def telu(x: Tensor) -> Tensor:
-    """TeLU(x) = x * tanh(exp(x)), numerically safe in fp32 / fp16 / bf16.
-
-    x: any shape; returns the same shape and dtype. On CUDA (outside torch.compile) one Triton kernel computes
-    it (``telu_kernels``), elsewhere PyTorch's operations.
-    """
+    """TeLU(x) = x * tanh(exp(x)), safe in fp32 / fp16 / bf16; one Triton kernel on CUDA outside torch.compile."""
     if torch.is_grad_enabled() and x.requires_grad:
         return _TeLUFunction.apply(x)
     fast = telu_triton(x) if telu_triton_available(x) else None
@@ -79,10 +69,10 @@ def telu(x: Tensor) -> Tensor:
 
 
 class TeLU(nn.Module):
-    """Module form of :func:`telu` (Fernandez & Mali, "TeLU activation function")."""
+    """Module form of ``telu`` (Fernandez & Mali, "TeLU activation function")."""
 
     def __init__(self, inplace: bool = False) -> None:
-        # ``inplace`` is accepted (and ignored) so that TeLU can stand in wherever nn.ReLU(inplace=...) is built
+        # ``inplace`` is ignored; accepted so TeLU can stand in for nn.ReLU(inplace=...)
         super().__init__()
 
     def forward(self, x: Tensor) -> Tensor:
@@ -103,10 +93,9 @@ def get_activation(name: str) -> Type[nn.Module]:
 def attention_sigmoid(x: Tensor) -> Tensor:
     """``torch.sigmoid(x)`` for attention weights; while tracing (the ONNX exporter) written as 1 / (1 + exp(-x)).
 
-    ONNX Runtime's CPU Sigmoid is accurate to about 1e-7 absolute, not relative: a saturated attention weight
-    (sigmoid(-15) ~ 3e-7, seen in trained models) loses most of its digits, and the layers after the attention
-    multiply the error up (1.6 % of the logits' scale in one smoke-trained Med-DisSeg). Exp and the division
-    keep the relative precision. x: any shape -> same shape."""
+    ONNX Runtime's CPU Sigmoid is accurate to ~1e-7 absolute, not relative: saturated weights (sigmoid(-15) ~ 3e-7)
+    lose most digits and later layers amplify the error (1.6 % of the logits' scale in one model). Exp and the division
+    keep the relative precision."""
     if torch.jit.is_tracing():
         return torch.reciprocal(1 + torch.exp(-x))
     return torch.sigmoid(x)

@@ -17,12 +17,9 @@ def _hidden(channels: int, reduction: int) -> int:
 
 
 class ChannelAttention(nn.Module):
-    """CBAM channel attention: a = sigmoid(MLP(avgpool(x)) + MLP(maxpool(x))); out = x * a.
+    """CBAM channel attention: out = x * sigmoid(MLP(avgpool(x)) + MLP(maxpool(x))), (B, C, H, W) -> same.
 
-    The MLP (shared by both poolings) is Linear(C, C/r) -> nonlin -> Linear(C/r, C), its layers stored as 1x1
-    convolutions (:class:`PointwiseLinear`) that apply to the pooled (B, C, 1, 1) features directly.
-
-    x: (B, C, H, W) -> (B, C, H, W)
+    MLP: Linear(C, C/r) -> nonlin -> Linear(C/r, C), as 1x1 convolutions on the pooled (B, C, 1, 1) features.
     """
 
     def __init__(
@@ -46,10 +43,7 @@ class ChannelAttention(nn.Module):
 
 
 class SpatialAttention(nn.Module):
-    """CBAM spatial attention: a = sigmoid(conv_kxk([mean_c(x); max_c(x)])); out = x * a.
-
-    x: (B, C, H, W) -> (B, C, H, W)
-    """
+    """CBAM spatial attention: a = sigmoid(conv_kxk([mean_c(x); max_c(x)])); out = x * a, (B, C, H, W) -> same."""
 
     def __init__(self, kernel_size: int = 7, bias: bool = False, conv_op: Type[nn.Module] = nn.Conv2d) -> None:
         super().__init__()
@@ -68,11 +62,7 @@ class SpatialAttention(nn.Module):
 
 
 class CBAT(nn.Module):
-    """Med-DisSeg's decoder-side calibration unit: CBAM (channel then spatial attention) with the
-    chosen activation (TeLU) inside the channel MLP; Linear / conv layers with bias.
-
-    x: (B, C, H, W) -> (B, C, H, W)
-    """
+    """Med-DisSeg's decoder-side CBAM (channel then spatial; biases, ``nonlin`` in the MLP): (B, C, H, W) -> same."""
 
     def __init__(
         self,
@@ -91,14 +81,10 @@ class CBAT(nn.Module):
 
 
 class ELAT(nn.Module):
-    """Med-DisSeg's encoder-side attention: parallel channel and multi-scale spatial branches.
+    """Med-DisSeg's encoder-side attention, out = x * a_c * a_s: (B, C, H, W) -> same.
 
-    - channel: a_c = sigmoid(Linear(C/r, C)(nonlin(Linear(C, C/r)(GAP(x))))), no biases (the Linear layers
-      stored as 1x1 convolutions, :class:`PointwiseLinear`, applied to the pooled (B, C, 1, 1) features);
-    - spatial: a_s = sigmoid(conv1x1_fuse([conv3x3_d(x) for d in dilations])), each conv C -> 1;
-    - out = x * a_c * a_s.
-
-    x: (B, C, H, W) -> (B, C, H, W)
+    - channel: a_c = sigmoid(Linear(C/r, C)(nonlin(Linear(C, C/r)(GAP(x))))), no biases, Linears as 1x1 convs;
+    - spatial: a_s = sigmoid(conv1x1_fuse([conv3x3_d(x) for d in dilations])), each conv C -> 1.
     """
 
     def __init__(

@@ -25,33 +25,19 @@ def same_padding(kernel_size: int, dilation: int = 1) -> int:
 
 
 class PointwiseLinear(nn.Conv2d):
-    """A Linear layer over the channel axis, stored as a 1x1 convolution (weight (out, in, 1, 1)), so that it applies
-    to (B, C, H, W) features in one operation. Initialised as ``nn.Linear`` (which is ``nn.Conv2d``'s own default
-    for a 1x1 kernel).
-
-    x: (B, in_features, H, W) -> (B, out_features, H, W)
-    """
+    """Linear layer over the channel axis stored as a 1x1 convolution (weight (out, in, 1, 1)): (B, in_features, H, W)
+    -> (B, out_features, H, W) in one operation. Initialised as ``nn.Linear``, ``nn.Conv2d``'s own 1x1 default."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__(in_features, out_features, 1, bias=bias)
 
 
 class ConvNormAct(nn.Module):
-    """conv_op -> norm_op -> nonlin with 'same' padding (stride 1 keeps H, W).
+    """conv_op -> norm_op -> nonlin, 'same' padding: (B, C_in, H, W) -> (B, C_out, H / stride, W / stride).
 
-    Args:
-        in_channels, out_channels: channel counts.
-        kernel_size: odd kernel size (square).
-        conv_op, norm_op: operator classes (2D in this project); ``norm_op=None`` skips the norm.
-        nonlin: activation class, ``None`` for none (the CBT "act=False" variant).
-        dilation, stride: as in ``conv_op``.
-        conv_bias: bias of the convolution (off by default: the norm follows).
-        groups: as in ``conv_op``: ``groups`` independent blocks in one, block g mapping input channels
-            [g * in / groups, (g + 1) * in / groups) to the same share of the output channels (the norm
-            and activation are per channel: equal to ``groups`` blocks side by side, each of which has
-            the same weight shapes and initial statistics, the fan-in being per group).
-
-    Shapes: x: (B, in_channels, H, W) -> (B, out_channels, H / stride, W / stride).
+    ``kernel_size`` is odd; ``norm_op=None`` / ``nonlin=None`` skip the norm / activation (CBT's "act=False");
+    ``conv_bias`` is off as the norm follows. ``groups`` builds independent blocks in one (norm and activation being per
+    channel), each with the weight shapes and initial statistics of a separate block (fan-in per group).
     """
 
     def __init__(

@@ -15,24 +15,17 @@ DECODER_FUSIONS = ("sum", "concat")
 
 
 def _upsample_to(x: Tensor, size: Sequence[int]) -> Tensor:
-    """x: (B, C, h, w) -> (B, C, *size), bilinear. A tracer records the interpolation even where the sizes are
-    equal (then it is the identity), so that a traced graph follows the sizes of any input."""
+    """x: (B, C, h, w) -> (B, C, *size), bilinear; traced, it always interpolates so the graph fits any input."""
     if tuple(x.shape[2:]) == tuple(size) and not torch.jit.is_tracing():
         return x
     return F.interpolate(x, size=tuple(size), mode="bilinear", align_corners=False)
 
 
 class CBATDecoder(nn.Module):
-    """One decoding path (paper Eq. 8).
+    """One decoding path (paper Eq. 8): coarse F1 (B, C1, h, w), fine F2 (B, C2, H, W) -> O (B, out_channels, H, W).
 
-    F0 = CBT1x1([Up(F1); F2]) (projection of the concatenation to ``out_channels``);
-    F(t+1) = F(t) + CBT3x3(CBT1x1(F(t))), t = 0 .. num_steps-1; O = CBAT(F(num_steps)).
-
-    ``cbat=False`` (the "w/o CBAT" ablation) replaces the final CBAT unit by a plain CBT3x3 block of
-    the same width (3x3 convolution ``out_channels -> out_channels``, normalisation, activation), so
-    the path keeps its depth and width but loses the channel and spatial attention.
-
-    coarse (F1): (B, coarse_channels, h, w), fine (F2): (B, fine_channels, H, W) -> O: (B, out_channels, H, W)
+    F0 = CBT1x1([Up(F1); F2]); F(t+1) = F(t) + CBT3x3(CBT1x1(F(t))), t < num_steps; O = CBAT(F(num_steps)).
+    ``cbat=False`` (the "w/o CBAT" ablation) ends in a CBT3x3 of the same width instead: same depth, no attention.
     """
 
     def __init__(
@@ -69,11 +62,7 @@ class CBATDecoder(nn.Module):
 
 
 class PathHead(nn.Module):
-    """Light head of one path: CBT3x3 (in -> hidden) -> Conv1x1 (hidden -> num_classes) at the
-    path's resolution, then bilinear up-sampling of the logits to ``output_size``.
-
-    x: (B, in_channels, h, w) -> (B, num_classes, *output_size)
-    """
+    """One path's head: CBT3x3 -> Conv1x1 -> bilinear up: (B, in_channels, h, w) -> (B, num_classes, *output_size)."""
 
     def __init__(
         self,
@@ -94,10 +83,9 @@ class PathHead(nn.Module):
 
 
 class ConcatFusionHead(nn.Module):
-    """Fusion of the released code / ConDSeg: [O_S; Up(O_M); Up(O_L)] -> CBT3x3 (3C -> C) -> Up to
-    ``output_size`` -> CBT3x3 (C -> 128) -> CBT1x1 (128 -> 64) -> Conv1x1 (64 -> num_classes).
+    """Fusion of the released code / ConDSeg: paths (three (B, C, h_l, w_l), finest first) -> (B, K, *output_size).
 
-    paths: three (B, C, h_l, w_l), finest first -> (B, num_classes, *output_size)
+    [O_S; Up(O_M); Up(O_L)] -> CBT3x3 (3C -> C) -> Up -> CBT3x3 (C -> 128) -> CBT1x1 (128 -> 64) -> Conv1x1 (64 -> K).
     """
 
     def __init__(
@@ -124,11 +112,8 @@ class ConcatFusionHead(nn.Module):
 class MultiScaleCBATDecoder(nn.Module):
     """The three CBAT decoding paths and their fusion into logits.
 
-    D_s(f2, f1) at H/2, D_m(f3, f2) at H/4, D_l(f4, f3) at H/8.
-    ``fusion="sum"`` (paper Eq. 9): a :class:`PathHead` per path, logits = O_S + O_M + O_L.
-    ``fusion="concat"`` (released code): :class:`ConcatFusionHead`; no per-path logits.
-
-    ``cbat=False``: each path ends in a plain CBT3x3 block instead of CBAT (see :class:`CBATDecoder`).
+    D_s(f2, f1) at H/2, D_m(f3, f2) at H/4, D_l(f4, f3) at H/8. ``fusion="sum"`` (paper Eq. 9): a ``PathHead`` per
+    path, logits = O_S + O_M + O_L; ``"concat"`` (released code): ``ConcatFusionHead``, no per-path logits.
 
     features: [f1 (B, C, H/2, W/2), f2 (H/4), f3 (H/8), f4 (H/16)], output_size (H, W) ->
     (logits (B, K, H, W), path logits (O_S, O_M, O_L) each (B, K, H, W) or None, O_S (B, C, H/2, W/2))

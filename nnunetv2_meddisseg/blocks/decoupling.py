@@ -1,5 +1,4 @@
-"""Decoupling of the deepest feature into foreground / background / uncertainty features, and the
-auxiliary heads that turn each into a full-resolution map (training only)."""
+"""Decoupling of the deepest feature into fg / bg / uncertainty features, and training-only full-resolution heads."""
 from typing import Optional, Sequence, Tuple, Type
 
 import torch
@@ -15,9 +14,8 @@ __all__ = ["FeatureDecoupling", "AuxiliaryHeads"]
 def _cbt_stack(in_channels: int, mid_channels: int, out_channels: int, branches: int, shared_input: bool,
                ops: dict) -> nn.Sequential:
     """``branches`` CBT3x3 (in -> mid), CBT3x3 (mid -> out), CBT1x1 (out -> out) stacks as one, output channels
-    [branch 0, branch 1, ...]. ``shared_input``: every branch reads the same ``in_channels`` (the first
-    convolution is one convolution with the branches' filters stacked); else the input is the branches'
-    inputs concatenated (a grouped convolution)."""
+    [branch 0, branch 1, ...]. ``shared_input``: all branches read the same input (first filters stacked); else
+    the input is the branches' inputs concatenated (a grouped convolution)."""
     n = branches
     return nn.Sequential(
         ConvNormAct(in_channels if shared_input else n * in_channels, n * mid_channels, 3,
@@ -30,14 +28,9 @@ def _cbt_stack(in_channels: int, mid_channels: int, out_channels: int, branches:
 class FeatureDecoupling(nn.Module):
     """Three independent branches CBT3x3 (in -> mid), CBT3x3 (mid -> out), CBT1x1 (out -> out).
 
-    The foreground and background branches run as one stack (:attr:`fg_bg`: the first convolution's
-    filters stacked, then grouped convolutions of 2 groups; the same function per channel, in a third
-    of the operations); the uncertainty branch (:attr:`uc`), which only the training-only head reads, on
-    its own.
-
-    x: (B, in_channels, h, w) -> f_fg, f_bg, f_uc: (B, out_channels, h, w) each
-    (f_uc is None when ``with_uncertainty=False``: it only feeds the training-only head; f_fg and f_bg are
-    channel slices of one tensor).
+    x: (B, in_channels, h, w) -> f_fg, f_bg, f_uc: (B, out_channels, h, w) each. Foreground and background run as one
+    stack (``fg_bg``, in a third of the operations) and come out as channel slices of one tensor; f_uc, read only by
+    the training-only head, runs alone and is None when ``with_uncertainty=False``.
     """
 
     def __init__(
@@ -64,16 +57,12 @@ class FeatureDecoupling(nn.Module):
 
 
 class AuxiliaryHeads(nn.Module):
-    """The foreground, background and uncertainty heads, each turning one decoupled feature into one map of
-    logits (no sigmoid) at 2**(len(channels) - 1) times its size, run as one grouped head.
+    """Foreground, background and uncertainty heads, run as one grouped head; each maps a decoupled feature to logits.
 
-    Each head: CBT3x3 (in -> channels[0]); then per entry c of channels[1:]: bilinear x2 and CBT3x3 to c;
-    then a 1x1 conv to 1 channel. Default: 128 -> 256, x2 256, x2 128, x2 64, x2 64 (from H/16 to H).
-    The three heads are the three groups of every convolution (norm and activation are per channel: the
-    same function as three heads, in a third of the operations).
-
-    f_fg, f_bg, f_uc: (B, in_channels, h, w) each -> fg, bg, uc: (B, 1, h * 2**n_up, w * 2**n_up) each
-    (channel slices of one tensor), n_up = len(channels) - 1
+    Each head: CBT3x3 (in -> channels[0]); per c in channels[1:], bilinear x2 and CBT3x3 to c; a 1x1 conv to 1
+    channel (no sigmoid). Default: 128 -> 256, x2 256, x2 128, x2 64, x2 64 (H/16 to H). The heads are the groups of
+    every convolution. f_fg, f_bg, f_uc: (B, in_channels, h, w) -> fg, bg, uc: (B, 1, h * 2**n, w * 2**n),
+    n = len(channels) - 1, channel slices of one tensor.
     """
 
     HEADS = ("fg", "bg", "uc")

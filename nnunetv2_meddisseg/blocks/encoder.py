@@ -1,14 +1,8 @@
 """ResNet-50 encoder (stem + layer1..layer3) in torchvision's state-dict layout, and its weight loader.
 
-The encoder keeps ResNet's own ReLU (stem and bottlenecks) regardless of the network's
-``activation`` option, so that ImageNet weights stay meaningful; TeLU is used in the blocks that
-Med-DisSeg adds on top. ``layer4`` is not built (Med-DisSeg decodes from x1..x4).
-
-Encoder weights are a local torchvision ResNet-50 state-dict file, or :data:`IMAGENET`: torchvision's
-``ResNet50_Weights.IMAGENET1K_V1`` (the weights the paper's code loads) in torch.hub's cache
-(``torch.hub.get_dir()/checkpoints``, which follows ``TORCH_HOME``). Only
-:func:`download_imagenet_weights` (called by the plan command, once) ever downloads; everything else
-reads the cached file and fails with a one-line message naming it when it is missing.
+It keeps ResNet's ReLU whatever ``activation`` says, so ImageNet weights stay meaningful; ``layer4`` is not built.
+Weights: a local state-dict file or ``IMAGENET`` (torchvision's ``IMAGENET1K_V1``, as in the paper's code) in
+torch.hub's cache. Only ``download_imagenet_weights`` (the plan command) downloads; the rest fails naming the file.
 """
 import os
 import re
@@ -34,10 +28,7 @@ IMAGENET = "imagenet"
 
 
 class Bottleneck(nn.Module):
-    """ResNet v1.5 bottleneck (stride on the 3x3 conv), torchvision key names.
-
-    x: (B, in_channels, H, W) -> (B, 4 * width, H / stride, W / stride)
-    """
+    """ResNet v1.5 bottleneck (stride on the 3x3 conv): (B, C, H, W) -> (B, 4 * width, H / stride, W / stride)."""
 
     expansion = 4
 
@@ -75,14 +66,10 @@ class Bottleneck(nn.Module):
 
 
 class ResNet50Encoder(nn.Module):
-    """ResNet-50 stem + layer1..layer3 returning four feature maps.
+    """ResNet-50 stem + layer1..layer3; keys as in torchvision's ``resnet50().state_dict()`` less ``layer4``, ``fc``.
 
-    Keys match torchvision's ``resnet50().state_dict()`` (``conv1``, ``bn1``, ``layer1.0.conv1``, ...)
-    without ``layer4`` and ``fc``.
-
-    x: (B, input_channels, H, W) with H, W divisible by 16 ->
-    [x1 (B, 64, H/2, W/2) after conv1/bn1/relu (before the max-pool),
-     x2 (B, 256, H/4, W/4), x3 (B, 512, H/8, W/8), x4 (B, 1024, H/16, W/16)]
+    x: (B, input_channels, H, W), H and W divisible by 16 -> [x1 (B, 64, H/2, W/2) before the max-pool,
+    x2 (B, 256, H/4, W/4), x3 (B, 512, H/8, W/8), x4 (B, 1024, H/16, W/16)]
     """
 
     def __init__(
@@ -132,14 +119,12 @@ def _is_ignored(key: str) -> bool:
     return key.startswith("fc.") or key.startswith("layer4.")
 
 
-#: components of a key prefix that name the second copy of an encoder in a self-supervised checkpoint (MoCo's key
-#: encoder, DINO's student next to its teacher, an EMA copy), besides those starting with :data:`SECONDARY_STARTS`
-#: (``momentum_encoder``, ``target_network``, ...); where a file holds several encoders, such copies are passed over
+#: key-prefix parts naming an encoder's second copy (MoCo's key encoder, DINO's student, an EMA copy), as do parts
+#: starting with ``SECONDARY_STARTS``; such copies are passed over where a file holds several encoders
 SECONDARY_COPIES = frozenset({"encoder_k", "student", "state_dict_ema", "model_ema"})
 SECONDARY_STARTS = ("momentum", "target", "ema")
 
-#: where the stages of ``torchvision.models.resnet50`` sit in ``nn.Sequential(*resnet.children())`` (BYOL-style
-#: ``encoder.0.weight``, ``encoder.4.0.conv1.weight``, ...)
+#: stage positions of ``torchvision.models.resnet50`` in ``nn.Sequential(*resnet.children())`` (BYOL-style keys)
 _CHILDREN = {"0": "conv1", "1": "bn1", "4": "layer1", "5": "layer2", "6": "layer3", "7": "layer4"}
 
 #: a ``conv1.weight`` inside a bottleneck (``layer1.0.conv1.weight``, ``4.0.conv1.weight``), not the stem
@@ -147,8 +132,7 @@ _BLOCK_PREFIX = re.compile(r"(^|\.)(layer)?\d+\.\d+\.$")
 
 
 def _flatten(state: dict, prefix: str = "") -> Dict[str, object]:
-    """``state`` with nested dicts of string keys joined into dotted keys (``{'state_dict': {'a': t}}`` ->
-    ``{'state_dict.a': t}``); dicts with other keys (an optimizer's state) are left out."""
+    """Join nested dicts of string keys into dotted keys; dicts with other keys (optimizer state) are dropped."""
     flat: Dict[str, object] = {}
     for key, value in state.items():
         if not isinstance(key, str):
@@ -162,9 +146,8 @@ def _flatten(state: dict, prefix: str = "") -> Dict[str, object]:
 
 
 def _candidates(flat: Dict[str, object]) -> Dict[str, Dict[str, object]]:
-    """``{prefix: its keys in torchvision's names}`` for every ResNet stem in ``flat``: a ``<prefix>conv1.weight``
-    (torchvision and timm names) or a ``<prefix>0.weight`` next to ``<prefix>4.0.conv1.weight`` (the children of
-    a torchvision ResNet in an ``nn.Sequential``)."""
+    """``{prefix: its keys in torchvision's names}`` per ResNet stem: ``<prefix>conv1.weight`` (torchvision, timm) or
+    ``<prefix>0.weight`` next to ``<prefix>4.0.conv1.weight`` (a ResNet's children in an ``nn.Sequential``)."""
     found: Dict[str, Dict[str, object]] = {}
     for key in flat:
         if key.endswith("conv1.weight"):
@@ -188,17 +171,12 @@ def _is_secondary(prefix: str) -> bool:
 
 
 def resnet50_state(state: object, path: str) -> Tuple[str, Dict[str, object]]:
-    """The ResNet-50 encoder in a loaded weights file ``state``: ``(prefix, its keys in torchvision's names)``.
+    """The ResNet-50 in a loaded weights file ``state``: ``(prefix, its keys in torchvision's names)``.
 
-    Reads torchvision's and timm's ResNet-50 names, alone or under a prefix (``module.``, ``backbone.``,
-    ``module.encoder_q.``, ``base_encoder.``, ``encoder.``, ...), in dicts nested under any string keys
-    (``state_dict``, ``model``, ``teacher``, ``network_weights``, ...), and the children of a torchvision ResNet in
-    an ``nn.Sequential`` (``encoder.0.weight``, ``encoder.4.0.conv1.weight``). Where the file holds several encoders,
-    the second copies (:data:`SECONDARY_COPIES`) are passed over. ``path`` only names the file in messages.
-
-    Raises:
-        ValueError: ``state`` holds no tensors, no ResNet stem (``missing key 'conv1.weight'``, naming the file's
-            first key) or several encoders none of which is the primary one.
+    Reads torchvision and timm names under any prefix (``module.encoder_q.``, ...) and nesting of string-keyed dicts
+    (``state_dict``, ``teacher``, ...), and a ResNet's children in an ``nn.Sequential``; of several encoders, second
+    copies are passed over. ``path`` only names the file in messages. Raises ValueError if it finds no tensors, no
+    ResNet stem, or several encoders none of them primary.
     """
     if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
         raise ValueError(
@@ -224,21 +202,15 @@ def resnet50_state(state: object, path: str) -> Tuple[str, Dict[str, object]]:
 
 
 def load_resnet50_weights(encoder: ResNet50Encoder, path: str) -> None:
-    """Load the ResNet-50 of the local file ``path`` into ``encoder``.
+    """Load the ResNet-50 of the local file ``path`` into ``encoder``; never downloads.
 
-    The file is a torchvision or timm ResNet-50 state dict, or a checkpoint holding one under a prefix or nested
-    key (MoCo v2 / v3, DINO, BYOL, nnU-Net checkpoints of Med-DisSeg, ``nnUNetv2_meddisseg_pretrain``'s output:
-    :func:`resnet50_state`). ``fc.*`` and ``layer4.*`` are ignored, and so is everything outside the encoder's
-    prefix (projection and prediction heads, queues, momentum copies); a missing ``num_batches_tracked`` buffer
-    keeps the encoder's value (older torchvision files lack it). If the encoder has ``input_channels != 3``
-    and the file's ``conv1.weight`` has 3, the stem is adapted: mean over the RGB filters, repeated
-    ``input_channels`` times. Never downloads anything.
+    Reads what ``resnet50_state`` reads (MoCo, DINO, BYOL, Med-DisSeg, ``nnUNetv2_meddisseg_pretrain`` checkpoints).
+    ``fc.*``, ``layer4.*`` and keys outside the encoder's prefix are ignored; a missing ``num_batches_tracked`` keeps
+    the encoder's value (older torchvision files lack it). A 3-channel ``conv1.weight`` becomes the mean RGB filter,
+    repeated ``input_channels`` times.
 
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ValueError: the file cannot be read as a state dict (``UnsafeTorchFile``: it holds other objects;
-            it is read with ``weights_only=True``), or a key is missing / unexpected / has the wrong shape
-            or NaN / inf values (the message names the file and the first bad key as the file spells it).
+    Raises FileNotFoundError if ``path`` is missing; ValueError if it is not a state dict (``UnsafeTorchFile`` if it
+    holds other objects) or a key is missing, unexpected, misshaped or NaN / inf.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -294,8 +266,7 @@ def imagenet_weights_url() -> str:
 
 
 def imagenet_weights_file() -> str:
-    """Where torchvision keeps that file: ``torch.hub.get_dir()/checkpoints/<file name of the URL>``
-    (``$TORCH_HOME/hub/checkpoints/...`` when ``TORCH_HOME`` is set)."""
+    """Where torchvision caches the ``IMAGENET1K_V1`` file: ``torch.hub.get_dir()/checkpoints/<URL's file name>``."""
     name = os.path.basename(urlparse(imagenet_weights_url()).path)
     return os.path.join(torch.hub.get_dir(), "checkpoints", name)
 
@@ -306,12 +277,7 @@ def _offline_hint(cached: str) -> str:
 
 
 def resolve_encoder_weights(weights: str) -> str:
-    """The local file that ``weights`` (a path or :data:`IMAGENET`) names. Never downloads.
-
-    Raises:
-        FileNotFoundError: :data:`IMAGENET` is not in torch.hub's cache (the one-line message names
-            the expected file, the URL and the ``--encoder_weights PATH`` alternative).
-    """
+    """The local file ``weights`` (a path or ``IMAGENET``) names; FileNotFoundError if ``IMAGENET`` is not cached."""
     weights = os.fspath(weights)
     if weights != IMAGENET:
         return weights
@@ -324,13 +290,7 @@ def resolve_encoder_weights(weights: str) -> str:
 
 
 def download_imagenet_weights() -> str:
-    """Return the cached ``IMAGENET1K_V1`` file, downloading it first through torchvision's weights API
-    (``ResNet50_Weights.IMAGENET1K_V1.get_state_dict``: torch.hub's cache, hash checked) when absent.
-
-    Raises:
-        FileNotFoundError: the download failed (offline, ...); one line naming the expected file, the
-            URL and the ``--encoder_weights PATH`` alternative.
-    """
+    """The cached ``IMAGENET1K_V1`` file, downloaded (hash checked) if absent; FileNotFoundError if download fails."""
     cached = imagenet_weights_file()
     if os.path.isfile(cached):
         return cached

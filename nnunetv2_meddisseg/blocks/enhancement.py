@@ -13,21 +13,14 @@ __all__ = ["FeatureEnhancement"]
 
 
 class FeatureEnhancement(nn.Module):
-    """Enlarge the receptive field of one encoder level and bring it to ``out_channels``.
+    """Enlarge the receptive field of one encoder level: (B, in_channels, H, W) -> (B, out_channels, H, W).
 
-    Branches: CBT 1x1 and CBT 3x3 with dilation 6 / 12 / 18, each followed by channel attention
-    (ratio 16); concat -> Conv3x3-Norm (no activation) + Conv1x1-Norm shortcut of the input ->
-    activation -> spatial attention (7x7).
+    Branches: CBT 1x1 and CBT 3x3 with dilation 6 / 12 / 18, each followed by channel attention (ratio 16); concat ->
+    Conv3x3-Norm (no activation) + Conv1x1-Norm shortcut of the input -> activation -> spatial attention (7x7).
 
-    The parallel parts run together: the shortcut's and the first branch's 1x1 convolutions are one
-    convolution (:attr:`pointwise`, output [shortcut, branch 0]); the dilated convolutions (:attr:`dilated`)
-    follow, one per dilation; one norm (:attr:`norm`) over the concatenation [shortcut, branch 0, branch 1,
-    ...] (per channel, so the same as a norm per branch); one activation over the branches; the channel
-    attentions of all branches in two batched matrix products, their MLP weights stacked
-    (:attr:`attention_hidden`, :attr:`attention_out`: branch i's rows are the i-th share). The same
-    function as separate branches.
-
-    x: (B, in_channels, H, W) -> (B, out_channels, H, W)
+    Parallel parts run batched, the same function as separate branches: one 1x1 conv for shortcut and branch 0
+    (``pointwise``), one per-channel norm over all branches, one activation, all channel attentions in two grouped
+    products with stacked MLP weights (``attention_hidden``, ``attention_out``: branch i's rows are share i).
     """
 
     def __init__(
@@ -59,13 +52,10 @@ class FeatureEnhancement(nn.Module):
         self.spatial_attention = SpatialAttention(7, bias=False, conv_op=conv_op)
 
     def branch_channel_attention(self, y: Tensor) -> Tensor:
-        """The channel attention of every branch at once.
+        """The channel attention of every branch at once: y (B, n * C, H, W) -> weights (B, n * C, 1, 1).
 
-        y: the activated branch outputs, concatenated (B, n * C, H, W) -> their weights (B, n * C, 1, 1):
-        per branch i, sigmoid(MLP_i(avgpool) + MLP_i(maxpool)) with MLP_i = Linear(C, C/r) -> activation ->
-        Linear(C/r, C) (no biases). Both poolings (a batch of 2B) of all branches pass their branch's MLP as
-        two grouped 1x1 convolutions (n groups; kernels (n * C/r, C, 1, 1) and (n * C, C/r, 1, 1), branch i's
-        rows in group i).
+        Per branch i, sigmoid(MLP_i(avgpool) + MLP_i(maxpool)), MLP_i = Linear(C, C/r) -> activation -> Linear(C/r, C),
+        no biases; both poolings (2B) go through two grouped 1x1 convs, n groups, branch i's rows in group i.
         """
         b, n = y.shape[0], self.num_branches
         w1, w2 = self.attention_hidden.weight, self.attention_out.weight

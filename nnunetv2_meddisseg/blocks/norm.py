@@ -13,14 +13,8 @@ __all__ = ["UncountedBatchNorm2d", "SingleKernelInstanceNorm2d", "instance_norm_
 class UncountedBatchNorm2d(nn.BatchNorm2d):
     """``torch.nn.BatchNorm2d`` that does not count its training batches when ``momentum`` is set.
 
-    torch's layer adds 1 to ``num_batches_tracked`` at every training forward, one extra operation (a
-    kernel launch on a GPU) per layer and step, but reads the count only when ``momentum`` is None
-    (a cumulative average). Here the count advances only then: with a momentum (the default 0.1) the
-    running statistics, the output, the gradients and the state-dict keys are torch's; only
-    ``num_batches_tracked`` keeps the value it was loaded with. Weights load both ways between this
-    layer and torch's.
-
-    x: (B, C, H, W) -> (B, C, H, W)
+    torch counts them in ``num_batches_tracked`` (a kernel launch per layer and step on a GPU) but reads the count
+    only when ``momentum`` is None; otherwise all is torch's except ``num_batches_tracked``, which stays as loaded.
     """
 
     def forward(self, x: Tensor) -> Tensor:
@@ -32,13 +26,11 @@ class UncountedBatchNorm2d(nn.BatchNorm2d):
 
 
 def instance_norm_channels_last(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float) -> Tensor:
-    """Instance normalisation that keeps x's memory format and dtype: statistics per (image, channel) over H, W
-    in fp32, then one fused multiply-add ``x * scale + shift`` in x's dtype.
+    """Instance norm keeping x's memory format and dtype: fp32 statistics per (image, channel), then one fused
+    ``x * scale + shift`` in x's dtype. x: (B, C, H, W); weight, bias: (C,) or None.
 
-    CUDA's group-norm kernel reads and writes NCHW only: on a channels-last tensor it costs a layout copy in,
-    and the NCHW output a copy back at the next convolution (and slow NCHW kernels in between).
-
-    x: (B, C, H, W), weight, bias: (C,) or None -> (B, C, H, W), layout and dtype of x
+    CUDA's group-norm kernel is NCHW only: a channels-last tensor costs a layout copy in, one back at the next
+    convolution, and slow NCHW kernels in between.
     """
     var, mean = torch.var_mean(x.float(), dim=(2, 3), keepdim=True, correction=0)  # (B, C, 1, 1)
     scale = torch.rsqrt(var + eps)
@@ -51,15 +43,11 @@ def instance_norm_channels_last(x: Tensor, weight: Optional[Tensor], bias: Optio
 
 
 class SingleKernelInstanceNorm2d(nn.GroupNorm):
-    """``torch.nn.InstanceNorm2d(num_features, eps, affine=affine)`` computed as a group norm with one
-    channel per group: the same output, gradients and state-dict keys (``weight``, ``bias``), in one
-    kernel per forward instead of torch's repeat + view + batch norm over a (1, B*C, H, W) reshape.
-    A channels-last CUDA tensor (outside ``torch.compile``, which fuses the group norm itself) is normalised by
-    :func:`instance_norm_channels_last` instead, which keeps its layout. No running statistics
-    (``track_running_stats`` must stay False): each image is normalised by its own statistics in training and
-    at prediction alike.
+    """``torch.nn.InstanceNorm2d(num_features, eps, affine=affine)`` as a group norm with one channel per group.
 
-    x: (B, C, H, W) -> (B, C, H, W)
+    Same output, gradients and state-dict keys in one kernel, not torch's repeat + view + batch norm. Channels-last
+    CUDA tensors go to ``instance_norm_channels_last`` (not under ``torch.compile``, which fuses the group norm). No
+    running statistics (``track_running_stats`` must stay False): each image uses its own, in training and prediction.
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = None,

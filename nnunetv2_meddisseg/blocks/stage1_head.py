@@ -1,9 +1,7 @@
 """The light segmentation head of Stage I (encoder pre-training).
 
-In Stage I the network returns its four ELAT-refined features (``output="encoder"``); this head turns them
-into logits so that the encoder can be trained on the segmentation task before the full decoder exists. It is
-not part of ``MedDisSegNet`` (prediction never sees it): the trainer owns it, stores it in Stage I checkpoints
-and drops it at the switch to Stage II.
+It turns the four ELAT-refined features (``output="encoder"``) into logits to train the encoder before the decoder
+exists. Not part of ``MedDisSegNet``: the trainer owns it, keeps it in Stage I checkpoints, drops it at Stage II.
 """
 from typing import Optional, Sequence, Tuple, Type
 
@@ -19,21 +17,14 @@ __all__ = ["Stage1Head"]
 
 
 class Stage1Head(nn.Module):
-    """Per level a 1x1 CBT (Conv-BN-TeLU) to ``width`` channels, bilinear up-sampling to the output
-    size, concatenation, and a 1x1 convolution to ``num_classes`` logits.
+    """Per level a 1x1 CBT to ``width`` channels and bilinear up-sampling; concatenation; a 1x1 conv to logits.
 
-    Args:
-        num_classes: output channels (nnU-Net's number of segmentation heads).
-        in_channels: channels of the encoder features, shallowest first (ResNet-50: 64, 256, 512, 1024).
-        width: channels per level after the 1x1 CBT (64 in the paper: 4 x 64 = 256 fused channels).
-        norm_op, norm_op_kwargs, nonlin: the normalisation and activation of the CBT blocks.
+    ``num_classes``: nnU-Net's number of segmentation heads; ``in_channels``: the encoder's, shallowest first;
+    ``width``: 64 in the paper (4 x 64 = 256 fused channels).
 
-    forward(features, output_size=None):
-        features: sequence of (B, C_i, H_i, W_i), one per level, shallowest first.
-        output_size: (H, W) of the logits; default: twice the size of the first (stride-2) feature.
-        Returns ``(logits, fused)``: logits (B, num_classes, H, W) and the fused feature
-        (B, len(in_channels) * width, H, W) the logits are computed from (the "late" layer of the
-        Stage I model, where a dispersive loss with ``placement="late"`` is applied).
+    forward(features, output_size=None): features (B, C_i, H_i, W_i) per level; output_size (H, W) defaults to twice
+    the first (stride-2) feature's size. Returns ``(logits, fused)``: logits (B, num_classes, H, W) and the fused
+    feature (B, len(in_channels) * width, H, W) they come from (the Stage I "late" layer, for ``placement="late"``).
     """
 
     def __init__(self, num_classes: int, in_channels: Sequence[int] = ENCODER_CHANNELS, width: int = 64,
