@@ -1,14 +1,9 @@
 """The error convention of every ``nnUNetv2_meddisseg_*`` command.
 
-Every command's ``-h`` shows each option's default (:class:`DefaultsHelpFormatter`) and every
-command that runs a network takes ``--device`` with one default: cuda if available, else cpu.
-
-A user mistake (a file, folder or option) ends the command with exactly one line on stderr,
-``nnUNetv2_meddisseg_<verb>: error: <message>``, and exit code :data:`EXIT_USER_ERROR` (2, the code
-argparse uses for a bad command line, so both kinds of mistake look alike). Anything else is a bug
-and keeps its traceback. PyTorch's "No CUDA runtime is found" warning, logged where a CUDA toolkit is installed
-without a GPU when a library imports ``torch.utils.cpp_extension`` (NNCF's quantization does), is filtered out
-(:func:`quiet_cuda_home_warning`): the commands run on the CPU there, and the line would precede the error line.
+A user mistake (a file, folder or option) ends the command with one line on stderr, ``<prog>: error: <message>``,
+and exit code 2, as argparse does; a bug keeps its traceback. PyTorch's "No CUDA runtime is found" warning (a CUDA
+toolkit without a GPU, once e.g. NNCF imports ``torch.utils.cpp_extension``) is filtered out: the commands run on
+the CPU there, and it would precede the error line.
 """
 from __future__ import annotations
 
@@ -37,8 +32,7 @@ class _NoCudaHomeWarning(logging.Filter):
 
 
 def quiet_cuda_home_warning() -> None:
-    """Filter PyTorch's "No CUDA runtime is found, using CUDA_HOME=..." warning out of its logger (without importing
-    torch; once per process)."""
+    """Filter PyTorch's "No CUDA runtime is found" warning out of its logger (once, without importing torch)."""
     logger = logging.getLogger("torch.utils.cpp_extension")
     if not any(isinstance(f, _NoCudaHomeWarning) for f in logger.filters):
         logger.addFilter(_NoCudaHomeWarning())
@@ -47,10 +41,8 @@ def quiet_cuda_home_warning() -> None:
 def run_command(prog: str, command: Callable[[Optional[Sequence[str]]], Optional[int]],
                 argv: Optional[Sequence[str]] = None,
                 user_errors: Tuple[Type[BaseException], ...] = (UserError, FileNotFoundError)) -> int:
-    """Run ``command(argv)`` and return its exit code (0 where it returns None).
-
-    An exception of a ``user_errors`` type is printed as ``prog: error: ...`` (one line) and gives
-    :data:`EXIT_USER_ERROR`. Console entry points return this value (``sys.exit(main())``)."""
+    """Run ``command(argv)``; return its exit code (0 for None), or ``EXIT_USER_ERROR`` after printing a
+    ``user_errors`` exception as one line. Console entry points ``sys.exit`` this value."""
     quiet_cuda_home_warning()
     try:
         code = command(argv)
@@ -68,9 +60,8 @@ DEVICE_DEFAULT_TEXT = "cuda if available, else cpu"
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
-    """Appends ``(default: X)`` to the help of every option whose help does not state its default already;
-    flags (store_true and store_false alike) read ``(default: off)``: not given. Options with a default
-    of None must say in their help what None means."""
+    """Appends ``(default: X)`` to each option's help that does not state it; flags read ``(default: off)``.
+    Options with a default of None must say in their help what None means."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""

@@ -1,9 +1,7 @@
 """``nnUNetv2_meddisseg_demo``: the whole job on an embedded default, through nnU-Net's own commands.
 
-Generates a small polyp-like dataset (or converts a real Kvasir-SEG folder with ``--kvasir``),
-preprocesses it with nnU-Net, trains default nnU-Net and Med-DisSeg for the same short schedule,
-predicts the test set with both, and writes the side-by-side comparison (table, chart, overlays).
-Everything lives under the output folder; nothing is downloaded.
+Trains default nnU-Net and Med-DisSeg on a generated polyp-like dataset (or Kvasir-SEG, ``--kvasir``) for the same
+short schedule and compares their test predictions. Everything lives under the output folder; nothing is downloaded.
 """
 from __future__ import annotations
 
@@ -40,8 +38,7 @@ SCHEDULES = {
 PLANS = "nnUNetMedDisSegPlans"
 
 
-#: what one run of each --schedule took on the generated dataset at the default --size (wall-clock minutes,
-#: GB of disk under the output folder), announced before the demo starts; docs/testing.md quotes the same figures
+#: minutes and GB of disk of one run of each --schedule (generated dataset, default --size), as in docs/testing.md
 COST = {
     "demo": {"minutes": 5.1, "disk_gb": 1.2, "machine": "a 2-core CPU"},
     "smoke": {"minutes": 2.2, "disk_gb": 1.2, "machine": "a 2-core CPU"},
@@ -49,8 +46,7 @@ COST = {
 
 
 def announcement(schedule: str, out: Path, kvasir: bool) -> str:
-    """What the demo will take (time and disk, from ``COST``) and the free disk at ``out``, printed before it
-    starts; a warning line where the free disk is less than the run needs."""
+    """What the demo will take (``COST``) and the free disk at ``out``, with a warning where that is too little."""
     cost = COST[schedule]
     lines = [f"Schedule '{schedule}': about {cost['minutes']:.0f} min on {cost['machine']} (less on a GPU) and "
              f"about {cost['disk_gb']:.1f} GB of disk under {out}."]
@@ -103,8 +99,7 @@ def _demo(argv: Optional[Sequence[str]]) -> None:
     logs.mkdir(parents=True, exist_ok=True)
     env = nnunet_environment(out)
     env.setdefault("nnUNet_def_n_proc", "2")
-    # both trainers seed every epoch from the run seed; with the batches made in the training process the
-    # same command gives the same models (on a CPU) and the same table
+    # with the run seed and batches made in-process, the same command gives the same models and table on a CPU
     env[SEED_ENVIRONMENT_VARIABLE] = str(args.seed)
     env.setdefault(DATA_AUGMENTATION_PROCESSES_VARIABLE, "0")
     start = time.time()

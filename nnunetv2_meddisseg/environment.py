@@ -1,12 +1,7 @@
-"""The package's environment: the variables it reads or sets (one constant per name, one parser for flags), where
-nnU-Net finds our trainers, and nnU-Net's folder environment as our commands, the demo, the benchmarks and the tests
-set it up.
+"""The package's environment variables, where nnU-Net finds our trainers, and nnU-Net's folder environment.
 
-nnU-Net reads three folders from the environment (:data:`NNUNET_FOLDERS`) and finds trainers it does not ship in
-the folders of ``nnUNet_extTrainer``, taking the first class with the requested name. Everything here that sets
-that variable puts this package's trainer folder (:data:`TRAINER_FOLDER`) first, then any other folders, each once
-(:func:`trainer_search_path`). A trained model lives in :func:`trainer_output_folder`. Imports nothing of the
-package and no torch: every module may import it, and the commands' ``-h`` stays fast.
+nnU-Net takes the first trainer of a requested name in the folders of ``nnUNet_extTrainer``; everything here puts
+``TRAINER_FOLDER`` first. Imports nothing of the package and no torch: every module may import it, ``-h`` stays fast.
 """
 from __future__ import annotations
 
@@ -41,20 +36,17 @@ TRAINER_FOLDER = Path(__file__).resolve().parent / "nnunet_trainers"
 
 
 def flag_is_set(name: str, env: Optional[Mapping[str, str]] = None) -> bool:
-    """True when the environment variable ``name`` (in ``env``, default ``os.environ``) is one of
-    :data:`TRUE_VALUES`; the one reading of every on/off variable of the package."""
+    """True when the variable ``name`` of ``env`` (default ``os.environ``) is one of ``TRUE_VALUES``."""
     value = (os.environ if env is None else env).get(name, "")
     return value.strip().lower() in TRUE_VALUES
 
 
-#: Triton's interpreter is on (``TRITON_INTERPRET`` set before Triton is imported): read once, at import, as Triton
-#: reads it; the kernels' checks of a tensor read this, not the environment
+#: ``TRITON_INTERPRET``, read once at import as Triton reads it; the kernels' tensor checks read this, not os.environ
 TRITON_INTERPRETED = flag_is_set("TRITON_INTERPRET")
 
 
 def bf16_training_requested() -> bool:
-    """True when :data:`BF16_ENVIRONMENT_VARIABLE` is set: our trainers (and the plan command's memory measurement)
-    train under bf16 autocast without a GradScaler."""
+    """Whether our trainers (and the plan command's memory measurement) train under bf16 autocast, no GradScaler."""
     return flag_is_set(BF16_ENVIRONMENT_VARIABLE)
 
 
@@ -64,8 +56,7 @@ def trainer_folder() -> str:
 
 
 def trainer_search_path(extra_folders: Sequence[str] = (), current: Optional[str] = None) -> str:
-    """The value for ``nnUNet_extTrainer``: this package's trainer folder, then ``extra_folders``, then the
-    folders of ``current`` (default: this process's ``nnUNet_extTrainer``), each once."""
+    """The value for ``nnUNet_extTrainer``: ours, ``extra_folders``, then ``current``'s (default: this process's)."""
     if current is None:
         current = os.environ.get(EXT_TRAINER_VARIABLE, "")
     folders = [trainer_folder(), *map(str, extra_folders), *current.split(os.pathsep)]
@@ -74,10 +65,8 @@ def trainer_search_path(extra_folders: Sequence[str] = (), current: Optional[str
 
 def set_nnunet_environment(env: MutableMapping[str, str], root: Optional[Path] = None,
                            extra_trainer_folders: Sequence[str] = ()) -> MutableMapping[str, str]:
-    """Set nnU-Net's environment in ``env`` (``os.environ`` or a copy for a subprocess) and return it.
-
-    With ``root``, the three folders :data:`NNUNET_FOLDERS` are ``root/<name>`` (created); always,
-    ``nnUNet_extTrainer`` = :func:`trainer_search_path` of ``extra_trainer_folders`` and ``env``'s own value."""
+    """Set nnU-Net's environment in ``env`` (``os.environ`` or a subprocess's copy) and return it: with ``root``,
+    ``NNUNET_FOLDERS`` as ``root/<name>`` (created); always ``nnUNet_extTrainer`` by ``trainer_search_path``."""
     if root is not None:
         for name in NNUNET_FOLDERS:
             folder = Path(root) / name
@@ -89,17 +78,13 @@ def set_nnunet_environment(env: MutableMapping[str, str], root: Optional[Path] =
 
 def nnunet_environment(root: Path, trainer_folders: Sequence[str] = (),
                        base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
-    """A copy of ``base`` (default ``os.environ``) with the three nnU-Net folders in ``root`` (created)
-    and ``nnUNet_extTrainer`` = this package's trainer folder, ``trainer_folders``, then ``base``'s own folders."""
+    """``set_nnunet_environment`` on a copy of ``base`` (default ``os.environ``)."""
     return dict(set_nnunet_environment(dict(os.environ if base is None else base), root, trainer_folders))
 
 
 def planning_environment(env: Mapping[str, str]) -> Dict[str, str]:
-    """``env`` for ``nnUNetv2_plan_and_preprocess``: without ``nnUNet_n_proc_DA=0``.
-
-    nnU-Net 2.8.1's planner calls ``torch.set_num_threads(nnUNet_n_proc_DA)`` while it estimates the
-    network's memory, which fails for 0; training reads the variable as "no worker processes", so
-    only planning must do without it."""
+    """``env`` without ``nnUNet_n_proc_DA=0``, for ``nnUNetv2_plan_and_preprocess``: nnU-Net 2.8.1's planner calls
+    ``torch.set_num_threads(nnUNet_n_proc_DA)``, which fails for 0 (training reads 0 as "no worker processes")."""
     return {k: v for k, v in env.items() if not (k == DATA_AUGMENTATION_PROCESSES_VARIABLE and v.strip() == "0")}
 
 
@@ -110,8 +95,7 @@ def use_our_trainers() -> None:
 
 def trainer_output_folder(dataset_name: str, trainer: str, plans: str, configuration: str,
                           results: Optional[str] = None) -> Path:
-    """``<results>/<dataset>/<trainer>__<plans>__<configuration>`` (nnU-Net's layout; ``results``
-    defaults to ``$nnUNet_results``, an error naming the variable where it is unset)."""
+    """``<results>/<dataset>/<trainer>__<plans>__<configuration>``; ``results`` defaults to ``$nnUNet_results``."""
     if results is None:
         from nnunetv2.paths import nnUNet_results
         results = nnUNet_results.require()

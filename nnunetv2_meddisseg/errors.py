@@ -1,7 +1,4 @@
-"""The error every part of the package raises for a mistake in the user's input.
-
-The commands print it as one line, ``<prog>: error: <message>``, without a traceback (``cli.run_command``).
-"""
+"""The error for a mistake in the user's input, printed as ``<prog>: error: <message>`` (``cli.run_command``)."""
 from __future__ import annotations
 
 __all__ = ["UserError"]

@@ -1,17 +1,11 @@
 """Writing files and folders whole: a reader (or a later run) sees the old version or the new one, never a part.
 
-Every temporary name is made fresh by :func:`temporary_sibling`: a hidden sibling of the target with a random part,
-``.<name>.<random>.partial``, created exclusively (``tempfile.mkstemp`` / ``mkdtemp``) in the target's folder, so
-that the final rename stays on one file system. No existing file, folder or symbolic link is ever reused as a
-temporary, written through or removed for its name alone: a user's ``.<name>.partial`` is left as it is.
-
-A file is written into its temporary and renamed over the target (:func:`write_atomically`). A folder is replaced
-in two renames (:func:`replace_folder`): the old one is first moved into a fresh holder ``.<name>.<random>.old``
-(:func:`set_aside`), then the new one is moved in. A process killed between them leaves the target missing and
-the old folder whole in its holder, which :func:`restore_set_aside` puts back. Holders and temporary folders carry
-a marker file (:data:`MARKER`) naming their target and the process that made them; only real folders (never
-links) with that marker, left by a process that has ended, are ever moved or removed by a later run. They import
-nothing of the package and no torch: the ONNX predictor, which runs without PyTorch, uses them too.
+Temporaries are fresh hidden siblings, ``.<name>.<random>.partial``, made exclusively in the target's folder (one
+file system for the rename); no existing path is ever reused, written through or removed for its name alone. A
+folder is replaced in two renames, the old one first into a fresh holder ``.<name>.<random>.old``: a kill between
+them leaves it whole there for ``restore_set_aside``. Holders and temporary folders carry a ``MARKER`` naming their
+target and process; a later run touches only real folders so marked whose process has ended. Imports nothing of
+the package and no torch: the ONNX predictor uses it too.
 """
 from __future__ import annotations
 
@@ -36,8 +30,7 @@ _WRITTEN_BY = "nnunetv2_meddisseg.files"
 
 
 def is_inside(path: os.PathLike, folder: os.PathLike) -> bool:
-    """Whether ``path`` is ``folder`` or lies inside it, symbolic links resolved (where a command's output would
-    land in one of its inputs)."""
+    """Whether ``path`` is ``folder`` or lies inside it, symbolic links resolved."""
     path, folder = Path(path).resolve(), Path(folder).resolve()
     return path == folder or folder in path.parents
 
@@ -70,8 +63,7 @@ def _pid_ended(pid: int) -> bool:
 
 
 def _abandoned(folder: Path, target: Path) -> bool:
-    """``folder`` is a real folder whose marker (a regular file) names ``target`` and a process of this machine
-    that has ended (or is this one)."""
+    """A real folder whose marker (a regular file) names ``target`` and an ended process of this host, or this one."""
     try:
         if not stat.S_ISDIR(os.lstat(folder).st_mode) or not stat.S_ISREG(os.lstat(folder / MARKER).st_mode):
             return False
@@ -87,8 +79,7 @@ def _abandoned(folder: Path, target: Path) -> bool:
 
 
 def _abandoned_siblings(target: Path, suffix: str) -> List[Path]:
-    """Holders (``suffix`` ``.old``) or temporary folders (``.partial``) of ``target`` that a process left: named as
-    mkdtemp names them, and marked (:func:`_abandoned`); the newest first."""
+    """Abandoned holders (``suffix`` ``.old``) or temporary folders (``.partial``) of ``target``, newest first."""
     pattern = re.compile(re.escape(f".{target.name}.") + r"[A-Za-z0-9_]{8}" + re.escape(suffix))
     try:
         entries = [Path(e.path) for e in os.scandir(target.parent) if pattern.fullmatch(e.name)]
@@ -122,11 +113,8 @@ def _remove_marked(folder: Path) -> None:
 
 
 def temporary_sibling(target: Path, folder: bool = False) -> Path:
-    """A new, empty file (or, with ``folder``, a folder holding only :data:`MARKER`, the folders above it made
-    where missing) beside ``target``: ``.<name>.<random>.partial``, made exclusively, with the mode a plain
-    ``open`` / ``mkdir`` would give. The caller writes it and renames it over ``target`` (:func:`write_atomically`,
-    :func:`replace_folder`) or removes it. Temporary folders of ``target`` that a process which has ended left
-    behind are removed first."""
+    """A new empty file (``folder``: a folder holding only ``MARKER``) ``.<name>.<random>.partial`` beside ``target``,
+    with a plain ``open`` / ``mkdir``'s mode. Temporary folders of ``target`` that ended processes left go first."""
     target = Path(target)
     prefix, suffix = f".{target.name}.", ".partial"
     if folder:
@@ -153,9 +141,8 @@ def temporary_sibling(target: Path, folder: bool = False) -> Path:
 
 
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """``write(partial)`` writes the whole file to a fresh temporary sibling (:func:`temporary_sibling`), which
-    then replaces ``path`` (``os.replace``: a link at ``path`` is replaced, not written through); where ``write``
-    fails, the temporary file is removed and the error raised."""
+    """``write(partial)`` writes the whole file to a fresh temporary sibling, which then replaces ``path`` (a link at
+    ``path`` is replaced, not written through); where ``write`` fails, the temporary is removed and the error raised."""
     path = Path(path)
     partial = temporary_sibling(path)
     try:
@@ -167,8 +154,7 @@ def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
 
 
 def set_aside(target: Path) -> Path:
-    """Move ``target`` into a fresh holder beside it (``.<name>.<random>.old``, marked as ours before the move);
-    returns the holder. The first of :func:`replace_folder`'s two renames."""
+    """Move ``target`` into a fresh holder ``.<name>.<random>.old`` beside it, marked before the move; returns it."""
     target = Path(target)
     holder = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
     try:
@@ -181,9 +167,8 @@ def set_aside(target: Path) -> Path:
 
 
 def replace_folder(new: Path, target: Path) -> None:
-    """Move the complete folder ``new`` (made by :func:`temporary_sibling`; its marker is removed) to ``target``.
-    An existing ``target`` is set aside (:func:`set_aside`) until the new folder is in place (and put back where
-    that move fails), then removed."""
+    """Move the complete folder ``new`` (from ``temporary_sibling``) to ``target``; an existing ``target`` is set
+    aside until ``new`` is in place (put back where that fails), then removed."""
     new, target = Path(new), Path(target)
     (new / MARKER).unlink(missing_ok=True)
     if not os.path.lexists(target):
@@ -205,8 +190,7 @@ def replace_folder(new: Path, target: Path) -> None:
 
 
 def find_set_aside(target: Path) -> Optional[Path]:
-    """The folder a killed :func:`replace_folder` set aside from ``target`` (inside its holder; the newest where
-    there are several), or None."""
+    """The folder a killed ``replace_folder`` set aside from ``target`` (the newest of several), or None."""
     for holder in _abandoned_siblings(Path(target), ".old"):
         kept = holder / _KEPT
         if kept.is_dir() and not kept.is_symlink():
@@ -215,11 +199,8 @@ def find_set_aside(target: Path) -> Optional[Path]:
 
 
 def restore_set_aside(target: Path) -> bool:
-    """Finish what a killed :func:`replace_folder` left: where ``target`` is missing and a holder of ours keeps its
-    set-aside copy (killed between the two renames), that copy, whole since it was only renamed, is moved back;
-    holders left where ``target`` exists (killed after the new folder was in place, maybe while the old one was
-    being removed) are removed. Folders that merely look like holders are left alone. Returns whether a folder
-    was put back."""
+    """Finish a killed ``replace_folder``: put ``target``'s set-aside copy (whole, only renamed) back where it is
+    missing, else remove its holders; look-alike folders stay. Returns whether a folder was put back."""
     target = Path(target)
     put_back = False
     for holder in _abandoned_siblings(target, ".old"):

@@ -1,10 +1,4 @@
-"""Running a console command of this Python environment with its output in a log file.
-
-The demo, the ablation runs and the benchmarks drive nnU-Net's commands (``nnUNetv2_plan_and_preprocess``,
-``nnUNetv2_train``, ...) and ours this way, the package's one subprocess runner: one log file per command
-(or commands appended to one log), the command and its log echoed before, its wall time after, and a
-failure reported as one line naming the command, the last line of its log and the log file.
-"""
+"""Running a console command of this Python environment with its output in a log file (the one subprocess runner)."""
 from __future__ import annotations
 
 import os
@@ -30,8 +24,7 @@ class CommandStopped(CommandFailed):
 
 
 def console_command(name: str) -> str:
-    """The executable of a console command: this Python's bin folder first, then ``PATH``;
-    ``python`` is this interpreter."""
+    """The executable of a console command: this Python's bin folder first, then ``PATH``; ``python`` is this one."""
     if name == "python":
         return sys.executable
     local = Path(sys.executable).parent / name
@@ -46,16 +39,11 @@ def console_command(name: str) -> str:
 
 def run_logged(command: Sequence[str], env: Mapping[str, str], log_file: Path, echo: bool = True,
                check: bool = True, append: bool = False, timeout_s: Optional[float] = None) -> float:
-    """Run ``command`` (``command[0]`` a console command, see :func:`console_command`) with stdout and
-    stderr going to ``log_file``; return its wall time in seconds.
+    """Run ``command`` (``command[0]`` a console command) with its output in ``log_file``; return its wall seconds.
 
-    ``echo`` prints the command with its log file before and the time after. A non-zero exit raises
-    :class:`CommandFailed` naming the command, the last line of its log and the log file (unless not
-    ``check``). ``append`` adds ``$ command`` and the output to the end of ``log_file`` instead of
-    replacing it (several commands, or a resumed one, in one log). With ``timeout_s``, a command still
-    running then is stopped with its child processes and :class:`CommandStopped` is raised (even unless
-    ``check``).
-    """
+    ``echo`` prints the command and log file before, the time after. ``append`` adds ``$ command`` and the output to
+    ``log_file``. With ``check``, a non-zero exit raises ``CommandFailed`` naming the last line of the log. A command
+    still running after ``timeout_s`` is stopped with its children, and ``CommandStopped`` raised even unchecked."""
     returncode, seconds = run_logged_status(command, env, log_file, echo=echo, append=append, timeout_s=timeout_s)
     if returncode is None:
         raise CommandStopped(f"'{' '.join(map(str, command))}' was stopped at its time limit of {timeout_s:.0f} s "
@@ -69,8 +57,8 @@ def run_logged(command: Sequence[str], env: Mapping[str, str], log_file: Path, e
 
 def run_logged_status(command: Sequence[str], env: Mapping[str, str], log_file: Path, echo: bool = True,
                       append: bool = False, timeout_s: Optional[float] = None) -> Tuple[Optional[int], float]:
-    """:func:`run_logged` without the check: (exit code, wall seconds). With ``timeout_s``, a command still
-    running then is stopped with its child processes (its own process group) and the exit code is None."""
+    """``run_logged`` without the check: (exit code, wall seconds); the code is None where ``timeout_s`` stopped
+    the command (with its process group)."""
     log_file = Path(log_file)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     executable = console_command(command[0])

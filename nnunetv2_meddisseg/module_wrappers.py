@@ -1,6 +1,4 @@
-"""The plain module inside the wrappers that training puts around a network: ``DistributedDataParallel`` (``-num_gpus
-N``) and torch.compile's ``OptimizedModule``. The trainers, the exporter and the feature pictures read the plain
-module's weights and attributes through :func:`unwrap_module`."""
+"""The plain module inside a network's training wrappers: ``DistributedDataParallel`` and ``OptimizedModule``."""
 from typing import Optional
 
 from torch import nn
@@ -11,8 +9,7 @@ __all__ = ["unwrap_module"]
 
 
 def unwrap_module(module: Optional[nn.Module]) -> Optional[nn.Module]:
-    """The plain module inside DistributedDataParallel and / or torch.compile wrappers (``module`` itself where it
-    has none; None stays None)."""
+    """``module`` without its DistributedDataParallel and torch.compile wrappers (None stays None)."""
     if isinstance(module, DistributedDataParallel):
         module = module.module
     if isinstance(module, OptimizedModule):

@@ -3,21 +3,11 @@ reduced to what prediction reads.
 
     nnUNetv2_meddisseg_weights_only MODEL_FOLDER OUTPUT_FOLDER
 
-nnU-Net writes the optimizer's state into every checkpoint so that ``--c`` can resume; with Adam that
-is two more tensors per weight, so a checkpoint is about three times its weights (Med-DisSeg: about
-550 MB, of which about 180 MB are weights). Prediction (``nnUNetv2_predict``,
-``nnUNetv2_predict_from_modelfolder``, ``nnUNetPredictor``) and ``-pretrained_weights`` read only
-:data:`PREDICTION_KEYS`. MODEL_FOLDER is a trainer output folder
-(``<trainer>__<plans>__<configuration>``, holding ``plans.json`` and ``fold_*``); OUTPUT_FOLDER gets
-the same files, each ``checkpoint_*.pth`` reduced to those keys (training cannot resume from them).
-``nnUNetv2_export_model_to_zip`` zips whatever the folder holds: run it on a results tree that holds
-the reduced copy to share the smaller files.
-
-Checkpoints are read with ``weights_only=True`` (``torch_files``): a model folder someone shares can
-hold a checkpoint whose pickle would run code, and such a checkpoint is refused, never run; an empty,
-truncated or corrupt one is refused in one line naming it. The copy's checkpoints are written anew from
-what was read, so they hold tensors, containers and numbers only. The copy
-carries no temporary files (``*.tmp``, ``*.partial``) and may not lie inside MODEL_FOLDER.
+nnU-Net's checkpoints hold the optimizer's state for ``--c``; with Adam a checkpoint is about three times its
+weights (Med-DisSeg: about 550 MB, 180 MB of weights). The copy's checkpoints hold only ``PREDICTION_KEYS``, all
+that prediction and ``-pretrained_weights`` read (training cannot resume from them), written anew from a
+weights-only read (``torch_files``): a checkpoint whose pickle would run code is refused, never run. To share, run
+``nnUNetv2_export_model_to_zip`` on a results tree holding the copy.
 """
 from __future__ import annotations
 
@@ -46,8 +36,7 @@ TEMPORARY_SUFFIXES = (".tmp", ".partial")
 
 
 def weights_only_checkpoint(checkpoint: Mapping[str, object], source: str = "checkpoint") -> Dict[str, object]:
-    """The entries of ``checkpoint`` in :data:`PREDICTION_KEYS` (an error naming ``source`` where the
-    ones nnU-Net's predictor needs are missing)."""
+    """The ``PREDICTION_KEYS`` of ``checkpoint``; an error naming ``source`` where the predictor's keys are missing."""
     missing = [k for k in PREDICTOR_KEYS if k not in checkpoint]
     if missing:
         raise UserError(f"{source} is not an nnU-Net checkpoint: it has no {', '.join(missing)}")
@@ -55,14 +44,9 @@ def weights_only_checkpoint(checkpoint: Mapping[str, object], source: str = "che
 
 
 def copy_weights_only(model_folder: Path, output_folder: Path) -> List[Path]:
-    """Copy ``model_folder`` to ``output_folder`` (which must not exist or be empty, nor lie inside
-    ``model_folder``) with every ``checkpoint_*.pth`` reduced by :func:`weights_only_checkpoint` and
-    without temporary files (``*.tmp``, ``*.partial``); returns the reduced checkpoints.
-
-    Checkpoints are read with ``weights_only=True`` (``torch_files``): one holding other objects is
-    refused, never run. Every checkpoint is read before anything is written, and the copy is written
-    into a fresh hidden sibling (``files.temporary_sibling``) that is renamed into place at the end, so a
-    bad checkpoint or a failed write (disk full, read-only) leaves no output behind."""
+    """Copy ``model_folder`` to ``output_folder`` (new or empty, not inside ``model_folder``) without temporary files,
+    every ``checkpoint_*.pth`` reduced by ``weights_only_checkpoint``; returns the reduced checkpoints. All are read
+    before the copy is written to a hidden sibling and renamed into place, so a failure leaves no output behind."""
     model_folder, output_folder = Path(model_folder), Path(output_folder)
     if not (model_folder / "plans.json").is_file() or not list(model_folder.glob("fold_*")):
         raise UserError(f"{model_folder} is not a trained nnU-Net model folder: expected plans.json and fold_* "

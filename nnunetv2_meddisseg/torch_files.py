@@ -1,17 +1,9 @@
 """Reading ``torch.save`` files that may come from someone else, without running code they carry.
 
-A ``.pth`` file is a pickle: loaded with ``weights_only=False`` it can run any function its author
-chose. Every file this package reads with ``torch.load`` is read with ``weights_only=True``; a
-checkpoint may hold, besides tensors and containers, the NumPy scalars nnU-Net logs
-(:data:`NUMPY_SCALAR_GLOBALS`, allowed for the duration of one load only). A file needing anything
-else is refused with :class:`UnsafeTorchFile`, whose message says what the file asked for and never
-advises ``weights_only=False``.
-
-nnU-Net's predictor (``nnUNetPredictor.initialize_from_trained_model_folder``) loads checkpoints with
-``weights_only=False``. :func:`initialize_predictor` reads every checkpoint the predictor needs once, weights-only
-(one line naming the file where one is missing, empty, truncated, carries other objects or lacks what the
-predictor reads), and hands the predictor a private copy of what it read: the user's files are never unpickled
-by nnU-Net.
+A ``.pth`` file is a pickle that can run any function when loaded with ``weights_only=False``. The package loads
+with ``weights_only=True``, allowing besides tensors and containers only the NumPy scalars nnU-Net logs (for that
+load only); anything else raises ``UnsafeTorchFile``, which never advises ``weights_only=False``. nnU-Net's
+predictor loads with ``weights_only=False``, so ``initialize_predictor`` hands it a private, weights-only copy.
 """
 from __future__ import annotations
 
@@ -46,8 +38,7 @@ NUMPY_SCALAR_GLOBALS = _numpy_scalar_globals()
 
 
 class UnsafeTorchFile(UserError, ValueError):
-    """A ``torch.save`` file that holds objects other than tensors, containers, numbers and NumPy scalars (the
-    user's file: a :class:`~nnunetv2_meddisseg.errors.UserError`, reported without a traceback)."""
+    """A ``torch.save`` file holding objects other than tensors, containers, numbers and NumPy scalars."""
 
 
 def is_torch_file(path: str) -> bool:
@@ -58,18 +49,14 @@ def is_torch_file(path: str) -> bool:
 
 
 def refusal_reason(error: BaseException) -> str:
-    """What torch's ``weights_only`` refusal says the file asked for: ``needs GLOBAL <name>`` (one line,
-    without torch's advice)."""
+    """What torch's ``weights_only`` refusal says the file asked for, ``needs GLOBAL <name>``, without its advice."""
     found = re.search(r"GLOBAL\s+([\w.]+)", str(error)) or re.search(r"got <class '([^']+)'>", str(error))
     return f"needs GLOBAL {found.group(1)}" if found else "needs a Python object that is no tensor"
 
 
 def load_weights_only(path: str, what: str = "file", mmap: bool = False) -> Any:
-    """``torch.load(path, weights_only=True)`` on the CPU with :data:`NUMPY_SCALAR_GLOBALS` allowed
-    (``mmap``: tensors are read when used; for files in torch.save's default zip format).
-
-    Raises :class:`UnsafeTorchFile` (naming ``what`` and ``path``) where the file holds anything else;
-    other read errors (a truncated or empty file, not a torch file) propagate as torch raises them."""
+    """``torch.load(path, weights_only=True)`` on the CPU with ``NUMPY_SCALAR_GLOBALS`` allowed (``mmap``: zip format
+    only). Raises ``UnsafeTorchFile`` naming ``what`` and ``path`` for anything else; other read errors propagate."""
     path = os.fspath(path)
     with torch.serialization.safe_globals(NUMPY_SCALAR_GLOBALS):
         try:
@@ -102,13 +89,9 @@ def _one_line(error: BaseException) -> str:
 
 
 def read_checkpoint(path: Union[str, os.PathLike], mmap: Optional[bool] = None) -> Mapping[str, Any]:
-    """A checkpoint read by :func:`load_weights_only` (``mmap``: memory-mapped, tensors read when used; by default
-    for files in torch.save's zip format).
-
-    Raises a one-line :class:`~nnunetv2_meddisseg.errors.UserError` naming the file where it does not exist, cannot
-    be read (no permission), is empty, is no complete file written by ``torch.save`` (truncated or corrupt) or
-    holds no dict, and
-    :class:`UnsafeTorchFile` where it holds objects other than tensors, containers, numbers and NumPy scalars."""
+    """A checkpoint read by ``load_weights_only`` (memory-mapped by default for torch.save's zip format). Raises a
+    one-line ``UserError`` naming the file where it is missing, unreadable, empty, truncated or corrupt or holds no
+    dict, and ``UnsafeTorchFile`` where it holds other objects."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise UserError(f"no trained model: {path} does not exist")
@@ -156,11 +139,8 @@ def _predictor_checkpoint(path: Path) -> Mapping[str, Any]:
 
 def check_model_folder_checkpoints(model_folder: Union[str, os.PathLike], folds: Sequence[Union[int, str]],
                                    checkpoint_name: str = "checkpoint_final.pth") -> List[Path]:
-    """Read ``model_folder/fold_<f>/<checkpoint_name>`` of every fold in ``folds`` (``int`` or ``'all'``) as
-    nnU-Net's predictor will load it, with :func:`read_checkpoint`, and check that it holds what the predictor
-    reads (:data:`PREDICTOR_KEYS`); returns the files. Raises :class:`UnsafeTorchFile` or a one-line
-    :class:`~nnunetv2_meddisseg.errors.UserError` naming the first file that fails.
-    """
+    """Read each fold's ``model_folder/fold_<f>/<checkpoint_name>`` with ``read_checkpoint`` and check that it holds
+    ``PREDICTOR_KEYS``; returns the files. Raises for the first file that fails."""
     files = _fold_files(model_folder, _folds(folds), checkpoint_name)
     for path in files:
         _predictor_checkpoint(path)
@@ -169,12 +149,9 @@ def check_model_folder_checkpoints(model_folder: Union[str, os.PathLike], folds:
 
 def initialize_predictor(predictor: Any, model_folder: Union[str, os.PathLike], folds: Sequence[Union[int, str]],
                          checkpoint_name: str = "checkpoint_final.pth") -> None:
-    """``predictor.initialize_from_trained_model_folder(model_folder, folds, checkpoint_name)`` (an
-    ``nnUNetPredictor``) without running code a checkpoint carries: every fold's checkpoint is read once,
-    weights-only, and checked as :func:`check_model_folder_checkpoints` does; the predictor loads a private copy of
-    what was read (the entries it reads, beside the model folder's plans.json and dataset.json). nnU-Net finds this
-    package's trainers by name (:func:`~nnunetv2_meddisseg.environment.use_our_trainers`); a trainer class it finds
-    nowhere is a one-line :class:`~nnunetv2_meddisseg.errors.UserError` naming the checkpoint."""
+    """``predictor.initialize_from_trained_model_folder(model_folder, folds, checkpoint_name)`` without running code
+    a checkpoint carries: the predictor loads a private copy of what it reads, checked as
+    ``check_model_folder_checkpoints`` does. An unknown trainer class is a one-line ``UserError``."""
     folds = _folds(folds)
     files = _fold_files(model_folder, folds, checkpoint_name)
     use_our_trainers()

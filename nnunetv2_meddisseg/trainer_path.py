@@ -1,10 +1,6 @@
 """Where nnU-Net finds our trainers: ``export nnUNet_extTrainer=$(python -m nnunetv2_meddisseg.trainer_path)``.
 
-nnU-Net (>= 2.8.0) searches the folders listed in the environment variable ``nnUNet_extTrainer``
-for trainer classes it does not ship itself; this prints the one folder of this package meant for
-that (``nnunetv2_meddisseg/nnunet_trainers``). ``--search_path`` prints that folder followed by the
-folders already in ``nnUNet_extTrainer`` (the order :func:`nnunetv2_meddisseg.environment.trainer_search_path`
-uses everywhere); ``--list`` prints every trainer of the package, one line each (name: what it is).
+nnU-Net (>= 2.8.0) searches the folders of ``nnUNet_extTrainer`` for trainers it does not ship; this prints ours.
 """
 import argparse
 import inspect

@@ -1,7 +1,5 @@
-"""Contrastive pretraining in 2D as SimCLR does it (Chen et al., ICML 2020): two augmented views of each image are
-drawn, the encoder's deepest feature is pooled over space and projected by a small MLP, and the normalised
-temperature-scaled cross-entropy (NT-Xent) pulls each view towards its twin and pushes it from the other images
-of the batch. Only the encoder learns: nnU-Net's decoder keeps its initialisation, Med-DisSeg has none here.
+"""SimCLR contrastive pretraining in 2D (Chen et al., ICML 2020): NT-Xent on the encoder's pooled, projected deepest
+feature of two augmented views per image. Only the encoder learns: nnU-Net's decoder keeps its initialisation.
 """
 from __future__ import annotations
 
@@ -19,10 +17,8 @@ PROJECTION_DIM = 128
 
 
 class ContrastiveNet(nn.Module):
-    """``encoder`` (its ``forward`` returns the list of its stages' features, ``output_channels`` their channels)
-    followed by global max pooling of the deepest feature and a projection MLP: x (B, C, H, W) -> (B,
-    PROJECTION_DIM). ``network``: the module whose weights the pretraining writes (the whole segmentation network
-    that holds ``encoder``), or None where that is the encoder itself."""
+    """``encoder``, global max pooling of its deepest feature, a projection MLP: x (B, C, H, W) -> (B, PROJECTION_DIM).
+    ``network``: the network holding ``encoder``, whose weights are written, or None where that is ``encoder``."""
 
     def __init__(self, encoder: nn.Module, network: Optional[nn.Module] = None) -> None:
         super().__init__()
@@ -40,8 +36,7 @@ class ContrastiveNet(nn.Module):
 
 
 def nt_xent(projections: Tensor, temperature: float = TEMPERATURE) -> Tensor:
-    """NT-Xent of ``projections`` (2B, D): rows i and i + B are the two views of one image; each row's positive is its
-    twin, its negatives the other 2B - 2 rows."""
+    """NT-Xent of ``projections`` (2B, D): rows i and i + B view one image (positives); other rows are negatives."""
     z = F.normalize(projections.float(), dim=1)
     n = z.shape[0] // 2
     logits = z @ z.t() / temperature

@@ -1,11 +1,7 @@
-"""Masked image modelling in 2D for CNNs, masked as SparK masks (Tian et al., ICLR 2023): each image is cut into a
-grid of square patches, a random :data:`MASK_RATIO` of them is hidden, and the network restores the image from the
-visible rest; the loss is the mean squared error over the hidden pixels only.
-
-Unlike SparK, the convolutions stay dense: a hidden patch is set to zero (the mean of nnU-Net's z-scored
-intensities), not skipped by sparse convolutions, so that the network pretrained is exactly the one fine-tuned. The
-restoring network is the one of Models Genesis restoration (:mod:`.restoration`): nnU-Net's whole network, or
-Med-DisSeg's encoder with a light head.
+"""Masked image modelling in 2D for CNNs, masked as SparK masks (Tian et al., ICLR 2023): a random ``MASK_RATIO`` of
+square patches is hidden, and the loss is the mean squared error over them. Unlike SparK, convolutions stay dense:
+a hidden patch is set to zero (the mean of nnU-Net's z-scores), not skipped, so the network pretrained is exactly
+the one fine-tuned.
 """
 from __future__ import annotations
 
@@ -24,8 +20,7 @@ PATCHES_PER_SIDE = 8
 
 def mask_patches(batch: Tensor, generator: torch.Generator) -> Tuple[Tensor, Tensor]:
     """batch (B, C, H, W) -> (the batch with hidden patches set to 0, the mask (B, 1, H, W), 1 where hidden). Each
-    image hides its own round(MASK_RATIO x patches) patches of side max(2, min(H, W) // PATCHES_PER_SIDE); pixels
-    past the last whole patch stay visible. Drawn on the CPU from ``generator``."""
+    image draws its own patches, on the CPU from ``generator``; pixels past the last whole patch stay visible."""
     b, _, h, w = batch.shape
     side = max(2, min(h, w) // PATCHES_PER_SIDE)
     rows, cols = h // side, w // side

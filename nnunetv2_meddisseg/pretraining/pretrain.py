@@ -1,50 +1,26 @@
 """``nnUNetv2_meddisseg_pretrain``: self-supervised pretraining on a dataset's own preprocessed training images.
 
-**Methods** (``--method``):
+``--method``: ``masked`` (the default; SparK's masking, ``masking``), ``restoration`` (Models Genesis,
+``restoration``) or ``contrastive`` (SimCLR, ``contrastive``); benchmarks/RESULTS.md ("Choosing the pretraining
+method") measures which serves the fine-tuning best.
 
-- ``masked`` (the default): masked image modelling as SparK masks (``pretraining.masking``): 60 % of the patches
-  hidden, the error counted on the hidden pixels; the restoring network of ``restoration``.
-- ``restoration``: Models Genesis restoration (Zhou et al., MedIA 2021) in 2D (``pretraining.restoration``): the
-  network restores each image from a corrupted view of it (local pixel shuffling, a non-linear intensity
-  transform, in- or out-painting), trained with the mean squared error against the uncorrupted image.
-- ``contrastive``: SimCLR (``pretraining.contrastive``): two augmented views of each image, NT-Xent on the
-  encoder's pooled deepest feature; only the encoder learns.
+Data: the fold's preprocessed training cases (by ``splits_final.json``, else the split nnU-Net's trainer will write),
+without their pickles; its validation cases only with ``--use_validation_cases``; optionally the raw images of
+``--unlabelled_folder``, preprocessed in memory. Nothing in ``nnUNet_raw`` is read (the test images in ``imagesTs``
+never). Each sample is a random crop augmented by nnU-Net's training transforms.
 
-Which serves the fine-tuning best was measured on validation data (benchmarks/RESULTS.md, "Choosing the
-pretraining method").
+``-o`` gets ``{"network_weights": ..., "pretraining": {...}}``, plain tensors and JSON-like values. With
+``nnUNetPlans``, nnU-Net's network with as many outputs as input channels, ``seg_layers`` the reconstruction head, is
+saved whole, as ``-pretrained_weights FILE`` reads it (every key but ``.seg_layers.`` fits the segmentation network).
+With ``nnUNetMedDisSegPlans``, the ResNet-50 encoder (stem, layer1..layer3) restores through a light head (not kept)
+and is saved as ``encoder.*`` for ``nnUNetv2_meddisseg_plan --encoder_weights FILE``; ELAT and the rest of Med-DisSeg
+are not pretrained. ``contrastive`` trains the encoder with a projection head instead, which is not kept either.
 
-**Data.** The fold's training cases of nnU-Net's preprocessed data (``splits_final.json``; where the dataset has
-none yet, the split nnU-Net's trainer will write: five folds of the sorted cases, seed 12345; fold ``all``: every
-case), read without their properties files (pickles); the fold's validation cases only with
-``--use_validation_cases``; optionally the images of ``--unlabelled_folder`` (in the dataset's raw format,
-preprocessed as nnU-Net preprocesses them, held in memory). Nothing in ``nnUNet_raw`` is read (the test images in
-``imagesTs`` never). Each sample is a random crop augmented by nnU-Net's training transforms
-(``nnUNetTrainer.get_training_transforms``: rotation, scaling, noise, blur, brightness, contrast, low resolution,
-gamma, mirroring), then corrupted.
-
-**Networks and the file written** (``-o``, ``{"network_weights": ..., "pretraining": {...}}``, plain tensors and
-JSON-like values):
-
-- plans whose network is nnU-Net's (``nnUNetPlans``): that network, built from the plans as nnU-Net's trainer builds
-  it, with as many outputs as input channels: its ``seg_layers`` are the reconstruction head (``contrastive``: its
-  encoder with a projection head; the decoder keeps its initialisation). ``network_weights``
-  holds the whole network, as ``nnUNetv2_train ... -pretrained_weights FILE`` (nnU-Net's
-  ``load_pretrained_weights``) reads it: every key but ``.seg_layers.`` with the shapes of the segmentation network.
-- plans whose network is Med-DisSeg (``nnUNetMedDisSegPlans``): its ResNet-50 encoder (stem, layer1..layer3, the
-  plans' normalisation) with a light feature-pyramid head (``RestorationHead``; ``contrastive``: a projection head;
-  neither kept). ``network_weights`` holds
-  the encoder as ``encoder.*``, which ``nnUNetv2_meddisseg_plan --encoder_weights FILE`` reads. ELAT and the rest of
-  Med-DisSeg are not pretrained.
-
-**Training.** nnU-Net's optimiser and schedule: SGD (learning rate 1e-2, Nesterov momentum 0.99, weight decay 3e-5),
-polynomial decay per epoch, gradients clipped at 12, fp16 autocast with a gradient scaler on CUDA (as nnU-Net's
-trainer; fp32 on the CPU). Seeded (``--seed``): the network's initialisation, the sampling, the augmentation and the
-corruptions. After every epoch a checkpoint ``<FILE>.checkpoint`` is written atomically (network, optimiser, scaler,
-the random generators' states, the losses); a run started again with the same settings resumes from it and ends
-with the weights an uninterrupted run ends with. The checkpoint is removed once ``-o`` is written.
-
-The command writes ``-o`` and its checkpoint only: ``-o`` inside ``nnUNet_raw``, ``nnUNet_preprocessed`` or the
-unlabelled folder is refused, and so is an existing ``-o`` without a checkpoint of this run beside it.
+Training is nnU-Net's: SGD (lr 1e-2, Nesterov momentum 0.99, weight decay 3e-5), polynomial decay per epoch,
+gradients clipped at 12, fp16 autocast with a gradient scaler on CUDA (fp32 on the CPU), seeded by ``--seed``. Each
+epoch writes ``<FILE>.checkpoint`` atomically; a run started again with the same settings resumes from it and ends
+with an uninterrupted run's weights. Only ``-o`` and its checkpoint are written: ``-o`` inside ``nnUNet_raw``,
+``nnUNet_preprocessed`` or the unlabelled folder is refused, as is an existing ``-o`` without this run's checkpoint.
 """
 from __future__ import annotations
 
@@ -100,8 +76,7 @@ def checkpoint_path(output: Path) -> Path:
 
 
 def read_preprocessed_case(folder: Path, identifier: str) -> np.ndarray:
-    """The image of a preprocessed 2D case, (C, X, Y) float32, from ``<id>.b2nd``, ``.npy`` or ``.npz`` (never its
-    properties pickle); one line naming the file where it is missing, unreadable or not 2D."""
+    """A preprocessed 2D case's image, (C, X, Y) float32, from ``.b2nd``, ``.npy`` or ``.npz`` (never its pickle)."""
     folder = Path(folder)
     file = next((folder / f"{identifier}{e}" for e in CASE_ENDINGS if (folder / f"{identifier}{e}").is_file()), None)
     if file is None:
@@ -137,9 +112,8 @@ def _identifiers(folder: Path) -> List[str]:
 
 
 def fold_cases(preprocessed_folder: Path, fold: str, use_validation: bool = False) -> Tuple[List[str], str]:
-    """The case identifiers to pretrain on (the fold's training cases, plus its validation cases where
-    ``use_validation``) and where the split comes from. ``preprocessed_folder``: the configuration's folder;
-    ``splits_final.json`` is read beside it where present, else nnU-Net's default split is computed (not written)."""
+    """The cases to pretrain on and where their split comes from: ``splits_final.json`` beside
+    ``preprocessed_folder`` (the configuration's folder), else nnU-Net's default split, computed, not written."""
     folder = Path(preprocessed_folder)
     available = _identifiers(folder)
     if not available:
@@ -180,10 +154,9 @@ def fold_cases(preprocessed_folder: Path, fold: str, use_validation: bool = Fals
 
 
 def build_pretraining_model(configuration_manager, channels: int, method: str = "restoration"):
-    """``(model, kind)``: for Med-DisSeg plans the plans' encoder (``kind`` ``meddisseg_encoder``) in an
-    :class:`~.restoration.EncoderRestorationNet`, else the plans' network with ``channels`` outputs and deep
-    supervision off (``nnunet_network``); for ``method`` ``contrastive`` the encoder in a
-    :class:`~.contrastive.ContrastiveNet` instead. The caller seeds torch first."""
+    """``(model, kind)``: Med-DisSeg's encoder in an ``EncoderRestorationNet`` (``meddisseg_encoder``), else the plans'
+    network with ``channels`` outputs and no deep supervision (``nnunet_network``); ``contrastive``: the encoder in a
+    ``ContrastiveNet``. The caller seeds torch first."""
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 
     from nnunetv2_meddisseg.pretraining.contrastive import ContrastiveNet
@@ -213,10 +186,8 @@ def pretrained_weights(model, kind: str) -> dict:
 
 
 class BatchSampler:
-    """Batches of augmented crops: each of ``batch_size`` samples is a random image of ``images`` (callables
-    returning (C, X, Y) float32), cropped at a random position to nnU-Net's initial patch size (zero-padded where
-    smaller) and augmented by nnU-Net's training transforms to ``patch_size``. Draws from NumPy's and torch's
-    global generators, as nnU-Net's data loaders do."""
+    """Random crops of random ``images`` (callables returning (C, X, Y) float32) at nnU-Net's initial patch size
+    (zero-padded), augmented to ``patch_size``; drawn from NumPy's and torch's global generators, as nnU-Net does."""
 
     def __init__(self, images: Sequence[Callable[[], np.ndarray]], patch_size: Sequence[int], batch_size: int):
         from nnunetv2.training.data_augmentation.compute_initial_patch_size import get_patch_size
@@ -251,8 +222,7 @@ class BatchSampler:
                                 for _ in range(self.batch_size)])
 
     def pairs(self):
-        """(2 x batch_size, C, X, Y): two views of each of ``batch_size`` random images, each its own crop and
-        augmentation; rows i and i + batch_size show the same image."""
+        """(2 x batch_size, C, X, Y): rows i and i + batch_size are two views (crop, augmentation) of one image."""
         import torch
 
         with torch.no_grad():
@@ -313,9 +283,8 @@ def _read_checkpoint(path: Path, settings: PretrainSettings) -> dict:
 
 
 def step_loss(method: str, model, batch, generator, device, autocast):
-    """The loss of one batch of ``next_batch()`` under ``method``: restoration of its corruption, of its hidden
-    patches, or NT-Xent of its views (``batch``: the pairs of :meth:`BatchSampler.pairs`). Corruptions and masks are
-    drawn on the CPU from ``generator``."""
+    """The loss of one batch by ``method``: restoring its corruption or hidden patches, or NT-Xent of its views (the
+    pairs of ``BatchSampler.pairs``). Corruptions and masks are drawn on the CPU from ``generator``."""
     import torch
 
     from nnunetv2_meddisseg.pretraining.contrastive import nt_xent
@@ -342,11 +311,9 @@ def step_loss(method: str, model, batch, generator, device, autocast):
 def pretrain(model, next_batch: Callable[[], "object"], settings: PretrainSettings, device: str,
              checkpoint: Path, progress: bool = True,
              log: Optional[Callable[[str], None]] = None) -> Tuple[List[float], float]:
-    """Train ``model`` on the batches of ``next_batch()`` by ``settings.method`` (:func:`step_loss`) for
-    ``settings.epochs`` epochs, writing ``checkpoint`` after each; resumes from ``checkpoint`` where it exists.
-    Returns the mean loss of each epoch and the seconds spent (over all resumptions). The caller seeds the global
-    generators (:func:`seed_everything`) before building ``model``. ``log``: where the epoch lines go (default
-    ``tqdm.write``, which keeps the progress bar intact)."""
+    """Train ``model`` for ``settings.epochs`` epochs, writing ``checkpoint`` after each and resuming from it where it
+    exists; returns each epoch's mean loss and the seconds over all resumptions. Seed (``seed_everything``) before
+    building ``model``. ``log`` defaults to ``tqdm.write``, which keeps the progress bar intact."""
     import torch
     from tqdm import tqdm
 
@@ -410,9 +377,7 @@ def pretrain(model, next_batch: Callable[[], "object"], settings: PretrainSettin
 
 
 def _unlabelled_images(folder: Path, plans_manager, configuration_manager, dataset_json: dict) -> List[np.ndarray]:
-    """The images of ``folder`` (nnU-Net's raw format: ``<case>_0000<file_ending>``, as the dataset's reader reads
-    them),
-    preprocessed as nnU-Net preprocesses the dataset, (C, X, Y) float32 each."""
+    """The raw images of ``folder``, preprocessed as nnU-Net preprocesses the dataset, (C, X, Y) float32 each."""
     from nnunetv2.utilities.utils import create_lists_from_splitted_dataset_folder
 
     ending = dataset_json["file_ending"]

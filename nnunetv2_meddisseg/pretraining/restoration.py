@@ -1,13 +1,8 @@
-"""Models Genesis restoration in 2D: corrupted views of an image (:func:`corrupt`) and a light head that restores
-them from a ResNet-50 encoder's features (:class:`EncoderRestorationNet`).
+"""Models Genesis restoration in 2D (Zhou et al., MedIA 2021): corrupted views of an image (``corrupt``) and a light
+head that restores them from a ResNet-50 encoder's features (``EncoderRestorationNet``).
 
-The corruptions follow Models Genesis (Zhou et al., MedIA 2021), on each image of a batch, in this order: local
-pixel shuffling (probability 0.5: the pixels of about half the tiles of a random tile size up to a tenth of the
-image are permuted within their tile), a non-linear intensity transform (probability 0.9: a random monotone Bezier
-curve on the image scaled to [0, 1], decreasing for half of the images), then painting (probability 0.9): out-painting
-(80 %: everything but up to four boxes replaced by uniform noise) or in-painting (20 %: up to five boxes replaced by
-uniform noise). The network learns to restore the uncorrupted image (mean squared error). Every random choice is
-drawn from the ``generator`` passed in, so that a seeded run corrupts the same way every time.
+Per image, in this order: local pixel shuffling (probability 0.5), a non-linear intensity transform (0.9), then
+painting (0.9): out-painting (80 %) or in-painting (20 %). Every draw comes from the ``generator`` passed in.
 """
 from __future__ import annotations
 
@@ -74,8 +69,7 @@ def _interp(x: Tensor, xs: Tensor, ys: Tensor) -> Tensor:
 
 
 def nonlinear_transform(image: Tensor, generator: torch.Generator) -> Tensor:
-    """image in [0, 1] -> a random monotone Bezier curve of it (control points (0, 0), two random, (1, 1));
-    for half of the draws the curve is mirrored so that it decreases (the intensities invert)."""
+    """image in [0, 1] -> a random monotone Bezier curve of it, mirrored (decreasing) for half of the draws."""
     points = torch.tensor([[0.0, 0.0], [_uniform(generator), _uniform(generator)],
                            [_uniform(generator), _uniform(generator)], [1.0, 1.0]], dtype=image.dtype)
     xs, ys = _bezier(points)
@@ -105,8 +99,7 @@ def in_painting(image: Tensor, generator: torch.Generator) -> Tensor:
 
 
 def out_painting(image: Tensor, generator: torch.Generator) -> Tensor:
-    """image (C, H, W) in [0, 1] -> uniform noise except in up to four boxes (3/7 to 4/7 of each side away from the
-    full size) that keep the image."""
+    """image (C, H, W) in [0, 1] -> uniform noise outside up to four kept boxes (3/7 to 4/7 of each side)."""
     c, h, w = image.shape
     out = torch.rand(image.shape, generator=generator, dtype=image.dtype)
     for count in range(4):
@@ -118,9 +111,8 @@ def out_painting(image: Tensor, generator: torch.Generator) -> Tensor:
 
 
 def corrupt(batch: Tensor, generator: torch.Generator) -> Tensor:
-    """batch (B, C, H, W) float (any range, e.g. nnU-Net's z-scores) -> its Models Genesis corruption, image by image
-    (module docstring), in the original range: each image is scaled to [0, 1] by its own minimum and maximum,
-    corrupted, and scaled back. Computed on the CPU from ``generator`` (a CPU generator)."""
+    """batch (B, C, H, W), any range -> its corruption in the same range: each image is scaled to [0, 1] by its own
+    minimum and maximum, corrupted, and scaled back. Computed on the CPU from ``generator`` (a CPU generator)."""
     out = torch.empty_like(batch, device="cpu")
     for i, image in enumerate(batch.detach().float().cpu()):
         low, high = image.min(), image.max()
@@ -137,10 +129,8 @@ def corrupt(batch: Tensor, generator: torch.Generator) -> Tensor:
 
 
 class RestorationHead(nn.Module):
-    """A light top-down decoder (as a feature pyramid): the encoder's features ``[x1 (H/2), x2 (H/4), x3 (H/8),
-    x4 (H/16)]`` projected to ``width`` channels by 1x1 convolutions, merged from the coarsest up (bilinear up-sampling,
-    sum, 3x3 convolution, instance norm, LeakyReLU), then up-sampled to (H, W) and mapped to ``out_channels`` by a 3x3
-    convolution."""
+    """A light feature-pyramid decoder: the features ``[x1 (H/2), x2 (H/4), x3 (H/8), x4 (H/16)]``, each projected to
+    ``width`` channels, are merged from the coarsest up, up-sampled to (H, W) and mapped to ``out_channels``."""
 
     def __init__(self, in_channels: Sequence[int], out_channels: int, width: int = 64) -> None:
         super().__init__()
@@ -160,8 +150,7 @@ class RestorationHead(nn.Module):
 
 
 class EncoderRestorationNet(nn.Module):
-    """``encoder`` (a :class:`~nnunetv2_meddisseg.blocks.encoder.ResNet50Encoder`) followed by a
-    :class:`RestorationHead`: x (B, C, H, W), H and W multiples of 16 -> restored image (B, C, H, W)."""
+    """A ``ResNet50Encoder`` and a ``RestorationHead``: x (B, C, H, W), H and W multiples of 16 -> restored x."""
 
     def __init__(self, encoder: nn.Module, channels: int) -> None:
         super().__init__()
