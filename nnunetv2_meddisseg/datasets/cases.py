@@ -1,6 +1,4 @@
-"""What a converter produces: the source cases (:class:`SourceCase`), what the mask rule made of a case's mask
-(:class:`MaskFinding`), the kind of dataset (:class:`DatasetSpec`), the split to write (:class:`ConversionPlan`)
-and the outcome (:class:`ConversionResult`)."""
+"""What a converter produces: source cases, mask findings, the dataset kind, the split to write and the outcome."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,20 +11,16 @@ __all__ = ["SourceCase", "MaskFinding", "MASK_KINDS", "REFUSED_KINDS", "DatasetS
 BINARY_RGB_CHANNELS: Mapping[str, str] = {"0": "R", "1": "G", "2": "B"}
 
 
-#: what the rule made of a mask (:attr:`MaskFinding.kind`): a label as it is, faint background values read as
-#: background, anti-aliased edges, a JPEG mask, a JPEG of a 0/1 label, middle values thresholded at
-#: ``--mask_threshold``, and the refused kinds: a middle value over an area, a mask that would be written empty
-#: although it holds non-zero values, a label map of more classes than a binary dataset has
+#: the rule's verdicts (``MaskFinding.kind``): plain label, faint background, anti-aliased edges, JPEG, JPEG 0/1 label,
+#: middle values cut at ``--mask_threshold``; refused: middle value over an area, non-zero mask left empty, label map
 MASK_KINDS = ("label", "faint", "edges", "lossy", "lossy_label", "middle", "ambiguous", "empty", "classes")
-#: the kinds a conversion refuses (unless ``--skip_ambiguous``; ``--mask_threshold`` decides the middle values
-#: and may move where a mask is cut, never how many classes it holds)
+#: the kinds a conversion refuses unless ``--skip_ambiguous``; ``--mask_threshold`` settles middle values, never classes
 REFUSED_KINDS = ("ambiguous", "empty", "classes")
 
 
 @dataclass(frozen=True)
 class MaskFinding:
-    """What the mask rule made of one mask file: its ``kind`` (one of :data:`MASK_KINDS`) and, for the
-    refused kinds, ``problem``, a one-line reason naming the file."""
+    """One mask's ``kind`` (of ``MASK_KINDS``) and, if refused, ``problem``: a one-line reason naming the file."""
 
     path: Path
     kind: str
@@ -39,11 +33,7 @@ class MaskFinding:
 
 @dataclass(frozen=True)
 class SourceCase:
-    """One case in the source folder.
-
-    ``image`` and ``label`` are the publisher's files; ``extra`` holds further files of the case
-    where one case spans several (TransUNet's per-slice ``.npz`` files).
-    """
+    """One source case; ``extra`` holds its further files where it spans several (TransUNet's per-slice ``.npz``)."""
 
     case_id: str
     image: Path
@@ -53,16 +43,11 @@ class SourceCase:
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """What an nnU-Net dataset of one kind looks like and how to write one case of it.
+    """One kind of nnU-Net dataset and how to write one case of it.
 
-    ``check_case(case)`` is a cheap validation run on every case before anything is written
-    (headers, sizes); ``write_case(case, image_file, label_file, resize)`` writes the converted
-    image (``CASE_0000<file_ending>``) and label (``CASE<file_ending>``). Both must be picklable
-    (module-level functions or ``functools.partial`` of them): cases are written in worker
-    processes. ``inspect_mask(case, threshold)`` (binary 2D datasets; None where the labels are
-    instance or organ labels) reads a case's mask by the mask rule and returns its
-    :class:`MaskFinding`; where it is set, ``write_case``
-    takes the keyword ``mask_threshold`` (``--mask_threshold``).
+    ``check_case`` cheaply checks every case (headers, sizes) before writing; it and ``write_case`` must be picklable
+    (module-level functions or their ``partial``) for worker processes. ``inspect_mask`` returns the mask rule's
+    ``MaskFinding`` (None for instance or organ labels); where set, ``write_case`` takes ``mask_threshold``.
     """
 
     name: str

@@ -1,17 +1,10 @@
 """``nnUNetv2_meddisseg_convert DATASET SRC -d ID [--resize N] [--split_file F] [--overwrite]
 [--mask_threshold T] [--skip_ambiguous]``
 
-Converts one of the paper's datasets from its publisher's folder layout into an nnU-Net v2 raw
-dataset ``$nnUNet_raw/DatasetID_Name`` with the paper's split: train + val in imagesTr/labelsTr,
-test in imagesTs/labelsTs, and the train / val lists as fold 0 of ``splits_final.json`` (in the
-raw folder and in ``$nnUNet_preprocessed/DatasetID_Name/``), so that
-``nnUNetv2_train ID 2d 0`` trains on the paper's training set and validates on its validation
-set. See the dataset modules (``kvasir``, ``glas``, ``isic``, ``synapse``, ``cvc_clinicdb``) for
-each layout and split.
-
-Before anything is written, every mask is read by the mask rule (see ``image_io.read_binary_mask``)
-and a report says what the rule made of them (``mask_report``); masks the rule refuses stop the
-conversion, listed together, unless ``--mask_threshold T`` or ``--skip_ambiguous``.
+Converts a paper dataset from its publisher's layout into ``$nnUNet_raw/DatasetID_Name`` with the paper's split
+(train / val as fold 0 of ``splits_final.json``, test in imagesTs), so ``nnUNetv2_train ID 2d 0`` trains and
+validates as the paper does. Refused masks stop it before anything is written, unless ``--mask_threshold T`` or
+``--skip_ambiguous``.
 """
 from __future__ import annotations
 
@@ -53,11 +46,8 @@ CONVERTERS: Dict[str, Callable[[Path], ConversionPlan]] = {
 def convert(dataset: str, source, dataset_id: int, resize: Optional[int] = None, split_file=None,
             overwrite: bool = False, num_processes: int = 1, progress: bool = False,
             mask_threshold: Optional[float] = None, skip_ambiguous: bool = False) -> ConversionResult:
-    """Convert ``source`` (a folder in the layout of ``dataset``, a key of :data:`CONVERTERS`)
-    into ``$nnUNet_raw/Dataset<dataset_id>_<Name>``; raises :class:`ConversionError` on bad
-    options or sources, before anything is written where the check is cheap, and
-    :class:`~nnunetv2_meddisseg.datasets.mask_report.MaskRuleError` (with the report) for masks
-    the rule refuses, unless ``mask_threshold`` or ``skip_ambiguous``."""
+    """Convert ``source`` (in ``dataset``'s layout) into ``$nnUNet_raw/Dataset<dataset_id>_<Name>``; raises
+    ``ConversionError`` for bad options or sources and ``MaskRuleError`` (with the report) for refused masks."""
     if dataset not in CONVERTERS:
         raise OptionError(f"unknown dataset {dataset!r}: expected one of {', '.join(CONVERTERS)}")
     validate_resize(resize)
@@ -120,7 +110,7 @@ def _convert_command(argv: Optional[List[str]]) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Console entry point; returns the exit code (0, or 2 after a one-line error: see ``cli``)."""
+    """Console entry point; returns 0, or 2 after a one-line error."""
     return run_command(PROG, _convert_command, argv, user_errors=(ConversionError,))
 
 

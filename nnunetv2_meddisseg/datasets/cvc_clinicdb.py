@@ -1,14 +1,8 @@
 """CVC-ClinicDB (612 colonoscopy frames, Bernal et al. 2015).
 
-Source layout, as published: ``Original/N.tif`` and ``Ground Truth/N.tif`` (the widely shared
-PNG re-release ``Original/N.png`` / ``Ground Truth/N.png`` works too; ``GroundTruth`` is accepted
-as the mask folder name). SRC is the folder holding both. Case IDs are the file stems (``1`` ..
-``612``). Masks are read by the mask rule of ``image_io.read_binary_mask``: the faint non-zero
-background some masks of the PNG re-release carry (values around 11 of 255) is background.
-
-All cases are test cases by default (``imagesTs``/``labelsTs``, ``numTraining`` 0): the usual
-Kvasir -> CVC-ClinicDB generalisation protocol predicts them with a model trained on Kvasir-SEG.
-``--split_file`` turns it into a training dataset.
+SRC holds ``Original/N.tif`` and ``Ground Truth/N.tif`` (or ``GroundTruth``; PNGs too); the faint background of some
+PNG masks (around 11 of 255) is read as background. All cases are test cases (``numTraining`` 0), predicted by a
+model trained on Kvasir-SEG (the Kvasir -> CVC-ClinicDB protocol); ``--split_file`` makes a training dataset.
 """
 from __future__ import annotations
 

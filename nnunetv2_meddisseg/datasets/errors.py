@@ -1,13 +1,11 @@
-"""The errors of the dataset converters: every user mistake is a :class:`ConversionError` whose message
-is one line naming the file or option and what was expected."""
+"""The converters' errors: every user mistake is a ``ConversionError``."""
 from nnunetv2_meddisseg.errors import UserError
 
 __all__ = ["ConversionError", "OptionError", "MissingSourceError"]
 
 
 class ConversionError(UserError, ValueError):
-    """A problem with the user's options or source files; ``str(err)`` is one line naming the
-    file or option and what was expected."""
+    """A bad option or source file; ``str(err)`` is one line naming it and what was expected."""
 
 
 class OptionError(ConversionError):

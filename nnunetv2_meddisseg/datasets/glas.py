@@ -1,15 +1,9 @@
 """GlaS (MICCAI 2015 gland segmentation challenge, Warwick-QU; Sirinukunwattana et al. 2017).
 
-Source layout, as published: one folder ``Warwick QU Dataset (Released 2016_07_08)/`` holding
-``train_N.bmp`` + ``train_N_anno.bmp`` (85), ``testA_N.bmp`` + ``_anno`` (60), ``testB_N.bmp`` +
-``_anno`` (20) and ``Grade.csv`` (not used). SRC may be that folder or its parent. The
-annotations are instance labels (0 background, 1..K glands): every gland becomes label 1.
-
-Split: the paper's 85 / 80 (train / testA + testB). GlaS has no validation set: a seeded 10 %
-of the training images (8 of 85, :func:`~nnunetv2_meddisseg.datasets.split_lists.make_seeded_split`,
-seed 12345, drawn from the sorted case IDs at conversion time) is nnU-Net's fold-0 validation
-set, so fold 0 trains on 77; ``--split_file`` sets other lists (e.g. validation on a copy of the
-training set). testA and testB go to ``imagesTs``/``labelsTs`` with their own prefixes.
+SRC is ``Warwick QU Dataset (Released 2016_07_08)/`` or its parent: ``train_N.bmp`` + ``train_N_anno.bmp`` (85),
+the same for ``testA`` (60) and ``testB`` (20); every gland of the instance labels becomes label 1. Split: the
+paper's 85 train / 80 test (testA + testB); fold-0 validation is a seeded 10 % of training (8, seed 12345, drawn
+from the sorted IDs at conversion time), so fold 0 trains on 77.
 """
 from __future__ import annotations
 

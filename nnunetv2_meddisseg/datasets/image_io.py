@@ -1,5 +1,4 @@
-"""Reading source images and masks (PIL; masks by one rule, :func:`read_binary_mask`), and writing a binary 2D
-case as nnU-Net PNGs."""
+"""Reading source images and masks (masks by one rule, ``read_binary_mask``); writing binary 2D cases as PNGs."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -46,17 +45,13 @@ def image_size(path: Path) -> Tuple[int, int]:
         return img.size
 
 
-#: PIL modes of images with more than 8 bits per value (16-bit and 32-bit integers, 32-bit float)
+#: PIL modes with more than 8 bits per value (16-bit and 32-bit integers, 32-bit float)
 WIDE_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
 
 
 def read_rgb(path: Path) -> Image.Image:
-    """The image as a decoded 8-bit RGB ``PIL.Image``.
-
-    8-bit images (grey, palette, RGB; RGBA without its alpha) keep their values. Images with more
-    bits (16-bit, 32-bit integer, float) are scaled linearly from their real range [min, max] to
-    [0, 255] (integer images whose values all lie in 0..255 keep them), so that no contrast is clipped;
-    one holding NaN or inf is refused with a line saying how to convert it."""
+    """The image as decoded 8-bit RGB ``PIL.Image``; wider images are scaled linearly from [min, max] to [0, 255]
+    (unless integers all in 0..255), so no contrast is clipped; NaN or inf is refused."""
     img = _load(_open(path), path)
     if img.mode in WIDE_MODES:
         arr = np.asarray(img, dtype=np.float64)
@@ -71,8 +66,7 @@ def read_rgb(path: Path) -> Image.Image:
 
 
 def _mask_values(img: Image.Image, path: Path) -> Tuple[np.ndarray, int, Optional[np.ndarray]]:
-    """One value per pixel of a mask, its full range (see :func:`read_binary_mask` for the rule) and, for colour
-    masks (RGB, palette; RGBA / LA unless alpha is the mask), the ``(H, W, C)`` colours the values come from."""
+    """One value per pixel of a mask, its full range and, for colour masks, the ``(H, W, C)`` colours behind them."""
     if img.mode in WIDE_MODES:
         arr = np.asarray(img).astype(np.float64)
         if not np.isfinite(arr).all():
@@ -97,24 +91,19 @@ def _mask_values(img: Image.Image, path: Path) -> Tuple[np.ndarray, int, Optiona
     return colour, 255, colours if colours.shape[-1] == 3 else None
 
 
-#: the mask rule's bands, as fractions of a lossless mask's range R: values at or below BACKGROUND_BAND * R are
-#: background and values at or above FOREGROUND_BAND * R foreground, whatever their share of the mask
+#: the bands, fractions of a lossless mask's range: background at or below the first, foreground at or above the second
 BACKGROUND_BAND = 0.25
 FOREGROUND_BAND = 0.75
-#: a value of the middle band (between the two) that covers more than this fraction of a lossless mask is a
-#: label of its own (a second class, 'uncertain'), not an anti-aliased edge; faint background values that
-#: together cover more than this fraction are reported as faint background
+#: the area above which a lossless mask's middle-band value is a class of its own ('uncertain'), not an edge, and
+#: its faint background values are reported
 AMBIGUOUS_FRACTION = 0.01
-#: JPEG masks: the noise tolerance, as a fraction of the range: values up to it from a level of the histogram are
-#: that level's noise (:func:`_lossy_levels`), and a JPEG mask whose values stay within it of black is an empty
-#: mask (not a foreground drawn too dark) unless it is a 0/1 label (:func:`_lossy_01_label`)
+#: JPEG masks: the noise tolerance around each histogram level and black, as a fraction of the range
 LOSSY_NOISE = 0.05
-#: JPEG masks: the steps around a level of the histogram within which JPEG keeps a flat region of that value
+#: JPEG masks: JPEG keeps a flat region within this many steps of its value
 _LOSSY_CORE = 2
 #: the classes of a binary dataset's masks: background and one foreground
 BINARY_CLASSES = 2
-#: colours whose channels, scaled by their brightest channel, agree to within this step are one hue (one class
-#: drawn with anti-aliased or darker edges); colours of different hues are different classes
+#: colours whose channels, scaled by the brightest, agree within this step are one hue, one class
 _HUE_STEP = 4
 
 
@@ -137,8 +126,7 @@ def _shown_values(values: np.ndarray) -> str:
 
 
 def _colour_classes(colours: np.ndarray, values: np.ndarray, low: float) -> List[Tuple[Tuple[int, ...], float]]:
-    """The hues of a colour mask that are not background (brightest channel above ``low``) and each cover more than
-    :data:`AMBIGUOUS_FRACTION` of the pixels: ``[(the hue's most frequent colour, share)]``, largest first."""
+    """``[(most frequent colour, share)]`` of the hues above ``low`` each over ``AMBIGUOUS_FRACTION``, largest first."""
     bright = colours[values > low].astype(np.int64)  # (N, 3)
     if not len(bright):
         return []
@@ -159,9 +147,8 @@ def _colour_classes(colours: np.ndarray, values: np.ndarray, low: float) -> List
 
 def _several_classes(path: Path, values: np.ndarray, counts: np.ndarray, arr: np.ndarray, colours: Optional[np.ndarray],
                      low: float) -> Optional[str]:
-    """Why a lossless mask holds more classes than a binary dataset (a label map), or None: two or more non-zero
-    values of the low band (at most 25 % of the range) that each cover more than 1 % of the mask (``{0, 1, 2}``:
-    the rule would read every one as background), or two or more colour hues, not background, that each do."""
+    """Why a lossless mask is a label map, or None: two or more non-zero low-band values (``{0, 1, 2}``, all read as
+    background) or two or more non-background hues, each over 1 % of the mask."""
     area = AMBIGUOUS_FRACTION * arr.size
     if values.max(initial=0) <= low:
         labels = [v for v, c in zip(values, counts) if v > 0 and c > area]
@@ -183,17 +170,11 @@ def _several_classes(path: Path, values: np.ndarray, counts: np.ndarray, arr: np
 
 
 def _lossy_levels(values: np.ndarray, counts: np.ndarray, full: int) -> List[Tuple[float, float]]:
-    """The levels of a lossy mask's histogram: ``[(level, share of the pixels in its band)]`` by level.
-
-    JPEG keeps a flat region of one value at that value, give or take a step or two (:data:`_LOSSY_CORE`), and
-    spreads the pixels near edges thinly over the values in between. So a level is a value whose core, the values
-    within two steps of it, holds more than :data:`AMBIGUOUS_FRACTION` of the pixels, and that is the most
-    frequent value within the noise tolerance t (:data:`LOSSY_NOISE` of the range: 12.75 of 255) around it; its
-    band is the values within t of it. Levels are taken from the most frequent value down; a value within 2 t of
-    a level taken lies in that level's band or an edge beside it (JPEG can move a small region's values by more
-    than t), so levels closer than 2 t are not told apart. The core, not the value alone, is counted because JPEG
-    spreads a flat region of a middle value (128) over its neighbours (127, 129).
-    """
+    """The levels of a lossy mask's histogram, ``[(level, share of the pixels in its band)]`` by level: each the most
+    frequent value within the noise tolerance t (``LOSSY_NOISE`` of the range: 12.75 of 255) whose core (the values
+    within ``_LOSSY_CORE`` steps: JPEG spreads a flat 128 over 127 and 129) holds over ``AMBIGUOUS_FRACTION`` of the
+    pixels; its band is the values within t. Levels closer than 2 t are not told apart: JPEG can move a small region's
+    values by more than t."""
     tol = LOSSY_NOISE * full
     values = values.astype(np.float64)
     cumulative = np.concatenate([[0], np.cumsum(counts)])
@@ -215,10 +196,8 @@ def _lossy_levels(values: np.ndarray, counts: np.ndarray, full: int) -> List[Tup
 
 
 def _lossy_01_label(values: np.ndarray, counts: np.ndarray) -> bool:
-    """Whether a lossy mask whose values all lie within the noise tolerance of black is a 0/1 label: its two most
-    frequent values are 0 and 1, each over :data:`AMBIGUOUS_FRACTION` of the pixels, and the values above 2 hold
-    at most that fraction together. The contrast of a 0/1 mask is one step, so JPEG leaves it at 0 and 1 with
-    edge pixels one step off (2, or 0 inside); the noise of a brighter drawing spreads further from black."""
+    """Whether a lossy mask near black is a 0/1 label: JPEG keeps a one-step contrast at 0 and 1 (edges one step
+    off), while a brighter drawing's noise spreads further from black."""
     n = counts.sum()
     top = values[np.argsort(-counts, kind="stable")[:2]]
     return (sorted(top.tolist()) == [0, 1] and counts[values <= 1].min() > AMBIGUOUS_FRACTION * n
@@ -230,10 +209,8 @@ def _shown_levels(levels: List[Tuple[float, float]]) -> str:
 
 
 def _grey(colours: Optional[np.ndarray], tol: float) -> bool:
-    """Whether a mask is grey: no colours (grey, 16-bit, alpha), or colours whose channels differ by more than
-    ``tol`` in at most :data:`AMBIGUOUS_FRACTION` of the pixels (a grey RGB JPEG's colour noise). JPEG stores
-    colour at half the resolution, which smears a coloured mask's edges over every value of its brightest
-    channel; the levels of such a mask are not read (:func:`_lossy_levels`)."""
+    """Whether a mask is grey, allowing JPEG colour noise. JPEG halves colour resolution, smearing a coloured mask's
+    edges over every value of its brightest channel, so such a mask's levels are not read."""
     if colours is None:
         return True
     spread = colours.max(axis=-1).astype(np.int16) - colours.min(axis=-1)
@@ -241,12 +218,9 @@ def _grey(colours: Optional[np.ndarray], tol: float) -> bool:
 
 
 def _lossy_ambiguous(path: Path, levels: List[Tuple[float, float]], full: int) -> Optional[MaskFinding]:
-    """The ambiguous finding of a lossy mask by its levels (:func:`_lossy_levels`), or None: a level of the middle
-    band beside another level beyond black's noise, as a lossless mask's middle value over 1 % of the pixels
-    (``{0, 128, 255}``, ``{0, 100, 200}``). Black and one level alone are cut at half the range (a JPEG of a faint
-    drawing is refused as empty). Levels all in the low band are not read as a label map: the half-range cut
-    leaves such a mask empty, which refuses it, and the edges of a faint drawing spread over so few values that
-    their band may pass for a level."""
+    """The ambiguous finding of a lossy mask, or None: a middle-band level beside another beyond black's noise
+    (``{0, 128, 255}``, ``{0, 100, 200}``). Low-band levels alone are not read as a label map: the half-range cut
+    empties such a mask, which refuses it, and a faint drawing's edges may pass for a level."""
     tol, low, high = LOSSY_NOISE * full, BACKGROUND_BAND * full, FOREGROUND_BAND * full
     beyond = [level for level, _ in levels if level > tol]
     middle = [(level, share) for level, share in levels if low < level < high]
@@ -262,7 +236,7 @@ def _lossy_ambiguous(path: Path, levels: List[Tuple[float, float]], full: int) -
 
 def _apply_rule(path: Path, lossy: Optional[bool], threshold: Optional[float]) -> Tuple[Optional[np.ndarray],
                                                                                           MaskFinding]:
-    """The rule of :func:`read_binary_mask`: the ``(H, W)`` uint8 {0, 1} mask (None where refused) and the finding."""
+    """``read_binary_mask``'s rule: the ``(H, W)`` uint8 {0, 1} mask (None where refused) and the finding."""
     path = Path(path)
     if lossy is None:
         lossy = path.suffix.lower() in LOSSY_SUFFIXES
@@ -317,47 +291,29 @@ def _apply_rule(path: Path, lossy: Optional[bool], threshold: Optional[float]) -
 
 
 def inspect_mask(path: Path, lossy: Optional[bool] = None, threshold: Optional[float] = None) -> MaskFinding:
-    """What :func:`read_binary_mask`'s rule makes of the mask, without raising for the refused kinds."""
+    """What ``read_binary_mask``'s rule makes of the mask, without raising for the refused kinds."""
     return _apply_rule(path, lossy, threshold)[1]
 
 
 def read_binary_mask(path: Path, lossy: Optional[bool] = None, threshold: Optional[float] = None) -> np.ndarray:
     """A binary mask as ``(H, W)`` uint8 in {0, 1}, by one rule for every kind of mask file.
 
-    - One value per pixel: grey and 16-bit masks their value; RGB (and palette colours) the brightest
-      of its channels, so pure red, green or blue count; RGBA / LA the same, except that where the
-      colour is one value everywhere and alpha varies, alpha is the mask. Palette masks whose indices
-      are only 0 and 1 are labels as they are.
-    - Labels: a lossless mask holding only {0, 1}, or 0 and one other value (in colour masks: of one
-      hue), is that label.
-    - Bands, for every other mask, of range R = 255 (65535 for 16-bit masks with values above 255):
-      values at or below 25 % of R are background and values at or above 75 % of R foreground,
-      whatever their share of the mask (faint non-zero background, JPEG noise); values of the middle
-      band are foreground above half the range (> 127 for 8 bit, > 32767 for 16 bit) where each
-      covers at most 1 % of the pixels (anti-aliased edges, JPEG edges).
-    - Refused, naming the file and its values:
-      - ambiguous: a lossless mask in which one value of the middle band covers more than 1 % of the
-        pixels (``{0, 128, 255}``: a second class, or 'uncertain'?);
-      - several classes: a lossless mask whose values all lie at or below 25 % of R with two or more
-        non-zero values each over 1 % of the pixels (a label map ``{0, 1, 2}``), or a colour mask with
-        two or more hues, not background, each over 1 % (red and green classes);
-      - empty: a mask with non-zero values that would be written empty (JPEG masks: values above 5 %
-        of R, the format's noise around black).
-    - Lossy (JPEG) masks, whose values JPEG spreads around each drawn value and over edges, are read by
-      the levels of their histogram instead of single values (:func:`_lossy_levels`: each level with the
-      values within 5 % of R of it, its noise; the values within two steps of a level hold over 1 % of
-      the pixels): in a grey mask, a middle-band level beside another level beyond black's noise is
-      ambiguous (``{0, 128, 255}``, ``{0, 100, 200}``); otherwise the mask is cut at half the range (black
-      and one faint level: refused as empty). A JPEG
-      whose values all lie within 5 % of R of black is a 0/1 label where its levels are 0 and 1
-      (:func:`_lossy_01_label`: foreground from 1 up), else noise around black (empty). A JPEG of a label
-      map whose values all lie that close to black (0/1/2) cannot be told from that noise.
-    - ``threshold`` (``--mask_threshold T``, below 255 for every 8-bit mask and 65535 for every 16-bit
-      one, labels included) replaces the bands for every mask that is not a label: foreground is every
-      value above T, and middle values are no longer refused; masks of several classes, and masks it
-      would leave empty, still are.
+    - Values: the grey value, or the brightest colour channel; alpha where the colour is constant and alpha varies.
+    - Labels, kept: palette indices of only 0 and 1; a lossless mask of {0, 1}, or of 0 and one value (or hue).
+    - Bands, for other masks, of range R = 255 (65535 for 16-bit masks above 255): at most 25 % of R is background,
+      at least 75 % foreground, whatever their share; a middle value is foreground above R / 2 where it covers at
+      most 1 % of the pixels (edges).
+    - Refused, naming the file: ambiguous, a lossless middle value over 1 % (``{0, 128, 255}``); several classes,
+      two or more non-zero low-band values or non-background hues over 1 % each (``{0, 1, 2}``); empty, a non-zero
+      mask that would be written empty (JPEG: values above 5 % of R, black's noise).
+    - JPEG masks are read by their histogram's levels (``_lossy_levels``): in a grey mask, a middle-band level beside
+      another beyond black's noise is ambiguous; else the cut is R / 2. A JPEG within 5 % of R of black is a 0/1
+      label if its levels are 0 and 1, else empty; a 0/1/2 label map that dark cannot be told from noise.
+    - ``threshold`` (``--mask_threshold``; below 255 for 8-bit, 65535 for 16-bit masks, labels included) replaces
+      the bands of non-label masks (foreground above it, middle values allowed); label maps and masks it would
+      leave empty are still refused.
 
-    ``lossy`` (JPEG: noisy edges and background) is decided by the file suffix by default.
+    ``lossy`` (JPEG) defaults to the file suffix.
     """
     binary, finding = _apply_rule(path, lossy, threshold)
     if finding.refused:
@@ -366,8 +322,7 @@ def read_binary_mask(path: Path, lossy: Optional[bool] = None, threshold: Option
 
 
 def read_instance_mask_as_binary(path: Path) -> np.ndarray:
-    """An instance-label mask (0 background, 1..K objects; colour masks: any channel, alpha ignored) as
-    binary ``(H, W)`` uint8."""
+    """An instance-label mask (0 background, 1..K objects; colour: any channel, no alpha) as binary ``(H, W)`` uint8."""
     img = _load(_open(path), path)
     if img.mode in ("LA", "RGBA", "PA"):
         img = img.convert("RGB")
@@ -386,15 +341,13 @@ def check_2d_sizes(case: SourceCase) -> None:
 
 
 def inspect_case_mask(case: SourceCase, threshold: Optional[float] = None) -> MaskFinding:
-    """:func:`inspect_mask` of a case's mask (``DatasetSpec.inspect_mask`` of the binary 2D datasets)."""
+    """``inspect_mask`` of a case's mask (the binary 2D datasets' ``DatasetSpec.inspect_mask``)."""
     return inspect_mask(case.label, threshold=threshold)
 
 
 def write_binary_2d_case(case: SourceCase, image_file: Path, label_file: Path, resize: Optional[int],
                          instance_mask: bool = False, mask_threshold: Optional[float] = None) -> None:
-    """Write an RGB PNG image and a {0, 1} label PNG, optionally resized to ``resize x resize``
-    (image bilinear, mask nearest neighbour after binarisation); ``mask_threshold``: see
-    :func:`read_binary_mask`."""
+    """Write an RGB image PNG and a {0, 1} label PNG, optionally ``resize x resize`` (image bilinear, mask nearest)."""
     image = read_rgb(case.image)
     if instance_mask:
         mask = read_instance_mask_as_binary(case.label)

@@ -1,21 +1,10 @@
 """ISIC-2016 and ISIC-2017 lesion segmentation (part 1 of the ISBI challenges).
 
-Source layouts, as published (SRC is the folder holding the unzipped archives):
-
-- ``isic2016``: ``ISBI2016_ISIC_Part1_Training_Data/ISIC_*.jpg`` with
-  ``ISBI2016_ISIC_Part1_Training_GroundTruth/ISIC_*_Segmentation.png`` (900) and
-  ``ISBI2016_ISIC_Part1_Test_Data`` / ``ISBI2016_ISIC_Part1_Test_GroundTruth`` (379). Both pairs
-  are required.
-- ``isic2017``: ``ISIC-2017_Training_Data/ISIC_*.jpg`` (its ``*_superpixels.png`` and metadata
-  CSV are skipped) with ``ISIC-2017_Training_Part1_GroundTruth/ISIC_*_segmentation.png`` (2000),
-  the same for ``Validation`` (150) and ``Test_v2`` (600). Training is required; a missing
-  validation pair is replaced by a seeded 10 % hold-out of the training images and a missing
-  test pair leaves ``imagesTs`` empty, each with a note saying what was used.
-
-Masks are 0/255 PNGs, written as 0/1. Splits: ISIC-2017 uses its official 2000 / 150 / 600.
-ISIC-2016 has no validation set (the paper's 900 / 379): a seeded 10 % of the training images
-(90, :func:`~nnunetv2_meddisseg.datasets.split_lists.make_seeded_split`, seed 12345, drawn from the
-sorted IDs at conversion time) is fold-0 validation, so fold 0 trains on 810.
+SRC holds the unzipped archives: ``ISBI2016_ISIC_Part1_{Training,Test}_{Data,GroundTruth}`` (900 / 379, all
+required) or ``ISIC-2017_{Training,Validation,Test_v2}_Data`` with ``..._Part1_GroundTruth`` (the official 2000 /
+150 / 600; only training is required: else a seeded 10 % of it is validation and ``imagesTs`` stays empty, each
+with a note). ISIC-2016's fold-0 validation is a seeded 10 % of training (90, seed 12345, drawn from the sorted
+IDs at conversion time), so fold 0 trains on 810. Masks are 0/255 PNGs, written as 0/1.
 """
 from __future__ import annotations
 

@@ -1,23 +1,10 @@
 """Kvasir-SEG and Kvasir-Sessile (colonoscopy polyps, Jha et al. 2020 / 2021).
 
-Source layouts, as published:
-
-- ``kvasir-seg``: ``Kvasir-SEG/images/*.jpg`` and ``Kvasir-SEG/masks/*.jpg`` (1000 pairs; the
-  masks are RGB JPEGs, read by the mask rule of ``image_io.read_binary_mask``: foreground where the
-  brightest channel is above 127); ``kavsir_bboxes.json`` is not used. SRC may be the
-  ``Kvasir-SEG`` folder or its parent.
-- ``kvasir-sessile``: ``sessile-main-Kvasir-SEG/images/*.jpg`` and ``masks/*.jpg`` (196 pairs,
-  grey JPEG masks). SRC may be that folder or its parent.
-
-Splits. The paper uses 880 / 120 (train / test) for Kvasir-SEG and 156 / 20 / 20 (train / val /
-test) for Kvasir-Sessile. Neither list ships with the data, so the lists in
-``splits/kvasir_seg.json`` and ``splits/kvasir_sessile.json`` were drawn once from the sorted
-file names with :func:`~nnunetv2_meddisseg.datasets.split_lists.make_seeded_split` (seed 12345) and
-are shipped so that everyone gets the same split. Kvasir-SEG has no validation set: 88 of its
-880 training images (10 %) are held out as nnU-Net's fold-0 validation set, so fold 0 trains on
-792 images. The 120 (Kvasir-SEG) and 20 (Sessile) test images go to ``imagesTs``/``labelsTs``.
-``--split_file`` replaces the shipped lists (e.g. with the MediaEval-2020 ``train.txt`` /
-``val.txt`` lists turned into JSON). Kvasir-Sessile's 196 images are all also in Kvasir-SEG.
+SRC is, or holds, ``Kvasir-SEG`` (1000 pairs ``images/*.jpg``, ``masks/*.jpg``; RGB JPEG masks, foreground where the
+brightest channel is above 127) or ``sessile-main-Kvasir-SEG`` (196 pairs, grey JPEG masks, all also in Kvasir-SEG).
+The paper's splits, 880 / 120 (train / test) and 156 / 20 / 20 (train / val / test), do not ship with the data:
+``splits/kvasir_seg.json`` and ``splits/kvasir_sessile.json`` were drawn once from the sorted file names (seed
+12345). Kvasir-SEG holds out 88 of its 880 training images as fold-0 validation, so fold 0 trains on 792.
 """
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""The dataset-level mask report: before anything is written, a conversion reads every mask by the mask rule
-(:func:`~nnunetv2_meddisseg.datasets.image_io.read_binary_mask`) and reports what it made of them.
+"""The mask report: what the mask rule (``image_io.read_binary_mask``) made of every mask, before anything is written.
 
-The report counts the masks with faint background values read as background, with anti-aliased edges, the
-JPEG masks and (with ``--mask_threshold``) those with middle values, naming up to three files of each, and
-lists every mask the rule refuses (ambiguous, empty although it holds non-zero values, or a label map of more
-classes than the dataset's two) with the rule and the way on: ``--mask_threshold T`` (foreground: the values
-above T; not for label maps) or ``--skip_ambiguous`` (those cases left out and named). Otherwise the conversion
-refuses (:class:`MaskRuleError`) having written nothing.
+It counts each kind, naming up to three files, and lists every refused mask with the rule and the way on
+(``--mask_threshold T``, not for label maps, or ``--skip_ambiguous``); else ``MaskRuleError``, having written nothing.
 """
 from __future__ import annotations
 
@@ -37,8 +32,7 @@ WAY_ON = ("pass --mask_threshold T (foreground: the mask values above T) or --sk
 WAY_ON_CLASSES = ("save them as binary masks (0 and one foreground value), or pass --skip_ambiguous (those cases are "
                   "left out and named)")
 
-#: the report's words for each kind of :data:`~nnunetv2_meddisseg.datasets.cases.MASK_KINDS`, and what the rule
-#: (without ``--mask_threshold``) did with them
+#: the report's words for each of ``MASK_KINDS``, and what the rule (without ``--mask_threshold``) did with them
 _KIND_WORDS = {
     "label": ("binary (0 and one value, or 0/1)", "kept as they are"),
     "faint": ("with faint background values (at most 25 % of the range, over 1 % of the mask)", "read as background"),
@@ -63,9 +57,7 @@ class MaskRuleError(ConversionError):
 
 @dataclass
 class MaskReport:
-    """What the mask rule made of a conversion's masks: ``findings`` maps case IDs to
-    :class:`~nnunetv2_meddisseg.datasets.cases.MaskFinding`; ``left_out`` holds the refused cases that
-    ``--skip_ambiguous`` left out."""
+    """The rule's ``findings`` (case ID -> ``MaskFinding``); ``left_out``: the cases ``--skip_ambiguous`` dropped."""
 
     source: Path
     findings: Dict[str, MaskFinding]
@@ -87,8 +79,8 @@ class MaskReport:
             return str(path)
 
     def summary_lines(self) -> List[str]:
-        """The report: one line per kind found, up to three file names each; then every refused mask, the rule
-        and the way on (or, with ``--skip_ambiguous``, the cases left out)."""
+        """A line per kind found (up to three files each), then the refused masks, the rule and the way on (or, with
+        ``--skip_ambiguous``, the cases left out)."""
         if self.threshold is None:
             lines = [f"masks: {len(self.findings)} read by the mask rule"]
         else:
@@ -117,8 +109,7 @@ class MaskReport:
         return lines
 
     def way_on(self) -> str:
-        """How to go on past the refused masks: :data:`WAY_ON`, or :data:`WAY_ON_CLASSES` where every one is a
-        label map."""
+        """``WAY_ON``, or ``WAY_ON_CLASSES`` where every refused mask is a label map."""
         return WAY_ON_CLASSES if all(self.findings[c].kind == "classes" for c in self.refused) else WAY_ON
 
     def refusal_message(self) -> str:
@@ -146,8 +137,7 @@ def _inspect_one(inspect: Callable[[SourceCase, Optional[float]], MaskFinding], 
 
 def survey_masks(plan: ConversionPlan, case_ids: Sequence[str], threshold: Optional[float] = None,
                  num_processes: int = 1, progress: bool = False) -> Optional[MaskReport]:
-    """Read the mask of every case in ``case_ids`` by the rule (``plan.spec.inspect_mask``); None for datasets
-    whose labels the rule does not apply to (instance and organ labels)."""
+    """The rule's report on the masks of ``case_ids``; None where it does not apply (instance and organ labels)."""
     from tqdm import tqdm
 
     inspect = plan.spec.inspect_mask

@@ -20,7 +20,7 @@ MIN_RESIZE = 16
 
 
 def validate_resize(resize: Optional[int]) -> None:
-    """``None`` (keep the original size) or a positive number of pixels, at least :data:`MIN_RESIZE`."""
+    """``None`` (keep the original size) or at least ``MIN_RESIZE`` pixels."""
     if resize is None:
         return
     if isinstance(resize, bool) or not isinstance(resize, (int, np.integer)) or resize <= 0:
@@ -56,8 +56,7 @@ def optional_env_folder(env_var: str) -> Optional[Path]:
 
 
 def validate_mask_threshold(threshold: Optional[float]) -> None:
-    """``None`` (the mask rule decides) or a finite number from 0 to below 65535: foreground is every mask
-    value above it."""
+    """``None`` (the mask rule decides) or a finite number in [0, 65535): foreground is every mask value above it."""
     if threshold is None:
         return
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer, np.floating)) \

@@ -13,8 +13,7 @@ __all__ = ["find_source_root", "list_files", "pair_images_and_masks", "describe_
 
 def find_source_root(source: Path, dataset: str, required: Sequence[str],
                      subfolders: Sequence[str] = ("",)) -> Path:
-    """The folder among ``source / s`` (``s`` in ``subfolders``) that contains all ``required``
-    entries; a clear error naming the first missing one otherwise."""
+    """The first ``source / s`` (``s`` in ``subfolders``) holding all ``required`` entries, else an error naming one."""
     source = Path(source)
     if not source.is_dir():
         raise MissingSourceError(f"{dataset}: source folder {source} does not exist")
@@ -33,8 +32,7 @@ def find_source_root(source: Path, dataset: str, required: Sequence[str],
 
 
 def list_files(folder: Path, suffixes: Sequence[str], exclude: Optional[str] = None) -> List[Path]:
-    """Plain files of ``folder`` whose suffix (case-insensitive) is in ``suffixes``, hidden files
-    and names matching the regular expression ``exclude`` left out, sorted by name."""
+    """Sorted plain files with a suffix in ``suffixes`` (any case), minus hidden ones and regex ``exclude`` matches."""
     suffixes = tuple(s.lower() for s in suffixes)
     pattern = re.compile(exclude) if exclude else None
     files = []
@@ -62,8 +60,7 @@ def _by_case_id(files: Iterable[Path], tag: str, what: str) -> Dict[str, Path]:
 
 
 def _expected_file(folder: Path, stem: str, suffixes: Sequence[str], other: Path) -> str:
-    """The file a pairing looked for: ``folder / stem`` with ``other``'s ending where that is one of ``suffixes``
-    (the first of them otherwise), and the other endings it would have taken."""
+    """``folder / stem`` with ``other``'s ending if in ``suffixes`` (else the first), and the other endings taken."""
     ending = next((s for s in suffixes if s.lower() == other.suffix.lower()), suffixes[0])
     others = [s for s in suffixes if s.lower() != ending.lower()]
     return f"{folder / (stem + ending)}" + (f", or {stem}{'/'.join(others)}" if others else "")
@@ -77,12 +74,9 @@ def pair_images_and_masks(image_dir: Path, mask_dir: Path, dataset: str,
                           image_suffixes: Sequence[str], mask_suffixes: Sequence[str],
                           mask_tag: str = "", image_exclude: Optional[str] = None,
                           image_ids: Optional[Mapping[str, Path]] = None) -> Dict[str, SourceCase]:
-    """Cases ``{case_id: SourceCase}`` from an image folder and a mask folder.
+    """Cases ``{case_id: SourceCase}``: image ``ID.<image suffix>`` pairs with mask ``ID<mask_tag>.<mask suffix>``.
 
-    An image ``ID.<image suffix>`` pairs with the mask ``ID<mask_tag>.<mask suffix>``. Images
-    without a mask, masks without an image, and empty folders are errors naming the file.
-    ``image_ids`` replaces the listing of ``image_dir`` (layouts with images and masks in one
-    folder).
+    Unpaired files are errors. ``image_ids`` replaces the listing of ``image_dir`` (images and masks in one folder).
     """
     for folder in (image_dir, mask_dir):
         if not folder.is_dir():

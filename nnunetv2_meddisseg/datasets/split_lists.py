@@ -16,14 +16,13 @@ from .source_files import describe_more
 __all__ = ["SPLIT_SEED", "make_seeded_split", "holdout_count", "load_shipped_split", "plan_from_shipped_split",
            "read_split_file", "apply_split", "leave_out_cases"]
 
-SPLIT_SEED = 12345  # seed of every split drawn by the converters (the shipped Kvasir lists and run-time hold-outs)
+SPLIT_SEED = 12345  # seed of every converter split (the shipped Kvasir lists, run-time hold-outs)
 
 
 def make_seeded_split(case_ids: Iterable[str], n_val: int, n_test: int,
                       seed: int = SPLIT_SEED) -> Tuple[List[str], List[str], List[str]]:
-    """A reproducible train / val / test split: the sorted IDs are permuted with
-    ``numpy.random.RandomState(seed)`` (a stream numpy keeps stable across versions); the first
-    ``n_test`` are test, the next ``n_val`` val, the rest train. Each list is returned sorted."""
+    """A reproducible split: the sorted IDs permuted by ``numpy.random.RandomState(seed)`` (stable across numpy
+    versions); the first ``n_test`` are test, the next ``n_val`` val, the rest train; each list sorted."""
     ids = sorted(case_ids)
     if n_val < 0 or n_test < 0 or n_val + n_test > len(ids):
         raise ValueError(f"cannot take {n_val} val and {n_test} test cases from {len(ids)}")
@@ -49,8 +48,7 @@ def load_shipped_split(filename: str) -> dict:
 
 def plan_from_shipped_split(spec: DatasetSpec, source: Path, cases: Dict[str, SourceCase], filename: str,
                             dataset: str) -> ConversionPlan:
-    """A plan using a shipped split; unless the source holds exactly the shipped case IDs, the plan
-    carries a ``split_problem`` (an error unless ``--split_file`` replaces the split)."""
+    """A plan with a shipped split, or with a ``split_problem`` where the source's case IDs differ from the list."""
     shipped = load_shipped_split(filename)
     listed = set(shipped["train"]) | set(shipped["val"]) | set(shipped["test"])
     found = set(cases)
@@ -69,8 +67,7 @@ def plan_from_shipped_split(spec: DatasetSpec, source: Path, cases: Dict[str, So
 
 
 def read_split_file(path: Path) -> Tuple[List[str], List[str], List[str]]:
-    """``--split_file``: a JSON object with lists of case IDs under ``train``, ``val``, ``test``
-    (``val`` and ``test`` may be left out)."""
+    """``--split_file``: a JSON object of case-ID lists ``train``, ``val``, ``test`` (the last two optional)."""
     path = Path(path)
     if not path.is_file():
         raise OptionError(f"--split_file {path} does not exist")
@@ -121,8 +118,7 @@ def apply_split(plan: ConversionPlan, split_file: Path) -> ConversionPlan:
 
 
 def leave_out_cases(plan: ConversionPlan, case_ids: Iterable[str]) -> ConversionPlan:
-    """The plan without ``case_ids``: they leave the cases and the train / val / test lists (shipped, seeded
-    or ``--split_file``), every other case keeps its list."""
+    """The plan without ``case_ids``, in its cases and lists; every other case keeps its list."""
     gone = set(case_ids)
     if not gone:
         return plan

@@ -1,29 +1,15 @@
 """Synapse multi-organ CT (MICCAI 2015 "Beyond the Cranial Vault", BTCV) in the TransUNet protocol.
 
-Two source layouts are read:
+- BTCV: ``RawData/Training/img/img0001.nii.gz`` and ``label/label0001.nii.gz`` (SRC: ``RawData``, its parent or
+  ``RawData/Training``; the unlabelled ``RawData/Testing`` is ignored). The 13 labels map to TransUNet's 8 organs
+  (``BTCV_TO_TRANSUNET``), the rest to background; a label outside 0..13 is an error.
+- TransUNet's release: ``train_npz/case0005_slice000.npz`` (axial slices, stacked in order) and
+  ``test_vol_h5/case0001.npy.h5`` (volumes; needs h5py). Labels 0..8, intensities clipped to [-125, 275] HU and
+  scaled to [0, 1]; no geometry, so 1 mm spacing.
 
-- BTCV as published: ``RawData/Training/img/img0001.nii.gz`` and
-  ``RawData/Training/label/label0001.nii.gz`` (SRC may be the folder holding ``RawData``,
-  ``RawData/Training`` or ``RawData`` itself; the unlabelled ``RawData/Testing`` is ignored). The
-  13 BTCV labels are mapped to TransUNet's 8 organs (:data:`BTCV_TO_TRANSUNET`); the others
-  (oesophagus, veins, adrenal glands) become background. Any label value outside 0..13 is an
-  error naming the file.
-- TransUNet's preprocessed release: ``train_npz/case0005_slice000.npz`` (``image``, ``label``
-  per axial slice, stacked back into volumes in slice order) and
-  ``test_vol_h5/case0001.npy.h5`` (``image``, ``label`` volumes, read with the optional
-  dependency h5py: ``pip install h5py``). Its labels are already 0..8; intensities are clipped
-  to [-125, 275] HU and scaled to [0, 1]; there is no geometry, so volumes get 1 mm spacing.
-
-Volumes stay 3D (``.nii.gz``, channel ``CT``) so that nnU-Net's ``2d`` configuration trains
-slice by slice as TransUNet does. ``--resize N`` resamples every axial slice to NxN (image
-linear, label nearest neighbour; in-plane spacing scaled so the physical extent is kept).
-
-Cases are named like TransUNet's (``case0001`` for ``img0001``). The standard split is
-TransUNet's ``lists/lists_Synapse``: 18 training volumes (``train.txt``) and 12 test volumes
-(``test_vol.txt``: cases 8, 22, 38, 36, 32, 2, 29, 3, 1, 4, 25, 35), from the BTCV training
-cases 1-10 and 21-40. TransUNet has no validation set: 2 of the 18 training volumes (a seeded
-10 %, :func:`~nnunetv2_meddisseg.datasets.split_lists.make_seeded_split`, seed 12345) are fold-0
-validation, so fold 0 trains on 16; ``--split_file`` sets other lists.
+Volumes stay 3D (``.nii.gz``) so nnU-Net's ``2d`` configuration trains slice by slice, as TransUNet does. Cases are
+named as TransUNet's (``case0001`` for ``img0001``). Split: TransUNet's ``lists/lists_Synapse``, 18 training and 12
+test volumes; fold-0 validation is a seeded 10 % of training (2, seed 12345), so fold 0 trains on 16.
 """
 from __future__ import annotations
 
@@ -54,9 +40,8 @@ TRANSUNET_TRAIN_CASES: Tuple[str, ...] = tuple(f"case{i:04d}" for i in (
 TRANSUNET_TEST_CASES: Tuple[str, ...] = tuple(f"case{i:04d}" for i in (
     8, 22, 38, 36, 32, 2, 29, 3, 1, 4, 25, 35))
 
-# BTCV label -> TransUNet label. BTCV: 1 spleen, 2 right kidney, 3 left kidney, 4 gallbladder,
-# 5 oesophagus, 6 liver, 7 stomach, 8 aorta, 9 inferior vena cava, 10 portal and splenic vein,
-# 11 pancreas, 12 right adrenal gland, 13 left adrenal gland.
+# BTCV label -> TransUNet label. BTCV: 1 spleen, 2 right kidney, 3 left kidney, 4 gallbladder, 5 oesophagus, 6 liver,
+# 7 stomach, 8 aorta, 9 inferior vena cava, 10 portal and splenic vein, 11 pancreas, 12/13 right/left adrenal gland.
 BTCV_TO_TRANSUNET: Dict[int, int] = {8: 1, 4: 2, 3: 3, 2: 4, 6: 5, 11: 6, 1: 7, 7: 8}
 SYNAPSE_LABELS: Dict[str, int] = {"background": 0, "aorta": 1, "gallbladder": 2, "left kidney": 3,
                                   "right kidney": 4, "liver": 5, "pancreas": 6, "spleen": 7, "stomach": 8}
@@ -100,8 +85,7 @@ def _check_labels(arr: np.ndarray, path: Path, max_label: int, what: str) -> np.
 
 
 def resize_in_plane(image: sitk.Image, size: int, is_label: bool) -> sitk.Image:
-    """Resample every axial slice of a 3D volume to ``size x size`` (label: nearest neighbour,
-    image: linear); the in-plane spacing is scaled so that the physical extent stays the same."""
+    """Resample each axial slice to ``size x size`` (label nearest, image linear); spacing scales to keep the extent."""
     old_size, old_spacing = image.GetSize(), image.GetSpacing()
     new_size = (size, size) + tuple(old_size[2:])
     new_spacing = tuple(sp * n / m for sp, n, m in zip(old_spacing[:2], old_size[:2], new_size[:2])) \

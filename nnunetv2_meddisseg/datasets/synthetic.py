@@ -1,9 +1,7 @@
 """A tiny generated polyp-like dataset in nnU-Net's raw format (no download needed).
 
-Each case is an RGB image of a mottled pink "mucosa" with one or two darker, textured ellipses
-("polyps") whose colour contrast, size and blur vary from case to case; the label marks the
-ellipses. Small enough to plan, train and predict on a 2-core CPU in minutes, hard enough that an
-untrained network does not score well.
+Each image: mottled pink "mucosa" with one or two darker, textured ellipses ("polyps", the label) of varying
+contrast, size and blur. Plans, trains and predicts on a 2-core CPU in minutes; an untrained network scores poorly.
 """
 from __future__ import annotations
 
@@ -49,9 +47,8 @@ def synthetic_case(rng: np.random.Generator, size: int) -> Tuple[np.ndarray, np.
 
 def make_synthetic_dataset(raw_dir: str | Path, dataset_id: int = 501, num_train: int = 12, num_test: int = 4,
                            size: int = 64, seed: int = 0, overwrite: bool = False) -> Path:
-    """Write ``Dataset{ID}_SyntheticPolyps`` under ``raw_dir`` (imagesTr/labelsTr/imagesTs/labelsTs,
-    dataset.json) and return its path. Refuses to replace an existing folder unless ``overwrite``. Written into a
-    fresh hidden sibling and moved into place whole (``files.temporary_sibling``, ``files.replace_folder``)."""
+    """Write ``Dataset{ID}_SyntheticPolyps`` under ``raw_dir`` and return its path; an existing one is replaced only
+    with ``overwrite``. Written into a hidden sibling and moved into place whole."""
     if size < 16 or size % 16:
         raise ValueError(f"size must be a positive multiple of 16, got {size}")
     target = Path(raw_dir) / f"Dataset{dataset_id:03d}_{DATASET_NAME}"

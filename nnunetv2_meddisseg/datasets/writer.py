@@ -1,20 +1,9 @@
 """Writing an nnU-Net v2 raw dataset atomically.
 
-A converter module (``kvasir``, ``glas``, ...) turns a publisher's folder into a
-:class:`ConversionPlan` (which cases exist, how to write one, which are train / val / test);
-:func:`write_nnunet_dataset` then writes ``$nnUNet_raw/DatasetXXX_Name/`` (``imagesTr``,
-``labelsTr``, ``imagesTs``, ``labelsTs``, ``dataset.json``) into a fresh hidden sibling
-(``files.temporary_sibling``: ``.DatasetXXX_Name.<random>.partial``) and renames it into place only
-once every case was written, so an interrupted or failed conversion never leaves a valid-looking
-dataset behind; a dataset that a conversion killed while replacing it left set aside (in a holder
-``.DatasetXXX_Name.<random>.old``) is put back by the next one. A user's file, folder or link of any
-such name is never written through, moved or removed. The
-train / val split goes to ``splits_final.json`` (fold 0) both in the raw folder (nnU-Net's
-planner copies it from there) and, when ``nnUNet_preprocessed`` is set, straight into
-``$nnUNet_preprocessed/DatasetXXX_Name/``, where ``nnUNetv2_train ID 2d 0`` reads it.
-
-Every user mistake raises :class:`ConversionError` with a one-line message that names the file or
-option and says what was expected.
+The dataset is written into a hidden sibling (``.DatasetXXX_Name.<random>.partial``) and renamed into place once
+every case is written, so a failed conversion leaves no valid-looking dataset; one set aside (``.old``) by a
+conversion killed mid-replace is put back by the next. A user's file of such a name is never touched. Fold 0 goes
+to ``splits_final.json`` in the raw folder (nnU-Net's planner copies it) and, if set, ``$nnUNet_preprocessed``.
 """
 from __future__ import annotations
 
@@ -67,15 +56,10 @@ def _write_one(write_case: Callable, case: SourceCase, image_file: Path, label_f
 def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional[int] = None,
                          overwrite: bool = False, num_processes: int = 1, progress: bool = False,
                          mask_threshold: Optional[float] = None, skip_ambiguous: bool = False) -> ConversionResult:
-    """Write the plan as ``$nnUNet_raw/DatasetXXX_<spec.name>`` (see the module docstring).
+    """Write the plan as ``$nnUNet_raw/DatasetXXX_<spec.name>``: train + val to imagesTr/labelsTr, test to imagesTs.
 
-    Train and val cases go to imagesTr/labelsTr, test cases to imagesTs/labelsTs. An existing
-    dataset with this ID is refused unless ``overwrite`` (and even then when it has another
-    name: nnU-Net needs IDs to be unique). ``num_processes`` > 1 writes cases in parallel.
-    Before anything is written, every mask is read by the mask rule (:mod:`.mask_report`):
-    masks it refuses raise :class:`~nnunetv2_meddisseg.datasets.mask_report.MaskRuleError`
-    unless ``mask_threshold`` (foreground: the values above it) or ``skip_ambiguous`` (those
-    cases are left out of the dataset and of the split).
+    An existing dataset with this ID is refused unless ``overwrite``, and always under another name (IDs are unique).
+    Masks the rule refuses raise ``MaskRuleError`` unless ``mask_threshold`` or ``skip_ambiguous`` (cases left out).
     """
     validate_dataset_id(dataset_id)
     validate_resize(resize)
@@ -160,8 +144,7 @@ def _check_target(raw_root: Path, prep_root: Optional[Path], name: str, dataset_
 
 
 def _check_source_outside_target(source: Path, target: Path) -> None:
-    """Refuse a source folder that is, or lies inside, the dataset folder this conversion writes (and
-    ``--overwrite`` replaces)."""
+    """Refuse a source that is, or lies inside, the dataset folder written (and replaced by ``--overwrite``)."""
     source, out = source.resolve(), target.resolve()
     if source == out or out in source.parents:
         raise ConversionError(f"the source folder {source} is inside {target}, the dataset this conversion writes "
@@ -169,8 +152,8 @@ def _check_source_outside_target(source: Path, target: Path) -> None:
 
 
 def _check_preprocessed_splits(splits: Optional[List[dict]], prep_splits: Optional[Path], overwrite: bool) -> bool:
-    """Refuse to replace a different ``splits_final.json`` in nnUNet_preprocessed without ``overwrite``;
-    True where one exists that this conversion (without validation set) will remove."""
+    """Refuse to replace a different preprocessed ``splits_final.json`` without ``overwrite``; True where one exists
+    that this conversion (no validation set) will remove."""
     if splits is not None and prep_splits is not None and prep_splits.is_file() and not overwrite:
         try:
             same = json.loads(prep_splits.read_text(encoding="utf-8"))[:1] == splits

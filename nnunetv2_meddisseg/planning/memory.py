@@ -1,11 +1,8 @@
 """Training memory of Med-DisSeg on a CUDA GPU, measured, for the plan command's batch size.
 
-:func:`measure_training_memory` runs Stage II training steps (the network as planned, deep supervision, the
-trainer's Stage II loss with its dispersive term, Adam) at two batch sizes on the GPU, in the precision
-training will use (fp16 autocast, or bf16 with ``nnUNet_meddisseg_bf16``), and reads the peak of
-``torch.cuda.max_memory_allocated`` of each: their difference per sample is the memory a sample costs, the
-rest is what any batch costs (weights, gradients, Adam's moments, workspaces).
-:func:`batch_size_for_memory` turns that line into the largest batch under a memory target.
+``measure_training_memory`` runs Stage II training steps at two batch sizes in training's precision (fp16, or bf16
+with ``nnUNet_meddisseg_bf16``); the two peaks give a line: a cost per sample plus a fixed cost (weights, gradients,
+Adam's moments, workspaces). ``batch_size_for_memory`` picks the largest batch under a memory target.
 """
 import math
 from typing import NamedTuple, Optional, Sequence
@@ -16,9 +13,8 @@ __all__ = ["MemoryLine", "measure_training_memory", "estimated_memory_line", "ba
            "TRAINING_BYTES_PER_PIXEL", "STATIC_TRAINING_BYTES"]
 
 GIB = 1024 ** 3
-# Peak training memory per input pixel and sample of the Stage II network: the slope of peak RSS
-# between batch 1 and batch 4 at 256x256, fp32 on CPU, measured with benchmarks/train_step.py
-# (benchmarks/results/train_step.md). Mixed precision on CUDA needs less, so budgets are conservative.
+# Stage II peak training memory per input pixel and sample: the slope of peak RSS from batch 1 to 4 at 256x256, fp32
+# on CPU (benchmarks/train_step.py). Mixed precision on CUDA needs less, so budgets are conservative.
 TRAINING_BYTES_PER_PIXEL = 22_000
 # Parameters, gradients and two Adam moments of the 46.1 M parameter network, in bytes.
 STATIC_TRAINING_BYTES = 4 * 4 * 46_115_000
@@ -43,16 +39,14 @@ class MemoryLine(NamedTuple):
 
 
 def estimated_memory_line(patch_size: Sequence[int]) -> MemoryLine:
-    """The memory line estimated without a GPU: :data:`TRAINING_BYTES_PER_PIXEL` per pixel and sample on top of
-    :data:`STATIC_TRAINING_BYTES`."""
+    """Estimate without a GPU: ``TRAINING_BYTES_PER_PIXEL`` per pixel and sample on top of ``STATIC_TRAINING_BYTES``."""
     return MemoryLine(TRAINING_BYTES_PER_PIXEL * math.prod(patch_size), STATIC_TRAINING_BYTES, "estimate", "fp32",
                       (), ())
 
 
 def batch_size_for_memory(line: MemoryLine, memory_target_gb: float, min_batch_size: int = 2,
                           max_batch_size: Optional[int] = None) -> int:
-    """Largest batch whose peak (``line``) stays within ``memory_target_gb`` GiB, clipped to
-    ``[min_batch_size, max_batch_size]``."""
+    """Largest batch with its peak within ``memory_target_gb`` GiB, clipped to ``[min_batch_size, max_batch_size]``."""
     fitting = math.floor((memory_target_gb * GIB - line.static_bytes) / max(line.per_sample_bytes, 1.0))
     batch = max(fitting, min_batch_size)
     if max_batch_size is not None:
@@ -62,9 +56,8 @@ def batch_size_for_memory(line: MemoryLine, memory_target_gb: float, min_batch_s
 
 def measure_training_memory(patch_size: Sequence[int], architecture: dict, num_input_channels: int = 3,
                             num_classes: int = 2, batches: Sequence[int] = (2, 4), device: str = "cuda") -> MemoryLine:
-    """Peak memory of two Stage II training steps per batch in ``batches`` (the second step holds Adam's
-    moments), fitted to a line (see the module docstring). ``architecture``: a plans configuration's
-    ``architecture`` block (``plans_architecture.architecture_entry``). Needs a CUDA device."""
+    """Peak memory of two Stage II steps (the second holds Adam's moments) per batch in ``batches``, fitted to a
+    line. ``architecture``: a plans configuration's ``architecture`` block. Needs a CUDA device."""
     import torch
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 

@@ -1,7 +1,6 @@
 """``nnUNetv2_meddisseg_plan``: derive ``nnUNetMedDisSegPlans.json`` from a dataset's ``nnUNetPlans.json``.
 
-Like nnU-Net's ResEnc presets, the derived plan reuses the preprocessed ``nnUNetPlans_2d`` data; only
-the ``2d`` configuration's architecture, patch size and batch size change.
+Reuses the ``nnUNetPlans_2d`` data, as nnU-Net's ResEnc presets do; only 2d's architecture, patch and batch size change.
 """
 from __future__ import annotations
 
@@ -38,14 +37,10 @@ def build_meddisseg_plans(source_plans: dict, plans_name: str = DEFAULT_PLANS_NA
                           memory_target_gb: float = 8.0, num_training_cases: Optional[int] = None,
                           memory_line: Optional[Callable[[Tuple[int, int], dict], "MemoryLine"]] = None,
                           **arch_kwargs) -> dict:
-    """Return a new plans dict with one ``2d`` configuration running MedDisSegNet on the source plans'
-    preprocessed 2d data. ``arch_kwargs`` go to
-    :func:`~nnunetv2_meddisseg.plans_architecture.default_arch_kwargs`.
+    """A new plans dict with one ``2d`` configuration running MedDisSegNet (``arch_kwargs``: ``default_arch_kwargs``).
 
-    Without ``batch_size``, the batch is the largest whose training memory fits ``memory_target_gb``: measured
-    by ``memory_line(patch_size, architecture)`` where given (``architecture``: the configuration's block)
-    (``planning.memory``), else estimated from :data:`TRAINING_BYTES_PER_PIXEL`. The configuration's
-    ``batch_size_source`` says which."""
+    Without ``batch_size``: the largest batch whose training memory fits ``memory_target_gb``, by ``memory_line``
+    where given, else estimated; ``batch_size_source`` records which."""
     configurations = source_plans.get("configurations", {})
     if "2d" not in configurations:
         raise UserError(f"plans '{source_plans.get('plans_name')}' of {source_plans.get('dataset_name')} have no "
@@ -115,10 +110,8 @@ def _memory_measurement(memory_from: str) -> Optional[Callable]:
 
 
 def _check_encoder_weights(weights: str, input_channels: int = 3) -> str:
-    """The ``encoder_weights`` value to record: ``imagenet`` (downloaded into torch.hub's cache now if
-    absent, so that training only reads the cache) or the file's absolute path; either way the file is
-    loaded into a fresh encoder of the dataset's ``input_channels``, so that a bad file fails at planning, not
-    after hours."""
+    """The value to record: ``imagenet`` (cached by torch.hub now; training only reads the cache) or the file's
+    absolute path. The file is loaded into a fresh encoder now, so a bad one fails at planning, not after hours."""
     from nnunetv2_meddisseg.blocks.encoder import IMAGENET, download_imagenet_weights
 
     if weights != IMAGENET:
@@ -187,8 +180,7 @@ def differences(old: object, new: object, where: str = "") -> List[str]:
 
 
 def _write_plans(plans: dict, target: Path, overwrite: bool) -> None:
-    """Write ``plans`` to ``target`` through a temporary file; an existing ``target`` with other
-    content is refused unless ``overwrite``."""
+    """Write ``plans`` to ``target`` through a temporary file; other content there is refused unless ``overwrite``."""
     if target.exists() and not overwrite:
         try:
             existing = json.loads(target.read_text())
@@ -224,11 +216,9 @@ def plan_meddisseg(dataset: str, plans_name: str = DEFAULT_PLANS_NAME, source_pl
                    recipe: Optional[str] = None, **kwargs) -> Path:
     """Write ``$nnUNet_preprocessed/DatasetXXX_Name/<plans_name>.json`` and return its path.
 
-    An existing plans file with other content is refused unless ``overwrite`` (one with the same
-    content is written again). memory_from: how the batch size's memory is known: ``gpu`` (measured on
-    this machine's CUDA GPU, ``planning.memory``), ``estimate`` (:data:`TRAINING_BYTES_PER_PIXEL`), ``auto``
-    (``gpu`` where CUDA is available). recipe: a JSON file of recipe settings, written into the plans as the
-    trainer's overrides (``training.recipe.RECIPE_PLANS_KEY``)."""
+    Other content there is refused unless ``overwrite``. ``memory_from``: ``gpu`` (measured on this CUDA GPU),
+    ``estimate`` or ``auto`` (``gpu`` where available). ``recipe``: a JSON file of recipe settings, stored in the plans
+    as the trainer's overrides."""
     overrides = _read_recipe(recipe) if recipe is not None else None
     check_plans_name(plans_name)
     check_plans_name(source_plans_name, "--source_plans")
