@@ -1,20 +1,12 @@
 """The description of an exported model: the JSON file beside the folds' ``model.onnx`` files.
 
-``nnUNetv2_meddisseg_export`` writes it, ``nnUNetv2_meddisseg_predict_onnx`` reads it; it holds everything
-nnU-Net's predictor takes from the plans, the dataset.json and the checkpoint (patch size, per-channel
-normalisation, transpose, labels or regions, mirror axes), what was exported (trainer, plans, configuration,
-checkpoint, folds, each fold's graph with its sha256) and each fold's check against PyTorch; where the export
-verified reduced precisions (``--int8`` / ``--bf16``), each fold's ``precisions`` records (``deploy.precision``)
-with every further file's sha256, and the guard's settings (``precision_guard``). Reading it needs neither PyTorch
-nor nnU-Net.
+The export writes it; the predictor reads it without PyTorch or nnU-Net. It holds what nnU-Net's predictor takes
+from the plans, dataset.json and checkpoint, what was exported (each fold's graph, its sha256, its check against
+PyTorch) and each fold's reduced ``precisions`` with the guard's settings.
 
-A model folder is not trusted because it is there: :func:`read_description` checks the file against its schema
-(:class:`Description`, pydantic) and that each fold's files lie inside the folder; :func:`read_fold_model`
-(:func:`read_model_file` for the further files) checks a graph against the sha256 the export recorded before any
-runtime loads it, and the description's fields that change the prediction (:data:`GRAPH_FIELDS`) against the copy
-the export wrote into the graph itself (:func:`bind_graph`), so that an edit of the description alone is refused;
-and :func:`check_graph_io` checks the shapes a runtime reports for a loaded graph against the description. Each
-refusal is one line naming the file and the field.
+A model folder is not trusted because it is there: its files must lie inside it and match their recorded sha256,
+and each graph carries the ``GRAPH_FIELDS`` it was exported with, so an edit of the description alone is refused.
+Each refusal is one line naming the file and the field.
 """
 from __future__ import annotations
 
@@ -72,8 +64,7 @@ MAX_PATCH_SIDE = 4096
 MAX_LABEL = 65535
 #: the precisions the export verifies and records per fold (``deploy.precision_guard``)
 REDUCED_PRECISIONS = ("bf16", "int8")
-#: the graphs' metadata key of :data:`GRAPH_FIELDS`: an ONNX graph's ``metadata_props`` entry, which OpenVINO's ONNX
-#: reader keeps in the model's runtime information (``rt_info``, section ``framework``) and writes into an IR
+#: the ONNX ``metadata_props`` key of ``GRAPH_FIELDS``; OpenVINO keeps it in an IR's ``rt_info`` section ``framework``
 GRAPH_FIELDS_KEY = "nnunetv2_meddisseg.description"
 
 _CT_PROPERTIES = ("mean", "std", "percentile_00_5", "percentile_99_5")
@@ -106,8 +97,7 @@ def _is_number(value: Any) -> bool:
 
 
 def check_step_size(step: Any, patch_size: Sequence[int], what: str) -> float:
-    """``step`` (the sliding window's step as a fraction of the patch) in (0, 1] and at least one pixel on every
-    axis of ``patch_size``; ``what`` names it in the error."""
+    """Check the sliding window's ``step``, a fraction of the patch: in (0, 1] and at least one pixel per axis."""
     if not (_is_number(step) and 0 < step <= 1):
         raise UserError(f"{what} must be a number in (0, 1], got {_show(step)}")
     if any(step * p < 1 for p in patch_size):
@@ -126,8 +116,7 @@ def _missing(field: str) -> PydanticCustomError:  # as pydantic's own
 
 
 def _expect(text: str) -> WrapValidator:
-    """A field's refusal in words: any error of its own value is "must be ``text``"; the one-line refusals of the
-    objects inside it pass unchanged."""
+    """Refuse any error of a field's own value as "must be ``text``"; nested one-line refusals pass unchanged."""
     def wrap(value: Any, handler: Any) -> Any:
         try:
             return handler(value)
@@ -225,9 +214,8 @@ class GraphFields(_Object):
 
 
 def _check_labels(labels: Dict[str, Any], order: Any, heads: int) -> None:
-    """labels, regions_class_order and num_segmentation_heads as nnU-Net's LabelManager reads them: background 0,
-    labels 0..K-1 (K heads), or regions (a label that is a list of several values) with one head per foreground
-    region and regions_class_order naming the label each head writes; an ignore label above all others."""
+    """As nnU-Net's LabelManager: background 0, labels 0..K-1 for K heads, or regions (list-valued labels) with one
+    head per foreground region and regions_class_order naming each head's label; an ignore label above all others."""
     def fail(field: str, expected: str, value: Any) -> None:
         raise _refusal(expected, field, _show(value))
 
@@ -261,10 +249,7 @@ def _check_labels(labels: Dict[str, Any], order: Any, heads: int) -> None:
         fail("regions_class_order", f"a list of {heads} label values from 1 to 65535 (one per region)", order)
 
 
-#: the description's fields that change the prediction: the export writes them into every graph it writes
-#: (:func:`bind_graph`), and the predictor refuses a description whose fields are not those of its graphs. The
-#: others (trainer, plans, configuration, checkpoint, the folds' records, opset) say what was exported; the folds'
-#: files and their sha256 bind the graphs themselves.
+#: the fields that change the prediction, written into every graph; the predictor refuses a description that differs
 GRAPH_FIELDS = tuple(GraphFields.model_fields)
 
 
@@ -354,8 +339,7 @@ class Guard(_Object):
 
 
 class Description(GraphFields):
-    """``onnx_model.json``: the :class:`GraphFields`, what was exported, the folds (distinct) and, where a fold has
-    ``precisions``, the guard's settings."""
+    """``onnx_model.json``: GraphFields, what was exported, distinct folds, the guard if a fold has precisions."""
     format_version: Annotated[Literal[FORMAT_VERSION], _expect(str(FORMAT_VERSION))]
     written_by: Annotated[Literal[WRITTEN_BY], _expect(json.dumps(WRITTEN_BY))]
     trainer: _Text
@@ -392,9 +376,7 @@ def _one_line(error: Dict[str, Any]) -> str:
 
 
 def validate_description(description: Any, path: Path, schema: Type[_Object] = Description) -> Dict[str, Any]:
-    """``description`` (the parsed ``path``, or what the export builds for it) checked against ``schema``
-    (:class:`Description`, or :class:`GraphFields`); returns it as given. One line naming the file and the field
-    where a field is missing, of the wrong type or out of range, or disagrees with another."""
+    """Check ``description`` (the parsed ``path``) against ``schema``; return it as given, or refuse in one line."""
     if not isinstance(description, dict):
         raise UserError(f"{path}: expected a JSON object (a file written by {WRITTEN_BY}), got {_show(description)}")
     if "format_version" in schema.model_fields and description.get("format_version", FORMAT_VERSION) != FORMAT_VERSION:
@@ -411,9 +393,8 @@ def validate_description(description: Any, path: Path, schema: Type[_Object] = D
 
 
 def model_file(folder: Path, name: str, owner: str) -> Path:
-    """The file ``name`` (a path relative to ``folder``, as the description records it) that stays inside ``folder``
-    (no ``..``, no absolute path, no symbolic link out of it) and names a file; ``owner`` names its entry in the
-    error (``fold 0``, ``fold 0's int8 graph``)."""
+    """The file ``name``, relative as recorded, checked to be a file inside ``folder`` (no ``..``, no absolute path,
+    no symbolic link out); ``owner`` names its entry in the error (``fold 0's int8 graph``)."""
     folder = Path(folder)
     relative = PurePosixPath(name)
     where = f"{folder / DESCRIPTION_FILE}: {owner}'s file {_show(name)}"
@@ -429,21 +410,18 @@ def model_file(folder: Path, name: str, owner: str) -> Path:
 
 
 def fold_file(folder: Path, fold: Dict[str, Any]) -> Path:
-    """The graph file of ``fold`` (an entry of the description's ``folds``), inside ``folder`` (:func:`model_file`)."""
+    """The graph file of ``fold``, an entry of the description's ``folds``."""
     return model_file(folder, fold["file"], f"fold {fold['fold']}")
 
 
 def read_fold_model(folder: Path, fold: Dict[str, Any], description: Dict[str, Any]) -> bytes:
-    """The bytes of ``fold``'s graph (:func:`fold_file`), checked against the sha256 the export recorded, so that
-    a runtime loads exactly what was exported and checked, and against ``description`` (:func:`read_model_file`)."""
+    """The bytes of ``fold``'s graph, checked against its recorded sha256 and against ``description``."""
     return read_model_file(folder, fold["file"], fold["sha256"], f"fold {fold['fold']}", description)
 
 
 def read_model_file(folder: Path, name: str, sha256: str, owner: str,
                     description: Optional[Dict[str, Any]] = None) -> bytes:
-    """The bytes of the file ``name`` in ``folder`` (:func:`model_file`), checked against ``sha256``, the digest the
-    export recorded for it. With ``description``, the file is a graph (ONNX, or an OpenVINO IR's ``.xml``) and the
-    description's :data:`GRAPH_FIELDS` must be those the export wrote into it."""
+    """The bytes of ``name`` in ``folder``, checked against ``sha256``; with ``description``, also a graph's fields."""
     path = model_file(folder, name, owner)
     try:
         data = path.read_bytes()
@@ -462,16 +440,13 @@ def read_model_file(folder: Path, name: str, sha256: str, owner: str,
 
 
 def graph_fields(description: Dict[str, Any]) -> str:
-    """The description's :data:`GRAPH_FIELDS` as canonical JSON (keys sorted, no spaces, ASCII): what the export
-    writes into each graph."""
+    """The description's GRAPH_FIELDS as canonical JSON (keys sorted, no spaces, ASCII), as written into graphs."""
     return json.dumps({key: description[key] for key in GRAPH_FIELDS if key in description}, sort_keys=True,
                       separators=(",", ":"))
 
 
 def bind_graph(model: bytes, description: Dict[str, Any]) -> bytes:
-    """The ONNX graph ``model`` with the description's :data:`GRAPH_FIELDS` (:func:`graph_fields`) in its metadata
-    (``metadata_props`` entry :data:`GRAPH_FIELDS_KEY`, replacing one there), as the export writes every graph;
-    the sha256 recorded for the graph covers them. Needs the ``onnx`` package (reading them does not)."""
+    """ONNX ``model`` with the GRAPH_FIELDS in ``metadata_props`` key GRAPH_FIELDS_KEY, so its sha256 covers them."""
     import onnx
 
     proto = onnx.load_from_string(model)
@@ -483,7 +458,6 @@ def bind_graph(model: bytes, description: Dict[str, Any]) -> bytes:
 
 
 def _varint(data: bytes, at: int) -> Tuple[int, int]:
-    """The protobuf varint at ``data[at:]`` -> (its value, the offset after it)."""
     value = shift = 0
     while True:
         if at >= len(data) or shift > 63:
@@ -497,8 +471,7 @@ def _varint(data: bytes, at: int) -> Tuple[int, int]:
 
 
 def _protobuf_fields(data: bytes, start: int = 0, end: Optional[int] = None) -> Iterator[Tuple[int, int, Any]]:
-    """The fields of the protobuf message ``data[start:end]``: (number, wire type, value); a length-delimited
-    field's value is its (start, end) in ``data``, skipped without being read (an ONNX graph's weights)."""
+    """(number, wire type, value) per field of ``data[start:end]``; a length-delimited value: its unread span."""
     at, end = start, len(data) if end is None else end
     while at < end:
         tag, at = _varint(data, at)
@@ -520,8 +493,7 @@ def _protobuf_fields(data: bytes, start: int = 0, end: Optional[int] = None) -> 
 
 
 def _onnx_metadata(data: bytes) -> List[Tuple[str, str]]:
-    """The ``metadata_props`` (key, value) of an ONNX ModelProto (its field 14, each a StringStringEntryProto of a
-    key 1 and a value 2), read from the top level of the message without the ``onnx`` package."""
+    """An ONNX ModelProto's ``metadata_props`` (key, value), without ``onnx``: field 14, entries of key 1, value 2."""
     entries = []
     for number, wire, value in _protobuf_fields(data):
         if number == 14 and wire == 2:
@@ -531,16 +503,14 @@ def _onnx_metadata(data: bytes) -> List[Tuple[str, str]]:
 
 
 def _ir_metadata(data: bytes) -> List[Tuple[str, str]]:
-    """The (name, value) entries of an OpenVINO IR's ``rt_info`` section ``framework``, where OpenVINO keeps an ONNX
-    graph's ``metadata_props``."""
+    """The (name, value) entries of an IR's ``rt_info`` section ``framework``, where OpenVINO keeps ONNX metadata."""
     root = ET.fromstring(data)
     return [(entry.tag, entry.get("value", "")) for info in root.findall("rt_info")
             for section in info if section.tag == "framework" for entry in section]
 
 
 def recorded_graph_fields(data: bytes, name: str) -> List[str]:
-    """The :data:`GRAPH_FIELDS` JSON texts the export wrote into the graph ``data`` (the file ``name``: an OpenVINO
-    IR where it ends in ``.xml``, else ONNX); ValueError where the file is not such a graph."""
+    """The GRAPH_FIELDS texts in graph ``data`` (IR if ``name`` ends in .xml, else ONNX); ValueError if not a graph."""
     try:
         entries = _ir_metadata(data) if name.endswith(".xml") else _onnx_metadata(data)
     except (ET.ParseError, UnicodeDecodeError, ValueError) as e:
@@ -553,8 +523,7 @@ _MISSING = object()
 
 
 def _differences(field: str, recorded: Any, given: Any) -> List[Tuple[str, Any, Any]]:
-    """(path, recorded, given) at each path below ``field`` where ``given`` is not ``recorded``: into objects of the
-    same keys and lists of objects of the same length (the channels' normalisation), else ``field`` itself."""
+    """(path, recorded, given) where they differ, into objects of equal keys and equal-length lists of objects."""
     if isinstance(recorded, dict) and isinstance(given, dict) and set(recorded) == set(given):
         return [d for key in sorted(recorded) for d in _differences(
             f"{field}.{key}" if key.isidentifier() else f"{field}[{json.dumps(key)}]", recorded[key], given[key])]
@@ -571,8 +540,7 @@ def _shown(value: Any) -> str:
 
 
 def _check_graph_fields(folder: Path, name: str, data: bytes, description: Dict[str, Any]) -> None:
-    """One line where the graph ``data`` (the file ``name`` in ``folder``) carries no record of the
-    :data:`GRAPH_FIELDS` it was exported with, or where the description's are not those."""
+    """Refuse a graph without one record of its GRAPH_FIELDS, or a description whose fields are not those."""
     where = f"{folder / DESCRIPTION_FILE}"
     try:
         records = recorded_graph_fields(data, name)
@@ -609,11 +577,8 @@ def _fixed(dim: Dim) -> bool:
 
 def check_graph_io(input_shape: Optional[Sequence[Dim]], output_shape: Optional[Sequence[Dim]],
                    description: Dict[str, Any], where: str) -> None:
-    """The shapes a runtime reports for a loaded graph's input and output (each axis an int, or None / a name where
-    symbolic) against the description: (batch, channels, height, width) with the description's input channels and
-    segmentation heads, a symbolic batch (the predictor runs batches of tiles) and height / width symbolic or the
-    patch size. A symbolic channel axis passes here (the export declares both; ``sliding_window`` checks the
-    logits of every tile). ``where`` names the graph in the error."""
+    """Check a loaded graph's (B, C, H, W) input and output shapes (axes int, or None / a name if symbolic): the
+    described channels or heads, a symbolic batch, H and W symbolic or the patch size; a symbolic C passes."""
     patch = description["patch_size"]
     axes = {"input": (input_shape, description["num_input_channels"], "input channels"),
             "output": (output_shape, description["num_segmentation_heads"], "segmentation heads")}
@@ -640,8 +605,7 @@ def _set_aside_hint(folder: Path) -> str:
 
 
 def read_description(folder: Path) -> Dict[str, Any]:
-    """The description in ``folder`` (an export folder), checked against :class:`Description`
-    (:func:`validate_description`), with each fold's file inside the folder (:func:`fold_file`)."""
+    """The description in export ``folder``, checked against its schema, with each fold's files inside ``folder``."""
     folder = Path(folder)
     path = folder / DESCRIPTION_FILE
     if not path.is_file():

@@ -1,27 +1,15 @@
 """``nnUNetv2_meddisseg_export``: a trained nnU-Net 2D model (Med-DisSeg or any other trainer) as ONNX graphs,
 checked against PyTorch before anything is written.
 
-The model is found as ``nnUNetv2_predict`` finds it (-d -c -f -tr -p -chk) and loaded by nnU-Net's own
-``nnUNetPredictor`` (deep supervision off). Each fold is traced on the CPU with the CDFA blocks in their graph
-form (``blocks.cdfa_graph``: no in-place writes, which a tracer loses) into ``fold_<f>/model.onnx`` with a
-symbolic batch size, height and width. Before writing, ONNX Runtime runs each graph on random inputs (a batch
-of two patches, and one input twice the patch size) and on up to two preprocessed cases where
-``nnUNet_preprocessed`` holds the configuration's (optional: random inputs only otherwise, said in one line), against
-the PyTorch network as nnU-Net predicts with it; the largest difference must stay within ``--tolerance`` times the
-largest absolute logit, else the command ends with one line and writes nothing. ``onnx_model.json``
-(``deploy.description``) holds what the predictor needs, with each graph's sha256; each graph holds the
-description's fields that change the prediction in its metadata (``deploy.description.bind_graph``), which the
-predictor checks the description against. ``--int8`` / ``--bf16`` (which need ``nnUNet_preprocessed``) add each
-fold in reduced precision where it passes the accuracy guard on the fold's
-validation cases (``deploy.precision_guard``; the further files' sha256 recorded too), or end the command with one
-line and write nothing.
+The model is found and loaded as ``nnUNetv2_predict`` does (-d -c -f -tr -p -chk; deep supervision off). Each fold
+is traced on the CPU, the CDFA blocks in their graph form (no in-place writes, which a tracer loses), into
+``fold_<f>/model.onnx`` with symbolic batch, height and width. ONNX Runtime must match PyTorch within
+``--tolerance`` times the largest |logit| on random inputs and up to two preprocessed cases, else nothing is
+written. ``--int8`` / ``--bf16`` (need ``nnUNet_preprocessed``) add each fold in reduced precision where it passes
+the accuracy guard, or write nothing. ``-o`` is checked first and written whole; it replaces only an earlier export.
 
-Where it writes is checked before any of this (``deploy.export_folder``): ``-o`` replaces only an earlier export,
-never a folder of other files, a file or anything inside nnU-Net's folders but the default ``onnx`` in the model
-folder; the folder is written whole.
-
-Only what ``nnUNetv2_meddisseg_predict_onnx`` can run is exported: 2D configurations of datasets of 2D
-natural images (.png, .bmp, .tif) whose plans keep the image spacing (1, 1), i.e. no resampling; no cascade.
+Only what the ONNX predictor can run is exported: 2D configurations of 2D natural images (.png, .bmp, .tif) whose
+plans keep the spacing (1, 1), i.e. no resampling; no cascade.
 """
 from __future__ import annotations
 
@@ -86,9 +74,8 @@ def _onnx_modules():
 
 
 def trace_to_onnx(network: torch.nn.Module, example: torch.Tensor, form: Optional[str] = None) -> bytes:
-    """network (eval mode, CPU) traced on example (B, C, H, W) with the CDFA blocks in ``form`` (None:
-    :data:`EXPORT_FORM`) -> an ONNX model (bytes) whose input ``image`` (B, C, H, W) and output ``logits``
-    (B, K, H, W) have symbolic B, H and W. The blocks have their own forms again afterwards."""
+    """``network`` (eval, CPU) traced on ``example`` with the CDFA blocks in ``form`` (None: EXPORT_FORM) -> ONNX
+    bytes, ``image`` (B, C, H, W) -> ``logits`` (B, K, H, W) with B, H, W symbolic. The blocks' forms are restored."""
     form = EXPORT_FORM if form is None else form
     axes = {0: "batch", 2: "height", 3: "width"}
     buffer = io.BytesIO()
@@ -100,9 +87,8 @@ def trace_to_onnx(network: torch.nn.Module, example: torch.Tensor, form: Optiona
 
 
 def declare_channels(model: bytes, channels: int, heads: int) -> bytes:
-    """``model`` with its input's channel axis declared ``channels`` and its output's ``heads`` where the tracer left
-    them symbolic (its shape inference loses the class count behind some operators, e.g. Med-DisSeg's final Add),
-    so that a runtime reports them and the predictor checks them against the description when it loads the graph."""
+    """``model`` with the input's channel axis set to ``channels`` and the output's to ``heads`` where the tracer left
+    them symbolic (e.g. behind Med-DisSeg's final Add), so the predictor can check them against the description."""
     onnx, _ = _onnx_modules()
     proto = onnx.load_from_string(model)
     for value, size in ((proto.graph.input[0], channels), (proto.graph.output[0], heads)):
@@ -147,8 +133,7 @@ def _patch_of(case: np.ndarray, patch_size: Sequence[int]) -> np.ndarray:
 
 
 def _check_inputs(predictor, preprocessed: Optional[Path], seed: int = 0) -> Dict[str, np.ndarray]:
-    """The inputs of the check: random patches (batch 2), a random input twice the patch size and up to
-    :data:`REAL_CASES` preprocessed cases (centre patches) from ``preprocessed`` where it holds any."""
+    """Random patches (batch 2), a random input twice the patch size and centre patches of up to REAL_CASES cases."""
     patch = list(predictor.configuration_manager.patch_size)
     channels = len(predictor.configuration_manager.normalization_schemes)
     rng = np.random.default_rng(seed)
@@ -163,8 +148,7 @@ def _check_inputs(predictor, preprocessed: Optional[Path], seed: int = 0) -> Dic
 
 
 def _preprocessed_folder(predictor) -> Optional[Path]:
-    """The configuration's folder of the dataset in ``nnUNet_preprocessed``; None where the variable is unset
-    (nnU-Net's path object is never None: it raises where it is read unset)."""
+    """The configuration's folder in ``nnUNet_preprocessed``; None if unset (nnU-Net's path raises when read unset)."""
     from nnunetv2.paths import nnUNet_preprocessed
 
     if not nnUNet_preprocessed.is_set():
@@ -174,7 +158,6 @@ def _preprocessed_folder(predictor) -> Optional[Path]:
 
 
 def _refuse_unsupported(predictor, configuration: str) -> None:
-    """One line naming what the ONNX predictor cannot run, if the model needs it."""
     cm, plans = predictor.configuration_manager, predictor.plans_manager.plans
     ending = predictor.dataset_json.get("file_ending", "")
     if len(cm.patch_size) != 2:
@@ -243,7 +226,6 @@ def _model_folder(args) -> Path:
 
 
 def _json_object(path: Path) -> dict:
-    """The JSON object in ``path``; one line naming it where it is missing, unreadable or not an object."""
     if not path.is_file():
         raise UserError(f"{path}: not found (nnU-Net writes it into the model folder when it trains)")
     try:
@@ -258,8 +240,7 @@ def _json_object(path: Path) -> dict:
 
 
 def export_model(args) -> Tuple[Path, dict]:
-    """Export and check every fold of ``args`` (the command's options); write nothing unless all pass.
-    Returns the output folder and the description."""
+    """Export and check every fold of ``args``; write nothing unless all pass. Returns (output folder, description)."""
     _onnx_modules()
     from nnunetv2.inference.predict_from_raw_data import nnUNetPredictor
     from nnunetv2.paths import nnUNet_preprocessed

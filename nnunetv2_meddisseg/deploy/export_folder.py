@@ -1,19 +1,13 @@
-"""Where ``nnUNetv2_meddisseg_export`` may write (its ``-o``), checked before the export starts, and writing there
-whole.
+"""Where ``nnUNetv2_meddisseg_export`` may write (its ``-o``), checked before the export, and writing there whole.
 
-``-o`` may name a folder that does not exist yet, an empty folder, or an earlier export: a folder whose
-``onnx_model.json`` says the export wrote it (its ``written_by`` field) and that holds nothing
-besides the files it records (each fold's ``fold_*/model.onnx`` and, where the export verified a reduced precision,
-that precision's OpenVINO IR ``model_<precision>.xml`` / ``.bin``) and their folders. Anything else that exists (a
-file, a folder of other files, the trained model folder) is refused, and so is any ``-o`` inside nnU-Net's folders
-(``nnUNet_raw``, ``nnUNet_preprocessed``, ``nnUNet_results``), which belong to nnU-Net, except the default: ``onnx``
-inside the exported model's folder.
+``-o`` may be a new or empty folder, or an earlier export holding only the files its ``onnx_model.json`` records.
+Anything else is refused, and so is any ``-o`` inside nnU-Net's folders (``nnUNet_raw``, ``nnUNet_preprocessed``,
+``nnUNet_results``) except the default, ``onnx`` in the model's folder.
 
-The folder is written into a fresh hidden sibling (``files.temporary_sibling``: ``.NAME.<random>.partial``) and
-moved over ``-o`` (``files.replace_folder``, which sets the earlier export aside in a fresh holder
-``.NAME.<random>.old`` until the new one is in place); an export that a kill left set aside there is put back first
-(``files.restore_set_aside``), so that a kill at any moment leaves the old or the new export whole. A user's file,
-folder or link of any such name is never written through, moved or removed.
+The folder is written into a hidden sibling ``.NAME.<random>.partial`` and moved over ``-o``, the earlier export set
+aside as ``.NAME.<random>.old`` until then; one a kill left aside is put back first, so a kill at any moment leaves
+the old or the new export whole. A user's file, folder or link of such a name is never written through, moved or
+removed.
 """
 from __future__ import annotations
 
@@ -59,8 +53,7 @@ def _description(folder: Path) -> Optional[dict]:
 
 
 def _recorded_files(description: dict) -> Set[str]:
-    """The files an export's description records (each fold's graph and its reduced-precision IRs), relative to
-    the folder; those of entries that are not as the export writes them are left out."""
+    """The files an export's description records, relative to the folder; malformed entries are left out."""
     recorded = {DESCRIPTION_FILE}
     for fold in description.get("folds") if isinstance(description.get("folds"), list) else []:
         if not isinstance(fold, dict):
@@ -75,8 +68,7 @@ def _recorded_files(description: dict) -> Set[str]:
 
 
 def _refuse_what_is_not_an_export(output: Path) -> None:
-    """An existing ``output`` passes when it is an empty folder or an earlier export holding only the files its
-    description records (and their folders)."""
+    """Refuse an existing ``output`` unless empty or an earlier export holding only its recorded files and folders."""
     if not output.is_dir():
         raise UserError(f"-o {output} exists and is not a folder: the export writes a folder; choose a new name")
     if not any(output.iterdir()):
@@ -109,9 +101,7 @@ def _refuse_unwritable(output: Path) -> None:
 
 
 def check_output(output: Path, model_folder: Path) -> Path:
-    """``output`` (the command's ``-o``, or :data:`DEFAULT_NAME` in ``model_folder``) as an absolute path, after
-    putting back an earlier export that a killed export left aside there (``files.restore_set_aside``); one line
-    where the export may not write it (module docstring) or cannot."""
+    """``output`` made absolute, an export a kill set aside there put back; one line where it may not be written."""
     output = Path(os.path.abspath(output))
     if output.is_symlink():
         raise UserError(f"-o {output} is a symbolic link: name the folder itself")
@@ -126,10 +116,8 @@ def check_output(output: Path, model_folder: Path) -> Path:
 
 def write_export(output: Path, models: Dict[str, bytes], description: dict,
                  extra: Optional[Dict[str, bytes]] = None) -> None:
-    """Write the folder whole: each fold's graph (``models``: fold -> ONNX bytes), the ``extra`` files (``{path in
-    the folder: bytes}``, inside the ``fold_*`` folders: the reduced-precision graphs) and ``description`` into a
-    fresh hidden sibling first (``files.temporary_sibling``), then moved over ``output``; an OS error (a full disk,
-    no permission) is one line and leaves ``output`` as it was."""
+    """Write ``models`` (fold -> ONNX bytes), ``extra`` (path in a ``fold_*`` folder -> bytes) and ``description``
+    into a hidden sibling, then move it over ``output``; an OS error is one line and leaves ``output`` as it was."""
     files = {fold_model_file(fold): model for fold, model in models.items()}
     files.update(extra or {})
     outside = [name for name in files if not name.startswith("fold_") or "/" not in name]

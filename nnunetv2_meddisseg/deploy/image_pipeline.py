@@ -1,11 +1,10 @@
 """nnU-Net's 2D preprocessing and segmentation export for natural images, in numpy (no PyTorch, no nnU-Net).
 
-The steps and their order are those of nnU-Net's ``DefaultPreprocessor.run_case`` and
-``convert_predicted_logits_to_segmentation_with_correct_shape`` for images its ``NaturalImage2DIO`` reads:
-read (C, 1, X, Y) float32 -> transpose -> crop to the non-zero bounding box (holes filled) -> normalise each
-channel by its scheme; and after prediction: argmax (or regions) -> back into the uncropped shape -> transpose
-back -> a uint8 (uint16 from 255 labels) image. Resampling is left out: such an image's spacing is (999, 1, 1)
-and the exporter accepts only plans whose 2D spacing is (1, 1), where nnU-Net's resampling keeps the shape.
+Steps as nnU-Net's ``DefaultPreprocessor.run_case`` and ``convert_predicted_logits_to_segmentation_with_correct_shape``
+for ``NaturalImage2DIO`` images: read (C, 1, X, Y) float32 -> transpose -> crop to the non-zero bounding box (holes
+filled) -> normalise each channel; after prediction: argmax (or regions) -> uncrop -> transpose back -> a uint8
+(uint16 from 255 labels) image. No resampling: such an image's spacing is (999, 1, 1) and the exporter accepts
+only plans whose 2D spacing is (1, 1), where nnU-Net's resampling keeps the shape.
 """
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ def _tifffile():
 
 
 def _pillow_array(image: Image.Image) -> np.ndarray:
-    """One frame as imageio's Pillow plugin returns it: a palette image in its palette's mode (RGB or RGBA), a
-    PNG of mode I as 16-bit grey, anything else as Pillow decodes it."""
+    """One frame as imageio's Pillow plugin returns it: palettes in the palette's mode, PNG mode I as 16-bit grey."""
     if image.mode == "P":
         image = image.convert(image.palette.mode)
     elif image.format == "PNG" and image.mode == "I":
@@ -47,10 +45,8 @@ def _pillow_array(image: Image.Image) -> np.ndarray:
 
 
 def read_image(path: Path, content: Optional[bytes] = None) -> np.ndarray:
-    """One image file as ``skimage.io.imread`` (what nnU-Net's NaturalImage2DIO calls) returns it: a .tif through
-    tifffile, other files through Pillow as imageio reads them (:func:`_pillow_array`; every frame of an animated
-    PNG), then a leading axis of 3 or 4 (planes) moved last where the last axis is not 3 or 4 already.
-    ``content``: the file's bytes (a request's body), read as the file ``path`` (its ending, and in messages)."""
+    """One image as ``skimage.io.imread`` (NaturalImage2DIO's reader) returns it: .tif via tifffile, others via Pillow
+    as imageio reads them (every APNG frame); a leading axis of 3 or 4 moved last. ``content``: bytes read as path."""
     path = Path(path)
     source = path if content is None else io.BytesIO(content)
     try:
@@ -72,8 +68,7 @@ def read_image(path: Path, content: Optional[bytes] = None) -> np.ndarray:
 
 
 def check_finite(image: np.ndarray, path: Path) -> None:
-    """One line naming ``path`` where a float image (C, 1, X, Y) holds NaN or infinite values: nnU-Net's z-score
-    normalisation would make the whole channel NaN, and the network's argmax of NaN is background everywhere."""
+    """Refuse NaN or inf in a float image (C, 1, X, Y): z-score would make the channel NaN, predicted as background."""
     if image.dtype.kind != "f":
         return
     finite = np.isfinite(image)
@@ -86,15 +81,13 @@ def check_finite(image: np.ndarray, path: Path) -> None:
 
 
 def read_case(files: Sequence[Path]) -> np.ndarray:
-    """One image per channel file -> (C, 1, X, Y) float32, exactly as nnU-Net's NaturalImage2DIO reads them
-    (:func:`read_image`): a grey file gives one channel, an RGB(A) file 3 (4), a palette file its palette's 3 (4);
-    files nnU-Net's reader refuses (grey with alpha, more dimensions), and float files holding NaN or infinite
-    values, are refused in one line."""
+    """One file per channel -> (C, 1, X, Y) float32, as NaturalImage2DIO reads them: grey 1 channel, RGB(A) and
+    palette 3 (4); what its reader refuses (grey with alpha, more dimensions) and non-finite floats are refused."""
     return case_of_images([(read_image(f), f) for f in files])
 
 
 def case_of_images(images_read: Sequence[Tuple[np.ndarray, Union[Path, str]]]) -> np.ndarray:
-    """:func:`read_case` of images already read (:func:`read_image`), each with its file (for messages)."""
+    """``read_case`` of images already read, each with its file (for messages)."""
     images = []
     for array, f in images_read:
         if array.ndim == 3 and array.shape[-1] in (3, 4):
@@ -125,8 +118,7 @@ def _bounding_box(mask: np.ndarray) -> BoundingBox:
 
 def normalise_channel(image: np.ndarray, mask: np.ndarray, scheme: str, use_mask: bool,
                       properties: Dict[str, float]) -> np.ndarray:
-    """One channel (1, X, Y) normalised as nnU-Net's scheme of that name does; ``mask``: the non-zero region
-    (used where ``use_mask``)."""
+    """One channel (1, X, Y) normalised by nnU-Net's ``scheme``; ``mask``: the non-zero region, used if ``use_mask``."""
     eps = 1e-8
     image = image.astype(np.float32)
     if scheme == "ZScoreNormalization":
@@ -153,7 +145,7 @@ def normalise_channel(image: np.ndarray, mask: np.ndarray, scheme: str, use_mask
 
 
 def preprocess(data: np.ndarray, description: dict, case: str = "the case") -> Tuple[np.ndarray, dict]:
-    """data (C, 1, X, Y) as read -> (the network's input (C, 1, X', Y') float32, what :func:`restore_shape` needs)."""
+    """data (C, 1, X, Y) as read -> (the network's input (C, 1, X', Y') float32, what ``restore_shape`` needs)."""
     if data.shape[0] != description["num_input_channels"]:
         raise UserError(f"{case}: {data.shape[0]} channel(s), the model takes {description['num_input_channels']}")
     data = data.transpose([0, *[i + 1 for i in description["transpose_forward"]]])
@@ -207,19 +199,17 @@ def restore_probabilities(probabilities: np.ndarray, geometry: dict, description
 
 
 def _segmentation_image(segmentation: np.ndarray) -> Image.Image:
-    """(1, X, Y) labels -> an 8-bit (16-bit from label 255) grey image, as nnU-Net's NaturalImage2DIO writes it."""
     return Image.fromarray(segmentation[0].astype(np.uint8 if segmentation.max() < 255 else np.uint16, copy=False))
 
 
 def write_segmentation(segmentation: np.ndarray, path: Path) -> None:
-    """(1, X, Y) labels -> an 8-bit (16-bit from label 255) grey image, as nnU-Net's NaturalImage2DIO writes it;
-    written beside and renamed, so that an interrupted write leaves no partial file."""
+    """(1, X, Y) labels -> a grey image file, 8-bit (16-bit from label 255) as NaturalImage2DIO writes, atomically."""
     file_format = Image.registered_extensions()[path.suffix.lower()]
     write_atomically(path, lambda tmp: _segmentation_image(segmentation).save(tmp, format=file_format))
 
 
 def encode_segmentation(segmentation: np.ndarray, file_ending: str) -> bytes:
-    """The bytes :func:`write_segmentation` writes into a file with ``file_ending``."""
+    """The bytes ``write_segmentation`` writes into a file with ``file_ending``."""
     buffer = io.BytesIO()
     _segmentation_image(segmentation).save(buffer, format=Image.registered_extensions()[file_ending.lower()])
     return buffer.getvalue()

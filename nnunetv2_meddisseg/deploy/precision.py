@@ -1,24 +1,17 @@
 """What ``--precision`` means at prediction: which graph of a fold runs, and whether the export verified it.
 
-fp32 runs the fold's ``model.onnx``. bf16 and int8 run only where ``nnUNetv2_meddisseg_export`` verified them on
-the fold's validation cases (``deploy.precision_guard``) and recorded the outcome in the fold's entry of
-``onnx_model.json`` (checked field by field by ``deploy.description``)::
+fp32 runs the fold's ``model.onnx``. bf16 and int8 run only where the export verified them on the fold's
+validation cases and recorded it in the fold's entry of ``onnx_model.json``::
 
-    "precisions": {
-      "int8": {"verified": true, "model": "fold_0/model_int8.xml",
-               "files": {"fold_0/model_int8.xml": "<sha256>", "fold_0/model_int8.bin": "<sha256>"},
-               "kept_in_fp32": [...], "figures": {...}, "calibration_tiles": 64,
-               "floats_in_bf16": {"verified": true, "figures": {...}}},
-      "bf16": {"verified": true, "model": "fold_0/model.onnx", "files": {}, "kept_in_fp32": [], "figures": {...}}
-    }
+    "precisions": {"int8": {"verified": true, "model": "fold_0/model_int8.xml", "files": {"<.xml, .bin>": "<sha256>"},
+                            "kept_in_fp32": [...], "figures": {...}, "calibration_tiles": 64,
+                            "floats_in_bf16": {"verified": true, "figures": {...}}},
+                   "bf16": {"verified": true, "model": "fold_0/model.onnx", "files": {}, "kept_in_fp32": [], ...}}
 
-A precision the export did not verify (or refused: ``"verified": false`` and its ``reason``) is refused in one
-line. An int8 graph's float operations (the blocks kept out of INT8, and those around the quantized operations) run
-in bf16 where the export verified that too (``floats_in_bf16``) and this CPU has native bf16, in fp32 otherwise.
-Every file a session loads is read once, checked against the sha256 the description records (a graph also
-against the description's fields the export wrote into it: ``deploy.description.GRAPH_FIELDS``), and handed to
-the runtime from memory; the loaded graph's input and output shapes are checked against the description. Reduced
-precisions run on OpenVINO only.
+A precision the export did not verify or refused (``"verified": false`` and its ``reason``) is refused in one line.
+An int8 graph's float operations run in bf16 where ``floats_in_bf16`` is verified and the CPU has native bf16, else
+in fp32. Files are checked against their sha256 and handed to the runtime from memory. Reduced precisions run on
+OpenVINO only.
 """
 from __future__ import annotations
 
@@ -53,17 +46,14 @@ PRECISIONS = ("fp32",) + REDUCED_PRECISIONS
 
 @dataclass(frozen=True)
 class FoldGraph:
-    """One fold's graph in one precision, its bytes checked: ``model`` (ONNX, or an OpenVINO IR's XML), ``weights``
-    (the IR's ``.bin``; None for ONNX), ``where`` (its file, for errors)."""
+    """One fold's checked graph: ``model`` (ONNX or IR XML), ``weights`` (the IR's ``.bin``, or None), its ``where``."""
     model: bytes
     weights: Optional[bytes]
     where: str
 
 
 def fold_graph(folder: Path, fold: dict, precision: str, runtime: str, description: dict) -> FoldGraph:
-    """The graph of one fold's entry (``onnx_model.json``'s ``folds[i]``, validated) that runs in ``precision`` on
-    ``runtime``, read and checked against its recorded sha256 and the fields of ``description`` (the validated
-    ``onnx_model.json``) against those the export wrote into it; one line where it may not run."""
+    """The checked graph of one fold's entry that runs in ``precision`` on ``runtime``; one line if it may not run."""
     if precision not in PRECISIONS:
         raise UserError(f"--precision {precision}: expected one of {', '.join(PRECISIONS)}")
     folder = Path(folder)
@@ -90,9 +80,8 @@ def fold_graph(folder: Path, fold: dict, precision: str, runtime: str, descripti
 
 
 def int8_floats(fold: dict, asked: Optional[str] = None) -> str:
-    """The precision of the float operations of one fold's int8 graph: ``asked`` (``fp32`` or ``bf16``; bf16 only
-    where the export verified it, in one line otherwise), or by default bf16 where the export verified it and this
-    CPU has native bf16, fp32 otherwise."""
+    """The precision of one fold's int8 graph's float operations: ``asked`` (bf16 only if the export verified it), or
+    by default bf16 if verified and the CPU has native bf16, else fp32."""
     floats = fold["precisions"]["int8"].get("floats_in_bf16",
                                             {"verified": False, "reason": "not recorded: export it again"})
     if asked is None:
@@ -108,9 +97,8 @@ def int8_floats(fold: dict, asked: Optional[str] = None) -> str:
 def fold_session(folder: Path, fold: dict, description: dict, runtime: str, precision: str = "fp32",
                  providers: Sequence[Union[str, Tuple[str, dict]]] = ("CPUExecutionProvider",),
                  threads: Optional[int] = None, floats: Optional[str] = None):
-    """A session (``deploy.runtimes``) of one fold's graph (:func:`fold_graph`) in ``precision`` on ``runtime``
-    (providers: ONNX Runtime's only; floats: an int8 graph's float operations, see :func:`int8_floats`), its input
-    name and its input and output shapes checked against ``description``."""
+    """A session of one fold's graph in ``precision`` on ``runtime``, its input name and shapes checked against
+    ``description``. ``providers``: ONNX Runtime's only; ``floats``: an int8 graph's, see ``int8_floats``."""
     graph = fold_graph(folder, fold, precision, runtime, description)
     try:
         if runtime == "onnxruntime":

@@ -1,47 +1,26 @@
-"""The accuracy guard of reduced precision: ``nnUNetv2_meddisseg_export --int8 / --bf16`` lets a fold run in INT8 or
-bf16 only where its masks stay within bounds of the fp32 graph's on the fold's validation cases.
+"""The accuracy guard of ``nnUNetv2_meddisseg_export --int8 / --bf16``: a fold runs in INT8 or bf16 only where its
+masks stay within bounds of the fp32 graph's on the fold's validation cases.
 
-**Data.** nnU-Net's split of the fold (``splits_final.json`` in the dataset's ``nnUNet_preprocessed`` folder) and the
-configuration's preprocessed cases: INT8 is calibrated on patch-sized tiles of the fold's *training* cases (NNCF's
-post-training quantization of the OpenVINO model), and every candidate is verified on the fold's *validation*
-cases, predicted as the predictor predicts them (Gaussian sliding window, no mirroring) by the candidate and by the
-fp32 graph, both on OpenVINO. A fold with fewer training cases than the tiles asked is calibrated on one tile of
-each (its int8 record holds the number used, ``calibration_tiles``); a fold of fewer than
-:data:`FEW_VALIDATION_CASES` validation cases gets a warning line. Unreadable or misshaped case files and a
-``splits_final.json`` that is not nnU-Net's list of splits are one line naming the file (:func:`read_case`,
-:func:`fold_split`).
+INT8 is calibrated (NNCF) on patch-sized tiles of the fold's training cases in ``splits_final.json``, one tile per
+case where there are fewer cases than tiles. Each candidate and the fp32 graph predict the validation cases as the
+predictor does (Gaussian sliding window, no mirroring), on OpenVINO. The bounds, with their defaults:
 
-The figures:
+- **Dice to fp32**: per case, the Dice of the candidate's mask to the fp32 mask (mean over foreground labels; 1 where
+  both are empty), averaged over the cases: >= 0.99;
+- **pseudo Dice** to the ground truth, as nnU-Net's validation computes it (TP, FP, FN summed over the cases per
+  label, the Dice of the sums averaged over the labels): its drop from fp32's at most 0.5 points.
 
-- **Dice to fp32**: per case, the Dice of the candidate's mask to the fp32 mask (the mean over the foreground labels;
-  1 where both are empty); the bound holds the mean over the cases (default >= 0.99);
-- **pseudo Dice** to the ground truth (the preprocessed segmentation), as nnU-Net's validation computes it: true and
-  false positives and false negatives summed over the cases per foreground label, the Dice of the sums averaged
-  over the labels; the bound holds its drop from fp32's, in points (default <= 0.5).
+Where the whole network misses a bound, blocks stay in fp32: the operations under one module path (one level deeper
+where a top-level module has more than ``MAX_BLOCK_OPS`` convolutions), plus one block of the operations between
+them, so that no kept block leaves a quantized input behind. Blocks are ranked by how far each alone in reduced
+precision moves the probabilities from fp32's (keeping one in fp32 among reduced ones would hide behind the others'
+errors); bisection keeps the fewest top-ranked blocks with which both bounds hold. If only all-fp32 does, the
+precision is not verified.
 
-**Blocks kept in fp32.** Where the whole network in reduced precision misses a bound, some of its blocks stay in
-fp32. A block is a group of operations named by their module path in the graph (``/encoder/layer1``, ``/elat.0``,
-``/decoder/stages.2``; one level deeper where a top-level module holds more than :data:`MAX_BLOCK_OPS` convolutions);
-the operations between them (the sum of the decoders' logits, skip connections' concatenations) form one more block,
-so that every block kept leaves no quantized input behind.
-The blocks are ranked by how far each alone in reduced precision (every other block in fp32) moves the
-probabilities from fp32's on the first :data:`RANKING_CASES` validation cases, the most harmful first (a block's own
-harm: the gain of keeping one block in fp32 while all others are reduced hides behind the others' errors); the
-fewest top-ranked blocks with which both bounds hold are kept (bisection over the ranking, each step verified on
-every validation case). Where the bounds hold only with every
-block in fp32 (no reduced precision left), the precision is not verified.
-
-- INT8: a kept block's operations run as in the fp32 graph: their inputs unquantized (the quantizers before them
-  bypassed) and their weights and biases the original ones.
-  Where the export's CPU has native bf16, the written INT8 graph is verified a second time with its float
-  operations (the kept blocks', and those around the quantized operations) in bf16, OpenVINO's bf16 inference
-  precision; where that holds the bounds too, the predictor runs them in bf16 on a CPU with native bf16.
-- bf16: a kept block's operations carry OpenVINO's ``precise`` runtime attribute in the IR, which keeps them in
-  fp32 under a bf16 inference precision. OpenVINO's CPU plugin honours it on the operations it runs as they are
-  (convolutions, concatenations, element-wise operations); an operation it builds anew from several (an instance
-  normalisation fused with its activation) may still store bf16 results. The guard measures what runs.
-
-The figures of every candidate tried are recorded (``deploy.precision`` reads the outcome).
+In INT8 a kept block runs as in fp32 (quantizers bypassed, original weights); the written INT8 graph is verified
+again with its floats in bf16 where the CPU has native bf16. In bf16 a kept block carries OpenVINO's ``precise``
+attribute, yet the CPU plugin may store bf16 results of operations it fuses (an instance norm with its activation),
+so the guard measures what runs. Every candidate's figures are recorded.
 """
 from __future__ import annotations
 
@@ -81,13 +60,12 @@ _COMPUTE_OPS = ("Convolution", "GroupConvolution", "ConvolutionBackpropData", "G
 
 @dataclass(frozen=True)
 class Bounds:
-    """What a reduced-precision fold must keep: the mean Dice of its masks to the fp32 masks, and at most this drop
-    of the pseudo Dice to the ground truth, in points (negative: it must gain)."""
+    """The least mean Dice to the fp32 masks, and the largest pseudo Dice drop in points (negative: it must gain)."""
     min_dice_to_fp32: float = 0.99
     max_pseudo_dice_drop: float = 0.5
 
     def missed(self, figures: dict) -> List[str]:
-        """The bounds ``figures`` (:meth:`Verifier.figures`) miss, in words; empty where both hold."""
+        """The bounds ``figures`` miss, in words; empty where both hold."""
         missed = []
         if not figures["mean_dice_to_fp32"] >= self.min_dice_to_fp32:
             missed.append(f"mean Dice to fp32 {figures['mean_dice_to_fp32']:.4f} < {self.min_dice_to_fp32:g}")
@@ -110,8 +88,7 @@ CASE_ENDINGS = (".b2nd", ".npy", ".npz")
 
 
 def case_identifiers(folder: Path) -> List[str]:
-    """The identifiers of the preprocessed cases in ``folder`` (``<id>.b2nd``, ``<id>.npy`` or ``<id>.npz``; the
-    segmentations ``<id>_seg.*`` and the properties ``<id>.pkl`` not counted), sorted as nnU-Net sorts them."""
+    """The preprocessed case identifiers in ``folder`` (not the ``_seg`` files), sorted as nnU-Net sorts them."""
     found = set()
     for path in Path(folder).iterdir():
         for ending in CASE_ENDINGS:
@@ -121,7 +98,6 @@ def case_identifiers(folder: Path) -> List[str]:
 
 
 def _read_array(path: Path, read: Callable[[], np.ndarray]) -> np.ndarray:
-    """``read()`` (a preprocessed case's array from ``path``); one line naming ``path`` where it fails."""
     if not path.is_file():
         raise UserError(f"{path}: not found (a file of a preprocessed case): run nnUNetv2_preprocess for this "
                         f"configuration again")
@@ -134,9 +110,7 @@ def _read_array(path: Path, read: Callable[[], np.ndarray]) -> np.ndarray:
 
 
 def read_case(folder: Path, identifier: str, channels: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
-    """A preprocessed case (data (C, 1, X, Y), segmentation (1, 1, X, Y)) as nnU-Net stores it (``.b2nd``, or
-    ``.npy`` / ``.npz``), without its properties file (a pickle); one line naming the file where it is missing,
-    unreadable or not a 2D case (of ``channels`` channels where given)."""
+    """A preprocessed case (data (C, 1, X, Y), segmentation (1, 1, X, Y)); one line naming a bad or missing file."""
     folder = Path(folder)
     if (folder / f"{identifier}.b2nd").is_file():
         import blosc2
@@ -174,8 +148,7 @@ def _json_kind(value: object) -> str:
 
 
 def fold_split(splits_file: Path, fold: str) -> Dict[str, List[str]]:
-    """The fold's ``train`` and ``val`` case names in nnU-Net's ``splits_final.json``; one line naming the file
-    where it is unreadable, not nnU-Net's list of splits, or has no such fold."""
+    """The fold's ``train`` and ``val`` case names in ``splits_final.json``; one line naming the file if it is bad."""
     try:
         splits = json.loads(splits_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:
@@ -200,10 +173,8 @@ def fold_split(splits_file: Path, fold: str) -> Dict[str, List[str]]:
 
 def load_cases(preprocessed: Optional[Path], fold: str, patch_size: Sequence[int], calibration_tiles: int,
                seed: int = 0, channels: Optional[int] = None) -> GuardCases:
-    """The fold's training tiles (up to ``calibration_tiles``: one tile at a seeded random position of each of as many
-    training cases, evenly spaced; none for 0) and validation cases, from ``preprocessed`` (the configuration's folder
-    in the dataset's ``nnUNet_preprocessed`` folder, ``splits_final.json`` beside it), each of ``channels`` channels
-    where given."""
+    """The fold's calibration tiles (one at a seeded random position in each of up to ``calibration_tiles`` evenly
+    spaced training cases) and validation cases, from ``preprocessed`` with ``splits_final.json`` beside it."""
     if preprocessed is None:
         raise UserError("nnUNet_preprocessed is not set: the reduced precisions are calibrated and verified on the "
                         "fold's preprocessed cases")
@@ -250,8 +221,7 @@ def _dice(counts: np.ndarray) -> np.ndarray:
 
 
 class Verifier:
-    """The validation cases of one fold predicted by the fp32 session once, and the figures of a candidate against
-    them (:meth:`figures`) and its probabilities' distance to fp32's on the ranking cases (:meth:`distance`)."""
+    """One fold's validation cases predicted once in fp32, against which candidates are scored."""
 
     def __init__(self, cases: GuardCases, reference, description: dict) -> None:
         d = description
@@ -290,11 +260,9 @@ class Verifier:
 
 
 def blocks(model) -> Dict[str, List[str]]:
-    """``{block: the names of its operations}`` of an OpenVINO model (see the module's docstring). An operation
-    whose name is no module path (one the converter made, such as the MVN of an instance normalisation) belongs to
-    the block of its first consumer that has one; the operations in no block with a convolution (the sum of the
-    decoders' logits, the concatenations of skip connections) form the block :data:`BETWEEN_BLOCKS`; constants,
-    inputs and outputs belong to none."""
+    """``{block: names of its operations}`` of an OpenVINO model. An operation without a module path (one the
+    converter made, e.g. an instance norm's MVN) joins its first consumer's block; operations in no block with a
+    convolution form ``BETWEEN_BLOCKS``; constants, inputs and outputs belong to none."""
     ops = [op for op in model.get_ordered_ops() if op.get_type_name() not in ("Constant", "Parameter", "Result")]
     path: Dict[str, List[str]] = {}
     for op in reversed(ops):  # consumers first
@@ -332,10 +300,9 @@ Candidate = Callable[[Sequence[str]], object]
 
 def guard(precision: str, candidate: Candidate, groups: Dict[str, List[str]], verifier: Verifier, bounds: Bounds,
           threads: Optional[int] = None, say: Callable[[str], None] = print) -> dict:
-    """The guard of one precision: ``candidate(names of the operations kept in fp32) -> openvino.Model``, the
-    blocks' operations ``groups``; returns its record: ``verified``, the blocks ``kept_in_fp32``, the chosen
-    candidate's ``figures`` (the whole network's where not verified, with the ``reason``) and every candidate
-    ``tried`` (its figures and the blocks it kept in fp32, ``kept_in_fp32``)."""
+    """Guard one precision over the blocks ``groups``; ``candidate(names of the ops kept in fp32) -> openvino.Model``.
+    Returns ``verified``, ``kept_in_fp32``, the chosen ``figures`` (the whole network's and a ``reason`` if not
+    verified) and every candidate ``tried``."""
     def check(kept: Sequence[str], what: str) -> dict:
         figures = _checked(verifier, OpenVinoSession(candidate([n for g in kept for n in groups[g]]), precision,
                                                      threads), bounds)
@@ -368,7 +335,6 @@ def guard(precision: str, candidate: Candidate, groups: Dict[str, List[str]], ve
 
 
 def _checked(verifier: Verifier, session: OpenVinoSession, bounds: Bounds) -> dict:
-    """The verifier's figures of one session, with the bounds it misses."""
     figures = verifier.figures(session)
     figures["missed"] = bounds.missed(figures)
     return figures
@@ -387,9 +353,8 @@ def _record(verified: bool, kept: List[str], figures: dict, tried: List[dict], r
 
 
 def _int8_candidate(quantized, original) -> Candidate:
-    """Kept operations of the quantized model run as in ``original`` (the fp32 model it was made from): their
-    inputs unquantized (the FakeQuantize before them bypassed) and their constants (weights, biases) the original
-    ones."""
+    """Candidates whose kept operations run as in ``original`` (the fp32 model): the FakeQuantize before them
+    bypassed, their constants (weights, biases) the original ones."""
     from openvino import op as ov_op
 
     constants = {node.get_friendly_name(): {i: port.get_source_output().get_node() for i, port in
@@ -447,11 +412,8 @@ def _quantize(model, tiles: List[np.ndarray]):
 def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optional[Path], precisions: Sequence[str],
                 bounds: Bounds, calibration_tiles: int = DEFAULT_CALIBRATION_TILES,
                 threads: Optional[int] = None, say: Callable[[str], None] = print) -> Dict[str, bytes]:
-    """Guard ``precisions`` (of ``bf16``, ``int8``) for every fold of ``description`` (its fp32 ONNX graphs:
-    ``graphs[fold]``, which hold the description's fields: ``deploy.description.bind_graph``): records each fold's
-    outcome as its ``precisions`` entry and returns the files to write with it (``{path in the export folder:
-    bytes}``, their sha256 in the records; the IRs hold the fields as the graphs they were made from). A precision
-    that is not verified ends with one line (nothing is written)."""
+    """Guard ``precisions`` for every fold (``graphs[fold]``: its fp32 ONNX graph), recording each fold's
+    ``precisions``; returns the files to write (``{path: bytes}``). A precision not verified ends in one line."""
     bf16 = "bf16" in precisions
     if bf16 and not openvino_has_bf16():
         raise UserError("--bf16: this CPU has no native bf16, so bf16 cannot be verified here: nothing written")
@@ -460,8 +422,7 @@ def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optio
     description["precision_guard"] = {"bounds": asdict(bounds), "calibration_tiles": calibration_tiles,
                                       "validation": "the fold's validation cases (splits_final.json), preprocessed, "
                                                     "sliding window without mirroring, against the fp32 graph"}
-    # Every fold's cases are read before the first fold is guarded: a bad case or split stops the export at once,
-    # not after minutes of guarding the folds before it.
+    # all folds' cases are read first: a bad case or split stops the export before minutes of guarding
     fold_cases = {fold["fold"]: load_cases(preprocessed, fold["fold"], description["patch_size"],
                                            calibration_tiles if "int8" in precisions else 0,
                                            channels=description["num_input_channels"])
@@ -519,10 +480,8 @@ def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optio
 def _written_int8(fold: dict, candidate: Candidate, groups: Dict[str, List[str]], record: dict, verifier: Verifier,
                   bounds: Bounds, scratch: Path, files: Dict[str, bytes], threads: Optional[int],
                   say: Callable[[str], None] = print) -> dict:
-    """The chosen INT8 candidate as an IR (weights compressed to int8), read back and verified again: the record's
-    figures are the written graph's. Where the CPU has native bf16, the written graph is verified once more with
-    its float operations (the kept blocks, and the operations around the quantized ones) in bf16: the record's
-    ``floats_in_bf16`` (``verified``, and its ``figures`` or the ``reason``)."""
+    """The chosen INT8 candidate written as an IR (int8 weights), read back and verified again: the figures are the
+    written graph's. With native bf16, verified once more with its floats in bf16 (``floats_in_bf16``)."""
     folder = scratch / "int8"
     folder.mkdir()
     xml, weights = _serialized(candidate([n for g in record["kept_in_fp32"] for n in groups[g]]), folder)

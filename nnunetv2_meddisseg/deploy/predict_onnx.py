@@ -1,15 +1,10 @@
 """``nnUNetv2_meddisseg_predict_onnx``: predict 2D images with a model exported by ``nnUNetv2_meddisseg_export``,
 on OpenVINO or ONNX Runtime with numpy (PyTorch and nnU-Net are not imported).
 
-Input and output are as ``nnUNetv2_predict``'s: a folder of ``<case>_<XXXX><ending>`` files (one per channel)
--> ``<case><ending>`` label images, with nnU-Net's conventions for large jobs (``-num_parts`` / ``-part_id``,
-``--continue_prediction``, a progress bar of the cases, and one of a large image's tiles). The pipeline is
-nnU-Net's (``deploy.image_pipeline``, ``deploy.sliding_window``); the folds of the export folder are ensembled, in
-fp32 or in a reduced precision the export verified (``deploy.precision``). The model folder is checked before it is
-used (``deploy.description``: the description field by field, each graph file against its recorded sha256 and the
-description's fields against those the export wrote into the graph, each loaded graph's input and output shapes
-against the description), the output folder before anything is written (``deploy.prediction_output``), and
-the next case is read and preprocessed in a background thread while this one is predicted.
+Input and output as ``nnUNetv2_predict``'s (``<case>_<XXXX><ending>`` files, one per channel -> ``<case><ending>``
+labels), with its options for large jobs. The export's folds are ensembled in fp32 or a verified reduced precision.
+The model folder is checked before use, the output folder before anything is written, and the next case is
+preprocessed in a background thread while this one is predicted.
 """
 from __future__ import annotations
 
@@ -43,16 +38,14 @@ from nnunetv2_meddisseg.errors import UserError
 __all__ = ["OnnxPredictor", "find_cases", "check_part", "cases_of_part", "main"]
 
 PROG = "nnUNetv2_meddisseg_predict_onnx"
-#: a case of at least this many tiles to predict (its tiles times the folds) shows a progress bar of them too, where
-#: the cases' bar is shown (a very large image takes minutes)
+#: a case of at least this many tiles x folds also gets a bar of its tiles (a very large image takes minutes)
 TILE_PROGRESS_MIN = 100
 
 Prepared = Tuple[np.ndarray, dict]
 
 
 def find_cases(folder: Path, file_ending: str) -> Dict[str, List[Path]]:
-    """``{case: [its files in channel order]}`` of an nnU-Net input folder (``<case>_<XXXX><ending>``; an RGB
-    file holds three channels), the cases in nnU-Net's order (sorted by name)."""
+    """``{case: its files in channel order}`` of an input folder (``<case>_<XXXX><ending>``), sorted by case."""
     if not folder.is_dir():
         raise UserError(f"{folder}: not a folder (expected images named <case>_0000{file_ending})")
     pattern = re.compile(rf"^(.+)_(\d{{4}}){re.escape(file_ending)}$")
@@ -76,24 +69,18 @@ def check_part(num_parts: int, part_id: int) -> None:
 
 
 def cases_of_part(cases: Sequence[str], num_parts: int, part_id: int) -> List[str]:
-    """The cases part ``part_id`` of ``num_parts`` predicts, as ``nnUNetv2_predict`` splits them: every
-    ``num_parts``-th case of the sorted list, from the ``part_id``-th on."""
+    """Part ``part_id``'s cases, split as ``nnUNetv2_predict`` does: every ``num_parts``-th from the ``part_id``-th."""
     check_part(num_parts, part_id)
     return list(cases)[part_id::num_parts]
 
 
 class OnnxPredictor:
-    """The exported folds of one model as sessions of a runtime (``deploy.runtimes``), and nnU-Net's 2D pipeline
-    around them.
+    """The exported folds of one model as runtime sessions, and nnU-Net's 2D pipeline around them.
 
-    model_dir: an export folder; folds: a subset of its folds (None: all); runtime: ``openvino`` or ``onnxruntime``
-    (None: the first installed of :data:`~nnunetv2_meddisseg.deploy.runtimes.RUNTIMES`); precision: ``fp32``, or
-    ``bf16`` / ``int8`` where the export verified them (``deploy.precision``); int8_floats: the precision of an
-    int8 graph's float operations (None: bf16 where verified and the CPU has it, else fp32; see
-    :func:`~nnunetv2_meddisseg.deploy.precision.int8_floats`); providers: ONNX Runtime execution
-    providers in order of preference, each a name or ``(name, provider options)``; threads: the runtime's CPU
-    threads (None: its default). The description is checked field by field, each graph file against its recorded
-    sha256 and each session's input and output shapes against the description."""
+    model_dir: an export folder; folds: None for all; runtime: ``openvino`` or ``onnxruntime`` (None: the first
+    installed); precision: ``fp32``, or ``bf16`` / ``int8`` where the export verified them; int8_floats: an int8
+    graph's float precision (None: bf16 where verified and the CPU has it, else fp32); providers: ONNX Runtime's, by
+    preference, each a name or ``(name, options)``; threads: the runtime's CPU threads (None: its default)."""
 
     def __init__(self, model_dir: Path, folds: Optional[Sequence[str]] = None, use_mirroring: bool = True,
                  step_size: Optional[float] = None,
@@ -123,27 +110,23 @@ class OnnxPredictor:
         self.num_foreground = len([v for v in description["labels"].values() if isinstance(v, int) and v > 0])
 
     def logits(self, data, progress: Optional[Callable[[int, int], None]] = None):
-        """A preprocessed case (C, 1, X, Y) -> the folds' mean logits (K, 1, X, Y); ``progress(tiles, total)``:
-        called as the tiles are predicted (``sliding_window.sliding_window_logits``)."""
+        """A preprocessed case (C, 1, X, Y) -> the folds' mean logits (K, 1, X, Y); ``progress(tiles, total)``."""
         d = self.description
         return sliding_window_logits(data, self.sessions, d["patch_size"], self.step_size, self.mirror_axes,
                                      d["num_segmentation_heads"], progress)
 
     def prepare(self, files: Sequence[Path]) -> Prepared:
-        """One case's channel files read and preprocessed -> (the network's input (C, 1, X', Y'), the geometry
-        that puts the prediction back)."""
+        """One case's files -> (the network's input (C, 1, X', Y'), the geometry that puts the prediction back)."""
         return preprocess(read_case(files), self.description, str(files[0]))
 
     def predict_prepared(self, prepared: Prepared, with_probabilities: bool = False,
                          progress: Optional[Callable[[int, int], None]] = None):
-        """:meth:`predict_files` of a case that :meth:`prepare` read (``progress``: see :meth:`logits`)."""
+        """``predict_files`` of a case that ``prepare`` read."""
         return self._results([self.logits(prepared[0], progress)], [prepared], with_probabilities)[0]
 
     def predict_prepared_cases(self, cases: Sequence[Prepared], with_probabilities: bool = False,
                                progress: Optional[Callable[[int, int], None]] = None) -> list:
-        """:meth:`predict_prepared` of several cases at once, their tiles in the runtime's stacks together
-        (``sliding_window.sliding_window_logits_of_cases``: each case's logits summed as for the case alone); one
-        result per case, in order (``progress``: over all cases' tiles)."""
+        """``predict_prepared`` of several cases, their tiles stacked together; one result per case, in order."""
         d = self.description
         all_logits = sliding_window_logits_of_cases([data for data, _ in cases], self.sessions, d["patch_size"],
                                                     self.step_size, self.mirror_axes, d["num_segmentation_heads"],
@@ -194,16 +177,10 @@ class OnnxPredictor:
                        save_probabilities: bool = False, num_parts: int = 1, part_id: int = 0,
                        continue_prediction: bool = False, overwrite: bool = False, progress: bool = False,
                        preprocess_ahead: bool = True) -> List[Path]:
-        """The cases of ``input_folder`` (part ``part_id`` of ``num_parts``, split as ``nnUNetv2_predict`` splits
-        them) -> ``output_folder/<case><ending>`` (and ``<case>.npz`` with the probabilities where
-        ``save_probabilities``); returns the written label files, in case order.
-
-        Before anything is written, the output files are checked (``deploy.prediction_output``): none may be an
-        input, an existing one must be an earlier output of ours unless ``overwrite``; with ``continue_prediction``
-        the cases already predicted are left out. ``progress``: a progress bar (tqdm) of the cases on stderr, and
-        one of a case's tiles where it has at least :data:`TILE_PROGRESS_MIN`;
-        ``preprocess_ahead``: preprocess the next case in a background thread (the same results, in the same
-        order)."""
+        """The cases of ``input_folder`` (part ``part_id`` of ``num_parts``) -> ``output_folder/<case><ending>`` (and
+        ``<case>.npz`` with ``save_probabilities``); returns the written label files, in case order. Output files are
+        checked first (``overwrite``: replace files not ours); ``continue_prediction`` skips cases already predicted;
+        ``progress``: tqdm bars on stderr; ``preprocess_ahead``: the next case in a background thread."""
         ending = self.description["file_ending"]
         input_folder, output_folder = Path(input_folder), Path(output_folder)
         check_folders(input_folder, output_folder, self.model_dir)
@@ -242,8 +219,7 @@ class OnnxPredictor:
 
 
 class _TileBar:
-    """``progress(tiles, total)`` of one case's tiles: a progress bar (``bar``: tqdm's class; None: none) from the
-    first call where the case has at least :data:`TILE_PROGRESS_MIN` tiles, removed when closed."""
+    """``progress(tiles, total)`` of one case: a bar (``bar``: tqdm's class, or None) from TILE_PROGRESS_MIN tiles."""
 
     def __init__(self, bar, case: str) -> None:
         self.make, self.case, self.bar = bar, case, None

@@ -1,21 +1,13 @@
 """The ONNX predictor's output folder: what it may write there, and the record of what it wrote.
 
-The predictor never writes into its inputs: ``-o`` may not be the input folder or the model folder (compared after
-resolving symbolic links and relative paths) or lie inside either, and no output file (``<case><ending>``, and
-``<case>.npz`` with ``--save_probabilities``) may be an input file (by path or, for an existing file reached through
-a link, by identity).
+The predictor never writes into its inputs: ``-o`` may not be or lie inside the input or model folder, and no
+output file may be an input file, by resolved path or by identity.
 
-An existing output file is replaced only where it is an unchanged earlier output of the predictor, or with
-``--overwrite``. What the predictor wrote is recorded per case in :data:`RECORD_FOLDER` inside the output folder, as
-nnU-Net keeps its own files there: ``<case>.json`` lists the case's files before they are written (a kill while
-writing leaves files that are still recognised) and their sha256 once they are (a file changed since then is no
-longer taken for ours). One record per case, so several processes predicting parts of one folder (``-num_parts``
-/ ``-part_id``) never write the same record. With ``--continue_prediction`` (nnU-Net's flag), cases whose recorded
-outputs are all there and unchanged are skipped.
-
-Each file is written whole into a fresh temporary sibling (``files.write_atomically``: ``.<name>.<random>.partial``,
-made exclusively) and renamed into place, so nothing is written through a link of any name. A :data:`RECORD_FOLDER`
-that is a symbolic link or not a folder is refused before anything is written.
+An existing output is replaced only if it is an unchanged earlier output, or with ``--overwrite``. Each case's
+``RECORD_FOLDER/<case>.json`` lists its files before they are written (so a kill mid-write leaves them recognised)
+and their sha256 after (a file changed since is no longer ours); one record per case, so ``-num_parts`` processes
+never write the same one. Each file is written whole into a fresh ``.<name>.<random>.partial`` sibling and renamed
+into place, so nothing is written through a link.
 """
 from __future__ import annotations
 
@@ -39,8 +31,7 @@ WRITER = "nnUNetv2_meddisseg_predict_onnx"
 
 
 def check_folders(input_folder: Path, output_folder: Path, model_folder: Path) -> None:
-    """One line where ``output_folder`` is, or lies inside, the input folder or the model folder, or exists and
-    is not a folder."""
+    """Refuse an ``output_folder`` that is or lies inside the input or model folder, or exists and is not a folder."""
     output = Path(output_folder).resolve()
     for option, folder, what in (("-i", input_folder, "input"), ("-m", model_folder, "model")):
         resolved = Path(folder).resolve()
@@ -61,15 +52,13 @@ def _sha256(path: Path) -> str:
 
 
 def _save_probabilities(probabilities: np.ndarray, path: Path) -> None:
-    """``probabilities`` into the npz file ``path`` as nnU-Net's ``--save_probabilities`` names them (written
-    through a file object: ``np.savez_compressed`` would append ``.npz`` to another file name)."""
+    """``probabilities`` into ``path`` as nnU-Net names them, via a file object (savez appends ``.npz`` to names)."""
     with open(path, "wb") as f:
         np.savez_compressed(f, probabilities=probabilities)
 
 
 class PredictionOutput:
-    """The output folder of one prediction run: each case's files (``<case><ending>``, and ``<case>.npz`` where
-    ``save_probabilities``) and their records."""
+    """One prediction run's output folder: each case's files and their records."""
 
     def __init__(self, folder: Path, file_ending: str, save_probabilities: bool) -> None:
         self.folder, self.ending, self.save_probabilities = Path(folder), file_ending, save_probabilities
@@ -80,16 +69,14 @@ class PredictionOutput:
         return [self.folder / n for n in names]
 
     def _check_records(self) -> None:
-        """One line where the record folder is a symbolic link or not a folder (the records are never written
-        through a link, nor anywhere but in ``-o``)."""
+        """Refuse a record folder that is a link or not a folder: records are written nowhere but in ``-o``."""
         if self.records.is_symlink() or (self.records.exists() and not self.records.is_dir()):
             what = "a symbolic link" if self.records.is_symlink() else "not a folder"
             raise UserError(f"{self.records} is {what}: {WRITER} keeps its records of what it wrote in this folder of "
                             f"-o; move it away or choose another -o")
 
     def _record(self, case: str) -> Dict[str, Optional[str]]:
-        """``{file name: sha256, or None while being written}`` of ``case``'s record; empty where there is none (or
-        it is a link)."""
+        """``{file name: sha256, or None while being written}`` of ``case``'s record; empty if none or a link."""
         path = self.records / f"{case}.json"
         if path.is_symlink():
             return {}
@@ -114,10 +101,8 @@ class PredictionOutput:
 
     def plan(self, cases: Sequence[str], input_files: Sequence[Path], continue_prediction: bool = False,
              overwrite: bool = False) -> List[str]:
-        """The cases of ``cases`` to predict, in order, after checking every output file: none may be an input
-        file (``input_files``: every file of the input folder); an existing one must be an earlier output of ours
-        unless ``overwrite``. With ``continue_prediction``, cases whose recorded outputs are all there are left
-        out. Nothing is written."""
+        """The cases to predict, in order, after checking every output file: none may be one of ``input_files``, an
+        existing one must be ours unless ``overwrite``; ``continue_prediction`` skips done cases. Writes nothing."""
         self._check_records()
         resolved = {Path(f).resolve(): Path(f) for f in input_files}
         identities = {}
@@ -146,8 +131,7 @@ class PredictionOutput:
         return todo
 
     def _create(self) -> None:
-        """The output folder and its record folder, made with the first case's files (a run refused at its first
-        case leaves no folder behind)."""
+        """Make the output and record folders at the first write (a run refused before it leaves no folder)."""
         try:
             self.records.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -167,9 +151,8 @@ class PredictionOutput:
             raise UserError(f"cannot write {path}: {e.strerror or e}") from None
 
     def write(self, case: str, segmentation: np.ndarray, probabilities: Optional[np.ndarray] = None) -> Path:
-        """Write ``case``'s mask (1, X, Y) (and ``probabilities`` (K, 1, X, Y) where the run saves them), each
-        whole, recorded before and after (files of the case's record that this run does not write stay recorded);
-        returns the mask's path."""
+        """Write ``case``'s mask (1, X, Y) (and ``probabilities`` (K, 1, X, Y)), each whole, recorded before and after
+        (other files of its record stay recorded); returns the mask's path."""
         paths = self.files(case)
         self._create()
         previous = self._record(case)

@@ -1,19 +1,15 @@
 """The runtimes the exported graphs run on: ONNX Runtime and OpenVINO behind one small interface.
 
-A session holds one fold's graph and runs a stack of tiles, ``run(batch (N, C, H, W) float32) -> logits (N, K, H,
-W) float32``; it names its runtime and the precision it runs in, and the graph's input names and input and output
-shapes (``None`` for a symbolic dimension). A tile's logits never depend on the tiles stacked with it: the
-server stacks the tiles of concurrent requests, and each request must get the mask the predictor command writes.
-Kernels chosen by batch size or by performance hint differ in the last bits, which flips pixels where two classes'
+A session holds one fold's graph: ``run(batch (N, C, H, W) float32) -> logits (N, K, H, W) float32``, with its
+runtime, precision, input names and input / output shapes (``None`` where symbolic). A tile's logits never depend
+on the tiles stacked with it, since each of the server's stacked requests must get the predictor command's mask:
+kernels chosen by batch size or performance hint differ in the last bits, flipping pixels where two classes'
 logits nearly tie, so every tile runs alone on the same compiled graph.
 
-- ONNX Runtime: the session as given (execution providers, intra-op threads), one tile per call.
-- OpenVINO (CPU): static shapes, one compiled model per input shape (compiled at its first use) with the
-  THROUGHPUT hint: the CPU's cores are shared out among streams and the tiles go out one per inference request,
-  as many in flight as there are streams; a single tile takes one request. The inference precision is set
-  explicitly (fp32 or bf16): OpenVINO's CPU plugin runs in bf16 by default where the CPU has native bf16. An INT8
-  graph's operations that are not quantized (those around the quantized ones, and the blocks the export kept out
-  of INT8) run in fp32, or in bf16 where asked (``floats="bf16"``).
+- ONNX Runtime: the session as given (providers, intra-op threads), one tile per call.
+- OpenVINO (CPU): static shapes, a model compiled per input shape at first use with the THROUGHPUT hint, one tile
+  per request, as many in flight as streams. The inference precision is set explicitly, as the CPU plugin defaults
+  to bf16 where the CPU has it. An INT8 graph's unquantized operations run in fp32, or bf16 with ``floats="bf16"``.
 
 Neither imports PyTorch; each runtime is imported when a session of it is made.
 """
@@ -35,8 +31,7 @@ __all__ = ["RUNTIMES", "INFERENCE_PRECISION", "installed_runtimes", "default_run
 RUNTIMES = ("openvino", "onnxruntime")
 _MODULES = {"openvino": "openvino", "onnxruntime": "onnxruntime"}
 _EXTRAS = {"openvino": "openvino", "onnxruntime": "onnx"}
-#: OpenVINO's inference precision for each precision of a graph's float operations (an int8 graph's operations that
-#: are not quantized run in it too)
+#: OpenVINO's inference precision per float precision (an int8 graph's unquantized operations run in it too)
 INFERENCE_PRECISION = {"fp32": "f32", "bf16": "bf16"}
 #: the precisions an int8 graph's float operations may run in
 INT8_FLOATS = tuple(INFERENCE_PRECISION)
@@ -45,12 +40,12 @@ Shape = Tuple[Optional[int], ...]
 
 
 def installed_runtimes() -> List[str]:
-    """The runtimes of :data:`RUNTIMES` that can be imported here."""
+    """The runtimes of RUNTIMES that can be imported here."""
     return [name for name in RUNTIMES if importlib.util.find_spec(_MODULES[name]) is not None]
 
 
 def default_runtime() -> str:
-    """The first installed runtime of :data:`RUNTIMES`; a one-line error where neither is."""
+    """The first installed runtime of RUNTIMES; a one-line error where neither is."""
     installed = installed_runtimes()
     if not installed:
         raise UserError("neither openvino nor onnxruntime is installed: pip install 'nnunetv2_meddisseg[openvino]' "
@@ -78,8 +73,7 @@ def openvino_core():
 
 
 def read_openvino_model(model: bytes, weights: Optional[bytes] = None):
-    """An ``openvino.Model`` from bytes already read (and checked): an ONNX graph, or an IR's XML with its weights
-    (the ``.bin``)."""
+    """An ``openvino.Model`` from checked bytes: an ONNX graph, or an IR's XML with its ``.bin`` ``weights``."""
     if weights is None:
         return openvino_core().read_model(model)
     return openvino_core().read_model(model, _import("openvino").Tensor(np.frombuffer(weights, dtype=np.uint8).copy()))
@@ -96,8 +90,7 @@ def openvino_has_bf16() -> bool:
 
 
 def require_bf16(what: str = "--precision bf16") -> None:
-    """One line, starting with ``what``, where this CPU has no native bf16 (OpenVINO would quietly run fp32
-    instead)."""
+    """Refuse in one line, starting with ``what``, a CPU without native bf16 (OpenVINO would quietly run fp32)."""
     if not openvino_has_bf16():
         raise UserError(f"{what}: this CPU has no native bf16 (OpenVINO's CPU capabilities: "
                         f"{', '.join(_cpu_capabilities())}); use fp32 or int8")
@@ -108,8 +101,7 @@ def _shape(dims) -> Shape:
 
 
 class OnnxRuntimeSession:
-    """One graph in ONNX Runtime. providers: in order of preference, each a name or ``(name, options)``;
-    threads: intra-op threads (None: ONNX Runtime's default)."""
+    """One graph in ONNX Runtime; providers by preference, each a name or ``(name, options)``; threads: intra-op."""
 
     runtime = "onnxruntime"
     precision = "fp32"
@@ -147,12 +139,8 @@ class OnnxRuntimeSession:
 
 
 class OpenVinoSession:
-    """One graph (an ONNX or OpenVINO IR file, or an ``openvino.Model``) on OpenVINO's CPU plugin, run in
-    ``precision`` (``fp32``, ``bf16`` or, for a quantized graph, ``int8``, its float operations in ``floats``:
-    ``fp32`` or ``bf16``); threads: the CPU threads it uses in all (None: every core).
-
-    bf16 (also as an int8 graph's floats) is refused in one line where the CPU has no native bf16 (OpenVINO would run
-    fp32 instead, silently)."""
+    """One graph (ONNX or IR file, or an ``openvino.Model``) on OpenVINO's CPU in ``precision``, an int8 graph's floats
+    in ``floats``; threads: in all (None: every core). bf16 without native bf16 is refused (OpenVINO would run fp32)."""
 
     runtime = "openvino"
 
@@ -192,8 +180,7 @@ class OpenVinoSession:
         return self._compiled[shape]
 
     def run(self, batch: np.ndarray) -> np.ndarray:
-        """batch (N, C, H, W) float32 -> logits (N, K, H, W) float32: one tile per request, as many requests in
-        flight as the compiled model has streams."""
+        """batch (N, C, H, W) float32 -> logits (N, K, H, W) float32; a tile per request, one in flight per stream."""
         queue = self._queue((1, *batch.shape[1:]))
         results: List[Optional[np.ndarray]] = [None] * len(batch)
 

@@ -1,22 +1,15 @@
 """``nnUNetv2_meddisseg_serve``: an exported model (``nnUNetv2_meddisseg_export``) as an HTTP service on LitServe,
 without PyTorch.
 
-The model is loaded once, in LitServe's inference worker process, as the predictor loads it
-(``predict_onnx.OnnxPredictor``: the description checked, each graph against its sha256); each request is one case,
-predicted with the predictor's own per-case function (``OnnxPredictor.predict_prepared_cases``), so the masks are
-those ``nnUNetv2_meddisseg_predict_onnx`` writes. LitServe's dynamic batching hands the worker up to
-``--max_batch_size`` requests that arrive within ``--batch_timeout_ms`` of the first, and their tiles go to the
-runtime in the same stacks.
+The model is loaded once, in LitServe's worker, as the predictor loads it, and each request is predicted with the
+predictor's per-case function, so the masks are those ``nnUNetv2_meddisseg_predict_onnx`` writes. Up to
+``--max_batch_size`` requests arriving within ``--batch_timeout_ms`` of the first share the runtime's stacks.
 
-Endpoints: ``POST /predict`` (body: an image file's bytes, PNG, BMP or TIFF, read as the predictor reads the model's
-files; or a numpy ``.npy`` array (C, X, Y) or (X, Y), ``?spacing=1,1`` optional) -> the label map encoded as the
-predictor writes it (``?probabilities=true``: an ``.npz`` of ``segmentation`` and ``probabilities``); ``GET
-/health`` (readiness: 200 once the model is loaded and checked, 503 before and while a crashed worker restarts);
-``GET /`` (liveness).
-
-The request is read and checked in the HTTP process before it is queued (size, format, dtype, dimensionality,
-channels, finite values); each refusal is a 4xx / 503 whose body is one JSON line ``{"detail": "..."}``. Every
-request is logged as one JSON line on stderr.
+Endpoints: ``POST /predict`` (body: PNG, BMP or TIFF bytes, or a ``.npy`` array (C, X, Y) or (X, Y); ``?spacing=1,1``
+optional) -> the label map as the predictor writes it (``?probabilities=true``: an ``.npz`` of ``segmentation`` and
+``probabilities``); ``GET /health`` (200 once the model is loaded, 503 before and while a crashed worker restarts);
+``GET /`` (liveness). Requests are checked in the HTTP process before queueing; a refusal is a 4xx / 503 with body
+``{"detail": "..."}``. Every request is logged as one JSON line on stderr.
 """
 from __future__ import annotations
 
@@ -110,8 +103,7 @@ def configure_logging(level: str = "info") -> None:
 
 
 def read_request(body: bytes, description: dict, spacing: Optional[str] = None) -> np.ndarray:
-    """A request's body -> the case (C, 1, X, Y) float32 as the predictor reads it (``image_pipeline``), checked
-    against the model (its channels, finite values); :class:`RequestError` otherwise."""
+    """A request's body -> the case (C, 1, X, Y) float32 as the predictor reads it, checked; else RequestError."""
     if not body:
         raise RequestError(400, "empty body: send an image file's bytes (PNG, BMP, TIFF) or a .npy array")
     ending = next((e for magic, e in MAGIC if body.startswith(magic)), None)
@@ -157,8 +149,7 @@ def _case_of_array(body: bytes) -> np.ndarray:
 
 
 class SegmentationAPI(_LitAPI):
-    """LitServe's API of one exported model: the predictor made in the worker (:meth:`setup`), and a batch of
-    requests (each ``{"case": (C, 1, X, Y), "probabilities": bool}``) predicted together (:meth:`predict`)."""
+    """LitServe's API of one model: requests ``{"case": (C, 1, X, Y), "probabilities": bool}`` predicted in batches."""
 
     def __init__(self, model_dir: Path, options: dict, max_batch_size: int, batch_timeout_s: float) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout_s, api_path="/predict")
@@ -224,8 +215,7 @@ def _detail(message) -> bytes:
 
 
 def _server_class():
-    """LitServe's server with the request handling of :func:`_predict_endpoint` on ``/predict``, readiness reported
-    (``/health`` 503) while the worker loads instead of the socket opening only then, and a graceful SIGTERM."""
+    """LitServe's server with our ``/predict``, ``/health`` 503 while the worker loads, and a graceful SIGTERM."""
     from litserve.utils import WorkerSetupStatus
 
     class Server(litserve.LitServer):
@@ -260,8 +250,7 @@ def _server_class():
 
 
 def _predict_endpoint(server, lit_api):
-    """``POST /predict``: read and check the body (:func:`read_request`), queue it for LitServe's worker, answer its
-    result; each refusal one line, each request one log line."""
+    """``POST /predict``: check the body, queue it for the worker, answer its result; one log line per request."""
     from fastapi import Request, Response
     from litserve.utils import LitAPIStatus, ResponseBufferItem
     from starlette.requests import ClientDisconnect
@@ -356,8 +345,7 @@ def _predict_endpoint(server, lit_api):
 
 
 def _check_model(args) -> Tuple[dict, str]:
-    """The model folder and options checked in this process before the worker starts (the description field by
-    field, each graph against its sha256): a bad ``-m`` is one line, not a worker that fails to start."""
+    """Check the model folder and options before the worker starts: a bad ``-m`` is one line, not a failing worker."""
     description = read_description(args.model)
     exported = {f["fold"]: f for f in description["folds"]}
     chosen = list(exported) if args.folds is None else [str(f) for f in args.folds]
@@ -453,8 +441,7 @@ def _command(argv: Optional[Sequence[str]]) -> int:
     server.uvicorn_graceful_timeout = args.request_timeout_s + 5
 
     def stop(signum, frame):
-        # LitServe's shutdown on KeyboardInterrupt: uvicorn is sent SIGTERM and finishes the requests in flight
-        # (the worker answers them) before the worker is stopped
+        # LitServe's KeyboardInterrupt shutdown: uvicorn finishes the requests in flight, then the worker stops
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         log.info("SIGTERM: finishing the requests in flight, then stopping", extra={"fields": {"event": "stopping"}})
         raise KeyboardInterrupt

@@ -1,13 +1,10 @@
-"""nnU-Net's Gaussian-weighted sliding window over the runtimes' sessions (``deploy.runtimes``), in numpy.
+"""nnU-Net's Gaussian-weighted sliding window over the runtimes' sessions, in numpy.
 
-The same tiles as ``nnUNetPredictor`` (``compute_steps_for_sliding_window`` with the same tile step, the image
-padded to at least the patch size around its centre), the same Gaussian importance map (sigma = patch / 8,
-the map's zeros replaced by its smallest non-zero value), the same mirroring (the mean over every combination
-of the mirror axes, per tile) and fold ensembling (the mean of the folds' logits). The map, the weighted sums
-and the fold mean are float16 as in nnU-Net (where two classes' logits nearly tie, the rounding decides the
-label, so the predictor rounds alike). The tiles and their mirrored copies go to the session in stacks of up to
-:data:`MAX_BATCH`, which it runs as its runtime runs them fastest; the logits must have the shape the description
-gives (numpy would broadcast a single class over all of them).
+As ``nnUNetPredictor``: the same tiles (the image padded around its centre to at least the patch), Gaussian map
+(sigma = patch / 8, zeros replaced by its smallest non-zero value), mirroring (mean over every combination of the
+mirror axes) and fold mean; map, sums and mean in float16 as nnU-Net's, since where two classes' logits nearly tie
+the rounding decides the label. Tiles go to a session in stacks of up to ``MAX_BATCH``; the logits must have the
+described shape (numpy would broadcast a single class over all of them).
 """
 from __future__ import annotations
 
@@ -41,10 +38,9 @@ def tile_starts(image_size: Sequence[int], patch_size: Sequence[int], step: floa
 @functools.lru_cache(maxsize=4)
 def gaussian_importance(patch_size: Tuple[int, ...], sigma_scale: float = 1.0 / 8, value_scaling: float = 10.0
                         ) -> np.ndarray:
-    """The importance map (patch_size) float16: a unit impulse at the centre blurred with sigma = patch *
-    sigma_scale, scaled to a maximum of ``value_scaling``; zeros replaced by the smallest non-zero value. Made once
-    per patch size (as nnU-Net caches it; a large patch's blur costs more than a small network's forward pass) and
-    read-only. ``patch_size``: a tuple (the cache's key)."""
+    """The importance map (patch_size) float16: a centre impulse blurred with sigma = patch * sigma_scale, maximum
+    ``value_scaling``, zeros set to the least non-zero value; cached (a large blur costs more than a small network's
+    forward) and read-only."""
     impulse = np.zeros(patch_size)
     impulse[tuple(p // 2 for p in patch_size)] = 1
     gaussian = gaussian_filter(impulse, [p * sigma_scale for p in patch_size], 0, mode="constant", cval=0)
@@ -70,8 +66,7 @@ def pad_to_patch(data: np.ndarray, patch_size: Sequence[int]) -> Tuple[np.ndarra
 
 
 def mirror_combinations(mirror_axes: Optional[Sequence[int]]) -> List[Tuple[int, ...]]:
-    """The flips of a tile (B, C, X, Y) nnU-Net averages: none, then every combination of the spatial mirror axes
-    (0: X, 1: Y) as array axes."""
+    """The flips nnU-Net averages over a tile (B, C, X, Y): none, then each combination of mirror axes (0: X, 1: Y)."""
     axes = [a + 2 for a in (mirror_axes or ())]
     return [()] + [c for n in range(1, len(axes) + 1) for c in itertools.combinations(axes, n)]
 
@@ -79,20 +74,17 @@ def mirror_combinations(mirror_axes: Optional[Sequence[int]]) -> List[Tuple[int,
 def sliding_window_logits(data: np.ndarray, sessions: Sequence, patch_size: Sequence[int], step: float,
                           mirror_axes: Optional[Sequence[int]], num_heads: int,
                           progress: Optional[Callable[[int, int], None]] = None) -> np.ndarray:
-    """data (C, 1, X, Y) float32 -> logits (num_heads, 1, X, Y) float16, the mean over ``sessions`` (one per fold,
-    each with ``run(batch (N, C, px, py)) -> (N, num_heads, px, py)``) of the Gaussian-weighted sliding-window
-    prediction. ``progress(tiles, total)``, where given, is called after each call of a session with the tiles it
-    predicted (with their mirrored copies) and the case's total (its tiles times the sessions)."""
+    """data (C, 1, X, Y) float32 -> logits (num_heads, 1, X, Y) float16: the mean over ``sessions`` (one per fold,
+    ``run(batch (N, C, px, py)) -> (N, num_heads, px, py)``) of the sliding-window prediction. ``progress(tiles,
+    total)`` after each session call: the tiles it predicted, and the case's tiles times the sessions."""
     return sliding_window_logits_of_cases([data], sessions, patch_size, step, mirror_axes, num_heads, progress)[0]
 
 
 def sliding_window_logits_of_cases(cases: Sequence[np.ndarray], sessions: Sequence, patch_size: Sequence[int],
                                    step: float, mirror_axes: Optional[Sequence[int]], num_heads: int,
                                    progress: Optional[Callable[[int, int], None]] = None) -> List[np.ndarray]:
-    """:func:`sliding_window_logits` of several cases at once: their tiles go to each session together, in the
-    same stacks of up to :data:`MAX_BATCH` network inputs (the cases' tiles one after another, in tile order), so
-    that a server batches concurrent requests. Each case's logits are summed in its own tile order, as for the
-    case alone: the same float16 roundings. ``progress``: as :func:`sliding_window_logits`, over all cases."""
+    """``sliding_window_logits`` of several cases (a server's concurrent requests), their tiles in the same stacks;
+    each case's logits summed in its own tile order, with the same float16 roundings as alone."""
     padded_cases, undos, windows = [], [], []
     gaussian = gaussian_importance(tuple(patch_size))
     flips = mirror_combinations(mirror_axes)
