@@ -1,7 +1,5 @@
-"""Loss terms of the contrast-driven auxiliary heads and of the Stage I consistency objective.
-
-All functions take logits (never probabilities), compute in fp32 and return a 0-dim tensor.
-"""
+"""Losses of the contrast-driven auxiliary heads and of Stage I's consistency: logits (never probabilities) in,
+fp32, a 0-dim tensor out."""
 from typing import Optional
 
 import torch
@@ -19,12 +17,8 @@ def _check_same_shape(name: str, **tensors: Tensor) -> None:
 
 
 def soft_dice_loss(probabilities: Tensor, target: Tensor, smooth: float = 1.0, mask: Optional[Tensor] = None) -> Tensor:
-    """1 - soft Dice, per sample, averaged over the batch.
-
-    probabilities, target: (B, ...) in [0, 1]. ``smooth`` is added to numerator and denominator,
-    so an empty prediction on an empty target scores a loss of 0. mask: None or (B, ...) in {0, 1},
-    same shape; pixels where it is 0 are left out of every sum.
-    """
+    """1 - soft Dice per sample, averaged over the batch; probabilities, target: (B, ...) in [0, 1]. ``smooth``
+    joins numerator and denominator (empty on empty: loss 0); pixels where ``mask`` is 0 are left out of every sum."""
     _check_same_shape("soft_dice_loss", probabilities=probabilities, target=target,
                       **({} if mask is None else {"mask": mask}))
     p = probabilities.float().reshape(probabilities.shape[0], -1)
@@ -38,12 +32,8 @@ def soft_dice_loss(probabilities: Tensor, target: Tensor, smooth: float = 1.0, m
 
 
 def dice_bce_loss(logits: Tensor, target: Tensor, smooth: float = 1.0, mask: Optional[Tensor] = None) -> Tensor:
-    """Binary cross-entropy (mean over pixels) + soft Dice loss of one binary map.
-
-    logits: (B, 1, H, W) map logits; target: (B, 1, H, W) float in [0, 1]. mask: None or (B, 1, H, W)
-    in {0, 1}; pixels where it is 0 count in neither term (the BCE is the mean over the others, 0 when
-    there is none).
-    """
+    """BCE (mean over pixels) + soft Dice loss of one binary map; logits and target (in [0, 1]): (B, 1, H, W).
+    Pixels where ``mask`` is 0 count in neither term (BCE: the mean over the others, 0 when none is left)."""
     _check_same_shape("dice_bce_loss", logits=logits, target=target, **({} if mask is None else {"mask": mask}))
     logits = logits.float()
     target = target.float()
@@ -58,13 +48,8 @@ def dice_bce_loss(logits: Tensor, target: Tensor, smooth: float = 1.0, mask: Opt
 
 def foreground_background_loss(fg_logits: Tensor, bg_logits: Tensor, fg_target: Tensor,
                                mask: Optional[Tensor] = None) -> Tensor:
-    """Supervision of the auxiliary foreground and background maps.
-
-    fg_logits, bg_logits: (B, 1, H, W) logits; fg_target: (B, 1, H, W) float in {0, 1} ("any
-    foreground class"). Returns Dice+BCE(fg, target) + Dice+BCE(bg, 1 - target). mask: None or
-    (B, 1, H, W) in {0, 1}, 0 at pixels without a label (nnU-Net's ignore label): they are neither
-    foreground nor background and count in no term.
-    """
+    """Dice+BCE(fg, target) + Dice+BCE(bg, 1 - target) of the auxiliary maps, all (B, 1, H, W); fg_target in {0, 1}
+    ("any foreground class"). ``mask`` is 0 at unlabelled pixels (nnU-Net's ignore label), which count in no term."""
     _check_same_shape("foreground_background_loss", fg_logits=fg_logits, bg_logits=bg_logits, fg_target=fg_target,
                       **({} if mask is None else {"mask": mask}))
     target = fg_target.float()
@@ -74,25 +59,18 @@ def foreground_background_loss(fg_logits: Tensor, bg_logits: Tensor, fg_target: 
 
 
 def complementarity_loss(fg_logits: Tensor, bg_logits: Tensor, uc_logits: Tensor) -> Tensor:
-    """Pushes every pixel to be claimed by exactly one of foreground, background, uncertainty.
-
-    fg_logits, bg_logits, uc_logits: (B, 1, H, W). With ``(p_f, p_b, p_u)`` the softmax over the three
-    maps at each pixel, returns the mean over pixels of ``p_f p_b + p_f p_u + p_b p_u``: 0 for a
-    one-hot pixel, 1/3 for equal logits. Computed as ``(1 - p_f^2 - p_b^2 - p_u^2) / 2`` (the three
-    probabilities sum to 1).
-    """
+    """Pushes every pixel to be claimed by exactly one of foreground, background, uncertainty (each (B, 1, H, W)):
+    with ``(p_f, p_b, p_u)`` the pixel's softmax over the three maps, the mean of ``p_f p_b + p_f p_u + p_b p_u`` (0
+    one-hot, 1/3 for equal logits), computed as ``(1 - p_f^2 - p_b^2 - p_u^2) / 2`` since they sum to 1."""
     _check_same_shape("complementarity_loss", fg_logits=fg_logits, bg_logits=bg_logits, uc_logits=uc_logits)
     p = torch.softmax(torch.stack([fg_logits.float(), bg_logits.float(), uc_logits.float()], dim=0), dim=0)
     return 0.5 - 0.5 * p.square().sum(dim=0).mean()
 
 
 def consistency_loss(logits_a: Tensor, logits_b: Tensor) -> Tensor:
-    """Symmetric agreement between two predictions of the same images (e.g. clean and perturbed).
-
-    logits_a, logits_b: (B, K, H, W). Each prediction is trained towards the other's hard label
-    (detached): for K >= 2 cross-entropy against the other's argmax, for K = 1 binary cross-entropy
-    against the other's ``logit > 0``. Returns the sum of the two terms, each a mean over pixels.
-    """
+    """Symmetric agreement of two predictions (B, K, H, W) of the same images (e.g. clean and perturbed): each is
+    trained towards the other's detached hard label (CE to its argmax; K = 1: BCE to ``logit > 0``). Returns the sum of
+    the two terms, each a mean over pixels."""
     _check_same_shape("consistency_loss", logits_a=logits_a, logits_b=logits_b)
     if logits_a.ndim < 2:
         raise ValueError(f"consistency_loss: logits must be (B, K, ...), got shape {tuple(logits_a.shape)}")

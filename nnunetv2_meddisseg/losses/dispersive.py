@@ -1,39 +1,29 @@
 """Dispersive loss: a regulariser that spreads the features of a batch apart.
 
-Each sample's features are flattened to ``h_i`` in R^D; ``d_ij`` is a distance between two samples
-and the loss runs over the ``P = B (B - 1)`` ordered pairs ``i != j``:
+Each sample's features are flattened to ``h_i`` in R^D; the loss runs over the ``P = B (B - 1)`` ordered pairs
+``i != j`` of a distance ``d_ij``:
 
-- ``infonce_l2``:     ``d_ij = ||h_i - h_j||^2 / D``,
-  ``L = log( (1/P) sum_{i!=j} exp(-d_ij / tau) + eps )``
-- ``infonce_cosine``: ``d_ij = 1 - <h_i, h_j> / (||h_i|| ||h_j||)`` (norms clamped at 1e-12),
-  same ``L`` as above
-- ``infonce_cosine_centred``: the same on ``h_i - mean_batch(h)``. Uncentred, the cosine of
-  non-negative features (after a ReLU, or gated by a sigmoid) is lowered only by making them sparse
-  with disjoint supports, which gates can do by shrinking towards zero; centred, it measures how the
-  samples differ from the batch mean, and neither scale nor a common offset can lower it
-- ``hinge``:          ``d_ij = ||h_i - h_j|| / sqrt(D)``,
-  ``L = (1/P) sum_{i!=j} max(0, margin - d_ij)^2``
+- ``infonce_l2``:     ``d_ij = ||h_i - h_j||^2 / D``, ``L = log( (1/P) sum_{i!=j} exp(-d_ij / tau) + eps )``
+- ``infonce_cosine``: ``d_ij = 1 - <h_i, h_j> / (||h_i|| ||h_j||)`` (norms clamped at 1e-12), same ``L``
+- ``infonce_cosine_centred``: the same on ``h_i - mean_batch(h)``. The uncentred cosine of non-negative features
+  (after a ReLU or a sigmoid gate) is lowered only by disjoint sparse supports, which gates reach by shrinking
+  towards zero; centred, neither scale nor a common offset can lower it
+- ``hinge``:          ``d_ij = ||h_i - h_j|| / sqrt(D)``, ``L = (1/P) sum_{i!=j} max(0, margin - d_ij)^2``
 - ``covariance``:     ``H~ = H - mean_batch(H)``, ``C = H~^T H~ / (B - 1)``,
-  ``L = sum_{p!=q} C_pq^2 / (D (D - 1))`` (the mean over the off-diagonal entries; 0 when D = 1)
+  ``L = sum_{p!=q} C_pq^2 / (D (D - 1))`` (the off-diagonal mean; 0 when D = 1)
 
-The 1/D normalisation of the distances is the one of the original Dispersive Loss (Wang & He, 2025):
-without it the distances of high-dimensional features are so large that ``exp(-d / tau)`` underflows
-and the loss has no gradient. The covariance penalty is averaged over its ``D (D - 1)`` entries for
-the same reason: a sum (the paper's Eq. 6) grows with ``D^2`` and a sum divided by D still with D, so
-for features of the same per-dimension statistics only the mean keeps one value (and one weight)
-whatever the layer's size. Like the paper's sum it grows with the 4th power of the feature scale,
-so when ``D >> B`` (where ``C`` has rank < B and cannot be diagonal) shrinking the features also
-lowers it. Everything is computed in fp32 (autocast is switched off inside) from the B x B
-Gram matrix of the batch, so that D may be 10^6 without a D x D matrix ever being built.
+The 1/D is the original Dispersive Loss's (Wang & He, 2025): without it ``exp(-d / tau)`` underflows for large D and
+the loss has no gradient. The covariance penalty is a mean for the same reason: the paper's sum (Eq. 6) grows with
+``D^2``, a sum divided by D still with D; for features of equal per-dimension statistics only the mean keeps one
+value (and one weight) whatever the layer's size. Like the sum it grows with the 4th power of the feature scale, so
+when ``D >> B`` (``C`` has rank < B and cannot be diagonal) shrinking the features lowers it too. All is computed
+in fp32 (autocast off) from the B x B Gram matrix, so D may be 10^6 without a D x D matrix.
 
-Under ``torch.distributed`` each process holds a share of the batch: ``DispersiveLoss`` (``gather=True``,
-the default) disperses the whole batch, ``dispersive_loss(gather_batch(features))`` (``DispersiveLoss.batch``,
-``losses.gather``), so that its value is the single-process loss of the concatenated batch and DDP's averaged
-gradient is that loss's gradient; ``gather=False`` disperses each process's share on its own.
+``DispersiveLoss`` (``gather=True``) disperses the batch of every ``torch.distributed`` process,
+``dispersive_loss(gather_batch(features))`` (``losses.gather``); with ``gather=False`` each process its own share.
 
-Smallest batch (``MINIMUM_BATCH``): two samples for every variant except ``infonce_cosine_centred``,
-which needs three: centred on their mean, two samples are exact opposites (cosine distance 2 whatever
-the features), so at B = 2 the loss is the constant ``log(exp(-2 / tau) + eps)`` with no gradient.
+``MINIMUM_BATCH`` is 2, or 3 for ``infonce_cosine_centred``: centred, two samples are exact opposites (cosine
+distance 2), so at B = 2 the loss is the constant ``log(exp(-2 / tau) + eps)`` with no gradient.
 """
 import math
 from types import MappingProxyType
@@ -74,11 +64,8 @@ def _check_options(variant: str, tau: float, eps: float, margin: float) -> None:
 
 
 def _off_diagonal(m: Tensor) -> Tensor:
-    """m: (B, B) -> (B (B - 1),) entries with i != j, row by row.
-
-    Without a boolean mask (whose data-dependent size breaks torch.compile's graph): after the
-    first element, the flattened matrix has rows of B + 1 whose last entry is the next diagonal one.
-    """
+    """m: (B, B) -> (B (B - 1),) entries i != j, row by row, without a boolean mask (its data-dependent size breaks
+    torch.compile's graph): after the first element, the flattened matrix has rows of B + 1 ending on a diagonal."""
     b = m.shape[0]
     return m.flatten()[1:].view(b - 1, b + 1)[:, :b].reshape(-1)
 
@@ -92,14 +79,9 @@ def _safe_sqrt(x: Tensor) -> Tensor:
 def dispersive_loss(features: Tensor, variant: str = "infonce_l2", tau: float = 0.8, eps: float = 1e-8,
                     margin: float = 1.0) -> Tensor:
     """Dispersive loss of one batch of features (formulas in the module docstring).
-
-    features: (B, ...) any float dtype, flattened per sample to (B, D).
-    Returns a 0-dim fp32 tensor. With B < 2 there is no pair: the result is a zero that stays
-    connected to the graph (its gradient is zero). ``tau`` and ``eps`` are used by the two InfoNCE
-    variants, ``margin`` by ``hinge``. Value and gradient stay finite for any finite input in the
-    InfoNCE and hinge variants; ``covariance`` grows with the 4th power of the feature scale and is
-    finite as long as its value fits in fp32.
-    """
+    features: (B, ...) any float dtype, flattened to (B, D). Returns a 0-dim fp32 tensor; with B < 2 a zero still
+    connected to the graph. ``tau``, ``eps``: InfoNCE forms; ``margin``: ``hinge``. Value and gradient are finite for
+    finite input, except that ``covariance`` (4th power of the feature scale) must fit in fp32."""
     _check_options(variant, tau, eps, margin)
     return _dispersive(features, variant, tau, eps, margin)
 
@@ -119,15 +101,14 @@ def _dispersive(features: Tensor, variant: str, tau: float, eps: float, margin: 
         if variant in ("infonce_cosine", "infonce_cosine_centred"):
             if variant == "infonce_cosine_centred":
                 h = h - h.mean(dim=0, keepdim=True)
-            # ||h_i|| computed on the row divided by its max |value| so that it cannot overflow
+            # ||h_i|| of the row divided by its max |value|: no overflow
             row_scale = h.detach().abs().amax(dim=1, keepdim=True).clamp_min(_FP32.tiny)
             norms = (torch.linalg.vector_norm(h / row_scale, dim=1, keepdim=True) * row_scale).clamp_min(_NORM_CLAMP)
             unit = h / norms
             logits = _off_diagonal(-(1.0 - unit @ unit.transpose(0, 1)) / tau)
         else:
-            # The B x B Gram matrix of the batch, centred (distances are translation invariant, and centring
-            # avoids cancellation in |a|^2 + |b|^2 - 2<a, b>) and divided by its largest absolute value s (no
-            # intermediate overflows).
+            # B x B Gram matrix of the centred batch (distances are translation invariant; centring avoids
+            # cancellation in |a|^2 + |b|^2 - 2<a, b>), divided by its largest |value| s against overflow
             centred = h - h.mean(dim=0, keepdim=True)
             s = centred.detach().abs().amax().clamp_min(_FP32.tiny)
             u = centred / s
@@ -146,8 +127,8 @@ def _dispersive(features: Tensor, variant: str, tau: float, eps: float, margin: 
             if variant == "hinge":
                 return torch.relu(margin - _safe_sqrt(q) * s).square().mean()
             logits = -(q * s) * (s / tau)
-        # InfoNCE: log(mean(exp(logits)) + eps) in log-sum-exp form. -inf logits (overflowed distances) would
-        # give a NaN gradient in logsumexp: keep them finite; exp() of the clamp value is 0 in fp32 either way.
+        # InfoNCE: log(mean(exp(logits)) + eps) as log-sum-exp. -inf logits (overflowed distances) give logsumexp a
+        # NaN gradient: keep them finite; exp() of the clamp value is 0 in fp32 anyway.
         logits = logits.clamp_min(-0.5 * _FP32.max)
         log_mean = torch.logsumexp(logits, dim=0) - math.log(logits.numel())
         if eps == 0:
@@ -156,17 +137,11 @@ def _dispersive(features: Tensor, variant: str, tau: float, eps: float, margin: 
 
 
 class DispersiveLoss(nn.Module):
-    """The dispersive loss of one form on one named feature map of the network (or the mean over all three), over
-    the batch of every process.
-
-    forward(features): features is a mapping with the keys ``early``, ``middle``, ``late`` (as in
-    ``MedDisSegOutput.features``), each (B, C, H, W). Returns ``dispersive_loss(...)`` at ``placement`` (0-dim);
-    ``placement="all"`` uses the mean over the three placements. :meth:`of` is the loss of one feature map.
-
-    gather: under ``torch.distributed``, disperse the batch of every process (:meth:`batch`: the value is the loss
-    of the concatenated batch, identical on every process; DDP's averaged gradient is its gradient); False: each
-    process disperses its own share. No effect without a process group.
-    """
+    """One dispersive loss form on one named feature map (or the mean of all three), over every process's batch.
+    forward(features): a mapping with keys ``early``, ``middle``, ``late`` (``MedDisSegOutput.features``), each
+    (B, C, H, W) -> the 0-dim loss at ``placement`` ("all": the mean of the three). ``of``: one feature map's loss.
+    gather: under ``torch.distributed``, disperse every process's batch (``batch``): the value is the concatenated
+    batch's loss on every process, DDP's averaged gradient its gradient; False: each process its own share."""
 
     def __init__(self, variant: str = "infonce_l2", tau: float = 0.8, eps: float = 1e-8, margin: float = 1.0,
                  placement: str = "early", gather: bool = True):
@@ -185,8 +160,7 @@ class DispersiveLoss(nn.Module):
         self.placements: Tuple[str, ...] = DISPERSIVE_PLACEMENTS if placement == "all" else (placement,)
 
     def batch(self, features: Tensor) -> Tensor:
-        """features: this process's share (B_r, ...) -> the batch this loss disperses: every process's
-        (``gather_batch``) where it gathers, else ``features``."""
+        """features: this process's share (B_r, ...) -> the batch this loss disperses (gathered if ``gather``)."""
         return gather_batch(features) if self.gather else features
 
     def of(self, features: Tensor) -> Tensor:
@@ -211,9 +185,8 @@ class DispersiveLoss(nn.Module):
 
 
 def _centred_gram_in_blocks(h: Tensor, dtype: torch.dtype, scale: float) -> Tensor:
-    """h: (B, D) any float dtype -> (B, B) Gram matrix of the centred batch divided by ``scale``, in
-    ``dtype``, accumulated over column blocks of ``DIAGNOSTICS_BLOCK_ELEMENTS // B`` dimensions (so at
-    most one (B, block) copy of the features exists at a time)."""
+    """h: (B, D) -> (B, B) Gram matrix of the centred batch / ``scale`` in ``dtype``, summed over column blocks of
+    ``DIAGNOSTICS_BLOCK_ELEMENTS // B`` dimensions: one (B, block) copy of the features at a time."""
     b, d = h.shape
     step = max(1, DIAGNOSTICS_BLOCK_ELEMENTS // b)
     gram = torch.zeros(b, b, dtype=dtype, device=h.device)
@@ -226,22 +199,17 @@ def _centred_gram_in_blocks(h: Tensor, dtype: torch.dtype, scale: float) -> Tens
 
 @torch.no_grad()
 def dispersion_diagnostics(features: Tensor) -> Dict[str, float]:
-    """How spread out a batch of features is (for logging).
-
-    features: (B, ...) flattened per sample to (B, D). Returns (keys ``DIAGNOSTIC_KEYS``)
-    - ``mean_pairwise_distance``: mean over i != j of ``||h_i - h_j||^2 / D`` (the ``d_ij`` of
-      ``infonce_l2``); 0.0 when B < 2.
-    - ``effective_rank``: exp of the Shannon entropy of the normalised singular values of the
-      centred (B, D) batch matrix (between 1 and B - 1); 0.0 when the centred batch is zero.
-    Both come from the B x B Gram matrix of the centred batch, accumulated in float64 (float32 on MPS)
-    over blocks of ``DIAGNOSTICS_BLOCK_ELEMENTS`` values: the extra memory is one such block, whatever D.
-    """
+    """How spread out a batch of features (B, ...), flattened to (B, D), is; keys ``DIAGNOSTIC_KEYS``:
+    - ``mean_pairwise_distance``: mean over i != j of ``||h_i - h_j||^2 / D`` (``infonce_l2``'s ``d_ij``); 0 if B < 2.
+    - ``effective_rank``: exp of the Shannon entropy of the normalised singular values of the centred (B, D) batch
+      (1 to B - 1); 0 when the centred batch is zero.
+    Both come from the centred batch's B x B Gram matrix, summed in float64 (float32 on MPS) over blocks of
+    ``DIAGNOSTICS_BLOCK_ELEMENTS`` values: one block of extra memory, whatever D."""
     h = features.detach().reshape(features.shape[0], -1)
     b, d = h.shape
     if b < 2:
         return {"mean_pairwise_distance": 0.0, "effective_rank": 0.0}
-    # float64 where the device has it: the small singular values of a nearly low-rank batch would
-    # otherwise drown in rounding noise; the scale keeps float32 sums finite
+    # float64 keeps a near low-rank batch's small singular values above rounding noise; the scale keeps fp32 sums finite
     dtype = torch.float32 if h.device.type == "mps" else torch.float64
     scale = float(h.abs().amax().float()) or 1.0
     if not math.isfinite(scale):

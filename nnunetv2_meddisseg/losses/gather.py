@@ -1,32 +1,21 @@
 """The global batch of a data-parallel run, for losses whose samples are each other's negatives.
 
-Under ``torch.distributed`` (nnU-Net's ``-num_gpus N``: one process per GPU, the batch split between
-them) each process holds only its share ``H_r`` (B_r, ...) of the batch. A loss over the pairs of a
-batch, such as the dispersive loss, computed on ``H_r`` alone sees ``B_r (B_r - 1)`` pairs instead of
-``B (B - 1)``, and none at all when ``B_r = 1``. ``gather_batch`` returns the concatenation
-``H = [H_0; ...; H_{R-1}]`` (B, ...) on every process, so that ``L(gather_batch(H_r))`` has the value
-``L(H)`` of a single process holding the whole batch.
+Under ``torch.distributed`` (nnU-Net's ``-num_gpus N``) each process holds only its share ``H_r`` (B_r, ...) of the
+batch, and a pairwise loss on ``H_r`` sees ``B_r (B_r - 1)`` pairs instead of ``B (B - 1)``, none when ``B_r = 1``.
+``gather_batch`` returns ``H = [H_0; ...; H_{R-1}]`` (B, ...) on every process, so ``L(gather_batch(H_r)) = L(H)``.
 
-Gradient. Process r's own rows keep their gradient; the other processes' rows enter as constants, and
-the gradient that reaches ``H_r`` is multiplied by the world size R: process r back-propagates
-``R dL/dH_r``. DDP averages the parameter gradients of the R processes (their sum divided by R), so
-the parameters receive ``(1/R) sum_r R dL/dH_r dH_r/dtheta = dL/dtheta``, the gradient of a single
-process training on the concatenated batch (as the segmentation loss, a per-process mean, averages
-to the mean over the whole batch when the shares are equal). Summed over the processes, the gradients are
-``R dL/dtheta``. Without the factor R, DDP's averaging would give ``dL/dtheta / R``: the regulariser
-would weaken as GPUs are added.
+Gradient. The other processes' rows are constants; process r's rows keep their gradient, times the world size R,
+so r back-propagates ``R dL/dH_r``. DDP averages the R parameter gradients, so the parameters receive
+``(1/R) sum_r R dL/dH_r dH_r/dtheta = dL/dtheta``, one process's gradient on the whole batch (as the segmentation
+loss, a per-process mean, averages to the whole batch's when the shares are equal); summed over the processes,
+``R dL/dtheta``. Without the factor R the regulariser would weaken as GPUs are added. A gradient-carrying
+all-gather (``torch.distributed.nn.functional.all_gather``) would give the same ``sum_s dL/dH_r = R dL/dH_r``, as
+every process computes the same ``L`` from the same ``H``, for a second B x D collective per backward. Valid while
+every process computes the same function of ``H`` (true for every form in ``losses.dispersive``).
 
-Why constants and not a gradient-carrying all-gather (``torch.distributed.nn.functional.all_gather``,
-whose backward all-reduces the gradient of the whole gathered batch and keeps the process's slice):
-every process computes the same ``L`` from the same ``H``, so that all-reduce returns
-``sum_s dL/dH_r = R dL/dH_r``, the very gradient given here, at the price of a second collective as
-large as the first (B x D values) in every backward. Constants with the factor R give the same
-gradients with one all-gather in the forward and no communication in the backward. Valid as long as
-every process computes the same function of ``H`` (true for every variant of ``losses.dispersive``).
-
-Cost: each process receives ``(B - B_r) D`` values per call, in the features' dtype (fp16 / bf16
-under autocast), plus a small all-gather of the shapes (the shares may differ in size, as nnU-Net's
-split of a batch of 5 over 2 GPUs into 3 + 2 does). Every process must call it, in the same order.
+Cost: ``(B - B_r) D`` values received per call in the features' dtype (fp16 / bf16 under autocast), plus a small
+all-gather of the shapes (shares may differ: nnU-Net splits a batch of 5 over 2 GPUs as 3 + 2). Every process must
+call it, in the same order.
 """
 from typing import List, Optional
 
@@ -40,8 +29,8 @@ _MAX_DIMS = 8
 
 
 class _GatherRows(torch.autograd.Function):
-    """forward: (B_r, ...) -> (B, ...), the shares of every process in rank order; backward: the
-    gradient of this process's rows, multiplied by the world size (see the module docstring)."""
+    """forward: (B_r, ...) -> (B, ...), every process's share in rank order; backward: this process's rows'
+    gradient times the world size."""
 
     @staticmethod
     def forward(ctx, x: Tensor, sizes: List[int], rank: int, group: Optional[object]) -> Tensor:
@@ -63,13 +52,9 @@ class _GatherRows(torch.autograd.Function):
 
 
 def gather_batch(x: Tensor, group: Optional[object] = None) -> Tensor:
-    """The batch of every process of ``group`` (default: the whole world), concatenated in rank order.
-
-    x: (B_r, ...) this process's share; the shares may differ in B_r, not in the other dimensions.
-    Returns (sum_r B_r, ...) in x's dtype and device, whose rows of this process carry x's gradient
-    times the world size and whose other rows are constants (module docstring). Without a process group,
-    or with a single process, returns ``x`` itself.
-    """
+    """The batch of every process of ``group`` (default: the world) in rank order: (sum_r B_r, ...), x's dtype, device.
+    x: (B_r, ...), the shares may differ in B_r only. This process's rows carry x's gradient times the world size, the
+    others are constants. Without a process group, or with one process, returns ``x`` itself."""
     if not (dist.is_available() and dist.is_initialized()):
         return x
     world_size = dist.get_world_size(group)

@@ -1,18 +1,10 @@
 """nnU-Net's Dice + CE segmentation loss of several outputs at once.
 
-Med-DisSeg's Stage II scores four logit maps against the same target (the final logits and the three
-decoding paths). Called once per map, nnU-Net's ``DC_and_CE_loss`` issues about 65 operations (forward and
-backward) each; :func:`dice_ce_per_output` computes the same four values from one stacked tensor in
-about a fifth of that (on a GPU every operation is at least one kernel launch).
-
-A restatement of nnU-Net's code: ``training.nnunet_copies.PINNED`` pins the source of the three nnU-Net methods it
-restates (a test fails, naming the method, when the installed nnU-Net's differs), and
-``tests/losses/test_segmentation.py`` compares its values and gradients with nnU-Net's loss.
-
-:func:`dice_ce_settings` reads the settings of an nnU-Net ``DC_and_CE_loss`` (with
-``MemoryEfficientSoftDiceLoss`` and nnU-Net's plain cross-entropy, as ``nnUNetTrainer._build_loss`` makes it),
-and returns None for any other loss, or where the batch Dice is summed over processes (DDP), so that
-callers fall back to calling the loss itself.
+Stage II scores four logit maps (final logits, three decoding paths) against one target. Per map nnU-Net's
+``DC_and_CE_loss`` issues about 65 operations (forward and backward); ``dice_ce_per_output`` computes the four values
+from one stacked tensor in about a fifth of that (on a GPU each operation is at least one kernel launch). It restates
+nnU-Net's code: ``training.nnunet_copies.PINNED`` pins the three methods' source, and
+``tests/losses/test_segmentation.py`` compares values and gradients with nnU-Net's loss.
 """
 from typing import Optional, Sequence
 
@@ -27,9 +19,9 @@ __all__ = ["dice_ce_settings", "dice_ce_per_output"]
 
 
 def dice_ce_settings(loss: object) -> Optional[dict]:
-    """The keyword arguments of :func:`dice_ce_per_output` that reproduce ``loss``, or None where ``loss`` is not
-    nnU-Net's ``DC_and_CE_loss`` with ``MemoryEfficientSoftDiceLoss`` (softmax, possibly ``torch.compile``d) and
-    an unweighted, unsmoothed ``RobustCrossEntropyLoss``, or where its batch Dice is gathered over processes."""
+    """The keyword arguments of ``dice_ce_per_output`` that reproduce ``loss``; None (call the loss itself) where it is
+    no nnU-Net softmax Dice + plain CE ``DC_and_CE_loss`` (as ``nnUNetTrainer._build_loss`` makes it) or its batch Dice
+    is gathered over processes."""
     if type(loss) is not DC_and_CE_loss:
         return None
     dc = getattr(loss.dc, "_orig_mod", loss.dc)
@@ -49,13 +41,11 @@ def dice_ce_per_output(outputs: Sequence[Tensor], target: Tensor, batch_dice: bo
                        smooth: float = 1e-5, weight_ce: float = 1.0, weight_dice: float = 1.0,
                        ignore_label: Optional[int] = None) -> Tensor:
     """nnU-Net's ``DC_and_CE_loss(MemoryEfficientSoftDiceLoss)`` of each output against one target.
-
-    outputs: P logit maps, each (B, K, *spatial); target: (B, 1, *spatial) label map. Returns (P,) fp32:
-    entry p is ``weight_ce * CE(outputs[p]) - weight_dice * Dice(outputs[p])`` with nnU-Net's definitions: CE the
-    mean over labelled pixels (0 when none is labelled), Dice the soft Dice of the softmax, per sample and class
-    (``batch_dice``: summed over the batch), classes from 1 unless ``do_bg``, ``(2 I + smooth) / max(G + S +
-    smooth, 1e-8)`` averaged. Pixels labelled ``ignore_label`` count in neither term.
-    """
+    outputs: P logit maps, each (B, K, *spatial); target: (B, 1, *spatial) label map. Returns (P,) fp32: entry p is
+    ``weight_ce * CE(outputs[p]) - weight_dice * Dice(outputs[p])`` as nnU-Net defines them: CE the mean over labelled
+    pixels (0 when none is labelled), Dice the softmax's soft Dice per sample and class (``batch_dice``: summed over the
+    batch), classes from 1 unless ``do_bg``, ``(2 I + smooth) / max(G + S + smooth, 1e-8)`` averaged. Pixels labelled
+    ``ignore_label`` count in neither term."""
     if len(outputs) == 0:
         raise ValueError("dice_ce_per_output: no outputs given")
     logits = torch.stack(list(outputs))  # (P, B, K, *spatial)

@@ -1,26 +1,16 @@
-"""Re-estimating BatchNorm's running statistics for the weights a network has now ("precise BatchNorm").
+"""Re-estimating BatchNorm's running statistics for a network's current weights ("precise BatchNorm").
 
-In training, a BatchNorm layer normalises with the statistics of the batch in hand and keeps running
-averages (momentum 0.1) of them; in evaluation, which is what nnU-Net predicts and validates with, it
-normalises with those running averages. At the small batches nnU-Net plans (2-8 images, a 4x4 map per
-channel at H/16 for 64x64 inputs) the batch statistics are noisy and the running averages trail the
-weights: they mix statistics of networks from many earlier steps. ``recalibrate_batchnorm`` replaces
-them by the plain average over calibration batches run through the current weights (Wu and Johnson,
-*Rethinking "Batch" in BatchNorm*, 2021). It changes no weight, only the running mean and variance.
+BatchNorm evaluates (nnU-Net's validation and prediction) with running averages (momentum 0.1) of its training
+batches' statistics. At nnU-Net's small batches (2-8 images; a 4x4 map per channel at H/16 for 64x64 inputs) those
+are noisy, and the averages trail the weights. ``recalibrate_batchnorm`` replaces them by the plain average over
+calibration batches run through the current weights (Wu and Johnson, *Rethinking "Batch" in BatchNorm*, 2021).
 
-``recalibrate_batchnorm`` re-estimates the layers that the given forward runs: every BatchNorm layer
-with ``track_running_stats`` in ``modules`` is reset (``momentum = None``: a cumulative average over
-the batches), the batches are forwarded in training mode without gradients, and layers that the
-forward never reached (e.g. the decoder of an encoder-only Stage I forward) get their previous
-statistics back. Modes and momenta are restored afterwards.
-
-The running mean is then the exact mean over the calibration batches when they have equal sizes; the
-running variance is the mean of the per-batch unbiased variances (PyTorch's rule), which differs from
-the pooled variance by the between-batch spread of the means.
-
-``nnUNetTrainerMedDisSeg`` uses it before every validation: the running statistics of the current stage's model
-are re-estimated over ``batchnorm_calibration_samples`` training samples, the same batches every time, drawn as
-nnU-Net's dataloader draws them from a generator of their own.
+Layers are reset with ``momentum = None`` (a cumulative average) and the batches forwarded in training mode without
+gradients; layers the forward never reached (e.g. the decoder in an encoder-only Stage I forward) get their old
+statistics back. With equal batch sizes the running mean is exact; the running variance is the mean of per-batch
+unbiased variances (PyTorch's rule), which differs from the pooled variance by the between-batch spread of the means.
+``nnUNetTrainerMedDisSeg`` recalibrates before every validation on the same ``batchnorm_calibration_samples``
+training samples every time, drawn as nnU-Net's dataloader draws, from a generator of their own.
 """
 from typing import Callable, Dict, Iterable, List, Sequence
 
@@ -44,16 +34,9 @@ def batchnorm_layers(modules: Sequence[nn.Module]) -> List[_BatchNorm]:
 def recalibrate_batchnorm(modules: Sequence[nn.Module], batches: Iterable[Tensor],
                           forward: Callable[[Tensor], object]) -> int:
     """Replace the running statistics of the BatchNorm layers in ``modules`` by their average over ``batches``.
-
-    Args:
-        modules: the modules whose BatchNorm layers are re-estimated (e.g. the network and a head).
-        batches: input tensors, each (B, C, *spatial), B >= 2 where a layer normalises a 1x1 map.
-        forward: runs one batch through ``modules`` (its result is discarded); called in training mode
-            under ``torch.no_grad()``.
-
-    Returns the number of layers re-estimated (those the forward reached). Raises ``ValueError`` when
-    ``batches`` is empty while ``modules`` hold BatchNorm layers.
-    """
+    batches: inputs (B, C, *spatial), B >= 2 where a layer normalises a 1x1 map. forward: runs one batch through
+    ``modules`` (result discarded), in training mode under ``torch.no_grad()``. Returns the number of layers
+    re-estimated (those the forward reached); ``ValueError`` where ``batches`` is empty but there are layers."""
     layers = batchnorm_layers(modules)
     if not layers:
         return 0

@@ -1,13 +1,9 @@
 """Our per-epoch curves in nnU-Net's logger, and their plot.
 
-nnU-Net's ``LocalLogger`` accepts a fixed set of keys (losses, pseudo Dice, one learning rate,
-timestamps) and draws ``progress.png`` from them. Our trainers also track the learning rate of each
-parameter group, the training stage, every loss term, each group's gradient norm and the dispersion
-diagnostics. ``CurvesLogger`` is nnU-Net's ``LocalLogger`` accepting these keys too, so that they go
-through ``MetaLogger.log`` like nnU-Net's own values: into every logger nnU-Net drives (Weights &
-Biases with ``nnUNet_wandb_enabled=1``) and into the ``logging`` entry of the checkpoints.
-``plot_curves`` draws them into a second figure, ``progress_terms.png``, beside ``progress.png`` (which stays
-untouched).
+``CurvesLogger`` is nnU-Net's ``LocalLogger`` also accepting our keys (each group's learning rate and gradient norm,
+the stage, every loss term, dispersion diagnostics), so ``MetaLogger.log`` takes them to every logger nnU-Net drives
+(Weights & Biases with ``nnUNet_wandb_enabled=1``) and to the checkpoints' ``logging`` entry. ``plot_curves`` draws
+them into ``progress_terms.png``; ``progress.png`` stays untouched.
 """
 import math
 from pathlib import Path
@@ -27,8 +23,7 @@ __all__ = ["CurvesLogger", "plot_curves", "epoch_means", "summary_lines", "stopp
 PLOT_FILENAME = "progress_terms.png"
 #: the keys nnU-Net's ``LocalLogger`` knows; every other key is one of our curves
 NNUNET_KEYS = tuple(LocalLogger().my_fantastic_logging)
-#: the per-epoch summary in the log, one line per section: (``train_step`` key prefix, title, number format);
-#: ``train_step`` values of these prefixes are averaged per epoch into our curves
+#: (``train_step`` key prefix, title, number format) of each log summary line; these prefixes' keys are our curves
 SUMMARY_SECTIONS = (("loss_", "loss terms", ".4f"), ("grad_norm_", "gradient norms (before clipping)", ".4g"),
                     ("dispersion_", "dispersion", ".4g"))
 CURVE_PREFIXES = tuple(prefix for prefix, _, _ in SUMMARY_SECTIONS)
@@ -38,8 +33,7 @@ _PLOT_STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "xti
 
 
 def epoch_means(outputs: Mapping[str, Sequence[float]]) -> Dict[str, float]:
-    """The epoch's value of each curve: the mean of the finite values of every ``train_step`` key with one of
-    :data:`CURVE_PREFIXES` (``outputs``: the collated results, one value per step), NaN where none is finite."""
+    """Per ``CURVE_PREFIXES`` key of the collated ``train_step`` ``outputs``: the mean of its finite values, or NaN."""
     means: Dict[str, float] = {}
     for key, values in outputs.items():
         if key.startswith(CURVE_PREFIXES):
@@ -49,8 +43,7 @@ def epoch_means(outputs: Mapping[str, Sequence[float]]) -> Dict[str, float]:
 
 
 def summary_lines(means: Mapping[str, float]) -> List[str]:
-    """The epoch's summary for the log: one line per section of :data:`SUMMARY_SECTIONS` that has values
-    (``loss terms: seg 0.4012, ...``)."""
+    """The epoch's log lines, one per ``SUMMARY_SECTIONS`` section with values (``loss terms: seg 0.4012, ...``)."""
     lines = []
     for prefix, title, number in SUMMARY_SECTIONS:
         values = sorted((k[len(prefix):], v) for k, v in means.items() if k.startswith(prefix))
@@ -60,9 +53,8 @@ def summary_lines(means: Mapping[str, float]) -> List[str]:
 
 
 def stopped_learning(outputs: Mapping[str, Sequence[float]]) -> bool:
-    """True where no training step of the epoch had a finite, non-zero gradient (``outputs``: the collated
-    ``train_step`` results, one value per step under each ``grad_norm_*`` key; False without such keys): a run that
-    has stopped learning, e.g. under fp16 when the GradScaler has shrunk its scale until every gradient underflows."""
+    """True where no step had a finite, non-zero ``grad_norm_*`` in the collated ``train_step`` ``outputs`` (False
+    without such keys), e.g. under fp16 once the GradScaler has shrunk its scale until every gradient underflows."""
     norms = [np.asarray(v, dtype=np.float64).reshape(-1) for k, v in outputs.items() if k.startswith("grad_norm_")]
     if not norms:
         return False
@@ -77,14 +69,9 @@ def _our_keys(curves: Mapping[str, Sequence[float]], prefix: str = "") -> List[s
 
 def plot_curves(curves: Mapping[str, Sequence[float]], filename: str, num_epochs: Optional[int] = None,
                 stage_boundaries: Iterable[int] = ()) -> None:
-    """Draw loss terms, learning rates and dispersion diagnostics over the epochs into ``filename`` (a PNG, written
-    whole: ``files.write_atomically``).
-
-    curves: key -> one float per epoch (NaN where an epoch logged none; nnU-Net's keys are left out). Key prefixes
-    decide the panel: ``loss_`` (loss terms), ``lr_`` (learning rates, log scale), ``dispersion_`` (diagnostics).
-    ``num_epochs``: how many epochs to draw (default: the longest curve). ``stage_boundaries``: epochs at which a
-    new training stage starts (dashed vertical lines).
-    """
+    """Draw the ``loss_``, ``lr_`` (log scale) and ``dispersion_`` curves per epoch into the PNG ``filename``.
+    curves: key -> one float per epoch, NaN where none was logged; nnU-Net's keys are left out. ``num_epochs``: default
+    the longest curve. ``stage_boundaries``: epochs that start a new stage (dashed lines). The file is written whole."""
     with matplotlib.rc_context(_PLOT_STYLE):  # nnU-Net's progress plot scales all fonts globally
         figure = _figure(curves, num_epochs, stage_boundaries)
         write_atomically(Path(filename), lambda partial: figure.savefig(partial, format="png"))
@@ -133,13 +120,9 @@ def _figure(curves: Mapping[str, Sequence[float]], num_epochs: Optional[int], st
 
 
 class CurvesLogger(LocalLogger):
-    """nnU-Net's ``LocalLogger`` that also accepts keys of its own (floats, one per epoch).
-
-    A key first logged at a later epoch gets NaN for the epochs before; ``fill_missing`` gives every
-    such curve NaN at an epoch where nothing was logged, so that each list holds one entry per epoch
-    (nnU-Net's ``plot_progress_png`` draws as many epochs as its shortest list). A value logged again
-    for its epoch replaces the earlier one.
-    """
+    """nnU-Net's ``LocalLogger`` that also accepts keys of ours (floats, one per epoch). A key first logged later gets
+    NaN for the epochs before; logging an epoch again replaces its value. ``fill_missing`` keeps one entry per epoch in
+    every list: nnU-Net's ``plot_progress_png`` draws as many epochs as its shortest list."""
 
     def log(self, key, value, epoch: int):
         logged = self.my_fantastic_logging

@@ -1,12 +1,10 @@
-"""What our trainers report about the dispersive loss: its diagnostics on each epoch's first training batch, and
-batches too small for it.
+"""What our trainers report about the dispersive loss: diagnostics on each epoch's first batch, and too-small batches.
 
-- :class:`EpochDiagnostics`: ``dispersion_*`` entries of a ``train_step`` result, ``dispersion_diagnostics`` of the
-  first regularised layer (over the batch of every process where the loss gathers it) on the first step of an
-  epoch and NaN on the others (the epoch's curve is the mean of the finite values), so that their cost is paid once
-  per epoch.
-- :func:`small_batch_warning`: one line for the log at start-up where the dispersive form needs more samples than
-  one loss sees (``losses.MINIMUM_BATCH``); :data:`SINGLE_SAMPLE_WARNING` where a training batch holds one.
+``EpochDiagnostics`` gives a ``train_step`` result its ``dispersion_*`` entries: ``dispersion_diagnostics`` of the
+first regularised layer (over the batch the loss disperses) on an epoch's first step, NaN on the others (the curve
+is the mean of the finite values), so their cost is paid once per epoch. ``small_batch_warning`` is a start-up log
+line where the dispersive form needs more samples than one loss sees (``losses.MINIMUM_BATCH``);
+``SINGLE_SAMPLE_WARNING`` where a training batch holds one.
 """
 import math
 from typing import Dict, Optional
@@ -23,11 +21,7 @@ SINGLE_SAMPLE_WARNING = ("WARNING: a training batch holds a single sample: the d
 
 
 class EpochDiagnostics:
-    """The dispersion diagnostics of each epoch's first training step (see the module docstring).
-
-    Args:
-        dispersive: the trainer's dispersive loss (its :meth:`~DispersiveLoss.batch`: the batch it disperses).
-    """
+    """The dispersion diagnostics of each epoch's first training step, over the batch ``dispersive`` disperses."""
 
     def __init__(self, dispersive: DispersiveLoss):
         self.dispersive = dispersive

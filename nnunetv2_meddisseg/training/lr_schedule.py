@@ -1,10 +1,9 @@
-"""Learning-rate schedule for optimizers with several parameter groups of different base rates.
+"""Learning-rate schedules for parameter groups of different base rates.
 
-nnU-Net's ``PolyLRScheduler`` writes one learning rate into every parameter group. Med-DisSeg's
-Stage II trains the encoder at 1e-5 and the rest at 1e-4, so each group must decay from its own
-base rate: ``lr_g(e) = base_g * (1 - (e - start) / length) ** exponent`` for the epochs ``e`` of one
-stage ``[start, start + length)``. :class:`PerGroupCosineLRScheduler` decays the same way along a
-half cosine, ``lr_g(e) = base_g * (1 + cos(pi * (e - start) / length)) / 2`` (the paper's schedule).
+nnU-Net's ``PolyLRScheduler`` writes one rate into every group; Med-DisSeg's Stage II trains the encoder at 1e-5 and
+the rest at 1e-4, so each group decays from its own base over the epochs ``e`` of a stage ``[start, start + length)``:
+``lr_g(e) = base_g * (1 - (e - start) / length) ** exponent``, or along the paper's half cosine
+``lr_g(e) = base_g * (1 + cos(pi * (e - start) / length)) / 2``.
 """
 import math
 from typing import List, Optional, Sequence
@@ -32,17 +31,10 @@ def cosine_lr(base_lr: float, step: int, total_steps: int) -> float:
 
 
 class PerGroupStageLRScheduler(LRScheduler):
-    """Every parameter group decays from its own base learning rate over one stage ``[start_epoch,
-    start_epoch + num_epochs)``; subclasses give the decay (``lr``). On torch's ``LRScheduler``, as nnU-Net's
-    ``PolyLRScheduler``, and used like it: ``step(current_epoch)`` at the start of every epoch; ``step()``
-    moves on one epoch. Construction sets the rates of ``start_epoch``.
-
-    Args:
-        optimizer: the optimizer whose groups are scheduled.
-        base_lrs: one base rate per parameter group (in group order).
-        start_epoch: first epoch of the stage (its rate is ``base_lr``).
-        num_epochs: length of the stage in epochs.
-    """
+    """Every parameter group decays from its own base rate (``base_lrs``, in group order) over one stage
+    ``[start_epoch, start_epoch + num_epochs)``; subclasses give the decay (``lr``). Used like nnU-Net's
+    ``PolyLRScheduler``: ``step(current_epoch)`` at the start of every epoch, ``step()`` moves on one epoch.
+    Construction sets the rates of ``start_epoch``."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, base_lrs: Sequence[float], start_epoch: int,
                  num_epochs: int) -> None:
@@ -79,8 +71,7 @@ class PerGroupStageLRScheduler(LRScheduler):
 
 
 class PerGroupPolyLRScheduler(PerGroupStageLRScheduler):
-    """Polynomial decay ``(1 - t) ** exponent`` (nnU-Net: 0.9) of every group from its own base rate over one
-    stage (``PerGroupStageLRScheduler``)."""
+    """Polynomial decay ``(1 - t) ** exponent`` (nnU-Net: 0.9) of every group from its own base rate over a stage."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, base_lrs: Sequence[float], start_epoch: int,
                  num_epochs: int, exponent: float = 0.9) -> None:
@@ -92,8 +83,7 @@ class PerGroupPolyLRScheduler(PerGroupStageLRScheduler):
 
 
 class PerGroupCosineLRScheduler(PerGroupStageLRScheduler):
-    """Half-cosine decay ``(1 + cos(pi t)) / 2`` of every group from its own base rate to 0 over one stage
-    (``PerGroupStageLRScheduler``)."""
+    """Half-cosine decay ``(1 + cos(pi t)) / 2`` of every group from its own base rate to 0 over a stage."""
 
     def lr(self, base_lr: float, step: int) -> float:
         return cosine_lr(base_lr, step, self.num_epochs)

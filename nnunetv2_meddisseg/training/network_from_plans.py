@@ -1,6 +1,5 @@
-"""What ``nnUNetTrainerMedDisSeg`` reads from and records in nnU-Net's plans: whether a configuration builds
-MedDisSegNet, the plans saved with a model (naming MedDisSegNet where nnU-Net's default plans name another
-network), the 2D requirement, the network built from them, and the encoder weights they name."""
+"""What ``nnUNetTrainerMedDisSeg`` reads from and records in nnU-Net's plans: whether they build MedDisSegNet, the
+plans saved with a model, the 2D requirement, the network, and the encoder weights."""
 import os
 from copy import deepcopy
 from pydoc import locate
@@ -20,18 +19,16 @@ __all__ = ["network_class_is_meddisseg", "plans_recording_the_network", "require
 
 
 def network_class_is_meddisseg(configuration_manager: ConfigurationManager) -> bool:
-    """True when the configuration's network class is MedDisSegNet or a subclass of it (as in
-    ``nnUNetMedDisSegPlans``; False for nnU-Net's default plans, whatever their name)."""
+    """True when the configuration's network class is (a subclass of) MedDisSegNet, whatever the plans' name."""
     class_name = configuration_manager.network_arch_class_name
     located = locate(class_name) if isinstance(class_name, str) else None
     return isinstance(located, type) and issubclass(located, MedDisSegNet)
 
 
 def plans_recording_the_network(plans: dict, configuration: str) -> dict:
-    """``plans`` where ``configuration`` builds MedDisSegNet; else (e.g. nnU-Net's default ``nnUNetPlans``) a
-    copy whose configuration names MedDisSegNet as ``nnUNetv2_meddisseg_plan`` writes it by default
-    (:func:`~nnunetv2_meddisseg.plans_architecture.architecture_entry`), so that the plans nnU-Net saves with the
-    model (``plans.json``, the checkpoints' ``init_args``) rebuild the network the trainer trained."""
+    """``plans`` where ``configuration`` builds MedDisSegNet, else a copy naming it as ``nnUNetv2_meddisseg_plan`` does
+    by default (``architecture_entry``), so that the plans nnU-Net saves with the model (``plans.json``, the
+    checkpoints' ``init_args``) rebuild the network trained."""
     if network_class_is_meddisseg(PlansManager(deepcopy(plans)).get_configuration(configuration)):
         return plans
     recorded = deepcopy(plans)
@@ -40,8 +37,7 @@ def plans_recording_the_network(plans: dict, configuration: str) -> dict:
 
 
 def require_2d_configuration(plans: dict, configuration: str, trainer_name: str) -> None:
-    """A :class:`TrainingInputError` (a ``ValueError``) naming the remedies where ``configuration`` has no 2D
-    patch size."""
+    """A ``TrainingInputError`` (a ``ValueError``) naming the remedies where ``configuration`` has no 2D patch size."""
     manager = PlansManager(deepcopy(plans)).get_configuration(configuration)
     patch_size = list(manager.patch_size)
     if len(patch_size) != 2:
@@ -52,10 +48,8 @@ def require_2d_configuration(plans: dict, configuration: str, trainer_name: str)
 
 def build_meddisseg_network(configuration_manager: ConfigurationManager, num_input_channels: int,
                             num_output_channels: int, enable_deep_supervision: bool = True) -> nn.Module:
-    """MedDisSegNet from the plans' ``arch_kwargs`` when the plans name it, else MedDisSegNet as
-    ``nnUNetv2_meddisseg_plan`` writes it by default
-    (:func:`~nnunetv2_meddisseg.plans_architecture.architecture_entry`); the plans' ``encoder_weights`` are never
-    read (``nnUNetTrainerMedDisSeg.build_network_architecture``)."""
+    """MedDisSegNet from the plans' ``arch_kwargs`` where they name it, else as ``nnUNetv2_meddisseg_plan`` writes it
+    by default (``architecture_entry``); the plans' ``encoder_weights`` are never read here."""
     if network_class_is_meddisseg(configuration_manager):
         class_name = configuration_manager.network_arch_class_name
         arch_kwargs = dict(configuration_manager.network_arch_init_kwargs)
@@ -77,10 +71,8 @@ def plans_encoder_weights(configuration_manager: ConfigurationManager) -> Option
 
 
 def load_plans_encoder_weights(network: nn.Module, configuration_manager: ConfigurationManager) -> None:
-    """Load the plans' ``encoder_weights`` (where they name any) into ``network.encoder``.
-
-    A file that does not exist, carries code or is no ResNet-50 state dict is a :class:`TrainingInputError`
-    naming the file and the plans' setting."""
+    """Load the plans' ``encoder_weights``, if any, into ``network.encoder``; a missing file, one carrying code or no
+    ResNet-50 state dict is a ``TrainingInputError`` naming the file and the plans' setting."""
     weights = plans_encoder_weights(configuration_manager)
     if weights is None:
         return

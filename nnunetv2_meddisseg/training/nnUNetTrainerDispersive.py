@@ -1,5 +1,4 @@
-"""nnUNetTrainerDispersive: nnU-Net's own network and training plus a dispersive loss (any nnU-Net network, 2D or
-3D)."""
+"""nnUNetTrainerDispersive: nnU-Net's own network and training plus a dispersive loss (any network, 2D or 3D)."""
 from functools import partial
 from typing import List
 
@@ -16,29 +15,19 @@ __all__ = ["nnUNetTrainerDispersive"]
 
 
 class nnUNetTrainerDispersive(TrainerBase):
-    """nnU-Net's own network and training with a dispersive loss added on its first encoder stage.
+    """nnU-Net's own network and training with a dispersive loss on its first encoder stage.
 
-    The plans' network (e.g. PlainConvUNet, ResEnc; 2D or 3D) and nnU-Net's loss, optimizer and
-    schedule are unchanged. A forward hook on ``network.encoder.stages[0]`` (found behind the
-    DDP / torch.compile wrappers) captures that stage's output in training mode, and
-    ``lambda_dispersive * dispersive.of(output)`` (the trainer's ``dispersive``: the form its recipe sets,
-    ``recipe.DispersiveRecipe``, over the batch of every process) is added to nnU-Net's loss.
-    Only the training loss changes: validation and prediction are nnU-Net's.
+    A forward hook on ``network.encoder.stages[0]`` (behind the DDP / torch.compile wrappers) captures its training
+    output; ``lambda_dispersive * dispersive.of(output)`` is added to nnU-Net's loss, and nothing else changes. With
+    torch.compile the hook runs inside the graph (set ``nnUNet_compile=f`` if a torch version cannot trace it).
 
-    ``lambda_dispersive`` = 0.2: nnU-Net trains a randomly initialised network in one stage, the
-    situation of Med-DisSeg's Stage I, where the paper's sweep found 0.2 best (larger weights
-    over-constrain early optimisation); ``dispersive_tau`` = 0.8 as in the paper.
-    ``infonce_cosine_centred`` instead of the paper's ``infonce_l2``: on raw features InfoNCE-L2 is
-    lowered by inflating the features' scale (the normalisation layers' affine weights grow freely),
-    which spreads them no further apart in direction, and the uncentred cosine of the stage's mostly
-    non-negative (LeakyReLU) output can be lowered by shrinking it; the batch-centred cosine can be
-    lowered by neither. Chosen on Kvasir-SEG validation data over the uncentred cosine
-    (``benchmarks/RESULTS.md``). ``nnUNetTrainerDispersive_cosine`` keeps the uncentred cosine,
-    ``nnUNetTrainerDispersive_infonceL2`` keeps the paper's form. The centred cosine needs at least 3
-    samples (two centred samples are opposites: a constant loss), so with nnU-Net's 3D batch of 2 it
-    does not regularise; the log says so at start-up (``MINIMUM_BATCH``), and under DDP the batch of
-    every process counts (``dispersive_gather``). With torch.compile the hook runs inside the compiled
-    graph (set ``nnUNet_compile=f`` if a torch version cannot trace it).
+    ``lambda_dispersive`` = 0.2: nnU-Net trains a random network in one stage, as Med-DisSeg's Stage I, where the
+    paper found 0.2 best (larger weights over-constrain early optimisation). ``infonce_cosine_centred``, not the
+    paper's ``infonce_l2``: on raw features InfoNCE-L2 is lowered by inflating their scale (norm layers' affine weights
+    grow freely) without spreading their directions, the uncentred cosine of the mostly non-negative (LeakyReLU)
+    output by shrinking it; the centred cosine by neither. Chosen over the uncentred cosine on Kvasir-SEG validation
+    data (``benchmarks/RESULTS.md``). It needs 3 samples (two centred ones are opposites), so nnU-Net's 3D batch of 2
+    is not regularised (the log says so); under DDP every process's batch counts (``dispersive_gather``).
     """
 
     recipe: DispersiveRecipe = DispersiveRecipe()
@@ -67,9 +56,8 @@ class nnUNetTrainerDispersive(TrainerBase):
         self._gradient_norms = partial(group_gradient_norms, self.optimizer)
 
     def train_step(self, batch: dict) -> dict:
-        """nnU-Net's step (its update: ``backward_clip_step``) with the dispersive term added; returns the
-        ``step_report`` of the loss, its terms, the gradient norm and the batch's input check, plus the dispersion
-        diagnostics on the epoch's first step."""
+        """nnU-Net's step plus the dispersive term; returns the ``step_report`` (loss, terms, gradient norm, input
+        check) and, on the epoch's first step, the dispersion diagnostics."""
         data, target, check = self._batch_to_device(batch)
         self.optimizer.zero_grad(set_to_none=True)
         self._captured.clear()

@@ -1,34 +1,18 @@
-"""The one place where our trainers copy nnU-Net code instead of calling it, and the pins of every restatement of
-nnU-Net's code in the package.
+"""Where our trainers copy nnU-Net code instead of calling it, and the pins of every restatement of nnU-Net's code.
 
-Each copy restates a piece of an nnU-Net method that offers no smaller hook:
+Each copy restates part of an ``nnUNetTrainer`` method that offers no smaller hook:
 
-- ``checkpoint_entries``: the dict ``nnUNetTrainer.save_checkpoint`` builds and writes in one method;
-  ours adds its own entries (run seed, training stage, Stage I head, early stopping) and writes the
-  file atomically.
-- ``backward_clip_step``: the update of ``nnUNetTrainer.train_step``, for the Dispersive trainer, the plan
-  command's memory measurement and the benchmarks; our steps compute other losses, clip every parameter the
-  optimizer holds and read each group's gradient norm before clipping. ``nnUNetTrainerMedDisSeg.train_step``
-  is a copy of the whole method on the stage's loss (two views in Stage I, four outputs in Stage II, the
-  Stage I head clipped too), and ``TrainerBase`` holds its autocast rule (fp16 autocast on CUDA only).
-- ``validation_counts``: the second half of ``nnUNetTrainer.validation_step`` (the pseudo Dice's counts of one
-  batch), for ``nnUNetTrainerMedDisSeg.validation_step``, whose logits are those of the current stage's model.
-- ``training_dataloader``: the training ``nnUNetDataLoader`` of ``nnUNetTrainer.get_dataloaders``,
-  without the augmenter processes around it, with nnU-Net's training transforms or its validation
-  transforms (the BatchNorm calibration batches).
-- ``epoch_end``: ``nnUNetTrainer.on_epoch_end``, with the checkpoints a trainer adds at an epoch's end
-  (Med-DisSeg: at the end of a stage) written where nnU-Net writes its periodic one, and ``checkpoint_best.pth``
-  only for the epochs whose networks may become it (Med-DisSeg: those of Stage II).
+- ``checkpoint_entries``: ``save_checkpoint``'s dict; ours adds entries and writes the file atomically.
+- ``backward_clip_step``: ``train_step``'s update; our steps clip every parameter the optimizer holds and read each
+  group's gradient norm first. ``nnUNetTrainerMedDisSeg.train_step`` copies the whole method, ``TrainerBase`` its
+  autocast rule (fp16 autocast on CUDA only).
+- ``validation_counts``: the second half of ``validation_step``, one batch's pseudo Dice counts.
+- ``training_dataloader``: ``get_dataloaders``' training loader without the augmenter, with either transforms.
+- ``epoch_end``: ``on_epoch_end``, writing a trainer's extra checkpoints too, ``checkpoint_best.pth`` only if allowed.
 
-One restatement lives elsewhere, and is pinned here too: ``losses.segmentation.dice_ce_per_output`` computes
-nnU-Net's Dice + CE (``DC_and_CE_loss`` with ``MemoryEfficientSoftDiceLoss`` and ``RobustCrossEntropyLoss``) of
-Stage II's four outputs in one pass; ``tests/losses/test_segmentation.py`` checks its values and gradients against
-nnU-Net's loss.
-
-``tests/training/test_nnunet_copies.py`` hashes the installed nnU-Net's source of every method in
-``PINNED`` and fails, naming the method, when it differs from the source the copies were taken from:
-then compare the copies with the new source, update them and the hash. The same tests check that each
-copy does what nnU-Net's method does.
+``losses.segmentation.dice_ce_per_output``, nnU-Net's Dice + CE, is pinned here too.
+``tests/training/test_nnunet_copies.py`` fails, naming the method, when a method in ``PINNED`` has another hash:
+then compare the copies with the new source, update them and the hash. It also checks each copy against nnU-Net's.
 """
 import hashlib
 import inspect
@@ -100,13 +84,8 @@ def checkpoint_entries(trainer) -> dict:
 def backward_clip_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, grad_scaler,
                        params: Iterable[torch.nn.Parameter],
                        before_clipping: Optional[Callable[[], T]] = None) -> Optional[T]:
-    """The update of ``nnUNetTrainer.train_step`` (copied; see ``PINNED``): backward (through
-    ``grad_scaler`` when there is one, then unscaling), gradient clipping of ``params`` at a total norm
-    of 12, optimizer step (and scaler update). nnU-Net clips ``self.network.parameters()``.
-
-    ``before_clipping``, if given, is called after the gradients are unscaled and before they are
-    clipped; its result is returned (None otherwise).
-    """
+    """The update of ``nnUNetTrainer.train_step`` (copied; see ``PINNED``): backward, unscale, clip ``params`` at total
+    norm 12 (nnU-Net: the network's), step. Returns ``before_clipping()``, called before clipping, or None."""
     params = list(params)
     if grad_scaler is not None:
         grad_scaler.scale(loss).backward()
@@ -124,10 +103,9 @@ def backward_clip_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, gra
 
 
 def validation_counts(label_manager, output: torch.Tensor, target: torch.Tensor, loss: torch.Tensor) -> dict:
-    """What ``nnUNetTrainer.validation_step`` returns (copied from its loss on; see ``PINNED``) for the logits
-    ``output`` (B, K, ...) of one validation batch, its ``target`` (B, 1, ...; changed in place where there is an
-    ignore label, as nnU-Net does) and the batch's ``loss``: the loss and the foreground classes' (or regions')
-    true-positive, false-positive and false-negative counts of the pseudo Dice."""
+    """``nnUNetTrainer.validation_step`` from its loss on (copied; see ``PINNED``): ``loss`` and the pseudo Dice's tp /
+    fp / fn per foreground class (or region) of logits ``output`` (B, K, ...) against ``target`` (B, 1, ...), which
+    is changed in place where there is an ignore label, as in nnU-Net."""
     axes = [0] + list(range(2, output.ndim))
     if label_manager.has_regions:
         predicted_segmentation_onehot = (torch.sigmoid(output) > 0.5).long()
@@ -160,10 +138,9 @@ def validation_counts(label_manager, output: torch.Tensor, target: torch.Tensor,
 
 
 def training_dataloader(trainer, augmentation: bool = True) -> nnUNetDataLoader:
-    """The training-case ``nnUNetDataLoader`` of ``nnUNetTrainer.get_dataloaders`` (copied; see
-    ``PINNED``) for ``trainer``, without the augmenter around it: with nnU-Net's training transforms
-    (``augmentation``) or with its validation transforms on plain patches of the training cases.
-    ``generate_train_batch()`` draws a batch from the global random generators, as nnU-Net's does."""
+    """The training ``nnUNetDataLoader`` of ``nnUNetTrainer.get_dataloaders`` (copied; see ``PINNED``), no augmenter:
+    nnU-Net's training transforms, or without ``augmentation`` its validation transforms on plain patches.
+    ``generate_train_batch()`` draws from the global random generators, as nnU-Net's does."""
     if trainer.dataset_class is None:
         trainer.dataset_class = infer_dataset_class(trainer.preprocessed_dataset_folder)
     patch_size = trainer.configuration_manager.patch_size
@@ -195,10 +172,9 @@ def training_dataloader(trainer, augmentation: bool = True) -> nnUNetDataLoader:
 
 
 def epoch_end(trainer, checkpoints: Sequence[str] = (), may_become_best: bool = True) -> None:
-    """``nnUNetTrainer.on_epoch_end`` for ``trainer`` (copied; see ``PINNED``): the epoch's log lines, the periodic
-    ``checkpoint_latest.pth`` and then each file of ``checkpoints`` (each once, while ``current_epoch`` is still the
-    finished epoch, so that they record it as nnU-Net's own do), ``checkpoint_best.pth`` on a new best EMA pseudo
-    Dice only where ``may_become_best`` (nnU-Net: always), ``progress.png``, and the next epoch."""
+    """``nnUNetTrainer.on_epoch_end`` (copied; see ``PINNED``), writing each of ``checkpoints`` once after the periodic
+    one, while ``current_epoch`` is still the finished epoch (recorded as in nnU-Net's own), and a new
+    ``checkpoint_best.pth`` only where ``may_become_best`` (nnU-Net: always)."""
     trainer.logger.log('epoch_end_timestamps', time(), trainer.current_epoch)
 
     trainer.print_to_log_file('train_loss', np.round(trainer.logger.get_value('train_losses', step=-1), decimals=4))

@@ -1,13 +1,9 @@
-"""Strong photometric perturbation of a normalised image batch (the second view of Stage I).
+"""Strong photometric perturbation of a normalised image batch (Stage I's second view), random per sample.
 
-Every sample gets its own random parameters. Inputs are z-scored by nnU-Net, so each sample (RGB)
-or each channel of each sample (other inputs) is mapped to [0, 1] by its min / max, perturbed there
-and mapped back to its original range.
-
-- RGB (``rgb=True`` and 3 channels): brightness, contrast, saturation, hue rotation, random
-  grayscale, Gaussian blur.
-- Anything else (CT, MRI, multi-modal, ``rgb=False``): channel-wise intensity operations only
-  (brightness, contrast, gamma, Gaussian blur); a channel's output depends on that channel alone.
+Inputs are z-scored, so each sample (RGB) or channel (otherwise) is mapped to [0, 1] by its min / max, perturbed
+there and mapped back. RGB (``rgb=True``, 3 channels): brightness, contrast, saturation, hue rotation, random
+grayscale, Gaussian blur. Anything else (CT, MRI, multi-modal): per channel brightness, contrast, gamma, Gaussian
+blur; a channel's output depends on that channel alone.
 """
 import math
 from typing import Mapping, Optional
@@ -57,10 +53,7 @@ def _hue_rotation(angle: Tensor) -> Tensor:
 
 
 def _gaussian_blur(u: Tensor, sigma: Tensor, radius: int = BLUR_RADIUS) -> Tensor:
-    """Separable Gaussian blur, one sigma per sample, each channel on its own.
-
-    u: (B, C, H, W); sigma: (B,). Borders are replicated.
-    """
+    """Separable Gaussian blur of u (B, C, H, W) per channel, one sigma (B,) per sample; borders replicated."""
     b, c, h, w = u.shape
     offsets = torch.arange(-radius, radius + 1, dtype=u.dtype, device=u.device)
     kernel = torch.exp(-0.5 * (offsets[None, :] / sigma[:, None]) ** 2)
@@ -104,8 +97,7 @@ def _perturb_channelwise(u: Tensor, draws: Tensor) -> Tensor:
 
 
 def channels_are_rgb(dataset_json: Mapping[str, object], num_channels: int) -> bool:
-    """Whether a dataset's input is R, G, B: three channels named as :data:`RGB_CHANNEL_NAMES` in dataset.json's
-    ``channel_names`` (or ``modality``)."""
+    """Whether the input is 3 channels named in ``RGB_CHANNEL_NAMES`` (dataset.json ``channel_names``/``modality``)."""
     if num_channels != 3:
         return False
     names = dataset_json.get("channel_names", dataset_json.get("modality", {}))
@@ -115,15 +107,10 @@ def channels_are_rgb(dataset_json: Mapping[str, object], num_channels: int) -> b
 
 @torch.no_grad()
 def photometric_perturbation(x: Tensor, rgb: bool, generator: Optional[torch.Generator] = None) -> Tensor:
-    """A strongly perturbed copy of a normalised batch, with parameters drawn per sample.
-
-    x: (B, C, H, W) float, any range (e.g. z-scored). rgb: whether the channels are R, G, B; only
-    with ``rgb=True`` and C == 3 are colour operations (saturation, hue, grayscale) used, otherwise
-    each channel is perturbed on its own. generator: optional ``torch.Generator`` (on any device)
-    for reproducible draws; the draws do not depend on C or on the data.
-    Returns a tensor of the shape, dtype and device of ``x`` whose values stay within each sample's
-    (RGB) or each channel's (otherwise) original [min, max]. No gradient flows through it.
-    """
+    """A strongly perturbed copy of a normalised batch, parameters drawn per sample; no gradient flows through it.
+    x: (B, C, H, W) float, any range. Colour operations only where ``rgb`` and C == 3. ``generator`` (any device) makes
+    the draws reproducible; they depend neither on C nor on the data. The result has x's shape, dtype and device, within
+    each sample's (RGB) or channel's original [min, max]."""
     if x.ndim != 4:
         raise ValueError(f"photometric_perturbation: x must be (B, C, H, W), got shape {tuple(x.shape)}")
     if not x.is_floating_point():

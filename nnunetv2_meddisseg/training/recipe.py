@@ -1,20 +1,13 @@
-"""The training recipes of our trainers: every setting a trainer reads, in one typed, validated dataclass.
+"""Our trainers' recipes: every setting a trainer reads, in one typed, validated dataclass.
 
-- ``ScheduleRecipe``: what every trainer of ours reads (also the seeded nnU-Net baselines): epochs,
-  iterations per epoch, checkpoint period, nnU-Net's final validation, torch's thread count.
-- ``DispersiveRecipe``: ``nnUNetTrainerDispersive`` (nnU-Net's network and training + a dispersive loss).
-- ``MedDisSegRecipe``: ``nnUNetTrainerMedDisSeg``, with the paper's values as defaults.
-- ``PaperScheduleRecipe``: ``nnUNetTrainerMedDisSeg_paper`` (the paper's own schedule).
+``ScheduleRecipe`` is read by every trainer of ours, the seeded nnU-Net baselines too. ``DispersiveRecipe``,
+``MedDisSegRecipe`` (the paper's values as defaults) and ``PaperScheduleRecipe`` (the paper's schedule) are those of
+``nnUNetTrainerDispersive``, ``nnUNetTrainerMedDisSeg`` and ``nnUNetTrainerMedDisSeg_paper``.
 
-A trainer class holds its recipe in the class attribute ``recipe``; a variant is a one-line class whose recipe
-changes the settings its name says (``training.variants``). ``trainer.recipe`` is the instance's recipe: the class's,
-with the overrides the plans hold under :data:`RECIPE_PLANS_KEY` (``recipe_from_plans``; written by
-``nnUNetv2_meddisseg_plan --recipe FILE`` and by the studies, ``nnUNetv2_meddisseg_ablate``, for their budget). So
-``-p`` chooses the run's settings, and the model folder's ``plans.json`` records them. Architecture options are no
-recipe settings either: they live in the plans' architecture.
-
-Every value is checked when a recipe is made (``dataclasses.replace`` included): a ``ValueError`` naming the
-field and what it expects.
+A trainer class holds its recipe in ``recipe``. ``trainer.recipe`` adds the overrides the plans hold under
+``RECIPE_PLANS_KEY`` (``nnUNetv2_meddisseg_plan --recipe FILE``, ``nnUNetv2_meddisseg_ablate``), so ``-p`` chooses
+the run's settings and ``plans.json`` records them. Every value is checked when a recipe is made, ``replace`` too:
+a ``ValueError`` naming the field and what it expects.
 """
 import json
 import math
@@ -74,8 +67,7 @@ def _choice(recipe, name, choices) -> None:
 
 @dataclass(frozen=True)
 class ScheduleRecipe:
-    """The schedule of a run; None keeps nnU-Net's value (1000 epochs of 250 training and 50 validation
-    iterations, a checkpoint every 50 epochs)."""
+    """A run's schedule; None keeps nnU-Net's: 1000 epochs of 250 + 50 validation iterations, a checkpoint every 50."""
 
     #: epochs of the run
     num_epochs: Optional[int] = None
@@ -85,7 +77,7 @@ class ScheduleRecipe:
     val_iterations_per_epoch: Optional[int] = None
     #: ``checkpoint_latest.pth`` every this many epochs
     save_every: Optional[int] = None
-    #: nnU-Net's validation of the fold's cases at the end of training (False: skipped, logged as such)
+    #: nnU-Net's final validation of the fold's cases (False: skipped, and logged so)
     final_validation: bool = True
     #: ``torch.set_num_threads`` at construction (None: torch's default)
     torch_threads: Optional[int] = None
@@ -102,7 +94,7 @@ class ScheduleRecipe:
 
 @dataclass(frozen=True)
 class DispersiveTermRecipe(ScheduleRecipe):
-    """The form of a dispersive loss (``losses.dispersive`` defines them); its weights are the subclasses'."""
+    """The dispersive loss's form (``losses.dispersive``); the subclasses hold its weights."""
 
     #: the loss form: infonce_l2 (the paper's), infonce_cosine, infonce_cosine_centred, hinge, covariance
     dispersive_variant: str = "infonce_l2"
@@ -123,11 +115,10 @@ class DispersiveTermRecipe(ScheduleRecipe):
 
 @dataclass(frozen=True)
 class DispersiveRecipe(DispersiveTermRecipe):
-    """``nnUNetTrainerDispersive``: ``lambda_dispersive * dispersive_loss(output of encoder.stages[0])`` added to
-    nnU-Net's loss. The batch-centred cosine form by default: on raw features InfoNCE-L2 is lowered by
-    inflating their scale, the uncentred cosine by shrinking them (see the trainer)."""
+    """``nnUNetTrainerDispersive``: nnU-Net's loss + ``lambda_dispersive * dispersive_loss(encoder.stages[0] output)``.
+    Centred cosine by default: raw features lower InfoNCE-L2 by growing, the uncentred cosine by shrinking."""
 
-    #: weight lambda of the dispersive term (0.2: the paper's Stage I value, a network learning from scratch)
+    #: weight lambda of the dispersive term (0.2: the paper's Stage I value, for a network trained from scratch)
     lambda_dispersive: float = 0.2
     dispersive_variant: str = "infonce_cosine_centred"
 
@@ -138,10 +129,8 @@ class DispersiveRecipe(DispersiveTermRecipe):
 
 @dataclass(frozen=True)
 class MedDisSegRecipe(DispersiveTermRecipe):
-    """``nnUNetTrainerMedDisSeg``: the defaults are the paper's (Adam, learning rates 1e-4 / encoder 1e-5 in
-    Stage II, a quarter of the epochs in Stage I, InfoNCE-L2 with tau 0.8 on the early features, lambda
-    0.2 in Stage I and 0.6 in Stage II); they assume an ImageNet encoder (the ``scratch*`` variants change them).
-    Learning rates are the base rates of each stage's polynomial decay ``(1 - t) ** lr_exponent``."""
+    """``nnUNetTrainerMedDisSeg``; the defaults are the paper's and assume an ImageNet encoder (``scratch*`` variants
+    change them). Learning rates are each stage's base rates of the decay ``(1 - t) ** lr_exponent``."""
 
     #: Stage I length as a fraction of ``num_epochs`` (``floor(stage1_fraction * num_epochs)`` epochs)
     stage1_fraction: float = 0.25
@@ -167,8 +156,7 @@ class MedDisSegRecipe(DispersiveTermRecipe):
     #: weight lambda of the dispersive term in Stage II
     lambda_dispersive_stage2: float = 0.6
     dispersive_variant: str = "infonce_l2"
-    #: where the dispersive loss acts: "early" (ELAT-refined layer1 x2), "middle" (x4), "late" (the last feature
-    #: before the logits), "all" (mean of the three)
+    #: "early" (ELAT-refined layer1 x2), "middle" (x4), "late" (last feature before the logits), "all" (their mean)
     dispersive_placement: str = "early"
     #: Stage I weight of the consistency term between the clean and the perturbed view's logits
     consistency_weight: float = 1.0
@@ -180,15 +168,13 @@ class MedDisSegRecipe(DispersiveTermRecipe):
     complementarity_weight: float = 1.0
     #: channels of the Stage I head
     stage1_head_width: int = 64
-    #: Stage I photometric perturbation: colour (True) or channel-wise intensity (False) operations;
-    #: None: colour when the input has 3 channels named R, G, B (or normalised with rgb_to_0_1)
+    #: Stage I perturbation: colour (True) or channel-wise intensity (False); None: colour where ``channels_are_rgb``
     photometric_rgb: Optional[bool] = None
-    #: training samples over which BatchNorm's running statistics are re-estimated before every validation
-    #: (0: the running averages of training are kept; benchmarks/RESULTS.md compares the two)
+    #: training samples to re-estimate BatchNorm's running statistics on before every validation (0: keep training's)
     batchnorm_calibration_samples: int = 0
     #: draw those samples through nnU-Net's training augmentation (True) or as plain patches
     batchnorm_calibration_augmentation: bool = True
-    #: also keep the model at the end of Stage I as ``checkpoint_stage1.pth``
+    #: also keep the end-of-Stage-I model as ``checkpoint_stage1.pth``
     stage1_checkpoint: bool = False
 
     def __post_init__(self) -> None:
@@ -214,8 +200,7 @@ class MedDisSegRecipe(DispersiveTermRecipe):
 
 @dataclass(frozen=True)
 class PaperScheduleRecipe(MedDisSegRecipe):
-    """``nnUNetTrainerMedDisSeg_paper``: the paper's 300 epochs (each one pass over the fold's cases), early
-    stopping and flip / rotation augmentation."""
+    """``nnUNetTrainerMedDisSeg_paper``: 300 epochs, each one pass over the fold; early stopping; flip / rotation."""
 
     num_epochs: Optional[int] = 300
     #: stop once nnU-Net's EMA pseudo Dice has not improved for this many Stage II epochs
@@ -230,18 +215,15 @@ class PaperScheduleRecipe(MedDisSegRecipe):
 
 
 def dispersive_from_recipe(recipe: DispersiveTermRecipe, gather: bool = True) -> DispersiveLoss:
-    """The (unweighted) dispersive loss a recipe sets: ``dispersive_variant``, ``dispersive_tau``, ``dispersive_eps``,
-    ``dispersive_margin`` and, for Med-DisSeg, ``dispersive_placement`` (other trainers call ``DispersiveLoss.of`` on
-    their one feature map); ``gather``: under DDP, the batch of every process (the trainers' ``dispersive_gather``).
-    Our trainers build theirs here once, and so do the benchmarks and the plan command's memory measurement."""
+    """The unweighted dispersive loss a recipe sets (placement "early" but for Med-DisSeg; other trainers call
+    ``DispersiveLoss.of``); ``gather``: under DDP, disperse every process's batch."""
     placement = recipe.dispersive_placement if isinstance(recipe, MedDisSegRecipe) else "early"
     return DispersiveLoss(recipe.dispersive_variant, recipe.dispersive_tau, eps=recipe.dispersive_eps,
                           margin=recipe.dispersive_margin, placement=placement, gather=gather)
 
 
 def apply_overrides(recipe: R, overrides: Mapping[str, object], source: str) -> R:
-    """``recipe`` with ``overrides`` (setting name -> value) replaced; an unknown name is a one-line
-    ``ValueError`` naming it and ``source``, a bad value one naming the field."""
+    """``recipe`` with ``overrides`` (name -> value); a one-line ``ValueError`` naming ``source`` and the bad name."""
     known = recipe.field_names()
     for name in overrides:
         if name not in known:
@@ -268,9 +250,8 @@ def read_override_file(path: str) -> dict:
 
 
 def recipe_from_plans(recipe: R, plans: Mapping[str, object]) -> R:
-    """``recipe`` with the overrides ``plans`` holds under :data:`RECIPE_PLANS_KEY` (unchanged where there are
-    none). A setting the recipe does not have is an error, so that a budget never silently misses a trainer; every
-    error is a :class:`TrainingInputError` naming the plans and the key."""
+    """``recipe`` with the overrides ``plans`` holds under ``RECIPE_PLANS_KEY``. An unknown setting is an error, so a
+    budget never silently misses a trainer; errors are ``TrainingInputError``s naming the plans and the key."""
     overrides = plans.get(RECIPE_PLANS_KEY)
     if overrides is None:
         return recipe

@@ -1,9 +1,8 @@
 """The run seed and the seeding of Python's, NumPy's and torch's global random generators.
 
-The run seed is a trainer's ``seed`` attribute, else the environment variable ``nnUNet_meddisseg_seed``
-(``run_seed_from_environment``), else drawn at random. ``seed_epoch`` seeds the generators from
-``(run seed, epoch, rank)``, so that an epoch is a function of the weights and optimizer state it starts
-from and ``--c`` replays the rest of an interrupted run where the arithmetic is deterministic.
+The run seed is a trainer's ``seed``, else ``nnUNet_meddisseg_seed``, else random. ``seed_epoch`` seeds from
+``(run seed, epoch, rank)``, so an epoch is a function of the weights and optimizer state it starts from, and ``--c``
+replays the rest of an interrupted run where the arithmetic is deterministic.
 """
 import os
 import random
@@ -21,8 +20,7 @@ __all__ = ["SEED_ENVIRONMENT_VARIABLE", "run_seed_from_environment", "seed_epoch
 
 
 def run_seed_from_environment() -> Optional[int]:
-    """The integer in ``nnUNet_meddisseg_seed``, or None where it is unset or empty; a
-    :class:`~nnunetv2_meddisseg.training.errors.TrainingInputError` for anything but an integer >= 0."""
+    """The integer >= 0 in ``nnUNet_meddisseg_seed``, None if unset or empty; anything else: ``TrainingInputError``."""
     value = os.environ.get(SEED_ENVIRONMENT_VARIABLE, "").strip()
     if not value:
         return None
@@ -36,18 +34,14 @@ def run_seed_from_environment() -> Optional[int]:
 
 
 def seed_epoch(run_seed: int, epoch: Optional[int], rank: int = 0) -> None:
-    """Seed ``random``, ``numpy.random`` and torch (CPU and CUDA) from ``(run_seed, epoch, rank)``;
-    ``epoch`` None seeds the initialisation (network weights, heads) before the first epoch.
-
-    Independent streams per epoch and rank (``numpy.random.SeedSequence``), so that no epoch's
-    random numbers depend on how many an earlier epoch drew.
-    """
+    """Seed ``random``, ``numpy.random`` and torch (CPU and CUDA) from ``(run_seed, epoch, rank)``; ``epoch`` None
+    seeds the initialisation (weights, heads). Streams are independent per epoch and rank, so no epoch's random
+    numbers depend on how many an earlier one drew."""
     seed_generators([run_seed, 0, rank] if epoch is None else [run_seed, 1, epoch, rank])
 
 
 def seed_generators(stream: Sequence[int]) -> None:
-    """Seed ``random``, ``numpy.random`` and torch (CPU and CUDA) from the integers ``stream``
-    (``numpy.random.SeedSequence``: independent generators for different streams)."""
+    """Seed ``random``, ``numpy.random`` and torch (CPU and CUDA) from ``stream``, independently per stream."""
     words = np.random.SeedSequence(list(stream)).generate_state(4, dtype=np.uint32)
     random.seed(int(words[0]))
     np.random.seed(int(words[1]))
@@ -56,8 +50,7 @@ def seed_generators(stream: Sequence[int]) -> None:
 
 @contextmanager
 def preserved_random_state():
-    """Run a block with its own random numbers: the states of ``random``, ``numpy.random`` and torch's CPU
-    generator are restored afterwards, so that the block does not shift any random stream outside it."""
+    """Run a block without shifting the streams of ``random``, ``numpy.random`` and torch's CPU generator outside it."""
     states = random.getstate(), np.random.get_state(), torch.get_rng_state()
     try:
         yield

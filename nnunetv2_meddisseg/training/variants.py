@@ -1,20 +1,15 @@
-"""Every variant of our trainers, one line each: the trainer class, a docstring that says what it is, and its
-recipe: the trainer's default recipe with the settings its name says (``dataclasses.replace``). Adding a variant
-is adding a line here (and its name to ``__all__``).
+"""Every variant of our trainers: the trainer's default recipe with the settings its name says.
 
-A variant of your own takes three lines (a module on ``nnUNet_extTrainer``)::
+A new one goes here and into ``__all__``; one of your own goes in a module on ``nnUNet_extTrainer``::
 
     from dataclasses import replace
     from nnunetv2_meddisseg.training.variants import nnUNetTrainerMedDisSeg
     class nnUNetTrainerMedDisSeg_tau0p3(nnUNetTrainerMedDisSeg):
         recipe = replace(nnUNetTrainerMedDisSeg.recipe, dispersive_tau=0.3)
 
-Architecture options are no recipes: they are plans (``nnUNetv2_meddisseg_plan --no_elat / --activation relu /
---no_cbat / --added_norm``), used with the default trainer.
-
-nnU-Net finds them by class name (``-tr nnUNetTrainerMedDisSeg_tau0p5``) through ``nnUNet_extTrainer``
-(``nnunet_trainers/meddisseg_trainers.py``); ``python -m nnunetv2_meddisseg.trainer_path --list`` prints them.
-The arms of finished studies are in ``nnunetv2_meddisseg.ablation.study_trainers``.
+Architecture options are plans, not recipes (``nnUNetv2_meddisseg_plan --no_elat / --activation relu / --no_cbat /
+--added_norm``). nnU-Net finds variants by class name through ``nnUNet_extTrainer``;
+``python -m nnunetv2_meddisseg.trainer_path --list`` prints them; finished studies' arms: ``ablation.study_trainers``.
 """
 from dataclasses import replace
 from types import MappingProxyType
@@ -45,22 +40,19 @@ __all__ = [
 MEDDISSEG = nnUNetTrainerMedDisSeg.recipe
 DISPERSIVE = nnUNetTrainerDispersive.recipe
 
-#: nnU-Net's own recipe for networks trained from scratch: SGD (Nesterov, momentum 0.99) at 1e-2 for every
-#: group in both stages; the scale-invariant cosine form of the dispersive loss
+#: nnU-Net's recipe from scratch: SGD (Nesterov, momentum 0.99), 1e-2 for all groups and stages; scale-invariant cosine
 SCRATCH_SGD = MappingProxyType({"optimizer": "sgd", "stage1_lr": 1e-2, "stage2_lr": 1e-2,
                                 "stage2_encoder_lr": 1e-2, "dispersive_variant": "infonce_cosine"})
-#: ``SCRATCH_SGD`` with the batch-centred cosine form (the uncentred one lets the ELAT gates shrink the
-#: non-negative early features towards zero at these rates)
+#: ``SCRATCH_SGD``, centred cosine: at these rates the uncentred one lets ELAT gates shrink non-negative features
 SCRATCH_SGD_CENTRED = MappingProxyType(dict(SCRATCH_SGD, dispersive_variant="infonce_cosine_centred"))
-#: Adam at 1e-3 for every group in both stages (no 10x lower encoder rate); cosine dispersive loss
+#: Adam at 1e-3 for every group and stage (no 10x lower encoder rate); cosine dispersive loss
 SCRATCH_ADAM = MappingProxyType({"optimizer": "adam", "stage1_lr": 1e-3, "stage2_lr": 1e-3,
                                  "stage2_encoder_lr": 1e-3, "dispersive_variant": "infonce_cosine"})
 #: the bare network: no Stage I, Dice+CE on the final logits only, no auxiliary or dispersive losses
 PLAIN_TRAINING = MappingProxyType({"stage1_fraction": 0.0, "path_supervision_weight": 0.0, "fg_bg_weight": 0.0,
                                    "complementarity_weight": 0.0, "lambda_dispersive_stage1": 0.0,
                                    "lambda_dispersive_stage2": 0.0})
-#: tests and a first run on a new machine: 3 epochs of 4 training and 2 validation iterations, a checkpoint
-#: after every epoch (Med-DisSeg: 1 epoch of Stage I)
+#: tests, first runs: 3 epochs of 4 + 2 validation iterations, a checkpoint after each (Med-DisSeg: 1 of Stage I)
 SMOKE_SCHEDULE = MappingProxyType({"num_epochs": 3, "iterations_per_epoch": 4, "val_iterations_per_epoch": 2,
                                    "save_every": 1})
 #: ``nnUNetv2_meddisseg_demo``: 8 epochs of 15 training and 3 validation iterations
@@ -184,7 +176,7 @@ class nnUNetTrainerBaseline(nnUNetTrainer):
     seed: Optional[int] = None
     recipe = ScheduleRecipe()
 
-    # the run seed and the recipe's schedule as in ``trainer_base.TrainerBase``, nothing else of it
+    # run seed and schedule as in ``TrainerBase``, nothing else of it
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
         super().__init__(plans, configuration, fold, dataset_json, device)
