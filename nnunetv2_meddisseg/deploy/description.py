@@ -83,7 +83,13 @@ def sha256_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+#: a field one side lacks (shown as "(missing)")
+_MISSING = object()
+
+
 def _show(value: Any) -> str:
+    if value is _MISSING:
+        return "(missing)"
     text = json.dumps(value) if isinstance(value, (dict, list, str, int, float, bool, type(None))) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -219,21 +225,20 @@ def _check_labels(labels: Dict[str, Any], order: Any, heads: int) -> None:
     def fail(field: str, expected: str, value: Any) -> None:
         raise _refusal(expected, field, _show(value))
 
-    for name, value in labels.items():
-        values = value if isinstance(value, list) else [value]
+    listed = {name: value if isinstance(value, list) else [value] for name, value in labels.items()}
+    for name, values in listed.items():
         if not values or not all(_is_int(v) and 0 <= v <= MAX_LABEL for v in values):
-            fail(f"labels[{_show(name)}]", "an integer from 0 to 65535 or a non-empty list of them", value)
+            fail(f"labels[{_show(name)}]", "an integer from 0 to 65535 or a non-empty list of them", labels[name])
     if labels.get("background") != 0 or isinstance(labels.get("background"), bool):
         fail('labels["background"]', "0", labels.get("background"))
     if "ignore" in labels and not _is_int(labels["ignore"]):
         fail('labels["ignore"]', "an integer", labels["ignore"])
-    used = {k: v for k, v in labels.items() if k != "ignore"}
-    all_labels = sorted({v for value in used.values() for v in (value if isinstance(value, list) else [value])})
+    used = [values for name, values in listed.items() if name != "ignore"]
+    all_labels = sorted({v for values in used for v in values})
     if "ignore" in labels and labels["ignore"] != all_labels[-1] + 1:
         fail('labels["ignore"]', f"the largest label value ({all_labels[-1] + 1}, as nnU-Net requires)",
              labels["ignore"])
-    has_regions = any(isinstance(v, list) and len(v) > 1 for v in labels.values())
-    if not has_regions:
+    if not any(len(values) > 1 for values in listed.values()):
         if order is not None:
             fail("regions_class_order", "null for a model without regions", order)
         if all_labels != list(range(len(all_labels))):
@@ -241,7 +246,7 @@ def _check_labels(labels: Dict[str, Any], order: Any, heads: int) -> None:
         if heads != len(all_labels):
             fail("num_segmentation_heads", f"the number of labels ({len(all_labels)})", heads)
         return
-    regions = [v for v in used.values() if set(v if isinstance(v, list) else [v]) != {0}]
+    regions = [values for values in used if set(values) != {0}]
     if heads != len(regions):
         fail("num_segmentation_heads", f"the number of foreground regions ({len(regions)})", heads)
     if not (isinstance(order, list) and len(order) == heads and all(_is_int(v) and 1 <= v <= MAX_LABEL
@@ -363,8 +368,8 @@ def _one_line(error: Dict[str, Any]) -> str:
     """pydantic's error as one line naming the field (``folds[0].precisions.int8``)."""
     context = error.get("ctx") or {}
     field = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"])
-    below = context.get("field", "")
-    field = (field + ("" if not field or below.startswith("[") else ".") + below if below else field).lstrip(".")
+    below = context.get("field")
+    field = (f"{field}.{below}" if below else field).lstrip(".")
     if error["type"] == "message":
         return context["message"]
     if error["type"] == "missing":
@@ -518,10 +523,6 @@ def recorded_graph_fields(data: bytes, name: str) -> List[str]:
     return [value for key, value in entries if key == GRAPH_FIELDS_KEY]
 
 
-#: a field one side lacks
-_MISSING = object()
-
-
 def _differences(field: str, recorded: Any, given: Any) -> List[Tuple[str, Any, Any]]:
     """(path, recorded, given) where they differ, into objects of equal keys and equal-length lists of objects."""
     if isinstance(recorded, dict) and isinstance(given, dict) and set(recorded) == set(given):
@@ -535,13 +536,8 @@ def _differences(field: str, recorded: Any, given: Any) -> List[Tuple[str, Any, 
     return [] if same else [(field, recorded, given)]
 
 
-def _shown(value: Any) -> str:
-    return "(missing)" if value is _MISSING else _show(value)
-
-
 def _check_graph_fields(folder: Path, name: str, data: bytes, description: Dict[str, Any]) -> None:
     """Refuse a graph without one record of its GRAPH_FIELDS, or a description whose fields are not those."""
-    where = f"{folder / DESCRIPTION_FILE}"
     try:
         records = recorded_graph_fields(data, name)
     except ValueError as e:
@@ -566,9 +562,9 @@ def _check_graph_fields(folder: Path, name: str, data: bytes, description: Dict[
         return
     listed = differences[:3]
     more = f" (and {len(differences) - 3} more)" if len(differences) > 3 else ""
-    raise UserError(f"{where}: {', '.join(f'{path} {_shown(g)}' for path, _, g in listed)}{more} "
+    raise UserError(f"{folder / DESCRIPTION_FILE}: {', '.join(f'{path} {_show(g)}' for path, _, g in listed)}{more} "
                     f"{'is' if len(differences) == 1 else 'are'} not what {name} was exported and checked with "
-                    f"({', '.join(_shown(r) for _, r, _ in listed)}): the description was edited; export again")
+                    f"({', '.join(_show(r) for _, r, _ in listed)}): the description was edited; export again")
 
 
 def _fixed(dim: Dim) -> bool:
@@ -598,19 +594,15 @@ def check_graph_io(input_shape: Optional[Sequence[Dim]], output_shape: Optional[
                 raise UserError(f"{where}: the graph's {name} has a fixed {axis} of {size}, the patch is {patch}")
 
 
-def _set_aside_hint(folder: Path) -> str:
-    old = find_set_aside(folder)
-    return (f"; an interrupted export left the previous one aside as {old}: rerun the export (which puts it back) "
-            f"or move it to {folder}") if old is not None else ""
-
-
 def read_description(folder: Path) -> Dict[str, Any]:
     """The description in export ``folder``, checked against its schema, with each fold's files inside ``folder``."""
     folder = Path(folder)
     path = folder / DESCRIPTION_FILE
     if not path.is_file():
-        raise UserError(f"{folder}: no {DESCRIPTION_FILE} (expected a folder written by {WRITTEN_BY})"
-                        f"{_set_aside_hint(folder) if not folder.exists() else ''}")
+        old = None if folder.exists() else find_set_aside(folder)
+        hint = (f"; an interrupted export left the previous one aside as {old}: rerun the export (which puts it back) "
+                f"or move it to {folder}") if old is not None else ""
+        raise UserError(f"{folder}: no {DESCRIPTION_FILE} (expected a folder written by {WRITTEN_BY}){hint}")
     try:
         description = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
