@@ -160,17 +160,13 @@ class OnnxPredictor:
             for case, files in cases:
                 yield case, self.prepare(files)
             return
-        upcoming = iter(cases)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="preprocess") as pool:
-            def submit():
-                case_files = next(upcoming, None)
-                return None if case_files is None else (case_files[0], pool.submit(self.prepare, case_files[1]))
-
-            pending = submit()
+            upcoming = ((case, pool.submit(self.prepare, files)) for case, files in cases)  # each submitted at next()
+            pending = next(upcoming, None)
             while pending is not None:
                 case, future = pending
                 prepared = future.result()
-                pending = submit()
+                pending = next(upcoming, None)
                 yield case, prepared
 
     def predict_folder(self, input_folder: Path, output_folder: Path, verbose: bool = False,
@@ -206,10 +202,8 @@ class OnnxPredictor:
             for case, prepared in prepared_cases:
                 start = time.perf_counter()
                 with contextlib.closing(_TileBar(tile_bar, case)) as tiles:
-                    if save_probabilities:
-                        segmentation, probabilities = self.predict_prepared(prepared, True, tiles)
-                    else:
-                        segmentation, probabilities = self.predict_prepared(prepared, progress=tiles), None
+                    result = self.predict_prepared(prepared, save_probabilities, tiles)
+                segmentation, probabilities = result if save_probabilities else (result, None)
                 written.append(output.write(case, segmentation, probabilities))
                 if progress:
                     bar.update()
