@@ -48,6 +48,7 @@ from nnunetv2_meddisseg.deploy.precision_guard import (
     guard_folds,
     read_case,
 )
+from nnunetv2_meddisseg.deploy.sliding_window import pad_to_patch
 from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.module_wrappers import unwrap_module
 
@@ -120,16 +121,9 @@ def compare_with_onnxruntime(network: torch.nn.Module, model: bytes, inputs: Dic
 
 def _patch_of(case: np.ndarray, patch_size: Sequence[int]) -> np.ndarray:
     """(C, 1, X, Y) -> the centre (1, C, *patch_size), zero-padded where the case is smaller."""
-    image = case[:, 0]
-    out = np.zeros((image.shape[0], *patch_size), dtype=np.float32)
-    src, dst = [], []
-    for size, patch in zip(image.shape[1:], patch_size):
-        n = min(size, patch)
-        a, b = (size - n) // 2, (patch - n) // 2
-        src.append(slice(a, a + n))
-        dst.append(slice(b, b + n))
-    out[(slice(None), *dst)] = image[(slice(None), *src)]
-    return out[None]
+    image, _ = pad_to_patch(case[:, 0], patch_size)
+    x, y = [(size - patch) // 2 for size, patch in zip(image.shape[1:], patch_size)]
+    return np.ascontiguousarray(image[None, :, x:x + patch_size[0], y:y + patch_size[1]])
 
 
 def _check_inputs(predictor, preprocessed: Optional[Path], seed: int = 0) -> Dict[str, np.ndarray]:
@@ -292,10 +286,8 @@ def export_model(args) -> Tuple[Path, dict]:
                       "checks": checks})
         print(f"fold {fold}: exported, ONNX Runtime vs PyTorch: largest relative difference "
               f"{worst['relative_difference']:.1e} ({len(checks)} inputs)")
-    extra = {}
-    if reduced:
-        extra = guard_folds(description, models, preprocessed, reduced, Bounds(args.min_dice_to_fp32,
-                            args.max_pseudo_dice_drop), args.calibration_tiles)
+    extra = guard_folds(description, models, preprocessed, reduced, Bounds(args.min_dice_to_fp32,
+                        args.max_pseudo_dice_drop), args.calibration_tiles) if reduced else {}
     write_export(output, models, description, extra)
     return output, description
 
