@@ -35,7 +35,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from nnunetv2_meddisseg.errors import UserError
-from nnunetv2_meddisseg.files import find_set_aside
+from nnunetv2_meddisseg.files import find_set_aside, is_inside
 
 __all__ = ["DESCRIPTION_FILE", "MODEL_FILE", "FORMAT_VERSION", "WRITTEN_BY", "INPUT_NAME", "OUTPUT_NAME",
            "NATURAL_IMAGE_ENDINGS", "NORMALIZATION_SCHEMES", "MAX_PATCH_SIDE", "GraphFields", "Description",
@@ -406,9 +406,9 @@ def model_file(folder: Path, name: str, owner: str) -> Path:
     if relative.is_absolute() or ".." in relative.parts or "\\" in name:
         raise UserError(f"{where} must be a path inside the model folder, without '..'")
     path = folder / relative
-    resolved, root = path.resolve(), folder.resolve()
-    if resolved != root and root not in resolved.parents:
-        raise UserError(f"{where} leads out of the model folder (to {resolved}): a model folder holds its own graphs")
+    if not is_inside(path, folder):
+        raise UserError(f"{where} leads out of the model folder (to {path.resolve()}): a model folder holds its own "
+                        f"graphs")
     if not path.is_file():
         raise UserError(f"{path}: missing ({owner} of {folder / DESCRIPTION_FILE})")
     return path
