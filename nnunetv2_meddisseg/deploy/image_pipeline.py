@@ -119,8 +119,8 @@ def normalise_channel(image: np.ndarray, mask: np.ndarray, scheme: str, use_mask
     image = image.astype(np.float32)
     if scheme == "ZScoreNormalization":
         if use_mask:
-            mean, std = image[mask].mean(), image[mask].std()
-            image[mask] = (image[mask] - mean) / max(std, eps)
+            values = image[mask]
+            image[mask] = (values - values.mean()) / max(values.std(), eps)
         else:
             image = (image - image.mean()) / max(image.std(), eps)
     elif scheme == "CTNormalization":
