@@ -455,10 +455,8 @@ def bind_graph(model: bytes, description: Dict[str, Any]) -> bytes:
     import onnx
 
     proto = onnx.load_from_string(model)
-    kept = [(entry.key, entry.value) for entry in proto.metadata_props if entry.key != GRAPH_FIELDS_KEY]
-    del proto.metadata_props[:]
-    for key, value in kept + [(GRAPH_FIELDS_KEY, graph_fields(description))]:
-        proto.metadata_props.add(key=key, value=value)
+    kept = {entry.key: entry.value for entry in proto.metadata_props if entry.key != GRAPH_FIELDS_KEY}
+    onnx.helper.set_model_props(proto, {**kept, GRAPH_FIELDS_KEY: graph_fields(description)})
     return proto.SerializeToString()
 
 
@@ -610,8 +608,7 @@ def read_description(folder: Path) -> Dict[str, Any]:
     except OSError as e:
         raise UserError(f"{path}: cannot read it ({e.strerror or e})") from None
     validate_description(description, path)
-    folds: List[dict] = description["folds"]
-    for fold in folds:
+    for fold in description["folds"]:
         fold_file(folder, fold)
         for precision, record in fold.get("precisions", {}).items():
             for name in record.get("files", {}) if record["verified"] else ():
