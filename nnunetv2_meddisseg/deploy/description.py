@@ -35,7 +35,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from nnunetv2_meddisseg.errors import UserError
-from nnunetv2_meddisseg.files import find_set_aside
+from nnunetv2_meddisseg.files import find_set_aside, is_inside
 
 __all__ = ["DESCRIPTION_FILE", "MODEL_FILE", "FORMAT_VERSION", "WRITTEN_BY", "INPUT_NAME", "OUTPUT_NAME",
            "NATURAL_IMAGE_ENDINGS", "NORMALIZATION_SCHEMES", "MAX_PATCH_SIDE", "GraphFields", "Description",
@@ -83,7 +83,13 @@ def sha256_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+#: a field one side lacks (shown as "(missing)")
+_MISSING = object()
+
+
 def _show(value: Any) -> str:
+    if value is _MISSING:
+        return "(missing)"
     text = json.dumps(value) if isinstance(value, (dict, list, str, int, float, bool, type(None))) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -219,21 +225,20 @@ def _check_labels(labels: Dict[str, Any], order: Any, heads: int) -> None:
     def fail(field: str, expected: str, value: Any) -> None:
         raise _refusal(expected, field, _show(value))
 
-    for name, value in labels.items():
-        values = value if isinstance(value, list) else [value]
+    listed = {name: value if isinstance(value, list) else [value] for name, value in labels.items()}
+    for name, values in listed.items():
         if not values or not all(_is_int(v) and 0 <= v <= MAX_LABEL for v in values):
-            fail(f"labels[{_show(name)}]", "an integer from 0 to 65535 or a non-empty list of them", value)
+            fail(f"labels[{_show(name)}]", "an integer from 0 to 65535 or a non-empty list of them", labels[name])
     if labels.get("background") != 0 or isinstance(labels.get("background"), bool):
         fail('labels["background"]', "0", labels.get("background"))
     if "ignore" in labels and not _is_int(labels["ignore"]):
         fail('labels["ignore"]', "an integer", labels["ignore"])
-    used = {k: v for k, v in labels.items() if k != "ignore"}
-    all_labels = sorted({v for value in used.values() for v in (value if isinstance(value, list) else [value])})
+    used = [values for name, values in listed.items() if name != "ignore"]
+    all_labels = sorted({v for values in used for v in values})
     if "ignore" in labels and labels["ignore"] != all_labels[-1] + 1:
         fail('labels["ignore"]', f"the largest label value ({all_labels[-1] + 1}, as nnU-Net requires)",
              labels["ignore"])
-    has_regions = any(isinstance(v, list) and len(v) > 1 for v in labels.values())
-    if not has_regions:
+    if not any(len(values) > 1 for values in listed.values()):
         if order is not None:
             fail("regions_class_order", "null for a model without regions", order)
         if all_labels != list(range(len(all_labels))):
@@ -241,7 +246,7 @@ def _check_labels(labels: Dict[str, Any], order: Any, heads: int) -> None:
         if heads != len(all_labels):
             fail("num_segmentation_heads", f"the number of labels ({len(all_labels)})", heads)
         return
-    regions = [v for v in used.values() if set(v if isinstance(v, list) else [v]) != {0}]
+    regions = [values for values in used if set(values) != {0}]
     if heads != len(regions):
         fail("num_segmentation_heads", f"the number of foreground regions ({len(regions)})", heads)
     if not (isinstance(order, list) and len(order) == heads and all(_is_int(v) and 1 <= v <= MAX_LABEL
@@ -363,8 +368,8 @@ def _one_line(error: Dict[str, Any]) -> str:
     """pydantic's error as one line naming the field (``folds[0].precisions.int8``)."""
     context = error.get("ctx") or {}
     field = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"])
-    below = context.get("field", "")
-    field = (field + ("" if not field or below.startswith("[") else ".") + below if below else field).lstrip(".")
+    below = context.get("field")
+    field = (f"{field}.{below}" if below else field).lstrip(".")
     if error["type"] == "message":
         return context["message"]
     if error["type"] == "missing":
@@ -401,9 +406,9 @@ def model_file(folder: Path, name: str, owner: str) -> Path:
     if relative.is_absolute() or ".." in relative.parts or "\\" in name:
         raise UserError(f"{where} must be a path inside the model folder, without '..'")
     path = folder / relative
-    resolved, root = path.resolve(), folder.resolve()
-    if resolved != root and root not in resolved.parents:
-        raise UserError(f"{where} leads out of the model folder (to {resolved}): a model folder holds its own graphs")
+    if not is_inside(path, folder):
+        raise UserError(f"{where} leads out of the model folder (to {path.resolve()}): a model folder holds its own "
+                        f"graphs")
     if not path.is_file():
         raise UserError(f"{path}: missing ({owner} of {folder / DESCRIPTION_FILE})")
     return path
@@ -450,10 +455,8 @@ def bind_graph(model: bytes, description: Dict[str, Any]) -> bytes:
     import onnx
 
     proto = onnx.load_from_string(model)
-    kept = [(entry.key, entry.value) for entry in proto.metadata_props if entry.key != GRAPH_FIELDS_KEY]
-    del proto.metadata_props[:]
-    for key, value in kept + [(GRAPH_FIELDS_KEY, graph_fields(description))]:
-        proto.metadata_props.add(key=key, value=value)
+    kept = {entry.key: entry.value for entry in proto.metadata_props if entry.key != GRAPH_FIELDS_KEY}
+    onnx.helper.set_model_props(proto, {**kept, GRAPH_FIELDS_KEY: graph_fields(description)})
     return proto.SerializeToString()
 
 
@@ -518,10 +521,6 @@ def recorded_graph_fields(data: bytes, name: str) -> List[str]:
     return [value for key, value in entries if key == GRAPH_FIELDS_KEY]
 
 
-#: a field one side lacks
-_MISSING = object()
-
-
 def _differences(field: str, recorded: Any, given: Any) -> List[Tuple[str, Any, Any]]:
     """(path, recorded, given) where they differ, into objects of equal keys and equal-length lists of objects."""
     if isinstance(recorded, dict) and isinstance(given, dict) and set(recorded) == set(given):
@@ -535,13 +534,8 @@ def _differences(field: str, recorded: Any, given: Any) -> List[Tuple[str, Any, 
     return [] if same else [(field, recorded, given)]
 
 
-def _shown(value: Any) -> str:
-    return "(missing)" if value is _MISSING else _show(value)
-
-
 def _check_graph_fields(folder: Path, name: str, data: bytes, description: Dict[str, Any]) -> None:
     """Refuse a graph without one record of its GRAPH_FIELDS, or a description whose fields are not those."""
-    where = f"{folder / DESCRIPTION_FILE}"
     try:
         records = recorded_graph_fields(data, name)
     except ValueError as e:
@@ -566,9 +560,9 @@ def _check_graph_fields(folder: Path, name: str, data: bytes, description: Dict[
         return
     listed = differences[:3]
     more = f" (and {len(differences) - 3} more)" if len(differences) > 3 else ""
-    raise UserError(f"{where}: {', '.join(f'{path} {_shown(g)}' for path, _, g in listed)}{more} "
+    raise UserError(f"{folder / DESCRIPTION_FILE}: {', '.join(f'{path} {_show(g)}' for path, _, g in listed)}{more} "
                     f"{'is' if len(differences) == 1 else 'are'} not what {name} was exported and checked with "
-                    f"({', '.join(_shown(r) for _, r, _ in listed)}): the description was edited; export again")
+                    f"({', '.join(_show(r) for _, r, _ in listed)}): the description was edited; export again")
 
 
 def _fixed(dim: Dim) -> bool:
@@ -598,19 +592,15 @@ def check_graph_io(input_shape: Optional[Sequence[Dim]], output_shape: Optional[
                 raise UserError(f"{where}: the graph's {name} has a fixed {axis} of {size}, the patch is {patch}")
 
 
-def _set_aside_hint(folder: Path) -> str:
-    old = find_set_aside(folder)
-    return (f"; an interrupted export left the previous one aside as {old}: rerun the export (which puts it back) "
-            f"or move it to {folder}") if old is not None else ""
-
-
 def read_description(folder: Path) -> Dict[str, Any]:
     """The description in export ``folder``, checked against its schema, with each fold's files inside ``folder``."""
     folder = Path(folder)
     path = folder / DESCRIPTION_FILE
     if not path.is_file():
-        raise UserError(f"{folder}: no {DESCRIPTION_FILE} (expected a folder written by {WRITTEN_BY})"
-                        f"{_set_aside_hint(folder) if not folder.exists() else ''}")
+        old = None if folder.exists() else find_set_aside(folder)
+        hint = (f"; an interrupted export left the previous one aside as {old}: rerun the export (which puts it back) "
+                f"or move it to {folder}") if old is not None else ""
+        raise UserError(f"{folder}: no {DESCRIPTION_FILE} (expected a folder written by {WRITTEN_BY}){hint}")
     try:
         description = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -618,8 +608,7 @@ def read_description(folder: Path) -> Dict[str, Any]:
     except OSError as e:
         raise UserError(f"{path}: cannot read it ({e.strerror or e})") from None
     validate_description(description, path)
-    folds: List[dict] = description["folds"]
-    for fold in folds:
+    for fold in description["folds"]:
         fold_file(folder, fold)
         for precision, record in fold.get("precisions", {}).items():
             for name in record.get("files", {}) if record["verified"] else ():

@@ -43,15 +43,6 @@ def _refuse_nnunet_folders(output: Path, resolved: Path, model_folder: Path) -> 
                             f"outside nnU-Net's folders, or leave -o out for the default {default}")
 
 
-def _description(folder: Path) -> Optional[dict]:
-    """``folder``'s ``onnx_model.json`` where the export wrote it, else None."""
-    try:
-        description = json.loads((folder / DESCRIPTION_FILE).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return description if isinstance(description, dict) and description.get("written_by") == WRITTEN_BY else None
-
-
 def _recorded_files(description: dict) -> Set[str]:
     """The files an export's description records, relative to the folder; malformed entries are left out."""
     recorded = {DESCRIPTION_FILE}
@@ -73,8 +64,11 @@ def _refuse_what_is_not_an_export(output: Path) -> None:
         raise UserError(f"-o {output} exists and is not a folder: the export writes a folder; choose a new name")
     if not any(output.iterdir()):
         return
-    description = _description(output)
-    if description is None:
+    try:
+        description = json.loads((output / DESCRIPTION_FILE).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        description = None
+    if not (isinstance(description, dict) and description.get("written_by") == WRITTEN_BY):
         raise UserError(f"-o {output} exists and is not an export of {WRITTEN_BY} (no {DESCRIPTION_FILE} written "
                         f"by it): -o replaces only an earlier export; choose a new folder")
     recorded = _recorded_files(description)

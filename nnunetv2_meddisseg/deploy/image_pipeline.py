@@ -27,14 +27,6 @@ __all__ = ["read_image", "read_case", "case_of_images", "check_finite", "preproc
 BoundingBox = List[List[int]]
 
 
-def _tifffile():
-    try:
-        import tifffile
-    except ImportError as e:
-        raise UserError("reading .tif images needs tifffile, as nnU-Net's reader does: pip install tifffile") from e
-    return tifffile
-
-
 def _pillow_array(image: Image.Image) -> np.ndarray:
     """One frame as imageio's Pillow plugin returns it: palettes in the palette's mode, PNG mode I as 16-bit grey."""
     if image.mode == "P":
@@ -49,17 +41,21 @@ def read_image(path: Path, content: Optional[bytes] = None) -> np.ndarray:
     as imageio reads them (every APNG frame); a leading axis of 3 or 4 moved last. ``content``: bytes read as path."""
     path = Path(path)
     source = path if content is None else io.BytesIO(content)
+    tif = path.suffix.lower() in (".tif", ".tiff")
+    if tif:
+        try:
+            import tifffile
+        except ImportError as e:
+            raise UserError("reading .tif images needs tifffile, as nnU-Net's reader does: pip install tifffile") from e
     try:
-        if path.suffix.lower() in (".tif", ".tiff"):
-            array = np.asarray(_tifffile().imread(source))
+        if tif:
+            array = np.asarray(tifffile.imread(source))
         else:
             with Image.open(source) as image:
                 if image.custom_mimetype == "image/apng":
                     array = np.stack([_pillow_array(frame) for frame in ImageSequence.Iterator(image)])
                 else:
                     array = _pillow_array(image)
-    except UserError:
-        raise
     except Exception as e:  # noqa: BLE001 (whatever the decoder says about this file is the user's answer)
         raise UserError(f"{path}: cannot read the image ({type(e).__name__}: {e})") from e
     if array.ndim > 2 and array.shape[-1] not in (3, 4) and array.shape[-3] in (3, 4):
@@ -74,7 +70,7 @@ def check_finite(image: np.ndarray, path: Path) -> None:
     finite = np.isfinite(image)
     if finite.all():
         return
-    nan, inf = np.isnan(image).any(axis=0), (~finite & ~np.isnan(image)).any(axis=0)
+    nan, inf = np.isnan(image).any(axis=0), np.isinf(image).any(axis=0)
     raise UserError(f"{path}: {int(nan.sum())} NaN and {int(inf.sum())} infinite pixel(s) of {nan.size}: the model "
                     f"cannot predict undefined values (nnU-Net's normalisation would spread them over the whole "
                     f"channel); replace them (e.g. numpy.nan_to_num)")
@@ -123,8 +119,8 @@ def normalise_channel(image: np.ndarray, mask: np.ndarray, scheme: str, use_mask
     image = image.astype(np.float32)
     if scheme == "ZScoreNormalization":
         if use_mask:
-            mean, std = image[mask].mean(), image[mask].std()
-            image[mask] = (image[mask] - mean) / max(std, eps)
+            values = image[mask]
+            image[mask] = (values - values.mean()) / max(values.std(), eps)
         else:
             image = (image - image.mean()) / max(image.std(), eps)
     elif scheme == "CTNormalization":
@@ -198,18 +194,14 @@ def restore_probabilities(probabilities: np.ndarray, geometry: dict, description
     return full.transpose([0, *[a + 1 for a in description["transpose_backward"]]])
 
 
-def _segmentation_image(segmentation: np.ndarray) -> Image.Image:
-    return Image.fromarray(segmentation[0].astype(np.uint8 if segmentation.max() < 255 else np.uint16, copy=False))
-
-
 def write_segmentation(segmentation: np.ndarray, path: Path) -> None:
     """(1, X, Y) labels -> a grey image file, 8-bit (16-bit from label 255) as NaturalImage2DIO writes, atomically."""
-    file_format = Image.registered_extensions()[path.suffix.lower()]
-    write_atomically(path, lambda tmp: _segmentation_image(segmentation).save(tmp, format=file_format))
+    write_atomically(path, lambda tmp: tmp.write_bytes(encode_segmentation(segmentation, path.suffix)))
 
 
 def encode_segmentation(segmentation: np.ndarray, file_ending: str) -> bytes:
     """The bytes ``write_segmentation`` writes into a file with ``file_ending``."""
+    image = Image.fromarray(segmentation[0].astype(np.uint8 if segmentation.max() < 255 else np.uint16, copy=False))
     buffer = io.BytesIO()
-    _segmentation_image(segmentation).save(buffer, format=Image.registered_extensions()[file_ending.lower()])
+    image.save(buffer, format=Image.registered_extensions()[file_ending.lower()])
     return buffer.getvalue()

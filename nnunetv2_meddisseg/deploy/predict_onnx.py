@@ -35,7 +35,7 @@ from nnunetv2_meddisseg.deploy.runtimes import RUNTIMES, default_runtime
 from nnunetv2_meddisseg.deploy.sliding_window import sliding_window_logits, sliding_window_logits_of_cases
 from nnunetv2_meddisseg.errors import UserError
 
-__all__ = ["OnnxPredictor", "find_cases", "check_part", "cases_of_part", "main"]
+__all__ = ["OnnxPredictor", "find_cases", "cases_of_part", "main"]
 
 PROG = "nnUNetv2_meddisseg_predict_onnx"
 #: a case of at least this many tiles x folds also gets a bar of its tiles (a very large image takes minutes)
@@ -59,18 +59,14 @@ def find_cases(folder: Path, file_ending: str) -> Dict[str, List[Path]]:
     return dict(sorted(cases.items()))
 
 
-def check_part(num_parts: int, part_id: int) -> None:
-    """One line where ``part_id`` is not one of the parts 0 .. ``num_parts`` - 1."""
+def cases_of_part(cases: Sequence[str], num_parts: int, part_id: int) -> List[str]:
+    """Part ``part_id``'s cases, split as ``nnUNetv2_predict`` does: every ``num_parts``-th from the ``part_id``-th;
+    one line where ``part_id`` is not one of the parts 0 .. ``num_parts`` - 1."""
     if not (isinstance(num_parts, int) and num_parts >= 1):
         raise UserError(f"-num_parts must be at least 1, got {num_parts}")
     if not (isinstance(part_id, int) and 0 <= part_id < num_parts):
         raise UserError(f"-part_id must be from 0 to {num_parts - 1} (-num_parts {num_parts}; parts count from 0), "
                         f"got {part_id}")
-
-
-def cases_of_part(cases: Sequence[str], num_parts: int, part_id: int) -> List[str]:
-    """Part ``part_id``'s cases, split as ``nnUNetv2_predict`` does: every ``num_parts``-th from the ``part_id``-th."""
-    check_part(num_parts, part_id)
     return list(cases)[part_id::num_parts]
 
 
@@ -160,17 +156,13 @@ class OnnxPredictor:
             for case, files in cases:
                 yield case, self.prepare(files)
             return
-        upcoming = iter(cases)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="preprocess") as pool:
-            def submit():
-                case_files = next(upcoming, None)
-                return None if case_files is None else (case_files[0], pool.submit(self.prepare, case_files[1]))
-
-            pending = submit()
+            upcoming = ((case, pool.submit(self.prepare, files)) for case, files in cases)  # each submitted at next()
+            pending = next(upcoming, None)
             while pending is not None:
                 case, future = pending
                 prepared = future.result()
-                pending = submit()
+                pending = next(upcoming, None)
                 yield case, prepared
 
     def predict_folder(self, input_folder: Path, output_folder: Path, verbose: bool = False,
@@ -206,10 +198,8 @@ class OnnxPredictor:
             for case, prepared in prepared_cases:
                 start = time.perf_counter()
                 with contextlib.closing(_TileBar(tile_bar, case)) as tiles:
-                    if save_probabilities:
-                        segmentation, probabilities = self.predict_prepared(prepared, True, tiles)
-                    else:
-                        segmentation, probabilities = self.predict_prepared(prepared, progress=tiles), None
+                    result = self.predict_prepared(prepared, save_probabilities, tiles)
+                segmentation, probabilities = result if save_probabilities else (result, None)
                 written.append(output.write(case, segmentation, probabilities))
                 if progress:
                     bar.update()

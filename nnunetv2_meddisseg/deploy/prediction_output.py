@@ -95,10 +95,6 @@ class PredictionOutput:
             return False
         return record[path.name] is None or record[path.name] == _sha256(path)
 
-    def _done(self, case: str, record: Dict[str, Optional[str]]) -> bool:
-        return all(record.get(p.name) is not None and p.is_file() and not p.is_symlink()
-                   and record[p.name] == _sha256(p) for p in self.files(case))
-
     def plan(self, cases: Sequence[str], input_files: Sequence[Path], continue_prediction: bool = False,
              overwrite: bool = False) -> List[str]:
         """The cases to predict, in order, after checking every output file: none may be one of ``input_files``, an
@@ -111,7 +107,7 @@ class PredictionOutput:
             identities[(st.st_dev, st.st_ino)] = Path(f)
         todo, foreign = [], []
         for case in cases:
-            record = self._record(case)
+            record, done = self._record(case), True
             for path in self.files(case):
                 same = resolved.get(path.resolve())
                 if same is None and path.exists():
@@ -120,9 +116,11 @@ class PredictionOutput:
                 if same is not None:
                     raise UserError(f"{path} (the output of case {case}) would overwrite the input file {same}: the "
                                     f"predictor never writes into its inputs; choose another -o")
-                if os.path.lexists(path) and not self._is_ours(path, record):
+                ours = self._is_ours(path, record)
+                if os.path.lexists(path) and not ours:
                     foreign.append(path)
-            if not (continue_prediction and self._done(case, record)):
+                done = done and ours and record[path.name] is not None
+            if not (continue_prediction and done):
                 todo.append(case)
         if foreign and not overwrite:
             more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""

@@ -47,8 +47,7 @@ def gaussian_importance(patch_size: Tuple[int, ...], sigma_scale: float = 1.0 / 
     gaussian /= gaussian.max() / value_scaling
     gaussian = gaussian.astype(np.float16)
     zero = gaussian == 0
-    if zero.any():
-        gaussian[zero] = gaussian[~zero].min()
+    gaussian[zero] = gaussian[~zero].min()
     gaussian.setflags(write=False)
     return gaussian
 
@@ -68,7 +67,7 @@ def pad_to_patch(data: np.ndarray, patch_size: Sequence[int]) -> Tuple[np.ndarra
 def mirror_combinations(mirror_axes: Optional[Sequence[int]]) -> List[Tuple[int, ...]]:
     """The flips nnU-Net averages over a tile (B, C, X, Y): none, then each combination of mirror axes (0: X, 1: Y)."""
     axes = [a + 2 for a in (mirror_axes or ())]
-    return [()] + [c for n in range(1, len(axes) + 1) for c in itertools.combinations(axes, n)]
+    return [c for n in range(len(axes) + 1) for c in itertools.combinations(axes, n)]
 
 
 def sliding_window_logits(data: np.ndarray, sessions: Sequence, patch_size: Sequence[int], step: float,
@@ -95,11 +94,13 @@ def sliding_window_logits_of_cases(cases: Sequence[np.ndarray], sessions: Sequen
         starts = tile_starts(padded.shape[2:], patch_size, step)
         windows += [(c, d, (slice(sx, sx + patch_size[0]), slice(sy, sy + patch_size[1])))
                     for d in range(padded.shape[1]) for sx, sy in itertools.product(*starts)]
+    weights = [np.zeros(p.shape[1:], dtype=np.float16) for p in padded_cases]  # the same for every session
+    for c, d, window in windows:
+        weights[c][(d, *window)] += gaussian
     per_call = max(1, MAX_BATCH // len(flips))
     totals: List[Optional[np.ndarray]] = [None] * len(cases)
     for session in sessions:
         logits = [np.zeros((num_heads, *p.shape[1:]), dtype=np.float16) for p in padded_cases]
-        weights = [np.zeros(p.shape[1:], dtype=np.float16) for p in padded_cases]
         for first in range(0, len(windows), per_call):
             chunk = windows[first:first + per_call]
             batch = np.ascontiguousarray(np.concatenate(
@@ -118,7 +119,6 @@ def sliding_window_logits_of_cases(cases: Sequence[np.ndarray], sessions: Sequen
                 region = (slice(None), d, *window)
                 # float32 sums rounded to float16, as nnU-Net's in-place addition into its float16 arrays
                 logits[c][region] = logits[c][region].astype(np.float32) + prediction * gaussian.astype(np.float32)
-                weights[c][(d, *window)] += gaussian
         for c in range(len(cases)):
             logits[c] /= weights[c]
             totals[c] = logits[c] if totals[c] is None else totals[c] + logits[c]
