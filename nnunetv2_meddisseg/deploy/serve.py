@@ -55,6 +55,7 @@ MAGIC = ((b"\x89PNG\r\n\x1a\n", ".png"), (b"BM", ".bmp"), (b"II*\x00", ".tif"), 
          (b"\x93NUMPY", ".npy"))
 #: how often a waiting request checks that the worker that took it is still there
 WORKER_POLL_S = 0.25
+WORKER_STOPPED = "the inference worker stopped during this request and is being restarted; retry"
 MEDIA_TYPES = {".png": "image/png", ".bmp": "image/bmp", ".tif": "image/tiff"}
 
 log = logging.getLogger("nnunetv2_meddisseg.serve")
@@ -171,15 +172,6 @@ class SegmentationAPI(_LitAPI):
             "runtime": self.predictor.runtime, "precision": self.predictor.precision_in_use,
             "seconds": round(time.perf_counter() - start, 3)}})
 
-    def decode_request(self, request):
-        return request
-
-    def batch(self, inputs):
-        return list(inputs)
-
-    def unbatch(self, output):
-        return output
-
     def predict(self, requests):
         single = isinstance(requests, dict)
         requests = [requests] if single else requests
@@ -205,9 +197,6 @@ class SegmentationAPI(_LitAPI):
                     outputs[i] = (200, MEDIA_TYPES.get(ending, "application/octet-stream"),
                                   encode_segmentation(segmentation, ending))
         return outputs[0] if single else outputs
-
-    def encode_response(self, output):
-        return output
 
 
 def _detail(message) -> bytes:
@@ -278,15 +267,13 @@ def _predict_endpoint(server, lit_api):
                 # a worker that took this request and is no longer ready died with it (LitServe's monitor restarts
                 # it, but marks only the requests of its own process's buffer, not this HTTP process's)
                 if not event.is_set() and item.worker_id is not None and not server.ready():
-                    raise RequestError(503, "the inference worker stopped during this request and is being "
-                                            "restarted; retry")
+                    raise RequestError(503, WORKER_STOPPED)
         finally:
             server.response_buffer.pop(uid, None)
         response, status = item.response
         if status == LitAPIStatus.ERROR:
             if response is None:  # LitServe's monitor: the worker process died with this request
-                raise RequestError(503, "the inference worker stopped during this request and is being restarted; "
-                                        "retry")
+                raise RequestError(503, WORKER_STOPPED)
             # LitServe sends the worker's exception pickled; it is not unpickled here: the worker logs it
             error = response if isinstance(response, BaseException) else None
             code = getattr(error, "status_code", 500)
