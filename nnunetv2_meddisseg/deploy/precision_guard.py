@@ -443,8 +443,8 @@ def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optio
                 candidate = _int8_candidate(_quantize(model, cases.calibration), model)
                 record = guard("int8", candidate, groups, verifier, bounds, threads, say)
                 if record["verified"]:
-                    record = _written_int8(fold, candidate, groups, record, verifier, bounds, scratch, files, threads,
-                                           say)
+                    chosen = candidate([n for g in record["kept_in_fp32"] for n in groups[g]])
+                    record = _written_int8(fold, chosen, record, verifier, bounds, scratch, files, threads, say)
                 records["int8"] = {**record, "calibration_tiles": tiles}
         for precision in precisions:
             if not records[precision]["verified"]:
@@ -459,14 +459,13 @@ def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optio
     return files
 
 
-def _written_int8(fold: dict, candidate: Candidate, groups: Dict[str, List[str]], record: dict, verifier: Verifier,
-                  bounds: Bounds, scratch: Path, files: Dict[str, bytes], threads: Optional[int],
-                  say: Callable[[str], None] = print) -> dict:
-    """The chosen INT8 candidate written as an IR (int8 weights), read back and verified again: the figures are the
-    written graph's. With native bf16, verified once more with its floats in bf16 (``floats_in_bf16``)."""
+def _written_int8(fold: dict, model, record: dict, verifier: Verifier, bounds: Bounds, scratch: Path,
+                  files: Dict[str, bytes], threads: Optional[int], say: Callable[[str], None]) -> dict:
+    """The chosen INT8 candidate ``model`` written as an IR (int8 weights), read back and verified again: the figures
+    are the written graph's. With native bf16, verified once more with its floats in bf16 (``floats_in_bf16``)."""
     folder = scratch / "int8"
     folder.mkdir()
-    xml, weights = _serialized(candidate([n for g in record["kept_in_fp32"] for n in groups[g]]), folder)
+    xml, weights = _serialized(model, folder)
     figures = _checked(verifier, OpenVinoSession(folder / "model.xml", "int8", threads), bounds)
     if figures["missed"]:
         return {**record, "verified": False, "figures": figures,
