@@ -25,6 +25,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -250,8 +251,6 @@ def _predict_endpoint(server, lit_api):
 
     async def submit(payload):
         request_queue = server._get_request_queue(lit_api.api_path)
-        import uuid
-
         uid = str(uuid.uuid4())
         event = asyncio.Event()
         server.response_buffer[uid] = ResponseBufferItem(event)
