@@ -246,16 +246,13 @@ def _predict_endpoint(server, lit_api):
     from starlette.requests import ClientDisconnect
 
     options = server.serve_options
-    description = server.description
     handler_state = {"in_flight": 0}
 
     async def submit(payload):
-        request_queue = server._get_request_queue(lit_api.api_path)
         uid = str(uuid.uuid4())
         event = asyncio.Event()
-        server.response_buffer[uid] = ResponseBufferItem(event)
-        request_queue.put((server.app.response_queue_id, uid, time.monotonic(), payload))
-        item = server.response_buffer[uid]
+        server.response_buffer[uid] = item = ResponseBufferItem(event)
+        server._get_request_queue(lit_api.api_path).put((server.app.response_queue_id, uid, time.monotonic(), payload))
         end = time.monotonic() + options["request_timeout_s"]
         try:
             while not event.is_set():
@@ -306,7 +303,7 @@ def _predict_endpoint(server, lit_api):
                 probabilities = request.query_params.get("probabilities", "false").lower()
                 if probabilities not in ("true", "false", "1", "0"):
                     raise RequestError(400, f"probabilities={probabilities!r}: expected true or false")
-                case = read_request(body, description, request.query_params.get("spacing"))
+                case = read_request(body, server.description, request.query_params.get("spacing"))
                 fields["image"] = "x".join(str(s) for s in (case.shape[2], case.shape[3], case.shape[0]))
                 status, media_type, content = await submit({"case": case,
                                                             "probabilities": probabilities in ("true", "1")})
