@@ -28,6 +28,7 @@ import json
 import logging
 import tempfile
 import xml.etree.ElementTree as ET
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -37,7 +38,7 @@ import numpy as np
 from nnunetv2_meddisseg.cli import quiet_cuda_home_warning
 from nnunetv2_meddisseg.deploy.description import GRAPH_FIELDS_KEY, graph_fields, recorded_graph_fields, sha256_of
 from nnunetv2_meddisseg.deploy.image_pipeline import probabilities_from_logits, segmentation_from_logits
-from nnunetv2_meddisseg.deploy.runtimes import OpenVinoSession, openvino_core, openvino_has_bf16
+from nnunetv2_meddisseg.deploy.runtimes import OpenVinoSession, openvino_core, openvino_has_bf16, read_openvino_model
 from nnunetv2_meddisseg.deploy.sliding_window import pad_to_patch, sliding_window_logits, tile_starts
 from nnunetv2_meddisseg.errors import UserError
 
@@ -89,12 +90,8 @@ CASE_ENDINGS = (".b2nd", ".npy", ".npz")
 
 def case_identifiers(folder: Path) -> List[str]:
     """The preprocessed case identifiers in ``folder`` (not the ``_seg`` files), sorted as nnU-Net sorts them."""
-    found = set()
-    for path in Path(folder).iterdir():
-        for ending in CASE_ENDINGS:
-            if path.name.endswith(ending) and not path.name.endswith(f"_seg{ending}") and path.is_file():
-                found.add(path.name[:-len(ending)])
-    return sorted(found)
+    return sorted({path.name[:-len(ending)] for path in Path(folder).iterdir() for ending in CASE_ENDINGS
+                   if path.name.endswith(ending) and not path.name.endswith(f"_seg{ending}") and path.is_file()})
 
 
 def _read_array(path: Path, read: Callable[[], np.ndarray]) -> np.ndarray:
@@ -277,19 +274,15 @@ def blocks(model) -> Dict[str, List[str]]:
             path[name] = found
         elif op.get_type_name() in _COMPUTE_OPS:
             path[name] = [name]
-    size: Dict[str, int] = {}
-    for op in ops:
-        if op.get_type_name() in _COMPUTE_OPS and op.get_friendly_name() in path:
-            top = path[op.get_friendly_name()][0]
-            size[top] = size.get(top, 0) + 1
+    compute = [op.get_friendly_name() for op in ops if op.get_type_name() in _COMPUTE_OPS]
+    size = Counter(path[name][0] for name in compute if name in path)
     groups: Dict[str, List[str]] = {}
     for op in ops:
         parts = path.get(op.get_friendly_name())
         if parts is not None:
-            depth = 2 if size.get(parts[0], 0) > MAX_BLOCK_OPS and len(parts) > 1 else 1
+            depth = 2 if size[parts[0]] > MAX_BLOCK_OPS and len(parts) > 1 else 1
             groups.setdefault("/" + "/".join(parts[:depth]), []).append(op.get_friendly_name())
-    compute = {op.get_friendly_name() for op in ops if op.get_type_name() in _COMPUTE_OPS}
-    found = {key: names for key, names in groups.items() if compute.intersection(names)}
+    found = {key: names for key, names in groups.items() if set(names).intersection(compute)}
     inside = {name for names in found.values() for name in names}
     between = [op.get_friendly_name() for op in ops if op.get_friendly_name() not in inside]
     return {**found, BETWEEN_BLOCKS: between} if between else found
@@ -313,7 +306,7 @@ def guard(precision: str, candidate: Candidate, groups: Dict[str, List[str]], ve
     tried: List[dict] = []
     figures = check([], "whole network")
     if not figures["missed"]:
-        return _record(True, [], figures, tried)
+        return {"verified": True, "kept_in_fp32": [], "figures": figures, "tried": tried}
     order = list(groups)
     distance = {g: verifier.distance(OpenVinoSession(candidate([n for h in order if h != g for n in groups[h]]),
                                                      precision, threads)) for g in order}
@@ -329,9 +322,10 @@ def guard(precision: str, candidate: Candidate, groups: Dict[str, List[str]], ve
         else:
             high, best = middle, figures
     if best is None:
-        return _record(False, [], tried[0], tried, f"{precision} misses the bounds unless every block stays in fp32 "
-                                                   f"({'; '.join(tried[-1]['missed'])} with {low} of {len(order)})")
-    return _record(True, order[:high], best, tried)
+        return {"verified": False, "kept_in_fp32": [], "figures": tried[0], "tried": tried,
+                "reason": f"{precision} misses the bounds unless every block stays in fp32 "
+                          f"({'; '.join(tried[-1]['missed'])} with {low} of {len(order)})"}
+    return {"verified": True, "kept_in_fp32": order[:high], "figures": best, "tried": tried}
 
 
 def _checked(verifier: Verifier, session: OpenVinoSession, bounds: Bounds) -> dict:
@@ -345,21 +339,13 @@ def _summary(figures: dict) -> str:
             f"(fp32 {100 * figures['pseudo_dice_fp32']:.2f}) -> {'; '.join(figures['missed']) or 'within the bounds'}")
 
 
-def _record(verified: bool, kept: List[str], figures: dict, tried: List[dict], reason: Optional[str] = None) -> dict:
-    record = {"verified": verified, "kept_in_fp32": kept, "figures": figures, "tried": tried}
-    if reason is not None:
-        record["reason"] = reason
-    return record
-
-
 def _int8_candidate(quantized, original) -> Candidate:
     """Candidates whose kept operations run as in ``original`` (the fp32 model): the FakeQuantize before them
     bypassed, their constants (weights, biases) the original ones."""
     from openvino import op as ov_op
 
-    constants = {node.get_friendly_name(): {i: port.get_source_output().get_node() for i, port in
-                                            enumerate(node.inputs())
-                                            if port.get_source_output().get_node().get_type_name() == "Constant"}
+    constants = {node.get_friendly_name(): {i: source.get_node() for i, source in enumerate(node.input_values())
+                                            if source.get_node().get_type_name() == "Constant"}
                  for node in original.get_ordered_ops()}
 
     def make(kept: Sequence[str]):
@@ -367,11 +353,11 @@ def _int8_candidate(quantized, original) -> Candidate:
         for node in model.get_ordered_ops():
             if node.get_friendly_name() not in kept:
                 continue
+            originals = constants.get(node.get_friendly_name(), {})
             for i, port in enumerate(node.inputs()):
                 source = port.get_source_output().get_node()
-                if i in constants.get(node.get_friendly_name(), {}):
-                    port.replace_source_output(ov_op.Constant(constants[node.get_friendly_name()][i].get_data())
-                                               .output(0))
+                if i in originals:
+                    port.replace_source_output(ov_op.Constant(originals[i].get_data()).output(0))
                 elif source.get_type_name() == "FakeQuantize":
                     port.replace_source_output(source.input_value(0))
         return model
@@ -390,12 +376,12 @@ def _mark_fp32(xml_text: str, kept: Sequence[str]) -> str:
     return ET.tostring(root, encoding="unicode")
 
 
-def _serialized(model, folder: Path) -> Tuple[str, np.ndarray]:
+def _serialized(model, folder: Path) -> Tuple[str, bytes]:
     """An OpenVINO model as its IR: (the XML, the weights' bytes)."""
     import openvino as ov
 
     ov.save_model(model, str(folder / "model.xml"), compress_to_fp16=False)
-    return (folder / "model.xml").read_text(), np.fromfile(folder / "model.bin", dtype=np.uint8)
+    return (folder / "model.xml").read_text(), (folder / "model.bin").read_bytes()
 
 
 def _quantize(model, tiles: List[np.ndarray]):
@@ -423,13 +409,11 @@ def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optio
                                       "validation": "the fold's validation cases (splits_final.json), preprocessed, "
                                                     "sliding window without mirroring, against the fp32 graph"}
     # all folds' cases are read first: a bad case or split stops the export before minutes of guarding
-    fold_cases = {fold["fold"]: load_cases(preprocessed, fold["fold"], description["patch_size"],
-                                           calibration_tiles if "int8" in precisions else 0,
-                                           channels=description["num_input_channels"])
-                  for fold in description["folds"]}
-    for fold in description["folds"]:
+    fold_cases = [load_cases(preprocessed, fold["fold"], description["patch_size"],
+                             calibration_tiles if "int8" in precisions else 0,
+                             channels=description["num_input_channels"]) for fold in description["folds"]]
+    for fold, cases in zip(description["folds"], fold_cases):
         name = fold["fold"]
-        cases = fold_cases[name]
         with tempfile.TemporaryDirectory() as scratch:
             scratch = Path(scratch)
             (scratch / "model.onnx").write_bytes(graphs[name])
@@ -443,26 +427,24 @@ def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optio
             records = {}
             if bf16:
                 xml, weights = _serialized(model, scratch)
-                records["bf16"] = guard("bf16", lambda kept: core.read_model(_mark_fp32(xml, kept),
-                                                                            _tensor(weights)),
-                                        groups, verifier, bounds, threads, say)
-                if records["bf16"]["verified"] and records["bf16"]["kept_in_fp32"]:
-                    kept = [n for g in records["bf16"]["kept_in_fp32"] for n in groups[g]]
-                    records["bf16"].update(_written(fold, "bf16", _mark_fp32(xml, kept).encode(), weights.tobytes(),
-                                                    files))
-                elif records["bf16"]["verified"]:
-                    records["bf16"].update(model=fold["file"], files={})
+                record = guard("bf16", lambda kept: read_openvino_model(_mark_fp32(xml, kept).encode(), weights),
+                               groups, verifier, bounds, threads, say)
+                if record["verified"] and record["kept_in_fp32"]:
+                    kept = [n for g in record["kept_in_fp32"] for n in groups[g]]
+                    record.update(_written(fold, "bf16", _mark_fp32(xml, kept).encode(), weights, files))
+                elif record["verified"]:
+                    record.update(model=fold["file"], files={})
+                records["bf16"] = record
             if "int8" in precisions:
                 tiles = len(cases.calibration)
                 say(f"fold {name}: INT8 calibration on {tiles} tile(s) of training cases (NNCF)"
                     + (f", fewer than the {calibration_tiles} asked: the fold has {tiles} training case(s)"
                        if tiles < calibration_tiles else ""))
-                quantized = _quantize(model, cases.calibration)
-                candidate = _int8_candidate(quantized, model)
+                candidate = _int8_candidate(_quantize(model, cases.calibration), model)
                 record = guard("int8", candidate, groups, verifier, bounds, threads, say)
                 if record["verified"]:
-                    record = _written_int8(fold, candidate, groups, record, verifier, bounds, scratch, files, threads,
-                                           say)
+                    chosen = candidate([n for g in record["kept_in_fp32"] for n in groups[g]])
+                    record = _written_int8(fold, chosen, record, verifier, bounds, scratch, files, threads, say)
                 records["int8"] = {**record, "calibration_tiles": tiles}
         for precision in precisions:
             if not records[precision]["verified"]:
@@ -477,14 +459,13 @@ def guard_folds(description: dict, graphs: Dict[str, bytes], preprocessed: Optio
     return files
 
 
-def _written_int8(fold: dict, candidate: Candidate, groups: Dict[str, List[str]], record: dict, verifier: Verifier,
-                  bounds: Bounds, scratch: Path, files: Dict[str, bytes], threads: Optional[int],
-                  say: Callable[[str], None] = print) -> dict:
-    """The chosen INT8 candidate written as an IR (int8 weights), read back and verified again: the figures are the
-    written graph's. With native bf16, verified once more with its floats in bf16 (``floats_in_bf16``)."""
+def _written_int8(fold: dict, model, record: dict, verifier: Verifier, bounds: Bounds, scratch: Path,
+                  files: Dict[str, bytes], threads: Optional[int], say: Callable[[str], None]) -> dict:
+    """The chosen INT8 candidate ``model`` written as an IR (int8 weights), read back and verified again: the figures
+    are the written graph's. With native bf16, verified once more with its floats in bf16 (``floats_in_bf16``)."""
     folder = scratch / "int8"
     folder.mkdir()
-    xml, weights = _serialized(candidate([n for g in record["kept_in_fp32"] for n in groups[g]]), folder)
+    xml, weights = _serialized(model, folder)
     figures = _checked(verifier, OpenVinoSession(folder / "model.xml", "int8", threads), bounds)
     if figures["missed"]:
         return {**record, "verified": False, "figures": figures,
@@ -498,13 +479,7 @@ def _written_int8(fold: dict, candidate: Candidate, groups: Dict[str, List[str]]
         if bf16["missed"]:
             floats["reason"] = f"misses the bounds ({'; '.join(bf16['missed'])})"
     return {**record, "figures": figures, "floats_in_bf16": floats,
-            **_written(fold, "int8", xml.encode(), weights.tobytes(), files)}
-
-
-def _tensor(weights: np.ndarray):
-    import openvino as ov
-
-    return ov.Tensor(weights)
+            **_written(fold, "int8", xml.encode(), weights, files)}
 
 
 def _written(fold: dict, precision: str, xml: bytes, weights: bytes, files: Dict[str, bytes]) -> dict:

@@ -29,7 +29,6 @@ __all__ = ["RUNTIMES", "INFERENCE_PRECISION", "installed_runtimes", "default_run
 
 #: the runtimes in order of preference (benchmarks/onnx_predict.py times both side by side)
 RUNTIMES = ("openvino", "onnxruntime")
-_MODULES = {"openvino": "openvino", "onnxruntime": "onnxruntime"}
 _EXTRAS = {"openvino": "openvino", "onnxruntime": "onnx"}
 #: OpenVINO's inference precision per float precision (an int8 graph's unquantized operations run in it too)
 INFERENCE_PRECISION = {"fp32": "f32", "bf16": "bf16"}
@@ -41,7 +40,7 @@ Shape = Tuple[Optional[int], ...]
 
 def installed_runtimes() -> List[str]:
     """The runtimes of RUNTIMES that can be imported here."""
-    return [name for name in RUNTIMES if importlib.util.find_spec(_MODULES[name]) is not None]
+    return [name for name in RUNTIMES if importlib.util.find_spec(name) is not None]
 
 
 def default_runtime() -> str:
@@ -55,9 +54,9 @@ def default_runtime() -> str:
 
 def _import(runtime: str):
     try:
-        return importlib.import_module(_MODULES[runtime])
+        return importlib.import_module(runtime)
     except ImportError as e:
-        raise UserError(f"--runtime {runtime}: {_MODULES[runtime]} is not installed: pip install "
+        raise UserError(f"--runtime {runtime}: {runtime} is not installed: pip install "
                         f"'nnunetv2_meddisseg[{_EXTRAS[runtime]}]'") from e
 
 

@@ -25,6 +25,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -55,6 +56,7 @@ MAGIC = ((b"\x89PNG\r\n\x1a\n", ".png"), (b"BM", ".bmp"), (b"II*\x00", ".tif"), 
          (b"\x93NUMPY", ".npy"))
 #: how often a waiting request checks that the worker that took it is still there
 WORKER_POLL_S = 0.25
+WORKER_STOPPED = "the inference worker stopped during this request and is being restarted; retry"
 MEDIA_TYPES = {".png": "image/png", ".bmp": "image/bmp", ".tif": "image/tiff"}
 
 log = logging.getLogger("nnunetv2_meddisseg.serve")
@@ -171,15 +173,6 @@ class SegmentationAPI(_LitAPI):
             "runtime": self.predictor.runtime, "precision": self.predictor.precision_in_use,
             "seconds": round(time.perf_counter() - start, 3)}})
 
-    def decode_request(self, request):
-        return request
-
-    def batch(self, inputs):
-        return list(inputs)
-
-    def unbatch(self, output):
-        return output
-
     def predict(self, requests):
         single = isinstance(requests, dict)
         requests = [requests] if single else requests
@@ -205,9 +198,6 @@ class SegmentationAPI(_LitAPI):
                     outputs[i] = (200, MEDIA_TYPES.get(ending, "application/octet-stream"),
                                   encode_segmentation(segmentation, ending))
         return outputs[0] if single else outputs
-
-    def encode_response(self, output):
-        return output
 
 
 def _detail(message) -> bytes:
@@ -256,18 +246,13 @@ def _predict_endpoint(server, lit_api):
     from starlette.requests import ClientDisconnect
 
     options = server.serve_options
-    description = server.description
     handler_state = {"in_flight": 0}
 
     async def submit(payload):
-        request_queue = server._get_request_queue(lit_api.api_path)
-        import uuid
-
         uid = str(uuid.uuid4())
         event = asyncio.Event()
-        server.response_buffer[uid] = ResponseBufferItem(event)
-        request_queue.put((server.app.response_queue_id, uid, time.monotonic(), payload))
-        item = server.response_buffer[uid]
+        server.response_buffer[uid] = item = ResponseBufferItem(event)
+        server._get_request_queue(lit_api.api_path).put((server.app.response_queue_id, uid, time.monotonic(), payload))
         end = time.monotonic() + options["request_timeout_s"]
         try:
             while not event.is_set():
@@ -278,15 +263,13 @@ def _predict_endpoint(server, lit_api):
                 # a worker that took this request and is no longer ready died with it (LitServe's monitor restarts
                 # it, but marks only the requests of its own process's buffer, not this HTTP process's)
                 if not event.is_set() and item.worker_id is not None and not server.ready():
-                    raise RequestError(503, "the inference worker stopped during this request and is being "
-                                            "restarted; retry")
+                    raise RequestError(503, WORKER_STOPPED)
         finally:
             server.response_buffer.pop(uid, None)
         response, status = item.response
         if status == LitAPIStatus.ERROR:
             if response is None:  # LitServe's monitor: the worker process died with this request
-                raise RequestError(503, "the inference worker stopped during this request and is being restarted; "
-                                        "retry")
+                raise RequestError(503, WORKER_STOPPED)
             # LitServe sends the worker's exception pickled; it is not unpickled here: the worker logs it
             error = response if isinstance(response, BaseException) else None
             code = getattr(error, "status_code", 500)
@@ -320,7 +303,7 @@ def _predict_endpoint(server, lit_api):
                 probabilities = request.query_params.get("probabilities", "false").lower()
                 if probabilities not in ("true", "false", "1", "0"):
                     raise RequestError(400, f"probabilities={probabilities!r}: expected true or false")
-                case = read_request(body, description, request.query_params.get("spacing"))
+                case = read_request(body, server.description, request.query_params.get("spacing"))
                 fields["image"] = "x".join(str(s) for s in (case.shape[2], case.shape[3], case.shape[0]))
                 status, media_type, content = await submit({"case": case,
                                                             "probabilities": probabilities in ("true", "1")})
