@@ -15,7 +15,7 @@ from typing import Dict, List, Optional
 from .cases import BINARY_RGB_CHANNELS, ConversionPlan, DatasetSpec, SourceCase
 from .errors import ConversionError, MissingSourceError
 from .image_io import check_2d_sizes, inspect_case_mask, write_binary_2d_case
-from .source_files import pair_images_and_masks
+from .source_files import existing_source, pair_images_and_masks
 from .split_lists import SPLIT_SEED, holdout_count, make_seeded_split
 
 __all__ = ["ISIC2016_SPEC", "ISIC2017_SPEC", "plan_isic2016", "plan_isic2017"]
@@ -54,13 +54,6 @@ def _pair(source: Path, data: str, truth: str, dataset: str, tag: str,
                                  image_exclude=r"_superpixels\.")
 
 
-def _check_source(source: Path, dataset: str) -> Path:
-    source = Path(source)
-    if not source.is_dir():
-        raise MissingSourceError(f"{dataset}: source folder {source} does not exist")
-    return source
-
-
 def _merge(*groups: Dict[str, SourceCase]) -> Dict[str, SourceCase]:
     merged: Dict[str, SourceCase] = {}
     for g in groups:
@@ -73,7 +66,7 @@ def _merge(*groups: Dict[str, SourceCase]) -> Dict[str, SourceCase]:
 
 def plan_isic2016(source: Path) -> ConversionPlan:
     """ISIC-2016: 900 training images (810 train + 90 seeded val) and 379 test images."""
-    source = _check_source(source, "isic2016")
+    source = existing_source(source, "isic2016")
     train_all = _pair(source, "ISBI2016_ISIC_Part1_Training_Data", "ISBI2016_ISIC_Part1_Training_GroundTruth",
                       "isic2016", "_Segmentation", required=True)
     test = _pair(source, "ISBI2016_ISIC_Part1_Test_Data", "ISBI2016_ISIC_Part1_Test_GroundTruth",
@@ -86,7 +79,7 @@ def plan_isic2016(source: Path) -> ConversionPlan:
 
 def plan_isic2017(source: Path) -> ConversionPlan:
     """ISIC-2017: official 2000 train / 150 val / 600 test (val and test optional)."""
-    source = _check_source(source, "isic2017")
+    source = existing_source(source, "isic2017")
     tag = "_segmentation"
     train_all = _pair(source, "ISIC-2017_Training_Data", "ISIC-2017_Training_Part1_GroundTruth", "isic2017", tag,
                       required=True)

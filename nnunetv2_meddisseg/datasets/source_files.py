@@ -8,15 +8,21 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 from .cases import SourceCase
 from .errors import ConversionError, MissingSourceError
 
-__all__ = ["find_source_root", "list_files", "pair_images_and_masks", "describe_more"]
+__all__ = ["existing_source", "find_source_root", "list_files", "pair_images_and_masks", "describe_more"]
+
+
+def existing_source(source: Path, dataset: str) -> Path:
+    """``source`` as a ``Path``; an error where it is not a folder."""
+    source = Path(source)
+    if not source.is_dir():
+        raise MissingSourceError(f"{dataset}: source folder {source} does not exist")
+    return source
 
 
 def find_source_root(source: Path, dataset: str, required: Sequence[str],
                      subfolders: Sequence[str] = ("",)) -> Path:
     """The first ``source / s`` (``s`` in ``subfolders``) holding all ``required`` entries, else an error naming one."""
-    source = Path(source)
-    if not source.is_dir():
-        raise MissingSourceError(f"{dataset}: source folder {source} does not exist")
+    source = existing_source(source, dataset)
     for sub in subfolders:
         root = source / sub if sub else source
         if all((root / r).exists() for r in required):
@@ -35,13 +41,8 @@ def list_files(folder: Path, suffixes: Sequence[str], exclude: Optional[str] = N
     """Sorted plain files with a suffix in ``suffixes`` (any case), minus hidden ones and regex ``exclude`` matches."""
     suffixes = tuple(s.lower() for s in suffixes)
     pattern = re.compile(exclude) if exclude else None
-    files = []
-    for p in folder.iterdir():
-        if not p.is_file() or p.name.startswith(".") or p.suffix.lower() not in suffixes:
-            continue
-        if pattern is not None and pattern.search(p.name):
-            continue
-        files.append(p)
+    files = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")
+             and p.suffix.lower() in suffixes and not (pattern and pattern.search(p.name))]
     return sorted(files, key=lambda p: p.name)
 
 

@@ -22,6 +22,7 @@ import SimpleITK as sitk
 
 from .cases import ConversionPlan, DatasetSpec, SourceCase
 from .errors import ConversionError, MissingSourceError
+from .source_files import existing_source
 from .split_lists import SPLIT_SEED, holdout_count, make_seeded_split
 
 __all__ = [
@@ -230,11 +231,6 @@ def _numbered(folder: Path, prefix: str) -> Dict[str, Path]:
     return found
 
 
-def _holdout(train_all) -> Tuple[List[str], List[str]]:
-    train, val, _ = make_seeded_split(train_all, holdout_count(len(train_all)), 0, SPLIT_SEED)
-    return train, val
-
-
 def _plan_btcv(root: Path) -> ConversionPlan:
     images, labels = _numbered(root / "img", "img"), _numbered(root / "label", "label")
     if not images:
@@ -257,7 +253,7 @@ def _plan_btcv(root: Path) -> ConversionPlan:
     extra = sorted(set(cases) - set(TRANSUNET_TRAIN_CASES + TRANSUNET_TEST_CASES))
     if extra:
         notes.append(f"synapse: {len(extra)} volumes outside TransUNet's lists were left out (e.g. {extra[0]})")
-    train, val = _holdout(TRANSUNET_TRAIN_CASES)
+    train, val, _ = make_seeded_split(TRANSUNET_TRAIN_CASES, holdout_count(len(TRANSUNET_TRAIN_CASES)), 0, SPLIT_SEED)
     return ConversionPlan(SYNAPSE_SPEC, root, cases, train, val, sorted(TRANSUNET_TEST_CASES),
                           split_origin=f"TransUNet lists_Synapse (18 train / 12 test); val = seeded {len(val)} of "
                                        f"the training volumes (seed {SPLIT_SEED})", notes=notes)
@@ -293,7 +289,7 @@ def _plan_transunet(root: Path) -> ConversionPlan:
         notes.append(f"synapse: no {h5_dir}: no test set written (imagesTs is empty)")
     if not slices:
         notes.append(f"synapse: no {npz_dir}: only the test volumes were converted")
-    train, val = _holdout(slices)
+    train, val, _ = make_seeded_split(slices, holdout_count(len(slices)), 0, SPLIT_SEED)
     return ConversionPlan(SYNAPSE_TRANSUNET_SPEC, root, cases, train, val, sorted(volumes),
                           split_origin=f"TransUNet train_npz (train) / test_vol_h5 (test); val = seeded {len(val)} "
                                        f"of the training volumes (seed {SPLIT_SEED})", notes=notes)
@@ -301,9 +297,7 @@ def _plan_transunet(root: Path) -> ConversionPlan:
 
 def plan_synapse(source: Path) -> ConversionPlan:
     """Synapse from BTCV's ``RawData`` or TransUNet's ``train_npz`` / ``test_vol_h5`` layout."""
-    source = Path(source)
-    if not source.is_dir():
-        raise MissingSourceError(f"synapse: source folder {source} does not exist")
+    source = existing_source(source, "synapse")
     for root in (source / "RawData" / "Training", source / "Training", source):
         if (root / "img").is_dir() or (root / "label").is_dir():
             for sub in ("img", "label"):
