@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import json
 import shutil
-from concurrent.futures import ProcessPoolExecutor
 from functools import partial
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
 from nnunetv2_meddisseg.files import replace_folder, restore_set_aside, temporary_sibling, write_atomically
 
-from .cases import ConversionPlan, ConversionResult, SourceCase
+from .cases import ConversionPlan, ConversionResult
 from .errors import ConversionError, OptionError
-from .mask_report import MaskRuleError, survey_masks
+from .mask_report import MaskRuleError, run_in_workers, survey_masks
 from .options import (
     optional_env_folder,
     require_env_folder,
@@ -45,12 +43,6 @@ def _splits_final(train: Sequence[str], val: Sequence[str]) -> List[dict]:
 
 def _write_json_atomic(data, path: Path) -> None:
     write_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=4) + "\n", encoding="utf-8"))
-
-
-def _write_one(write_case: Callable, case: SourceCase, image_file: Path, label_file: Path,
-               resize: Optional[int]) -> str:
-    write_case(case, image_file, label_file, resize)
-    return case.case_id
 
 
 def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional[int] = None,
@@ -178,8 +170,8 @@ def _write_cases(plan: ConversionPlan, write_case: Callable, subsets: Sequence[t
     for sub in ("imagesTr", "labelsTr", "imagesTs", "labelsTs"):
         (partial_dir / sub).mkdir(parents=True)
     jobs = [(plan.cases[c], partial_dir / f"images{s}" / f"{c}_0000{spec.file_ending}",
-             partial_dir / f"labels{s}" / f"{c}{spec.file_ending}") for c, s in subsets]
-    _run_jobs(write_case, jobs, resize, num_processes, progress, name)
+             partial_dir / f"labels{s}" / f"{c}{spec.file_ending}", resize) for c, s in subsets]
+    run_in_workers(write_case, jobs, num_processes, progress, name, "case")
     record = {"source": str(Path(plan.source).resolve()), "resize": resize, "split": plan.split_origin,
               "num_train": len(plan.train), "num_val": len(plan.val), "num_test": len(plan.test)}
     description = spec.description
@@ -217,30 +209,3 @@ def _place_preprocessed_splits(splits: Optional[List[dict]], prep_splits: Option
         prep_splits.unlink()
         notes.append(f"removed {prep_splits} of an earlier conversion (this one has no validation set)")
     return []
-
-
-def _run_jobs(write_case: Callable, jobs: List[tuple], resize: Optional[int], num_processes: int,
-              progress: bool, desc: str) -> None:
-    from tqdm import tqdm
-
-    bar = tqdm(total=len(jobs), desc=desc, unit="case", disable=not progress)
-    try:
-        if num_processes <= 1 or len(jobs) < 2:
-            for case, img, lbl in jobs:
-                _write_one(write_case, case, img, lbl, resize)
-                bar.update()
-            return
-        with ProcessPoolExecutor(max_workers=min(num_processes, len(jobs)), mp_context=get_context("spawn")) as ex:
-            fn = partial(_write_one, write_case, resize=resize)
-            futures = [ex.submit(fn, case, img, lbl) for case, img, lbl in jobs]
-            try:
-                for fut in futures:
-                    fut.result()
-                    bar.update()
-            except BaseException:
-                for fut in futures:
-                    fut.cancel()
-                raise
-    finally:
-        bar.close()
-
