@@ -18,27 +18,10 @@ from nnunetv2_meddisseg.files import replace_folder, restore_set_aside, temporar
 from .cases import ConversionPlan, ConversionResult
 from .errors import ConversionError, OptionError
 from .mask_report import MaskRuleError, run_in_workers, survey_masks
-from .options import (
-    optional_env_folder,
-    require_env_folder,
-    validate_dataset_id,
-    validate_mask_threshold,
-    validate_resize,
-)
+from .options import optional_env_folder, require_env_folder
 from .split_lists import leave_out_cases
 
 __all__ = ["write_nnunet_dataset"]
-
-
-def _existing_with_id(root: Optional[Path], dataset_id: int) -> List[Path]:
-    if root is None or not root.is_dir():
-        return []
-    prefix = f"Dataset{dataset_id:03d}_"
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(prefix))
-
-
-def _splits_final(train: Sequence[str], val: Sequence[str]) -> List[dict]:
-    return [{"train": sorted(train), "val": sorted(val)}]
 
 
 def _write_json_atomic(data, path: Path) -> None:
@@ -53,9 +36,6 @@ def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional
     An existing dataset with this ID is refused unless ``overwrite``, and always under another name (IDs are unique).
     Masks the rule refuses raise ``MaskRuleError`` unless ``mask_threshold`` or ``skip_ambiguous`` (cases left out).
     """
-    validate_dataset_id(dataset_id)
-    validate_resize(resize)
-    validate_mask_threshold(mask_threshold)
     spec = plan.spec
     if mask_threshold is not None and spec.inspect_mask is None:
         raise OptionError(f"--mask_threshold applies to binary masks only: {spec.name}'s labels are read as they are "
@@ -81,7 +61,7 @@ def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional
         plan = leave_out_cases(plan, report.left_out)
         if not plan.train and not plan.val and not plan.test:
             raise ConversionError(f"{spec.name}: --skip_ambiguous left out every case of {plan.source}")
-    splits = _splits_final(plan.train, plan.val) if plan.train and plan.val else None
+    splits = [{"train": sorted(plan.train), "val": sorted(plan.val)}] if plan.train and plan.val else None
     prep_splits = prep_root / name / "splits_final.json" if prep_root is not None else None
     stale_splits = _check_preprocessed_splits(splits, prep_splits, overwrite)
     subsets = [(c, "Tr") for c in plan.train + plan.val] + [(c, "Ts") for c in plan.test]
@@ -96,16 +76,14 @@ def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional
         if splits is not None:
             _write_json_atomic(splits, partial_dir / "splits_final.json")
         replace_folder(partial_dir, target)
-    except ConversionError:
-        _discard(partial_dir)
-        raise
-    except OSError as err:  # disk full, read-only file system, permissions: one line, nothing left behind
-        _discard(partial_dir)
-        where = str(err.filename or partial_dir or target)
-        verb = "write" if where.startswith(str(raw_root)) else "read"
-        raise ConversionError(f"cannot {verb} {where}: {err.strerror or err}") from None
-    except BaseException:
-        _discard(partial_dir)
+    except BaseException as err:
+        if partial_dir is not None:
+            shutil.rmtree(partial_dir, ignore_errors=True)
+        if isinstance(err, OSError) and not isinstance(err, ConversionError):
+            # disk full, read-only file system, permissions: one line, nothing left behind
+            where = str(err.filename or partial_dir or target)
+            verb = "write" if where.startswith(str(raw_root)) else "read"
+            raise ConversionError(f"cannot {verb} {where}: {err.strerror or err}") from None
         raise
 
     notes = list(plan.notes)
@@ -118,16 +96,12 @@ def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional
                             report.summary_lines() if report is not None else [])
 
 
-def _discard(partial_dir: Optional[Path]) -> None:
-    if partial_dir is not None:
-        shutil.rmtree(partial_dir, ignore_errors=True)
-
-
 def _check_target(raw_root: Path, prep_root: Optional[Path], name: str, dataset_id: int, overwrite: bool) -> None:
     """Refuse an ID used by a dataset of another name, and an existing target without ``overwrite``."""
     for root in (raw_root, prep_root, optional_env_folder("nnUNet_results")):
-        for other in _existing_with_id(root, dataset_id):
-            if other.name != name:
+        others = sorted(root.glob(f"Dataset{dataset_id:03d}_*")) if root is not None and root.is_dir() else []
+        for other in others:
+            if other.is_dir() and other.name != name:
                 raise ConversionError(f"dataset ID {dataset_id} is already used by {other}: nnU-Net needs unique "
                                       f"IDs, choose another -d or remove that folder")
     target = raw_root / name
