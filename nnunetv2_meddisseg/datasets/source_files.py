@@ -49,11 +49,9 @@ def list_files(folder: Path, suffixes: Sequence[str], exclude: Optional[str] = N
 def _by_case_id(files: Iterable[Path], tag: str, what: str) -> Dict[str, Path]:
     found: Dict[str, Path] = {}
     for p in files:
-        stem = p.stem
-        if tag:
-            if not stem.lower().endswith(tag.lower()):
-                continue
-            stem = stem[: len(stem) - len(tag)]
+        if not p.stem.lower().endswith(tag.lower()):
+            continue
+        stem = p.stem[: len(p.stem) - len(tag)]
         if stem in found:
             raise ConversionError(f"two {what} files for case {stem}: {found[stem]} and {p}")
         found[stem] = p
@@ -83,8 +81,7 @@ def pair_images_and_masks(image_dir: Path, mask_dir: Path, dataset: str,
         if not folder.is_dir():
             raise MissingSourceError(f"{dataset}: folder {folder} does not exist")
     if image_ids is None:
-        image_files = list_files(image_dir, image_suffixes, image_exclude)
-        images = _by_case_id(image_files, "", "image")
+        images = _by_case_id(list_files(image_dir, image_suffixes, image_exclude), "", "image")
     else:
         images = dict(image_ids)
     if not images:
