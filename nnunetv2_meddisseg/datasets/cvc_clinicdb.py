@@ -6,7 +6,6 @@ model trained on Kvasir-SEG (the Kvasir -> CVC-ClinicDB protocol); ``--split_fil
 """
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 
 from .cases import BINARY_RGB_CHANNELS, ConversionPlan, DatasetSpec
@@ -19,8 +18,7 @@ _SUFFIXES = (".tif", ".tiff", ".png", ".bmp")
 
 CVC_CLINICDB_SPEC = DatasetSpec(
     name="CVCClinicDB", channel_names=BINARY_RGB_CHANNELS, labels={"background": 0, "polyp": 1},
-    file_ending=".png", check_case=check_2d_sizes, inspect_mask=inspect_case_mask,
-    write_case=partial(write_binary_2d_case, instance_mask=False),
+    file_ending=".png", check_case=check_2d_sizes, inspect_mask=inspect_case_mask, write_case=write_binary_2d_case,
     reference="Bernal et al., WM-DOVA maps for accurate polyp highlighting in colonoscopy, CMIG 2015",
     licence="research only (see the publisher)",
     description="CVC-ClinicDB polyps; all cases are test cases (Kvasir -> CVC-ClinicDB generalisation)",

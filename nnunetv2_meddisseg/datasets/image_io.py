@@ -256,10 +256,6 @@ def _apply_rule(path: Path, lossy: Optional[bool], threshold: Optional[float]) -
             (colours is None or len(_colour_classes(colours, arr, 0)) < BINARY_CLASSES):
         return (arr > 0).astype(np.uint8), MaskFinding(path, "label")
     low, high = BACKGROUND_BAND * full, FOREGROUND_BAND * full
-    if not lossy:
-        several = _several_classes(path, values, counts, arr, colours, low)
-        if several:
-            return None, MaskFinding(path, "classes", several)
     if lossy:
         if values.max(initial=0) <= LOSSY_NOISE * full:
             if values.min(initial=0) >= 0 and _lossy_01_label(values, counts):
@@ -270,6 +266,9 @@ def _apply_rule(path: Path, lossy: Optional[bool], threshold: Optional[float]) -
                 return None, ambiguous
         kind = "lossy"
     else:
+        several = _several_classes(path, values, counts, arr, colours, low)
+        if several:
+            return None, MaskFinding(path, "classes", several)
         area = AMBIGUOUS_FRACTION * arr.size
         middle = [(v, c) for v, c in zip(values, counts) if low < v < high and c > area]
         if middle and threshold is None:
@@ -347,15 +346,13 @@ def inspect_case_mask(case: SourceCase, threshold: Optional[float] = None) -> Ma
 
 def write_binary_2d_case(case: SourceCase, image_file: Path, label_file: Path, resize: Optional[int],
                          instance_mask: bool = False, mask_threshold: Optional[float] = None) -> None:
-    """Write an RGB image PNG and a {0, 1} label PNG, optionally ``resize x resize`` (image bilinear, mask nearest)."""
+    """Write an RGB image PNG and a {0, 1} label PNG, optionally ``resize x resize`` (image bilinear, mask nearest).
+    The sizes were checked before (``check_2d_sizes``)."""
     image = read_rgb(case.image)
     if instance_mask:
         mask = read_instance_mask_as_binary(case.label)
     else:
         mask = read_binary_mask(case.label, threshold=mask_threshold)
-    if image.size != (mask.shape[1], mask.shape[0]):
-        raise ConversionError(f"mask {case.label} is {mask.shape[1]}x{mask.shape[0]} but image {case.image} "
-                              f"is {image.size[0]}x{image.size[1]} (expected the same size)")
     mask_img = Image.fromarray(mask, mode="L")
     if resize is not None:
         image = image.resize((resize, resize), Image.Resampling.BILINEAR)

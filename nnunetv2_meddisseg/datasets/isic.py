@@ -8,7 +8,6 @@ IDs at conversion time), so fold 0 trains on 810. Masks are 0/255 PNGs, written 
 """
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -20,20 +19,19 @@ from .split_lists import SPLIT_SEED, holdout_count, make_seeded_split
 
 __all__ = ["ISIC2016_SPEC", "ISIC2017_SPEC", "plan_isic2016", "plan_isic2017"]
 
-_WRITE = partial(write_binary_2d_case, instance_mask=False)
 _IMAGES = (".jpg", ".jpeg")
 _MASKS = (".png",)
 
 ISIC2016_SPEC = DatasetSpec(
     name="ISIC2016", channel_names=BINARY_RGB_CHANNELS, labels={"background": 0, "lesion": 1}, file_ending=".png",
-    check_case=check_2d_sizes, inspect_mask=inspect_case_mask, write_case=_WRITE,
+    check_case=check_2d_sizes, inspect_mask=inspect_case_mask, write_case=write_binary_2d_case,
     reference="Gutman et al., Skin Lesion Analysis toward Melanoma Detection (ISBI 2016), arXiv:1605.01397",
     licence="CC-BY-NC (ISIC Archive)", description="ISIC-2016 part 1 lesion segmentation; official 900/379",
 )
 
 ISIC2017_SPEC = DatasetSpec(
     name="ISIC2017", channel_names=BINARY_RGB_CHANNELS, labels={"background": 0, "lesion": 1}, file_ending=".png",
-    check_case=check_2d_sizes, inspect_mask=inspect_case_mask, write_case=_WRITE,
+    check_case=check_2d_sizes, inspect_mask=inspect_case_mask, write_case=write_binary_2d_case,
     reference="Codella et al., Skin Lesion Analysis Toward Melanoma Detection (ISBI 2017), arXiv:1710.05006",
     licence="CC-BY-NC (ISIC Archive)", description="ISIC-2017 part 1 lesion segmentation; official 2000/150/600",
 )
