@@ -48,8 +48,7 @@ SYNAPSE_LABELS: Dict[str, int] = {"background": 0, "aorta": 1, "gallbladder": 2,
                                   "right kidney": 4, "liver": 5, "pancreas": 6, "spleen": 7, "stomach": 8}
 _BTCV_MAX = 13
 _LUT = np.zeros(_BTCV_MAX + 1, dtype=np.uint8)
-for _btcv, _ours in BTCV_TO_TRANSUNET.items():
-    _LUT[_btcv] = _ours
+_LUT[list(BTCV_TO_TRANSUNET)] = list(BTCV_TO_TRANSUNET.values())
 
 _NPZ = re.compile(r"(case\d+)_slice(\d+)\.npz")
 _H5 = re.compile(r"(case\d+)\.npy\.h5")
@@ -122,10 +121,8 @@ def check_btcv_case(case: SourceCase) -> None:
 
 
 def write_btcv_case(case: SourceCase, image_file: Path, label_file: Path, resize: Optional[int]) -> None:
-    """One BTCV volume with its 13 labels mapped to TransUNet's 8 organs."""
+    """One BTCV volume with its 13 labels mapped to TransUNet's 8 organs (sizes checked by ``check_btcv_case``)."""
     image, label = _read_volume(case.image), _read_volume(case.label)
-    if image.GetSize() != label.GetSize():
-        raise ConversionError(f"label {case.label} and image {case.image} differ in size (expected the same)")
     values = _check_labels(sitk.GetArrayFromImage(label), case.label, _BTCV_MAX, "BTCV labels")
     mapped = sitk.GetImageFromArray(_LUT[values])
     mapped.CopyInformation(image)
