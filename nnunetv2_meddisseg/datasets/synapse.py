@@ -94,12 +94,9 @@ def resize_in_plane(image: sitk.Image, size: int, is_label: bool) -> sitk.Image:
     shift = np.zeros(image.GetDimension())
     shift[:2] = (np.array(new_spacing[:2]) - np.array(old_spacing[:2])) / 2
     origin = np.array(image.GetOrigin()) + direction @ shift
-    reference = sitk.Image([int(s) for s in new_size], image.GetPixelID())
-    reference.SetSpacing(new_spacing)
-    reference.SetDirection(image.GetDirection())
-    reference.SetOrigin(tuple(origin))
     interpolator = sitk.sitkNearestNeighbor if is_label else sitk.sitkLinear
-    return sitk.Resample(image, reference, sitk.Transform(), interpolator, 0.0, image.GetPixelID())
+    return sitk.Resample(image, [int(s) for s in new_size], sitk.Transform(), interpolator, origin.tolist(),
+                         new_spacing, image.GetDirection(), 0.0, image.GetPixelID())
 
 
 def _write_pair(image: sitk.Image, label: sitk.Image, image_file: Path, label_file: Path,
@@ -264,9 +261,7 @@ def _plan_transunet(root: Path) -> ConversionPlan:
             m = _NPZ.fullmatch(p.name)
             if m:
                 slices.setdefault(m.group(1), []).append((int(m.group(2)), p))
-    volumes: Dict[str, Path] = {}
-    if h5_dir.is_dir():
-        volumes = {m.group(1): p for p in h5_dir.iterdir() if (m := _H5.fullmatch(p.name))}
+    volumes = {m.group(1): p for p in h5_dir.iterdir() if (m := _H5.fullmatch(p.name))} if h5_dir.is_dir() else {}
     if not slices and not volumes:
         raise ConversionError(f"synapse: no caseNNNN_sliceNNN.npz in {npz_dir} and no caseNNNN.npy.h5 in {h5_dir}")
     if volumes:
