@@ -86,7 +86,8 @@ class MaskReport:
         else:
             lines = [f"masks: {len(self.findings)} read; all but the binary ones thresholded at --mask_threshold "
                      f"{self.threshold:g}"]
-        for kind, n in self.counts().items():
+        counts = self.counts()
+        for kind, n in counts.items():
             if not n or kind in REFUSED_KINDS:
                 continue
             what, done = _KIND_WORDS[kind]
@@ -98,7 +99,6 @@ class MaskReport:
             lines.append(line)
         refused = self.refused
         if refused:
-            counts = self.counts()
             kinds = " and ".join(f"{counts[k]} {_KIND_WORDS[k][0]}" for k in REFUSED_KINDS if counts[k])
             verb = "left out (--skip_ambiguous)" if self.left_out else "refused"
             lines.append(f"  {kinds}, {verb}:")
