@@ -10,7 +10,7 @@ from PIL import Image
 from .cases import MaskFinding, SourceCase
 from .errors import ConversionError, MissingSourceError, OptionError
 
-__all__ = ["LOSSY_SUFFIXES", "image_size", "read_rgb", "read_binary_mask", "inspect_mask",
+__all__ = ["LOSSY_SUFFIXES", "read_rgb", "read_binary_mask", "inspect_mask",
            "read_instance_mask_as_binary", "check_2d_sizes", "inspect_case_mask", "write_binary_2d_case",
            "short_error", "WIDE_MODES"]
 
@@ -37,12 +37,6 @@ def _load(img: Image.Image, path: Path) -> Image.Image:
 
 def short_error(err: BaseException) -> str:
     return " ".join(str(err).split()) or type(err).__name__
-
-
-def image_size(path: Path) -> Tuple[int, int]:
-    """``(width, height)`` from the file header (cheap: no decoding)."""
-    with _open(path) as img:
-        return img.size
 
 
 #: PIL modes with more than 8 bits per value (16-bit and 32-bit integers, 32-bit float)
@@ -332,8 +326,9 @@ def read_instance_mask_as_binary(path: Path) -> np.ndarray:
 
 
 def check_2d_sizes(case: SourceCase) -> None:
-    """Image and mask headers are readable and give the same width and height."""
-    image, mask = image_size(case.image), image_size(case.label)
+    """Image and mask headers are readable and give the same width and height (cheap: no decoding)."""
+    with _open(case.image) as image_file, _open(case.label) as mask_file:
+        image, mask = image_file.size, mask_file.size
     if image != mask:
         raise ConversionError(f"mask {case.label} is {mask[0]}x{mask[1]} but image {case.image} is "
                               f"{image[0]}x{image[1]} (expected the same size)")
