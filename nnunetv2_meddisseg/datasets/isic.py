@@ -9,7 +9,7 @@ IDs at conversion time), so fold 0 trains on 810. Masks are 0/255 PNGs, written 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from .cases import BINARY_RGB_CHANNELS, ConversionPlan, DatasetSpec, SourceCase
 from .errors import ConversionError, MissingSourceError
@@ -38,13 +38,13 @@ ISIC2017_SPEC = DatasetSpec(
 
 
 def _pair(source: Path, data: str, truth: str, dataset: str, tag: str,
-          required: bool) -> Optional[Dict[str, SourceCase]]:
+          required: bool) -> Dict[str, SourceCase]:
     data_dir, truth_dir = source / data, source / truth
     if not data_dir.is_dir() and not truth_dir.is_dir():
         if required:
             raise MissingSourceError(f"{dataset}: folder {data_dir} does not exist (expected the unzipped "
                                      f"{data} and {truth} archives in {source})")
-        return None
+        return {}
     if not data_dir.is_dir() or not truth_dir.is_dir():
         present, absent = (data_dir, truth_dir) if data_dir.is_dir() else (truth_dir, data_dir)
         raise MissingSourceError(f"{dataset}: {present} exists but {absent} is missing")
@@ -86,7 +86,7 @@ def plan_isic2017(source: Path) -> ConversionPlan:
     test_cases = _pair(source, "ISIC-2017_Test_v2_Data", "ISIC-2017_Test_v2_Part1_GroundTruth", "isic2017", tag,
                        required=False)
     notes: List[str] = []
-    if val_cases is None:
+    if not val_cases:
         train, val, _ = make_seeded_split(train_all, holdout_count(len(train_all)), 0, SPLIT_SEED)
         notes.append(f"isic2017: no ISIC-2017_Validation_Data in {source}: used a seeded {len(val)} of the "
                      f"{len(train_all)} training images as validation")
@@ -94,9 +94,8 @@ def plan_isic2017(source: Path) -> ConversionPlan:
     else:
         train, val = sorted(train_all), sorted(val_cases)
         origin_val = "official validation set"
-    if test_cases is None:
+    if not test_cases:
         notes.append(f"isic2017: no ISIC-2017_Test_v2_Data in {source}: no test set written (imagesTs is empty)")
-    test = sorted(test_cases or {})
-    cases = _merge(train_all, val_cases or {}, test_cases or {})
-    return ConversionPlan(ISIC2017_SPEC, source, cases, train, val, test,
+    cases = _merge(train_all, val_cases, test_cases)
+    return ConversionPlan(ISIC2017_SPEC, source, cases, train, val, sorted(test_cases),
                           split_origin=f"ISIC-2017 official training / test; val = {origin_val}", notes=notes)
