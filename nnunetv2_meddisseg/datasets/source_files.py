@@ -23,12 +23,11 @@ def find_source_root(source: Path, dataset: str, required: Sequence[str],
                      subfolders: Sequence[str] = ("",)) -> Path:
     """The first ``source / s`` (``s`` in ``subfolders``) holding all ``required`` entries, else an error naming one."""
     source = existing_source(source, dataset)
-    for sub in subfolders:
-        root = source / sub if sub else source
+    roots = [source / sub for sub in subfolders]  # (source / "" is source)
+    for root in roots:
         if all((root / r).exists() for r in required):
             return root
-    for sub in subfolders:
-        root = source / sub if sub else source
+    for root in roots:
         if root.is_dir():
             missing = next(r for r in required if not (root / r).exists())
             raise MissingSourceError(f"{dataset}: {root / missing} is missing (expected the publisher's "
