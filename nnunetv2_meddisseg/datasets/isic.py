@@ -8,6 +8,7 @@ IDs at conversion time), so fold 0 trains on 810. Masks are 0/255 PNGs, written 
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List
 
@@ -29,11 +30,10 @@ ISIC2016_SPEC = DatasetSpec(
     licence="CC-BY-NC (ISIC Archive)", description="ISIC-2016 part 1 lesion segmentation; official 900/379",
 )
 
-ISIC2017_SPEC = DatasetSpec(
-    name="ISIC2017", channel_names=BINARY_RGB_CHANNELS, labels={"background": 0, "lesion": 1}, file_ending=".png",
-    check_case=check_2d_sizes, inspect_mask=inspect_case_mask, write_case=write_binary_2d_case,
+ISIC2017_SPEC = replace(
+    ISIC2016_SPEC, name="ISIC2017",
     reference="Codella et al., Skin Lesion Analysis Toward Melanoma Detection (ISBI 2017), arXiv:1710.05006",
-    licence="CC-BY-NC (ISIC Archive)", description="ISIC-2017 part 1 lesion segmentation; official 2000/150/600",
+    description="ISIC-2017 part 1 lesion segmentation; official 2000/150/600",
 )
 
 
