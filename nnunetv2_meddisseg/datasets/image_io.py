@@ -198,10 +198,6 @@ def _lossy_01_label(values: np.ndarray, counts: np.ndarray) -> bool:
             and counts[values > 2].sum() <= AMBIGUOUS_FRACTION * n)
 
 
-def _shown_levels(levels: List[Tuple[float, float]]) -> str:
-    return ", ".join(f"{level:g} ({_percent(share)} %)" for level, share in levels)
-
-
 def _grey(colours: Optional[np.ndarray], tol: float) -> bool:
     """Whether a mask is grey, allowing JPEG colour noise. JPEG halves colour resolution, smearing a coloured mask's
     edges over every value of its brightest channel, so such a mask's levels are not read."""
@@ -221,8 +217,9 @@ def _lossy_ambiguous(path: Path, levels: List[Tuple[float, float]], full: int) -
     if not middle or len(beyond) < BINARY_CLASSES:
         return None
     level, share = max(middle, key=lambda ls: ls[1])
+    shown = ", ".join(f"{v:g} ({_percent(s)} %)" for v, s in levels)
     return MaskFinding(path, "ambiguous", (
-        f"mask {path} holds the levels {{{_shown_levels(levels)}}} (a lossy mask: each level with the values within "
+        f"mask {path} holds the levels {{{shown}}} (a lossy mask: each level with the values within "
         f"{tol:g} of it, its noise): {level:g} covers {_percent(share)} % of the pixels, in the middle of its range "
         f"(above {low:.10g}, below {high:.10g}), so it is neither faint background nor an anti-aliased edge "
         f"(expected a binary mask: 0 and one foreground value)"))
