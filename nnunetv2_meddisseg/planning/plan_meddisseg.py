@@ -102,7 +102,7 @@ def _memory_measurement(memory_from: str) -> Optional[Callable]:
     return measure_training_memory
 
 
-def _check_encoder_weights(weights: str, input_channels: int = 3) -> str:
+def _check_encoder_weights(weights: str, input_channels: int) -> str:
     """The value to record: ``imagenet`` (cached by torch.hub now; training only reads the cache) or the file's
     absolute path. The file is loaded into a fresh encoder now, so a bad one fails at planning, not after hours."""
     from nnunetv2_meddisseg.blocks.encoder import IMAGENET, download_imagenet_weights
@@ -117,7 +117,7 @@ def _check_encoder_weights(weights: str, input_channels: int = 3) -> str:
     return IMAGENET
 
 
-def _check_weights_file(path: str, input_channels: int = 3) -> str:
+def _check_weights_file(path: str, input_channels: int) -> str:
     """Load the file into a fresh encoder of ``input_channels`` now; return its absolute path."""
     from nnunetv2_meddisseg.blocks.encoder import ResNet50Encoder, load_resnet50_weights
     from nnunetv2_meddisseg.torch_files import UnsafeTorchFile, is_torch_file, refusal_reason
@@ -240,14 +240,13 @@ def plan_meddisseg(dataset: str, plans_name: str = DEFAULT_PLANS_NAME, source_pl
     source = _read_json(source_file, dataset)
     dataset_json_file = folder / "dataset.json"
     dataset_json = _read_json(dataset_json_file, dataset) if dataset_json_file.is_file() else {}
-    num_training = dataset_json.get("numTraining")
     if encoder_weights is not None:
         channels = dataset_json.get("channel_names", dataset_json.get("modality"))
         encoder_weights = _check_encoder_weights(encoder_weights, len(channels) if isinstance(channels, dict) and
                                                  channels else 3)
     plans = build_meddisseg_plans(source, plans_name, encoder_weights=encoder_weights,
-                                  num_training_cases=num_training, memory_line=_memory_measurement(memory_from),
-                                  **kwargs)
+                                  num_training_cases=dataset_json.get("numTraining"),
+                                  memory_line=_memory_measurement(memory_from), **kwargs)
     if overrides is not None:
         from nnunetv2_meddisseg.training.recipe import RECIPE_PLANS_KEY
 
