@@ -93,9 +93,7 @@ def _parser() -> argparse.ArgumentParser:
 def _convert_command(argv: Optional[List[str]]) -> None:
     args = _parser().parse_args(argv)
     try:
-        result = convert(args.dataset, args.source, args.dataset_id, resize=args.resize, split_file=args.split_file,
-                         overwrite=args.overwrite, num_processes=args.num_processes, progress=sys.stderr.isatty(),
-                         mask_threshold=args.mask_threshold, skip_ambiguous=args.skip_ambiguous)
+        result = convert(**vars(args), progress=sys.stderr.isatty())
     except MaskRuleError as err:
         print("\n".join(err.report.summary_lines()), flush=True)
         raise

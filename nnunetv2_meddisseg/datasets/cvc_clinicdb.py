@@ -6,13 +6,11 @@ model trained on Kvasir-SEG (the Kvasir -> CVC-ClinicDB protocol); ``--split_fil
 """
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 
 from .cases import BINARY_RGB_CHANNELS, ConversionPlan, DatasetSpec
-from .errors import MissingSourceError
 from .image_io import check_2d_sizes, inspect_case_mask, write_binary_2d_case
-from .source_files import pair_images_and_masks
+from .source_files import existing_source, pair_images_and_masks
 
 __all__ = ["CVC_CLINICDB_SPEC", "plan_cvc_clinicdb"]
 
@@ -20,8 +18,7 @@ _SUFFIXES = (".tif", ".tiff", ".png", ".bmp")
 
 CVC_CLINICDB_SPEC = DatasetSpec(
     name="CVCClinicDB", channel_names=BINARY_RGB_CHANNELS, labels={"background": 0, "polyp": 1},
-    file_ending=".png", check_case=check_2d_sizes, inspect_mask=inspect_case_mask,
-    write_case=partial(write_binary_2d_case, instance_mask=False),
+    file_ending=".png", check_case=check_2d_sizes, inspect_mask=inspect_case_mask, write_case=write_binary_2d_case,
     reference="Bernal et al., WM-DOVA maps for accurate polyp highlighting in colonoscopy, CMIG 2015",
     licence="research only (see the publisher)",
     description="CVC-ClinicDB polyps; all cases are test cases (Kvasir -> CVC-ClinicDB generalisation)",
@@ -30,9 +27,7 @@ CVC_CLINICDB_SPEC = DatasetSpec(
 
 def plan_cvc_clinicdb(source: Path) -> ConversionPlan:
     """CVC-ClinicDB with every case in the test set."""
-    source = Path(source)
-    if not source.is_dir():
-        raise MissingSourceError(f"cvc-clinicdb: source folder {source} does not exist")
+    source = existing_source(source, "cvc-clinicdb")
     truth = next((source / n for n in ("Ground Truth", "GroundTruth") if (source / n).is_dir()),
                  source / "Ground Truth")
     cases = pair_images_and_masks(source / "Original", truth, "cvc-clinicdb", _SUFFIXES, _SUFFIXES)

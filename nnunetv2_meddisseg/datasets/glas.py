@@ -14,7 +14,7 @@ from pathlib import Path
 from .cases import BINARY_RGB_CHANNELS, ConversionPlan, DatasetSpec
 from .errors import MissingSourceError
 from .image_io import check_2d_sizes, write_binary_2d_case
-from .source_files import list_files, pair_images_and_masks
+from .source_files import existing_source, list_files, pair_images_and_masks
 from .split_lists import SPLIT_SEED, holdout_count, make_seeded_split
 
 __all__ = ["GLAS_SPEC", "GLAS_FOLDER", "plan_glas"]
@@ -35,7 +35,7 @@ GLAS_SPEC = DatasetSpec(
 
 def plan_glas(source: Path) -> ConversionPlan:
     """GlaS: 85 training images (77 train + 8 seeded val) and 80 test images."""
-    root = _find_root(Path(source))
+    root = _find_root(source)
     images = {p.stem: p for p in list_files(root, (".bmp",)) if _IMAGE.match(p.stem)}
     cases = pair_images_and_masks(root, root, "glas", (".bmp",), (".bmp",), mask_tag="_anno", image_ids=images)
     train_all = [c for c in cases if c.startswith("train_")]
@@ -52,8 +52,7 @@ def plan_glas(source: Path) -> ConversionPlan:
 
 
 def _find_root(source: Path) -> Path:
-    if not source.is_dir():
-        raise MissingSourceError(f"glas: source folder {source} does not exist")
+    source = existing_source(source, "glas")
     for root in (source / GLAS_FOLDER, source):
         if root.is_dir() and any(_IMAGE.match(p.stem) for p in root.glob("*.bmp")):
             return root

@@ -10,7 +10,7 @@ from PIL import Image
 from .cases import MaskFinding, SourceCase
 from .errors import ConversionError, MissingSourceError, OptionError
 
-__all__ = ["LOSSY_SUFFIXES", "image_size", "read_rgb", "read_binary_mask", "inspect_mask",
+__all__ = ["LOSSY_SUFFIXES", "read_rgb", "read_binary_mask", "inspect_mask",
            "read_instance_mask_as_binary", "check_2d_sizes", "inspect_case_mask", "write_binary_2d_case",
            "short_error", "WIDE_MODES"]
 
@@ -37,12 +37,6 @@ def _load(img: Image.Image, path: Path) -> Image.Image:
 
 def short_error(err: BaseException) -> str:
     return " ".join(str(err).split()) or type(err).__name__
-
-
-def image_size(path: Path) -> Tuple[int, int]:
-    """``(width, height)`` from the file header (cheap: no decoding)."""
-    with _open(path) as img:
-        return img.size
 
 
 #: PIL modes with more than 8 bits per value (16-bit and 32-bit integers, 32-bit float)
@@ -204,10 +198,6 @@ def _lossy_01_label(values: np.ndarray, counts: np.ndarray) -> bool:
             and counts[values > 2].sum() <= AMBIGUOUS_FRACTION * n)
 
 
-def _shown_levels(levels: List[Tuple[float, float]]) -> str:
-    return ", ".join(f"{level:g} ({_percent(share)} %)" for level, share in levels)
-
-
 def _grey(colours: Optional[np.ndarray], tol: float) -> bool:
     """Whether a mask is grey, allowing JPEG colour noise. JPEG halves colour resolution, smearing a coloured mask's
     edges over every value of its brightest channel, so such a mask's levels are not read."""
@@ -227,8 +217,9 @@ def _lossy_ambiguous(path: Path, levels: List[Tuple[float, float]], full: int) -
     if not middle or len(beyond) < BINARY_CLASSES:
         return None
     level, share = max(middle, key=lambda ls: ls[1])
+    shown = ", ".join(f"{v:g} ({_percent(s)} %)" for v, s in levels)
     return MaskFinding(path, "ambiguous", (
-        f"mask {path} holds the levels {{{_shown_levels(levels)}}} (a lossy mask: each level with the values within "
+        f"mask {path} holds the levels {{{shown}}} (a lossy mask: each level with the values within "
         f"{tol:g} of it, its noise): {level:g} covers {_percent(share)} % of the pixels, in the middle of its range "
         f"(above {low:.10g}, below {high:.10g}), so it is neither faint background nor an anti-aliased edge "
         f"(expected a binary mask: 0 and one foreground value)"))
@@ -256,10 +247,6 @@ def _apply_rule(path: Path, lossy: Optional[bool], threshold: Optional[float]) -
             (colours is None or len(_colour_classes(colours, arr, 0)) < BINARY_CLASSES):
         return (arr > 0).astype(np.uint8), MaskFinding(path, "label")
     low, high = BACKGROUND_BAND * full, FOREGROUND_BAND * full
-    if not lossy:
-        several = _several_classes(path, values, counts, arr, colours, low)
-        if several:
-            return None, MaskFinding(path, "classes", several)
     if lossy:
         if values.max(initial=0) <= LOSSY_NOISE * full:
             if values.min(initial=0) >= 0 and _lossy_01_label(values, counts):
@@ -270,6 +257,9 @@ def _apply_rule(path: Path, lossy: Optional[bool], threshold: Optional[float]) -
                 return None, ambiguous
         kind = "lossy"
     else:
+        several = _several_classes(path, values, counts, arr, colours, low)
+        if several:
+            return None, MaskFinding(path, "classes", several)
         area = AMBIGUOUS_FRACTION * arr.size
         middle = [(v, c) for v, c in zip(values, counts) if low < v < high and c > area]
         if middle and threshold is None:
@@ -333,8 +323,9 @@ def read_instance_mask_as_binary(path: Path) -> np.ndarray:
 
 
 def check_2d_sizes(case: SourceCase) -> None:
-    """Image and mask headers are readable and give the same width and height."""
-    image, mask = image_size(case.image), image_size(case.label)
+    """Image and mask headers are readable and give the same width and height (cheap: no decoding)."""
+    with _open(case.image) as image_file, _open(case.label) as mask_file:
+        image, mask = image_file.size, mask_file.size
     if image != mask:
         raise ConversionError(f"mask {case.label} is {mask[0]}x{mask[1]} but image {case.image} is "
                               f"{image[0]}x{image[1]} (expected the same size)")
@@ -347,15 +338,13 @@ def inspect_case_mask(case: SourceCase, threshold: Optional[float] = None) -> Ma
 
 def write_binary_2d_case(case: SourceCase, image_file: Path, label_file: Path, resize: Optional[int],
                          instance_mask: bool = False, mask_threshold: Optional[float] = None) -> None:
-    """Write an RGB image PNG and a {0, 1} label PNG, optionally ``resize x resize`` (image bilinear, mask nearest)."""
+    """Write an RGB image PNG and a {0, 1} label PNG, optionally ``resize x resize`` (image bilinear, mask nearest).
+    The sizes were checked before (``check_2d_sizes``)."""
     image = read_rgb(case.image)
     if instance_mask:
         mask = read_instance_mask_as_binary(case.label)
     else:
         mask = read_binary_mask(case.label, threshold=mask_threshold)
-    if image.size != (mask.shape[1], mask.shape[0]):
-        raise ConversionError(f"mask {case.label} is {mask.shape[1]}x{mask.shape[0]} but image {case.image} "
-                              f"is {image.size[0]}x{image.size[1]} (expected the same size)")
     mask_img = Image.fromarray(mask, mode="L")
     if resize is not None:
         image = image.resize((resize, resize), Image.Resampling.BILINEAR)

@@ -8,7 +8,7 @@ The paper's splits, 880 / 120 (train / test) and 156 / 20 / 20 (train / val / te
 """
 from __future__ import annotations
 
-from functools import partial
+from dataclasses import replace
 from pathlib import Path
 
 from .cases import BINARY_RGB_CHANNELS, ConversionPlan, DatasetSpec
@@ -22,20 +22,16 @@ _REFERENCE = "https://datasets.simula.no/kvasir-seg/"
 
 KVASIR_SEG_SPEC = DatasetSpec(
     name="KvasirSEG", channel_names=BINARY_RGB_CHANNELS, labels={"background": 0, "polyp": 1}, file_ending=".png",
-    check_case=check_2d_sizes, inspect_mask=inspect_case_mask,
-    write_case=partial(write_binary_2d_case, instance_mask=False),
+    check_case=check_2d_sizes, inspect_mask=inspect_case_mask, write_case=write_binary_2d_case,
     reference="Jha et al., Kvasir-SEG: A Segmented Polyp Dataset, MMM 2020. " + _REFERENCE,
     licence="research and education only (see the publisher)",
     description="Kvasir-SEG polyps; test = 120 images of the shipped seeded 880/120 split",
 )
 
-KVASIR_SESSILE_SPEC = DatasetSpec(
-    name="KvasirSessile", channel_names=BINARY_RGB_CHANNELS, labels={"background": 0, "polyp": 1},
-    file_ending=".png", check_case=check_2d_sizes, inspect_mask=inspect_case_mask,
-    write_case=partial(write_binary_2d_case, instance_mask=False),
+KVASIR_SESSILE_SPEC = replace(
+    KVASIR_SEG_SPEC, name="KvasirSessile",
     reference="Jha et al., A Comprehensive Study on Colorectal Polyp Segmentation with ResUNet++, "
               "Conditional Random Field and Test-Time Augmentation, IEEE JBHI 2021. " + _REFERENCE,
-    licence="research and education only (see the publisher)",
     description="Kvasir-Sessile polyps; shipped seeded 156/20/20 split",
 )
 

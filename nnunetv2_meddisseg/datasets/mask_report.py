@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from functools import partial
+from itertools import starmap
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence
 
-from .cases import MASK_KINDS, REFUSED_KINDS, ConversionPlan, MaskFinding, SourceCase
+from .cases import MASK_KINDS, REFUSED_KINDS, ConversionPlan, MaskFinding
 from .errors import ConversionError
 
-__all__ = ["MaskReport", "MaskRuleError", "survey_masks", "MASK_RULE", "WAY_ON", "WAY_ON_CLASSES"]
+__all__ = ["MaskReport", "MaskRuleError", "survey_masks", "run_in_workers", "MASK_RULE", "WAY_ON", "WAY_ON_CLASSES"]
 
 #: the rule in one line (the report, dataset.json's conversion record)
 MASK_RULE = ("masks holding 0 and one value (or 0/1) are that label; in any other mask, values at or below 25 % of "
@@ -86,7 +86,8 @@ class MaskReport:
         else:
             lines = [f"masks: {len(self.findings)} read; all but the binary ones thresholded at --mask_threshold "
                      f"{self.threshold:g}"]
-        for kind, n in self.counts().items():
+        counts = self.counts()
+        for kind, n in counts.items():
             if not n or kind in REFUSED_KINDS:
                 continue
             what, done = _KIND_WORDS[kind]
@@ -98,7 +99,6 @@ class MaskReport:
             lines.append(line)
         refused = self.refused
         if refused:
-            counts = self.counts()
             kinds = " and ".join(f"{counts[k]} {_KIND_WORDS[k][0]}" for k in REFUSED_KINDS if counts[k])
             verb = "left out (--skip_ambiguous)" if self.left_out else "refused"
             lines.append(f"  {kinds}, {verb}:")
@@ -130,32 +130,25 @@ class MaskReport:
                 "left_out": {c: self.findings[c].problem for c in self.left_out}}
 
 
-def _inspect_one(inspect: Callable[[SourceCase, Optional[float]], MaskFinding], threshold: Optional[float],
-                 case: SourceCase) -> MaskFinding:
-    return inspect(case, threshold)
+def run_in_workers(fn: Callable, args: Sequence[tuple], num_processes: int, progress: bool, desc: str, unit: str,
+                   chunksize: int = 1) -> list:
+    """``[fn(*a) for a in args]`` under a progress bar, in spawned worker processes where ``num_processes`` > 1 (a
+    failure cancels the calls not yet started)."""
+    from tqdm import tqdm
+
+    if num_processes <= 1 or len(args) < 2:
+        return list(tqdm(starmap(fn, args), total=len(args), desc=desc, unit=unit, disable=not progress))
+    with ProcessPoolExecutor(max_workers=min(num_processes, len(args)), mp_context=get_context("spawn")) as ex:
+        results = ex.map(fn, *zip(*args), chunksize=chunksize)
+        return list(tqdm(results, total=len(args), desc=desc, unit=unit, disable=not progress))
 
 
 def survey_masks(plan: ConversionPlan, case_ids: Sequence[str], threshold: Optional[float] = None,
                  num_processes: int = 1, progress: bool = False) -> Optional[MaskReport]:
     """The rule's report on the masks of ``case_ids``; None where it does not apply (instance and organ labels)."""
-    from tqdm import tqdm
-
     inspect = plan.spec.inspect_mask
     if inspect is None:
         return None
-    cases: List[Tuple[str, SourceCase]] = [(c, plan.cases[c]) for c in case_ids]
-    one = partial(_inspect_one, inspect, threshold)
-    with tqdm(total=len(cases), desc="masks", unit="mask", disable=not progress) as bar:
-        if num_processes <= 1 or len(cases) < 2:
-            found = []
-            for _, case in cases:
-                found.append(one(case))
-                bar.update()
-        else:
-            with ProcessPoolExecutor(max_workers=min(num_processes, len(cases)),
-                                     mp_context=get_context("spawn")) as ex:
-                found = []
-                for finding in ex.map(one, [case for _, case in cases], chunksize=16):
-                    found.append(finding)
-                    bar.update()
-    return MaskReport(Path(plan.source), {c: f for (c, _), f in zip(cases, found)}, threshold)
+    found = run_in_workers(inspect, [(plan.cases[c], threshold) for c in case_ids], num_processes, progress, "masks",
+                           "mask", chunksize=16)
+    return MaskReport(Path(plan.source), dict(zip(case_ids, found)), threshold)

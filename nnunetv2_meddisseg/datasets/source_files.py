@@ -8,21 +8,26 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 from .cases import SourceCase
 from .errors import ConversionError, MissingSourceError
 
-__all__ = ["find_source_root", "list_files", "pair_images_and_masks", "describe_more"]
+__all__ = ["existing_source", "find_source_root", "list_files", "pair_images_and_masks", "describe_more"]
+
+
+def existing_source(source: Path, dataset: str) -> Path:
+    """``source`` as a ``Path``; an error where it is not a folder."""
+    source = Path(source)
+    if not source.is_dir():
+        raise MissingSourceError(f"{dataset}: source folder {source} does not exist")
+    return source
 
 
 def find_source_root(source: Path, dataset: str, required: Sequence[str],
                      subfolders: Sequence[str] = ("",)) -> Path:
     """The first ``source / s`` (``s`` in ``subfolders``) holding all ``required`` entries, else an error naming one."""
-    source = Path(source)
-    if not source.is_dir():
-        raise MissingSourceError(f"{dataset}: source folder {source} does not exist")
-    for sub in subfolders:
-        root = source / sub if sub else source
+    source = existing_source(source, dataset)
+    roots = [source / sub for sub in subfolders]  # (source / "" is source)
+    for root in roots:
         if all((root / r).exists() for r in required):
             return root
-    for sub in subfolders:
-        root = source / sub if sub else source
+    for root in roots:
         if root.is_dir():
             missing = next(r for r in required if not (root / r).exists())
             raise MissingSourceError(f"{dataset}: {root / missing} is missing (expected the publisher's "
@@ -35,24 +40,17 @@ def list_files(folder: Path, suffixes: Sequence[str], exclude: Optional[str] = N
     """Sorted plain files with a suffix in ``suffixes`` (any case), minus hidden ones and regex ``exclude`` matches."""
     suffixes = tuple(s.lower() for s in suffixes)
     pattern = re.compile(exclude) if exclude else None
-    files = []
-    for p in folder.iterdir():
-        if not p.is_file() or p.name.startswith(".") or p.suffix.lower() not in suffixes:
-            continue
-        if pattern is not None and pattern.search(p.name):
-            continue
-        files.append(p)
+    files = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")
+             and p.suffix.lower() in suffixes and not (pattern and pattern.search(p.name))]
     return sorted(files, key=lambda p: p.name)
 
 
 def _by_case_id(files: Iterable[Path], tag: str, what: str) -> Dict[str, Path]:
     found: Dict[str, Path] = {}
     for p in files:
-        stem = p.stem
-        if tag:
-            if not stem.lower().endswith(tag.lower()):
-                continue
-            stem = stem[: len(stem) - len(tag)]
+        if not p.stem.lower().endswith(tag.lower()):
+            continue
+        stem = p.stem[: len(p.stem) - len(tag)]
         if stem in found:
             raise ConversionError(f"two {what} files for case {stem}: {found[stem]} and {p}")
         found[stem] = p
@@ -82,8 +80,7 @@ def pair_images_and_masks(image_dir: Path, mask_dir: Path, dataset: str,
         if not folder.is_dir():
             raise MissingSourceError(f"{dataset}: folder {folder} does not exist")
     if image_ids is None:
-        image_files = list_files(image_dir, image_suffixes, image_exclude)
-        images = _by_case_id(image_files, "", "image")
+        images = _by_case_id(list_files(image_dir, image_suffixes, image_exclude), "", "image")
     else:
         images = dict(image_ids)
     if not images:

@@ -80,7 +80,7 @@ def read_split_file(path: Path) -> Tuple[List[str], List[str], List[str]]:
     unknown = sorted(set(data) - {"train", "val", "test", "description"})
     if unknown:
         raise OptionError(f"--split_file {path} has unknown key {unknown[0]!r} (expected train, val, test)")
-    lists = []
+    lists: Dict[str, List[str]] = {}
     for key in ("train", "val", "test"):
         value = data.get(key, [])
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -88,16 +88,14 @@ def read_split_file(path: Path) -> Tuple[List[str], List[str], List[str]]:
         if len(set(value)) != len(value):
             dup = next(v for v in value if value.count(v) > 1)
             raise OptionError(f"--split_file {path}: case {dup} appears twice in {key!r}")
-        lists.append(list(value))
-    train, val, test = lists
-    named = {"train": train, "val": val, "test": test}
+        lists[key] = list(value)
     for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
-        both = sorted(set(named[a]) & set(named[b]))
+        both = sorted(set(lists[a]) & set(lists[b]))
         if both:
             raise OptionError(f"--split_file {path}: case {both[0]} is in both {a!r} and {b!r}")
-    if not (train or val or test):
+    if not any(lists.values()):
         raise OptionError(f"--split_file {path} lists no cases")
-    return train, val, test
+    return lists["train"], lists["val"], lists["test"]
 
 
 def apply_split(plan: ConversionPlan, split_file: Path) -> ConversionPlan:
@@ -107,7 +105,7 @@ def apply_split(plan: ConversionPlan, split_file: Path) -> ConversionPlan:
     if unknown:
         raise OptionError(f"--split_file {split_file}: case {unknown[0]} is not in the source {plan.source}"
                           + describe_more(len(unknown) - 1, "unknown cases"))
-    notes = [n for n in plan.notes]
+    notes = list(plan.notes)
     left_out = len(plan.cases) - len(train) - len(val) - len(test)
     if left_out:
         notes.append(f"{left_out} source cases are in none of the --split_file lists and were left out")
@@ -120,8 +118,6 @@ def apply_split(plan: ConversionPlan, split_file: Path) -> ConversionPlan:
 def leave_out_cases(plan: ConversionPlan, case_ids: Iterable[str]) -> ConversionPlan:
     """The plan without ``case_ids``, in its cases and lists; every other case keeps its list."""
     gone = set(case_ids)
-    if not gone:
-        return plan
     cases = {c: v for c, v in plan.cases.items() if c not in gone}
     return ConversionPlan(plan.spec, plan.source, cases, [c for c in plan.train if c not in gone],
                           [c for c in plan.val if c not in gone], [c for c in plan.test if c not in gone],

@@ -22,6 +22,7 @@ import SimpleITK as sitk
 
 from .cases import ConversionPlan, DatasetSpec, SourceCase
 from .errors import ConversionError, MissingSourceError
+from .source_files import existing_source
 from .split_lists import SPLIT_SEED, holdout_count, make_seeded_split
 
 __all__ = [
@@ -47,8 +48,7 @@ SYNAPSE_LABELS: Dict[str, int] = {"background": 0, "aorta": 1, "gallbladder": 2,
                                   "right kidney": 4, "liver": 5, "pancreas": 6, "spleen": 7, "stomach": 8}
 _BTCV_MAX = 13
 _LUT = np.zeros(_BTCV_MAX + 1, dtype=np.uint8)
-for _btcv, _ours in BTCV_TO_TRANSUNET.items():
-    _LUT[_btcv] = _ours
+_LUT[list(BTCV_TO_TRANSUNET)] = list(BTCV_TO_TRANSUNET.values())
 
 _NPZ = re.compile(r"(case\d+)_slice(\d+)\.npz")
 _H5 = re.compile(r"(case\d+)\.npy\.h5")
@@ -94,12 +94,9 @@ def resize_in_plane(image: sitk.Image, size: int, is_label: bool) -> sitk.Image:
     shift = np.zeros(image.GetDimension())
     shift[:2] = (np.array(new_spacing[:2]) - np.array(old_spacing[:2])) / 2
     origin = np.array(image.GetOrigin()) + direction @ shift
-    reference = sitk.Image([int(s) for s in new_size], image.GetPixelID())
-    reference.SetSpacing(new_spacing)
-    reference.SetDirection(image.GetDirection())
-    reference.SetOrigin(tuple(origin))
     interpolator = sitk.sitkNearestNeighbor if is_label else sitk.sitkLinear
-    return sitk.Resample(image, reference, sitk.Transform(), interpolator, 0.0, image.GetPixelID())
+    return sitk.Resample(image, [int(s) for s in new_size], sitk.Transform(), interpolator, origin.tolist(),
+                         new_spacing, image.GetDirection(), 0.0, image.GetPixelID())
 
 
 def _write_pair(image: sitk.Image, label: sitk.Image, image_file: Path, label_file: Path,
@@ -121,10 +118,8 @@ def check_btcv_case(case: SourceCase) -> None:
 
 
 def write_btcv_case(case: SourceCase, image_file: Path, label_file: Path, resize: Optional[int]) -> None:
-    """One BTCV volume with its 13 labels mapped to TransUNet's 8 organs."""
+    """One BTCV volume with its 13 labels mapped to TransUNet's 8 organs (sizes checked by ``check_btcv_case``)."""
     image, label = _read_volume(case.image), _read_volume(case.label)
-    if image.GetSize() != label.GetSize():
-        raise ConversionError(f"label {case.label} and image {case.image} differ in size (expected the same)")
     values = _check_labels(sitk.GetArrayFromImage(label), case.label, _BTCV_MAX, "BTCV labels")
     mapped = sitk.GetImageFromArray(_LUT[values])
     mapped.CopyInformation(image)
@@ -230,11 +225,6 @@ def _numbered(folder: Path, prefix: str) -> Dict[str, Path]:
     return found
 
 
-def _holdout(train_all) -> Tuple[List[str], List[str]]:
-    train, val, _ = make_seeded_split(train_all, holdout_count(len(train_all)), 0, SPLIT_SEED)
-    return train, val
-
-
 def _plan_btcv(root: Path) -> ConversionPlan:
     images, labels = _numbered(root / "img", "img"), _numbered(root / "label", "label")
     if not images:
@@ -257,7 +247,7 @@ def _plan_btcv(root: Path) -> ConversionPlan:
     extra = sorted(set(cases) - set(TRANSUNET_TRAIN_CASES + TRANSUNET_TEST_CASES))
     if extra:
         notes.append(f"synapse: {len(extra)} volumes outside TransUNet's lists were left out (e.g. {extra[0]})")
-    train, val = _holdout(TRANSUNET_TRAIN_CASES)
+    train, val, _ = make_seeded_split(TRANSUNET_TRAIN_CASES, holdout_count(len(TRANSUNET_TRAIN_CASES)), 0, SPLIT_SEED)
     return ConversionPlan(SYNAPSE_SPEC, root, cases, train, val, sorted(TRANSUNET_TEST_CASES),
                           split_origin=f"TransUNet lists_Synapse (18 train / 12 test); val = seeded {len(val)} of "
                                        f"the training volumes (seed {SPLIT_SEED})", notes=notes)
@@ -271,9 +261,7 @@ def _plan_transunet(root: Path) -> ConversionPlan:
             m = _NPZ.fullmatch(p.name)
             if m:
                 slices.setdefault(m.group(1), []).append((int(m.group(2)), p))
-    volumes: Dict[str, Path] = {}
-    if h5_dir.is_dir():
-        volumes = {m.group(1): p for p in h5_dir.iterdir() if (m := _H5.fullmatch(p.name))}
+    volumes = {m.group(1): p for p in h5_dir.iterdir() if (m := _H5.fullmatch(p.name))} if h5_dir.is_dir() else {}
     if not slices and not volumes:
         raise ConversionError(f"synapse: no caseNNNN_sliceNNN.npz in {npz_dir} and no caseNNNN.npy.h5 in {h5_dir}")
     if volumes:
@@ -293,7 +281,7 @@ def _plan_transunet(root: Path) -> ConversionPlan:
         notes.append(f"synapse: no {h5_dir}: no test set written (imagesTs is empty)")
     if not slices:
         notes.append(f"synapse: no {npz_dir}: only the test volumes were converted")
-    train, val = _holdout(slices)
+    train, val, _ = make_seeded_split(slices, holdout_count(len(slices)), 0, SPLIT_SEED)
     return ConversionPlan(SYNAPSE_TRANSUNET_SPEC, root, cases, train, val, sorted(volumes),
                           split_origin=f"TransUNet train_npz (train) / test_vol_h5 (test); val = seeded {len(val)} "
                                        f"of the training volumes (seed {SPLIT_SEED})", notes=notes)
@@ -301,9 +289,7 @@ def _plan_transunet(root: Path) -> ConversionPlan:
 
 def plan_synapse(source: Path) -> ConversionPlan:
     """Synapse from BTCV's ``RawData`` or TransUNet's ``train_npz`` / ``test_vol_h5`` layout."""
-    source = Path(source)
-    if not source.is_dir():
-        raise MissingSourceError(f"synapse: source folder {source} does not exist")
+    source = existing_source(source, "synapse")
     for root in (source / "RawData" / "Training", source / "Training", source):
         if (root / "img").is_dir() or (root / "label").is_dir():
             for sub in ("img", "label"):

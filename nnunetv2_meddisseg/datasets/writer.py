@@ -9,48 +9,23 @@ from __future__ import annotations
 
 import json
 import shutil
-from concurrent.futures import ProcessPoolExecutor
 from functools import partial
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
 from nnunetv2_meddisseg.files import replace_folder, restore_set_aside, temporary_sibling, write_atomically
 
-from .cases import ConversionPlan, ConversionResult, SourceCase
+from .cases import ConversionPlan, ConversionResult
 from .errors import ConversionError, OptionError
-from .mask_report import MaskRuleError, survey_masks
-from .options import (
-    optional_env_folder,
-    require_env_folder,
-    validate_dataset_id,
-    validate_mask_threshold,
-    validate_resize,
-)
+from .mask_report import MaskRuleError, run_in_workers, survey_masks
+from .options import optional_env_folder, require_env_folder
 from .split_lists import leave_out_cases
 
 __all__ = ["write_nnunet_dataset"]
 
 
-def _existing_with_id(root: Optional[Path], dataset_id: int) -> List[Path]:
-    if root is None or not root.is_dir():
-        return []
-    prefix = f"Dataset{dataset_id:03d}_"
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(prefix))
-
-
-def _splits_final(train: Sequence[str], val: Sequence[str]) -> List[dict]:
-    return [{"train": sorted(train), "val": sorted(val)}]
-
-
 def _write_json_atomic(data, path: Path) -> None:
     write_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, indent=4) + "\n", encoding="utf-8"))
-
-
-def _write_one(write_case: Callable, case: SourceCase, image_file: Path, label_file: Path,
-               resize: Optional[int]) -> str:
-    write_case(case, image_file, label_file, resize)
-    return case.case_id
 
 
 def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional[int] = None,
@@ -61,9 +36,6 @@ def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional
     An existing dataset with this ID is refused unless ``overwrite``, and always under another name (IDs are unique).
     Masks the rule refuses raise ``MaskRuleError`` unless ``mask_threshold`` or ``skip_ambiguous`` (cases left out).
     """
-    validate_dataset_id(dataset_id)
-    validate_resize(resize)
-    validate_mask_threshold(mask_threshold)
     spec = plan.spec
     if mask_threshold is not None and spec.inspect_mask is None:
         raise OptionError(f"--mask_threshold applies to binary masks only: {spec.name}'s labels are read as they are "
@@ -89,7 +61,7 @@ def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional
         plan = leave_out_cases(plan, report.left_out)
         if not plan.train and not plan.val and not plan.test:
             raise ConversionError(f"{spec.name}: --skip_ambiguous left out every case of {plan.source}")
-    splits = _splits_final(plan.train, plan.val) if plan.train and plan.val else None
+    splits = [{"train": sorted(plan.train), "val": sorted(plan.val)}] if plan.train and plan.val else None
     prep_splits = prep_root / name / "splits_final.json" if prep_root is not None else None
     stale_splits = _check_preprocessed_splits(splits, prep_splits, overwrite)
     subsets = [(c, "Tr") for c in plan.train + plan.val] + [(c, "Ts") for c in plan.test]
@@ -104,16 +76,14 @@ def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional
         if splits is not None:
             _write_json_atomic(splits, partial_dir / "splits_final.json")
         replace_folder(partial_dir, target)
-    except ConversionError:
-        _discard(partial_dir)
-        raise
-    except OSError as err:  # disk full, read-only file system, permissions: one line, nothing left behind
-        _discard(partial_dir)
-        where = str(err.filename or partial_dir or target)
-        verb = "write" if where.startswith(str(raw_root)) else "read"
-        raise ConversionError(f"cannot {verb} {where}: {err.strerror or err}") from None
-    except BaseException:
-        _discard(partial_dir)
+    except BaseException as err:
+        if partial_dir is not None:
+            shutil.rmtree(partial_dir, ignore_errors=True)
+        if isinstance(err, OSError) and not isinstance(err, ConversionError):
+            # disk full, read-only file system, permissions: one line, nothing left behind
+            where = str(err.filename or partial_dir or target)
+            verb = "write" if where.startswith(str(raw_root)) else "read"
+            raise ConversionError(f"cannot {verb} {where}: {err.strerror or err}") from None
         raise
 
     notes = list(plan.notes)
@@ -126,16 +96,12 @@ def write_nnunet_dataset(plan: ConversionPlan, dataset_id: int, resize: Optional
                             report.summary_lines() if report is not None else [])
 
 
-def _discard(partial_dir: Optional[Path]) -> None:
-    if partial_dir is not None:
-        shutil.rmtree(partial_dir, ignore_errors=True)
-
-
 def _check_target(raw_root: Path, prep_root: Optional[Path], name: str, dataset_id: int, overwrite: bool) -> None:
     """Refuse an ID used by a dataset of another name, and an existing target without ``overwrite``."""
     for root in (raw_root, prep_root, optional_env_folder("nnUNet_results")):
-        for other in _existing_with_id(root, dataset_id):
-            if other.name != name:
+        others = sorted(root.glob(f"Dataset{dataset_id:03d}_*")) if root is not None and root.is_dir() else []
+        for other in others:
+            if other.is_dir() and other.name != name:
                 raise ConversionError(f"dataset ID {dataset_id} is already used by {other}: nnU-Net needs unique "
                                       f"IDs, choose another -d or remove that folder")
     target = raw_root / name
@@ -178,8 +144,8 @@ def _write_cases(plan: ConversionPlan, write_case: Callable, subsets: Sequence[t
     for sub in ("imagesTr", "labelsTr", "imagesTs", "labelsTs"):
         (partial_dir / sub).mkdir(parents=True)
     jobs = [(plan.cases[c], partial_dir / f"images{s}" / f"{c}_0000{spec.file_ending}",
-             partial_dir / f"labels{s}" / f"{c}{spec.file_ending}") for c, s in subsets]
-    _run_jobs(write_case, jobs, resize, num_processes, progress, name)
+             partial_dir / f"labels{s}" / f"{c}{spec.file_ending}", resize) for c, s in subsets]
+    run_in_workers(write_case, jobs, num_processes, progress, name, "case")
     record = {"source": str(Path(plan.source).resolve()), "resize": resize, "split": plan.split_origin,
               "num_train": len(plan.train), "num_val": len(plan.val), "num_test": len(plan.test)}
     description = spec.description
@@ -217,30 +183,3 @@ def _place_preprocessed_splits(splits: Optional[List[dict]], prep_splits: Option
         prep_splits.unlink()
         notes.append(f"removed {prep_splits} of an earlier conversion (this one has no validation set)")
     return []
-
-
-def _run_jobs(write_case: Callable, jobs: List[tuple], resize: Optional[int], num_processes: int,
-              progress: bool, desc: str) -> None:
-    from tqdm import tqdm
-
-    bar = tqdm(total=len(jobs), desc=desc, unit="case", disable=not progress)
-    try:
-        if num_processes <= 1 or len(jobs) < 2:
-            for case, img, lbl in jobs:
-                _write_one(write_case, case, img, lbl, resize)
-                bar.update()
-            return
-        with ProcessPoolExecutor(max_workers=min(num_processes, len(jobs)), mp_context=get_context("spawn")) as ex:
-            fn = partial(_write_one, write_case, resize=resize)
-            futures = [ex.submit(fn, case, img, lbl) for case, img, lbl in jobs]
-            try:
-                for fut in futures:
-                    fut.result()
-                    bar.update()
-            except BaseException:
-                for fut in futures:
-                    fut.cancel()
-                raise
-    finally:
-        bar.close()
-

@@ -47,11 +47,10 @@ def estimated_memory_line(patch_size: Sequence[int]) -> MemoryLine:
 def batch_size_for_memory(line: MemoryLine, memory_target_gb: float, min_batch_size: int = 2,
                           max_batch_size: Optional[int] = None) -> int:
     """Largest batch with its peak within ``memory_target_gb`` GiB, clipped to ``[min_batch_size, max_batch_size]``."""
-    fitting = math.floor((memory_target_gb * GIB - line.static_bytes) / max(line.per_sample_bytes, 1.0))
-    batch = max(fitting, min_batch_size)
+    batch = math.floor((memory_target_gb * GIB - line.static_bytes) / max(line.per_sample_bytes, 1.0))
     if max_batch_size is not None:
-        batch = max(min(batch, max_batch_size), min_batch_size)
-    return int(batch)
+        batch = min(batch, max_batch_size)
+    return int(max(batch, min_batch_size))
 
 
 def measure_training_memory(patch_size: Sequence[int], architecture: dict, num_input_channels: int = 3,

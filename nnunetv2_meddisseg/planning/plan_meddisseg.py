@@ -57,38 +57,31 @@ def build_meddisseg_plans(source_plans: dict, plans_name: str = DEFAULT_PLANS_NA
         if len(patch_size) != 2 or any(s <= 0 or s % SIZE_MULTIPLE for s in patch_size):
             raise UserError(f"--patch_size must be two positive multiples of {SIZE_MULTIPLE} (H W), got "
                             f"{' '.join(map(str, patch_size))}")
+    if batch_size is not None and batch_size < 1:
+        raise UserError(f"--batch_size must be at least 1, got {batch_size}")
+    architecture = architecture_entry(**arch_kwargs)
     if batch_size is None:
         max_bs = None
         if num_training_cases is not None:
             # as nnU-Net: a batch should not cover more than 5 % of the data set
             median = source_2d.get("median_image_size_in_voxels", patch_size)
             max_bs = int(0.05 * num_training_cases * math.prod(median) / math.prod(patch_size))
-        if memory_line is not None:
-            line = memory_line(patch_size, architecture_entry(**arch_kwargs))
-            batch_size = batch_size_for_memory(line, memory_target_gb, max_batch_size=max_bs)
-            source = (f"{memory_target_gb:g} GiB target, {line.describe()}: "
-                      f"{line.peak_bytes(batch_size) / 1024 ** 3:.2f} GiB expected at batch {batch_size}")
-        else:
-            line = estimated_memory_line(patch_size)
-            batch_size = batch_size_for_memory(line, memory_target_gb, max_batch_size=max_bs)
+        line = estimated_memory_line(patch_size) if memory_line is None else memory_line(patch_size, architecture)
+        batch_size = batch_size_for_memory(line, memory_target_gb, max_batch_size=max_bs)
+        if memory_line is None:
             source = (f"{memory_target_gb:g} GiB target, estimated from a CPU measurement "
                       f"({TRAINING_BYTES_PER_PIXEL} bytes per pixel and sample)")
+        else:
+            source = (f"{memory_target_gb:g} GiB target, {line.describe()}: "
+                      f"{line.peak_bytes(batch_size) / 1024 ** 3:.2f} GiB expected at batch {batch_size}")
         if max_bs is not None and batch_size == max(max_bs, 2):
             source += f"; capped at 5 % of the {num_training_cases} training cases"
-    elif batch_size < 1:
-        raise UserError(f"--batch_size must be at least 1, got {batch_size}")
     else:
         source = "--batch_size"
 
-    plans = deepcopy(source_plans)
-    plans["plans_name"] = plans_name
-    config = deepcopy(source_2d)
-    config["patch_size"] = list(patch_size)
-    config["batch_size"] = int(batch_size)
-    config["batch_size_source"] = source
-    config["architecture"] = architecture_entry(**arch_kwargs)
-    plans["configurations"] = {"2d": config}
-    return plans
+    config = {**deepcopy(source_2d), "patch_size": list(patch_size), "batch_size": int(batch_size),
+              "batch_size_source": source, "architecture": architecture}
+    return {**deepcopy(source_plans), "plans_name": plans_name, "configurations": {"2d": config}}
 
 
 def _memory_measurement(memory_from: str) -> Optional[Callable]:
@@ -106,10 +99,10 @@ def _memory_measurement(memory_from: str) -> Optional[Callable]:
         return None
     from nnunetv2_meddisseg.planning.memory import measure_training_memory
 
-    return lambda patch_size, architecture: measure_training_memory(patch_size, architecture)
+    return measure_training_memory
 
 
-def _check_encoder_weights(weights: str, input_channels: int = 3) -> str:
+def _check_encoder_weights(weights: str, input_channels: int) -> str:
     """The value to record: ``imagenet`` (cached by torch.hub now; training only reads the cache) or the file's
     absolute path. The file is loaded into a fresh encoder now, so a bad one fails at planning, not after hours."""
     from nnunetv2_meddisseg.blocks.encoder import IMAGENET, download_imagenet_weights
@@ -124,7 +117,7 @@ def _check_encoder_weights(weights: str, input_channels: int = 3) -> str:
     return IMAGENET
 
 
-def _check_weights_file(path: str, input_channels: int = 3) -> str:
+def _check_weights_file(path: str, input_channels: int) -> str:
     """Load the file into a fresh encoder of ``input_channels`` now; return its absolute path."""
     from nnunetv2_meddisseg.blocks.encoder import ResNet50Encoder, load_resnet50_weights
     from nnunetv2_meddisseg.torch_files import UnsafeTorchFile, is_torch_file, refusal_reason
@@ -247,21 +240,21 @@ def plan_meddisseg(dataset: str, plans_name: str = DEFAULT_PLANS_NAME, source_pl
     source = _read_json(source_file, dataset)
     dataset_json_file = folder / "dataset.json"
     dataset_json = _read_json(dataset_json_file, dataset) if dataset_json_file.is_file() else {}
-    num_training = dataset_json.get("numTraining")
     if encoder_weights is not None:
         channels = dataset_json.get("channel_names", dataset_json.get("modality"))
         encoder_weights = _check_encoder_weights(encoder_weights, len(channels) if isinstance(channels, dict) and
                                                  channels else 3)
     plans = build_meddisseg_plans(source, plans_name, encoder_weights=encoder_weights,
-                                  num_training_cases=num_training, memory_line=_memory_measurement(memory_from),
-                                  **kwargs)
+                                  num_training_cases=dataset_json.get("numTraining"),
+                                  memory_line=_memory_measurement(memory_from), **kwargs)
     if overrides is not None:
         from nnunetv2_meddisseg.training.recipe import RECIPE_PLANS_KEY
 
         plans[RECIPE_PLANS_KEY] = overrides
-    if not (folder / source["configurations"]["2d"]["data_identifier"]).is_dir():
-        raise UserError(f"{folder / source['configurations']['2d']['data_identifier']} not found: the 2d data is "
-                        f"not preprocessed yet; run nnUNetv2_plan_and_preprocess -d {dataset} -c 2d")
+    data = folder / source["configurations"]["2d"]["data_identifier"]
+    if not data.is_dir():
+        raise UserError(f"{data} not found: the 2d data is not preprocessed yet; run nnUNetv2_plan_and_preprocess "
+                        f"-d {dataset} -c 2d")
     target = folder / f"{plans_name}.json"
     _write_plans(plans, target, overwrite)
     return target
