@@ -88,13 +88,6 @@ def _slug(name: str) -> str:
     return re.sub(r"[^0-9A-Za-z._-]+", "_", name).strip("_") or "model"
 
 
-def _case_image(image_dir: Optional[str], case: str, file_ending: str) -> Optional[np.ndarray]:
-    if image_dir is None:
-        return None
-    f = os.path.join(image_dir, f"{case}_0000{file_ending}")
-    return read_image(f) if os.path.isfile(f) else None
-
-
 def compare_prediction_folders(ref_dir: str, pred_a: str, pred_b: str, out_dir: str,
                                image_dir: Optional[str] = None,
                                names: Sequence[str] = ("nnU-Net", "Med-DisSeg"),
@@ -233,7 +226,8 @@ def _write_overlays(ref_dir: str, pred_dirs: Sequence[str], image_dir: Optional[
         case = r["case"]
         ref, _ = read_label_map(os.path.join(ref_dir, case + ending))
         preds = [read_label_map(os.path.join(p, case + ending))[0] for p in pred_dirs]
-        image = _case_image(image_dir, case, ending)
+        image_file = None if image_dir is None else os.path.join(image_dir, f"{case}_0000{ending}")
+        image = read_image(image_file) if image_file and os.path.isfile(image_file) else None
         case_title = overlay_title(case, names, r["dice_diff"])
         if ref.ndim == 3:
             z = most_different_slice(ref, preds)
