@@ -9,7 +9,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from tqdm import tqdm
@@ -302,7 +302,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _evaluate_command(argv: Optional[Sequence[str]], stdout: TextIO) -> None:
+def _evaluate_command(argv: Optional[Sequence[str]]) -> None:
     args = _parser().parse_args(argv)
     labels, file_ending = None, None
     if args.djfile is not None:
@@ -314,14 +314,14 @@ def _evaluate_command(argv: Optional[Sequence[str]], stdout: TextIO) -> None:
     summary = evaluate_folders(args.ref, args.pred, labels, file_ending, args.hd95_physical)
     if args.o is not None:
         save_summary(summary, args.o)
-    print(format_summary(summary), file=stdout)
+    print(format_summary(summary))
     if args.o is not None:
-        print(f"summary written to {args.o}", file=stdout)
+        print(f"summary written to {args.o}")
 
 
-def main(argv: Optional[Sequence[str]] = None, stdout: TextIO = None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     """Console entry point; returns the exit code (0, or 2 after a one-line error: see ``cli``)."""
-    return run_command("nnUNetv2_meddisseg_evaluate", lambda a: _evaluate_command(a, stdout or sys.stdout), argv,
+    return run_command("nnUNetv2_meddisseg_evaluate", _evaluate_command, argv,
                        user_errors=(UserError, ValueError, OSError))
 
 
