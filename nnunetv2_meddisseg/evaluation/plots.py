@@ -1,4 +1,5 @@
 """Figures of the comparison, written as PNG with matplotlib's Agg backend: a bar chart and per-case overlays."""
+import itertools
 from typing import Mapping, Optional, Sequence
 
 import matplotlib
@@ -84,12 +85,11 @@ def label_overlay(background: np.ndarray, labels: np.ndarray, alpha: float = 0.4
 
 def most_different_slice(reference: np.ndarray, predictions: Sequence[np.ndarray]) -> int:
     """Index along axis 0 of a volume where the predictions disagree most (ties: most reference foreground)."""
+    per_slice = tuple(range(1, reference.ndim))
     disagreement = np.zeros(reference.shape[0], dtype=np.int64)
-    for a in range(len(predictions)):
-        for b in range(a + 1, len(predictions)):
-            disagreement += np.count_nonzero(predictions[a] != predictions[b], axis=tuple(range(1, reference.ndim)))
-    area = np.count_nonzero(reference, axis=tuple(range(1, reference.ndim)))
-    order = np.lexsort((area, disagreement))  # last key is primary
+    for a, b in itertools.combinations(predictions, 2):
+        disagreement += np.count_nonzero(a != b, axis=per_slice)
+    order = np.lexsort((np.count_nonzero(reference, axis=per_slice), disagreement))  # last key is primary
     return int(order[-1])
 
 
