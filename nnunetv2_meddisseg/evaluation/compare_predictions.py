@@ -33,12 +33,8 @@ def _table_rows(summaries: Sequence[Tuple[str, Mapping]],
                 paper: Optional[Tuple[str, dict]]) -> Tuple[List[str], List[Dict]]:
     """(columns, rows) of the comparison table; values in percent (HD95 as is)."""
     first = summaries[0][1]
-    if is_multiclass_summary(first):
-        organs = list(first["mean"]["per_label"])
-        columns = [f"dice:{o}" for o in organs] + ["dice", "hd95"]
-    else:
-        organs = []
-        columns = list(BINARY_METRICS)
+    organs = list(first["mean"]["per_label"]) if is_multiclass_summary(first) else []
+    columns = [f"dice:{o}" for o in organs] + ["dice", "hd95"] if organs else list(BINARY_METRICS)
     scale = {c: (1.0 if c == "hd95" else 100.0) for c in columns}
     rows = []
     for name, s in summaries:
@@ -80,8 +76,7 @@ def _write_csv(path: str, fieldnames: Sequence[str], rows: Sequence[Mapping]) ->
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=list(fieldnames))
         w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in fieldnames})
+        w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in fieldnames} for r in rows)
 
 
 def _slug(name: str) -> str:
