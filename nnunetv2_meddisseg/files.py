@@ -9,6 +9,7 @@ the package and no torch: the ONNX predictor uses it too.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -42,14 +43,10 @@ def _default_mode(folder: bool) -> int:
     return (0o777 if folder else 0o666) & ~mask
 
 
-def _marker_text(target: Path) -> str:
-    return json.dumps({"written_by": _WRITTEN_BY, "target": target.name, "host": socket.gethostname(),
-                       "pid": os.getpid()})
-
-
 def _mark(folder: Path, target: Path) -> None:
+    marker = {"written_by": _WRITTEN_BY, "target": target.name, "host": socket.gethostname(), "pid": os.getpid()}
     with open(folder / MARKER, "x", encoding="utf-8") as f:
-        f.write(_marker_text(target))
+        json.dump(marker, f)
 
 
 def _pid_ended(pid: int) -> bool:
@@ -88,10 +85,8 @@ def _abandoned_siblings(target: Path, suffix: str) -> List[Path]:
     found = {}
     for path in entries:
         if _abandoned(path, target):
-            try:
+            with contextlib.suppress(OSError):  # removed meanwhile
                 found[path] = os.lstat(path / MARKER).st_mtime_ns
-            except OSError:  # removed meanwhile
-                pass
     return sorted(found, key=found.get, reverse=True)
 
 
@@ -120,10 +115,8 @@ def temporary_sibling(target: Path, folder: bool = False) -> Path:
     if folder:
         target.parent.mkdir(parents=True, exist_ok=True)  # a folder's writers make the folders above it
         for leftover in _abandoned_siblings(target, suffix):
-            try:
+            with contextlib.suppress(OSError):
                 _remove_marked(leftover)
-            except OSError:
-                pass
         path = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=target.parent))
         try:
             os.chmod(path, _default_mode(folder=True))
@@ -183,10 +176,8 @@ def replace_folder(new: Path, target: Path) -> None:
         raise
     # renamed first, so that a kill while it is removed never leaves it to be put back half removed
     os.replace(holder / _KEPT, holder / _REMOVING)
-    try:
+    with contextlib.suppress(OSError):
         _remove_marked(holder)
-    except OSError:
-        pass
 
 
 def find_set_aside(target: Path) -> Optional[Path]:
@@ -208,8 +199,6 @@ def restore_set_aside(target: Path) -> bool:
         if not os.path.lexists(target) and kept.is_dir() and not kept.is_symlink():
             os.replace(kept, target)
             put_back = True
-        try:
+        with contextlib.suppress(OSError):
             _remove_marked(holder)
-        except OSError:
-            pass
     return put_back

@@ -59,9 +59,8 @@ def copy_weights_only(model_folder: Path, output_folder: Path) -> List[Path]:
     checkpoints = sorted(model_folder.glob("fold_*/checkpoint_*.pth"))
     if not checkpoints:
         raise UserError(f"{model_folder} holds no fold_*/checkpoint_*.pth: train the model first")
-    reduced = {}
-    for path in checkpoints:
-        reduced[path.relative_to(model_folder)] = weights_only_checkpoint(read_checkpoint(path), str(path))
+    reduced = {path.relative_to(model_folder): weights_only_checkpoint(read_checkpoint(path), str(path))
+               for path in checkpoints}
     target = output_folder.resolve()
     partial = None
     try:
@@ -72,11 +71,11 @@ def copy_weights_only(model_folder: Path, output_folder: Path) -> List[Path]:
         if target.is_dir():
             target.rmdir()  # empty when checked; one that has gained files since stays, and the copy is refused
         replace_folder(partial, target)
-    except OSError as e:
-        _discard(partial)
-        raise UserError(f"cannot write the copy {output_folder}: {_os_error(e)}") from None
-    except BaseException:
-        _discard(partial)
+    except BaseException as e:
+        if partial is not None:
+            shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise UserError(f"cannot write the copy {output_folder}: {_os_error(e)}") from None
         raise
     return [output_folder / relative for relative in reduced]
 
@@ -90,11 +89,6 @@ def _save(checkpoint: Mapping[str, object], path: Path) -> None:
         f.write(buffer.getbuffer())
 
 
-def _discard(partial: Optional[Path]) -> None:
-    if partial is not None:
-        shutil.rmtree(partial, ignore_errors=True)
-
-
 def _not_shared(folder: str, names: List[str]) -> List[str]:
     """``shutil.copytree``'s ignore: checkpoints (written reduced) and temporary files."""
     return [n for n in names if (n.startswith("checkpoint_") and n.endswith(".pth")) or n.endswith(TEMPORARY_SUFFIXES)]
@@ -105,8 +99,7 @@ def _os_error(e: OSError) -> str:
     if isinstance(e, shutil.Error) and e.args and isinstance(e.args[0], list) and e.args[0]:
         source, destination, why = e.args[0][0]
         return f"{destination}: {why}"
-    where = e.filename if e.filename is not None else ""
-    return f"{where}: {e.strerror or e}" if where else (e.strerror or str(e))
+    return f"{e.filename}: {e.strerror or e}" if e.filename else (e.strerror or str(e))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -118,12 +111,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _command(argv: Optional[Sequence[str]]) -> int:
+def _command(argv: Optional[Sequence[str]]) -> None:
     args = _parser().parse_args(argv)
     for path in copy_weights_only(args.model_folder, args.output_folder):
         source = args.model_folder / path.relative_to(args.output_folder)
         print(f"{path}: {path.stat().st_size / 1e6:.0f} MB (was {source.stat().st_size / 1e6:.0f} MB)")
-    return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -62,20 +62,11 @@ def load_weights_only(path: str, what: str = "file", mmap: bool = False) -> Any:
         try:
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap or None)
         except pickle.UnpicklingError as e:
-            if not _is_refusal(e):
+            if "Weights only load failed" not in str(e):  # a broken file, not torch's refusal
                 raise
-            raise _unsafe(f"{what} {path}", e) from None
-
-
-def _is_refusal(error: BaseException) -> bool:
-    """``error`` is torch's refusal of a weights-only load (not a broken file)."""
-    return isinstance(error, pickle.UnpicklingError) and "Weights only load failed" in str(error)
-
-
-def _unsafe(what: str, error: BaseException) -> UnsafeTorchFile:
-    return UnsafeTorchFile(f"{what} holds pickled objects other than tensors, numbers and containers "
-                           f"({refusal_reason(error)}); it was not loaded, since loading such objects can run code: "
-                           f"save plain data (state_dict() and built-in types) instead")
+            raise UnsafeTorchFile(f"{what} {path} holds pickled objects other than tensors, numbers and containers "
+                                  f"({refusal_reason(e)}); it was not loaded, since loading such objects can run "
+                                  f"code: save plain data (state_dict() and built-in types) instead") from None
 
 
 #: what nnU-Net's predictor reads from every checkpoint it loads
@@ -124,11 +115,6 @@ def _folds(folds: Iterable[Union[int, str]]) -> Tuple[Union[int, str], ...]:
         raise UserError(f"folds {' '.join(map(str, folds))}: expected fold numbers or 'all'") from None
 
 
-def _fold_files(model_folder: Union[str, os.PathLike], folds: Sequence[Union[int, str]],
-                checkpoint_name: str) -> List[Path]:
-    return [Path(model_folder) / f"fold_{fold}" / checkpoint_name for fold in folds]
-
-
 def _predictor_checkpoint(path: Path) -> Mapping[str, Any]:
     checkpoint = read_checkpoint(path)
     missing = [k for k in PREDICTOR_KEYS if k not in checkpoint]
@@ -141,7 +127,7 @@ def check_model_folder_checkpoints(model_folder: Union[str, os.PathLike], folds:
                                    checkpoint_name: str = "checkpoint_final.pth") -> List[Path]:
     """Read each fold's ``model_folder/fold_<f>/<checkpoint_name>`` with ``read_checkpoint`` and check that it holds
     ``PREDICTOR_KEYS``; returns the files. Raises for the first file that fails."""
-    files = _fold_files(model_folder, _folds(folds), checkpoint_name)
+    files = [Path(model_folder) / f"fold_{fold}" / checkpoint_name for fold in _folds(folds)]
     for path in files:
         _predictor_checkpoint(path)
     return files
@@ -153,7 +139,7 @@ def initialize_predictor(predictor: Any, model_folder: Union[str, os.PathLike], 
     a checkpoint carries: the predictor loads a private copy of what it reads, checked as
     ``check_model_folder_checkpoints`` does. An unknown trainer class is a one-line ``UserError``."""
     folds = _folds(folds)
-    files = _fold_files(model_folder, folds, checkpoint_name)
+    files = [Path(model_folder) / f"fold_{fold}" / checkpoint_name for fold in folds]
     use_our_trainers()
     trainer = None
     with tempfile.TemporaryDirectory() as copy:

@@ -140,8 +140,7 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _progress(done: int, total: int, variant: str, seed: int, state: str, durations: List[float]) -> None:
-    left = total - done
-    eta = (f"about {sum(durations) / len(durations) * left / 60:.1f} min left" if durations
+    eta = (f"about {sum(durations) / len(durations) * (total - done) / 60:.1f} min left" if durations
            else "time left known after the first run")
     action = {"finished": "finished earlier, skipped", "trained": "trained earlier; predicting",
               "interrupted": "resuming the interrupted training (--c)", "new": "training"}[state]

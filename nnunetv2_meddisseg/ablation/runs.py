@@ -148,21 +148,21 @@ class AblationRun:
     def predict_and_evaluate(self, variant: str, seed: int, time_limit_s: Optional[float] = None) -> dict:
         from nnunetv2_meddisseg.torch_files import check_model_folder_checkpoints
 
+        spec = self.variants[variant]
+        fold_folder = self.fold_folder(variant, seed)
         predictions = self.out / f"seed_{seed}" / "predictions" / variant
         command = ["nnUNetv2_predict", "-i", str(self.images), "-o", str(predictions), "-d", self.dataset_name,
-                   "-c", "2d", "-f", self.fold, "-tr", self.variants[variant].trainer,
-                   "-p", self.variants[variant].plans,
-                   "-device", self.device, "-npp", str(self.predict_processes),
-                   "-nps", str(self.predict_processes)]
+                   "-c", "2d", "-f", self.fold, "-tr", spec.trainer, "-p", spec.plans, "-device", self.device,
+                   "-npp", str(self.predict_processes), "-nps", str(self.predict_processes)]
         if self.disable_tta:
             command.append("--disable_tta")
         # nnUNetv2_predict loads the checkpoint with weights_only=False: read it weights-only first
-        check_model_folder_checkpoints(self.fold_folder(variant, seed).parent, [self.fold], "checkpoint_final.pth")
+        check_model_folder_checkpoints(fold_folder.parent, [self.fold], "checkpoint_final.pth")
         start = time.monotonic()
         self._command(command, seed, self.out / "logs" / f"{variant}_seed{seed}_predict.log", time_limit_s)
         predict_seconds = time.monotonic() - start
         summary = evaluate_folders(str(self.labels), str(predictions), self.label_values, progress=False)
-        epochs = epoch_seconds(self.fold_folder(variant, seed) / "checkpoint_final.pth")
+        epochs = epoch_seconds(fold_folder / "checkpoint_final.pth")
         record = {"variant": variant, "seed": seed, "predict_seconds": predict_seconds,
                   "train_seconds": float(sum(epochs)), "epoch_seconds": epochs, "summary": summary}
         target = self.record_file(variant, seed)

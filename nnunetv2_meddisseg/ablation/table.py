@@ -13,14 +13,14 @@ import math
 import statistics
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from nnunetv2_meddisseg.evaluation.evaluate import METRIC_DISPLAY_NAMES as METRIC_TITLES
+from nnunetv2_meddisseg.evaluation.metrics import BINARY_METRICS
 from nnunetv2_meddisseg.evaluation.paired_statistics import wilcoxon_p_value
 
 __all__ = ["BINARY_METRICS", "MULTICLASS_METRICS", "METRIC_TITLES", "metrics_of", "ablation_rows",
            "write_csv", "markdown_table"]
 
-BINARY_METRICS = ("iou", "dice", "recall", "precision")
 MULTICLASS_METRICS = ("dice",)
-METRIC_TITLES = {"iou": "mIoU", "dice": "mDSC", "recall": "Recall", "precision": "Precision"}
 
 Records = Mapping[str, Mapping[int, Mapping]]
 

@@ -36,7 +36,7 @@ def _default_names(baseline_trainer: str, trainer: str, folders: Sequence[str]) 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="nnUNetv2_meddisseg_compare", formatter_class=DefaultsHelpFormatter,
+        prog=PROG, formatter_class=DefaultsHelpFormatter,
         description="Predict a dataset's imagesTs with a default nnU-Net model and a Med-DisSeg model, evaluate "
                     "both against labelsTs with the paper's metrics and write a side-by-side table, a bar chart, "
                     "paired differences with a Wilcoxon test and overlays.")
@@ -79,14 +79,6 @@ def _dataset_name(dataset: str) -> str:
         raise UserError(f"-d {dataset}: {str(e).splitlines()[0]}") from None
 
 
-def _check_output_folder(out: str, inputs: Sequence[str]) -> None:
-    """``-o`` must not be one of the input folders (test images and labels, model folders) or lie inside one."""
-    for folder in inputs:
-        if is_inside(out, folder):
-            raise UserError(f"-o {out} is inside the input folder {folder}: the comparison would be written into "
-                            f"its input; choose a folder outside it")
-
-
 def _compare_command(argv: Optional[Sequence[str]]) -> None:
     from nnunetv2.paths import nnUNet_raw, nnUNet_results
 
@@ -110,7 +102,10 @@ def _compare_command(argv: Optional[Sequence[str]]) -> None:
     for folder in folders:  # before nnU-Net's predictor loads them, unsafely
         check_model_folder_checkpoints(folder, [args.f], args.checkpoint)
     out = args.o or os.path.join(nnUNet_results.get(), dataset_name, f"meddisseg_compare_{args.c}_fold_{args.f}")
-    _check_output_folder(out, [images_ts, labels_ts, *folders])
+    for folder in (images_ts, labels_ts, *folders):  # -o must not be an input folder or lie inside one
+        if is_inside(out, folder):
+            raise UserError(f"-o {out} is inside the input folder {folder}: the comparison would be written into "
+                            f"its input; choose a folder outside it")
     pred_dirs = []
     for folder in folders:
         pred_dir = os.path.join(out, "predictions", os.path.basename(folder))

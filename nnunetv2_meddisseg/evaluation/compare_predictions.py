@@ -33,12 +33,8 @@ def _table_rows(summaries: Sequence[Tuple[str, Mapping]],
                 paper: Optional[Tuple[str, dict]]) -> Tuple[List[str], List[Dict]]:
     """(columns, rows) of the comparison table; values in percent (HD95 as is)."""
     first = summaries[0][1]
-    if is_multiclass_summary(first):
-        organs = list(first["mean"]["per_label"])
-        columns = [f"dice:{o}" for o in organs] + ["dice", "hd95"]
-    else:
-        organs = []
-        columns = list(BINARY_METRICS)
+    organs = list(first["mean"]["per_label"]) if is_multiclass_summary(first) else []
+    columns = [f"dice:{o}" for o in organs] + ["dice", "hd95"] if organs else list(BINARY_METRICS)
     scale = {c: (1.0 if c == "hd95" else 100.0) for c in columns}
     rows = []
     for name, s in summaries:
@@ -80,19 +76,11 @@ def _write_csv(path: str, fieldnames: Sequence[str], rows: Sequence[Mapping]) ->
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=list(fieldnames))
         w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in fieldnames})
+        w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in fieldnames} for r in rows)
 
 
 def _slug(name: str) -> str:
     return re.sub(r"[^0-9A-Za-z._-]+", "_", name).strip("_") or "model"
-
-
-def _case_image(image_dir: Optional[str], case: str, file_ending: str) -> Optional[np.ndarray]:
-    if image_dir is None:
-        return None
-    f = os.path.join(image_dir, f"{case}_0000{file_ending}")
-    return read_image(f) if os.path.isfile(f) else None
 
 
 def compare_prediction_folders(ref_dir: str, pred_a: str, pred_b: str, out_dir: str,
@@ -233,7 +221,8 @@ def _write_overlays(ref_dir: str, pred_dirs: Sequence[str], image_dir: Optional[
         case = r["case"]
         ref, _ = read_label_map(os.path.join(ref_dir, case + ending))
         preds = [read_label_map(os.path.join(p, case + ending))[0] for p in pred_dirs]
-        image = _case_image(image_dir, case, ending)
+        image_file = None if image_dir is None else os.path.join(image_dir, f"{case}_0000{ending}")
+        image = read_image(image_file) if image_file and os.path.isfile(image_file) else None
         case_title = overlay_title(case, names, r["dice_diff"])
         if ref.ndim == 3:
             z = most_different_slice(ref, preds)

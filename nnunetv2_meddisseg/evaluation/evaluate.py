@@ -9,7 +9,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from tqdm import tqdm
@@ -67,13 +67,6 @@ def _one_line(e: BaseException, limit: int = 300) -> str:
     return f"{type(e).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
 
 
-def _squeeze_singleton_first_axis(arr: np.ndarray, spacing: Sequence[float]) -> Tuple[np.ndarray, Tuple[float, ...]]:
-    # nnU-Net reads 2D images as (1, H, W) with a dummy spacing (999, ...) on the first axis
-    if arr.ndim == 3 and arr.shape[0] == 1:
-        return arr[0], tuple(float(s) for s in spacing[1:])
-    return arr, tuple(float(s) for s in spacing)
-
-
 def read_label_map(file: str, reader=None) -> Tuple[np.ndarray, Tuple[float, ...]]:
     """Read one label image: ``(labels, spacing)``, integer labels (H, W) for 2D images, (D, H, W) for volumes,
     spacing one value per axis in the same order."""
@@ -88,14 +81,16 @@ def read_label_map(file: str, reader=None) -> Tuple[np.ndarray, Tuple[float, ...
     arr = seg[0]
     if not np.all(np.isfinite(arr)) or not np.array_equal(arr, np.round(arr)):
         raise ValueError(f"{file} holds non-integer values; expected a label map")
-    arr, spacing = _squeeze_singleton_first_axis(arr.astype(np.int64), props.get("spacing", (1.0,) * arr.ndim))
-    return arr, spacing
+    spacing = tuple(float(s) for s in props.get("spacing", (1.0,) * arr.ndim))
+    # nnU-Net reads 2D images as (1, H, W) with a dummy spacing (999, ...) on the first axis
+    if arr.ndim == 3 and arr.shape[0] == 1:
+        arr, spacing = arr[0], spacing[1:]
+    return arr.astype(np.int64), spacing
 
 
 def read_image(file: str) -> np.ndarray:
     """Read one input image for display: (H, W, C) for 2D images, (D, H, W, C) for volumes, float32."""
-    ending = file_ending_of(file) or os.path.splitext(file)[1]
-    reader = reader_for_file_ending(ending)
+    reader = reader_for_file_ending(file_ending_of(file) or os.path.splitext(file)[1])
     try:
         img, _ = reader.read_images((file,))
     except Exception as e:
@@ -117,12 +112,10 @@ def load_dataset_json_labels(djfile: str) -> Tuple[Dict[str, int], str]:
         raise ValueError(f"cannot parse {djfile}: {e}") from None
     if not isinstance(dj.get("labels"), dict) or "file_ending" not in dj:
         raise ValueError(f"{djfile} lacks 'labels' or 'file_ending'")
-    labels = {}
-    for name, value in dj["labels"].items():
+    for name, value in dj["labels"].items():  # JSON keys are strings
         if not isinstance(value, int):
             raise ValueError(f"{djfile}: label {name!r} is a region ({value}); region-based labels are not supported")
-        labels[str(name)] = value
-    return labels, str(dj["file_ending"])
+    return dict(dj["labels"]), str(dj["file_ending"])
 
 
 def _list_label_files(folder: str, what: str) -> Dict[str, List[str]]:
@@ -231,17 +224,15 @@ def evaluate_folders(ref_dir: str, pred_dir: str, labels: Optional[Mapping[str, 
         else:
             fg_value = next(iter(foreground.values()))
             per_case.append({"case": case, **binary_metrics(pred == fg_value, ref == fg_value)})
-    if multiclass:
-        mean = {m: mean_and_std([c[m] for c in per_case])[0] for m in ("dice", "hd95")}
-        mean["per_label"] = {name: {m: mean_and_std([c["per_label"][name][m] for c in per_case])[0]
-                                    for m in ("dice", "hd95")} for name in foreground}
-        std = {m: mean_and_std([c[m] for c in per_case])[1] for m in ("dice", "hd95")}
-        return {"labels": dict(labels), "metric_per_case": per_case, "mean": mean, "std": std,
-                "hd95_unit": "physical" if hd95_physical else "voxel"}
     mean, std = {}, {}
-    for m in BINARY_METRICS:
+    for m in ("dice", "hd95") if multiclass else BINARY_METRICS:
         mean[m], std[m] = mean_and_std([c[m] for c in per_case])
-    return {"metric_per_case": per_case, "mean": mean, "std": std}
+    if not multiclass:
+        return {"metric_per_case": per_case, "mean": mean, "std": std}
+    mean["per_label"] = {name: {m: mean_and_std([c["per_label"][name][m] for c in per_case])[0]
+                                for m in ("dice", "hd95")} for name in foreground}
+    return {"labels": labels, "metric_per_case": per_case, "mean": mean, "std": std,
+            "hd95_unit": "physical" if hd95_physical else "voxel"}
 
 
 def is_multiclass_summary(summary: Mapping) -> bool:
@@ -251,8 +242,7 @@ def is_multiclass_summary(summary: Mapping) -> bool:
 
 def format_summary(summary: Mapping) -> str:
     """Human-readable table of a summary: percent with one decimal, mean +- std."""
-    n = len(summary["metric_per_case"])
-    lines = [f"{n} cases"]
+    lines = [f"{len(summary['metric_per_case'])} cases"]
     if is_multiclass_summary(summary):
         unit = "voxels" if summary.get("hd95_unit", "voxel") == "voxel" else "physical units"
         lines.append(f"{'label':<16} {'Dice (%)':>9} {'HD95 (' + unit + ')':>22}")
@@ -260,10 +250,10 @@ def format_summary(summary: Mapping) -> str:
             lines.append(f"{name:<16} {100 * s['dice']:>9.1f} {s['hd95']:>22.2f}")
         lines.append(f"{'mean':<16} {100 * summary['mean']['dice']:>9.1f} {summary['mean']['hd95']:>22.2f}"
                      f"   (std over cases: Dice {100 * summary['std']['dice']:.1f}, HD95 {summary['std']['hd95']:.2f})")
-        return "\n".join(lines)
-    for m in BINARY_METRICS:
-        mean, std = 100 * summary["mean"][m], 100 * summary["std"][m]
-        lines.append(f"{METRIC_DISPLAY_NAMES[m]:<10} {mean:5.1f} +- {std:.1f} %")
+    else:
+        for m in BINARY_METRICS:
+            mean, std = 100 * summary["mean"][m], 100 * summary["std"][m]
+            lines.append(f"{METRIC_DISPLAY_NAMES[m]:<10} {mean:5.1f} +- {std:.1f} %")
     return "\n".join(lines)
 
 
@@ -312,7 +302,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _evaluate_command(argv: Optional[Sequence[str]], stdout: TextIO) -> None:
+def _evaluate_command(argv: Optional[Sequence[str]]) -> None:
     args = _parser().parse_args(argv)
     labels, file_ending = None, None
     if args.djfile is not None:
@@ -324,14 +314,14 @@ def _evaluate_command(argv: Optional[Sequence[str]], stdout: TextIO) -> None:
     summary = evaluate_folders(args.ref, args.pred, labels, file_ending, args.hd95_physical)
     if args.o is not None:
         save_summary(summary, args.o)
-    print(format_summary(summary), file=stdout)
+    print(format_summary(summary))
     if args.o is not None:
-        print(f"summary written to {args.o}", file=stdout)
+        print(f"summary written to {args.o}")
 
 
-def main(argv: Optional[Sequence[str]] = None, stdout: TextIO = None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     """Console entry point; returns the exit code (0, or 2 after a one-line error: see ``cli``)."""
-    return run_command("nnUNetv2_meddisseg_evaluate", lambda a: _evaluate_command(a, stdout or sys.stdout), argv,
+    return run_command("nnUNetv2_meddisseg_evaluate", _evaluate_command, argv,
                        user_errors=(UserError, ValueError, OSError))
 
 

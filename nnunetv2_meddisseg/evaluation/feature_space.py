@@ -263,10 +263,9 @@ def _features(argv: Optional[Sequence[str]]) -> None:
     if tsne and importlib.util.find_spec("sklearn") is None:
         print(f"{PROG}: {TSNE_MISSING}", file=sys.stderr)
         tsne = False
-    models = []
-    for trainer in args.trainer:
-        folder = Path(nnUNet_results.require()) / dataset / f"{trainer}__{args.plans}__{args.configuration}"
-        models.append(model_features(trainer, folder, args.fold, args.checkpoint, args.layer, args.max_images, device))
+    results = Path(nnUNet_results.require()) / dataset
+    models = [model_features(trainer, results / f"{trainer}__{args.plans}__{args.configuration}", args.fold,
+                             args.checkpoint, args.layer, args.max_images, device) for trainer in args.trainer]
     out = args.output or f"meddisseg_features_{args.layer}.png"
     draw_features(models, args.layer, out, args.pixels_per_image, tsne)
     for model in models:

@@ -117,11 +117,8 @@ def dice_hd95_transunet(prediction: np.ndarray, reference: np.ndarray,
 def multiclass_dice_hd95(prediction: np.ndarray, reference: np.ndarray, labels: Iterable[int],
                          spacing: Optional[Sequence[float]] = None) -> Dict[int, Dict[str, float]]:
     """``{label: {"dice", "hd95"}}`` of one volume (TransUNet protocol) for the foreground values ``labels``."""
-    out = {}
-    for label in labels:
-        dice, hd = dice_hd95_transunet(prediction == label, reference == label, spacing)
-        out[int(label)] = {"dice": dice, "hd95": hd}
-    return out
+    scores = {int(label): dice_hd95_transunet(prediction == label, reference == label, spacing) for label in labels}
+    return {label: {"dice": dice, "hd95": hd} for label, (dice, hd) in scores.items()}
 
 
 def mean_and_std(values: Sequence[float]) -> Tuple[float, float]:

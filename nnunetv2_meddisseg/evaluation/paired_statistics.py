@@ -55,9 +55,8 @@ def paired_statistics(differences: Sequence[Mapping], metrics: Sequence[str], na
     for m in metrics:
         d = np.array([r[f"{m}_diff"] for r in differences], dtype=np.float64)
         p, note = wilcoxon_p_value(d)
-        better = int(np.sum(d < 0)) if m == "hd95" else int(np.sum(d > 0))
-        worse = int(np.sum(d > 0)) if m == "hd95" else int(np.sum(d < 0))
+        gain = -d if m == "hd95" else d
         statistics["metrics"][m] = {"p_value": p, "note": note, "mean_difference": float(np.mean(d)),
-                                    "median_difference": float(np.median(d)), "n_better": better,
-                                    "n_worse": worse, "n_tied": int(np.sum(d == 0))}
+                                    "median_difference": float(np.median(d)), "n_better": int(np.sum(gain > 0)),
+                                    "n_worse": int(np.sum(gain < 0)), "n_tied": int(np.sum(d == 0))}
     return statistics

@@ -33,7 +33,4 @@ def paper_reference(dataset_name: Optional[str]) -> Optional[Tuple[str, dict]]:
     if not dataset_name:
         return None
     wanted = normalise_name(dataset_name)
-    for key, entry in load_paper_results().items():
-        if normalise_name(key) == wanted:
-            return key, entry
-    return None
+    return next(((key, entry) for key, entry in load_paper_results().items() if normalise_name(key) == wanted), None)

@@ -1,4 +1,5 @@
 """Figures of the comparison, written as PNG with matplotlib's Agg backend: a bar chart and per-case overlays."""
+import itertools
 from typing import Mapping, Optional, Sequence
 
 import matplotlib
@@ -24,9 +25,8 @@ def bar_chart(rows: Sequence[Mapping], metrics: Sequence[str], out_file: str, ti
     colors = plt.get_cmap("tab10").colors
     top = 0.0
     for i, row in enumerate(rows):
-        vals = [row["values"].get(m) for m in metrics]
         errs = [(row.get("std") or {}).get(m) for m in metrics]
-        heights = np.array([np.nan if v is None else v for v in vals], dtype=float)
+        heights = np.array([row["values"].get(m) for m in metrics], dtype=float)  # None -> NaN
         yerr = np.array([0.0 if e is None else e for e in errs], dtype=float)
         has_err = any(e is not None for e in errs)
         offset = (i - (n_rows - 1) / 2.0) * width
@@ -38,9 +38,7 @@ def bar_chart(rows: Sequence[Mapping], metrics: Sequence[str], out_file: str, ti
             else:
                 ax.annotate(f"{h:.1f}", (b.get_x() + b.get_width() / 2, h + e), ha="center", va="bottom",
                             fontsize=7, xytext=(0, 1), textcoords="offset points")
-        finite = heights[~np.isnan(heights)]
-        if finite.size:
-            top = max(top, float(np.max(finite + (yerr[~np.isnan(heights)] if has_err else 0.0))))
+        top = max([top, *np.nan_to_num(heights + yerr).tolist()])  # a gap (NaN) counts as 0
     ax.set_xticks(x)
     ax.set_xticklabels([metric_labels.get(m, m) for m in metrics], rotation=30 if len(metrics) > 6 else 0,
                        ha="right" if len(metrics) > 6 else "center")
@@ -77,9 +75,7 @@ def label_overlay(background: np.ndarray, labels: np.ndarray, alpha: float = 0.4
     out = background.copy()
     colors = np.array(plt.get_cmap("tab10").colors, dtype=np.float32)
     palette = np.concatenate([colors[3:4], colors[:3], colors[4:]])  # label 1 in red
-    for k in np.unique(labels):
-        if k == 0:
-            continue
+    for k in np.unique(labels[labels != 0]):
         m = labels == k
         color = palette[(int(k) - 1) % len(palette)]
         out[m] = (1.0 - alpha) * out[m] + alpha * color
@@ -89,12 +85,11 @@ def label_overlay(background: np.ndarray, labels: np.ndarray, alpha: float = 0.4
 
 def most_different_slice(reference: np.ndarray, predictions: Sequence[np.ndarray]) -> int:
     """Index along axis 0 of a volume where the predictions disagree most (ties: most reference foreground)."""
+    per_slice = tuple(range(1, reference.ndim))
     disagreement = np.zeros(reference.shape[0], dtype=np.int64)
-    for a in range(len(predictions)):
-        for b in range(a + 1, len(predictions)):
-            disagreement += np.count_nonzero(predictions[a] != predictions[b], axis=tuple(range(1, reference.ndim)))
-    area = np.count_nonzero(reference, axis=tuple(range(1, reference.ndim)))
-    order = np.lexsort((area, disagreement))  # last key is primary
+    for a, b in itertools.combinations(predictions, 2):
+        disagreement += np.count_nonzero(a != b, axis=per_slice)
+    order = np.lexsort((np.count_nonzero(reference, axis=per_slice), disagreement))  # last key is primary
     return int(order[-1])
 
 
@@ -103,8 +98,7 @@ def overlay_figure(image: Optional[np.ndarray], reference: np.ndarray, predictio
                    scores: Optional[Sequence[Optional[float]]] = None, score_name: str = "Dice") -> None:
     """Panels image | ground truth | one per prediction: image (H, W[, C]) or None, label maps (H, W), ``scores``
     one per prediction (fractions, shown in percent)."""
-    shape = reference.shape
-    bg = display_image(image, shape)
+    bg = display_image(image, reference.shape)
     n = 2 + len(predictions)
     fig, axes = plt.subplots(1, n, figsize=(2.6 * n, 2.9))
     panels = [(bg, "image"), (label_overlay(bg, reference), "ground truth")]
