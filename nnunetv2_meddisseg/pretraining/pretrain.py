@@ -102,20 +102,12 @@ def read_preprocessed_case(folder: Path, identifier: str) -> np.ndarray:
     return np.ascontiguousarray(data[:, 0], dtype=np.float32)
 
 
-def _identifiers(folder: Path) -> List[str]:
-    found = set()
-    for path in folder.iterdir():
-        for ending in CASE_ENDINGS:
-            if path.name.endswith(ending) and not path.name.endswith(f"_seg{ending}"):
-                found.add(path.name[:-len(ending)])
-    return sorted(found)
-
-
 def fold_cases(preprocessed_folder: Path, fold: str, use_validation: bool = False) -> Tuple[List[str], str]:
     """The cases to pretrain on and where their split comes from: ``splits_final.json`` beside
     ``preprocessed_folder`` (the configuration's folder), else nnU-Net's default split, computed, not written."""
     folder = Path(preprocessed_folder)
-    available = _identifiers(folder)
+    available = sorted({path.name[:-len(e)] for path in folder.iterdir() for e in CASE_ENDINGS
+                        if path.name.endswith(e) and not path.name.endswith(f"_seg{e}")})
     if not available:
         raise UserError(f"{folder}: no preprocessed cases: run nnUNetv2_plan_and_preprocess for this configuration")
     if fold == "all":
@@ -143,7 +135,7 @@ def fold_cases(preprocessed_folder: Path, fold: str, use_validation: bool = Fals
     if int(fold) >= len(splits):
         raise UserError(f"-f {fold}: {source} has {len(splits)} folds (0 to {len(splits) - 1})")
     split = splits[int(fold)]
-    cases = [str(c) for c in list(split["train"]) + (list(split["val"]) if use_validation else [])]
+    cases = [str(c) for c in split["train"] + (split["val"] if use_validation else [])]
     missing = [c for c in cases if c not in available]
     if missing:
         raise UserError(f"{folder}: no preprocessed case {missing[0]} of fold {fold} ({source}): run "
