@@ -155,26 +155,22 @@ def build_pretraining_model(configuration_manager, channels: int, method: str = 
     from nnunetv2_meddisseg.pretraining.restoration import EncoderRestorationNet
     from nnunetv2_meddisseg.training.network_from_plans import build_meddisseg_network, network_class_is_meddisseg
 
-    if network_class_is_meddisseg(configuration_manager):
-        network = build_meddisseg_network(configuration_manager, channels, 2, enable_deep_supervision=False)
-        if method == "contrastive":
-            return ContrastiveNet(network.encoder), "meddisseg_encoder"
-        return EncoderRestorationNet(network.encoder, channels), "meddisseg_encoder"
     cm = configuration_manager
+    if network_class_is_meddisseg(cm):
+        encoder = build_meddisseg_network(cm, channels, 2, enable_deep_supervision=False).encoder
+        model = ContrastiveNet(encoder) if method == "contrastive" else EncoderRestorationNet(encoder, channels)
+        return model, "meddisseg_encoder"
     network = get_network_from_plans(cm.network_arch_class_name, cm.network_arch_init_kwargs,
                                      cm.network_arch_init_kwargs_req_import, channels, channels, allow_init=True,
                                      deep_supervision=False)
-    if method == "contrastive":
-        return ContrastiveNet(network.encoder, network), "nnunet_network"
-    return network, "nnunet_network"
+    return (ContrastiveNet(network.encoder, network) if method == "contrastive" else network), "nnunet_network"
 
 
 def pretrained_weights(model, kind: str) -> dict:
     """What ``-o`` holds as ``network_weights`` (module docstring), on the CPU."""
     whole = model if getattr(model, "network", None) is None else model.network  # a ContrastiveNet: beside its head
-    state = model.encoder.state_dict() if kind == "meddisseg_encoder" else whole.state_dict()
-    prefix = "encoder." if kind == "meddisseg_encoder" else ""
-    return {prefix + k: v.detach().cpu().clone() for k, v in state.items()}
+    state = model.encoder.state_dict(prefix="encoder.") if kind == "meddisseg_encoder" else whole.state_dict()
+    return {k: v.detach().cpu().clone() for k, v in state.items()}
 
 
 class BatchSampler:
