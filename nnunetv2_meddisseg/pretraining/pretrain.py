@@ -188,17 +188,14 @@ class BatchSampler:
                                                              (0.85, 1.25)))
         self.transforms = nnUNetTrainer.get_training_transforms(self.patch_size, rotation, None, (0, 1), False)
 
-    def _crop(self, image: np.ndarray) -> np.ndarray:
-        pad = [(0, 0)] + [((max(0, p - s) + 1) // 2, max(0, p - s) // 2) for s, p in zip(image.shape[1:],
-                                                                                       self.initial)]
-        image = np.pad(image, pad)
-        starts = [np.random.randint(0, s - p + 1) for s, p in zip(image.shape[1:], self.initial)]
-        return image[:, starts[0]:starts[0] + self.initial[0], starts[1]:starts[1] + self.initial[1]]
-
     def _view(self, image: np.ndarray):
         import torch
 
-        crop = torch.from_numpy(np.ascontiguousarray(self._crop(image)))
+        pad = [(0, 0)] + [((max(0, p - s) + 1) // 2, max(0, p - s) // 2)
+                          for s, p in zip(image.shape[1:], self.initial)]
+        image = np.pad(image, pad)
+        x, y = (np.random.randint(0, s - p + 1) for s, p in zip(image.shape[1:], self.initial))
+        crop = torch.from_numpy(np.ascontiguousarray(image[:, x:x + self.initial[0], y:y + self.initial[1]]))
         seg = torch.zeros((1, *crop.shape[1:]), dtype=torch.int16)
         return self.transforms(image=crop, segmentation=seg)["image"].float()
 
