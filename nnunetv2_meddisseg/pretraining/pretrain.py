@@ -267,25 +267,26 @@ def _read_checkpoint(path: Path, settings: PretrainSettings) -> dict:
     return checkpoint
 
 
-def step_loss(method: str, model, batch, generator, device, autocast):
-    """The loss of one batch by ``method``: restoring its corruption or hidden patches, or NT-Xent of its views (the
-    pairs of ``BatchSampler.pairs``). Corruptions and masks are drawn on the CPU from ``generator``."""
+def step_loss(method: str, model, batch, generator, device):
+    """The loss of one batch by ``method`` (fp16 autocast on CUDA): restoring its corruption or hidden patches, or
+    NT-Xent of its views (the pairs of ``BatchSampler.pairs``). Corruptions and masks are drawn on the CPU from
+    ``generator``."""
     import torch
 
     from nnunetv2_meddisseg.pretraining.contrastive import nt_xent
     from nnunetv2_meddisseg.pretraining.masking import mask_patches, masked_loss
     from nnunetv2_meddisseg.pretraining.restoration import corrupt
 
+    autocast = torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda")
+    target = batch.to(device, non_blocking=True)
     if method == "contrastive":
         with autocast:
-            projections = model(batch.to(device, non_blocking=True))
+            projections = model(target)
         return nt_xent(projections)
     if method == "masked":
-        inputs, mask = mask_patches(batch, generator)
-        inputs, mask = inputs.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+        inputs, mask = mask_patches(target, generator)
     else:
         inputs = corrupt(batch, generator).to(device, non_blocking=True)
-    target = batch.to(device, non_blocking=True)
     with autocast:
         restored = model(inputs)
     if method == "masked":
@@ -307,7 +308,7 @@ def pretrain(model, next_batch: Callable[[], "object"], settings: PretrainSettin
     model.to(device_t)
     optimizer = torch.optim.SGD(model.parameters(), settings.initial_lr, momentum=0.99, nesterov=True,
                                 weight_decay=settings.weight_decay)
-    scaler = torch.amp.GradScaler("cuda") if device_t.type == "cuda" else None
+    scaler = torch.amp.GradScaler("cuda", enabled=device_t.type == "cuda")
     generator = torch.Generator().manual_seed(settings.seed)
     losses: List[float] = []
     seconds = 0.0
@@ -316,7 +317,7 @@ def pretrain(model, next_batch: Callable[[], "object"], settings: PretrainSettin
         saved = _read_checkpoint(checkpoint, settings)
         model.load_state_dict(saved["network"])
         optimizer.load_state_dict(saved["optimizer"])
-        if scaler is not None and saved.get("scaler"):
+        if saved.get("scaler"):
             scaler.load_state_dict(saved["scaler"])
         generator.set_state(saved["generator"])
         _set_rng_states(saved["rng"])
@@ -334,18 +335,12 @@ def pretrain(model, next_batch: Callable[[], "object"], settings: PretrainSettin
         for _ in bar:
             batch = next_batch()
             optimizer.zero_grad(set_to_none=True)
-            loss = step_loss(settings.method, model, batch, generator, device_t,
-                             torch.autocast(device_t.type, dtype=torch.float16, enabled=scaler is not None))
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 12)
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 12)
-                optimizer.step()
+            loss = step_loss(settings.method, model, batch, generator, device_t)
+            scaler.scale(loss).backward()  # a disabled scaler (CPU) neither scales nor unscales
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 12)
+            scaler.step(optimizer)
+            scaler.update()
             value = float(loss.detach())
             total += value
             bar.set_postfix(loss=f"{value:.4f}")
@@ -353,7 +348,7 @@ def pretrain(model, next_batch: Callable[[], "object"], settings: PretrainSettin
         seconds += time.monotonic() - began
         state = {"settings": json.loads(json.dumps(asdict(settings))), "epoch": epoch + 1, "losses": losses,
                  "seconds": seconds, "network": model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "scaler": scaler.state_dict() if scaler is not None else {}, "generator": generator.get_state(),
+                 "scaler": scaler.state_dict(), "generator": generator.get_state(),
                  "rng": _rng_states()}
         write_atomically(checkpoint, lambda tmp: torch.save(state, tmp))
         log(f"epoch {epoch + 1}/{settings.epochs}: {settings.method} loss {losses[-1]:.4f}, lr {lr:.2e}, "
