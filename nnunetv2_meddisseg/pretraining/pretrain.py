@@ -530,8 +530,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _command(argv: Optional[Sequence[str]]) -> None:
-    args = vars(_parser().parse_args(argv))
-    run_pretraining(**args)
+    run_pretraining(**vars(_parser().parse_args(argv)))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
