@@ -202,18 +202,15 @@ class BatchSampler:
     def __call__(self):
         import torch
 
-        with torch.no_grad():
-            return torch.stack([self._view(self.images[np.random.randint(len(self.images))]())
-                                for _ in range(self.batch_size)])
+        return torch.stack([self._view(self.images[np.random.randint(len(self.images))]())
+                            for _ in range(self.batch_size)])
 
     def pairs(self):
         """(2 x batch_size, C, X, Y): rows i and i + batch_size are two views (crop, augmentation) of one image."""
         import torch
 
-        with torch.no_grad():
-            images = [self.images[np.random.randint(len(self.images))]() for _ in range(self.batch_size)]
-            views = [self._view(image) for image in images]
-            return torch.stack(views + [self._view(image) for image in images])
+        images = [self.images[np.random.randint(len(self.images))]() for _ in range(self.batch_size)]
+        return torch.stack([self._view(image) for image in images * 2])
 
 
 def _rng_states() -> dict:
