@@ -35,10 +35,16 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import torch
+from tqdm import tqdm
 
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, add_device_argument, resolve_device, run_command
 from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.files import is_inside, write_atomically
+from nnunetv2_meddisseg.pretraining.contrastive import ContrastiveNet, nt_xent
+from nnunetv2_meddisseg.pretraining.masking import mask_patches, masked_loss
+from nnunetv2_meddisseg.pretraining.restoration import EncoderRestorationNet, corrupt
+from nnunetv2_meddisseg.torch_files import read_checkpoint
 
 __all__ = ["METHODS", "CHECKPOINT_SUFFIX", "PretrainSettings", "checkpoint_path", "read_preprocessed_case",
            "fold_cases", "build_pretraining_model", "pretrained_weights", "BatchSampler", "pretrain",
@@ -151,8 +157,6 @@ def build_pretraining_model(configuration_manager, channels: int, method: str = 
     ``ContrastiveNet``. The caller seeds torch first."""
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 
-    from nnunetv2_meddisseg.pretraining.contrastive import ContrastiveNet
-    from nnunetv2_meddisseg.pretraining.restoration import EncoderRestorationNet
     from nnunetv2_meddisseg.training.network_from_plans import build_meddisseg_network, network_class_is_meddisseg
 
     cm = configuration_manager
@@ -189,8 +193,6 @@ class BatchSampler:
         self.transforms = nnUNetTrainer.get_training_transforms(self.patch_size, rotation, None, (0, 1), False)
 
     def _view(self, image: np.ndarray):
-        import torch
-
         pad = [(0, 0)] + [((max(0, p - s) + 1) // 2, max(0, p - s) // 2)
                           for s, p in zip(image.shape[1:], self.initial)]
         image = np.pad(image, pad)
@@ -200,22 +202,16 @@ class BatchSampler:
         return self.transforms(image=crop, segmentation=seg)["image"].float()
 
     def __call__(self):
-        import torch
-
         return torch.stack([self._view(self.images[np.random.randint(len(self.images))]())
                             for _ in range(self.batch_size)])
 
     def pairs(self):
         """(2 x batch_size, C, X, Y): rows i and i + batch_size are two views (crop, augmentation) of one image."""
-        import torch
-
         images = [self.images[np.random.randint(len(self.images))]() for _ in range(self.batch_size)]
         return torch.stack([self._view(image) for image in images * 2])
 
 
 def _rng_states() -> dict:
-    import torch
-
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     states = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
               "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
@@ -226,8 +222,6 @@ def _rng_states() -> dict:
 
 
 def _set_rng_states(states: dict) -> None:
-    import torch
-
     torch.set_rng_state(states["torch"])
     random.setstate((3, tuple(states["python"]), None))
     n = states["numpy"]
@@ -239,16 +233,12 @@ def _set_rng_states(states: dict) -> None:
 
 def seed_everything(seed: int) -> None:
     """Seed Python's, NumPy's and torch's global generators (before the network is built)."""
-    import torch
-
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
 
 
 def _read_checkpoint(path: Path, settings: PretrainSettings) -> dict:
-    from nnunetv2_meddisseg.torch_files import read_checkpoint
-
     checkpoint = read_checkpoint(path)
     recorded = checkpoint.get("settings")
     current = json.loads(json.dumps(asdict(settings)))
@@ -268,12 +258,6 @@ def step_loss(method: str, model, batch, generator, device):
     """The loss of one batch by ``method`` (fp16 autocast on CUDA): restoring its corruption or hidden patches, or
     NT-Xent of its views (the pairs of ``BatchSampler.pairs``). Corruptions and masks are drawn on the CPU from
     ``generator``."""
-    import torch
-
-    from nnunetv2_meddisseg.pretraining.contrastive import nt_xent
-    from nnunetv2_meddisseg.pretraining.masking import mask_patches, masked_loss
-    from nnunetv2_meddisseg.pretraining.restoration import corrupt
-
     autocast = torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda")
     target = batch.to(device, non_blocking=True)
     if method == "contrastive":
@@ -297,9 +281,6 @@ def pretrain(model, next_batch: Callable[[], "object"], settings: PretrainSettin
     """Train ``model`` for ``settings.epochs`` epochs, writing ``checkpoint`` after each and resuming from it where it
     exists; returns each epoch's mean loss and the seconds over all resumptions. Seed (``seed_everything``) before
     building ``model``. ``log`` defaults to ``tqdm.write``, which keeps the progress bar intact."""
-    import torch
-    from tqdm import tqdm
-
     log = log or tqdm.write
     device_t = torch.device(device)
     model.to(device_t)
@@ -455,8 +436,6 @@ def run_pretraining(dataset: str, configuration: str, plans_name: str, fold: str
                         f"nnUNetv2_plan_and_preprocess -d {dataset} -c {configuration}")
     cases, split_source = fold_cases(data_folder, str(fold), use_validation_cases)
     device = resolve_device(device)
-    import torch
-
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA GPU is available here (torch.cuda.is_available() is False)")
     channels = len(dataset_json.get("channel_names", dataset_json.get("modality", {})))
