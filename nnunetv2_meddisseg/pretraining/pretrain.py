@@ -275,7 +275,7 @@ def step_loss(method: str, model, batch, generator, device):
     return torch.nn.functional.mse_loss(restored.float(), target)
 
 
-def pretrain(model, next_batch: Callable[[], "object"], settings: PretrainSettings, device: str,
+def pretrain(model, next_batch: Callable[[], torch.Tensor], settings: PretrainSettings, device: str,
              checkpoint: Path, progress: bool = True,
              log: Optional[Callable[[str], None]] = None) -> Tuple[List[float], float]:
     """Train ``model`` for ``settings.epochs`` epochs, writing ``checkpoint`` after each and resuming from it where it
@@ -326,8 +326,7 @@ def pretrain(model, next_batch: Callable[[], "object"], settings: PretrainSettin
         seconds += time.monotonic() - began
         state = {"settings": json.loads(json.dumps(asdict(settings))), "epoch": epoch + 1, "losses": losses,
                  "seconds": seconds, "network": model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "scaler": scaler.state_dict(), "generator": generator.get_state(),
-                 "rng": _rng_states()}
+                 "scaler": scaler.state_dict(), "generator": generator.get_state(), "rng": _rng_states()}
         write_atomically(checkpoint, lambda tmp: torch.save(state, tmp))
         log(f"epoch {epoch + 1}/{settings.epochs}: {settings.method} loss {losses[-1]:.4f}, lr {lr:.2e}, "
             f"{time.monotonic() - began:.1f} s")
