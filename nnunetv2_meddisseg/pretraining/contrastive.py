@@ -41,5 +41,5 @@ def nt_xent(projections: Tensor, temperature: float = TEMPERATURE) -> Tensor:
     n = z.shape[0] // 2
     logits = z @ z.t() / temperature
     logits = logits.masked_fill(torch.eye(2 * n, dtype=torch.bool, device=z.device), float("-inf"))
-    twins = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)]).to(z.device)
+    twins = torch.arange(2 * n, device=z.device).roll(n)  # row i's positive: row i + n, and back
     return F.cross_entropy(logits, twins)

@@ -9,6 +9,7 @@ from typing import Tuple
 
 import torch
 from torch import Tensor
+from torch.nn import functional as F
 
 __all__ = ["MASK_RATIO", "PATCHES_PER_SIDE", "mask_patches", "masked_loss"]
 
@@ -27,12 +28,9 @@ def mask_patches(batch: Tensor, generator: torch.Generator) -> Tuple[Tensor, Ten
     count = rows * cols
     hidden = round(MASK_RATIO * count)
     order = torch.argsort(torch.rand((b, count), generator=generator), dim=1)
-    grid = torch.zeros((b, count))
-    grid.scatter_(1, order[:, :hidden], 1.0)
+    grid = torch.zeros((b, count)).scatter_(1, order[:, :hidden], 1.0)
     grid = grid.reshape(b, 1, rows, cols).repeat_interleave(side, 2).repeat_interleave(side, 3)
-    mask = torch.zeros((b, 1, h, w))
-    mask[:, :, :rows * side, :cols * side] = grid
-    mask = mask.to(batch.device, batch.dtype)
+    mask = F.pad(grid, (0, w - cols * side, 0, h - rows * side)).to(batch.device, batch.dtype)
     return batch * (1 - mask), mask
 
 

@@ -35,10 +35,16 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import torch
+from tqdm import tqdm
 
 from nnunetv2_meddisseg.cli import DefaultsHelpFormatter, add_device_argument, resolve_device, run_command
 from nnunetv2_meddisseg.errors import UserError
 from nnunetv2_meddisseg.files import is_inside, write_atomically
+from nnunetv2_meddisseg.pretraining.contrastive import ContrastiveNet, nt_xent
+from nnunetv2_meddisseg.pretraining.masking import mask_patches, masked_loss
+from nnunetv2_meddisseg.pretraining.restoration import EncoderRestorationNet, corrupt
+from nnunetv2_meddisseg.torch_files import read_checkpoint
 
 __all__ = ["METHODS", "CHECKPOINT_SUFFIX", "PretrainSettings", "checkpoint_path", "read_preprocessed_case",
            "fold_cases", "build_pretraining_model", "pretrained_weights", "BatchSampler", "pretrain",
@@ -102,20 +108,12 @@ def read_preprocessed_case(folder: Path, identifier: str) -> np.ndarray:
     return np.ascontiguousarray(data[:, 0], dtype=np.float32)
 
 
-def _identifiers(folder: Path) -> List[str]:
-    found = set()
-    for path in folder.iterdir():
-        for ending in CASE_ENDINGS:
-            if path.name.endswith(ending) and not path.name.endswith(f"_seg{ending}"):
-                found.add(path.name[:-len(ending)])
-    return sorted(found)
-
-
 def fold_cases(preprocessed_folder: Path, fold: str, use_validation: bool = False) -> Tuple[List[str], str]:
     """The cases to pretrain on and where their split comes from: ``splits_final.json`` beside
     ``preprocessed_folder`` (the configuration's folder), else nnU-Net's default split, computed, not written."""
     folder = Path(preprocessed_folder)
-    available = _identifiers(folder)
+    available = sorted({path.name[:-len(e)] for path in folder.iterdir() for e in CASE_ENDINGS
+                        if path.name.endswith(e) and not path.name.endswith(f"_seg{e}")})
     if not available:
         raise UserError(f"{folder}: no preprocessed cases: run nnUNetv2_plan_and_preprocess for this configuration")
     if fold == "all":
@@ -143,7 +141,7 @@ def fold_cases(preprocessed_folder: Path, fold: str, use_validation: bool = Fals
     if int(fold) >= len(splits):
         raise UserError(f"-f {fold}: {source} has {len(splits)} folds (0 to {len(splits) - 1})")
     split = splits[int(fold)]
-    cases = [str(c) for c in list(split["train"]) + (list(split["val"]) if use_validation else [])]
+    cases = [str(c) for c in split["train"] + (split["val"] if use_validation else [])]
     missing = [c for c in cases if c not in available]
     if missing:
         raise UserError(f"{folder}: no preprocessed case {missing[0]} of fold {fold} ({source}): run "
@@ -159,30 +157,24 @@ def build_pretraining_model(configuration_manager, channels: int, method: str = 
     ``ContrastiveNet``. The caller seeds torch first."""
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 
-    from nnunetv2_meddisseg.pretraining.contrastive import ContrastiveNet
-    from nnunetv2_meddisseg.pretraining.restoration import EncoderRestorationNet
     from nnunetv2_meddisseg.training.network_from_plans import build_meddisseg_network, network_class_is_meddisseg
 
-    if network_class_is_meddisseg(configuration_manager):
-        network = build_meddisseg_network(configuration_manager, channels, 2, enable_deep_supervision=False)
-        if method == "contrastive":
-            return ContrastiveNet(network.encoder), "meddisseg_encoder"
-        return EncoderRestorationNet(network.encoder, channels), "meddisseg_encoder"
     cm = configuration_manager
+    if network_class_is_meddisseg(cm):
+        encoder = build_meddisseg_network(cm, channels, 2, enable_deep_supervision=False).encoder
+        model = ContrastiveNet(encoder) if method == "contrastive" else EncoderRestorationNet(encoder, channels)
+        return model, "meddisseg_encoder"
     network = get_network_from_plans(cm.network_arch_class_name, cm.network_arch_init_kwargs,
                                      cm.network_arch_init_kwargs_req_import, channels, channels, allow_init=True,
                                      deep_supervision=False)
-    if method == "contrastive":
-        return ContrastiveNet(network.encoder, network), "nnunet_network"
-    return network, "nnunet_network"
+    return (ContrastiveNet(network.encoder, network) if method == "contrastive" else network), "nnunet_network"
 
 
 def pretrained_weights(model, kind: str) -> dict:
     """What ``-o`` holds as ``network_weights`` (module docstring), on the CPU."""
     whole = model if getattr(model, "network", None) is None else model.network  # a ContrastiveNet: beside its head
-    state = model.encoder.state_dict() if kind == "meddisseg_encoder" else whole.state_dict()
-    prefix = "encoder." if kind == "meddisseg_encoder" else ""
-    return {prefix + k: v.detach().cpu().clone() for k, v in state.items()}
+    state = model.encoder.state_dict(prefix="encoder.") if kind == "meddisseg_encoder" else whole.state_dict()
+    return {k: v.detach().cpu().clone() for k, v in state.items()}
 
 
 class BatchSampler:
@@ -200,40 +192,26 @@ class BatchSampler:
                                                              (0.85, 1.25)))
         self.transforms = nnUNetTrainer.get_training_transforms(self.patch_size, rotation, None, (0, 1), False)
 
-    def _crop(self, image: np.ndarray) -> np.ndarray:
-        pad = [(0, 0)] + [((max(0, p - s) + 1) // 2, max(0, p - s) // 2) for s, p in zip(image.shape[1:],
-                                                                                       self.initial)]
-        image = np.pad(image, pad)
-        starts = [np.random.randint(0, s - p + 1) for s, p in zip(image.shape[1:], self.initial)]
-        return image[:, starts[0]:starts[0] + self.initial[0], starts[1]:starts[1] + self.initial[1]]
-
     def _view(self, image: np.ndarray):
-        import torch
-
-        crop = torch.from_numpy(np.ascontiguousarray(self._crop(image)))
+        pad = [(0, 0)] + [((max(0, p - s) + 1) // 2, max(0, p - s) // 2)
+                          for s, p in zip(image.shape[1:], self.initial)]
+        image = np.pad(image, pad)
+        x, y = (np.random.randint(0, s - p + 1) for s, p in zip(image.shape[1:], self.initial))
+        crop = torch.from_numpy(np.ascontiguousarray(image[:, x:x + self.initial[0], y:y + self.initial[1]]))
         seg = torch.zeros((1, *crop.shape[1:]), dtype=torch.int16)
         return self.transforms(image=crop, segmentation=seg)["image"].float()
 
     def __call__(self):
-        import torch
-
-        with torch.no_grad():
-            return torch.stack([self._view(self.images[np.random.randint(len(self.images))]())
-                                for _ in range(self.batch_size)])
+        return torch.stack([self._view(self.images[np.random.randint(len(self.images))]())
+                            for _ in range(self.batch_size)])
 
     def pairs(self):
         """(2 x batch_size, C, X, Y): rows i and i + batch_size are two views (crop, augmentation) of one image."""
-        import torch
-
-        with torch.no_grad():
-            images = [self.images[np.random.randint(len(self.images))]() for _ in range(self.batch_size)]
-            views = [self._view(image) for image in images]
-            return torch.stack(views + [self._view(image) for image in images])
+        images = [self.images[np.random.randint(len(self.images))]() for _ in range(self.batch_size)]
+        return torch.stack([self._view(image) for image in images * 2])
 
 
 def _rng_states() -> dict:
-    import torch
-
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     states = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
               "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
@@ -244,8 +222,6 @@ def _rng_states() -> dict:
 
 
 def _set_rng_states(states: dict) -> None:
-    import torch
-
     torch.set_rng_state(states["torch"])
     random.setstate((3, tuple(states["python"]), None))
     n = states["numpy"]
@@ -257,16 +233,12 @@ def _set_rng_states(states: dict) -> None:
 
 def seed_everything(seed: int) -> None:
     """Seed Python's, NumPy's and torch's global generators (before the network is built)."""
-    import torch
-
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
 
 
 def _read_checkpoint(path: Path, settings: PretrainSettings) -> dict:
-    from nnunetv2_meddisseg.torch_files import read_checkpoint
-
     checkpoint = read_checkpoint(path)
     recorded = checkpoint.get("settings")
     current = json.loads(json.dumps(asdict(settings)))
@@ -282,25 +254,20 @@ def _read_checkpoint(path: Path, settings: PretrainSettings) -> dict:
     return checkpoint
 
 
-def step_loss(method: str, model, batch, generator, device, autocast):
-    """The loss of one batch by ``method``: restoring its corruption or hidden patches, or NT-Xent of its views (the
-    pairs of ``BatchSampler.pairs``). Corruptions and masks are drawn on the CPU from ``generator``."""
-    import torch
-
-    from nnunetv2_meddisseg.pretraining.contrastive import nt_xent
-    from nnunetv2_meddisseg.pretraining.masking import mask_patches, masked_loss
-    from nnunetv2_meddisseg.pretraining.restoration import corrupt
-
+def step_loss(method: str, model, batch, generator, device):
+    """The loss of one batch by ``method`` (fp16 autocast on CUDA): restoring its corruption or hidden patches, or
+    NT-Xent of its views (the pairs of ``BatchSampler.pairs``). Corruptions and masks are drawn on the CPU from
+    ``generator``."""
+    autocast = torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda")
+    target = batch.to(device, non_blocking=True)
     if method == "contrastive":
         with autocast:
-            projections = model(batch.to(device, non_blocking=True))
+            projections = model(target)
         return nt_xent(projections)
     if method == "masked":
-        inputs, mask = mask_patches(batch, generator)
-        inputs, mask = inputs.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+        inputs, mask = mask_patches(target, generator)
     else:
         inputs = corrupt(batch, generator).to(device, non_blocking=True)
-    target = batch.to(device, non_blocking=True)
     with autocast:
         restored = model(inputs)
     if method == "masked":
@@ -308,21 +275,18 @@ def step_loss(method: str, model, batch, generator, device, autocast):
     return torch.nn.functional.mse_loss(restored.float(), target)
 
 
-def pretrain(model, next_batch: Callable[[], "object"], settings: PretrainSettings, device: str,
+def pretrain(model, next_batch: Callable[[], torch.Tensor], settings: PretrainSettings, device: str,
              checkpoint: Path, progress: bool = True,
              log: Optional[Callable[[str], None]] = None) -> Tuple[List[float], float]:
     """Train ``model`` for ``settings.epochs`` epochs, writing ``checkpoint`` after each and resuming from it where it
     exists; returns each epoch's mean loss and the seconds over all resumptions. Seed (``seed_everything``) before
     building ``model``. ``log`` defaults to ``tqdm.write``, which keeps the progress bar intact."""
-    import torch
-    from tqdm import tqdm
-
     log = log or tqdm.write
     device_t = torch.device(device)
     model.to(device_t)
     optimizer = torch.optim.SGD(model.parameters(), settings.initial_lr, momentum=0.99, nesterov=True,
                                 weight_decay=settings.weight_decay)
-    scaler = torch.amp.GradScaler("cuda") if device_t.type == "cuda" else None
+    scaler = torch.amp.GradScaler("cuda", enabled=device_t.type == "cuda")
     generator = torch.Generator().manual_seed(settings.seed)
     losses: List[float] = []
     seconds = 0.0
@@ -331,7 +295,7 @@ def pretrain(model, next_batch: Callable[[], "object"], settings: PretrainSettin
         saved = _read_checkpoint(checkpoint, settings)
         model.load_state_dict(saved["network"])
         optimizer.load_state_dict(saved["optimizer"])
-        if scaler is not None and saved.get("scaler"):
+        if saved.get("scaler"):
             scaler.load_state_dict(saved["scaler"])
         generator.set_state(saved["generator"])
         _set_rng_states(saved["rng"])
@@ -349,18 +313,12 @@ def pretrain(model, next_batch: Callable[[], "object"], settings: PretrainSettin
         for _ in bar:
             batch = next_batch()
             optimizer.zero_grad(set_to_none=True)
-            loss = step_loss(settings.method, model, batch, generator, device_t,
-                             torch.autocast(device_t.type, dtype=torch.float16, enabled=scaler is not None))
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 12)
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 12)
-                optimizer.step()
+            loss = step_loss(settings.method, model, batch, generator, device_t)
+            scaler.scale(loss).backward()  # a disabled scaler (CPU) neither scales nor unscales
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 12)
+            scaler.step(optimizer)
+            scaler.update()
             value = float(loss.detach())
             total += value
             bar.set_postfix(loss=f"{value:.4f}")
@@ -368,8 +326,7 @@ def pretrain(model, next_batch: Callable[[], "object"], settings: PretrainSettin
         seconds += time.monotonic() - began
         state = {"settings": json.loads(json.dumps(asdict(settings))), "epoch": epoch + 1, "losses": losses,
                  "seconds": seconds, "network": model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "scaler": scaler.state_dict() if scaler is not None else {}, "generator": generator.get_state(),
-                 "rng": _rng_states()}
+                 "scaler": scaler.state_dict(), "generator": generator.get_state(), "rng": _rng_states()}
         write_atomically(checkpoint, lambda tmp: torch.save(state, tmp))
         log(f"epoch {epoch + 1}/{settings.epochs}: {settings.method} loss {losses[-1]:.4f}, lr {lr:.2e}, "
             f"{time.monotonic() - began:.1f} s")
@@ -478,8 +435,6 @@ def run_pretraining(dataset: str, configuration: str, plans_name: str, fold: str
                         f"nnUNetv2_plan_and_preprocess -d {dataset} -c {configuration}")
     cases, split_source = fold_cases(data_folder, str(fold), use_validation_cases)
     device = resolve_device(device)
-    import torch
-
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA GPU is available here (torch.cuda.is_available() is False)")
     channels = len(dataset_json.get("channel_names", dataset_json.get("modality", {})))
@@ -550,8 +505,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _command(argv: Optional[Sequence[str]]) -> None:
-    args = vars(_parser().parse_args(argv))
-    run_pretraining(**args)
+    run_pretraining(**vars(_parser().parse_args(argv)))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

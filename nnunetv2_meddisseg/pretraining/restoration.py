@@ -6,7 +6,7 @@ painting (0.9): out-painting (80 %) or in-painting (20 %). Every draw comes from
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Iterator, List, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -22,8 +22,8 @@ PAINT_RATE = 0.9
 INPAINT_RATE = 0.2
 
 
-def _uniform(generator: torch.Generator, low: float = 0.0, high: float = 1.0) -> float:
-    return low + (high - low) * float(torch.rand((), generator=generator))
+def _uniform(generator: torch.Generator) -> float:
+    return float(torch.rand((), generator=generator))
 
 
 def _randint(generator: torch.Generator, low: int, high: int) -> int:
@@ -79,33 +79,29 @@ def nonlinear_transform(image: Tensor, generator: torch.Generator) -> Tensor:
     return _interp(image, xs, ys)
 
 
-def _box(generator: torch.Generator, h: int, w: int, low: float, high: float) -> Tuple[slice, slice]:
-    bh = _randint(generator, max(1, int(low * h)), max(1, int(high * h)))
-    bw = _randint(generator, max(1, int(low * w)), max(1, int(high * w)))
-    y, x = _randint(generator, 0, h - bh), _randint(generator, 0, w - bw)
-    return slice(y, y + bh), slice(x, x + bw)
+def _boxes(generator: torch.Generator, h: int, w: int, most: int, low: float, high: float) -> Iterator[tuple]:
+    """Up to ``most`` boxes, each after the first with probability 0.95; lazy, as callers draw between boxes."""
+    for count in range(most):
+        if count > 0 and _uniform(generator) >= 0.95:
+            return
+        bh = _randint(generator, max(1, int(low * h)), max(1, int(high * h)))
+        bw = _randint(generator, max(1, int(low * w)), max(1, int(high * w)))
+        y, x = _randint(generator, 0, h - bh), _randint(generator, 0, w - bw)
+        yield slice(y, y + bh), slice(x, x + bw)
 
 
 def in_painting(image: Tensor, generator: torch.Generator) -> Tensor:
     """image (C, H, W) in [0, 1] -> up to five boxes (a sixth to a third of each side) replaced by uniform noise."""
-    c, h, w = image.shape
     out = image.clone()
-    for count in range(5):
-        if count > 0 and _uniform(generator) >= 0.95:
-            break
-        ys, xs = _box(generator, h, w, 1 / 6, 1 / 3)
+    for ys, xs in _boxes(generator, *image.shape[1:], 5, 1 / 6, 1 / 3):
         out[:, ys, xs] = torch.rand(out[:, ys, xs].shape, generator=generator, dtype=image.dtype)
     return out
 
 
 def out_painting(image: Tensor, generator: torch.Generator) -> Tensor:
     """image (C, H, W) in [0, 1] -> uniform noise outside up to four kept boxes (3/7 to 4/7 of each side)."""
-    c, h, w = image.shape
     out = torch.rand(image.shape, generator=generator, dtype=image.dtype)
-    for count in range(4):
-        if count > 0 and _uniform(generator) >= 0.95:
-            break
-        ys, xs = _box(generator, h, w, 1 - 4 / 7, 1 - 3 / 7)
+    for ys, xs in _boxes(generator, *image.shape[1:], 4, 1 - 4 / 7, 1 - 3 / 7):
         out[:, ys, xs] = image[:, ys, xs]
     return out
 
