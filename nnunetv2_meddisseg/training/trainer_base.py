@@ -46,7 +46,7 @@ from nnunetv2_meddisseg.training.curves import (
 )
 from nnunetv2_meddisseg.training.dispersion_monitor import SINGLE_SAMPLE_WARNING, EpochDiagnostics, small_batch_warning
 from nnunetv2_meddisseg.training.errors import TrainingInputError
-from nnunetv2_meddisseg.training.finite_input import check_finite_input
+from nnunetv2_meddisseg.training.finite_input import check_finite_input, finite_per_sample
 from nnunetv2_meddisseg.training.nnunet_copies import checkpoint_entries, epoch_end
 from nnunetv2_meddisseg.training.recipe import (
     RECIPE_PLANS_KEY,
@@ -198,16 +198,16 @@ class TrainerBase(nnUNetTrainer):
                                                      Optional[PendingInputCheck]]:
         """Data, target on the device and the input check to read with the step's report (else ``batch['data']``
         is checked here); warns once about single-sample batches."""
-        data, target = batch["data"], batch["target"]
+        data, target, keys = batch["data"], batch["target"], batch.get("keys")
         on_device = self.input_check_on_device
         on_device = self.device.type != "cpu" if on_device is None else on_device
         if not on_device:
-            check_finite_input(data, batch.get("keys"), self._training_batch)
+            check_finite_input(data, keys, self._training_batch)
         if data.shape[0] < 2 and not (self.is_ddp and self.dispersive_gather) and not self._warned_single_sample:
             self._warned_single_sample = True
             self.print_to_log_file(SINGLE_SAMPLE_WARNING)
         data = data.to(self.device, non_blocking=True)
-        check = PendingInputCheck.of(data, batch.get("keys"), self._training_batch) if on_device else None
+        check = PendingInputCheck(finite_per_sample(data), keys, self._training_batch) if on_device else None
         if isinstance(target, list):
             target = [t.to(self.device, non_blocking=True) for t in target]
         else:
