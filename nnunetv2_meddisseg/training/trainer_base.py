@@ -275,7 +275,7 @@ class TrainerBase(nnUNetTrainer):
         epoch_end(self, self._epoch_end_checkpoints(epoch), may_become_best=first_best is not None and
                   epoch >= first_best)
         if self.local_rank == 0:
-            plot_curves(self.logger.local_logger.curves, join(self.output_folder, PLOT_FILENAME),
+            plot_curves(self.logger.local_logger.my_fantastic_logging, join(self.output_folder, PLOT_FILENAME),
                         num_epochs=epoch + 1, stage_boundaries=self._stage_boundaries())
 
     # ------------------------------------------------------------------ checkpoints
