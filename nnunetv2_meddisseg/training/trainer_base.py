@@ -128,10 +128,9 @@ class TrainerBase(nnUNetTrainer):
         set_up_run(self, type(self).recipe)
         #: bf16 autocast without a GradScaler (``nnUNet_meddisseg_bf16``; not on MPS, which lacks it)
         self.bf16 = bf16_training_requested() and self.device.type in ("cuda", "cpu")
-        if self.bf16:
-            self.grad_scaler = None
         #: the steps' autocast context: bf16 with ``nnUNet_meddisseg_bf16``, else nnU-Net's (fp16 on CUDA only)
         if self.bf16:
+            self.grad_scaler = None
             self.autocast = autocast(self.device.type, dtype=torch.bfloat16, enabled=True)
         elif self.device.type == "cuda":
             self.autocast = autocast(self.device.type, enabled=True)
@@ -293,9 +292,7 @@ class TrainerBase(nnUNetTrainer):
         if self.local_rank != 0 or self.disable_checkpointing:
             super().save_checkpoint(filename)  # nnU-Net writes nothing then
             return
-        checkpoint = checkpoint_entries(self)
-        checkpoint["run_seed"] = self.run_seed
-        checkpoint.update(self._checkpoint_extras())
+        checkpoint = {**checkpoint_entries(self), "run_seed": self.run_seed, **self._checkpoint_extras()}
         save_checkpoint_file(checkpoint, filename)
 
     def load_checkpoint(self, filename_or_checkpoint: Union[dict, str]) -> None:
