@@ -10,8 +10,8 @@ __all__ = ["soft_dice_loss", "dice_bce_loss", "foreground_background_loss", "com
            "consistency_loss"]
 
 
-def _check_same_shape(name: str, **tensors: Tensor) -> None:
-    shapes = {key: tuple(t.shape) for key, t in tensors.items()}
+def _check_same_shape(name: str, **tensors: Optional[Tensor]) -> None:
+    shapes = {key: tuple(t.shape) for key, t in tensors.items() if t is not None}
     if len(set(shapes.values())) != 1:
         raise ValueError(f"{name}: inputs must have the same shape, got {shapes}")
 
@@ -19,8 +19,7 @@ def _check_same_shape(name: str, **tensors: Tensor) -> None:
 def soft_dice_loss(probabilities: Tensor, target: Tensor, smooth: float = 1.0, mask: Optional[Tensor] = None) -> Tensor:
     """1 - soft Dice per sample, averaged over the batch; probabilities, target: (B, ...) in [0, 1]. ``smooth``
     joins numerator and denominator (empty on empty: loss 0); pixels where ``mask`` is 0 are left out of every sum."""
-    _check_same_shape("soft_dice_loss", probabilities=probabilities, target=target,
-                      **({} if mask is None else {"mask": mask}))
+    _check_same_shape("soft_dice_loss", probabilities=probabilities, target=target, mask=mask)
     p = probabilities.float().reshape(probabilities.shape[0], -1)
     t = target.float().reshape(target.shape[0], -1)
     if mask is not None:
@@ -34,7 +33,7 @@ def soft_dice_loss(probabilities: Tensor, target: Tensor, smooth: float = 1.0, m
 def dice_bce_loss(logits: Tensor, target: Tensor, smooth: float = 1.0, mask: Optional[Tensor] = None) -> Tensor:
     """BCE (mean over pixels) + soft Dice loss of one binary map; logits and target (in [0, 1]): (B, 1, H, W).
     Pixels where ``mask`` is 0 count in neither term (BCE: the mean over the others, 0 when none is left)."""
-    _check_same_shape("dice_bce_loss", logits=logits, target=target, **({} if mask is None else {"mask": mask}))
+    _check_same_shape("dice_bce_loss", logits=logits, target=target, mask=mask)
     logits = logits.float()
     target = target.float()
     if mask is None:
@@ -51,7 +50,7 @@ def foreground_background_loss(fg_logits: Tensor, bg_logits: Tensor, fg_target: 
     """Dice+BCE(fg, target) + Dice+BCE(bg, 1 - target) of the auxiliary maps, all (B, 1, H, W); fg_target in {0, 1}
     ("any foreground class"). ``mask`` is 0 at unlabelled pixels (nnU-Net's ignore label), which count in no term."""
     _check_same_shape("foreground_background_loss", fg_logits=fg_logits, bg_logits=bg_logits, fg_target=fg_target,
-                      **({} if mask is None else {"mask": mask}))
+                      mask=mask)
     target = fg_target.float()
     # both maps as one batch of 2B: twice its mean Dice+BCE is the sum of the two maps' (equal sizes)
     both_masks = None if mask is None else torch.cat([mask, mask])

@@ -94,9 +94,7 @@ def _dispersive(features: Tensor, variant: str, tau: float, eps: float, margin: 
     b = h.shape[0]
     if b < 2:
         return (h * 0.0).sum()
-    device_type = h.device.type
-    with torch.autocast(device_type=device_type, enabled=False):
-        h = h.float()
+    with torch.autocast(device_type=h.device.type, enabled=False):
         d = h.shape[1]
         if variant in ("infonce_cosine", "infonce_cosine_centred"):
             if variant == "infonce_cosine_centred":
@@ -165,8 +163,7 @@ class DispersiveLoss(nn.Module):
 
     def of(self, features: Tensor) -> Tensor:
         """The loss of one feature map, features: this process's share (B_r, ...) -> 0-dim fp32."""
-        features = gather_batch(features) if self.gather else features
-        return _dispersive(features, self.variant, self.tau, self.eps, self.margin)
+        return _dispersive(self.batch(features), self.variant, self.tau, self.eps, self.margin)
 
     def forward(self, features: Mapping[str, Tensor]) -> Tensor:
         losses = []

@@ -12,7 +12,7 @@ unbiased variances (PyTorch's rule), which differs from the pooled variance by t
 ``nnUNetTrainerMedDisSeg`` recalibrates before every validation on the same ``batchnorm_calibration_samples``
 training samples every time, drawn as nnU-Net's dataloader draws, from a generator of their own.
 """
-from typing import Callable, Dict, Iterable, List, Sequence
+from typing import Callable, Iterable, List, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -23,12 +23,8 @@ __all__ = ["batchnorm_layers", "recalibrate_batchnorm"]
 
 def batchnorm_layers(modules: Sequence[nn.Module]) -> List[_BatchNorm]:
     """Every BatchNorm layer (1d/2d/3d, SyncBatchNorm) with running statistics in ``modules``, each once."""
-    layers: Dict[int, _BatchNorm] = {}
-    for module in modules:
-        for m in module.modules():
-            if isinstance(m, _BatchNorm) and m.track_running_stats:
-                layers.setdefault(id(m), m)
-    return list(layers.values())
+    return list(dict.fromkeys(m for module in modules for m in module.modules()
+                              if isinstance(m, _BatchNorm) and m.track_running_stats))
 
 
 def recalibrate_batchnorm(modules: Sequence[nn.Module], batches: Iterable[Tensor],
@@ -41,8 +37,8 @@ def recalibrate_batchnorm(modules: Sequence[nn.Module], batches: Iterable[Tensor
     if not layers:
         return 0
     modes = {id(m): (m, m.training) for module in modules for m in module.modules()}
-    saved = {id(layer): (layer.momentum, layer.running_mean.clone(), layer.running_var.clone(),
-                         layer.num_batches_tracked.clone()) for layer in layers}
+    saved = [(layer.momentum, layer.running_mean.clone(), layer.running_var.clone(),
+              layer.num_batches_tracked.clone()) for layer in layers]
     for layer in layers:
         layer.reset_running_stats()
         layer.momentum = None
@@ -57,8 +53,7 @@ def recalibrate_batchnorm(modules: Sequence[nn.Module], batches: Iterable[Tensor
     finally:
         for m, training in modes.values():
             m.training = training
-        for layer in layers:
-            momentum, mean, var, tracked = saved[id(layer)]
+        for layer, (momentum, mean, var, tracked) in zip(layers, saved):
             layer.momentum = momentum
             if count > 0 and int(layer.num_batches_tracked) > 0:
                 reached += 1

@@ -70,15 +70,11 @@ def compile_pays(stage_iterations: Sequence[int], batch_size: int, pixels: int,
     return CompileDecision(pays, reason)
 
 
-def _raise_recompile_limit() -> None:
+def compile_network(network: nn.Module, backend: Union[str, Callable] = "inductor") -> nn.Module:
+    """``torch.compile(network, dynamic=False)``: the network as one graph per input shape."""
     limit_name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
     if getattr(torch._dynamo.config, limit_name) < COMPILE_RECOMPILE_LIMIT:
         setattr(torch._dynamo.config, limit_name, COMPILE_RECOMPILE_LIMIT)
-
-
-def compile_network(network: nn.Module, backend: Union[str, Callable] = "inductor") -> nn.Module:
-    """``torch.compile(network, dynamic=False)``: the network as one graph per input shape."""
-    _raise_recompile_limit()
     return torch.compile(network, backend=backend, dynamic=False)
 
 
@@ -143,11 +139,10 @@ class Compilation:
             self._compiled_in_place.add(module)
 
     def first_call_done(self, graph: str, seconds: float) -> None:
-        """Log the seconds of ``graph``'s first compiled call, unless a compile error made it eager. Callers time
-        graphs not yet in ``first_call_s`` while ``compiled``."""
-        if self.compiled:
-            self.first_call_s[graph] = seconds
-            self.log(f'torch.compile: graph "{graph}" compiled in {seconds:.1f} s')
+        """Log the seconds of ``graph``'s first compiled call. Callers time graphs not yet in ``first_call_s`` while
+        ``compiled``, and not a call that a compile error made eager."""
+        self.first_call_s[graph] = seconds
+        self.log(f'torch.compile: graph "{graph}" compiled in {seconds:.1f} s')
 
     def eager(self, function: Callable[..., T], *args) -> T:
         """``function(*args)`` with compiled modules running eagerly; repeated after a torch.compile error."""

@@ -34,12 +34,9 @@ _PLOT_STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "xti
 
 def epoch_means(outputs: Mapping[str, Sequence[float]]) -> Dict[str, float]:
     """Per ``CURVE_PREFIXES`` key of the collated ``train_step`` ``outputs``: the mean of its finite values, or NaN."""
-    means: Dict[str, float] = {}
-    for key, values in outputs.items():
-        if key.startswith(CURVE_PREFIXES):
-            finite = [v for v in values if np.isfinite(v)]
-            means[key] = float(np.mean(finite)) if finite else float("nan")
-    return means
+    finite = {key: [v for v in values if np.isfinite(v)] for key, values in outputs.items()
+              if key.startswith(CURVE_PREFIXES)}
+    return {key: float(np.mean(values)) if values else float("nan") for key, values in finite.items()}
 
 
 def summary_lines(means: Mapping[str, float]) -> List[str]:
@@ -62,7 +59,7 @@ def stopped_learning(outputs: Mapping[str, Sequence[float]]) -> bool:
     return not np.any(np.isfinite(norms) & (norms > 0))
 
 
-def _our_keys(curves: Mapping[str, Sequence[float]], prefix: str = "") -> List[str]:
+def _our_keys(curves: Mapping[str, Sequence[float]], prefix: str) -> List[str]:
     """Our curves' keys (every key but nnU-Net's) that start with ``prefix``, sorted."""
     return sorted(k for k in curves if k.startswith(prefix) and k not in NNUNET_KEYS)
 
@@ -89,12 +86,10 @@ def _figure(curves: Mapping[str, Sequence[float]], num_epochs: Optional[int], st
     FigureCanvasAgg(figure)
     ax_loss, ax_lr, ax_disp = figure.subplots(3, 1, sharex=True)
 
-    for key in _our_keys(curves, "loss_"):
-        ax_loss.plot(epochs, series(key), marker=".", label=key[len("loss_"):])
+    for ax, prefix in ((ax_loss, "loss_"), (ax_lr, "lr_")):
+        for key in _our_keys(curves, prefix):
+            ax.plot(epochs, series(key), marker=".", label=key[len(prefix):])
     ax_loss.set_ylabel("training loss term (unweighted)")
-
-    for key in _our_keys(curves, "lr_"):
-        ax_lr.plot(epochs, series(key), marker=".", label=key[len("lr_"):])
     if any(v > 0 for key in _our_keys(curves, "lr_") for v in series(key) if not math.isnan(v)):
         ax_lr.set_yscale("log")
     ax_lr.set_ylabel("learning rate")
@@ -136,11 +131,6 @@ class CurvesLogger(LocalLogger):
             logged[key][epoch] = value
             return
         super().log(key, value, epoch)
-
-    @property
-    def curves(self) -> Dict[str, list]:
-        """Every curve by its key, nnU-Net's and ours (one value per epoch)."""
-        return self.my_fantastic_logging
 
     def fill_missing(self, epoch: int) -> None:
         """NaN at ``epoch`` (and any epoch before it) for every curve of ours that lacks a value there."""

@@ -2,7 +2,6 @@
 from functools import partial
 from typing import List
 
-import torch
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.training.errors import TrainingInputRuntimeError
@@ -32,11 +31,6 @@ class nnUNetTrainerDispersive(TrainerBase):
 
     recipe: DispersiveRecipe = DispersiveRecipe()
 
-    def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
-                 device: torch.device = torch.device("cuda")):
-        super().__init__(plans, configuration, fold, dataset_json, device)
-        self._captured: List[Tensor] = []
-
     def _regularised_module(self) -> nn.Module:
         network = self._plain_network()
         stages = getattr(getattr(network, "encoder", None), "stages", None)
@@ -50,6 +44,7 @@ class nnUNetTrainerDispersive(TrainerBase):
             self._captured.append(output)
 
     def _set_up_training(self) -> None:
+        self._captured: List[Tensor] = []
         self._regularised_module().register_forward_hook(self._capture)
         # what train_step clips (every parameter the optimizer holds) and reads before clipping
         self._clipped = [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -73,11 +68,6 @@ class nnUNetTrainerDispersive(TrainerBase):
         report = step_report(total, {"loss_seg": seg, "loss_dispersive": dispersive, **norms}, check)
         report.update(self._diagnostics(features))
         return report
-
-    def validation_step(self, batch: dict) -> dict:
-        """nnU-Net's ``validation_step``, after checking ``batch['data']`` for NaN / inf (naming the cases)."""
-        self._check_validation_batch(batch)
-        return super().validation_step(batch)
 
     def on_train_epoch_start(self) -> None:
         super().on_train_epoch_start()

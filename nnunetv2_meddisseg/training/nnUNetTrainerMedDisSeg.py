@@ -16,6 +16,7 @@ from nnunetv2_meddisseg.environment import COMPILE_VARIABLE
 from nnunetv2_meddisseg.training.batchnorm_statistics import recalibrate_batchnorm
 from nnunetv2_meddisseg.training.compilation import Compilation, CompileDecision, compile_pays
 from nnunetv2_meddisseg.training.errors import TrainingInputError, TrainingInputRuntimeError
+from nnunetv2_meddisseg.training.finite_input import check_finite_input
 from nnunetv2_meddisseg.training.lr_schedule import PerGroupPolyLRScheduler
 from nnunetv2_meddisseg.training.network_from_plans import (
     build_meddisseg_network,
@@ -86,17 +87,13 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
         self.stage: Optional[Stage] = None
         # getattr_static: a function a variant declares as its backend stays a function, not a method of the trainer
         self.compilation = Compilation(inspect.getattr_static(self, "compile_backend"), self.print_to_log_file,
-                                       self._uncompile)
+                                       lambda: self._set_network(self._plain_network()))
         self._compile_decision: Optional[CompileDecision] = None
         self._calibration_batches: Optional[List[Tensor]] = None
         #: weights were loaded into the network after ``initialize`` (nnU-Net's ``-pretrained_weights``, ``--c``)
         self._weights_loaded = False
 
     # ------------------------------------------------------------------ settings
-    def _plans_encoder_weights(self) -> Optional[str]:
-        """The plans' ``encoder_weights`` (a file or ``imagenet``), None where they name none."""
-        return plans_encoder_weights(self.configuration_manager)
-
     @property
     def stage1_epochs(self) -> int:
         """Epochs of Stage I: the recipe's ``stage1_epochs``, else ``floor(stage1_fraction * num_epochs)``."""
@@ -123,26 +120,22 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
 
     def _check_run_settings(self) -> None:
         """What this trainer cannot train: region-based labels, a Stage I longer than the run."""
-        self._refuse_regions()
+        if self.label_manager.has_regions:
+            raise TrainingInputError(f"{self.__class__.__name__} does not support region-based labels "
+                                     f"(dataset.json 'regions_class_order')")
         if not 0 <= self.stage1_epochs <= self.num_epochs:
             raise TrainingInputError(f"{self.__class__.__name__}: the recipe's stage1_epochs must lie in [0, "
                                      f"num_epochs={self.num_epochs}], got {self.stage1_epochs}")
 
-    def _refuse_regions(self) -> None:
-        if self.label_manager.has_regions:
-            raise TrainingInputError(f"{self.__class__.__name__} does not support region-based labels "
-                                     f"(dataset.json 'regions_class_order')")
-
     # ------------------------------------------------------------------ the stages
     def _make_stage(self, name: str) -> Stage:
+        """Stage ``name``: ``STAGE_1`` or ``STAGE_2`` (``stage_for_epoch`` and ``checkpoint_stage`` give no other)."""
         network, seg, dispersive = self._plain_network(), self.loss, self.dispersive
         if name == STAGE_1:
             return Stage1(network, self.recipe, seg, dispersive, 0, self.stage1_epochs, self._build_stage1_head(),
                           self._input_is_rgb(), distributed=self.is_ddp)
-        if name == STAGE_2:
-            return Stage2(network, self.recipe, seg, dispersive, self.stage1_epochs,
-                          self.num_epochs - self.stage1_epochs, self.label_manager.ignore_label)
-        raise ValueError(f"unknown training stage {name!r}, expected {STAGE_1!r} or {STAGE_2!r}")
+        return Stage2(network, self.recipe, seg, dispersive, self.stage1_epochs, self.num_epochs - self.stage1_epochs,
+                      self.label_manager.ignore_label)
 
     def _enter_stage(self, name: str) -> None:
         """Make stage ``name`` current, with its optimizer, schedule and ``best_checkpoint_from``."""
@@ -167,14 +160,6 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
             return bool(self.recipe.photometric_rgb)
         return channels_are_rgb(self.dataset_json, self.num_input_channels)
 
-    def _make_optimizer(self, groups: Sequence[dict]) -> torch.optim.Optimizer:
-        recipe = self.recipe
-        if recipe.optimizer == "adam":
-            # one fused kernel per step for all parameters on CUDA (same update as the for-each form)
-            return torch.optim.Adam(groups, weight_decay=recipe.adam_weight_decay, fused=self.device.type == "cuda")
-        return torch.optim.SGD(groups, momentum=recipe.sgd_momentum, nesterov=True,
-                               weight_decay=recipe.sgd_weight_decay)
-
     def _lr_scheduler(self, optimizer: torch.optim.Optimizer, stage: Stage):
         """Each group's rate decays over the stage's epochs from its own base rate."""
         return PerGroupPolyLRScheduler(optimizer, [g["lr"] for g in optimizer.param_groups], stage.first_epoch,
@@ -185,7 +170,14 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
         before it builds the loss a stage needs, and entering the first stage asks again."""
         if self.stage is None:
             return None, None
-        optimizer = self._make_optimizer(self.stage.parameter_groups())
+        recipe, groups = self.recipe, self.stage.parameter_groups()
+        if recipe.optimizer == "adam":
+            # one fused kernel per step for all parameters on CUDA (same update as the for-each form)
+            optimizer = torch.optim.Adam(groups, weight_decay=recipe.adam_weight_decay,
+                                         fused=self.device.type == "cuda")
+        else:
+            optimizer = torch.optim.SGD(groups, momentum=recipe.sgd_momentum, nesterov=True,
+                                        weight_decay=recipe.sgd_weight_decay)
         return optimizer, self._lr_scheduler(optimizer, self.stage)
 
     # ------------------------------------------------------------------ network, loss, set-up
@@ -210,9 +202,8 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
 
     def _decide_compilation(self) -> CompileDecision:
         """nnU-Net's answer where ``nnUNet_compile`` is set or nnU-Net would not compile, else ``compile_pays``."""
-        nnunet_compiles = super()._do_i_compile()
-        if COMPILE_VARIABLE in os.environ or not nnunet_compiles:
-            setting = os.environ.get(COMPILE_VARIABLE)
+        nnunet_compiles, setting = super()._do_i_compile(), os.environ.get(COMPILE_VARIABLE)
+        if setting is not None or not nnunet_compiles:
             reason = f"{COMPILE_VARIABLE}={setting}" if setting is not None else \
                 f"nnU-Net does not compile on {self.device.type}"
             return CompileDecision(nnunet_compiles, reason)
@@ -224,19 +215,14 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
     def _set_up_training(self) -> None:
         """After nnU-Net's set-up: recompile with static shapes where nnU-Net compiled, load the plans' encoder
         weights (``--c`` or ``-pretrained_weights`` load theirs over them later), enter the current epoch's stage."""
-        if self._do_i_compile():
-            self._compile_with_static_shapes()
         network = self._plain_network()
+        if self._do_i_compile():
+            if self.device.type == "cuda" and hasattr(network, "_use_channels_last"):
+                network._use_channels_last()  # the layout the compiled graphs see (an eager forward sets it itself)
+            self._set_network(self.compilation.compile(network))
         load_plans_encoder_weights(network, self.configuration_manager)
         network.register_load_state_dict_post_hook(self._note_loaded_weights)
         self._enter_stage(self.stage_for_epoch(self.current_epoch))
-
-    def _compile_with_static_shapes(self) -> None:
-        """Replace nnU-Net's compiled network (dynamic shapes) by the plain network compiled with static shapes."""
-        plain = self._plain_network()
-        if self.device.type == "cuda" and hasattr(plain, "_use_channels_last"):
-            plain._use_channels_last()  # the layout the compiled graphs see (an eager forward sets it itself)
-        self._set_network(self.compilation.compile(plain))
 
     def _set_network(self, network: nn.Module) -> None:
         """Replace the network inside the DDP wrapper where there is one, else ``self.network``."""
@@ -244,10 +230,6 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
             self.network.module = network
         else:
             self.network = network
-
-    def _uncompile(self) -> None:
-        """Call the plain network again."""
-        self._set_network(self._plain_network())
 
     def _note_loaded_weights(self, module: nn.Module, incompatible_keys) -> None:
         self._weights_loaded = True
@@ -257,7 +239,7 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
         loaded a file: weights loaded into the network before the first epoch tell."""
         if self._weights_loaded and self.current_epoch == 0:
             return "the weights -pretrained_weights loaded (every layer whose name and shape match)"
-        weights = self._plans_encoder_weights()
+        weights = plans_encoder_weights(self.configuration_manager)
         return f"pretrained weights ({weights})" if weights else "random initialisation"
 
     # ------------------------------------------------------------------ training
@@ -329,7 +311,7 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
     def validation_step(self, batch: dict) -> dict:
         """nnU-Net's ``validation_step`` on the stage's logits (B, K, H, W; fp32 under bf16 autocast), eagerly,
         after a NaN / inf check of ``batch['data']``."""
-        self._check_validation_batch(batch)
+        check_finite_input(batch["data"], batch.get("keys"), self._validation_batch)
         return self.compilation.eager(self._validation_step, batch)
 
     def _validation_step(self, batch: dict) -> dict:
@@ -355,7 +337,7 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
     def _recalibrate_batchnorm(self) -> None:
         """Re-estimate the BatchNorm statistics of the stage's model for its current weights, eagerly on the plain
         modules (no DDP broadcast): each rank computes the same statistics from the same batches and weights."""
-        if self.recipe.batchnorm_calibration_samples <= 0 or self.stage is None:
+        if self.recipe.batchnorm_calibration_samples <= 0:
             return
         start = time()
         if self._calibration_batches is None:
@@ -373,11 +355,11 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
                                f"{len(self._calibration_batches) * self.batch_size} training samples "
                                f"({augmentation} augmentation) in {time() - start:.1f} s")
 
-    def _run_final_validation(self, validate: Callable[[bool], None], save_probabilities: bool) -> None:
+    def perform_actual_validation(self, save_probabilities: bool = False) -> None:
         """nnU-Net's final validation of the whole network, eagerly (behind the compile fallback)."""
         if self.stage is not None and not self.stage.trains_whole_network:
             self.print_to_log_file("WARNING: validating a network that never reached Stage II (untrained decoder)")
-        self.compilation.eager(validate, save_probabilities)
+        self.compilation.eager(super().perform_actual_validation, save_probabilities)
 
     # ------------------------------------------------------------------ end of epoch, checkpoints
     def _stage_boundaries(self) -> Sequence[int]:

@@ -152,9 +152,8 @@ class Stage1Loss(nn.Module):
         perturbed = photometric_perturbation(data, rgb=self.rgb)
         features = model(torch.cat([data, perturbed], dim=0), output="encoder")
         logits, fused = stage1_logits(self.head, features, data.shape[-2:])
-        views = []
-        for half in (slice(0, b), slice(b, 2 * b)):
-            views.append({"early": features[1][half], "middle": features[3][half], "late": fused[half]})
+        views = [{"early": features[1][half], "middle": features[3][half], "late": fused[half]}
+                 for half in (slice(0, b), slice(b, 2 * b))]
         seg_clean = self.seg(logits[:b], target)
         seg_perturbed = self.seg(logits[b:], target)
         consistency = consistency_loss(logits[:b], logits[b:])

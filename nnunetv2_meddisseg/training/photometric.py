@@ -65,34 +65,26 @@ def _gaussian_blur(u: Tensor, sigma: Tensor, radius: int = BLUR_RADIUS) -> Tenso
     return x.view(b, c, h, w)
 
 
-def _perturb_rgb(u: Tensor, draws: Tensor) -> Tensor:
-    """u: (B, 3, H, W) in [0, 1]; draws: (B, _NUM_DRAWS) uniform in [0, 1)."""
+def _perturb(u: Tensor, draws: Tensor, colour: bool) -> Tensor:
+    """u: (B, C, H, W) in [0, 1]; draws: (B, _NUM_DRAWS) uniform in [0, 1). ``colour`` (C = 3): contrast about the
+    luminance, saturation, hue, grayscale; else each channel on its own, contrast about its mean, gamma."""
     view = (-1, 1, 1, 1)
     brightness = _uniform(draws[:, 0], 1 - BRIGHTNESS, 1 + BRIGHTNESS).view(view)
     u = (u * brightness).clamp(0.0, 1.0)
     contrast = _uniform(draws[:, 1], 1 - CONTRAST, 1 + CONTRAST).view(view)
-    mean = _gray(u).mean(dim=(2, 3), keepdim=True)
+    mean = (_gray(u) if colour else u).mean(dim=(2, 3), keepdim=True)
     u = ((u - mean) * contrast + mean).clamp(0.0, 1.0)
-    saturation = _uniform(draws[:, 2], 1 - SATURATION, 1 + SATURATION).view(view)
-    gray = _gray(u)
-    u = ((u - gray) * saturation + gray).clamp(0.0, 1.0)
-    rotation = _hue_rotation(2.0 * math.pi * _uniform(draws[:, 3], -HUE, HUE))
-    u = torch.einsum("bij,bjhw->bihw", rotation, u).clamp(0.0, 1.0)
-    to_gray = (draws[:, 4] < GRAYSCALE_P).view(view)
-    u = torch.where(to_gray, _gray(u).expand_as(u), u)
-    return _gaussian_blur(u, _uniform(draws[:, 5], *BLUR_SIGMA))
-
-
-def _perturb_channelwise(u: Tensor, draws: Tensor) -> Tensor:
-    """u: (B, C, H, W) in [0, 1], each channel on its own; draws: (B, _NUM_DRAWS) uniform in [0, 1)."""
-    view = (-1, 1, 1, 1)
-    brightness = _uniform(draws[:, 0], 1 - BRIGHTNESS, 1 + BRIGHTNESS).view(view)
-    u = (u * brightness).clamp(0.0, 1.0)
-    contrast = _uniform(draws[:, 1], 1 - CONTRAST, 1 + CONTRAST).view(view)
-    mean = u.mean(dim=(2, 3), keepdim=True)
-    u = ((u - mean) * contrast + mean).clamp(0.0, 1.0)
-    gamma = _uniform(draws[:, 2], *GAMMA_RANGE).view(view)
-    u = u.pow(gamma)
+    if colour:
+        saturation = _uniform(draws[:, 2], 1 - SATURATION, 1 + SATURATION).view(view)
+        gray = _gray(u)
+        u = ((u - gray) * saturation + gray).clamp(0.0, 1.0)
+        rotation = _hue_rotation(2.0 * math.pi * _uniform(draws[:, 3], -HUE, HUE))
+        u = torch.einsum("bij,bjhw->bihw", rotation, u).clamp(0.0, 1.0)
+        to_gray = (draws[:, 4] < GRAYSCALE_P).view(view)
+        u = torch.where(to_gray, _gray(u).expand_as(u), u)
+    else:
+        gamma = _uniform(draws[:, 2], *GAMMA_RANGE).view(view)
+        u = u.pow(gamma)
     return _gaussian_blur(u, _uniform(draws[:, 5], *BLUR_SIGMA))
 
 
@@ -127,6 +119,6 @@ def photometric_perturbation(x: Tensor, rgb: bool, generator: Optional[torch.Gen
         low = xf.amin(dim=reduce_dims, keepdim=True)
         span = xf.amax(dim=reduce_dims, keepdim=True) - low
         u = (xf - low) / span.clamp_min(_TINY)
-        u = _perturb_rgb(u, draws) if colour else _perturb_channelwise(u, draws)
+        u = _perturb(u, draws, colour)
         out = u.clamp(0.0, 1.0) * span + low
     return out.to(x.dtype)

@@ -32,18 +32,16 @@ def _fail(recipe: object, name: str, expected: str, value: object) -> None:
     raise ValueError(f"{type(recipe).__name__}.{name} must be {expected}, got {value!r}")
 
 
-def _number(recipe, name, low=None, high=None, low_open=False, high_open=False, optional=False) -> None:
+def _number(recipe, name, low, high=None, low_open=False, high_open=False) -> None:
     value = getattr(recipe, name)
-    if value is None and optional:
-        return
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (low is None or (value > low if low_open else value >= low))
+    ok = ok and (value > low if low_open else value >= low)
     ok = ok and (high is None or (value < high if high_open else value <= high))
     if not ok:
-        bounds = [f"{'>' if low_open else '>='} {low}" if low is not None else "",
-                  f"{'<' if high_open else '<='} {high}" if high is not None else ""]
-        _fail(recipe, name, "a finite number " + " and ".join(b for b in bounds if b)
-              + (" (or null)" if optional else ""), value)
+        expected = f"a finite number {'>' if low_open else '>='} {low}"
+        if high is not None:
+            expected += f" and {'<' if high_open else '<='} {high}"
+        _fail(recipe, name, expected, value)
 
 
 def _integer(recipe, name, low, optional=False) -> None:
@@ -108,9 +106,8 @@ class DispersiveTermRecipe(ScheduleRecipe):
     def __post_init__(self) -> None:
         super().__post_init__()
         _choice(self, "dispersive_variant", DISPERSIVE_VARIANTS)
-        _number(self, "dispersive_tau", 0, low_open=True)
-        _number(self, "dispersive_eps", 0, low_open=True)
-        _number(self, "dispersive_margin", 0, low_open=True)
+        for name in ("dispersive_tau", "dispersive_eps", "dispersive_margin"):
+            _number(self, name, 0, low_open=True)
 
 
 @dataclass(frozen=True)
@@ -264,9 +261,9 @@ def recipe_from_plans(recipe: R, plans: Mapping[str, object]) -> R:
         raise TrainingInputError(str(error)) from None
 
 
-def recipe_summary(recipe: ScheduleRecipe, default: Optional[ScheduleRecipe] = None) -> str:
-    """``name=value`` of every setting that differs from ``default`` (the recipe class's defaults)."""
-    default = default if default is not None else type(recipe)()
+def recipe_summary(recipe: ScheduleRecipe) -> str:
+    """``name=value`` of every setting that differs from the recipe class's defaults."""
+    default = type(recipe)()
     changed = [f"{f.name}={getattr(recipe, f.name)!r}" for f in fields(recipe)
                if getattr(recipe, f.name) != getattr(default, f.name)]
     return ", ".join(changed) if changed else "the defaults"

@@ -9,7 +9,7 @@ networks may become ``checkpoint_best.pth``. ``Stage1`` spans epochs ``[0, stage
 A stage is made with what is fixed for the run and reads nothing else of the trainer; each call is passed the model
 to run, since the trainer's network may be wrapped by DDP or torch.compile.
 """
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional
 
 from torch import Tensor, nn
 
@@ -50,17 +50,14 @@ class Stage:
     numeral: str = ""
     #: its networks may become ``checkpoint_best.pth``; one that never reached such a stage has an untrained decoder
     trains_whole_network: bool = False
-    #: the names of the optimizer's groups (the ``lr_<name>`` and ``grad_norm_<name>`` curves)
-    group_names: Tuple[str, ...] = ()
     #: the name of the stage's compiled training graph (the log's ``torch.compile: graph ...`` line)
     graph: str = ""
     #: the step's loss (``objectives``): loss(model (possibly wrapped), data (B, C, H, W), target (B, 1, H, W)) ->
     #: (total, unweighted terms by name, features of the first regularised layer for the diagnostics)
     loss: nn.Module
 
-    def __init__(self, network: MedDisSegNet, recipe: MedDisSegRecipe, seg: nn.Module, dispersive: DispersiveLoss,
-                 first_epoch: int, num_epochs: int):
-        self.network, self.recipe, self.seg, self.dispersive = network, recipe, seg, dispersive
+    def __init__(self, network: MedDisSegNet, recipe: MedDisSegRecipe, first_epoch: int, num_epochs: int):
+        self.network, self.recipe = network, recipe
         self.first_epoch, self.num_epochs = int(first_epoch), int(num_epochs)
 
     @property
@@ -76,7 +73,8 @@ class Stage:
         return None
 
     def parameter_groups(self) -> List[dict]:
-        """The optimizer's groups (``name``, ``params``, ``lr``), named as :attr:`group_names` says."""
+        """The optimizer's groups (``name``, ``params``, ``lr``); the names label the ``lr_<name>`` and
+        ``grad_norm_<name>`` curves."""
         raise NotImplementedError
 
     def validation_logits(self, model: nn.Module, data: Tensor, plain: bool = False) -> Tensor:
@@ -104,13 +102,12 @@ class Stage1(Stage):
     the model is DDP-wrapped, so the idle decoder enters the loss with weight 0."""
 
     name, number, numeral, graph = STAGE_1, 1, "I", "Stage I training"
-    group_names = ("head", "encoder")
     #: where the recipe's ``stage1_checkpoint`` keeps the model at the end of Stage I
     CHECKPOINT = "checkpoint_stage1.pth"
 
     def __init__(self, network: MedDisSegNet, recipe: MedDisSegRecipe, seg: nn.Module, dispersive: DispersiveLoss,
                  first_epoch: int, num_epochs: int, head: nn.Module, rgb: bool, distributed: bool = False):
-        super().__init__(network, recipe, seg, dispersive, first_epoch, num_epochs)
+        super().__init__(network, recipe, first_epoch, num_epochs)
         self.head = head
         idle = [p for p in network.non_encoder_parameters() if p.requires_grad] if distributed else None
         self.loss = Stage1Loss(head, seg, dispersive, recipe, rgb, idle)
@@ -153,11 +150,10 @@ class Stage2(Stage):
 
     name, number, numeral, graph = STAGE_2, 2, "II", "Stage II training"
     trains_whole_network = True
-    group_names = ("decoder", "encoder")
 
     def __init__(self, network: MedDisSegNet, recipe: MedDisSegRecipe, seg: nn.Module, dispersive: DispersiveLoss,
                  first_epoch: int, num_epochs: int, ignore_label: Optional[int] = None):
-        super().__init__(network, recipe, seg, dispersive, first_epoch, num_epochs)
+        super().__init__(network, recipe, first_epoch, num_epochs)
         self.loss = Stage2Loss(seg, dispersive, Stage2Weights.from_recipe(recipe), ignore_label)
 
     def describe(self) -> str:

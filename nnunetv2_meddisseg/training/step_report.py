@@ -7,22 +7,18 @@ import numpy as np
 import torch
 
 from nnunetv2_meddisseg.training.errors import TrainingInputRuntimeError
-from nnunetv2_meddisseg.training.finite_input import Where, finite_per_sample, non_finite_input_message
+from nnunetv2_meddisseg.training.finite_input import Where, non_finite_input_message
 
 __all__ = ["PendingInputCheck", "group_gradient_norms", "step_report"]
 
 
 class PendingInputCheck(NamedTuple):
-    """A training batch's finiteness flags (B,) on the device, case keys and origin, read with the step's report."""
+    """A training batch's finiteness flags (B,) on the device (``finite_per_sample``, no sync), case keys and
+    origin, read with the step's report."""
 
     finite: torch.Tensor
     keys: Optional[Sequence[str]]
     where: Where
-
-    @classmethod
-    def of(cls, data: torch.Tensor, keys: Optional[Sequence[str]], where: Where) -> "PendingInputCheck":
-        """data: (B, C, ...) on the device (no sync)."""
-        return cls(finite_per_sample(data), keys, where)
 
 
 def group_gradient_norms(optimizer: torch.optim.Optimizer) -> Dict[str, torch.Tensor]:
@@ -51,6 +47,4 @@ def step_report(total: torch.Tensor, scalars: Mapping[str, torch.Tensor],
         finite = host[1 + len(names):] > 0
         if not finite.all():
             raise TrainingInputRuntimeError(non_finite_input_message(finite.tolist(), check.keys, check.where))
-    result = {"loss": np.array(host[0])}
-    result.update({n: float(v) for n, v in zip(names, host[1:1 + len(names)])})
-    return result
+    return {"loss": np.array(host[0]), **{n: float(v) for n, v in zip(names, host[1:])}}

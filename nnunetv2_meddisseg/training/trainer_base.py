@@ -18,7 +18,7 @@ to nnU-Net's source by a test.
 import os
 import tempfile
 from functools import partial
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -46,7 +46,7 @@ from nnunetv2_meddisseg.training.curves import (
 )
 from nnunetv2_meddisseg.training.dispersion_monitor import SINGLE_SAMPLE_WARNING, EpochDiagnostics, small_batch_warning
 from nnunetv2_meddisseg.training.errors import TrainingInputError
-from nnunetv2_meddisseg.training.finite_input import check_finite_input
+from nnunetv2_meddisseg.training.finite_input import check_finite_input, finite_per_sample
 from nnunetv2_meddisseg.training.nnunet_copies import checkpoint_entries, epoch_end
 from nnunetv2_meddisseg.training.recipe import (
     RECIPE_PLANS_KEY,
@@ -111,7 +111,7 @@ def final_validation_skipped(trainer: nnUNetTrainer) -> bool:
 class TrainerBase(nnUNetTrainer):
     """nnU-Net's trainer + what the module docstring lists. With batches made in this process (``nnUNet_n_proc_DA=0``)
     and deterministic arithmetic (CPU), the same run seed gives the same run. Subclasses own ``train_step`` and
-    ``validation_step`` and override the empty hooks below."""
+    override the empty hooks below."""
 
     #: run seed; None: ``nnUNet_meddisseg_seed`` if set, else random (``seeding``)
     seed: Optional[int] = None
@@ -128,10 +128,9 @@ class TrainerBase(nnUNetTrainer):
         set_up_run(self, type(self).recipe)
         #: bf16 autocast without a GradScaler (``nnUNet_meddisseg_bf16``; not on MPS, which lacks it)
         self.bf16 = bf16_training_requested() and self.device.type in ("cuda", "cpu")
-        if self.bf16:
-            self.grad_scaler = None
         #: the steps' autocast context: bf16 with ``nnUNet_meddisseg_bf16``, else nnU-Net's (fp16 on CUDA only)
         if self.bf16:
+            self.grad_scaler = None
             self.autocast = autocast(self.device.type, dtype=torch.bfloat16, enabled=True)
         elif self.device.type == "cuda":
             self.autocast = autocast(self.device.type, enabled=True)
@@ -198,35 +197,29 @@ class TrainerBase(nnUNetTrainer):
                                                      Optional[PendingInputCheck]]:
         """Data, target on the device and the input check to read with the step's report (else ``batch['data']``
         is checked here); warns once about single-sample batches."""
-        data, target = batch["data"], batch["target"]
+        data, target, keys = batch["data"], batch["target"], batch.get("keys")
         on_device = self.input_check_on_device
         on_device = self.device.type != "cpu" if on_device is None else on_device
         if not on_device:
-            check_finite_input(data, batch.get("keys"), self._training_batch)
+            check_finite_input(data, keys, self._training_batch)
         if data.shape[0] < 2 and not (self.is_ddp and self.dispersive_gather) and not self._warned_single_sample:
             self._warned_single_sample = True
             self.print_to_log_file(SINGLE_SAMPLE_WARNING)
         data = data.to(self.device, non_blocking=True)
-        check = PendingInputCheck.of(data, batch.get("keys"), self._training_batch) if on_device else None
+        check = PendingInputCheck(finite_per_sample(data), keys, self._training_batch) if on_device else None
         if isinstance(target, list):
             target = [t.to(self.device, non_blocking=True) for t in target]
         else:
             target = target.to(self.device, non_blocking=True)
         return data, target, check
 
-    def _check_validation_batch(self, batch: dict) -> None:
-        """``batch['data']`` checked for NaN / inf (naming the cases)."""
+    def validation_step(self, batch: dict) -> dict:
+        """nnU-Net's ``validation_step``, after checking ``batch['data']`` for NaN / inf (naming the cases)."""
         check_finite_input(batch["data"], batch.get("keys"), self._validation_batch)
-
-    def _run_final_validation(self, validate: Callable[[bool], None], save_probabilities: bool) -> None:
-        """Runs the final validation (``validate``); subclasses run it their way."""
-        validate(save_probabilities)
+        return super().validation_step(batch)
 
     def perform_actual_validation(self, save_probabilities: bool = False) -> None:
-        """nnU-Net's final validation via ``_run_final_validation``, unless the recipe's ``final_validation`` is off."""
-        self._run_final_validation(self._final_validation, save_probabilities)
-
-    def _final_validation(self, save_probabilities: bool) -> None:
+        """nnU-Net's final validation, unless the recipe's ``final_validation`` is off."""
         if not final_validation_skipped(self):
             super().perform_actual_validation(save_probabilities)
 
@@ -281,7 +274,7 @@ class TrainerBase(nnUNetTrainer):
         epoch_end(self, self._epoch_end_checkpoints(epoch), may_become_best=first_best is not None and
                   epoch >= first_best)
         if self.local_rank == 0:
-            plot_curves(self.logger.local_logger.curves, join(self.output_folder, PLOT_FILENAME),
+            plot_curves(self.logger.local_logger.my_fantastic_logging, join(self.output_folder, PLOT_FILENAME),
                         num_epochs=epoch + 1, stage_boundaries=self._stage_boundaries())
 
     # ------------------------------------------------------------------ checkpoints
@@ -299,9 +292,7 @@ class TrainerBase(nnUNetTrainer):
         if self.local_rank != 0 or self.disable_checkpointing:
             super().save_checkpoint(filename)  # nnU-Net writes nothing then
             return
-        checkpoint = checkpoint_entries(self)
-        checkpoint["run_seed"] = self.run_seed
-        checkpoint.update(self._checkpoint_extras())
+        checkpoint = {**checkpoint_entries(self), "run_seed": self.run_seed, **self._checkpoint_extras()}
         save_checkpoint_file(checkpoint, filename)
 
     def load_checkpoint(self, filename_or_checkpoint: Union[dict, str]) -> None:
