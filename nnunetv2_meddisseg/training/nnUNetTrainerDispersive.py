@@ -69,6 +69,11 @@ class nnUNetTrainerDispersive(TrainerBase):
         report.update(self._diagnostics(features))
         return report
 
+    def validation_step(self, batch: dict) -> dict:
+        """nnU-Net's ``validation_step``, after checking ``batch['data']`` for NaN / inf (naming the cases)."""
+        self._check_validation_batch(batch)
+        return super().validation_step(batch)
+
     def on_train_epoch_start(self) -> None:
         super().on_train_epoch_start()
         self.logger.log("lr_network", self.optimizer.param_groups[0]["lr"], self.current_epoch)

@@ -16,7 +16,6 @@ from nnunetv2_meddisseg.environment import COMPILE_VARIABLE
 from nnunetv2_meddisseg.training.batchnorm_statistics import recalibrate_batchnorm
 from nnunetv2_meddisseg.training.compilation import Compilation, CompileDecision, compile_pays
 from nnunetv2_meddisseg.training.errors import TrainingInputError, TrainingInputRuntimeError
-from nnunetv2_meddisseg.training.finite_input import check_finite_input
 from nnunetv2_meddisseg.training.lr_schedule import PerGroupPolyLRScheduler
 from nnunetv2_meddisseg.training.network_from_plans import (
     build_meddisseg_network,
@@ -311,7 +310,7 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
     def validation_step(self, batch: dict) -> dict:
         """nnU-Net's ``validation_step`` on the stage's logits (B, K, H, W; fp32 under bf16 autocast), eagerly,
         after a NaN / inf check of ``batch['data']``."""
-        check_finite_input(batch["data"], batch.get("keys"), self._validation_batch)
+        self._check_validation_batch(batch)
         return self.compilation.eager(self._validation_step, batch)
 
     def _validation_step(self, batch: dict) -> dict:
@@ -355,11 +354,11 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
                                f"{len(self._calibration_batches) * self.batch_size} training samples "
                                f"({augmentation} augmentation) in {time() - start:.1f} s")
 
-    def perform_actual_validation(self, save_probabilities: bool = False) -> None:
+    def _run_final_validation(self, validate: Callable[[bool], None], save_probabilities: bool) -> None:
         """nnU-Net's final validation of the whole network, eagerly (behind the compile fallback)."""
         if self.stage is not None and not self.stage.trains_whole_network:
             self.print_to_log_file("WARNING: validating a network that never reached Stage II (untrained decoder)")
-        self.compilation.eager(super().perform_actual_validation, save_probabilities)
+        self.compilation.eager(validate, save_probabilities)
 
     # ------------------------------------------------------------------ end of epoch, checkpoints
     def _stage_boundaries(self) -> Sequence[int]:

@@ -18,7 +18,7 @@ to nnU-Net's source by a test.
 import os
 import tempfile
 from functools import partial
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -111,7 +111,7 @@ def final_validation_skipped(trainer: nnUNetTrainer) -> bool:
 class TrainerBase(nnUNetTrainer):
     """nnU-Net's trainer + what the module docstring lists. With batches made in this process (``nnUNet_n_proc_DA=0``)
     and deterministic arithmetic (CPU), the same run seed gives the same run. Subclasses own ``train_step`` and
-    override the empty hooks below."""
+    ``validation_step`` and override the empty hooks below."""
 
     #: run seed; None: ``nnUNet_meddisseg_seed`` if set, else random (``seeding``)
     seed: Optional[int] = None
@@ -213,13 +213,19 @@ class TrainerBase(nnUNetTrainer):
             target = target.to(self.device, non_blocking=True)
         return data, target, check
 
-    def validation_step(self, batch: dict) -> dict:
-        """nnU-Net's ``validation_step``, after checking ``batch['data']`` for NaN / inf (naming the cases)."""
+    def _check_validation_batch(self, batch: dict) -> None:
+        """``batch['data']`` checked for NaN / inf (naming the cases)."""
         check_finite_input(batch["data"], batch.get("keys"), self._validation_batch)
-        return super().validation_step(batch)
+
+    def _run_final_validation(self, validate: Callable[[bool], None], save_probabilities: bool) -> None:
+        """Runs the final validation (``validate``); subclasses run it their way."""
+        validate(save_probabilities)
 
     def perform_actual_validation(self, save_probabilities: bool = False) -> None:
-        """nnU-Net's final validation, unless the recipe's ``final_validation`` is off."""
+        """nnU-Net's final validation via ``_run_final_validation``, unless the recipe's ``final_validation`` is off."""
+        self._run_final_validation(self._final_validation, save_probabilities)
+
+    def _final_validation(self, save_probabilities: bool) -> None:
         if not final_validation_skipped(self):
             super().perform_actual_validation(save_probabilities)
 
