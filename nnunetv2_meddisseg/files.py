@@ -1,11 +1,10 @@
-"""Writing files and folders whole: a reader (or a later run) sees the old version or the new one, never a part.
+"""Writing files and folders whole: a reader (or a later run) sees the old version or the new, never a part.
 
-Temporaries are fresh hidden siblings, ``.<name>.<random>.partial``, made exclusively in the target's folder (one
-file system for the rename); no existing path is ever reused, written through or removed for its name alone. A
-folder is replaced in two renames, the old one first into a fresh holder ``.<name>.<random>.old``: a kill between
-them leaves it whole there for ``restore_set_aside``. Holders and temporary folders carry a ``MARKER`` naming their
-target and process; a later run touches only real folders so marked whose process has ended. Imports nothing of
-the package and no torch: the ONNX predictor uses it too.
+Temporaries are fresh hidden siblings ``.<name>.<random>.partial``, made exclusively in the target's folder (one file
+system for the rename); no existing path is reused, written through or removed for its name alone. A folder is replaced
+in two renames, the old one first into a fresh holder ``.<name>.<random>.old`` (a kill between them leaves it whole
+there for ``restore_set_aside``). Holders and temporary folders carry a ``MARKER`` naming target and process; a later
+run touches only real folders so marked whose process ended. No torch or package imports: the ONNX predictor uses it.
 """
 from __future__ import annotations
 
@@ -134,8 +133,7 @@ def temporary_sibling(target: Path, folder: bool = False) -> Path:
 
 
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """``write(partial)`` writes the whole file to a fresh temporary sibling, which then replaces ``path`` (a link at
-    ``path`` is replaced, not written through); where ``write`` fails, the temporary is removed and the error raised."""
+    """``write(partial)`` fills a fresh temporary sibling, which then replaces ``path`` (a link, not its target)."""
     path = Path(path)
     partial = temporary_sibling(path)
     try:
@@ -160,8 +158,7 @@ def set_aside(target: Path) -> Path:
 
 
 def replace_folder(new: Path, target: Path) -> None:
-    """Move the complete folder ``new`` (from ``temporary_sibling``) to ``target``; an existing ``target`` is set
-    aside until ``new`` is in place (put back where that fails), then removed."""
+    """Move ``new`` onto ``target``; an old ``target`` is set aside meanwhile (put back on failure), then removed."""
     new, target = Path(new), Path(target)
     (new / MARKER).unlink(missing_ok=True)
     if not os.path.lexists(target):

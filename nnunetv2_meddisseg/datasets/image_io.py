@@ -88,8 +88,7 @@ def _mask_values(img: Image.Image, path: Path) -> Tuple[np.ndarray, int, Optiona
 #: the bands, fractions of a lossless mask's range: background at or below the first, foreground at or above the second
 BACKGROUND_BAND = 0.25
 FOREGROUND_BAND = 0.75
-#: the area above which a lossless mask's middle-band value is a class of its own ('uncertain'), not an edge, and
-#: its faint background values are reported
+#: over this share of pixels a lossless mask's middle value is a class ('uncertain'), not an edge; faint values reported
 AMBIGUOUS_FRACTION = 0.01
 #: JPEG masks: the noise tolerance around each histogram level and black, as a fraction of the range
 LOSSY_NOISE = 0.05
@@ -164,11 +163,10 @@ def _several_classes(path: Path, values: np.ndarray, counts: np.ndarray, arr: np
 
 
 def _lossy_levels(values: np.ndarray, counts: np.ndarray, full: int) -> List[Tuple[float, float]]:
-    """The levels of a lossy mask's histogram, ``[(level, share of the pixels in its band)]`` by level: each the most
-    frequent value within the noise tolerance t (``LOSSY_NOISE`` of the range: 12.75 of 255) whose core (the values
-    within ``_LOSSY_CORE`` steps: JPEG spreads a flat 128 over 127 and 129) holds over ``AMBIGUOUS_FRACTION`` of the
-    pixels; its band is the values within t. Levels closer than 2 t are not told apart: JPEG can move a small region's
-    values by more than t."""
+    """A lossy mask's histogram levels, ``[(level, share of the pixels in its band)]`` by level: each the most frequent
+    value within the noise tolerance t (``LOSSY_NOISE`` of the range: 12.75 of 255) whose core (values within
+    ``_LOSSY_CORE`` steps: JPEG spreads a flat 128 over 127 and 129) holds over ``AMBIGUOUS_FRACTION`` of the pixels;
+    its band: the values within t. Levels closer than 2 t are one: JPEG can move a small region's values by over t."""
     tol = LOSSY_NOISE * full
     values = values.astype(np.float64)
     cumulative = np.concatenate([[0], np.cumsum(counts)])
@@ -286,7 +284,7 @@ def inspect_mask(path: Path, lossy: Optional[bool] = None, threshold: Optional[f
 
 
 def read_binary_mask(path: Path, lossy: Optional[bool] = None, threshold: Optional[float] = None) -> np.ndarray:
-    """A binary mask as ``(H, W)`` uint8 in {0, 1}, by one rule for every kind of mask file.
+    """A binary mask as ``(H, W)`` uint8 in {0, 1}, by one rule for every mask file (``lossy``: JPEG, by suffix).
 
     - Values: the grey value, or the brightest colour channel; alpha where the colour is constant and alpha varies.
     - Labels, kept: palette indices of only 0 and 1; a lossless mask of {0, 1}, or of 0 and one value (or hue).
@@ -302,8 +300,6 @@ def read_binary_mask(path: Path, lossy: Optional[bool] = None, threshold: Option
     - ``threshold`` (``--mask_threshold``; below 255 for 8-bit, 65535 for 16-bit masks, labels included) replaces
       the bands of non-label masks (foreground above it, middle values allowed); label maps and masks it would
       leave empty are still refused.
-
-    ``lossy`` (JPEG) defaults to the file suffix.
     """
     binary, finding = _apply_rule(path, lossy, threshold)
     if finding.refused:
@@ -338,8 +334,7 @@ def inspect_case_mask(case: SourceCase, threshold: Optional[float] = None) -> Ma
 
 def write_binary_2d_case(case: SourceCase, image_file: Path, label_file: Path, resize: Optional[int],
                          instance_mask: bool = False, mask_threshold: Optional[float] = None) -> None:
-    """Write an RGB image PNG and a {0, 1} label PNG, optionally ``resize x resize`` (image bilinear, mask nearest).
-    The sizes were checked before (``check_2d_sizes``)."""
+    """Write an RGB PNG and a {0, 1} label PNG, ``resize x resize`` if given; sizes checked by ``check_2d_sizes``."""
     image = read_rgb(case.image)
     if instance_mask:
         mask = read_instance_mask_as_binary(case.label)

@@ -1,8 +1,7 @@
-"""The description of an exported model: the JSON file beside the folds' ``model.onnx`` files.
-
-The export writes it; the predictor reads it without PyTorch or nnU-Net. It holds what nnU-Net's predictor takes
-from the plans, dataset.json and checkpoint, what was exported (each fold's graph, its sha256, its check against
-PyTorch) and each fold's reduced ``precisions`` with the guard's settings.
+"""The description of an exported model: the JSON file beside the folds' ``model.onnx`` files, which the export
+writes and the predictor reads without PyTorch or nnU-Net. It holds what nnU-Net's predictor takes from the plans,
+dataset.json and checkpoint, what was exported (each fold's graph, its sha256, its check against PyTorch) and each
+fold's reduced ``precisions`` with the guard's settings.
 
 A model folder is not trusted because it is there: its files must lie inside it and match their recorded sha256,
 and each graph carries the ``GRAPH_FIELDS`` it was exported with, so an edit of the description alone is refused.
@@ -148,7 +147,7 @@ class _Object(BaseModel):
 
 
 def _holds(condition: Callable[[Any], bool]) -> AfterValidator:
-    """A value for which ``condition`` holds (refused in the words of its field's :func:`_expect`)."""
+    """A value for which ``condition`` holds (refused in the words of its field's ``_expect``)."""
     def check(value: Any) -> Any:
         if not condition(value):
             raise ValueError("the condition does not hold")
@@ -183,7 +182,7 @@ class Normalization(_Object):
 
 
 class GraphFields(_Object):
-    """The fields that change the prediction (:data:`GRAPH_FIELDS`) and the rules that tie them together."""
+    """The fields that change the prediction (``GRAPH_FIELDS``) and the rules that tie them together."""
     what = "a JSON object"
     patch_size: Annotated[List[Annotated[int, Field(ge=1, le=MAX_PATCH_SIDE)]], Field(min_length=2, max_length=2),
                           _expect(f"two integers from 1 to {MAX_PATCH_SIDE} (a 2D patch)")]
@@ -287,8 +286,7 @@ class Outcome(_Object):
 
 
 class Record(Outcome):
-    """A fold's bf16 record: where verified, the graph that runs (``model``: the fold's file, or an OpenVINO IR
-    ``.xml`` with its ``.bin`` among ``files``), the further files' sha256, the blocks kept in fp32, the figures."""
+    """A fold's bf16 record; ``model``: the fold's file, or an IR ``.xml`` with its ``.bin`` among ``files``."""
     when_verified = ("files", "model", "kept_in_fp32", "figures")
     files: Annotated[Dict[Annotated[str, Field(min_length=1)], Annotated[str, Field(pattern=_SHA256)]], _expect(
         "an object of paths in the model folder to their sha256 (64 hexadecimal digits)")] = None

@@ -1,15 +1,13 @@
-"""``nnUNetv2_meddisseg_export``: a trained nnU-Net 2D model (Med-DisSeg or any other trainer) as ONNX graphs,
-checked against PyTorch before anything is written.
+"""``nnUNetv2_meddisseg_export``: a trained nnU-Net 2D model (any trainer) as ONNX graphs checked against PyTorch.
 
-The model is found and loaded as ``nnUNetv2_predict`` does (-d -c -f -tr -p -chk; deep supervision off). Each fold
-is traced on the CPU, the CDFA blocks in their graph form (no in-place writes, which a tracer loses), into
-``fold_<f>/model.onnx`` with symbolic batch, height and width. ONNX Runtime must match PyTorch within
-``--tolerance`` times the largest |logit| on random inputs and up to two preprocessed cases, else nothing is
-written. ``--int8`` / ``--bf16`` (need ``nnUNet_preprocessed``) add each fold in reduced precision where it passes
-the accuracy guard, or write nothing. ``-o`` is checked first and written whole; it replaces only an earlier export.
+Loaded as ``nnUNetv2_predict`` loads it (deep supervision off), each fold is traced, the CDFA blocks in their graph form
+(no in-place writes, which a tracer loses), to ``fold_<f>/model.onnx`` with symbolic batch, height and width. ONNX
+Runtime must match PyTorch within ``--tolerance`` times the largest |logit| on random inputs and up to two preprocessed
+cases. ``--int8`` / ``--bf16`` (need ``nnUNet_preprocessed``) add each fold in reduced precision where it passes the
+accuracy guard. Any failure writes nothing; ``-o`` is checked first, written whole, replaces only an earlier export.
 
-Only what the ONNX predictor can run is exported: 2D configurations of 2D natural images (.png, .bmp, .tif) whose
-plans keep the spacing (1, 1), i.e. no resampling; no cascade.
+Only what the ONNX predictor runs is exported: 2D configurations of 2D natural images (.png, .bmp, .tif) with the plans'
+spacing (1, 1) (no resampling), no cascade.
 """
 from __future__ import annotations
 
@@ -75,8 +73,8 @@ def _onnx_modules():
 
 
 def trace_to_onnx(network: torch.nn.Module, example: torch.Tensor, form: str = EXPORT_FORM) -> bytes:
-    """``network`` (eval, CPU) traced on ``example`` with the CDFA blocks in ``form`` -> ONNX bytes, ``image``
-    (B, C, H, W) -> ``logits`` (B, K, H, W) with B, H, W symbolic. The blocks' forms are restored."""
+    """``network`` (eval, CPU) traced on ``example`` with the CDFA blocks in ``form`` (restored after) -> ONNX bytes,
+    ``image`` (B, C, H, W) -> ``logits`` (B, K, H, W) with B, H, W symbolic."""
     axes = {0: "batch", 2: "height", 3: "width"}
     buffer = io.BytesIO()
     with implementation_form_of(network, form), torch.no_grad(), warnings.catch_warnings():
@@ -100,8 +98,7 @@ def declare_channels(model: bytes, channels: int, heads: int) -> bytes:
 
 def compare_with_onnxruntime(network: torch.nn.Module, model: bytes, inputs: Dict[str, np.ndarray]
                              ) -> List[dict]:
-    """Run ``model`` in ONNX Runtime (CPU) and ``network`` in PyTorch on each named input (B, C, H, W) float32 ->
-    per input: its name and shape, the largest |logit| and the largest absolute and relative difference."""
+    """``model`` in ONNX Runtime (CPU) against ``network`` in PyTorch: a record per named input (B, C, H, W) float32."""
     _, ort = _onnx_modules()
     session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     results = []

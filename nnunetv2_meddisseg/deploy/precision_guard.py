@@ -1,26 +1,21 @@
 """The accuracy guard of ``nnUNetv2_meddisseg_export --int8 / --bf16``: a fold runs in INT8 or bf16 only where its
 masks stay within bounds of the fp32 graph's on the fold's validation cases.
 
-INT8 is calibrated (NNCF) on patch-sized tiles of the fold's training cases in ``splits_final.json``, one tile per
-case where there are fewer cases than tiles. Each candidate and the fp32 graph predict the validation cases as the
-predictor does (Gaussian sliding window, no mirroring), on OpenVINO. The bounds, with their defaults:
-
-- **Dice to fp32**: per case, the Dice of the candidate's mask to the fp32 mask (mean over foreground labels; 1 where
-  both are empty), averaged over the cases: >= 0.99;
-- **pseudo Dice** to the ground truth, as nnU-Net's validation computes it (TP, FP, FN summed over the cases per
-  label, the Dice of the sums averaged over the labels): its drop from fp32's at most 0.5 points.
+INT8 is calibrated (NNCF) on patch-sized tiles of the fold's training cases in ``splits_final.json``. Candidates and the
+fp32 graph predict the validation cases as the predictor does (Gaussian sliding window, no mirroring), on OpenVINO.
+Bounds (defaults): the mean over cases of the Dice of the candidate's mask to the fp32 mask (mean over foreground
+labels; 1 where both are empty) >= 0.99; the pseudo Dice to the ground truth as nnU-Net's validation computes it (TP,
+FP, FN summed over the cases per label, their Dice averaged over the labels) at most 0.5 points below fp32's.
 
 Where the whole network misses a bound, blocks stay in fp32: the operations under one module path (one level deeper
 where a top-level module has more than ``MAX_BLOCK_OPS`` convolutions), plus one block of the operations between
-them, so that no kept block leaves a quantized input behind. Blocks are ranked by how far each alone in reduced
-precision moves the probabilities from fp32's (keeping one in fp32 among reduced ones would hide behind the others'
-errors); bisection keeps the fewest top-ranked blocks with which both bounds hold. If only all-fp32 does, the
-precision is not verified.
+them, so no kept block leaves a quantized input behind. Blocks are ranked by how far each alone in reduced precision
+moves the probabilities from fp32's (one kept in fp32 among reduced ones would hide behind the others' errors);
+bisection keeps the fewest top-ranked blocks with which both bounds hold. If only all-fp32 does, it is not verified.
 
-In INT8 a kept block runs as in fp32 (quantizers bypassed, original weights); the written INT8 graph is verified
-again with its floats in bf16 where the CPU has native bf16. In bf16 a kept block carries OpenVINO's ``precise``
-attribute, yet the CPU plugin may store bf16 results of operations it fuses (an instance norm with its activation),
-so the guard measures what runs. Every candidate's figures are recorded.
+In INT8 a kept block runs as in fp32 (quantizers bypassed, original weights), and the written graph is verified again.
+In bf16 a kept block carries OpenVINO's ``precise`` attribute, yet the CPU plugin may store bf16 results of ops it fuses
+(an instance norm with its activation), so the guard measures what runs.
 """
 from __future__ import annotations
 
@@ -293,9 +288,8 @@ Candidate = Callable[[Sequence[str]], object]
 
 def guard(precision: str, candidate: Candidate, groups: Dict[str, List[str]], verifier: Verifier, bounds: Bounds,
           threads: Optional[int] = None, say: Callable[[str], None] = print) -> dict:
-    """Guard one precision over the blocks ``groups``; ``candidate(names of the ops kept in fp32) -> openvino.Model``.
-    Returns ``verified``, ``kept_in_fp32``, the chosen ``figures`` (the whole network's and a ``reason`` if not
-    verified) and every candidate ``tried``."""
+    """Guard one precision over ``groups``; ``candidate(ops kept in fp32) -> openvino.Model``. Returns ``verified``,
+    ``kept_in_fp32``, the chosen ``figures`` (if not verified the whole network's, and a ``reason``), all ``tried``."""
     def check(kept: Sequence[str], what: str) -> dict:
         figures = _checked(verifier, OpenVinoSession(candidate([n for g in kept for n in groups[g]]), precision,
                                                      threads), bounds)
@@ -340,8 +334,7 @@ def _summary(figures: dict) -> str:
 
 
 def _int8_candidate(quantized, original) -> Candidate:
-    """Candidates whose kept operations run as in ``original`` (the fp32 model): the FakeQuantize before them
-    bypassed, their constants (weights, biases) the original ones."""
+    """Candidates whose kept ops run as in the fp32 ``original``: FakeQuantize inputs bypassed, original constants."""
     from openvino import op as ov_op
 
     constants = {node.get_friendly_name(): {i: source.get_node() for i, source in enumerate(node.input_values())

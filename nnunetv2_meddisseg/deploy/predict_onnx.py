@@ -1,10 +1,9 @@
-"""``nnUNetv2_meddisseg_predict_onnx``: predict 2D images with a model exported by ``nnUNetv2_meddisseg_export``,
-on OpenVINO or ONNX Runtime with numpy (PyTorch and nnU-Net are not imported).
+"""``nnUNetv2_meddisseg_predict_onnx``: predict 2D images with an exported model on OpenVINO or ONNX Runtime with numpy
+(PyTorch and nnU-Net are not imported).
 
 Input and output as ``nnUNetv2_predict``'s (``<case>_<XXXX><ending>`` files, one per channel -> ``<case><ending>``
-labels), with its options for large jobs. The export's folds are ensembled in fp32 or a verified reduced precision.
-The model folder is checked before use, the output folder before anything is written, and the next case is
-preprocessed in a background thread while this one is predicted.
+labels), with its options for large jobs; the folds are ensembled in fp32 or a verified reduced precision. The model
+folder is checked before use, the output folder before anything is written.
 """
 from __future__ import annotations
 
@@ -60,8 +59,7 @@ def find_cases(folder: Path, file_ending: str) -> Dict[str, List[Path]]:
 
 
 def cases_of_part(cases: Sequence[str], num_parts: int, part_id: int) -> List[str]:
-    """Part ``part_id``'s cases, split as ``nnUNetv2_predict`` does: every ``num_parts``-th from the ``part_id``-th;
-    one line where ``part_id`` is not one of the parts 0 .. ``num_parts`` - 1."""
+    """Part ``part_id``'s cases, split as ``nnUNetv2_predict`` does: every ``num_parts``-th from the ``part_id``-th."""
     if not (isinstance(num_parts, int) and num_parts >= 1):
         raise UserError(f"-num_parts must be at least 1, got {num_parts}")
     if not (isinstance(part_id, int) and 0 <= part_id < num_parts):
@@ -73,10 +71,9 @@ def cases_of_part(cases: Sequence[str], num_parts: int, part_id: int) -> List[st
 class OnnxPredictor:
     """The exported folds of one model as runtime sessions, and nnU-Net's 2D pipeline around them.
 
-    model_dir: an export folder; folds: None for all; runtime: ``openvino`` or ``onnxruntime`` (None: the first
-    installed); precision: ``fp32``, or ``bf16`` / ``int8`` where the export verified them; int8_floats: an int8
-    graph's float precision (None: bf16 where verified and the CPU has it, else fp32); providers: ONNX Runtime's, by
-    preference, each a name or ``(name, options)``; threads: the runtime's CPU threads (None: its default)."""
+    folds: None for all; precision: ``fp32``, or ``bf16`` / ``int8`` where the export verified them; int8_floats: an
+    int8 graph's float precision (None: bf16 where verified and the CPU has it, else fp32); providers: ONNX Runtime's,
+    by preference, each a name or ``(name, options)``; threads: the runtime's CPU threads (None: its default)."""
 
     def __init__(self, model_dir: Path, folds: Optional[Sequence[str]] = None, use_mirroring: bool = True,
                  step_size: Optional[float] = None,
@@ -169,10 +166,9 @@ class OnnxPredictor:
                        save_probabilities: bool = False, num_parts: int = 1, part_id: int = 0,
                        continue_prediction: bool = False, overwrite: bool = False, progress: bool = False,
                        preprocess_ahead: bool = True) -> List[Path]:
-        """The cases of ``input_folder`` (part ``part_id`` of ``num_parts``) -> ``output_folder/<case><ending>`` (and
-        ``<case>.npz`` with ``save_probabilities``); returns the written label files, in case order. Output files are
-        checked first (``overwrite``: replace files not ours); ``continue_prediction`` skips cases already predicted;
-        ``progress``: tqdm bars on stderr; ``preprocess_ahead``: the next case in a background thread."""
+        """``input_folder``'s cases (part ``part_id`` of ``num_parts``) -> ``output_folder/<case><ending>`` (and
+        ``<case>.npz`` with ``save_probabilities``); returns the label files written, in order. Output files are checked
+        first (``overwrite``: replace files not ours); ``preprocess_ahead``: next case in a background thread."""
         ending = self.description["file_ending"]
         input_folder, output_folder = Path(input_folder), Path(output_folder)
         check_folders(input_folder, output_folder, self.model_dir)

@@ -1,17 +1,14 @@
-"""The runtimes the exported graphs run on: ONNX Runtime and OpenVINO behind one small interface.
+"""The graphs' runtimes, ONNX Runtime and OpenVINO, behind one interface (each imported at first use; no PyTorch).
 
-A session holds one fold's graph: ``run(batch (N, C, H, W) float32) -> logits (N, K, H, W) float32``, with its
-runtime, precision, input names and input / output shapes (``None`` where symbolic). A tile's logits never depend
-on the tiles stacked with it, since each of the server's stacked requests must get the predictor command's mask:
-kernels chosen by batch size or performance hint differ in the last bits, flipping pixels where two classes'
-logits nearly tie, so every tile runs alone on the same compiled graph.
+A session holds one fold's graph: ``run(batch (N, C, H, W) float32) -> logits (N, K, H, W) float32``; its input / output
+shapes hold ``None`` where symbolic. Every tile runs alone on the same compiled graph, so its logits never depend on the
+tiles stacked with it, as each of the server's stacked requests must get the predictor command's mask: kernels chosen by
+batch size or performance hint differ in the last bits, flipping pixels where two classes' logits nearly tie.
 
 - ONNX Runtime: the session as given (providers, intra-op threads), one tile per call.
-- OpenVINO (CPU): static shapes, a model compiled per input shape at first use with the THROUGHPUT hint, one tile
-  per request, as many in flight as streams. The inference precision is set explicitly, as the CPU plugin defaults
-  to bf16 where the CPU has it. An INT8 graph's unquantized operations run in fp32, or bf16 with ``floats="bf16"``.
-
-Neither imports PyTorch; each runtime is imported when a session of it is made.
+- OpenVINO (CPU): static shapes, compiled per input shape at first use with the THROUGHPUT hint, one tile per request,
+  as many in flight as streams. The inference precision is set explicitly (the CPU plugin defaults to bf16 where the CPU
+  has it); an INT8 graph's unquantized operations run in fp32, or bf16 with ``floats="bf16"``.
 """
 from __future__ import annotations
 

@@ -1,15 +1,13 @@
-"""``nnUNetv2_meddisseg_serve``: an exported model (``nnUNetv2_meddisseg_export``) as an HTTP service on LitServe,
-without PyTorch.
+"""``nnUNetv2_meddisseg_serve``: an exported model as an HTTP service on LitServe, without PyTorch.
 
-The model is loaded once, in LitServe's worker, as the predictor loads it, and each request is predicted with the
-predictor's per-case function, so the masks are those ``nnUNetv2_meddisseg_predict_onnx`` writes. Up to
-``--max_batch_size`` requests arriving within ``--batch_timeout_ms`` of the first share the runtime's stacks.
+LitServe's worker loads the model once and predicts as ``nnUNetv2_meddisseg_predict_onnx`` does, to the same masks; up
+to ``--max_batch_size`` requests arriving within ``--batch_timeout_ms`` of the first share the runtime's stacks.
 
-Endpoints: ``POST /predict`` (body: PNG, BMP or TIFF bytes, or a ``.npy`` array (C, X, Y) or (X, Y); ``?spacing=1,1``
-optional) -> the label map as the predictor writes it (``?probabilities=true``: an ``.npz`` of ``segmentation`` and
-``probabilities``); ``GET /health`` (200 once the model is loaded, 503 before and while a crashed worker restarts);
-``GET /`` (liveness). Requests are checked in the HTTP process before queueing; a refusal is a 4xx / 503 with body
-``{"detail": "..."}``. Every request is logged as one JSON line on stderr.
+Endpoints: ``POST /predict`` (body: PNG, BMP or TIFF bytes, or a ``.npy`` array (C, X, Y) or (X, Y); optional
+``?spacing=1,1``) -> the label map as the predictor writes it (``?probabilities=true``: an ``.npz`` of ``segmentation``
+and ``probabilities``); ``GET /health`` (200 once the model is loaded, 503 before and while a crashed worker restarts);
+``GET /`` (liveness). Requests are checked in the HTTP process before queueing and logged as one JSON line each on
+stderr; a refusal is a 4xx / 503 with body ``{"detail": "..."}``.
 """
 from __future__ import annotations
 

@@ -1,23 +1,20 @@
 """The paper's segmentation metrics as pure functions on numpy label maps.
 
-Binary (Kvasir-SEG, Kvasir-Sessile, GlaS, ISIC): per image, as the paper and its released code compute them,
-with P the predicted and G the reference foreground, I = |P and G|, U = |P or G| and e = 1e-15::
+Binary (Kvasir-SEG, Kvasir-Sessile, GlaS, ISIC): per image as the paper and its released code compute them, then the
+mean over images; with P the predicted and G the reference foreground, I = |P and G|, U = |P or G|, e = 1e-15::
 
     IoU = (I + e) / (U + e)              Dice = (2I + e) / (|P| + |G| + e)
     Recall = (I + e) / (|G| + e)         Precision = (I + e) / (|P| + e)
 
-An empty prediction scores 1 everywhere on an empty reference, and 0 IoU/Dice/Recall but precision 1 on a
-non-empty one. The dataset score is the mean over images.
+An empty prediction scores 1 everywhere on an empty reference, and 0 IoU/Dice/Recall but precision 1 on a non-empty one.
 
 Multi-class (Synapse, TransUNet protocol): per volume and organ, Dice and HD95 of the organ's binary masks, with
-TransUNet's rule for empty masks (``calculate_metric_percase`` in its ``utils.py``): both non-empty give
-(2|P and G| / (|P| + |G|), HD95), a prediction on an empty reference (1, 0), an empty prediction (0, 0).
-Every organ of every volume counts in the means (nothing is skipped as NaN): a missed organ scores HD95 0.
-The per-organ score is the mean over volumes, the reported mean the mean over organs.
+TransUNet's empty-mask rule (``calculate_metric_percase``): both non-empty give (2|P and G| / (|P| + |G|), HD95), a
+prediction on an empty reference (1, 0), an empty prediction (0, 0). Every organ of every volume counts (none is skipped
+as NaN): a missed organ scores HD95 0. Per organ the mean over volumes; the reported mean is over organs.
 
-HD95 is, as in medpy's ``hd95``, the larger of the two directed 95th percentiles of the distances between the
-surface voxels (those one face-connected erosion removes) of prediction and reference. TransUNet passes no
-spacing, so its HD95 is in voxels; ``spacing`` gives physical units.
+HD95 (medpy's ``hd95``): the larger of the two directed 95th percentiles of the distances between the surface voxels
+(``surface_voxels``) of prediction and reference; in voxels as TransUNet's (no spacing), else in ``spacing``'s units.
 """
 from typing import Dict, Iterable, Optional, Sequence, Tuple
 
@@ -76,8 +73,7 @@ def _crop_to_union(a: np.ndarray, b: np.ndarray) -> Tuple[np.ndarray, np.ndarray
 
 def directed_surface_distances(source: np.ndarray, target: np.ndarray,
                                spacing: Optional[Sequence[float]] = None) -> np.ndarray:
-    """1D distances from every surface voxel of ``source`` to the nearest one of ``target`` (same shape, both
-    non-empty); ``spacing``: one value per axis, default 1."""
+    """1D distances from each surface voxel of ``source`` to the nearest of ``target`` (same shape, both non-empty)."""
     source = np.asarray(source, dtype=bool)
     target = np.asarray(target, dtype=bool)
     if source.shape != target.shape:

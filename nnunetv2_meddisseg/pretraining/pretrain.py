@@ -1,26 +1,21 @@
 """``nnUNetv2_meddisseg_pretrain``: self-supervised pretraining on a dataset's own preprocessed training images.
 
-``--method``: ``masked`` (the default; SparK's masking, ``masking``), ``restoration`` (Models Genesis,
-``restoration``) or ``contrastive`` (SimCLR, ``contrastive``); benchmarks/RESULTS.md ("Choosing the pretraining
-method") measures which serves the fine-tuning best.
+benchmarks/RESULTS.md ("Choosing the pretraining method") measures which ``--method`` serves the fine-tuning best.
 
-Data: the fold's preprocessed training cases (by ``splits_final.json``, else the split nnU-Net's trainer will write),
-without their pickles; its validation cases only with ``--use_validation_cases``; optionally the raw images of
-``--unlabelled_folder``, preprocessed in memory. Nothing in ``nnUNet_raw`` is read (the test images in ``imagesTs``
-never). Each sample is a random crop augmented by nnU-Net's training transforms.
+Data: the fold's preprocessed training cases (``splits_final.json``, else nnU-Net's default split), not their pickles;
+its validation cases only with ``--use_validation_cases``; optionally ``--unlabelled_folder``'s raw images, preprocessed
+in memory. Nothing in ``nnUNet_raw`` is read, ``imagesTs`` never.
 
-``-o`` gets ``{"network_weights": ..., "pretraining": {...}}``, plain tensors and JSON-like values. With
-``nnUNetPlans``, nnU-Net's network with as many outputs as input channels, ``seg_layers`` the reconstruction head, is
-saved whole, as ``-pretrained_weights FILE`` reads it (every key but ``.seg_layers.`` fits the segmentation network).
-With ``nnUNetMedDisSegPlans``, the ResNet-50 encoder (stem, layer1..layer3) restores through a light head (not kept)
-and is saved as ``encoder.*`` for ``nnUNetv2_meddisseg_plan --encoder_weights FILE``; ELAT and the rest of Med-DisSeg
-are not pretrained. ``contrastive`` trains the encoder with a projection head instead, which is not kept either.
+``-o`` gets ``{"network_weights": ..., "pretraining": {...}}`` (plain tensors, JSON-like values). ``nnUNetPlans``:
+nnU-Net's whole network with one output per input channel, for ``-pretrained_weights`` (every key but the reconstruction
+head's ``.seg_layers.`` fits the segmentation network). ``nnUNetMedDisSegPlans``: the ResNet-50 encoder (stem,
+layer1..layer3) as ``encoder.*`` for ``nnUNetv2_meddisseg_plan --encoder_weights``, trained through a light head
+(``contrastive``: a projection head) that is not kept; ELAT and the rest of Med-DisSeg are not pretrained.
 
-Training is nnU-Net's: SGD (lr 1e-2, Nesterov momentum 0.99, weight decay 3e-5), polynomial decay per epoch,
-gradients clipped at 12, fp16 autocast with a gradient scaler on CUDA (fp32 on the CPU), seeded by ``--seed``. Each
-epoch writes ``<FILE>.checkpoint`` atomically; a run started again with the same settings resumes from it and ends
-with an uninterrupted run's weights. Only ``-o`` and its checkpoint are written: ``-o`` inside ``nnUNet_raw``,
-``nnUNet_preprocessed`` or the unlabelled folder is refused, as is an existing ``-o`` without this run's checkpoint.
+Training is nnU-Net's (``pretrain``; fp16 autocast on CUDA, fp32 on the CPU), seeded by ``--seed``. Each epoch writes
+``<FILE>.checkpoint`` atomically; a rerun with equal settings resumes from it to an uninterrupted run's weights. Only
+``-o`` and its checkpoint are written; ``-o`` is refused inside ``nnUNet_raw``, ``nnUNet_preprocessed`` or the
+unlabelled folder, or existing without this run's checkpoint.
 """
 from __future__ import annotations
 
@@ -109,8 +104,7 @@ def read_preprocessed_case(folder: Path, identifier: str) -> np.ndarray:
 
 
 def fold_cases(preprocessed_folder: Path, fold: str, use_validation: bool = False) -> Tuple[List[str], str]:
-    """The cases to pretrain on and where their split comes from: ``splits_final.json`` beside
-    ``preprocessed_folder`` (the configuration's folder), else nnU-Net's default split, computed, not written."""
+    """``(cases, split source)`` of the fold: ``splits_final.json`` beside the folder, else nnU-Net's default split."""
     folder = Path(preprocessed_folder)
     available = sorted({path.name[:-len(e)] for path in folder.iterdir() for e in CASE_ENDINGS
                         if path.name.endswith(e) and not path.name.endswith(f"_seg{e}")})
@@ -153,8 +147,7 @@ def fold_cases(preprocessed_folder: Path, fold: str, use_validation: bool = Fals
 
 def build_pretraining_model(configuration_manager, channels: int, method: str = "restoration"):
     """``(model, kind)``: Med-DisSeg's encoder in an ``EncoderRestorationNet`` (``meddisseg_encoder``), else the plans'
-    network with ``channels`` outputs and no deep supervision (``nnunet_network``); ``contrastive``: the encoder in a
-    ``ContrastiveNet``. The caller seeds torch first."""
+    network with ``channels`` outputs (``nnunet_network``); ``contrastive``: the encoder in a ``ContrastiveNet``."""
     from nnunetv2.utilities.get_network_from_plans import get_network_from_plans
 
     from nnunetv2_meddisseg.training.network_from_plans import build_meddisseg_network, network_class_is_meddisseg
@@ -255,9 +248,8 @@ def _read_checkpoint(path: Path, settings: PretrainSettings) -> dict:
 
 
 def step_loss(method: str, model, batch, generator, device):
-    """The loss of one batch by ``method`` (fp16 autocast on CUDA): restoring its corruption or hidden patches, or
-    NT-Xent of its views (the pairs of ``BatchSampler.pairs``). Corruptions and masks are drawn on the CPU from
-    ``generator``."""
+    """The loss of one batch by ``method``: restoring its corruption or hidden patches, or NT-Xent of its views (the
+    pairs of ``BatchSampler.pairs``). Corruptions and masks are drawn on the CPU from ``generator``."""
     autocast = torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda")
     target = batch.to(device, non_blocking=True)
     if method == "contrastive":
@@ -278,9 +270,8 @@ def step_loss(method: str, model, batch, generator, device):
 def pretrain(model, next_batch: Callable[[], torch.Tensor], settings: PretrainSettings, device: str,
              checkpoint: Path, progress: bool = True,
              log: Optional[Callable[[str], None]] = None) -> Tuple[List[float], float]:
-    """Train ``model`` for ``settings.epochs`` epochs, writing ``checkpoint`` after each and resuming from it where it
-    exists; returns each epoch's mean loss and the seconds over all resumptions. Seed (``seed_everything``) before
-    building ``model``. ``log`` defaults to ``tqdm.write``, which keeps the progress bar intact."""
+    """Train ``model``, writing ``checkpoint`` after each epoch and resuming from it where it exists; returns each
+    epoch's mean loss and the seconds over all resumptions. ``log``: default ``tqdm.write`` (keeps the bar intact)."""
     log = log or tqdm.write
     device_t = torch.device(device)
     model.to(device_t)
