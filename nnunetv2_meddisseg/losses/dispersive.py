@@ -18,12 +18,6 @@ the loss has no gradient. The covariance penalty is a mean for the same reason: 
 value (and one weight) whatever the layer's size. Like the sum it grows with the 4th power of the feature scale, so
 when ``D >> B`` (``C`` has rank < B and cannot be diagonal) shrinking the features lowers it too. All is computed
 in fp32 (autocast off) from the B x B Gram matrix, so D may be 10^6 without a D x D matrix.
-
-``DispersiveLoss`` (``gather=True``) disperses the batch of every ``torch.distributed`` process,
-``dispersive_loss(gather_batch(features))`` (``losses.gather``); with ``gather=False`` each process its own share.
-
-``MINIMUM_BATCH`` is 2, or 3 for ``infonce_cosine_centred``: centred, two samples are exact opposites (cosine
-distance 2), so at B = 2 the loss is the constant ``log(exp(-2 / tau) + eps)`` with no gradient.
 """
 import math
 from types import MappingProxyType
@@ -40,7 +34,8 @@ __all__ = ["DISPERSIVE_VARIANTS", "DISPERSIVE_PLACEMENTS", "DIAGNOSTIC_KEYS", "D
 DISPERSIVE_VARIANTS: Tuple[str, ...] = ("infonce_l2", "infonce_cosine", "infonce_cosine_centred", "hinge",
                                          "covariance")
 DISPERSIVE_PLACEMENTS: Tuple[str, ...] = ("early", "middle", "late")
-#: the smallest batch (samples dispersed together) at which each variant has a gradient
+#: the smallest batch (samples dispersed together) with a gradient; 3 for ``infonce_cosine_centred``: centred, two
+#: samples are exact opposites (cosine distance 2), so at B = 2 the loss is the constant ``log(exp(-2 / tau) + eps)``
 MINIMUM_BATCH: Mapping[str, int] = MappingProxyType({v: 3 if v == "infonce_cosine_centred" else 2
                                                      for v in DISPERSIVE_VARIANTS})
 #: the keys of ``dispersion_diagnostics``
@@ -78,16 +73,15 @@ def _safe_sqrt(x: Tensor) -> Tensor:
 
 def dispersive_loss(features: Tensor, variant: str = "infonce_l2", tau: float = 0.8, eps: float = 1e-8,
                     margin: float = 1.0) -> Tensor:
-    """Dispersive loss of one batch of features (formulas in the module docstring).
-    features: (B, ...) any float dtype, flattened to (B, D). Returns a 0-dim fp32 tensor; with B < 2 a zero still
-    connected to the graph. ``tau``, ``eps``: InfoNCE forms; ``margin``: ``hinge``. Value and gradient are finite for
-    finite input, except that ``covariance`` (4th power of the feature scale) must fit in fp32."""
+    """Dispersive loss (module docstring) of features (B, ...) of any float dtype, flattened to (B, D) -> 0-dim fp32;
+    with B < 2 a zero still connected to the graph. Value and gradient are finite for finite input; ``covariance`` (4th
+    power of the feature scale) must fit in fp32."""
     _check_options(variant, tau, eps, margin)
     return _dispersive(features, variant, tau, eps, margin)
 
 
 def _dispersive(features: Tensor, variant: str, tau: float, eps: float, margin: float) -> Tensor:
-    """:func:`dispersive_loss` of options already checked (``DispersiveLoss`` checks them once)."""
+    """``dispersive_loss`` of options already checked (``DispersiveLoss`` checks them once)."""
     if features.ndim < 1:
         raise ValueError(f"dispersive loss: features must have a batch dimension, got shape {tuple(features.shape)}")
     h = features.float().reshape(features.shape[0], -1)  # (B, D) fp32
@@ -135,11 +129,10 @@ def _dispersive(features: Tensor, variant: str, tau: float, eps: float, margin: 
 
 
 class DispersiveLoss(nn.Module):
-    """One dispersive loss form on one named feature map (or the mean of all three), over every process's batch.
-    forward(features): a mapping with keys ``early``, ``middle``, ``late`` (``MedDisSegOutput.features``), each
-    (B, C, H, W) -> the 0-dim loss at ``placement`` ("all": the mean of the three). ``of``: one feature map's loss.
-    gather: under ``torch.distributed``, disperse every process's batch (``batch``): the value is the concatenated
-    batch's loss on every process, DDP's averaged gradient its gradient; False: each process its own share."""
+    """One dispersive loss form at ``placement``: one feature map, or "all", the mean of the three. forward(features:
+    ``MedDisSegOutput.features``, keys ``early``, ``middle``, ``late``, each (B, C, H, W)) -> 0-dim loss. ``gather``:
+    under ``torch.distributed``, the value is the concatenated batch's loss on every process, DDP's averaged gradient
+    its gradient; False: each process its own share."""
 
     def __init__(self, variant: str = "infonce_l2", tau: float = 0.8, eps: float = 1e-8, margin: float = 1.0,
                  placement: str = "early", gather: bool = True):
@@ -200,8 +193,7 @@ def dispersion_diagnostics(features: Tensor) -> Dict[str, float]:
     - ``mean_pairwise_distance``: mean over i != j of ``||h_i - h_j||^2 / D`` (``infonce_l2``'s ``d_ij``); 0 if B < 2.
     - ``effective_rank``: exp of the Shannon entropy of the normalised singular values of the centred (B, D) batch
       (1 to B - 1); 0 when the centred batch is zero.
-    Both come from the centred batch's B x B Gram matrix, summed in float64 (float32 on MPS) over blocks of
-    ``DIAGNOSTICS_BLOCK_ELEMENTS`` values: one block of extra memory, whatever D."""
+    Both from the centred batch's B x B Gram matrix in float64 (float32 on MPS), one block of extra memory at any D."""
     h = features.detach().reshape(features.shape[0], -1)
     b, d = h.shape
     if b < 2:

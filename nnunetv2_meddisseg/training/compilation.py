@@ -18,8 +18,7 @@ __all__ = ["COMPILE_RECOMPILE_LIMIT", "COMPILE_COSTS", "CompileCosts", "CompileD
 
 T = TypeVar("T")
 
-#: graphs a compiled module may hold (a stage's batch, a different last batch); at dynamo's default (8) it would
-#: fall back to eager silently
+#: graphs a compiled module may hold (a stage's batch, a different last batch); dynamo's default (8) goes eager silently
 COMPILE_RECOMPILE_LIMIT = 32
 
 
@@ -43,7 +42,7 @@ COMPILE_COSTS = CompileCosts(compile_s=210.0, eager_s_per_sample=1 / 39.5, saved
 
 @dataclass(frozen=True)
 class CompileDecision:
-    """Whether a run compiles, and the figures that decided it (:func:`compile_pays`)."""
+    """Whether a run compiles, and the figures that decided it (``compile_pays``)."""
 
     compile: bool
     reason: str
@@ -55,9 +54,7 @@ class CompileDecision:
 
 def compile_pays(stage_iterations: Sequence[int], batch_size: int, pixels: int,
                  costs: CompileCosts = COMPILE_COSTS) -> CompileDecision:
-    """Compile when the seconds saved over all iterations exceed ``costs.compile_s`` per stage that trains
-    (``stage_iterations``: each stage's training iterations). An iteration saves
-    ``saved_fraction * eager_s_per_sample * batch_size * pixels / costs.pixels`` seconds."""
+    """Compile when the seconds saved exceed ``costs.compile_s`` per stage that trains (``stage_iterations``)."""
     stages = [n for n in stage_iterations if n > 0]
     iterations = sum(stages)
     compile_s = costs.compile_s * len(stages)
@@ -109,8 +106,7 @@ def compile_error_summary(error: BaseException, limit: int = 300) -> str:
 
 
 class Compilation:
-    """A trainer's torch.compile state; ``uncompile`` makes the trainer call its plain network again (after a compile
-    error)."""
+    """A trainer's torch.compile state; ``uncompile`` makes the trainer call its plain network again."""
 
     def __init__(self, backend: Union[str, Callable], log: Callable[[str], None], uncompile: Callable[[], None]):
         self.backend, self.log, self._uncompile = backend, log, uncompile
@@ -118,11 +114,11 @@ class Compilation:
         self.compiled = False
         #: seconds of the first call of each graph (compilation included), by graph name
         self.first_call_s: Dict[str, float] = {}
-        #: the modules :meth:`compile_module` compiled in place
+        #: the modules ``compile_module`` compiled in place
         self._compiled_in_place: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
 
     def compile(self, network: nn.Module) -> nn.Module:
-        """The module to call for ``network`` (plain): :func:`compile_network`; logs what was compiled."""
+        """The module to call for ``network`` (plain): ``compile_network``; logs what was compiled."""
         compiled = compile_network(network, backend=self.backend)
         self.compiled = True
         backend = getattr(self.backend, "__name__", self.backend)
@@ -156,8 +152,7 @@ class Compilation:
             return run()
 
     def fall_back(self, error: Exception) -> None:
-        """Re-raise ``error`` unless torch.compile raised it; else drop the compiled code and dynamo's caches and
-        log it (the caller then repeats its call eagerly)."""
+        """Re-raise ``error`` unless torch.compile raised it; else log it, drop the compiled code and dynamo's cache."""
         if not self.compiled or not is_compile_error(error):
             raise error
         self._uncompile()

@@ -38,36 +38,22 @@ __all__ = ["nnUNetTrainerMedDisSeg"]
 class nnUNetTrainerMedDisSeg(TrainerBase):
     """Med-DisSeg (ResNet-50 + ELAT encoder, CDFA, three CBAT decoders) trained in two stages.
 
-    ``self.stage`` (``training.stages``) holds what differs between the stages and switches at the epoch the recipe
-    names. Settings are fields of the recipe (``recipe.MedDisSegRecipe``, the paper's values by default).
+    Settings are fields of ``recipe.MedDisSegRecipe`` (the paper's by default); what differs between the stages is
+    ``self.stage`` (``training.stages``). Stage I, epochs ``[0, stage1_epochs)`` (250 of 1000 by default): encoder +
+    ELAT with a light head, on clean and per-sample photometrically perturbed views as one batch of 2B; groups ``head``
+    and ``encoder`` at ``stage1_lr``. Stage II, the rest: the full network, encoder + ELAT carried over, a new optimizer
+    with ``encoder`` at ``stage2_encoder_lr`` and ``decoder`` at ``stage2_lr``. Every output is at full resolution, so
+    nnU-Net's deep supervision stays off. Rates decay ``(1 - t) ** 0.9`` within each stage. The paper's rates assume an
+    ImageNet encoder; they are kept for a random one because higher rates let the early features collapse under the
+    uncentred dispersive loss (docs/method.md). ``dispersive_placement`` "late" is D_s's output in Stage II, the head's
+    fused feature in Stage I. Diagnostics (mean pairwise d_ij, effective rank) use each epoch's first training batch.
 
-    Stage I, epochs ``[0, stage1_epochs)`` (default ``floor(stage1_fraction * num_epochs)``: 250 of 1000): encoder +
-    ELAT with a light head, on clean and per-sample photometrically perturbed views as one batch of 2B (colour
-    operations for RGB, channel-wise intensity otherwise); groups ``head`` and ``encoder`` at ``stage1_lr`` = 1e-4.
-    Stage II, epochs ``[stage1_epochs, num_epochs)``: the full network, encoder + ELAT carried over, a new optimizer
-    with ``encoder`` at ``stage2_encoder_lr`` = 1e-5 and ``decoder`` at ``stage2_lr`` = 1e-4. Every output is at
-    full resolution, so nnU-Net's deep supervision stays off.
-
-    ``optimizer``: "adam" (the paper's) or "sgd" (nnU-Net's Nesterov SGD). The paper's rates assume an ImageNet
-    encoder; they are kept for a random one because higher rates let the early features collapse under the
-    uncentred dispersive loss (docs/method.md). Rates decay ``(1 - t) ** 0.9`` within each stage.
-
-    ``dispersive_placement``: "early" = ELAT-refined layer1 output x2, "middle" = x4, "late" = the last feature
-    before the logits (D_s's output in Stage II, the head's fused feature in Stage I), "all" = mean of the three.
-    Diagnostics (mean pairwise d_ij, effective rank) come from each epoch's first training batch; they, the rates
-    and every unweighted loss term are logged per epoch and plotted in ``progress_terms.png``.
-
-    ``batchnorm_calibration_samples`` > 0 re-estimates the BatchNorm statistics before every validation.
-    Checkpoints record their stage (Stage I ones also the head); ``--c`` resumes in it. A ``checkpoint_latest.pth``
-    is also written at the end of Stage I. Only Stage II networks may become ``checkpoint_best.pth``; the EMA pseudo
-    Dice restarts at the first Stage II epoch.
-
-    torch.compile, where nnU-Net would compile and ``nnUNet_compile`` is unset, only if the schedule repays it
-    (``compile_pays``); training steps only, static shapes, falling back to eager on a compile error.
-
-    Under DDP the dispersive terms see the batch of every process (``dispersive_gather``), the Stage I head has its
-    own DDP, and the idle decoder enters the loss with weight 0 so that DDP's reducer completes. Not supported: 3D
-    configurations (``TrainingInputError`` at construction) and region-based labels.
+    Checkpoints record their stage (Stage I ones also the head); ``--c`` resumes in it. The end of Stage I also writes
+    ``checkpoint_latest.pth``. Only Stage II networks may become ``checkpoint_best.pth``; the EMA pseudo Dice restarts
+    at the first Stage II epoch. torch.compile, where nnU-Net would compile and ``nnUNet_compile`` is unset, only if the
+    schedule repays it (``compile_pays``); training steps only, static shapes, falling back to eager on a compile error.
+    Under DDP the Stage I head has its own DDP and the idle decoder enters the loss with weight 0, so that DDP's reducer
+    completes. Not supported: 3D configurations (``TrainingInputError`` at construction) and region-based labels.
     """
 
     recipe: MedDisSegRecipe = MedDisSegRecipe()
@@ -186,14 +172,12 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
                                    num_input_channels: int,
                                    num_output_channels: int,
                                    enable_deep_supervision: bool = True) -> nn.Module:
-        """MedDisSegNet from the plans' ``arch_kwargs`` where they name it, else as ``nnUNetv2_meddisseg_plan``
-        writes it by default. ``encoder_weights`` are not read here: the predictor builds through this method, then
-        loads the checkpoint (the weights file may not exist there); training loads them in ``initialize``."""
+        """MedDisSegNet from the plans' ``arch_kwargs``, else ``nnUNetv2_meddisseg_plan``'s defaults; ``initialize``
+        loads ``encoder_weights``: the predictor builds through it, then loads a checkpoint (the file may be absent)."""
         return build_meddisseg_network(configuration_manager, num_input_channels, num_output_channels,
                                        enable_deep_supervision)
 
     def _do_i_compile(self) -> bool:
-        """Whether this run compiles (``_decide_compilation``), decided once and logged in one line."""
         if self._compile_decision is None:
             self._compile_decision = self._decide_compilation()
             self.print_to_log_file(self._compile_decision.log_line())
@@ -224,7 +208,6 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
         self._enter_stage(self.stage_for_epoch(self.current_epoch))
 
     def _set_network(self, network: nn.Module) -> None:
-        """Replace the network inside the DDP wrapper where there is one, else ``self.network``."""
         if isinstance(self.network, DDP):
             self.network.module = network
         else:
@@ -234,8 +217,7 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
         self._weights_loaded = True
 
     def _encoder_origin(self) -> str:
-        """Where the encoder's weights come from, for the log. nnU-Net does not say that ``-pretrained_weights``
-        loaded a file: weights loaded into the network before the first epoch tell."""
+        """The encoder weights' origin; nnU-Net is silent on ``-pretrained_weights``: a load before epoch 0 tells."""
         if self._weights_loaded and self.current_epoch == 0:
             return "the weights -pretrained_weights loaded (every layer whose name and shape match)"
         weights = plans_encoder_weights(self.configuration_manager)
@@ -308,8 +290,7 @@ class nnUNetTrainerMedDisSeg(TrainerBase):
         self._recalibrate_batchnorm()
 
     def validation_step(self, batch: dict) -> dict:
-        """nnU-Net's ``validation_step`` on the stage's logits (B, K, H, W; fp32 under bf16 autocast), eagerly,
-        after a NaN / inf check of ``batch['data']``."""
+        """NaN / inf check, then nnU-Net's ``validation_step`` on the stage's logits (B, K, H, W; fp32 under bf16)."""
         self._check_validation_batch(batch)
         return self.compilation.eager(self._validation_step, batch)
 

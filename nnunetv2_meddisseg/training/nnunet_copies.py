@@ -1,16 +1,12 @@
 """Where our trainers copy nnU-Net code instead of calling it, and the pins of every restatement of nnU-Net's code.
 
-Each copy restates part of an ``nnUNetTrainer`` method that offers no smaller hook:
+Each copy restates part of an ``nnUNetTrainer`` method that offers no smaller hook: ``checkpoint_entries``
+(``save_checkpoint``'s dict; ours adds entries and writes the file atomically), ``backward_clip_step`` (``train_step``'s
+update; our steps clip every parameter the optimizer holds and read each group's gradient norm first),
+``validation_counts``, ``training_dataloader`` and ``epoch_end``. ``nnUNetTrainerMedDisSeg.train_step`` copies the
+whole ``train_step``, ``TrainerBase`` its autocast rule (fp16 autocast on CUDA only). Also pinned:
+``losses.segmentation.dice_ce_per_output``, nnU-Net's Dice + CE.
 
-- ``checkpoint_entries``: ``save_checkpoint``'s dict; ours adds entries and writes the file atomically.
-- ``backward_clip_step``: ``train_step``'s update; our steps clip every parameter the optimizer holds and read each
-  group's gradient norm first. ``nnUNetTrainerMedDisSeg.train_step`` copies the whole method, ``TrainerBase`` its
-  autocast rule (fp16 autocast on CUDA only).
-- ``validation_counts``: the second half of ``validation_step``, one batch's pseudo Dice counts.
-- ``training_dataloader``: ``get_dataloaders``' training loader without the augmenter, with either transforms.
-- ``epoch_end``: ``on_epoch_end``, writing a trainer's extra checkpoints too, ``checkpoint_best.pth`` only if allowed.
-
-``losses.segmentation.dice_ce_per_output``, nnU-Net's Dice + CE, is pinned here too.
 ``tests/training/test_nnunet_copies.py`` fails, naming the method, when a method in ``PINNED`` has another hash:
 then compare the copies with the new source, update them and the hash. It also checks each copy against nnU-Net's.
 """
@@ -84,8 +80,7 @@ def checkpoint_entries(trainer) -> dict:
 def backward_clip_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, grad_scaler,
                        params: Iterable[torch.nn.Parameter],
                        before_clipping: Optional[Callable[[], T]] = None) -> Optional[T]:
-    """The update of ``nnUNetTrainer.train_step`` (copied; see ``PINNED``): backward, unscale, clip ``params`` at total
-    norm 12 (nnU-Net: the network's), step. Returns ``before_clipping()``, called before clipping, or None."""
+    """``nnUNetTrainer.train_step``'s update (copied; see ``PINNED``), clipping ``params`` (nnU-Net: the network's)."""
     params = list(params)
     if grad_scaler is not None:
         grad_scaler.scale(loss).backward()

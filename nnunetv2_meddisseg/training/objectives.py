@@ -1,5 +1,4 @@
-"""Med-DisSeg's objectives: the loss of one training step in each stage, built once by the stage objects
-(``training.stages``) and shared with the benchmarks.
+"""Med-DisSeg's objectives: the loss of one training step in each stage, built once by ``training.stages``.
 
 Stage I (``Stage1Loss``): a light head (``Stage1Head``) turns the four ELAT-refined encoder features into logits.
 Clean and photometrically perturbed views go through the network as one batch of 2B (one forward, so both views
@@ -15,12 +14,9 @@ Stage II (``Stage2Loss``): the full network returns every output (``output="all"
     + complementarity_weight * complementarity_loss(fg, bg, uc)
     + lambda_dispersive_stage2 * dispersive
 
-Every output is at full resolution, so nnU-Net's deep supervision is off. Instead each decoder path (their sum is
-the final logits) gets the same Dice + CE, averaged and weighted ``path_supervision_weight`` (0.5), so every path
-predicts on its own (0 trains the final logits only, as the released code does). Ignore-label pixels count in no
-fg/bg term.
-
-Both return (total, the unweighted terms by name, the features of the first regularised layer, for diagnostics).
+Every output is at full resolution, so nnU-Net's deep supervision is off; instead each decoder path (their sum is
+the final logits) gets the same Dice + CE, so every path predicts on its own. Ignore-label pixels count in no fg/bg
+term. Both return (total, the unweighted terms by name, the features of the first regularised layer, for diagnostics).
 """
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Sequence, Tuple
@@ -57,8 +53,7 @@ class Stage2Weights:
 
 
 def segmentation_loss(batch_dice: bool, ignore_label: Optional[int] = None, ddp: bool = False) -> nn.Module:
-    """nnU-Net's Dice + CE (``MemoryEfficientSoftDiceLoss``, no background in the Dice, smooth 1e-5): logits
-    (B, K, H, W), target (B, 1, H, W) label map -> 0-dim tensor."""
+    """nnU-Net's Dice + CE: logits (B, K, H, W), target (B, 1, H, W) label map -> 0-dim tensor."""
     return DC_and_CE_loss({"batch_dice": batch_dice, "smooth": 1e-5, "do_bg": False, "ddp": ddp}, {},
                           weight_ce=1, weight_dice=1, ignore_label=ignore_label,
                           dice_class=MemoryEfficientSoftDiceLoss)
@@ -74,13 +69,8 @@ def foreground_target(target: Tensor, ignore_label: Optional[int] = None) -> Tup
 
 
 class Stage2Loss(nn.Module):
-    """The Stage II loss of one batch (see the module docstring). Where ``seg`` is nnU-Net's Dice + CE, the four
-    maps are scored in one pass (same values). ``dispersive`` None drops that term; the path term is dropped at
-    weight 0 or without path logits.
-
-    forward(model, data (B, C, H, W), target (B, 1, H, W)) -> (total, unweighted terms ``seg``, ``seg_paths``,
-    ``fg_bg``, ``complementarity``, ``dispersive``, features of the first regularised layer).
-    """
+    """The Stage II loss of one batch; ``forward(model, data (B, C, H, W), target (B, 1, H, W))``. Where ``seg`` is
+    nnU-Net's Dice + CE, the four maps are scored in one pass (same values)."""
 
     def __init__(self, seg: Callable[[Tensor, Tensor], Tensor], dispersive: Optional[DispersiveLoss],
                  weights: Stage2Weights, ignore_label: Optional[int] = None):
@@ -93,7 +83,7 @@ class Stage2Loss(nn.Module):
         """(total, terms) of the network's every output (``output="all"``)."""
         weights = self.weights
         with_paths = bool(weights.path_supervision) and output.path_logits is not None
-        if with_paths and self.settings is not None:  # nnU-Net's Dice + CE of the four maps in one pass
+        if with_paths and self.settings is not None:
             per_output = dice_ce_per_output([output.logits, *output.path_logits], target, **self.settings)
             seg, paths = per_output[0], per_output[1:].mean()
         else:
@@ -135,9 +125,8 @@ def stage1_logits(head: nn.Module, features: Sequence[Tensor], size: Sequence[in
 
 
 class Stage1Loss(nn.Module):
-    """The Stage I loss of clean ``data`` (B, C, H, W) and its photometrically perturbed view (see the module
-    docstring). ``rgb``: colour perturbations instead of channel-wise intensity ones. ``idle_parameters``: under
-    DDP, the decoder's trainable parameters, added with weight 0 because DDP's reducer expects a gradient for each."""
+    """The Stage I loss of clean ``data`` (B, C, H, W) and its perturbed view (colour if ``rgb``, else channel-wise).
+    ``idle_parameters`` (DDP): the decoder's trainable ones at weight 0: DDP's reducer expects a gradient for each."""
 
     def __init__(self, head: nn.Module, seg: nn.Module, dispersive: DispersiveLoss, recipe: MedDisSegRecipe,
                  rgb: bool, idle_parameters: Optional[Sequence[nn.Parameter]] = None):

@@ -1,13 +1,11 @@
 """Our trainers' recipes: every setting a trainer reads, in one typed, validated dataclass.
 
-``ScheduleRecipe`` is read by every trainer of ours, the seeded nnU-Net baselines too. ``DispersiveRecipe``,
-``MedDisSegRecipe`` (the paper's values as defaults) and ``PaperScheduleRecipe`` (the paper's schedule) are those of
-``nnUNetTrainerDispersive``, ``nnUNetTrainerMedDisSeg`` and ``nnUNetTrainerMedDisSeg_paper``.
-
-A trainer class holds its recipe in ``recipe``. ``trainer.recipe`` adds the overrides the plans hold under
-``RECIPE_PLANS_KEY`` (``nnUNetv2_meddisseg_plan --recipe FILE``, ``nnUNetv2_meddisseg_ablate``), so ``-p`` chooses
-the run's settings and ``plans.json`` records them. Every value is checked when a recipe is made, ``replace`` too:
-a ``ValueError`` naming the field and what it expects.
+``ScheduleRecipe`` is read by every trainer of ours, the seeded nnU-Net baselines too; ``DispersiveRecipe``,
+``MedDisSegRecipe`` and ``PaperScheduleRecipe`` are those of ``nnUNetTrainerDispersive``, ``nnUNetTrainerMedDisSeg`` and
+``nnUNetTrainerMedDisSeg_paper``. A trainer class holds its recipe in ``recipe``; ``trainer.recipe`` adds the overrides
+the plans hold under ``RECIPE_PLANS_KEY`` (``nnUNetv2_meddisseg_plan --recipe FILE``, ``nnUNetv2_meddisseg_ablate``), so
+``-p`` chooses the run's settings and ``plans.json`` records them. Every value is checked when a recipe is made,
+``replace`` too: a ``ValueError`` naming the field and what it expects.
 """
 import json
 import math
@@ -126,8 +124,7 @@ class DispersiveRecipe(DispersiveTermRecipe):
 
 @dataclass(frozen=True)
 class MedDisSegRecipe(DispersiveTermRecipe):
-    """``nnUNetTrainerMedDisSeg``; the defaults are the paper's and assume an ImageNet encoder (``scratch*`` variants
-    change them). Learning rates are each stage's base rates of the decay ``(1 - t) ** lr_exponent``."""
+    """``nnUNetTrainerMedDisSeg``; the paper's defaults assume an ImageNet encoder (``scratch*`` variants differ)."""
 
     #: Stage I length as a fraction of ``num_epochs`` (``floor(stage1_fraction * num_epochs)`` epochs)
     stage1_fraction: float = 0.25
@@ -212,8 +209,7 @@ class PaperScheduleRecipe(MedDisSegRecipe):
 
 
 def dispersive_from_recipe(recipe: DispersiveTermRecipe, gather: bool = True) -> DispersiveLoss:
-    """The unweighted dispersive loss a recipe sets (placement "early" but for Med-DisSeg; other trainers call
-    ``DispersiveLoss.of``); ``gather``: under DDP, disperse every process's batch."""
+    """The recipe's unweighted dispersive loss, at "early" but for Med-DisSeg; ``gather``: of every process's batch."""
     placement = recipe.dispersive_placement if isinstance(recipe, MedDisSegRecipe) else "early"
     return DispersiveLoss(recipe.dispersive_variant, recipe.dispersive_tau, eps=recipe.dispersive_eps,
                           margin=recipe.dispersive_margin, placement=placement, gather=gather)

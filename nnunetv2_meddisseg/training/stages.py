@@ -1,13 +1,8 @@
 """Med-DisSeg's two training stages as objects: everything that differs between them lives here.
 
-``nnUNetTrainerMedDisSeg`` holds one (``trainer.stage``) and delegates to it: the network output trained and
-validated, the optimizer's groups and rates, the schedule's epochs, the step's loss (an ``objectives`` module built
-with the stage), the validation logits, checkpoint extras, the BatchNorm modules to re-estimate, and whether its
-networks may become ``checkpoint_best.pth``. ``Stage1`` spans epochs ``[0, stage1_epochs)``, ``Stage2``
-``[stage1_epochs, num_epochs)``.
-
-A stage is made with what is fixed for the run and reads nothing else of the trainer; each call is passed the model
-to run, since the trainer's network may be wrapped by DDP or torch.compile.
+``nnUNetTrainerMedDisSeg`` holds one (``trainer.stage``) and delegates to it. A stage is made with what is fixed for the
+run and reads nothing else of the trainer; each call is passed the model to run, since the trainer's network may be
+wrapped by DDP or torch.compile.
 """
 from typing import Dict, List, Mapping, Optional
 
@@ -40,9 +35,8 @@ def checkpoint_stage(checkpoint: Mapping[str, object]) -> str:
 
 
 class Stage:
-    """What one stage decides; ``Stage1`` and ``Stage2`` fill it in. ``network``: the plain MedDisSegNet (no DDP or
-    compile wrapper); ``seg``: nnU-Net's Dice + CE. The stage spans ``[first_epoch, first_epoch + num_epochs)``; its
-    rates decay over it."""
+    """What one stage decides; ``Stage1`` and ``Stage2`` fill it in. ``network``: the plain MedDisSegNet; ``seg``:
+    nnU-Net's Dice + CE. Its rates decay over its epochs, ``[first_epoch, first_epoch + num_epochs)``."""
 
     name: str = ""
     #: the stage's number (the ``stage`` curve) and as the log writes it
@@ -52,8 +46,7 @@ class Stage:
     trains_whole_network: bool = False
     #: the name of the stage's compiled training graph (the log's ``torch.compile: graph ...`` line)
     graph: str = ""
-    #: the step's loss (``objectives``): loss(model (possibly wrapped), data (B, C, H, W), target (B, 1, H, W)) ->
-    #: (total, unweighted terms by name, features of the first regularised layer for the diagnostics)
+    #: the step's loss, ``objectives``: (model, data (B, C, H, W), target (B, 1, H, W)) -> (total, terms, features)
     loss: nn.Module
 
     def __init__(self, network: MedDisSegNet, recipe: MedDisSegRecipe, first_epoch: int, num_epochs: int):
@@ -73,8 +66,7 @@ class Stage:
         return None
 
     def parameter_groups(self) -> List[dict]:
-        """The optimizer's groups (``name``, ``params``, ``lr``); the names label the ``lr_<name>`` and
-        ``grad_norm_<name>`` curves."""
+        """The optimizer's groups (``name``, ``params``, ``lr``); names label the ``lr_*``, ``grad_norm_*`` curves."""
         raise NotImplementedError
 
     def validation_logits(self, model: nn.Module, data: Tensor, plain: bool = False) -> Tensor:
@@ -89,7 +81,7 @@ class Stage:
         return {"meddisseg_stage": self.name}
 
     def restore(self, checkpoint: Mapping[str, object]) -> None:
-        """Load what :meth:`checkpoint_extras` wrote."""
+        """Load what ``checkpoint_extras`` wrote."""
 
     def batchnorm_modules(self) -> List[nn.Module]:
         """The plain modules whose BatchNorm statistics describe this stage's model."""
@@ -97,9 +89,8 @@ class Stage:
 
 
 class Stage1(Stage):
-    """Stage I: encoder + ELAT with a light head on clean and photometrically perturbed views
-    (``objectives.Stage1Loss``); groups ``head`` and ``encoder`` (encoder + ELAT) at ``stage1_lr``. ``distributed``:
-    the model is DDP-wrapped, so the idle decoder enters the loss with weight 0."""
+    """Stage I: encoder + ELAT with a light head on both views (``objectives.Stage1Loss``); groups ``head`` and
+    ``encoder`` at ``stage1_lr``. ``distributed``: DDP-wrapped, so the idle decoder enters the loss with weight 0."""
 
     name, number, numeral, graph = STAGE_1, 1, "I", "Stage I training"
     #: where the recipe's ``stage1_checkpoint`` keeps the model at the end of Stage I

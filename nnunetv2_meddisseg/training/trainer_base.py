@@ -1,15 +1,13 @@
-"""``TrainerBase``: what our trainers add to nnU-Net's ``nnUNetTrainer``, whatever their network and losses. Each
-override calls nnU-Net's method and adds to it; parts with no smaller hook are restated in ``nnunet_copies``, pinned
-to nnU-Net's source by a test.
+"""``TrainerBase``: what our trainers add to ``nnUNetTrainer``, whatever their network and losses. Each override calls
+nnU-Net's method and adds to it; parts with no smaller hook are restated in ``nnunet_copies``, pinned by a test.
 
 - run seed and recipe: the initial weights and every epoch are seeded from a run seed (``seeding``); the schedule
-  comes from the recipe and the plans' overrides. ``nnUNetTrainerBaseline`` is nnU-Net's trainer with this part only;
+  comes from the recipe and the plans' overrides (``nnUNetTrainerBaseline`` has this part only);
 - the recipe's dispersive loss; under DDP it and its diagnostics see every process's batch (``dispersive_gather``);
-- NaN / inf input checks: a ``RuntimeError`` naming the cases instead of a NaN model. Training batches off the CPU
-  are checked on the device and read with the step's report, so the error comes at the end of that step, before
-  any checkpoint holds its update;
-- per-epoch curves through nnU-Net's logger, so W&B and the ``logging`` checkpoint entry get them; averaged over
-  ranks, summarised in the log, plotted in ``progress_terms.png``;
+- NaN / inf input checks: a ``RuntimeError`` naming the cases instead of a NaN model. Training batches off the CPU are
+  checked on the device with the step's report: the error comes after that step, before a checkpoint holds its update;
+- per-epoch curves through nnU-Net's logger (so W&B and the checkpoint's ``logging`` get them), averaged over ranks,
+  summarised in the log, plotted in ``progress_terms.png``;
 - ``checkpoint_best.pth`` only from ``best_checkpoint_from`` on, against an EMA pseudo Dice restarted there;
 - checkpoints with the run seed and the subclass's state, written whole: a kill never truncates one;
 - ``nnUNet_meddisseg_bf16``: bf16 autocast without a GradScaler (CUDA and CPU; bf16 has fp32's exponent range)
@@ -63,8 +61,7 @@ __all__ = ["TrainerBase", "set_up_run", "run_lines", "peak_memory_line", "final_
 
 
 def set_up_run(trainer: nnUNetTrainer, class_recipe: ScheduleRecipe) -> None:
-    """Set ``trainer.recipe`` (``class_recipe`` + the plans' overrides), nnU-Net's schedule from it (None keeps
-    nnU-Net's) and ``trainer.run_seed`` (``seed``, else ``nnUNet_meddisseg_seed``, else random; one under DDP)."""
+    """Set ``trainer.recipe`` (``class_recipe`` + the plans' overrides), nnU-Net's schedule and ``trainer.run_seed``."""
     recipe = trainer.recipe = recipe_from_plans(class_recipe, trainer.plans_manager.plans)
     for attribute, value in (("num_epochs", recipe.num_epochs),
                              ("num_iterations_per_epoch", recipe.iterations_per_epoch),
@@ -109,9 +106,9 @@ def final_validation_skipped(trainer: nnUNetTrainer) -> bool:
 
 
 class TrainerBase(nnUNetTrainer):
-    """nnU-Net's trainer + what the module docstring lists. With batches made in this process (``nnUNet_n_proc_DA=0``)
-    and deterministic arithmetic (CPU), the same run seed gives the same run. Subclasses own ``train_step`` and
-    ``validation_step`` and override the empty hooks below."""
+    """nnU-Net's trainer + the module docstring's list. With batches made in this process (``nnUNet_n_proc_DA=0``) and
+    deterministic arithmetic (CPU), a run seed repeats its run. Subclasses own ``train_step`` and ``validation_step``
+    and override the empty hooks."""
 
     #: run seed; None: ``nnUNet_meddisseg_seed`` if set, else random (``seeding``)
     seed: Optional[int] = None
@@ -128,7 +125,6 @@ class TrainerBase(nnUNetTrainer):
         set_up_run(self, type(self).recipe)
         #: bf16 autocast without a GradScaler (``nnUNet_meddisseg_bf16``; not on MPS, which lacks it)
         self.bf16 = bf16_training_requested() and self.device.type in ("cuda", "cpu")
-        #: the steps' autocast context: bf16 with ``nnUNet_meddisseg_bf16``, else nnU-Net's (fp16 on CUDA only)
         if self.bf16:
             self.grad_scaler = None
             self.autocast = autocast(self.device.type, dtype=torch.bfloat16, enabled=True)
@@ -195,8 +191,7 @@ class TrainerBase(nnUNetTrainer):
 
     def _batch_to_device(self, batch: dict) -> Tuple[torch.Tensor, Union[torch.Tensor, List],
                                                      Optional[PendingInputCheck]]:
-        """Data, target on the device and the input check to read with the step's report (else ``batch['data']``
-        is checked here); warns once about single-sample batches."""
+        """Data, target on the device and the input check to read with the step's report (None: checked here)."""
         data, target, keys = batch["data"], batch["target"], batch.get("keys")
         on_device = self.input_check_on_device
         on_device = self.device.type != "cpu" if on_device is None else on_device
@@ -273,8 +268,7 @@ class TrainerBase(nnUNetTrainer):
         return []
 
     def on_epoch_end(self) -> None:
-        """nnU-Net's (``nnunet_copies.epoch_end``, with ``_epoch_end_checkpoints`` and a new best only from
-        ``best_checkpoint_from`` on), our curves given NaN where an epoch logged none, and ``progress_terms.png``."""
+        """``nnunet_copies.epoch_end`` (our checkpoints, best from ``best_checkpoint_from``), ``progress_terms.png``."""
         epoch, first_best = self.current_epoch, self.best_checkpoint_from
         self.logger.local_logger.fill_missing(epoch)  # one value per epoch in every list, NaN where none came
         epoch_end(self, self._epoch_end_checkpoints(epoch), may_become_best=first_best is not None and

@@ -176,7 +176,6 @@ class nnUNetTrainerBaseline(nnUNetTrainer):
     seed: Optional[int] = None
     recipe = ScheduleRecipe()
 
-    # run seed and schedule as in ``TrainerBase``, nothing else of it
     def __init__(self, plans: dict, configuration: str, fold: int, dataset_json: dict,
                  device: torch.device = torch.device("cuda")):
         super().__init__(plans, configuration, fold, dataset_json, device)
