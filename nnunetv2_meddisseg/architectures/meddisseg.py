@@ -94,10 +94,6 @@ def _resolve_op(op: Union[str, Type[nn.Module]], name: str) -> Type[nn.Module]:
     return op
 
 
-def _is_not_2d(op: Type[nn.Module]) -> bool:
-    return op.__name__.endswith(("1d", "3d", "1D", "3D"))
-
-
 class MedDisSegNet(nn.Module):
     """Med-DisSeg (2D only).
 
@@ -157,7 +153,7 @@ class MedDisSegNet(nn.Module):
                 f"{conv_op.__module__}.{conv_op.__name__}; use nnU-Net's 2d configuration"
             )
         for name, op in (("norm_op", norm_op), ("added_norm_op", added_norm_op)):
-            if _is_not_2d(op):
+            if op.__name__.endswith(("1d", "3d", "1D", "3D")):
                 raise ValueError(
                     f"MedDisSegNet is 2D only: {name} must be a 2D normalisation (e.g. torch.nn.BatchNorm2d), "
                     f"got {op.__module__}.{op.__name__}"
@@ -174,13 +170,12 @@ class MedDisSegNet(nn.Module):
         #: CPU inference forwards under bf16 autocast (class docstring)
         self.cpu_bf16 = cpu_bf16_requested() if cpu_bf16 is None else bool(cpu_bf16)
         self._channels_last = False  # weights moved to channels-last (CUDA forwards, the CPU bf16 forward)
-        ops = dict(conv_op=conv_op, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs)
         #: (class, kwargs) of the normalisation in the blocks added to the encoder (also the Stage I head's)
         self.added_norm = (added_norm_op, dict(added_norm_op_kwargs or {}))
         blk = dict(nonlin=nonlin, conv_op=conv_op, norm_op=added_norm_op, norm_op_kwargs=added_norm_op_kwargs)
         dim = 128
 
-        self.encoder = ResNet50Encoder(input_channels, **ops)
+        self.encoder = ResNet50Encoder(input_channels, conv_op, norm_op, norm_op_kwargs)
         self.elat = nn.ModuleList(
             [ELAT(c, nonlin=nonlin, conv_op=conv_op) if elat else nn.Identity() for c in ENCODER_CHANNELS]
         )
