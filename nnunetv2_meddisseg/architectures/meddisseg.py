@@ -193,12 +193,10 @@ class MedDisSegNet(nn.Module):
             load_resnet50_weights(self.encoder, encoder_weights)
 
     def _init_non_encoder_weights(self) -> None:
-        # He initialisation as in nnU-Net (the encoder keeps torchvision's)
+        # He initialisation as in nnU-Net (the encoder keeps torchvision's, PointwiseLinear layers Linear's)
         encoder_modules = set(self.encoder.modules())
         for m in self.modules():
-            if m in encoder_modules:
-                continue
-            if isinstance(m, nn.Conv2d) and not isinstance(m, PointwiseLinear):  # those keep Linear's initialisation
+            if m not in encoder_modules and isinstance(m, nn.Conv2d) and not isinstance(m, PointwiseLinear):
                 nn.init.kaiming_normal_(m.weight, a=1e-2)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
@@ -211,9 +209,7 @@ class MedDisSegNet(nn.Module):
     def non_encoder_parameters(self) -> Iterator[nn.Parameter]:
         """All parameters not yielded by ``encoder_parameters``."""
         encoder_ids = {id(p) for p in self.encoder_parameters()}
-        for p in self.parameters():
-            if id(p) not in encoder_ids:
-                yield p
+        yield from (p for p in self.parameters() if id(p) not in encoder_ids)
 
     def encode(self, x: Tensor) -> List[Tensor]:
         """x: (B, C, H', W'), H', W' multiples of 16 -> the four ELAT-refined encoder features."""
@@ -261,9 +257,7 @@ class MedDisSegNet(nn.Module):
     def _forward(self, x: Tensor, output: str, fp32_encoder: bool = False) -> Union[Tensor, List[Tensor],
                                                                                    MedDisSegOutput]:
         if x.ndim != 4:
-            raise ValueError(
-                f"MedDisSegNet is 2D only: expected input of shape (B, C, H, W), got {tuple(x.shape)}"
-            )
+            raise ValueError(f"MedDisSegNet is 2D only: expected input of shape (B, C, H, W), got {tuple(x.shape)}")
         if x.shape[1] != self.input_channels:
             raise ValueError(f"MedDisSegNet: expected {self.input_channels} input channels, got {x.shape[1]}")
         h, w = x.shape[2:]
