@@ -168,25 +168,20 @@ def check_instance_norm(device: torch.device, dtype: torch.dtype, shape: Tuple[i
     return errors
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
 def planned_checks(device: torch.device, small: bool = False, compiled: bool = True
                    ) -> List[Tuple[str, str, Callable[[], Dict[str, float]], float]]:
     """(kernel, check name, check, tolerance) of every check; ``small``: small sizes for Triton's CPU interpreter."""
-    size, shape = ((7, 9), (2, 8, 7, 9)) if small else ((37, 41), (4, 32, 37, 41))
+    ops, shape = (dict(heads=2, head_dim=8, size=(7, 9)), (2, 8, 7, 9)) if small else ({}, (4, 32, 37, 41))
     plan = []
     for dtype in DTYPES:
+        name = str(dtype).replace("torch.", "")
         for channels_last in (False, True):
             layout = "channels_last" if channels_last else "nchw"
-            plan.append(("cdfa", f"ops_{_dtype_name(dtype)}_{layout}",
-                         lambda d=dtype, c=channels_last: check_cdfa_ops(device, d, c, heads=2 if small else 4,
-                                                                         head_dim=8 if small else 32, size=size),
-                         TOLERANCE[dtype]))
-            plan.append(("telu", f"{_dtype_name(dtype)}_{layout}",
+            plan.append(("cdfa", f"ops_{name}_{layout}",
+                         lambda d=dtype, c=channels_last: check_cdfa_ops(device, d, c, **ops), TOLERANCE[dtype]))
+            plan.append(("telu", f"{name}_{layout}",
                          lambda d=dtype, c=channels_last: check_telu(device, d, c, shape), TOLERANCE[dtype]))
-        plan.append(("instance_norm_channels_last", _dtype_name(dtype),
+        plan.append(("instance_norm_channels_last", name,
                      lambda d=dtype: check_instance_norm(device, d, shape), TOLERANCE[dtype]))
     block = dict(dim=8, heads=2, size=(6, 5)) if small else {}
     plan.append(("cdfa", "block_fused_vs_shifted_eager", lambda: check_cdfa_block(device, False, **block), 1e-3))
