@@ -94,10 +94,6 @@ def _resolve_op(op: Union[str, Type[nn.Module]], name: str) -> Type[nn.Module]:
     return op
 
 
-def _is_not_2d(op: Type[nn.Module]) -> bool:
-    return op.__name__.endswith(("1d", "3d", "1D", "3D"))
-
-
 class MedDisSegNet(nn.Module):
     """Med-DisSeg (2D only).
 
@@ -157,7 +153,7 @@ class MedDisSegNet(nn.Module):
                 f"{conv_op.__module__}.{conv_op.__name__}; use nnU-Net's 2d configuration"
             )
         for name, op in (("norm_op", norm_op), ("added_norm_op", added_norm_op)):
-            if _is_not_2d(op):
+            if op.__name__.endswith(("1d", "3d", "1D", "3D")):
                 raise ValueError(
                     f"MedDisSegNet is 2D only: {name} must be a 2D normalisation (e.g. torch.nn.BatchNorm2d), "
                     f"got {op.__module__}.{op.__name__}"
@@ -174,13 +170,12 @@ class MedDisSegNet(nn.Module):
         #: CPU inference forwards under bf16 autocast (class docstring)
         self.cpu_bf16 = cpu_bf16_requested() if cpu_bf16 is None else bool(cpu_bf16)
         self._channels_last = False  # weights moved to channels-last (CUDA forwards, the CPU bf16 forward)
-        ops = dict(conv_op=conv_op, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs)
         #: (class, kwargs) of the normalisation in the blocks added to the encoder (also the Stage I head's)
         self.added_norm = (added_norm_op, dict(added_norm_op_kwargs or {}))
         blk = dict(nonlin=nonlin, conv_op=conv_op, norm_op=added_norm_op, norm_op_kwargs=added_norm_op_kwargs)
         dim = 128
 
-        self.encoder = ResNet50Encoder(input_channels, **ops)
+        self.encoder = ResNet50Encoder(input_channels, conv_op, norm_op, norm_op_kwargs)
         self.elat = nn.ModuleList(
             [ELAT(c, nonlin=nonlin, conv_op=conv_op) if elat else nn.Identity() for c in ENCODER_CHANNELS]
         )
@@ -198,12 +193,10 @@ class MedDisSegNet(nn.Module):
             load_resnet50_weights(self.encoder, encoder_weights)
 
     def _init_non_encoder_weights(self) -> None:
-        # He initialisation as in nnU-Net (the encoder keeps torchvision's)
+        # He initialisation as in nnU-Net (the encoder keeps torchvision's, PointwiseLinear layers Linear's)
         encoder_modules = set(self.encoder.modules())
         for m in self.modules():
-            if m in encoder_modules:
-                continue
-            if isinstance(m, nn.Conv2d) and not isinstance(m, PointwiseLinear):  # those keep Linear's initialisation
+            if m not in encoder_modules and isinstance(m, nn.Conv2d) and not isinstance(m, PointwiseLinear):
                 nn.init.kaiming_normal_(m.weight, a=1e-2)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
@@ -216,9 +209,7 @@ class MedDisSegNet(nn.Module):
     def non_encoder_parameters(self) -> Iterator[nn.Parameter]:
         """All parameters not yielded by ``encoder_parameters``."""
         encoder_ids = {id(p) for p in self.encoder_parameters()}
-        for p in self.parameters():
-            if id(p) not in encoder_ids:
-                yield p
+        yield from (p for p in self.parameters() if id(p) not in encoder_ids)
 
     def encode(self, x: Tensor) -> List[Tensor]:
         """x: (B, C, H', W'), H', W' multiples of 16 -> the four ELAT-refined encoder features."""
@@ -266,9 +257,7 @@ class MedDisSegNet(nn.Module):
     def _forward(self, x: Tensor, output: str, fp32_encoder: bool = False) -> Union[Tensor, List[Tensor],
                                                                                    MedDisSegOutput]:
         if x.ndim != 4:
-            raise ValueError(
-                f"MedDisSegNet is 2D only: expected input of shape (B, C, H, W), got {tuple(x.shape)}"
-            )
+            raise ValueError(f"MedDisSegNet is 2D only: expected input of shape (B, C, H, W), got {tuple(x.shape)}")
         if x.shape[1] != self.input_channels:
             raise ValueError(f"MedDisSegNet: expected {self.input_channels} input channels, got {x.shape[1]}")
         h, w = x.shape[2:]

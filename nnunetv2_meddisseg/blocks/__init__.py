@@ -8,24 +8,7 @@ from nnunetv2_meddisseg.blocks.decoupling import AuxiliaryHeads, FeatureDecoupli
 from nnunetv2_meddisseg.blocks.encoder import ResNet50Encoder, load_resnet50_weights
 from nnunetv2_meddisseg.blocks.enhancement import FeatureEnhancement
 
-__all__ = [
-    "TeLU",
-    "telu",
-    "get_activation",
-    "ConvNormAct",
-    "ResNet50Encoder",
-    "load_resnet50_weights",
-    "ChannelAttention",
-    "SpatialAttention",
-    "CBAT",
-    "ELAT",
-    "FeatureEnhancement",
-    "FeatureDecoupling",
-    "AuxiliaryHeads",
-    "ContrastDrivenAggregation",
-    "ContrastGuidancePyramid",
-    "CBATDecoder",
-    "PathHead",
-    "ConcatFusionHead",
-    "MultiScaleCBATDecoder",
-]
+__all__ = ["TeLU", "telu", "get_activation", "ConvNormAct", "ResNet50Encoder", "load_resnet50_weights",
+           "ChannelAttention", "SpatialAttention", "CBAT", "ELAT", "FeatureEnhancement", "FeatureDecoupling",
+           "AuxiliaryHeads", "ContrastDrivenAggregation", "ContrastGuidancePyramid", "CBATDecoder", "PathHead",
+           "ConcatFusionHead", "MultiScaleCBATDecoder"]

@@ -20,14 +20,8 @@ from nnunetv2_meddisseg.blocks.cdfa_shifted import displacement_sum, window_disp
 from nnunetv2_meddisseg.blocks.conv import ConvNormAct, PointwiseLinear
 from nnunetv2_meddisseg.blocks.device_forms import give_up_fused, implementation_form, resolve_form
 
-__all__ = [
-    "ContrastDrivenAggregation",
-    "PointwiseLinear",
-    "ContrastGuidancePyramid",
-    "window_displacement_weights",
-    "displacement_sum",
-]
-
+__all__ = ["ContrastDrivenAggregation", "PointwiseLinear", "ContrastGuidancePyramid", "window_displacement_weights",
+           "displacement_sum"]
 
 
 def _is_triton_error(error: BaseException) -> bool:

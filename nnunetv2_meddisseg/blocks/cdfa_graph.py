@@ -5,6 +5,7 @@ matmul with a constant 0/1 matrix, values summed from (2k-1)^2 slices. Slices en
 exported graph (Pad, Slice, Concat, MatMul, Mul, Add) takes any height and width. ``form="graph"`` runs it.
 """
 import functools
+import operator
 from typing import Optional, Tuple
 
 import torch
@@ -52,9 +53,5 @@ def graph_window_attention(values: Tensor, weights: Tensor, kernel_size: int) ->
     d = d.permute(0, 1, 4, 2, 3).unsqueeze(3)  # (B, heads, (2k-1)^2, 1, H, W)
     span, pad = 2 * k - 1, 2 * r
     v = F.pad(values, (pad, pad, pad, pad)).unflatten(1, (heads, -1))  # (B, heads, head_dim, H + 4r, W + 4r)
-    out = None
-    for dy in range(span):
-        for dx in range(span):
-            term = d[:, :, dy * span + dx] * _window(v, dy, dx, pad)
-            out = term if out is None else out + term
-    return out.flatten(1, 2)
+    terms = (d[:, :, dy * span + dx] * _window(v, dy, dx, pad) for dy in range(span) for dx in range(span))
+    return functools.reduce(operator.add, terms).flatten(1, 2)

@@ -56,16 +56,9 @@ class ConvNormAct(nn.Module):
         groups: int = 1,
     ) -> None:
         super().__init__()
-        self.conv = conv_op(
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride=stride,
-            padding=same_padding(kernel_size, dilation),
-            dilation=dilation,
-            groups=groups,
-            bias=conv_bias,
-        )
+        self.conv = conv_op(in_channels, out_channels, kernel_size, stride=stride,
+                            padding=same_padding(kernel_size, dilation), dilation=dilation, groups=groups,
+                            bias=conv_bias)
         self.norm = norm_op(out_channels, **(norm_op_kwargs or {})) if norm_op is not None else nn.Identity()
         self.nonlin = nonlin(**(nonlin_kwargs or {})) if nonlin is not None else nn.Identity()
 

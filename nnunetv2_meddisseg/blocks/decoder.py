@@ -43,14 +43,9 @@ class CBATDecoder(nn.Module):
         super().__init__()
         ops = dict(conv_op=conv_op, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs, nonlin=nonlin)
         self.project = ConvNormAct(coarse_channels + fine_channels, out_channels, 1, **ops)
-        self.steps = nn.ModuleList(
-            [
-                nn.Sequential(
-                    ConvNormAct(out_channels, out_channels, 1, **ops), ConvNormAct(out_channels, out_channels, 3, **ops)
-                )
-                for _ in range(num_steps)
-            ]
-        )
+        self.steps = nn.ModuleList([nn.Sequential(ConvNormAct(out_channels, out_channels, 1, **ops),
+                                                  ConvNormAct(out_channels, out_channels, 3, **ops))
+                                    for _ in range(num_steps)])
         self.cbat = (CBAT(out_channels, nonlin=nonlin, conv_op=conv_op) if cbat
                      else ConvNormAct(out_channels, out_channels, 3, **ops))
 
@@ -135,9 +130,8 @@ class MultiScaleCBATDecoder(nn.Module):
             raise ValueError(f"unknown decoder_fusion {fusion!r}: choose one of {list(DECODER_FUSIONS)}")
         ops = dict(conv_op=conv_op, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs, nonlin=nonlin)
         self.fusion = fusion
-        self.small = CBATDecoder(channels, channels, channels, cbat=cbat, **ops)
-        self.medium = CBATDecoder(channels, channels, channels, cbat=cbat, **ops)
-        self.large = CBATDecoder(channels, channels, channels, cbat=cbat, **ops)
+        self.small, self.medium, self.large = (CBATDecoder(channels, channels, channels, cbat=cbat, **ops)
+                                               for _ in range(3))
         if fusion == "sum":
             self.path_heads = nn.ModuleList([PathHead(channels, num_classes, **ops) for _ in range(3)])
         else:

@@ -11,15 +11,11 @@ from nnunetv2_meddisseg.blocks.conv import ConvNormAct
 __all__ = ["FeatureDecoupling", "AuxiliaryHeads"]
 
 
-def _cbt_stack(in_channels: int, mid_channels: int, out_channels: int, branches: int, shared_input: bool,
-               ops: dict) -> nn.Sequential:
-    """``branches`` CBT3x3 (in -> mid), CBT3x3 (mid -> out), CBT1x1 (out -> out) stacks as one, output channels
-    [branch 0, branch 1, ...]. ``shared_input``: all branches read the same input (first filters stacked); else
-    the input is the branches' inputs concatenated (a grouped convolution)."""
-    n = branches
+def _cbt_stack(in_channels: int, mid_channels: int, out_channels: int, n: int, ops: dict) -> nn.Sequential:
+    """``n`` CBT3x3 (in -> mid), CBT3x3 (mid -> out), CBT1x1 (out -> out) stacks as one, output channels
+    [branch 0, branch 1, ...]; all branches read the same input (first filters stacked)."""
     return nn.Sequential(
-        ConvNormAct(in_channels if shared_input else n * in_channels, n * mid_channels, 3,
-                    groups=1 if shared_input else n, **ops),
+        ConvNormAct(in_channels, n * mid_channels, 3, **ops),
         ConvNormAct(n * mid_channels, n * out_channels, 3, groups=n, **ops),
         ConvNormAct(n * out_channels, n * out_channels, 1, groups=n, **ops),
     )
@@ -46,8 +42,8 @@ class FeatureDecoupling(nn.Module):
         super().__init__()
         ops = dict(conv_op=conv_op, norm_op=norm_op, norm_op_kwargs=norm_op_kwargs, nonlin=nonlin)
         self.out_channels = out_channels
-        self.fg_bg = _cbt_stack(in_channels, mid_channels, out_channels, 2, True, ops)
-        self.uc = _cbt_stack(in_channels, mid_channels, out_channels, 1, True, ops)
+        self.fg_bg = _cbt_stack(in_channels, mid_channels, out_channels, 2, ops)
+        self.uc = _cbt_stack(in_channels, mid_channels, out_channels, 1, ops)
 
     def forward(self, x: Tensor, with_uncertainty: bool = True) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
         c = self.out_channels

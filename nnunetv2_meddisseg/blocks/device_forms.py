@@ -60,11 +60,9 @@ def set_implementation_form(module: nn.Module, form: Optional[str]) -> None:
 def implementation_form_of(module: nn.Module, form: Optional[str]) -> Iterator[nn.Module]:
     """Within the context, every device-dependent block in ``module`` runs ``form``; then each gets its own back.
     Yields ``module``."""
-    form = resolve_form(form)
     previous = [(block, block.form) for block in form_blocks(module)]
     try:
-        for block, _ in previous:
-            block.form = form
+        set_implementation_form(module, form)
         yield module
     finally:
         for block, value in previous:

@@ -88,12 +88,9 @@ class ResNet50Encoder(nn.Module):
         self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
         in_channels = 64
         for i, (n_blocks, width, stride) in enumerate(zip(RESNET50_BLOCKS, (64, 128, 256), (1, 2, 2))):
-            blocks = []
-            for b in range(n_blocks):
-                blocks.append(
-                    Bottleneck(in_channels, width, stride if b == 0 else 1, conv_op, norm_op, norm_op_kwargs)
-                )
-                in_channels = width * Bottleneck.expansion
+            blocks = [Bottleneck(in_channels, width, stride, conv_op, norm_op, norm_op_kwargs)]
+            in_channels = width * Bottleneck.expansion
+            blocks += [Bottleneck(in_channels, width, 1, conv_op, norm_op, norm_op_kwargs) for _ in range(n_blocks - 1)]
             setattr(self, f"layer{i + 1}", nn.Sequential(*blocks))
         self.output_channels = ENCODER_CHANNELS
         self._init_weights()
@@ -113,10 +110,6 @@ class ResNet50Encoder(nn.Module):
         x3 = self.layer2(x2)
         x4 = self.layer3(x3)
         return [x1, x2, x3, x4]
-
-
-def _is_ignored(key: str) -> bool:
-    return key.startswith("fc.") or key.startswith("layer4.")
 
 
 #: key-prefix parts naming an encoder's second copy (MoCo's key encoder, DINO's student, an EMA copy), as do parts
@@ -249,7 +242,7 @@ def load_resnet50_weights(encoder: ResNet50Encoder, path: str) -> None:
                              f"weights)")
         new_state[key] = value
     for key in state:
-        if key not in own and not _is_ignored(key):
+        if key not in own and not key.startswith(("fc.", "layer4.")):
             raise ValueError(f"encoder weights {path}: unexpected key {prefix + key!r} ({layout})")
     encoder.load_state_dict(new_state, strict=True)
 

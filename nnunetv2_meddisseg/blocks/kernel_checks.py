@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nnunetv2_meddisseg.blocks import cdfa_kernels
+from nnunetv2_meddisseg.blocks import activation, cdfa_kernels, norm, telu_kernels
 from nnunetv2_meddisseg.blocks.cdfa import ContrastDrivenAggregation, displacement_sum, window_displacement_weights
 from nnunetv2_meddisseg.blocks.device_forms import implementation_form_of
 
@@ -72,10 +72,8 @@ def _float64(t: Tensor) -> Tensor:
     return t.detach().to(torch.float64, memory_format=torch.contiguous_format).requires_grad_()
 
 
-def _randn(shape, dtype: torch.dtype, device: torch.device, generator: torch.Generator,
-           channels_last: bool = False) -> Tensor:
-    t = torch.randn(shape, generator=generator, dtype=torch.float32, device=device).to(dtype)
-    return t.contiguous(memory_format=torch.channels_last) if channels_last else t
+def _randn(shape, dtype: torch.dtype, device: torch.device, generator: torch.Generator) -> Tensor:
+    return torch.randn(shape, generator=generator, dtype=torch.float32, device=device).to(dtype)
 
 
 def _generator(device: torch.device) -> torch.Generator:
@@ -86,8 +84,6 @@ def _generator(device: torch.device) -> torch.Generator:
 def check_cdfa_ops(device: torch.device, dtype: torch.dtype, channels_last: bool, heads: int = 4,
                    head_dim: int = 32, size: Tuple[int, int] = (37, 41), k: int = 3) -> Dict[str, float]:
     """The chained fused CDFA ops against the float64 shifted form: errors of the output and both gradients."""
-    from nnunetv2_meddisseg.blocks.cdfa_kernels import offset_aggregate, window_offset_weights
-
     scale = head_dim ** -0.5
     gen = _generator(device)
     logits = (2 * _randn((2, heads * k ** 4, *size), torch.float32, device, gen)).to(dtype)
@@ -96,7 +92,7 @@ def check_cdfa_ops(device: torch.device, dtype: torch.dtype, channels_last: bool
     logits = logits.contiguous(memory_format=fmt).requires_grad_()
     values = values.contiguous(memory_format=fmt).requires_grad_()
     with poisoned_outputs():
-        out = offset_aggregate(values, window_offset_weights(logits, scale, heads, k))
+        out = cdfa_kernels.offset_aggregate(values, cdfa_kernels.window_offset_weights(logits, scale, heads, k))
         upstream = _randn(tuple(out.shape), dtype, device, gen)
         grads = torch.autograd.grad(out, (logits, values), upstream)
     l64, v64 = _float64(logits), _float64(values)
@@ -135,36 +131,31 @@ def check_cdfa_block(device: torch.device, compiled: bool = False, dim: int = 64
 def check_telu(device: torch.device, dtype: torch.dtype, channels_last: bool,
                shape: Tuple[int, ...] = (4, 32, 37, 41)) -> Dict[str, float]:
     """The TeLU kernel's value and slope vs float64 TeLU, with the far left, 0, the clamp and past fp16's exp range."""
-    from nnunetv2_meddisseg.blocks.activation import _telu_and_slope
-    from nnunetv2_meddisseg.blocks.telu_kernels import telu_triton
-
     gen = _generator(device)
     x = _randn(shape, torch.float32, device, gen) * 5
     x.view(-1)[:4] = torch.tensor([-30.0, 0.0, 4.0, 11.0], device=device)
     x = x.to(dtype)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
-    result = telu_triton(x, with_slope=True)
+    result = telu_kernels.telu_triton(x, with_slope=True)
     if result is None:
         raise AssertionError("the TeLU kernel failed to run (see the warning)")
     y, slope = result
     if y.dtype != dtype or y.stride() != x.stride() or slope.stride() != x.stride():
         raise AssertionError("the TeLU kernel did not keep the input's dtype and layout")
-    ref_y, ref_slope = _telu_and_slope(x.double())
+    ref_y, ref_slope = activation._telu_and_slope(x.double())
     return {"out": relative_error(y, ref_y), "slope": relative_error(slope, ref_slope)}
 
 
 def check_instance_norm(device: torch.device, dtype: torch.dtype, shape: Tuple[int, ...] = (4, 32, 37, 41)
                         ) -> Dict[str, float]:
     """``instance_norm_channels_last`` (affine) vs float64 ``F.instance_norm``: errors of output and gradients."""
-    from nnunetv2_meddisseg.blocks.norm import instance_norm_channels_last
-
     gen = _generator(device)
     x = (_randn(shape, torch.float32, device, gen) * 3 + 1).to(dtype)
     x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
     weight = (_randn(shape[1:2], torch.float32, device, gen) + 1).requires_grad_()
     bias = _randn(shape[1:2], torch.float32, device, gen).requires_grad_()
-    out = instance_norm_channels_last(x, weight, bias, 1e-5)
+    out = norm.instance_norm_channels_last(x, weight, bias, 1e-5)
     if out.dtype != dtype or out.stride() != x.stride():
         raise AssertionError("instance_norm_channels_last did not keep the input's dtype and layout")
     upstream = _randn(tuple(out.shape), dtype, device, gen)
@@ -177,25 +168,20 @@ def check_instance_norm(device: torch.device, dtype: torch.dtype, shape: Tuple[i
     return errors
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
 def planned_checks(device: torch.device, small: bool = False, compiled: bool = True
                    ) -> List[Tuple[str, str, Callable[[], Dict[str, float]], float]]:
     """(kernel, check name, check, tolerance) of every check; ``small``: small sizes for Triton's CPU interpreter."""
-    size, shape = ((7, 9), (2, 8, 7, 9)) if small else ((37, 41), (4, 32, 37, 41))
+    ops, shape = (dict(heads=2, head_dim=8, size=(7, 9)), (2, 8, 7, 9)) if small else ({}, (4, 32, 37, 41))
     plan = []
     for dtype in DTYPES:
+        name = str(dtype).replace("torch.", "")
         for channels_last in (False, True):
             layout = "channels_last" if channels_last else "nchw"
-            plan.append(("cdfa", f"ops_{_dtype_name(dtype)}_{layout}",
-                         lambda d=dtype, c=channels_last: check_cdfa_ops(device, d, c, heads=2 if small else 4,
-                                                                         head_dim=8 if small else 32, size=size),
-                         TOLERANCE[dtype]))
-            plan.append(("telu", f"{_dtype_name(dtype)}_{layout}",
+            plan.append(("cdfa", f"ops_{name}_{layout}",
+                         lambda d=dtype, c=channels_last: check_cdfa_ops(device, d, c, **ops), TOLERANCE[dtype]))
+            plan.append(("telu", f"{name}_{layout}",
                          lambda d=dtype, c=channels_last: check_telu(device, d, c, shape), TOLERANCE[dtype]))
-        plan.append(("instance_norm_channels_last", _dtype_name(dtype),
+        plan.append(("instance_norm_channels_last", name,
                      lambda d=dtype: check_instance_norm(device, d, shape), TOLERANCE[dtype]))
     block = dict(dim=8, heads=2, size=(6, 5)) if small else {}
     plan.append(("cdfa", "block_fused_vs_shifted_eager", lambda: check_cdfa_block(device, False, **block), 1e-3))
@@ -207,14 +193,11 @@ def planned_checks(device: torch.device, small: bool = False, compiled: bool = T
 
 def unavailable(kernel: str, device: torch.device) -> Optional[str]:
     """Why ``kernel``'s fused form cannot run on ``device`` (None where it can)."""
-    probe = torch.empty(0, device=device)
+    probe = torch.empty(1, device=device)
     if kernel == "cdfa" and not cdfa_kernels.fused_cdfa_available(probe):
         return "the fused CDFA ops need Triton and a CUDA device (or TRITON_INTERPRET=1 on the CPU)"
-    if kernel == "telu":
-        from nnunetv2_meddisseg.blocks.telu_kernels import telu_triton_available
-
-        if not telu_triton_available(torch.empty(1, device=device)):
-            return "the TeLU kernel needs Triton and a CUDA device (or TRITON_INTERPRET=1 on the CPU)"
+    if kernel == "telu" and not telu_kernels.telu_triton_available(probe):
+        return "the TeLU kernel needs Triton and a CUDA device (or TRITON_INTERPRET=1 on the CPU)"
     return None
 
 

@@ -6,11 +6,11 @@ exists. Not part of ``MedDisSegNet``: the trainer owns it, keeps it in Stage I c
 from typing import Optional, Sequence, Tuple, Type
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.activation import TeLU
 from nnunetv2_meddisseg.blocks.conv import ConvNormAct
+from nnunetv2_meddisseg.blocks.decoder import _upsample_to
 from nnunetv2_meddisseg.blocks.encoder import ENCODER_CHANNELS
 
 __all__ = ["Stage1Head"]
@@ -46,11 +46,6 @@ class Stage1Head(nn.Module):
             raise ValueError(f"Stage1Head expects {len(self.projections)} feature maps, got {len(features)}")
         if output_size is None:
             output_size = (2 * features[0].shape[-2], 2 * features[0].shape[-1])
-        levels = []
-        for projection, feature in zip(self.projections, features):
-            x = projection(feature)
-            if tuple(x.shape[-2:]) != tuple(output_size):
-                x = F.interpolate(x, size=output_size, mode="bilinear", align_corners=False)
-            levels.append(x)
-        fused = torch.cat(levels, dim=1)
+        fused = torch.cat([_upsample_to(projection(feature), output_size)
+                           for projection, feature in zip(self.projections, features)], dim=1)
         return self.classifier(fused), fused
