@@ -72,9 +72,10 @@ def _onnx_modules():
     return onnx, onnxruntime
 
 
-def trace_to_onnx(network: torch.nn.Module, example: torch.Tensor, form: str = EXPORT_FORM) -> bytes:
-    """``network`` (eval, CPU) traced on ``example`` with the CDFA blocks in ``form`` (restored after) -> ONNX bytes,
-    ``image`` (B, C, H, W) -> ``logits`` (B, K, H, W) with B, H, W symbolic."""
+def trace_to_onnx(network: torch.nn.Module, example: torch.Tensor, form: Optional[str] = None) -> bytes:
+    """``network`` (eval, CPU) traced on ``example`` with the CDFA blocks in ``form`` (None: ``EXPORT_FORM``; restored
+    after) -> ONNX bytes, ``image`` (B, C, H, W) -> ``logits`` (B, K, H, W) with B, H, W symbolic."""
+    form = EXPORT_FORM if form is None else form  # read at the call: a test replaces the module's value
     axes = {0: "batch", 2: "height", 3: "width"}
     buffer = io.BytesIO()
     with implementation_form_of(network, form), torch.no_grad(), warnings.catch_warnings():
