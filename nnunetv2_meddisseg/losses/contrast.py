@@ -1,5 +1,5 @@
-"""Losses of the contrast-driven auxiliary heads and of Stage I's consistency: logits (never probabilities) in,
-fp32, a 0-dim tensor out."""
+"""Losses of the contrast-driven auxiliary heads and of Stage I's consistency: logits in (``soft_dice_loss``:
+probabilities), fp32, a 0-dim tensor out."""
 from typing import Optional
 
 import torch
