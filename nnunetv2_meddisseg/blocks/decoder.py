@@ -9,12 +9,12 @@ from nnunetv2_meddisseg.blocks.activation import TeLU
 from nnunetv2_meddisseg.blocks.attention import CBAT
 from nnunetv2_meddisseg.blocks.conv import ConvNormAct
 
-__all__ = ["DECODER_FUSIONS", "CBATDecoder", "PathHead", "ConcatFusionHead", "MultiScaleCBATDecoder"]
+__all__ = ["DECODER_FUSIONS", "upsample_to", "CBATDecoder", "PathHead", "ConcatFusionHead", "MultiScaleCBATDecoder"]
 
 DECODER_FUSIONS = ("sum", "concat")
 
 
-def _upsample_to(x: Tensor, size: Sequence[int]) -> Tensor:
+def upsample_to(x: Tensor, size: Sequence[int]) -> Tensor:
     """x: (B, C, h, w) -> (B, C, *size), bilinear; traced, it always interpolates so the graph fits any input."""
     if tuple(x.shape[2:]) == tuple(size) and not torch.jit.is_tracing():
         return x
@@ -50,7 +50,7 @@ class CBATDecoder(nn.Module):
                      else ConvNormAct(out_channels, out_channels, 3, **ops))
 
     def forward(self, coarse: Tensor, fine: Tensor) -> Tensor:
-        x = self.project(torch.cat([_upsample_to(coarse, fine.shape[2:]), fine], dim=1))
+        x = self.project(torch.cat([upsample_to(coarse, fine.shape[2:]), fine], dim=1))
         for step in self.steps:
             x = x + step(x)
         return self.cbat(x)
@@ -74,7 +74,7 @@ class PathHead(nn.Module):
         self.out = conv_op(hidden_channels, num_classes, 1, bias=True)
 
     def forward(self, x: Tensor, output_size: Sequence[int]) -> Tensor:
-        return _upsample_to(self.out(self.conv(x)), output_size)
+        return upsample_to(self.out(self.conv(x)), output_size)
 
 
 class ConcatFusionHead(nn.Module):
@@ -100,8 +100,8 @@ class ConcatFusionHead(nn.Module):
 
     def forward(self, paths: Sequence[Tensor], output_size: Sequence[int]) -> Tensor:
         size = paths[0].shape[2:]
-        x = self.fuse(torch.cat([_upsample_to(p, size) for p in paths], dim=1))
-        return self.out(self.refine(_upsample_to(x, output_size)))
+        x = self.fuse(torch.cat([upsample_to(p, size) for p in paths], dim=1))
+        return self.out(self.refine(upsample_to(x, output_size)))
 
 
 class MultiScaleCBATDecoder(nn.Module):

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from nnunetv2_meddisseg.blocks.activation import TeLU
 from nnunetv2_meddisseg.blocks.conv import ConvNormAct
-from nnunetv2_meddisseg.blocks.decoder import _upsample_to
+from nnunetv2_meddisseg.blocks.decoder import upsample_to
 from nnunetv2_meddisseg.blocks.encoder import ENCODER_CHANNELS
 
 __all__ = ["Stage1Head"]
@@ -46,6 +46,6 @@ class Stage1Head(nn.Module):
             raise ValueError(f"Stage1Head expects {len(self.projections)} feature maps, got {len(features)}")
         if output_size is None:
             output_size = (2 * features[0].shape[-2], 2 * features[0].shape[-1])
-        fused = torch.cat([_upsample_to(projection(feature), output_size)
+        fused = torch.cat([upsample_to(projection(feature), output_size)
                            for projection, feature in zip(self.projections, features)], dim=1)
         return self.classifier(fused), fused
